@@ -1,0 +1,1 @@
+"""Mamba-2 decode kernels."""

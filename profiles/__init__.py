@@ -1,0 +1,1 @@
+"""Data the tool reads: model presets, GPU specs and shipped reference profiles."""

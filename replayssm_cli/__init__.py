@@ -1,0 +1,3 @@
+"""replayssm: profile, place on the roofline and tune ReplaySSM decode kernels."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,76 @@
+"""The dtype and variant names every command and results file uses, with their sizes; no torch at import."""
+
+from __future__ import annotations
+
+from enum import Enum
+
+
+class StateDtype(str, Enum):
+    fp32 = "fp32"
+    bf16 = "bf16"
+    fp16 = "fp16"
+
+
+class ReadDtype(str, Enum):
+    bf16 = "bf16"
+    fp16 = "fp16"
+    fp8 = "fp8"
+
+
+class IODtype(str, Enum):
+    bf16 = "bf16"
+    fp16 = "fp16"
+    fp32 = "fp32"
+
+
+class Op(str, Enum):
+    mamba2 = "mamba2"
+    gdn = "gdn"
+
+
+class Variant(str, Enum):
+    """What a results row measured: the kernel family, independent of the op."""
+
+    conventional = "conventional"
+    replay = "replay"
+    split = "split"
+    spec_conventional = "spec-conventional"
+    spec_replay = "spec-replay"
+
+
+class Phase(str, Enum):
+    """avg: the per-step figure averaged over whole windows; nonflush/flush: one kind of step alone."""
+
+    avg = "avg"
+    nonflush = "nonflush"
+    flush = "flush"
+
+
+ITEMSIZE = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int32": 4}
+
+
+def itemsize(name: str | Enum | None) -> int:
+    if name is None:
+        return 0
+    key = name.value if isinstance(name, Enum) else str(name)
+    try:
+        return ITEMSIZE[key]
+    except KeyError:
+        raise ValueError(f"unknown dtype {key!r}; expected one of {', '.join(ITEMSIZE)}") from None
+
+
+def torch_dtype(name: str | Enum):
+    """The torch dtype for one of our dtype names (imports torch)."""
+    import torch
+
+    key = name.value if isinstance(name, Enum) else str(name)
+    table = {
+        "fp32": torch.float32,
+        "bf16": torch.bfloat16,
+        "fp16": torch.float16,
+        "fp8": torch.float8_e4m3fn,
+    }
+    try:
+        return table[key]
+    except KeyError:
+        raise ValueError(f"unknown dtype {key!r}; expected one of {', '.join(table)}") from None

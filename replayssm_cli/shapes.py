@@ -1,0 +1,52 @@
+"""Per-layer SSM shapes, the one currency between presets, the cost model, the profiler and the tuner."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Union
+
+from replayssm_cli.dtypes import itemsize
+
+
+@dataclass(frozen=True)
+class Mamba2Shape:
+    """One Mamba-2 layer: H heads of dimension P, state dimension N, G groups sharing B and C."""
+
+    H: int
+    P: int
+    N: int
+    G: int
+    op: str = "mamba2"
+
+    @property
+    def state_elems(self) -> int:
+        return self.H * self.P * self.N
+
+    def label(self) -> str:
+        return f"H{self.H}-P{self.P}-N{self.N}-G{self.G}"
+
+
+@dataclass(frozen=True)
+class GDNShape:
+    """One Gated DeltaNet layer: H key heads, HV value heads (a multiple of H), key dim K, value dim V."""
+
+    H: int
+    HV: int
+    K: int
+    V: int
+    op: str = "gdn"
+
+    @property
+    def state_elems(self) -> int:
+        return self.HV * self.V * self.K
+
+    def label(self) -> str:
+        return f"H{self.H}-HV{self.HV}-K{self.K}-V{self.V}"
+
+
+SSMShape = Union[Mamba2Shape, GDNShape]
+
+
+def state_bytes(shape: SSMShape, dtype: str) -> int:
+    """Bytes of one sequence's recurrent state in one layer."""
+    return shape.state_elems * itemsize(dtype)
