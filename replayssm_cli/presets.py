@@ -1,0 +1,494 @@
+"""Model presets: SSM layer shapes, layer counts and state dtypes from profiles/models/*.toml or a Hugging Face config.json."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+from dataclasses import dataclass, field
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from replayssm_cli.dtypes import StateDtype
+from replayssm_cli.errors import UserError
+from replayssm_cli.shapes import GDNShape, Mamba2Shape, SSMShape, state_bytes
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:
+    import tomli as tomllib
+
+DEFAULT_PRESETS = ("nemotron-3-super-120b-a12b", "qwen3.5-122b-a10b")
+
+KINDS = ("mamba2", "gdn")
+STATE_DTYPES = tuple(d.value for d in StateDtype)
+# Groups of figures whose source a preset file must name (a dotted key such as "ssm.groups" may refine one).
+REQUIRED_SOURCES = ("ssm", "layers", "state_dtype", "a_log_range")
+E2E_KEYS = (
+    "hidden_size",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "intermediate_size",
+    "num_experts",
+    "experts_per_token",
+    "moe_intermediate_size",
+    "shared_expert_intermediate_size",
+    "moe_latent_size",
+    "mlp_layers",
+    "moe_layers",
+    "mtp_layers",
+    "vocab_size",
+)
+_MAMBA2_KEYS = ("heads", "head_dim", "state_dim", "groups")
+_GDN_KEYS = ("key_heads", "value_heads", "key_dim", "value_dim")
+_HF_DTYPES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16", "fp32": "fp32", "bf16": "bf16", "fp16": "fp16"}
+
+
+@dataclass(frozen=True)
+class Preset:
+    """One model's SSM layers as the kernels see them on one GPU (heads already divided by `tp`)."""
+
+    name: str
+    display: str
+    kind: str
+    ssm_layers: int
+    attn_layers: int
+    shape: SSMShape
+    state_dtype: str
+    tp: int = 1
+    dt_softplus: bool = True
+    has_D: bool = True
+    has_z: bool = False
+    a_log_range: tuple[float, float] | None = None
+    e2e: dict[str, int] | None = None
+    sources: dict[str, str] = field(default_factory=dict)
+    estimated: tuple[str, ...] = ()
+    estimated_reasons: dict[str, str] = field(default_factory=dict)
+    notes: tuple[str, ...] = ()
+    hf_id: str | None = None
+    origin: str = ""
+    full_shape: SSMShape | None = None
+
+    def state_bytes_per_layer(self, dtype: str | None = None) -> int:
+        """Bytes of one sequence's recurrent state in one SSM layer on one GPU, at `dtype` (default: the shipped dtype)."""
+        return state_bytes(self.shape, dtype or self.state_dtype)
+
+    def state_bytes_per_sequence(self, dtype: str | None = None) -> int:
+        """Bytes of one sequence's recurrent state over all SSM layers on one GPU."""
+        return self.state_bytes_per_layer(dtype) * self.ssm_layers
+
+    def label(self) -> str:
+        return self.shape.label()
+
+    def to_dict(self) -> dict[str, Any]:
+        """Everything about the preset as plain JSON types, with state bytes at every state dtype."""
+        return {
+            "name": self.name,
+            "display": self.display,
+            "hf_id": self.hf_id,
+            "kind": self.kind,
+            "ssm_layers": self.ssm_layers,
+            "attn_layers": self.attn_layers,
+            "tp": self.tp,
+            "shape": shape_dict(self.shape),
+            "label": self.label(),
+            "state_dtype": self.state_dtype,
+            "dt_softplus": self.dt_softplus,
+            "has_D": self.has_D,
+            "has_z": self.has_z,
+            "a_log_range": list(self.a_log_range) if self.a_log_range else None,
+            "e2e": self.e2e,
+            "state_bytes_per_layer": {d: self.state_bytes_per_layer(d) for d in STATE_DTYPES},
+            "state_bytes_per_sequence": {d: self.state_bytes_per_sequence(d) for d in STATE_DTYPES},
+            "sources": self.sources,
+            "estimated": {k: self.estimated_reasons.get(k, "") for k in self.estimated},
+            "notes": list(self.notes),
+            "origin": self.origin,
+        }
+
+
+def shape_dict(shape: SSMShape) -> dict[str, int]:
+    if isinstance(shape, Mamba2Shape):
+        return {"H": shape.H, "P": shape.P, "N": shape.N, "G": shape.G}
+    return {"H": shape.H, "HV": shape.HV, "K": shape.K, "V": shape.V}
+
+
+def _models_dir() -> Path:
+    return Path(str(resources.files("replayssm_profiles") / "models"))
+
+
+def _model_files() -> dict[str, Path]:
+    return {p.stem: p for p in sorted(_models_dir().glob("*.toml"))}
+
+
+def preset_names() -> list[str]:
+    return list(_model_files())
+
+
+def list_presets() -> list[Preset]:
+    """Every shipped preset at tp=1, sorted by name."""
+    return [_load_shipped(name) for name in preset_names()]
+
+
+def load_preset(name: str, tp: int = 1) -> Preset:
+    """A shipped preset by name (case-insensitive; the display name works too), divided for `tp`.
+
+    Raises UserError naming every valid preset when `name` is unknown, and when `tp` does not divide
+    the preset's heads and groups.
+    """
+    files = _model_files()
+    key = name.strip().lower()
+    if key not in files:
+        by_display = {_load_shipped(n).display.lower(): n for n in files}
+        if key not in by_display:
+            raise UserError(f"unknown preset {name!r}; valid presets: {', '.join(files)}", "or pass a preset file (.toml or config.json)")
+        key = by_display[key]
+    return with_tp(_load_shipped(key), tp)
+
+
+@lru_cache(maxsize=None)
+def _load_shipped(stem: str) -> Preset:
+    path = _model_files()[stem]
+    return _from_toml(_read_toml(path), path)
+
+
+def load_preset_file(path: str | Path, tp: int = 1) -> Preset:
+    """A preset from our TOML format or from a Hugging Face config.json, told apart by content, divided for `tp`."""
+    path = Path(path).expanduser()
+    if not path.is_file():
+        raise UserError(f"preset file {str(path)!r} does not exist")
+    text = path.read_text(encoding="utf-8")
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError:
+        data = None
+    if isinstance(data, dict):
+        preset = _from_hf_config(data, path)
+    else:
+        try:
+            preset = _from_toml(tomllib.loads(text), path)
+        except tomllib.TOMLDecodeError as exc:
+            raise UserError(f"{path} is neither JSON nor TOML ({exc})", "pass a preset .toml or a Hugging Face config.json") from None
+    return with_tp(preset, tp)
+
+
+def resolve(name_or_path: str, tp: int = 1) -> Preset:
+    """A shipped preset name, or a path to a preset .toml or a config.json."""
+    candidate = Path(name_or_path).expanduser()
+    if candidate.suffix.lower() in (".toml", ".json") or candidate.is_file():
+        return load_preset_file(candidate, tp)
+    return load_preset(name_or_path, tp)
+
+
+def with_tp(preset: Preset, tp: int) -> Preset:
+    """The preset as one GPU of `tp`-way tensor parallelism sees it: heads (and groups) divided by `tp`.
+
+    Mamba-2 groups are split like heads; a single group (G = 1) is replicated on every GPU, as vLLM does.
+    Raises UserError when `tp` does not divide the heads or groups.
+    """
+    if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
+        raise UserError(f"--tp must be a positive integer, got {tp!r}")
+    full = preset.full_shape or preset.shape
+    if isinstance(full, Mamba2Shape):
+        bad = [f"{n}={v}" for n, v in (("H", full.H), ("G", full.G)) if v % tp and not (n == "G" and v == 1)]
+        if bad:
+            raise UserError(f"tp={tp} does not divide {preset.display}'s {' and '.join(bad)}", _tp_hint(full))
+        shape: SSMShape = Mamba2Shape(H=full.H // tp, P=full.P, N=full.N, G=max(full.G // tp, 1))
+    else:
+        bad = [f"{n}={v}" for n, v in (("H", full.H), ("HV", full.HV)) if v % tp]
+        if bad:
+            raise UserError(f"tp={tp} does not divide {preset.display}'s {' and '.join(bad)}", _tp_hint(full))
+        shape = GDNShape(H=full.H // tp, HV=full.HV // tp, K=full.K, V=full.V)
+    return dataclasses.replace(preset, shape=shape, tp=tp, full_shape=full)
+
+
+def valid_tp(shape: SSMShape) -> list[int]:
+    """The tensor-parallel degrees up to 64 that divide the shape's heads and groups."""
+    if isinstance(shape, Mamba2Shape):
+        return [t for t in range(1, 65) if shape.H % t == 0 and (shape.G % t == 0 or shape.G == 1)]
+    return [t for t in range(1, 65) if shape.H % t == 0 and shape.HV % t == 0]
+
+
+def _tp_hint(shape: SSMShape) -> str:
+    return "valid --tp: " + ", ".join(str(t) for t in valid_tp(shape))
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except tomllib.TOMLDecodeError as exc:
+        raise UserError(f"{path} is not valid TOML ({exc})") from None
+
+
+def _from_toml(data: dict[str, Any], path: Path) -> Preset:
+    where = str(path)
+    ssm = data.get("ssm")
+    if not isinstance(ssm, dict):
+        raise UserError(f"{where}: missing the [ssm] table")
+    kind = data.get("kind")
+    if kind not in KINDS:
+        raise UserError(f"{where}: kind must be one of {', '.join(KINDS)}, got {kind!r}")
+    keys = _MAMBA2_KEYS if kind == "mamba2" else _GDN_KEYS
+    missing = [f"ssm.{k}" for k in keys if k not in ssm] + [k for k in ("ssm_layers", "attn_layers", "state_dtype") if k not in data]
+    if missing:
+        raise UserError(f"{where}: missing {', '.join(missing)}")
+    dims = {k: _int(ssm[k], f"ssm.{k}", where) for k in keys}
+    if kind == "mamba2":
+        shape: SSMShape = Mamba2Shape(H=dims["heads"], P=dims["head_dim"], N=dims["state_dim"], G=dims["groups"])
+    else:
+        shape = GDNShape(H=dims["key_heads"], HV=dims["value_heads"], K=dims["key_dim"], V=dims["value_dim"])
+    a_range = ssm.get("a_log_range")
+    if a_range is not None:
+        if not (isinstance(a_range, list) and len(a_range) == 2 and all(isinstance(v, (int, float)) for v in a_range)):
+            raise UserError(f"{where}: ssm.a_log_range must be a pair of numbers [low, high]")
+        a_range = (float(a_range[0]), float(a_range[1]))
+    e2e = data.get("e2e")
+    if e2e is not None:
+        unknown = sorted(set(e2e) - set(E2E_KEYS))
+        if unknown:
+            raise UserError(f"{where}: unknown [e2e] keys {', '.join(unknown)}; known: {', '.join(E2E_KEYS)}")
+        e2e = {k: _int(v, f"e2e.{k}", where) for k, v in e2e.items()}
+    estimated = data.get("estimated", {})
+    preset = Preset(
+        name=str(data.get("name") or path.stem).lower(),
+        display=str(data.get("display") or path.stem),
+        kind=kind,
+        ssm_layers=_int(data["ssm_layers"], "ssm_layers", where),
+        attn_layers=_int(data["attn_layers"], "attn_layers", where),
+        shape=shape,
+        state_dtype=str(data["state_dtype"]),
+        dt_softplus=bool(ssm.get("dt_softplus", True)),
+        has_D=bool(ssm.get("has_D", kind == "mamba2")),
+        has_z=bool(ssm.get("has_z", False)),
+        a_log_range=a_range,
+        e2e=e2e,
+        sources={str(k): str(v) for k, v in data.get("sources", {}).items()},
+        estimated=tuple(estimated),
+        estimated_reasons={str(k): str(v) for k, v in estimated.items()},
+        notes=tuple(str(n) for n in data.get("notes", {}).values()) if isinstance(data.get("notes"), dict) else (),
+        hf_id=data.get("hf_id"),
+        origin=where,
+    )
+    validate(preset, require_sources=True, layer_pattern=data.get("layer_pattern"))
+    return preset
+
+
+def _int(value: Any, what: str, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise UserError(f"{where}: {what} must be an integer, got {value!r}")
+    return value
+
+
+def validate(preset: Preset, require_sources: bool = False, layer_pattern: str | None = None) -> None:
+    """Check a preset's figures hang together; raises UserError naming the first problem and the file."""
+    where = preset.origin or preset.name
+    problems: list[str] = []
+    dims = shape_dict(preset.full_shape or preset.shape)
+    problems += [f"{k}={v} must be positive" for k, v in dims.items() if v <= 0]
+    if preset.ssm_layers <= 0:
+        problems.append(f"ssm_layers={preset.ssm_layers} must be positive")
+    if preset.attn_layers < 0:
+        problems.append(f"attn_layers={preset.attn_layers} must not be negative")
+    if preset.state_dtype not in STATE_DTYPES:
+        problems.append(f"state_dtype {preset.state_dtype!r} must be one of {', '.join(STATE_DTYPES)}")
+    if not problems:
+        if preset.kind == "mamba2" and dims["H"] % dims["G"]:
+            problems.append(f"heads H={dims['H']} are not a multiple of groups G={dims['G']}")
+        if preset.kind == "gdn" and dims["HV"] % dims["H"]:
+            problems.append(f"value heads HV={dims['HV']} are not a multiple of key heads H={dims['H']}")
+    if preset.a_log_range is not None:
+        lo, hi = preset.a_log_range
+        if not 0 <= lo < hi:
+            problems.append(f"a_log_range [{lo}, {hi}] must satisfy 0 <= low < high")
+    if preset.e2e:
+        problems += [f"e2e.{k}={v} must be positive" for k, v in preset.e2e.items() if v <= 0]
+    if layer_pattern is not None:
+        counts = pattern_counts(layer_pattern)
+        if (counts["ssm"], counts["attn"]) != (preset.ssm_layers, preset.attn_layers):
+            problems.append(
+                f"layer_pattern has {counts['ssm']} Mamba and {counts['attn']} attention layers, "
+                f"but ssm_layers={preset.ssm_layers}, attn_layers={preset.attn_layers}"
+            )
+    if require_sources:
+        groups = set(REQUIRED_SOURCES) | ({"e2e"} if preset.e2e else set())
+        for group in sorted(groups):
+            if group not in preset.sources and not any(k.startswith(group + ".") for k in preset.sources):
+                problems.append(f"no source for {group!r} (add it under [sources], or under [estimated] with a reason)")
+        problems += [f"estimated {k!r} has no reason" for k in preset.estimated if not preset.estimated_reasons.get(k)]
+    if problems:
+        raise UserError(f"preset {where}: {problems[0]}" + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""))
+
+
+def pattern_counts(pattern: str) -> dict[str, int]:
+    """Layer counts from a Nemotron-H hybrid_override_pattern: M Mamba-2, * attention, - MLP, E MoE."""
+    unknown = sorted(set(pattern) - set("M*-E"))
+    if unknown:
+        raise UserError(f"layer pattern has unknown symbols {''.join(unknown)!r}; expected M, *, - or E")
+    return {"ssm": pattern.count("M"), "attn": pattern.count("*"), "mlp": pattern.count("-"), "moe": pattern.count("E")}
+
+
+def _first(cfg: dict[str, Any], *keys: str) -> Any:
+    for k in keys:
+        if cfg.get(k) is not None:
+            return cfg[k]
+    return None
+
+
+def _need(cfg: dict[str, Any], where: str, *keys: str) -> int:
+    value = _first(cfg, *keys)
+    if value is None:
+        raise UserError(f"{where}: config.json has none of {', '.join(keys)}")
+    return _int(value, keys[0], where)
+
+
+HF_MODEL_TYPES = ("mamba2", "nemotron_h", "qwen3_next", "qwen3_5", "qwen3_5_moe", "falcon_h1", "granitemoehybrid")
+
+
+def _from_hf_config(raw: dict[str, Any], path: Path) -> Preset:
+    where = str(path)
+    cfg = dict(raw)
+    if isinstance(raw.get("text_config"), dict):
+        cfg = {**{k: v for k, v in raw.items() if k != "text_config"}, **raw["text_config"]}
+    model_type = str(raw.get("model_type") or cfg.get("model_type") or "")
+    base_type = model_type.removesuffix("_text")
+    if not model_type and "ssm_cfg" in cfg and "d_model" in cfg:
+        base_type = "mamba_ssm"
+    sources: dict[str, str] = {}
+    estimated: dict[str, str] = {}
+    notes: list[str] = []
+
+    if base_type == "mamba2":
+        hidden = _need(cfg, where, "hidden_size")
+        head_dim = _need(cfg, where, "head_dim")
+        heads = _first(cfg, "num_heads") or int(cfg.get("expand", 2)) * hidden // head_dim
+        shape: SSMShape = Mamba2Shape(H=int(heads), P=head_dim, N=_need(cfg, where, "state_size"), G=int(cfg.get("n_groups", 1)))
+        ssm_layers, attn_layers = _need(cfg, where, "num_hidden_layers"), 0
+    elif base_type == "mamba_ssm":
+        ssm_cfg = cfg.get("ssm_cfg") or {}
+        hidden, head_dim = _need(cfg, where, "d_model"), int(ssm_cfg.get("headdim", 64))
+        heads = int(ssm_cfg.get("expand", 2)) * hidden // head_dim
+        shape = Mamba2Shape(H=heads, P=head_dim, N=int(ssm_cfg.get("d_state", 128)), G=int(ssm_cfg.get("ngroups", 1)))
+        attn_layers = len(cfg.get("attn_layer_idx") or [])
+        ssm_layers = _need(cfg, where, "n_layer") - attn_layers
+        cfg = {**cfg, "hidden_size": hidden}
+        notes.append("mamba_ssm config: expand, headdim, d_state and ngroups default to Mamba2's 2, 64, 128 and 1 where ssm_cfg omits them")
+    elif base_type == "nemotron_h":
+        shape = Mamba2Shape(
+            H=_need(cfg, where, "mamba_num_heads"),
+            P=_need(cfg, where, "mamba_head_dim"),
+            N=_need(cfg, where, "ssm_state_size"),
+            G=_need(cfg, where, "n_groups", "mamba_n_groups"),
+        )
+        if cfg.get("hybrid_override_pattern"):
+            counts = pattern_counts(str(cfg["hybrid_override_pattern"]))
+        elif isinstance(cfg.get("layers_block_type"), list):
+            types = [str(t) for t in cfg["layers_block_type"]]
+            counts = {"ssm": types.count("mamba"), "attn": types.count("attention"), "mlp": types.count("mlp"), "moe": types.count("moe")}
+        else:
+            raise UserError(f"{where}: nemotron_h config.json has neither hybrid_override_pattern nor layers_block_type")
+        ssm_layers, attn_layers = counts["ssm"], counts["attn"]
+        cfg = {**cfg, "mlp_layers": counts["mlp"] or None, "moe_layers": counts["moe"] or None, "head_dim": _first(cfg, "head_dim", "attention_head_dim")}
+    elif base_type in ("qwen3_next", "qwen3_5", "qwen3_5_moe"):
+        shape = GDNShape(
+            H=_need(cfg, where, "linear_num_key_heads"),
+            HV=_need(cfg, where, "linear_num_value_heads"),
+            K=_need(cfg, where, "linear_key_head_dim"),
+            V=_need(cfg, where, "linear_value_head_dim"),
+        )
+        n_layers = _need(cfg, where, "num_hidden_layers")
+        if isinstance(cfg.get("layer_types"), list):
+            types = [str(t) for t in cfg["layer_types"]]
+            ssm_layers, attn_layers = types.count("linear_attention"), types.count("full_attention")
+        else:
+            interval = int(cfg.get("full_attention_interval", 4))
+            attn_layers = n_layers // interval
+            ssm_layers = n_layers - attn_layers
+        if cfg.get("num_experts"):
+            cfg = {**cfg, "moe_layers": n_layers - len(cfg.get("mlp_only_layers") or [])}
+    elif base_type in ("falcon_h1", "granitemoehybrid"):
+        shape = Mamba2Shape(
+            H=_need(cfg, where, "mamba_n_heads"),
+            P=_need(cfg, where, "mamba_d_head"),
+            N=_need(cfg, where, "mamba_d_state"),
+            G=int(cfg.get("mamba_n_groups", 1)),
+        )
+        n_layers = _need(cfg, where, "num_hidden_layers")
+        if base_type == "falcon_h1":
+            # Falcon-H1 runs attention and SSM side by side in every layer.
+            ssm_layers, attn_layers = n_layers, n_layers
+        else:
+            types = [str(t) for t in cfg.get("layer_types") or []]
+            if not types:
+                raise UserError(f"{where}: granitemoehybrid config.json has no layer_types")
+            ssm_layers, attn_layers = types.count("mamba"), types.count("attention")
+    else:
+        got = f"model_type {model_type!r}" if model_type else "no model_type"
+        raise UserError(f"{where}: {got}; supported config.json model types: {', '.join(HF_MODEL_TYPES)}", "or write a preset .toml (see profiles/models/)")
+
+    state_dtype, why = _hf_state_dtype(raw, cfg)
+    if why:
+        estimated["state_dtype"] = why
+    e2e_map = {
+        "hidden_size": ("hidden_size",),
+        "num_attention_heads": ("num_attention_heads",),
+        "num_key_value_heads": ("num_key_value_heads",),
+        "head_dim": ("head_dim",),
+        "intermediate_size": ("intermediate_size",),
+        "num_experts": ("num_experts", "n_routed_experts", "num_local_experts"),
+        "experts_per_token": ("num_experts_per_tok",),
+        "moe_intermediate_size": ("moe_intermediate_size",),
+        "shared_expert_intermediate_size": ("shared_expert_intermediate_size", "moe_shared_expert_intermediate_size", "shared_intermediate_size"),
+        "moe_latent_size": ("moe_latent_size",),
+        "mlp_layers": ("mlp_layers",),
+        "moe_layers": ("moe_layers",),
+        "vocab_size": ("vocab_size",),
+    }
+    e2e = {}
+    for key, names in e2e_map.items():
+        value = _first(cfg, *names)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            e2e[key] = value
+    for group in ("ssm", "layers", "state_dtype", "e2e"):
+        sources[group] = where
+    sources["a_log_range"] = "not in config.json; see [estimated]"
+    kind = "gdn" if isinstance(shape, GDNShape) else "mamba2"
+    a_range = (0.0, 16.0) if kind == "gdn" else (1.0, 16.0)
+    estimated["a_log_range"] = "config.json does not give the decay; the initialisation range is used"
+    name = (path.parent.name if path.name == "config.json" and path.parent.name else path.stem).lower()
+    preset = Preset(
+        name=name,
+        display=path.parent.name if path.name == "config.json" and path.parent.name else path.stem,
+        kind=kind,
+        ssm_layers=ssm_layers,
+        attn_layers=attn_layers,
+        shape=shape,
+        state_dtype=state_dtype,
+        dt_softplus=True,
+        has_D=kind == "mamba2",
+        has_z=False,
+        a_log_range=a_range,
+        e2e=e2e or None,
+        sources=sources,
+        estimated=tuple(estimated),
+        estimated_reasons=estimated,
+        notes=tuple(notes),
+        hf_id=raw.get("_name_or_path") or None,
+        origin=where,
+    )
+    validate(preset)
+    return preset
+
+
+def _hf_state_dtype(raw: dict[str, Any], cfg: dict[str, Any]) -> tuple[str, str | None]:
+    """The SSM state dtype a config asks for, else the model dtype (vLLM's 'auto'); the second item says why when inferred."""
+    explicit = _first(cfg, "mamba_ssm_cache_dtype", "mamba_ssm_dtype")
+    if explicit is not None and str(explicit) in _HF_DTYPES:
+        return _HF_DTYPES[str(explicit)], None
+    model_dtype = _first(cfg, "dtype", "torch_dtype") or _first(raw, "dtype", "torch_dtype")
+    if model_dtype is not None and str(model_dtype) in _HF_DTYPES:
+        return _HF_DTYPES[str(model_dtype)], "config.json sets no SSM state dtype; the model dtype is used, as vLLM's 'auto' does"
+    return "bf16", "config.json sets neither an SSM state dtype nor a model dtype; bf16 assumed"
