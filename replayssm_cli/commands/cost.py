@@ -1,11 +1,178 @@
-"""`replayssm cost`."""
+"""`replayssm cost`: modelled bytes, FLOPs, arithmetic intensity and memory of every decode kernel, on any machine."""
 
 from __future__ import annotations
 
+from enum import Enum
+from typing import Annotated, Any, Optional, TypeVar
+
+import typer
+
+from replayssm_cli.console import out, print_json
+from replayssm_cli.cost import cost_table
+from replayssm_cli.dtypes import IODtype, ReadDtype, StateDtype
 from replayssm_cli.errors import UserError, cli_command
+from replayssm_cli.presets import DEFAULT_PRESETS, resolve
+
+
+def _si(value: float) -> str:
+    """Three significant digits and a decimal prefix: 1.08 G, 613 M, 9.31 k."""
+    for scale, prefix in ((1e12, " T"), (1e9, " G"), (1e6, " M"), (1e3, " k"), (1, "  ")):
+        if abs(value) >= scale:
+            return f"{value / scale:#.3g}".rstrip(".") + prefix
+    return f"{value:g}  "
+
+
+def _mib(value: float) -> str:
+    return f"{value / 2**20:.2f} MiB" if value >= 2**20 else f"{value / 2**10:.1f} KiB"
+
+
+def _fill(value: Any) -> str:
+    if value is None:
+        return ""
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+E = TypeVar("E", bound=Enum)
+
+
+def _metavar(enum: type[Enum]) -> str:
+    return "[" + "|".join(m.value for m in enum) + "]"
+
+
+def _dtype(value: str, enum: type[E], option: str) -> E:
+    """The enum member named `value`, or one line naming the valid ones (typer's own error is a box)."""
+    try:
+        return enum(value)
+    except ValueError:
+        valid = ", ".join(m.value for m in enum)
+        raise UserError(f"{option} must be one of {valid}, got {value!r}") from None
+
+
+def _validate(window: int, batch: int, draft: int, accepted: float | None, tp: int) -> None:
+    if not 1 <= window <= 64:
+        raise UserError(f"--window must be between 1 and 64, got {window}")
+    if batch < 1:
+        raise UserError(f"--batch must be at least 1, got {batch}")
+    if not 0 <= draft <= 8:
+        raise UserError(f"--draft must be between 0 and 8, got {draft}")
+    if accepted is not None and draft == 0:
+        raise UserError("--accepted needs --draft (the drafts per verify step)")
+    if accepted is not None and not 0 < accepted <= draft:
+        raise UserError(f"--accepted must be above 0 and at most --draft ({draft}), got {accepted:g}")
+    if tp < 1:
+        raise UserError(f"--tp must be at least 1, got {tp}")
+
+
+def _print_table(title: str, caption: str, rows: list[dict[str, Any]]) -> None:
+    from rich import box
+    from rich.table import Table
+
+    table = Table(
+        title=title, caption=caption, title_justify="left", caption_justify="left",
+        box=box.SIMPLE_HEAD, padding=0, pad_edge=False,
+    )
+    table.add_column("variant", no_wrap=True)
+    table.add_column("phase", no_wrap=True)
+    for name in ("fill", "read", "written", "FLOPs", "FLOP/B", "× conv", "mem/seq"):
+        table.add_column(name, justify="right", no_wrap=True)
+    for r in rows:
+        table.add_row(
+            r["variant"] + (f" {r['read_dtype']}" if r["variant"] == "split" else ""),
+            r["phase"],
+            _fill(r["fill"]),
+            _si(r["bytes_read"]),
+            _si(r["bytes_written"]),
+            _si(r["flops"]),
+            f"{r['intensity']:.2f}",
+            f"{r['bytes_ratio']:.2f}x",
+            _mib(r["mem_per_seq"]),
+        )
+    out.print(table)
 
 
 @cli_command
-def cost() -> None:
-    """(being built)"""
-    raise UserError("'replayssm cost' is not available in this build")
+def cost(
+    preset: Annotated[
+        Optional[list[str]],
+        typer.Option("--preset", help="Model preset or preset file; repeat for several. Default: the two defaults."),
+    ] = None,
+    window: Annotated[int, typer.Option("--window", help="ReplaySSM window W, 1 to 64.")] = 16,
+    state_dtype: Annotated[
+        Optional[str],
+        typer.Option(
+            "--state-dtype", metavar=_metavar(StateDtype), help="State and checkpoint dtype. Default: the preset's."
+        ),
+    ] = None,
+    read_dtype: Annotated[
+        str,
+        typer.Option("--read-dtype", metavar=_metavar(ReadDtype), help="Dtype of the split-precision rows' read copy."),
+    ] = ReadDtype.bf16.value,
+    io_dtype: Annotated[
+        str, typer.Option("--io-dtype", metavar=_metavar(IODtype), help="Dtype of the inputs and outputs.")
+    ] = IODtype.bf16.value,
+    batch: Annotated[int, typer.Option("--batch", help="Sequences decoded per step.")] = 256,
+    draft: Annotated[
+        int, typer.Option("--draft", help="Speculative drafts per verify step T, 0 to 8 (0: no speculative rows).")
+    ] = 0,
+    accepted: Annotated[
+        Optional[float], typer.Option("--accepted", help="Mean drafts accepted per verify step. Default: all of them.")
+    ] = None,
+    tp: Annotated[int, typer.Option("--tp", help="Tensor-parallel degree dividing the heads.")] = 1,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the rows as JSON on stdout.")] = False,
+) -> None:
+    """Modelled DRAM bytes, FLOPs and arithmetic intensity of one decode step of one SSM layer.
+
+    Conventional decode; ReplaySSM non-flush steps, flush and window average;
+    split precision; with --draft, both speculative verifies; memory per sequence.
+    Counted from the preset's shapes: no GPU needed.
+
+    Examples:
+
+      replayssm cost
+
+      replayssm cost --preset nemotron-3-super-120b-a12b --window 32 --read-dtype fp8
+
+      replayssm cost --preset qwen3.5-122b-a10b --draft 4 --accepted 3 --json
+    """
+    _validate(window, batch, draft, accepted, tp)
+    state = _dtype(state_dtype, StateDtype, "--state-dtype") if state_dtype is not None else None
+    read = _dtype(read_dtype, ReadDtype, "--read-dtype")
+    io = _dtype(io_dtype, IODtype, "--io-dtype")
+    names = preset or list(DEFAULT_PRESETS)
+    everything: list[dict[str, Any]] = []
+    for name in names:
+        p = resolve(name, tp)
+        st = state.value if state else p.state_dtype
+        try:
+            rows = cost_table(
+                p.shape,
+                batch=batch,
+                window=window,
+                state_dtype=st,
+                read_dtype=read.value,
+                io_dtype=io.value,
+                draft=draft,
+                accepted=accepted,
+                has_z=p.has_z,
+            )
+        except ValueError as exc:
+            raise UserError(str(exc)) from None
+        head = {"preset": p.name, "op": p.kind, "shape": p.shape.label(), "tp": tp, "batch": batch}
+        rows = [{**head, **r} for r in rows]
+        everything.extend(rows)
+        if not as_json:
+            title = (
+                f"{p.display}: {p.kind} {p.shape.label()}"
+                + (f" (tp {tp})" if tp > 1 else "")
+                + f", batch {batch}, window {window}, state {st}, io {io.value}"
+                + (f", T = {draft}, {rows[-1]['accepted']:g} accepted" if draft else "")
+            )
+            caption = (
+                f"DRAM bytes and FLOPs of one decode step of one layer, whole batch ({p.ssm_layers} SSM layers "
+                "per model step). × conv: the conventional kernel's bytes over this row's (spec-replay: over "
+                "spec-conventional's). mem/seq: one sequence's state or checkpoint, read copy, buffers, "
+                "counters and snapshots in one layer."
+            )
+            _print_table(title, caption, rows)
+    if as_json:
+        print_json(everything)

@@ -1,0 +1,443 @@
+"""The cost model pinned to counts done by hand on tiny shapes, and `replayssm cost` through the CLI."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import pytest
+from typer.testing import CliRunner
+
+from replayssm_cli.cost import (
+    Cost,
+    cost_table,
+    launches_per_step,
+    memory_per_seq,
+    predict_us,
+    spec_replay_cycle,
+    step_cost,
+)
+from replayssm_cli.main import app
+from replayssm_cli.shapes import GDNShape, Mamba2Shape
+
+# Hand counts below, per batch row unless said: bf16 io (2 bytes), fp32 state (4), batch 2, window 4.
+M2 = Mamba2Shape(H=2, P=3, N=5, G=1)
+GDN = GDNShape(H=1, HV=2, K=3, V=5)
+B = 2
+W = 4
+
+M2_STATE = 2 * 3 * 5 * 4  # (H, P, N) fp32
+M2_INPUTS = (2 * 3 + 2 * 3 + 2 + 1 * 5 + 1 * 5) * 2  # x, z (H, P), dt (H), B, C (G, N)
+M2_PARAMS = 3 * 2 * 4  # A, D, dt_bias (H) fp32, once per step
+M2_OUT = 2 * 3 * 2  # y (H, P)
+M2_ENTRY = (2 * 3 + 1 * 5) * 2 + 2 * 2 * 4  # x (H, P), B (G, N) in io; delta, lam (H) fp32
+M2_COUNTERS = 2 * 4  # (H) int32
+M2_DRAFT_B = 1 * 5 * 2  # one draft's B (G, N), copied by accept
+
+GDN_STATE = 2 * 5 * 3 * 4  # (HV, V, K) fp32
+GDN_INPUTS = (2 * 1 * 3 + 2 * 5 + 2 * 2) * 2  # q, k (H, K), v (HV, V), g, beta (HV)
+GDN_OUT = 2 * 5 * 2  # o (HV, V)
+GDN_ENTRY = (2 * 5 + 1 * 3 + 2) * 4  # u (HV, V), k (H, K), G (HV) fp32
+GDN_COUNTERS = 2 * 4  # (HV) int32
+
+NEMOTRON_SUPER = Mamba2Shape(H=128, P=64, N=128, G=8)
+
+
+def m2(variant, phase="avg", **kw):
+    return step_cost(M2, variant, phase, **{"batch": B, "window": W, **kw})
+
+
+def gdn(variant, phase="avg", **kw):
+    return step_cost(GDN, variant, phase, **{"batch": B, "window": W, **kw})
+
+
+def test_cost_arithmetic():
+    a, b = Cost(10, 20, 30), Cost(1, 2, 3)
+    assert a + b == Cost(11, 22, 33)
+    assert a.total_bytes == 30 and a.intensity == 1.0
+    assert a.scaled(2.5) == Cost(25, 50, 75)
+    assert a.as_dict()["total_bytes"] == 30
+
+
+def test_step_cost_mamba2_conventional():
+    # FLOPs per head: delta 4, exp(A delta) 2; per p: delta x 1, D x 2, gate 5; per element 5.
+    assert m2("conventional") == Cost(
+        B * (M2_STATE + M2_INPUTS) + M2_PARAMS,
+        B * (M2_STATE + M2_OUT),
+        B * 2 * (6 + 3 * (3 + 5) + 5 * 3 * 5),
+    )
+    # Every phase of a conventional step is the same step.
+    assert m2("conventional", "flush") == m2("conventional")
+
+
+def test_step_cost_mamba2_without_gate():
+    assert m2("conventional", has_z=False) == Cost(
+        B * (M2_STATE + (2 * 3 + 2 + 2 * 5) * 2) + M2_PARAMS,
+        B * (M2_STATE + M2_OUT),
+        B * 2 * (6 + 3 * 3 + 5 * 3 * 5),
+    )
+
+
+def test_step_cost_mamba2_replay_phases():
+    # Nonflush at fill 1: checkpoint + 1 entry read, this entry written, counters both ways.
+    # FLOPs per head: 7 scalars, S0 C 2 per element, 2 buffer terms of 2N + 2P + 4, per p 4 + 5.
+    assert m2("replay", "nonflush", fill=1) == Cost(
+        B * (M2_STATE + 1 * M2_ENTRY + M2_INPUTS + M2_COUNTERS) + M2_PARAMS,
+        B * (M2_ENTRY + M2_OUT + M2_COUNTERS),
+        B * 2 * (7 + 2 * 15 + 2 * (2 * 5 + 2 * 3 + 4) + 3 * (4 + 5)),
+    )
+    # Flush at fill 3: checkpoint + 3 entries read; checkpoint written, this token's entry only in registers.
+    # FLOPs per head: 7 scalars, 4 entries of 3 + P, per element 1 + 2*4 + 2, per p 2 + 5.
+    assert m2("replay", "flush") == Cost(
+        B * (M2_STATE + 3 * M2_ENTRY + M2_INPUTS + M2_COUNTERS) + M2_PARAMS,
+        B * (M2_STATE + M2_OUT + M2_COUNTERS),
+        B * 2 * (7 + 4 * (3 + 3) + 15 * (1 + 2 * 4 + 2) + 3 * (2 + 5)),
+    )
+
+
+def test_step_cost_mamba2_replay_window_average():
+    # Nonflush reads 376 + 76 f bytes at fill f = 0, 1, 2, and the flush 604: see the phase test.
+    assert m2("replay") == Cost(
+        (376 + 452 + 528 + 604) // 4,
+        (3 * 116 + 280) // 4,
+        (4 * 84 + 4 * 104 + 4 * 124 + 868) // 4,
+    )
+    assert m2("replay", "nonflush", fill=0).bytes_read == 376
+    assert m2("replay", "flush") == Cost(604, 280, 868)
+
+
+@pytest.mark.parametrize("window", [1, 2, 5, 16], ids=lambda w: f"W{w}")
+@pytest.mark.parametrize("shape", [M2, GDN], ids=["mamba2", "gdn"])
+def test_step_cost_average_is_the_mean_of_the_phases(shape, window):
+    kw = dict(batch=3, window=window, state_dtype="bf16", read_dtype="fp8")
+    phases = [step_cost(shape, "split", "nonflush", fill=f, **kw) for f in range(window - 1)]
+    phases.append(step_cost(shape, "split", "flush", **kw))
+    mean = [sum(getattr(c, k) for c in phases) / window for k in ("bytes_read", "bytes_written", "flops")]
+    avg = step_cost(shape, "split", **kw)
+    assert [avg.bytes_read, avg.bytes_written, avg.flops] == [round(v) for v in mean]
+    if window > 1:
+        assert step_cost(shape, "split", "nonflush", **kw).bytes_read == round(
+            sum(c.bytes_read for c in phases[:-1]) / (window - 1)
+        )
+
+
+def test_step_cost_mamba2_split():
+    bf16_copy = 2 * 3 * 5 * 2
+    fp8_copy = 2 * 3 * 5 * 1 + 2 * 3 * 4  # plus one fp32 scale per (head, row p)
+    for read, copy, dequant in (("bf16", bf16_copy, 0), ("fp8", fp8_copy, 3)):
+        assert m2("split", "nonflush", fill=1, read_dtype=read) == Cost(
+            B * (copy + 1 * M2_ENTRY + M2_INPUTS + M2_COUNTERS) + M2_PARAMS,
+            B * (M2_ENTRY + M2_OUT + M2_COUNTERS),
+            B * 2 * (7 + 2 * 15 + 2 * (2 * 5 + 2 * 3 + 4) + 3 * (4 + 5) + dequant),
+        )
+    # fp8 quantisation of the new copy: a division per element and one per row (the scale).
+    for read, copy, quant in (("bf16", bf16_copy, 0), ("fp8", fp8_copy, 15 + 3)):
+        assert m2("split", "flush", read_dtype=read) == Cost(
+            B * (M2_STATE + 3 * M2_ENTRY + M2_INPUTS + M2_COUNTERS) + M2_PARAMS,
+            B * (M2_STATE + copy + M2_OUT + M2_COUNTERS),
+            B * 2 * (7 + 4 * (3 + 3) + 15 * (1 + 2 * 4 + 2) + 3 * (2 + 5) + quant),
+        )
+    assert m2("replay", read_dtype="bf16") == m2("split", read_dtype="bf16")
+
+
+def test_step_cost_mamba2_spec_conventional():
+    assert m2("spec-conventional", draft=2) == Cost(
+        B * (M2_STATE + 2 * M2_INPUTS) + M2_PARAMS,
+        B * (2 * M2_STATE + 2 * M2_OUT),
+        2 * B * 2 * (6 + 3 * (3 + 5) + 5 * 3 * 5),
+    )
+
+
+def test_step_cost_mamba2_spec_replay():
+    # Accept reads n and the counters, writes the counters, and copies 2 accepted drafts' B.
+    accept = Cost(B * (4 + M2_COUNTERS + 2 * M2_DRAFT_B), B * (M2_COUNTERS + 2 * M2_DRAFT_B), B * 2)
+    # Verify of T = 2 at fill 1 (the mean fill for W = 4, 2 accepted): 1 + 2 terms for draft 0, 1 + 3 for draft 1.
+    verify_1 = Cost(
+        B * (M2_STATE + 1 * M2_ENTRY + 2 * M2_INPUTS + M2_COUNTERS) + M2_PARAMS,
+        B * (2 * M2_ENTRY + 2 * M2_OUT),
+        B * 2 * (2 * 7 + 2 * 2 * 15 + (2 + 3) * (2 * 5 + 2 * 3 + 4) + 2 * 3 * (4 + 5)),
+    )
+    assert m2("spec-replay", "nonflush", draft=2, accepted=2) == verify_1 + accept
+    # From an fp8 copy: the copy and its scales instead of the checkpoint, the tile dequantised once (P N).
+    fp8_copy = 2 * 3 * 5 * 1 + 2 * 3 * 4
+    assert m2("spec-replay", "nonflush", draft=2, accepted=2, read_dtype="fp8") == accept + Cost(
+        B * (fp8_copy + 1 * M2_ENTRY + 2 * M2_INPUTS + M2_COUNTERS) + M2_PARAMS,
+        verify_1.bytes_written,
+        verify_1.flops + B * 2 * 15,
+    )
+    # A flushing verify folds 4 entries (1 + 4 (3 + P), 1 + 2*4 per element), then verifies at fill 0.
+    verify_after_fold = Cost(
+        B * (M2_STATE + 4 * M2_ENTRY + 2 * M2_INPUTS + M2_COUNTERS) + M2_PARAMS,
+        B * (M2_STATE + 2 * M2_ENTRY + 2 * M2_OUT + M2_COUNTERS),
+        B * 2 * (1 + 4 * (3 + 3) + 15 * (1 + 2 * 4))
+        + B * 2 * (2 * 7 + 2 * 2 * 15 + (1 + 2) * (2 * 5 + 2 * 3 + 4) + 2 * 3 * (4 + 5)),
+    )
+    flush = verify_after_fold + accept
+    assert m2("spec-replay", "flush", draft=2, accepted=2) == flush
+    # Accepting 2 of 2 at W = 4 cycles through a flushing verify and a verify at fill 2.
+    at_2 = m2("spec-replay", "nonflush", draft=2, accepted=2, fill=2)
+    mean = Cost(
+        (flush.bytes_read + at_2.bytes_read) // 2,
+        (flush.bytes_written + at_2.bytes_written) // 2,
+        (flush.flops + at_2.flops) // 2,
+    )
+    assert m2("spec-replay", draft=2, accepted=2) == mean
+    assert (flush.bytes_read + at_2.bytes_read) % 2 == 0
+
+
+def test_step_cost_spec_replay_one_draft_is_replay_plus_accept():
+    for shape in (M2, GDN):
+        kw = dict(batch=B, window=W, fill=2)
+        verify = step_cost(shape, "spec-replay", "nonflush", draft=1, **kw)
+        replay = step_cost(shape, "replay", "nonflush", **kw)
+        counters = M2_COUNTERS if shape is M2 else GDN_COUNTERS
+        draft_b = M2_DRAFT_B if shape is M2 else 0
+        # accept reads n and the counters (and moves Mamba-2's B); a replay step writes its counters itself.
+        assert verify.bytes_read == replay.bytes_read + B * (4 + counters + draft_b)
+        assert verify.bytes_written == replay.bytes_written + B * draft_b
+        assert verify.flops == replay.flops + B * 2
+
+
+def test_spec_replay_cycle():
+    assert spec_replay_cycle(16, 1) == (7.5, 16.0, 1 / 16)
+    assert spec_replay_cycle(16, 4) == (6.0, 16.0, 0.25)
+    # More accepted than the window holds: every verify flushes.
+    assert spec_replay_cycle(2, 3) == (0.0, 3.0, 1.0)
+
+
+def test_step_cost_gdn():
+    # Conventional, per value head: exp(g) 1, q scale K, per element 7, u 2 per v.
+    assert gdn("conventional") == Cost(
+        B * (GDN_STATE + GDN_INPUTS), B * (GDN_STATE + GDN_OUT), B * 2 * (1 + 3 + 7 * 15 + 2 * 5)
+    )
+    # Nonflush at fill 1: per element S0 k and S0 q 4, per head 2 + 3K + 8V, one buffer term 4K + 4V + 4.
+    nonflush_flops = 2 + 3 * 3 + 8 * 5 + 4 * 15 + 1 * (4 * 3 + 4 * 5 + 4)
+    assert gdn("replay", "nonflush", fill=1) == Cost(
+        B * (GDN_STATE + 1 * GDN_ENTRY + GDN_INPUTS + GDN_COUNTERS),
+        B * (GDN_ENTRY + GDN_OUT + GDN_COUNTERS),
+        B * 2 * nonflush_flops,
+    )
+    # Flush at fill 3: the nonflush work at fill 3, then 1 + 2*4 per element and 4 V to fold.
+    flush_flops = 2 + 3 * 3 + 8 * 5 + 4 * 15 + 3 * (4 * 3 + 4 * 5 + 4) + 15 * (1 + 2 * 4) + 4 * 5
+    assert gdn("replay", "flush") == Cost(
+        B * (GDN_STATE + 3 * GDN_ENTRY + GDN_INPUTS + GDN_COUNTERS),
+        B * (GDN_STATE + GDN_OUT + GDN_COUNTERS),
+        B * 2 * flush_flops,
+    )
+    fp8_copy = 2 * 5 * 3 + 2 * 5 * 4
+    assert gdn("split", "nonflush", fill=1, read_dtype="fp8") == Cost(
+        B * (fp8_copy + 1 * GDN_ENTRY + GDN_INPUTS + GDN_COUNTERS),
+        B * (GDN_ENTRY + GDN_OUT + GDN_COUNTERS),
+        B * 2 * (nonflush_flops + 2 * 5),
+    )
+    assert gdn("split", "flush", read_dtype="fp8") == Cost(
+        B * (GDN_STATE + 3 * GDN_ENTRY + GDN_INPUTS + GDN_COUNTERS),
+        B * (GDN_STATE + fp8_copy + GDN_OUT + GDN_COUNTERS),
+        B * 2 * (flush_flops + 15 + 5),
+    )
+    assert gdn("spec-conventional", draft=2) == Cost(
+        B * (GDN_STATE + 2 * GDN_INPUTS), B * (2 * GDN_STATE + 2 * GDN_OUT), 2 * B * 2 * (1 + 3 + 7 * 15 + 2 * 5)
+    )
+    # Verify of T = 2 at fill 1: draft 0 sees 1 buffer term, draft 1 sees 2.
+    assert gdn("spec-replay", "nonflush", draft=2, fill=1) == Cost(
+        B * (GDN_STATE + 1 * GDN_ENTRY + 2 * GDN_INPUTS + GDN_COUNTERS) + B * (4 + GDN_COUNTERS),
+        B * (2 * GDN_ENTRY + 2 * GDN_OUT) + B * GDN_COUNTERS,
+        B * 2 * (2 * (2 + 3 * 3 + 8 * 5 + 4 * 15) + (1 + 2) * (4 * 3 + 4 * 5 + 4)) + B * 2,
+    )
+    # Fold of 4 entries: 1 + 4 (2 + V) + 15 (1 + 2*4), then the verify at fill 0 (draft 1 sees draft 0).
+    assert gdn("spec-replay", "flush", draft=2).flops == (
+        B * 2 * (1 + 4 * (2 + 5) + 15 * (1 + 2 * 4))
+        + B * 2 * (2 * (2 + 3 * 3 + 8 * 5 + 4 * 15) + 1 * (4 * 3 + 4 * 5 + 4))
+        + B * 2
+    )
+
+
+def test_step_cost_batch_scales_all_but_the_parameters():
+    for phase, fill in (("nonflush", 1), ("flush", None)):
+        one = step_cost(M2, "replay", phase, batch=1, window=W, fill=fill)
+        eight = step_cost(M2, "replay", phase, batch=8, window=W, fill=fill)
+        assert eight.bytes_read - M2_PARAMS == 8 * (one.bytes_read - M2_PARAMS)
+        assert eight.bytes_written == 8 * one.bytes_written and eight.flops == 8 * one.flops
+
+
+def test_step_cost_nemotron_super_ratio_near_the_state_bound():
+    # Nemotron-3-Super has no z gate. State traffic alone: 2W reads and writes against W + 1, 32/17 = 1.88.
+    kw = dict(batch=256, window=16, state_dtype="fp32", has_z=False)
+    conventional = step_cost(NEMOTRON_SUPER, "conventional", **kw)
+    replay = step_cost(NEMOTRON_SUPER, "replay", **kw)
+    ratio = conventional.total_bytes / replay.total_bytes
+    assert 1.78 < ratio < 32 / 17
+
+
+def test_step_cost_nemotron_super_split_bf16_ratio():
+    kw = dict(batch=256, window=16, state_dtype="fp32", has_z=False)
+    conventional = step_cost(NEMOTRON_SUPER, "conventional", **kw)
+    split = step_cost(NEMOTRON_SUPER, "split", read_dtype="bf16", **kw)
+    state, copy = 128 * 64 * 128 * 4, 128 * 64 * 128 * 2
+    io = (128 * 64 + 128 + 2 * 8 * 128) * 2 + 128 * 64 * 2  # inputs and output
+    entry, counters = (128 * 64 + 8 * 128) * 2 + 2 * 128 * 4, 128 * 4
+    nonflush = sum(copy + f * entry + io + entry + 2 * counters for f in range(15))
+    flush = state + 15 * entry + io + state + copy + 2 * counters
+    per_row_ratio = (2 * state + io) / ((nonflush + flush) / 16)
+    assert conventional.total_bytes / split.total_bytes == pytest.approx(per_row_ratio, rel=1e-5)
+    assert 2.9 < per_row_ratio < 3.2
+
+
+@pytest.mark.parametrize(
+    "call, match",
+    [
+        (lambda: m2("replay", window=0), "window"),
+        (lambda: m2("replay", window=65), "window"),
+        (lambda: step_cost(M2, "replay", batch=B), "window"),
+        (lambda: step_cost(M2, "conventional", batch=0), "batch"),
+        (lambda: m2("split"), "read_dtype"),
+        (lambda: m2("replay", state_dtype="fp8"), "state_dtype"),
+        (lambda: m2("replay", io_dtype="int8"), "io_dtype"),
+        (lambda: m2("fast"), "variant"),
+        (lambda: m2("replay", "middle"), "phase"),
+        (lambda: m2("replay", "nonflush", fill=3), "fill"),
+        (lambda: m2("replay", "flush", fill=1), "fill"),
+        (lambda: m2("spec-replay", draft=0), "draft"),
+        (lambda: m2("spec-conventional", draft=9), "draft"),
+        (lambda: m2("spec-replay", draft=2, accepted=3), "accepted"),
+        (lambda: m2("spec-replay", "flush", draft=2, fill=6), "fill"),
+        (lambda: step_cost(M2, "replay", "nonflush", batch=B, window=1), "nonflush"),
+        (lambda: step_cost(object(), "conventional", batch=B), "shape"),
+    ],
+    ids=[
+        "window0", "window65", "no-window", "batch0", "split-no-read", "state-fp8", "io-int8", "variant",
+        "phase", "nonflush-fill", "flush-fill", "draft0", "draft9", "accepted", "spec-flush-fill", "W1-nonflush",
+        "shape",
+    ],
+)
+def test_step_cost_rejects_bad_arguments(call, match):
+    with pytest.raises(ValueError, match=match):
+        call()
+
+
+def test_launches_per_step():
+    assert launches_per_step("conventional") == 1
+    assert launches_per_step("replay", "flush") == 1
+    assert launches_per_step("split") == 1
+    assert launches_per_step("spec-conventional") == 1
+    assert launches_per_step("spec-replay") == 2
+    with pytest.raises(ValueError):
+        launches_per_step("other")
+
+
+def test_memory_per_seq():
+    zero = {"read_copy": 0, "buffers": 0, "counters": 0, "snapshots": 0}
+    assert memory_per_seq(M2, "conventional") == {"state": M2_STATE, **zero, "total": M2_STATE}
+    assert memory_per_seq(M2, "replay", window=W)["total"] == M2_STATE + 4 * M2_ENTRY + M2_COUNTERS
+    fp8 = memory_per_seq(M2, "split", window=W, read_dtype="fp8")
+    assert fp8["read_copy"] == 2 * 3 * 5 * 1 + 2 * 3 * 4
+    assert fp8["total"] == M2_STATE + (2 * 3 * 5 + 2 * 3 * 4) + 4 * M2_ENTRY + M2_COUNTERS
+    assert memory_per_seq(M2, "spec-conventional", draft=2)["total"] == 3 * M2_STATE
+    assert memory_per_seq(M2, "spec-replay", window=W, draft=2)["buffers"] == (4 + 2) * M2_ENTRY + 2 * M2_DRAFT_B
+    assert memory_per_seq(GDN, "replay", window=W, state_dtype="bf16")["total"] == (
+        GDN_STATE // 2 + 4 * GDN_ENTRY + GDN_COUNTERS
+    )
+    with pytest.raises(ValueError, match="draft"):
+        memory_per_seq(M2, "spec-replay", window=W)
+
+
+def test_predict_us():
+    copy_only = SimpleNamespace(copy_gbs=4000.0, read_gbs=None, fp32_tflops=50.0)
+    # 4 MB at 4 TB/s is 1 µs, plus one launch.
+    assert predict_us(Cost(2_000_000, 2_000_000, 10), copy_only) == pytest.approx(1.0 + 2.0)
+    assert predict_us(Cost(2_000_000, 2_000_000, 10), copy_only, 2, launch_us=3.0) == pytest.approx(1.0 + 6.0)
+    # Compute bound: 1e8 FLOPs at 50 TFLOP/s is 2 µs.
+    assert predict_us(Cost(1000, 0, 100_000_000), copy_only, 0) == pytest.approx(2.0)
+    # Reads at the read stream (3 TB/s); writes at 1 / (2/4 - 1/3) = 6 TB/s, so an even copy still runs at 4 TB/s.
+    streams = SimpleNamespace(copy_gbs=4000.0, read_gbs=3000.0, fp32_tflops=50.0)
+    assert predict_us(Cost(3_000_000, 6_000_000, 0), streams, 0) == pytest.approx(1.0 + 1.0)
+    assert predict_us(Cost(2_000_000, 2_000_000, 0), streams, 0) == pytest.approx(1.0)
+    datasheet = SimpleNamespace(hbm_gbs=4800.0, fp32_tflops=67.0)
+    assert predict_us(Cost(4_800_000, 0, 0), datasheet, 0) == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="copy_gbs"):
+        predict_us(Cost(1, 1, 1), SimpleNamespace(fp32_tflops=1.0))
+
+
+def test_cost_table_rows():
+    rows = cost_table(M2, batch=B, window=W, state_dtype="fp32", read_dtype="fp8", io_dtype="bf16", draft=2, accepted=1)
+    got = [(r["variant"], r["phase"], r["fill"]) for r in rows]
+    assert got == [
+        ("conventional", "avg", None),
+        ("replay", "nonflush", 0), ("replay", "nonflush", 2), ("replay", "flush", 3), ("replay", "avg", None),
+        ("split", "nonflush", 0), ("split", "nonflush", 2), ("split", "flush", 3), ("split", "avg", None),
+        ("spec-conventional", "avg", None),
+        ("spec-replay", "nonflush", 1.5), ("spec-replay", "flush", 4), ("spec-replay", "avg", None),
+    ]
+    by = {(r["variant"], r["phase"], r["fill"]): r for r in rows}
+    conventional = m2("conventional")
+    replay_avg = by["replay", "avg", None]
+    assert replay_avg["bytes_read"] == m2("replay").bytes_read
+    assert replay_avg["bytes_ratio"] == pytest.approx(conventional.total_bytes / m2("replay").total_bytes)
+    spec = by["spec-replay", "avg", None]
+    snapshots = m2("spec-conventional", draft=2)
+    assert spec["bytes_ratio"] == pytest.approx(snapshots.total_bytes / spec["total_bytes"])
+    assert spec["launches"] == 2 and spec["accepted"] == 1
+    assert by["split", "flush", 3]["read_dtype"] == "fp8" and by["replay", "flush", 3]["read_dtype"] is None
+    assert by["conventional", "avg", None]["mem_per_seq"] == M2_STATE
+    assert [r["phase"] for r in cost_table(GDN, batch=1, window=1, read_dtype=None)] == ["avg", "flush", "avg"]
+
+
+def test_cost_modules_import_no_torch():
+    code = "import sys, replayssm_cli.cost, replayssm_cli.commands.cost; assert 'torch' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+runner = CliRunner()
+
+
+def test_cost_cli_json():
+    result = runner.invoke(app, ["cost", "--json", "--draft", "4", "--accepted", "3"])
+    assert result.exit_code == 0, result.output
+    rows = json.loads(result.stdout)
+    assert {r["op"] for r in rows} == {"mamba2", "gdn"}
+    for r in rows:
+        assert r["batch"] == 256 and r["window"] in (None, 16)
+        assert r["bytes_read"] > 0 and r["flops"] > 0 and r["bytes_ratio"] > 0 and r["mem_per_seq"] > 0
+    avg = {(r["op"], r["variant"]): r for r in rows if r["phase"] == "avg"}
+    assert avg["mamba2", "replay"]["bytes_ratio"] > 1.7
+    assert avg["mamba2", "split"]["read_dtype"] == "bf16"
+    assert avg["gdn", "spec-replay"]["bytes_ratio"] > 2
+
+
+def test_cost_cli_table():
+    result = runner.invoke(
+        app, ["cost", "--preset", "nemotron-3-super-120b-a12b", "--window", "8", "--read-dtype", "fp8", "--batch", "16"]
+    )
+    assert result.exit_code == 0, result.output
+    assert "Nemotron-3-Super" in result.stdout and "split fp8" in result.stdout
+    assert not [line for line in result.stdout.splitlines() if line.lstrip().startswith("spec-")]
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--window", "0"],
+        ["--window", "65"],
+        ["--batch", "-4"],
+        ["--draft", "9"],
+        ["--draft", "2", "--accepted", "3"],
+        ["--accepted", "1"],
+        ["--tp", "0"],
+        ["--preset", "no-such-model"],
+        ["--state-dtype", "fp7"],
+        ["--read-dtype", "fp32"],
+        ["--io-dtype", "int8"],
+    ],
+    ids=[
+        "window0", "window65", "batch-4", "draft9", "accepted-over-draft", "accepted-alone", "tp0", "preset",
+        "state-fp7", "read-fp32", "io-int8",
+    ],
+)
+def test_cost_cli_bad_options_one_line(args):
+    result = runner.invoke(app, ["cost", *args])
+    assert result.exit_code != 0
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error:"), result.output
+    assert "Traceback" not in result.output
