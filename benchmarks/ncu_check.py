@@ -1,0 +1,154 @@
+"""Check the cost model against Nsight Compute: modelled vs measured DRAM bytes per kernel and phase, on a GPU.
+
+Runs each configuration once under ncu (clocks left alone, L2 flushed before every kernel) for the two
+default presets at batch 64 and 256: conventional decode, ReplaySSM non-flush and flush steps and the
+whole-window average, and split precision (bf16 read copy) non-flush and flush. Prints a table of modelled
+against measured bytes read and written with the relative difference, and writes JSON with --out.
+
+    python benchmarks/ncu_check.py --out profiles/reference/h200-ncu-check.json
+    python benchmarks/ncu_check.py --preset nemotron-3-super-120b-a12b --batch 256 --window 16
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+CONFIGS = (
+    ("conventional", None, "avg"),
+    ("replay", None, "nonflush"),
+    ("replay", None, "flush"),
+    ("replay", None, "avg"),
+    ("split", "bf16", "nonflush"),
+    ("split", "bf16", "flush"),
+)
+
+
+def plan(presets: list[Any], batches: list[int], window: int, state_dtype: str, io_dtype: str, layers: int) -> list[dict[str, Any]]:
+    """One entry per (preset, batch, variant, phase): the case spec for ncu and the cost model's count."""
+    from replayssm_cli import cost, ncu
+    from replayssm_cli.profile import Point, nonflush_fill
+
+    entries = []
+    for given, preset in presets:
+        for batch in batches:
+            for variant, read_dtype, phase in CONFIGS:
+                w = None if variant == "conventional" else window
+                point = Point(
+                    preset=preset.name, source_name=given, op=preset.kind, variant=variant, batch=batch, window=w,
+                    state_dtype=state_dtype, read_dtype=read_dtype, io_dtype=io_dtype, layers_cap=layers,
+                )
+                fill = {"nonflush": nonflush_fill(window), "flush": window - 1}.get(phase) if w else None
+                modelled = cost.step_cost(
+                    preset.shape, variant, phase, batch=batch, window=w, fill=fill, state_dtype=state_dtype,
+                    read_dtype=read_dtype, io_dtype=io_dtype, has_z=getattr(preset, "has_z", True),
+                )
+                entries.append({
+                    "preset": preset.name, "op": preset.kind, "variant": variant, "phase": phase, "batch": batch,
+                    "window": w, "fill": fill, "state_dtype": state_dtype, "read_dtype": read_dtype, "io_dtype": io_dtype,
+                    "model_bytes_read": modelled.bytes_read, "model_bytes_written": modelled.bytes_written,
+                    "model_flops": modelled.flops,
+                    "spec": ncu.case_spec(point, phase),
+                })
+    return entries
+
+
+def _pct(measured: float | None, modelled: float) -> float | None:
+    return None if measured is None or not modelled else 100.0 * (measured - modelled) / modelled
+
+
+def _mb(value: float | None) -> str:
+    return "–" if value is None else f"{value / 1e6:,.2f}"
+
+
+def _signed(value: float | None) -> str:
+    return "–" if value is None else f"{value:+.1f}%"
+
+
+def main(argv: list[str] | None = None) -> int:
+    from replayssm_cli import ncu, presets as presets_mod
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--preset", action="append", help="preset (repeat); default: the two default presets")
+    parser.add_argument("--batch", default="64,256", help="batch sizes, comma-separated (default 64,256)")
+    parser.add_argument("--window", type=int, default=16, help="ReplaySSM window W (default 16)")
+    parser.add_argument("--state-dtype", default="fp32", help="state dtype (default fp32)")
+    parser.add_argument("--io-dtype", default="bf16", help="input/output dtype (default bf16)")
+    parser.add_argument("--layers", type=int, default=1, help="SSM layers per configuration (ncu flushes L2 per kernel; default 1)")
+    parser.add_argument("--ncu", default=None, help="path to ncu (default: found on PATH or under /opt/nvidia)")
+    parser.add_argument("--timeout", type=float, default=600.0, help="seconds per ncu run (default 600)")
+    parser.add_argument("--out", type=Path, default=None, help="write the table as JSON here")
+    args = parser.parse_args(argv)
+
+    ok, reason = ncu.ncu_available(args.ncu)
+    if not ok:
+        print(f"error: {reason}", file=sys.stderr)
+        return 2
+    names = args.preset or list(presets_mod.DEFAULT_PRESETS)
+    presets = [(name, presets_mod.resolve(name)) for name in names]
+    batches = [int(b) for b in args.batch.split(",") if b.strip()]
+    entries = plan(presets, batches, args.window, args.state_dtype, args.io_dtype, args.layers)
+    measured = ncu.measure([e["spec"] for e in entries], ncu=args.ncu, timeout_s=args.timeout)
+
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"Cost model vs Nsight Compute, DRAM MB per decode step per layer (W={args.window}, {args.state_dtype} state)")
+    for col in ("preset", "variant", "phase", "B", "read model", "read ncu", "Δread", "write model", "write ncu", "Δwrite",
+                "total Δ", "L2 write", "FLOP Δ", "µs (ncu)"):
+        table.add_column(col, justify="left" if col in ("preset", "variant", "phase") else "right")
+    rows = []
+    for entry, got in zip(entries, measured):
+        row = {k: v for k, v in entry.items() if k != "spec"}
+        row["ok"] = bool(got.get("ok"))
+        row["reason"] = got.get("reason")
+        for key in ("bytes_read", "bytes_written", "dram_bytes", "l2_bytes", "l2_write_bytes", "flops", "us", "launches"):
+            row[f"ncu_{key}"] = got.get(key)
+        model_total = entry["model_bytes_read"] + entry["model_bytes_written"]
+        row["diff_read_pct"] = _pct(got.get("bytes_read"), entry["model_bytes_read"])
+        row["diff_written_pct"] = _pct(got.get("bytes_written"), entry["model_bytes_written"])
+        row["diff_total_pct"] = _pct(got.get("dram_bytes"), model_total)
+        row["diff_l2_written_pct"] = _pct(got.get("l2_write_bytes"), entry["model_bytes_written"])
+        row["diff_flops_pct"] = _pct(got.get("flops"), entry["model_flops"])
+        rows.append(row)
+        variant = entry["variant"] + (f"→{entry['read_dtype']}" if entry["read_dtype"] else "")
+        if not row["ok"]:
+            table.add_row(entry["preset"], variant, entry["phase"], str(entry["batch"]), _mb(entry["model_bytes_read"]),
+                          f"[red]{row['reason']}[/]", "", _mb(entry["model_bytes_written"]), "", "", "", "", "", "")
+            continue
+        table.add_row(
+            entry["preset"], variant, entry["phase"], str(entry["batch"]),
+            _mb(entry["model_bytes_read"]), _mb(got.get("bytes_read")), _signed(row["diff_read_pct"]),
+            _mb(entry["model_bytes_written"]), _mb(got.get("bytes_written")), _signed(row["diff_written_pct"]),
+            _signed(row["diff_total_pct"]), _signed(row["diff_l2_written_pct"]), _signed(row["diff_flops_pct"]),
+            "–" if got.get("us") is None else f"{got['us']:.1f}",
+        )
+    console = Console()
+    # A pipe or a file gets the whole table, not one squeezed to 80 columns.
+    (console if console.is_terminal else Console(width=200)).print(table)
+    print("DRAM writes still dirty in L2 when a kernel ends are not in ncu's dram__bytes_write; 'L2 write' compares "
+          "the bytes the SMs wrote into L2 with the model's bytes written.")
+    if args.out:
+        from replayssm_cli.environment import software
+
+        doc = {
+            "kind": "replayssm-ncu-check",
+            "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "environment": software(),
+            "ncu": {"path": args.ncu or ncu.ncu_binary(), "version": ncu.ncu_version(args.ncu)},
+            "settings": {"window": args.window, "state_dtype": args.state_dtype, "io_dtype": args.io_dtype,
+                         "layers": args.layers, "batches": batches, "presets": names},
+            "rows": rows,
+        }
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(doc, indent=1, default=str) + "\n")
+        print(f"wrote {args.out}", file=sys.stderr)
+    return 0 if all(r["ok"] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
