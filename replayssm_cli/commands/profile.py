@@ -1,11 +1,161 @@
-"""`replayssm profile`."""
+"""`replayssm profile`: time conventional and ReplaySSM decode over a grid and write a results file."""
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+
 from replayssm_cli.errors import UserError, cli_command
+# `replayssm tune` measures its candidates through the profiler's setup under this name.
+from replayssm_cli.profile import measured_setup as _measured_setup  # noqa: F401
+
+EXIT_INTERRUPTED = 130
+EXIT_FAILED = 1
+WIDE = 240
+
+
+def _ints(values: list[str] | None, option: str) -> tuple[int, ...]:
+    out: list[int] = []
+    for value in values or []:
+        for part in value.split(","):
+            part = part.strip()
+            if not part:
+                continue
+            try:
+                out.append(int(part))
+            except ValueError:
+                raise UserError(f"{option} {part!r} is not an integer", f"e.g. {option} 1,16,64") from None
+    return tuple(dict.fromkeys(out))
+
+
+def _words(values: list[str] | None) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(p.strip() for v in values or [] for p in v.split(",") if p.strip()))
+
+
+def _floats(value: str | None, option: str) -> tuple[float, ...]:
+    if not value:
+        return ()
+    try:
+        return tuple(float(p) for p in value.split(",") if p.strip())
+    except ValueError:
+        raise UserError(f"{option} {value!r} is not a list of numbers", f"e.g. {option} 0.1,0.2,0.7") from None
 
 
 @cli_command
-def profile() -> None:
-    """(being built)"""
-    raise UserError("'replayssm profile' is not available in this build")
+def profile(
+    preset: Annotated[
+        Optional[list[str]],
+        typer.Option("--preset", "-p", help="Model preset or preset file; repeat for several.", show_default="nemotron-3-super-120b-a12b, qwen3.5-122b-a10b"),
+    ] = None,
+    batch: Annotated[Optional[list[str]], typer.Option("--batch", "-b", help="Batch sizes, comma-separated or repeated.", show_default="1,16,64,256")] = None,
+    window: Annotated[Optional[list[str]], typer.Option("--window", "-w", help="ReplaySSM windows W (1-64).", show_default="16")] = None,
+    state_dtype: Annotated[
+        Optional[list[str]], typer.Option("--state-dtype", help="State (checkpoint) dtypes: fp32, bf16, fp16.", show_default="the preset's own")
+    ] = None,
+    read_dtype: Annotated[
+        Optional[list[str]], typer.Option("--read-dtype", help="Split precision: read-copy dtypes bf16, fp16, fp8 (adds split rows).")
+    ] = None,
+    io_dtype: Annotated[str, typer.Option("--io-dtype", help="Dtype of inputs and outputs: bf16, fp16, fp32.")] = "bf16",
+    draft: Annotated[Optional[list[str]], typer.Option("--draft", help="Speculative widths T (1-8): adds verify rows.")] = None,
+    accept_rate: Annotated[
+        float, typer.Option("--accept-rate", help="Probability that each draft is accepted (the first rejection ends the run).")
+    ] = 0.8,
+    accept_dist: Annotated[
+        Optional[str], typer.Option("--accept-dist", help="Weights of accepting 0..T drafts, comma-separated (one --draft only).")
+    ] = None,
+    tp: Annotated[int, typer.Option("--tp", help="Tensor-parallel degree the heads are divided by.")] = 1,
+    layers: Annotated[
+        Optional[int], typer.Option("--layers", help="Cap on the SSM layers timed per configuration.", show_default="the preset's, up to 4x the L2")
+    ] = None,
+    aligned_flush: Annotated[
+        bool, typer.Option("--aligned-flush", help="All rows flush on the same step (the worst case) instead of staggered.")
+    ] = False,
+    phases: Annotated[bool, typer.Option("--phases/--no-phases", help="Also time ReplaySSM's non-flush and flush steps alone.")] = True,
+    repeats: Annotated[int, typer.Option("--repeats", help="Timed CUDA-graph replays per configuration.")] = 30,
+    gpu: Annotated[Optional[str], typer.Option("--gpu", help="GPU to predict for without a CUDA GPU (or with --predict).", show_default="h200")] = None,
+    predict: Annotated[bool, typer.Option("--predict", help="Predict from the cost model even where a GPU is present.")] = False,
+    require_gpu: Annotated[bool, typer.Option("--require-gpu", help="Fail instead of predicting when no CUDA GPU is present.")] = False,
+    out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Results file.", show_default="./runs/<time>-<gpu>.json")] = None,
+    json_: Annotated[bool, typer.Option("--json", help="Print the rows as JSON on stdout instead of the table.")] = False,
+) -> None:
+    """Time conventional and ReplaySSM decode kernels of model presets over a grid, and write a results file.
+
+    Every SSM layer of the stack has its own state pool, each kernel is checked against its
+    reference before it is timed, and rows are written as they finish. Without a CUDA GPU the
+    profile is predicted from the cost model for --gpu, every row marked predicted.
+
+    Examples:
+
+      replayssm profile
+
+      replayssm profile --preset nemotron-3-super-120b-a12b --batch 64,256 --state-dtype fp32 --read-dtype bf16
+
+      replayssm profile --preset qwen3.5-122b-a10b --draft 2,4 --accept-rate 0.9 --out runs/spec.json --json
+    """
+    from replayssm_cli import presets as presets_mod
+    from replayssm_cli import profile as prof
+    from replayssm_cli.console import err, note, print_json, warn
+    from replayssm_cli.console import out as stdout
+
+    spec = prof.ProfileSpec(
+        presets=_words(preset) or presets_mod.DEFAULT_PRESETS,
+        batches=_ints(batch, "--batch") or prof.DEFAULT_BATCHES,
+        windows=_ints(window, "--window") or prof.DEFAULT_WINDOWS,
+        state_dtypes=_words(state_dtype),
+        read_dtypes=_words(read_dtype),
+        io_dtype=io_dtype,
+        drafts=_ints(draft, "--draft"),
+        accept_rate=accept_rate,
+        accept_dist=_floats(accept_dist, "--accept-dist"),
+        tp=tp,
+        layers=layers,
+        aligned_flush=aligned_flush,
+        phases=phases,
+        repeats=repeats,
+    )
+    run = prof.run_profile(spec, out=out, predict=predict, require_gpu=require_gpu, gpu=gpu)
+
+    rows = run.results.rows
+    if json_:
+        print_json(rows)
+    else:
+        title = f"replayssm profile · {run.gpu_name} · {run.mode}"
+        table = prof.render_table(rows, title=title, caption=_caption(run.mode, run.ceilings), layers_of=run.layers_of)
+        _wide(stdout).print(table)
+    note(f"results: {run.path} ({len(rows)} rows{'' if run.results.complete else ', incomplete'})")
+    not_run = [s for s in run.skipped if s["why"] == prof.INTERRUPTED]
+    for s in run.skipped:
+        if s["why"] != prof.INTERRUPTED:
+            warn(f"skipped {s['what']}: {s['why']}")
+    if any("out of memory" in s["why"] for s in run.skipped):
+        for key, b in sorted(run.largest_fit.items()):
+            note(f"largest batch that fit: {key}: {b}")
+    for label in run.failed:
+        err.print(f"[red]failed its check against the reference, not timed:[/] {label}", highlight=False)
+    if run.interrupted:
+        note(f"interrupted: {len(not_run)} configurations not run (listed in the file); it holds every row finished before Ctrl-C")
+        raise typer.Exit(EXIT_INTERRUPTED)
+    if run.failed:
+        raise typer.Exit(EXIT_FAILED)
+
+
+def _wide(console: Any) -> Any:
+    """The console itself on a terminal; for a pipe or a file, one wide enough for the whole table (not squeezed to 80 columns)."""
+    if console.is_terminal:
+        return console
+    from rich.console import Console
+
+    return Console(width=WIDE, force_terminal=False)
+
+
+def _caption(mode: str, c: Any) -> str:
+    bw = f"{c.copy_gbs:.0f} GB/s copy bandwidth ({c.source})" if c is not None else "no known ceiling"
+    lines = [
+        "µs per token per layer: median per-step time " + ("predicted by the cost model, no kernel ran" if mode == "predicted" else "over CUDA-graph replays, ± half the interquartile range (noisy above 10%)"),
+        f"%BW: modelled bytes over the time, as a share of the {bw}; AI: FLOP per byte",
+        "speedup: conventional µs per token over the row's, same preset, batch and dtypes (quartile range); spec-conventional times decode_multi only (accept is a pointer move, as in vLLM)",
+        "flush cost/share: extra µs of a flush step over a non-flush one / its share of the average step; MiB/seq over all SSM layers; seqs fit in free GPU memory",
+    ]
+    return "\n".join(lines)

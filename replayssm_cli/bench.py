@@ -1,0 +1,500 @@
+"""The instrumented loop: one configuration as a stack of SSM layers, checked against the references, timed in a CUDA graph."""
+
+from __future__ import annotations
+
+import copy
+import importlib
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from replayssm_cli.dtypes import torch_dtype
+
+# Max relative error (max |kernel - reference| / max |reference|) allowed, keyed by the least precise dtype in play.
+TOLERANCE = {"fp32": 2e-3, "fp16": 1e-2, "bf16": 3e-2, "fp8": 8e-2}
+PRECISION_ORDER = ("fp32", "fp16", "bf16", "fp8")
+# The stack's state must exceed this many L2 sizes so that batch 1 is served from DRAM, not L2.
+L2_MULTIPLE = 4
+# Distinct input sets per layer, cycled over the steps.
+INPUT_SETS = 2
+# Pre-drawn acceptance rows per layer for speculative cases, cycled over the steps.
+ACCEPT_ROWS = 64
+# Share of the free memory the stack may take; the rest covers the check's reference copies and the allocator.
+MEMORY_SHARE = 0.8
+# A check before timing allocates about this many extra layers (the reference mirror and its temporaries).
+CHECK_LAYERS = 3
+# Mamba-2's dt initialisation range (mamba_ssm's dt_min, dt_max): dt_bias is softplus⁻¹ of a draw from it.
+DT_RANGE = (1e-3, 1e-1)
+DEFAULT_A_RANGE = (1.0, 16.0)
+SPEC_VARIANTS = ("spec-conventional", "spec-replay")
+CACHE_VARIANTS = ("replay", "split", "spec-replay")
+
+
+def kernels(op: str):
+    """The kernel package of an op; looked up at call time so a test can substitute a kernel."""
+    return importlib.import_module(f"replayssm_kernels.{op}")
+
+
+def tolerance(*dtypes: str | None) -> float:
+    worst = max((PRECISION_ORDER.index(d) for d in dtypes if d), default=0)
+    return TOLERANCE[PRECISION_ORDER[worst]]
+
+
+def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
+    """max |got - want| / max |want| in fp32; NaN or inf anywhere in got is an infinite error."""
+    g, w = got.detach().float(), want.detach().float()
+    if g.shape != w.shape:
+        raise ValueError(f"kernel output has shape {tuple(g.shape)}, the reference {tuple(w.shape)}")
+    if not torch.isfinite(g).all():
+        return math.inf
+    scale = w.abs().max().item()
+    return (g - w).abs().max().item() / (scale if scale > 0 else 1.0)
+
+
+def _inv_softplus(y: torch.Tensor) -> torch.Tensor:
+    return y + torch.log(-torch.expm1(-y))
+
+
+def _log_uniform(n: int, lo: float, hi: float, gen: torch.Generator) -> torch.Tensor:
+    u = torch.rand(n, generator=gen, dtype=torch.float64, device=gen.device)
+    return torch.exp(math.log(lo) + u * (math.log(hi) - math.log(lo))).float()
+
+
+@dataclass
+class _Layer:
+    params: dict[str, Any]
+    inputs: list[dict[str, torch.Tensor]]
+    slots: torch.Tensor
+    state0: torch.Tensor
+    state: torch.Tensor | None = None
+    snapshots: torch.Tensor | None = None
+    cache: Any = None
+    accept: torch.Tensor | None = None
+
+
+class Case:
+    """One configuration: L SSM layers, each with its own state pool or ReplaySSM cache and its own inputs.
+
+    `step()` runs one decode step over all L layers (capturable in a CUDA graph: no host sync);
+    `check()` runs layer 0 against the reference for a whole number of windows and returns the max
+    relative error; `close()` frees the device memory.
+    """
+
+    def __init__(self, spec: dict[str, Any], device: torch.device | str):
+        self.spec = dict(spec)
+        self.device = torch.device(device)
+        self.variant = spec["variant"]
+        self.batch = int(spec["batch"])
+        if self.batch < 1:
+            raise ValueError(f"batch must be positive, got {self.batch}")
+        self.window = int(spec["window"]) if spec.get("window") else None
+        if self.variant in CACHE_VARIANTS and not self.window:
+            raise ValueError(f"variant {self.variant!r} needs a window")
+        self.state_dtype = spec.get("state_dtype") or "fp32"
+        self.read_dtype = spec.get("read_dtype") if self.variant == "split" else None
+        if self.variant == "split" and not self.read_dtype:
+            raise ValueError("variant 'split' needs a read_dtype")
+        self.io_dtype = spec.get("io_dtype") or "bf16"
+        self.draft = int(spec.get("draft") or 0)
+        if (self.variant in SPEC_VARIANTS) != (self.draft > 0):
+            raise ValueError(f"variant {self.variant!r} and draft {self.draft} do not go together")
+        self.flush = spec.get("flush") or "staggered"
+        self.phase = spec.get("phase") or "avg"
+        self.accept_probs = list(spec.get("accept") or ([0.0] * self.draft + [1.0] if self.draft else []))
+        self._resolve_model(spec)
+        self.layers = self._layer_count(spec)
+        # Drawn on the device: a batch-256 state is a GiB, too slow to draw on the host and copy.
+        self._gen = torch.Generator(device=self.device).manual_seed(int(spec.get("seed") or 0))
+        self._i = 0
+        self._layers: list[_Layer] = [self._build_layer() for _ in range(self.layers)]
+        self.position()
+
+    def _resolve_model(self, spec: dict[str, Any]) -> None:
+        from replayssm_cli.shapes import GDNShape, Mamba2Shape
+
+        if spec.get("shape"):
+            s = dict(spec["shape"])
+            op = s.pop("op", None) or spec.get("op")
+            self.shape = Mamba2Shape(**s) if op == "mamba2" else GDNShape(**s)
+            self.ssm_layers = int(spec.get("ssm_layers") or 1)
+            self.dt_softplus = bool(spec.get("dt_softplus", True))
+            self.has_z = bool(spec.get("has_z", True))
+            self.has_D = bool(spec.get("has_D", True))
+            self.a_range = tuple(spec.get("a_log_range") or DEFAULT_A_RANGE)
+        else:
+            from replayssm_cli import presets
+
+            p = presets.resolve(spec["preset"], int(spec.get("tp") or 1))
+            self.shape = p.shape
+            self.ssm_layers = p.ssm_layers
+            self.dt_softplus = bool(getattr(p, "dt_softplus", True))
+            self.has_z = bool(getattr(p, "has_z", True))
+            self.has_D = bool(getattr(p, "has_D", True))
+            self.a_range = tuple(getattr(p, "a_log_range", None) or DEFAULT_A_RANGE)
+        self.op = self.shape.op
+
+    def _touched_per_layer(self) -> int:
+        """Bytes one layer's kernels keep for the whole batch (state or checkpoint, read copy, buffers, snapshots)."""
+        from replayssm_cli import cost
+
+        mem = cost.memory_per_seq(
+            self.shape, self.variant, window=self.window, state_dtype=self.state_dtype,
+            read_dtype=self.read_dtype, io_dtype=self.io_dtype, draft=self.draft,
+        )
+        return int(mem["total"]) * self.batch
+
+    def _bytes_per_layer(self) -> int:
+        """What one layer allocates: the kernels' data, the initial state kept to load again, the input sets."""
+        io = self._input_elems() * max(1, self.draft) * torch_dtype(self.io_dtype).itemsize * INPUT_SETS * 2
+        initial = self.shape.state_elems * torch_dtype(self.state_dtype).itemsize
+        return self._touched_per_layer() + (initial + io) * self.batch
+
+    def _input_elems(self) -> int:
+        s = self.shape
+        if self.op == "mamba2":
+            return 2 * s.H * s.P + s.H + 2 * s.G * s.N
+        return 2 * s.H * s.K + s.HV * s.V + 2 * s.HV
+
+    def _layer_count(self, spec: dict[str, Any]) -> int:
+        per_layer = self._bytes_per_layer()
+        count = self.ssm_layers
+        if spec.get("layers"):
+            count = min(count, int(spec["layers"]))
+        l2 = spec.get("l2_bytes")
+        if l2 is None and self.device.type == "cuda":
+            l2 = getattr(torch.cuda.get_device_properties(self.device), "L2_cache_size", 0)
+        if l2:
+            count = min(count, L2_MULTIPLE * int(l2) // self._touched_per_layer() + 1)
+        if self.device.type == "cuda":
+            free, _ = torch.cuda.mem_get_info(self.device)
+            fit = int(free * MEMORY_SHARE) // per_layer - CHECK_LAYERS
+            if fit < 1:
+                raise torch.cuda.OutOfMemoryError(
+                    f"{per_layer / 2**30:.2f} GiB per layer (and {CHECK_LAYERS} more for the check) do not fit in {free / 2**30:.1f} GiB free"
+                )
+            count = min(count, fit)
+        return max(1, count)
+
+    def _randn(self, *shape: int, scale: float = 1.0) -> torch.Tensor:
+        return torch.randn(shape, generator=self._gen, device=self.device) * scale
+
+    def _build_layer(self) -> _Layer:
+        b, dev = self.batch, self.device
+        io = torch_dtype(self.io_dtype)
+        s = self.shape
+        lead = (b, self.draft) if self.draft else (b,)
+        heads = s.H if self.op == "mamba2" else s.HV
+        neg_a = _log_uniform(heads, *self.a_range, self._gen)
+        dt_bias = _inv_softplus(_log_uniform(heads, *DT_RANGE, self._gen))
+        if self.op == "mamba2":
+            params = {"A": -neg_a, "dt_bias": dt_bias, "dt_softplus": self.dt_softplus}
+            params["D"] = 1.0 + self._randn(heads, scale=0.1) if self.has_D else None
+            state_shape = (b, s.H, s.P, s.N)
+        else:
+            params = {}
+            state_shape = (b, s.HV, s.V, s.K)
+        inputs = []
+        for _ in range(INPUT_SETS):
+            if self.op == "mamba2":
+                raw = self._randn(*lead, s.H, scale=0.5)
+                if not self.dt_softplus:
+                    # Without softplus in the kernel, dt arrives already positive, as in the models that do that outside.
+                    raw = torch.nn.functional.softplus(raw + dt_bias)
+                inputs.append({
+                    "x": self._randn(*lead, s.H, s.P).to(io),
+                    "dt": raw.to(io),
+                    "B": self._randn(*lead, s.G, s.N).to(io),
+                    "C": self._randn(*lead, s.G, s.N).to(io),
+                    "z": self._randn(*lead, s.H, s.P).to(io) if self.has_z else None,
+                })
+            else:
+                delta = torch.nn.functional.softplus(self._randn(*lead, s.HV, scale=0.5) + dt_bias)
+                inputs.append({
+                    "q": self._randn(*lead, s.H, s.K).to(io),
+                    "k": self._randn(*lead, s.H, s.K).to(io),
+                    "v": self._randn(*lead, s.HV, s.V).to(io),
+                    "g": (-neg_a * delta).to(io),
+                    "beta": torch.sigmoid(self._randn(*lead, s.HV)).to(io),
+                })
+        slots = torch.randperm(b, generator=self._gen, device=dev).to(torch.int32)
+        state0 = self._randn(*state_shape, scale=0.5).to(torch_dtype(self.state_dtype))
+        layer = _Layer(params=params, inputs=inputs, slots=slots, state0=state0)
+        K = kernels(self.op)
+        if self.variant in CACHE_VARIANTS:
+            dims = (s.H, s.P, s.N, s.G) if self.op == "mamba2" else (s.H, s.HV, s.K, s.V)
+            layer.cache = K.ReplayCache.create(
+                b, *dims, self.window, state_dtype=torch_dtype(self.state_dtype),
+                read_dtype=torch_dtype(self.read_dtype) if self.read_dtype else None,
+                io_dtype=io, max_draft=self.draft, device=dev,
+            )
+        else:
+            layer.state = state0.clone()
+            if self.variant == "spec-conventional":
+                layer.snapshots = torch.empty((b, self.draft, *state_shape[1:]), dtype=state0.dtype, device=dev)
+        if self.draft:
+            probs = torch.tensor(self.accept_probs, dtype=torch.float64, device=dev)
+            draws = torch.multinomial(probs.expand(ACCEPT_ROWS * b, -1), 1, replacement=True, generator=self._gen)
+            layer.accept = draws.view(ACCEPT_ROWS, b).to(torch.int32)
+        return layer
+
+    def _args(self, layer: _Layer, i: int) -> tuple[tuple, dict[str, Any]]:
+        inp = layer.inputs[i % INPUT_SETS]
+        if self.op == "mamba2":
+            p = layer.params
+            args = (inp["x"], inp["dt"], p["A"], inp["B"], inp["C"])
+            kwargs = {"D": p["D"], "z": inp["z"], "dt_bias": p["dt_bias"], "dt_softplus": p["dt_softplus"], "slots": layer.slots}
+        else:
+            args = (inp["q"], inp["k"], inp["v"], inp["g"], inp["beta"])
+            # As Qwen3.5 runs it: the kernel L2-normalises q and k (unit-norm keys), q scaled by K^-1/2.
+            kwargs = {"use_qk_l2norm_in_kernel": True, "slots": layer.slots}
+        return args, kwargs
+
+    def _run(self, layer: _Layer, i: int, K: Any = None, *, ref: bool = False, target: Any = None) -> torch.Tensor:
+        """One step of one layer through the kernels (or the references on `target`); returns the outputs."""
+        K = K or kernels(self.op)
+        args, kwargs = self._args(layer, i)
+        sfx = "_ref" if ref else ""
+        if self.variant == "conventional":
+            return getattr(K, "decode" + sfx)(target if ref else layer.state, *args, **kwargs)
+        if self.variant in ("replay", "split"):
+            return getattr(K, "replay" + sfx)(target if ref else layer.cache, *args, **kwargs)
+        if self.variant == "spec-conventional":
+            state, snaps = target if ref else (layer.state, layer.snapshots)
+            return getattr(K, "decode_multi" + sfx)(state, snaps, *args, **kwargs)
+        cache = target if ref else layer.cache
+        y = getattr(K, "verify" + sfx)(cache, *args, **kwargs)
+        getattr(K, "accept" + sfx)(cache, layer.accept[i % ACCEPT_ROWS], slots=layer.slots)
+        return y
+
+    def step(self) -> None:
+        """One decode step over every layer of the stack (verify + accept for speculative ReplaySSM)."""
+        K = kernels(self.op)
+        for layer in self._layers:
+            self._run(layer, self._i, K)
+        self._i += 1
+
+    def rewind(self) -> None:
+        """Restart the input and acceptance cycle (before a capture, so graph replays repeat the same steps)."""
+        self._i = 0
+
+    def accepted(self, steps: int) -> float | None:
+        """Mean drafts accepted per step over the first `steps` steps of the cycle, all layers and rows."""
+        if not self.draft:
+            return None
+        rows = [layer.accept[[i % ACCEPT_ROWS for i in range(steps)]] for layer in self._layers]
+        return torch.cat(rows).double().mean().item()
+
+    def position(self, flush: str | None = None, fill: int | None = None) -> None:
+        """Load every layer's initial state and set the fills: staggered (row r at r mod W), aligned at 0, or all at `fill`."""
+        flush = flush or self.flush
+        if fill is None and self.phase in ("nonflush", "flush") and self.window:
+            from replayssm_cli.profile import nonflush_fill
+
+            fill = self.window - 1 if self.phase == "flush" else nonflush_fill(self.window)
+        K = kernels(self.op)
+        for layer in self._layers:
+            if layer.cache is None:
+                layer.state.copy_(layer.state0)
+                continue
+            layer.cache.load(layer.state0, layer.slots)
+            if flush == "staggered" and fill is None:
+                target = torch.arange(self.batch, device=self.device) % self.window
+            else:
+                target = torch.full((self.batch,), fill or 0, device=self.device)
+            for k in range(int(target.max().item())):
+                # Padding rows (slot -1) are skipped: only rows still short of their fill take this step.
+                slots = torch.where(target > k, layer.slots, torch.full_like(layer.slots, -1))
+                args, kwargs = self._args(layer, k)
+                kwargs["slots"] = slots
+                if self.draft:
+                    K.verify(layer.cache, *args, **kwargs)
+                    K.accept(layer.cache, (target > k).to(torch.int32), slots=slots)
+                else:
+                    K.replay(layer.cache, *args, **kwargs)
+        self.rewind()
+
+    def check_steps(self) -> int:
+        """Steps the check runs: a whole number of windows (every row flushes once) so the fills come back to their phase."""
+        if self.window and self.variant in CACHE_VARIANTS:
+            return self.window if self.window > 1 else 2
+        return 2
+
+    def check(self) -> float:
+        """Run layer 0 through the kernels and, on copies, through the references; the max relative error of outputs and state."""
+        K = kernels(self.op)
+        layer = self._layers[0]
+        if layer.cache is not None:
+            target: Any = copy.deepcopy(layer.cache)
+        elif layer.snapshots is not None:
+            target = (layer.state.clone(), layer.snapshots.clone())
+        else:
+            target = layer.state.clone()
+        worst = 0.0
+        for i in range(self.check_steps()):
+            want = self._run(layer, i, K, ref=True, target=target)
+            got = self._run(layer, i, K)
+            worst = max(worst, rel_err(got, want))
+        if layer.cache is not None:
+            worst = max(worst, rel_err(K.materialize(layer.cache, layer.slots), K.materialize_ref(target, layer.slots)))
+        elif layer.snapshots is not None:
+            worst = max(worst, rel_err(layer.snapshots, target[1]))
+        else:
+            worst = max(worst, rel_err(layer.state, target))
+        del target
+        self.rewind()
+        return worst
+
+    def tolerance(self) -> float:
+        return tolerance(self.state_dtype, self.read_dtype, self.io_dtype)
+
+    @property
+    def stack_bytes(self) -> int:
+        """Bytes the kernels keep over the whole stack: what must exceed the L2 for the timing to be honest."""
+        return self.layers * self._touched_per_layer()
+
+    def close(self) -> None:
+        self._layers.clear()
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+
+def make_case(spec: dict[str, Any], device: torch.device | str) -> Case:
+    """Build one configuration on `device`.
+
+    spec: "variant" (conventional | replay | split | spec-conventional | spec-replay), "batch",
+    "window", "state_dtype", "read_dtype", "io_dtype", "draft", "accept" (probabilities of accepting
+    0..draft drafts), "flush" (staggered | aligned), "phase" (avg, or nonflush | flush to set every
+    row at that fill), "layers" (a cap), "seed", and either "preset" (+ "tp") or "shape" (a dict
+    with "op" and H, P, N, G or H, HV, K, V; then "ssm_layers", "has_z", "has_D", "dt_softplus",
+    "a_log_range" optionally). "l2_bytes" overrides the device's L2 size used to choose the layer count.
+    """
+    return Case(spec, device)
+
+
+def _sleep_ahead() -> None:
+    # Keep the GPU busy while the host queues the timed launches, so no launch gap lands inside a timing.
+    if hasattr(torch.cuda, "_sleep"):
+        torch.cuda._sleep(2_000_000)
+
+
+def time_graph(case: Case, *, steps: int, repeats: int) -> list[float]:
+    """Per-step samples in µs per layer: `steps` steps of every layer captured in one CUDA graph, replayed `repeats` times."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(steps):
+            case.step()
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    case.rewind()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(steps):
+            case.step()
+    graph.replay()
+    graph.replay()
+    torch.cuda.synchronize()
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
+    _sleep_ahead()
+    for start, end in zip(starts, ends):
+        start.record()
+        graph.replay()
+        end.record()
+    torch.cuda.synchronize()
+    del graph
+    per = steps * case.layers
+    return [s.elapsed_time(e) * 1e3 / per for s, e in zip(starts, ends)]
+
+
+def time_phases(case: Case, *, cycles: int) -> dict[int, list[float]]:
+    """Per-fill samples (µs per layer) with every row aligned: one step of every layer in a graph, replayed fill by fill."""
+    W = case.window
+    case.position(flush="aligned", fill=0)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(W):
+            case.step()
+            case.rewind()
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        case.step()
+    case.rewind()
+    for _ in range(W):
+        graph.replay()
+    torch.cuda.synchronize()
+    n = cycles * W
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+    _sleep_ahead()
+    for start, end in zip(starts, ends):
+        start.record()
+        graph.replay()
+        end.record()
+    torch.cuda.synchronize()
+    del graph
+    by_fill: dict[int, list[float]] = {f: [] for f in range(W)}
+    for j, (s, e) in enumerate(zip(starts, ends)):
+        by_fill[j % W].append(s.elapsed_time(e) * 1e3 / case.layers)
+    return by_fill
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).splitlines()[0] if str(exc) else ""
+    return f"{type(exc).__name__}: {text}"
+
+
+def run_point(point: Any, context: dict[str, Any]) -> list[dict[str, Any]]:
+    """Build, check and time one grid point on CUDA; the measurements (one per phase) `profile.measured_rows` takes.
+
+    A kernel that raises while the case is built or checked, or whose check fails, gives one failed
+    measurement and is not timed. An out-of-memory error propagates (the grid skips the point); the
+    case is freed either way.
+    """
+    from replayssm_cli.gpus import ClockSampler
+    from replayssm_cli.profile import nonflush_fill, point_phases
+
+    device = torch.device(context.get("device", "cuda"))
+    spec = point.case_spec(seed=int(context.get("seed", 0)))
+    if context.get("l2_bytes") is not None:
+        spec["l2_bytes"] = context["l2_bytes"]
+    case = None
+    try:
+        try:
+            case = make_case(spec, device)
+            worst = case.check()
+        except torch.cuda.OutOfMemoryError:
+            raise
+        except Exception as exc:
+            return [{"phase": "avg", "ok": False, "layers": case.layers if case else None, "check_max_err": None,
+                     "tolerance": case.tolerance() if case else None, "error": _first_line(exc)}]
+        tol = case.tolerance()
+        if not worst <= tol:
+            return [{"phase": "avg", "ok": False, "layers": case.layers, "check_max_err": worst, "tolerance": tol,
+                     "error": f"max relative error {worst:.2e} over the tolerance {tol:.0e}"}]
+        window = case.window or 16
+        steps = window * int(context.get("windows_per_graph", 2))
+        repeats = int(context.get("repeats", 30))
+        with ClockSampler(required=False) as clocks:
+            samples = time_graph(case, steps=steps, repeats=repeats)
+        common = {"ok": True, "layers": case.layers, "check_max_err": worst, "tolerance": tol, "stack_bytes": case.stack_bytes}
+        out = [{"phase": "avg", "samples_us": samples, "accepted": case.accepted(steps), "steps": steps,
+                "repeats": repeats, "clocks": clocks.summary(), **common}]
+        phases = point_phases(point)
+        if len(phases) > 1:
+            by_fill = time_phases(case, cycles=max(5, repeats // 2))
+            medians = [sorted(v)[len(v) // 2] for _, v in sorted(by_fill.items())]
+            if "nonflush" in phases:
+                out.append({"phase": "nonflush", "samples_us": by_fill[nonflush_fill(window)], "steps": 1,
+                            "repeats": len(by_fill[0]), "note": f"all rows at fill {nonflush_fill(window)}", **common})
+            out.append({"phase": "flush", "samples_us": by_fill[window - 1], "steps": 1, "repeats": len(by_fill[0]),
+                        "note": f"all rows flush; median µs by fill {[round(m, 3) for m in medians]}", **common})
+        return out
+    finally:
+        if case is not None:
+            case.close()

@@ -1,0 +1,141 @@
+"""Every kernel against its reference on small random cases, on this device (CUDA, or the CPU through Triton's interpreter)."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from replayssm_cli.errors import UserError
+
+KERNEL_OF = {
+    "conventional": "decode",
+    "replay": "replay",
+    "split": "replay split",
+    "spec-replay": "verify+accept",
+    "spec-conventional": "decode_multi",
+}
+SHAPES = {
+    "mamba2": {"op": "mamba2", "H": 4, "P": 24, "N": 12, "G": 2},
+    "gdn": {"op": "gdn", "H": 2, "HV": 4, "K": 24, "V": 20},
+}
+BATCH = 3
+WINDOW = 4
+DRAFT = 3
+# (variant, state dtype, read dtype, io dtype, draft)
+GRID = (
+    ("conventional", "fp32", None, "bf16", 0),
+    ("conventional", "bf16", None, "bf16", 0),
+    ("conventional", "fp16", None, "fp32", 0),
+    ("replay", "fp32", None, "bf16", 0),
+    ("replay", "bf16", None, "bf16", 0),
+    ("split", "fp32", "bf16", "bf16", 0),
+    ("split", "fp32", "fp8", "bf16", 0),
+    ("spec-replay", "fp32", None, "bf16", DRAFT),
+    ("spec-conventional", "fp32", None, "bf16", DRAFT),
+)
+
+
+def device() -> Any:
+    """CUDA where present, else the CPU when TRITON_INTERPRET=1 is set; otherwise a UserError saying how."""
+    import torch
+
+    if torch.cuda.is_available():
+        return torch.device("cuda")
+    if os.environ.get("TRITON_INTERPRET", "") == "1":
+        return torch.device("cpu")
+    raise UserError(
+        "no CUDA GPU to check the kernels on",
+        "set TRITON_INTERPRET=1 to check them on the CPU through Triton's interpreter (slow)",
+    )
+
+
+def label(spec: dict[str, Any]) -> str:
+    """The case without its shape: batch, window, drafts, state→read dtype, io dtype."""
+    parts = [f"B{spec['batch']}"]
+    if spec.get("window"):
+        parts.append(f"W{spec['window']}")
+    if spec.get("draft"):
+        parts.append(f"T{spec['draft']}")
+    parts.append(spec["state_dtype"] + (f"→{spec['read_dtype']}" if spec.get("read_dtype") else ""))
+    parts.append(f"io {spec['io_dtype']}")
+    return " ".join(parts)
+
+
+def shape_label(shape: dict[str, Any]) -> str:
+    return "-".join(f"{k}{v}" for k, v in shape.items() if k != "op")
+
+
+def cases(op: str | None = None) -> list[dict[str, Any]]:
+    """The check grid as bench case specs: every kernel, a few dtypes, shapes that are not powers of two, rows at staggered fills."""
+    ops = [op] if op else list(SHAPES)
+    out = []
+    for o in ops:
+        for seed, (variant, sd, rd, io, draft) in enumerate(GRID):
+            replay = variant in ("replay", "split", "spec-replay")
+            accept = [1.0 / (draft + 1)] * (draft + 1) if draft else []
+            out.append({
+                "shape": SHAPES[o], "variant": variant, "batch": BATCH, "window": WINDOW if replay else None,
+                "state_dtype": sd, "read_dtype": rd, "io_dtype": io, "draft": draft, "accept": accept,
+                "flush": "staggered", "layers": 1, "seed": seed,
+            })
+    return out
+
+
+def run_checks(specs: list[dict[str, Any]], dev: Any, *, progress: bool = True) -> list[dict[str, Any]]:
+    """Check each case once: the kernel and its reference from the same inputs and state; one result dict per case."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from replayssm_cli import bench
+    from replayssm_cli.console import err
+
+    results = []
+    bar = Progress(
+        TextColumn("[bold]check[/]"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TextColumn("{task.description}"),
+        console=err, transient=True, disable=not progress,
+    )
+    with bar:
+        task = bar.add_task("", total=len(specs))
+        for spec in specs:
+            name = label(spec)
+            bar.update(task, description=f"{spec['shape']['op']} {KERNEL_OF[spec['variant']]} {name}")
+            row = {
+                "op": spec["shape"]["op"], "kernel": KERNEL_OF[spec["variant"]], "variant": spec["variant"], "case": name,
+                "shape": shape_label(spec["shape"]),
+                "device": str(dev), "max_err": None, "tolerance": bench.tolerance(spec["state_dtype"], spec.get("read_dtype"), spec["io_dtype"]),
+                "ok": False, "error": None,
+            }
+            case = None
+            try:
+                case = bench.make_case(spec, dev)
+                row["max_err"] = case.check()
+                row["ok"] = row["max_err"] <= row["tolerance"]
+                if not row["ok"]:
+                    row["error"] = f"max relative error {row['max_err']:.2e} over the tolerance {row['tolerance']:.0e}"
+            except Exception as exc:
+                first = str(exc).splitlines()[0] if str(exc) else ""
+                row["error"] = f"{type(exc).__name__}: {first}"
+            finally:
+                if case is not None:
+                    case.close()
+            results.append(row)
+            bar.advance(task)
+    return results
+
+
+def render(results: list[dict[str, Any]], dev: Any):
+    from rich import box
+    from rich.table import Table
+
+    shapes = "; ".join(sorted({f"{r['op']} {r['shape']}" for r in results}))
+    table = Table(
+        title=f"replayssm check · {dev}", header_style="bold", box=box.SIMPLE_HEAD, caption_justify="left",
+        caption=f"shapes: {shapes}, rows at staggered fills, a whole window of steps (every row flushes)\n"
+        "max rel err: max |kernel − reference| / max |reference| over the outputs of every step and the final state",
+    )
+    for name in ("op", "kernel", "case", "max rel err", "tolerance", "result"):
+        table.add_column(name, justify="right" if name in ("max rel err", "tolerance") else "left", no_wrap=name != "result")
+    for r in results:
+        err = "–" if r["max_err"] is None else f"{r['max_err']:.2e}"
+        verdict = "[green]pass[/]" if r["ok"] else f"[red]FAIL[/] {r['error'] or ''}"
+        table.add_row(r["op"], r["kernel"], r["case"], err, f"{r['tolerance']:.0e}", verdict)
+    return table

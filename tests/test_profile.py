@@ -1,0 +1,293 @@
+"""`replayssm profile`: the predicted profile without a GPU, the measured path through a stand-in runner, interruptions, bad options."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import re
+from types import SimpleNamespace
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from replayssm_cli import bench, presets, profile as prof
+from replayssm_cli.main import app
+from replayssm_cli.results import load
+
+SUPER, QWEN = "nemotron-3-super-120b-a12b", "qwen3.5-122b-a10b"
+CEILINGS = SimpleNamespace(copy_gbs=4250.0, read_gbs=4130.0, fp32_tflops=65.6, bf16_tflops=700.0, tf32_tflops=None,
+                           l2_gbs=None, source="measured", measured_at=None, driver="570", gpu_name="NVIDIA H200")
+
+
+@pytest.fixture
+def no_cuda(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+
+
+def invoke(*args: str):
+    return CliRunner().invoke(app, ["profile", *args])
+
+
+def test_profile_predicted_without_gpu(tmp_path, no_cuda):
+    out = tmp_path / "p.json"
+    res = invoke("--preset", SUPER, "--preset", QWEN, "--batch", "1,256", "--draft", "2", "--read-dtype", "bf16", "--out", str(out), "--json")
+    assert res.exit_code == 0, res.output
+    assert "no CUDA GPU" in res.stderr.splitlines()[0]
+    rows = json.loads(res.stdout)
+    got = load(out)
+    assert got.complete and got.rows == rows
+    assert got.environment["gpu"]["key"] == "h200" and got.spec["mode"] == "predicted"
+    assert {r["source"] for r in rows} == {"predicted"} and {r["preset"] for r in rows} == {SUPER, QWEN}
+    # Per preset and batch: conventional, replay x3 phases, split x3, spec-conventional, spec-replay.
+    assert len(rows) == 2 * 2 * 9
+    for r in rows:
+        assert r["us"] > 0 and r["gbs"] > 0 and r["mem_per_seq"] > 0 and r["seqs_fit"] > 0
+        assert (r["speedup"] is None) == (r["variant"] == "conventional")
+    big = {(r["preset"], r["variant"], r["phase"]): r for r in rows if r["batch"] == 256}
+    assert big[SUPER, "replay", "avg"]["speedup"] > 1.3, "ReplaySSM moves fewer bytes: predicted faster at batch 256"
+    assert big[SUPER, "split", "avg"]["speedup"] > big[SUPER, "replay", "avg"]["speedup"]
+    assert big[SUPER, "replay", "avg"]["x_flush_cost_us"] > 0 and 0 < big[SUPER, "replay", "avg"]["x_flush_share"] < 1
+    assert big[SUPER, "spec-replay", "avg"]["x_spec_speedup"] > 1
+    assert big[SUPER, "spec-replay", "avg"]["accepted"] == pytest.approx(0.8 + 0.8**2)
+
+
+def test_profile_predicted_defaults_table(tmp_path, no_cuda, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    res = invoke("--gpu", "b200")
+    assert res.exit_code == 0, res.output
+    files = list((tmp_path / "runs").glob("*-b200.json"))
+    assert len(files) == 1
+    got = load(files[0])
+    assert {r["batch"] for r in got.rows} == {1, 16, 64, 256}
+    assert {r["preset"] for r in got.rows} == {SUPER, QWEN}
+    assert "predicted" in res.stdout and SUPER in res.stdout and re.search(r"\d\.\d\dx", res.stdout)
+
+
+def test_profile_require_gpu_is_one_line(no_cuda, tmp_path):
+    res = invoke("--require-gpu", "--out", str(tmp_path / "x.json"))
+    assert res.exit_code == 2
+    assert len(res.stderr.strip().splitlines()) == 1 and "--require-gpu" in res.stderr
+    assert not (tmp_path / "x.json").exists()
+
+
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["--preset", "no-such-model"], "no-such-model"),
+        (["--window", "0"], "--window 0"),
+        (["--window", "65"], "--window 65"),
+        (["--batch=-5"], "--batch -5"),
+        (["--batch", "0,16"], "--batch 0"),
+        (["--batch", "many"], "--batch 'many'"),
+        (["--state-dtype", "fp8"], "--state-dtype 'fp8'"),
+        (["--read-dtype", "int4"], "--read-dtype 'int4'"),
+        (["--io-dtype", "fp64"], "--io-dtype 'fp64'"),
+        (["--draft", "9"], "--draft 9"),
+        (["--draft", "2,4", "--accept-dist", "1,1,1"], "--accept-dist"),
+        (["--accept-rate", "1.5"], "--accept-rate"),
+        (["--tp", "3"], "tp"),
+    ],
+    ids=["unknown-preset", "window-0", "window-65", "negative-batch", "zero-batch", "batch-word", "state-fp8",
+         "read-int4", "io-fp64", "draft-9", "dist-two-drafts", "rate-1.5", "tp-3"],
+)
+def test_profile_bad_options_exit_with_one_line(tmp_path, no_cuda, args, words):
+    res = invoke(*args, "--out", str(tmp_path / "x.json"))
+    assert res.exit_code != 0
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1, res.stderr
+    assert words in lines[0] and "Traceback" not in res.output
+    assert not (tmp_path / "x.json").exists()
+
+
+def fake_runner(fail: set[str] = frozenset(), oom_batch: int | None = None, interrupt_at: int | None = None, noisy: str | None = None):
+    """A stand-in for bench.run_point: per-step samples from a made-up timing model, no GPU."""
+    calls = []
+
+    def run(point, context):
+        calls.append(point.label())
+        if interrupt_at is not None and len(calls) == interrupt_at:
+            raise KeyboardInterrupt
+        if point.batch == oom_batch:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 4.00 GiB")
+        if point.variant in fail:
+            return [{"phase": "avg", "ok": False, "layers": 3, "check_max_err": 0.4, "tolerance": 2e-3, "error": "max relative error"}]
+        base = 2.0 + point.batch * 2.2
+        factor = {"conventional": 1.0, "replay": 0.6, "split": 0.4, "spec-conventional": 1.6, "spec-replay": 0.9}[point.variant]
+        rng = random.Random(point.batch)
+        spread = 0.3 if point.variant == noisy else 0.01
+
+        def samples(us):
+            return [us * (1 + spread * (rng.random() - 0.5)) for _ in range(20)]
+
+        common = {"ok": True, "layers": 3, "check_max_err": 1e-4, "tolerance": 2e-3}
+        out = [{"phase": "avg", "samples_us": samples(base * factor), "steps": 32, "repeats": 20,
+                "accepted": 1.5 if point.draft else None, **common}]
+        for phase in prof.point_phases(point)[1:]:
+            us = base * (0.5 if phase == "nonflush" else 1.05)
+            out.append({"phase": phase, "samples_us": samples(us), "steps": 1, "repeats": 20, **common})
+        return out
+
+    run.calls = calls
+    return run
+
+
+@pytest.fixture
+def measured(monkeypatch):
+    """Run the measured path of the command with a stand-in runner (set with .runner = ...)."""
+
+    def setup(gpu, spec):
+        return {"environment": {"gpu": {"name": "NVIDIA H200", "driver": "570"}, "mode": "measured"}, "ceilings": CEILINGS,
+                "free_bytes": 100 * 2**30, "gpu_key": "h200", "gpu_name": "NVIDIA H200", "context": {}}
+
+    monkeypatch.setattr(prof, "detect_mode", lambda require_gpu: "measured")
+    monkeypatch.setattr(prof, "measured_setup", setup)
+
+    def use(runner):
+        monkeypatch.setattr(bench, "run_point", runner)
+        return runner
+
+    return use
+
+
+def test_profile_measured_rows(tmp_path, measured):
+    measured(fake_runner(noisy="split"))
+    out = tmp_path / "m.json"
+    res = invoke("--preset", SUPER, "--batch", "1,64", "--read-dtype", "bf16", "--draft", "3", "--out", str(out))
+    assert res.exit_code == 0, res.output
+    got = load(out)
+    assert got.complete and {r["source"] for r in got.rows} == {"measured"}
+    by = {(r["variant"], r["phase"], r["batch"]): r for r in got.rows}
+    conv, rep = by["conventional", "avg", 64], by["replay", "avg", 64]
+    assert conv["us"] == pytest.approx(statistics_median(conv["x_samples_us"]), rel=1e-3)
+    assert conv["us_p50"] <= conv["us_p95"] <= conv["us_p99"]
+    assert rep["speedup"] == pytest.approx(conv["us_per_token"] / rep["us_per_token"])
+    assert rep["speedup_lo"] <= rep["speedup"] <= rep["speedup_hi"]
+    assert rep["gbs"] == pytest.approx((rep["bytes_read"] + rep["bytes_written"]) / rep["us"] / 1e3)
+    assert rep["pct_copy_bw"] == pytest.approx(100 * rep["gbs"] / CEILINGS.copy_gbs)
+    flush, nonflush = by["replay", "flush", 64], by["replay", "nonflush", 64]
+    assert rep["x_flush_cost_us"] == pytest.approx(flush["us"] - nonflush["us"])
+    assert rep["x_flush_share"] == pytest.approx(rep["x_flush_cost_us"] / 16 / rep["us"])
+    assert nonflush["flush"] == "aligned" and nonflush["x_fill"] == 7 and flush["x_fill"] == 15
+    spec = by["spec-replay", "avg", 64]
+    accepted = 0.8 + 0.8**2 + 0.8**3
+    assert spec["accepted"] == pytest.approx(accepted) and spec["x_accepted_drawn"] == 1.5
+    assert spec["us_per_token"] == pytest.approx(spec["us"] / (accepted + 1))
+    assert "not timed" in by["spec-conventional", "avg", 64]["x_note"]
+    assert spec["x_spec_speedup"] == pytest.approx(by["spec-conventional", "avg", 64]["us_per_token"] / spec["us_per_token"])
+    assert by["split", "avg", 64]["spread"] > prof.NOISY_SPREAD
+    assert "noisy" in res.stdout
+
+
+def statistics_median(values):
+    s = sorted(values)
+    return (s[(len(s) - 1) // 2] + s[len(s) // 2]) / 2
+
+
+def test_profile_interrupted_keeps_finished_rows(tmp_path, measured):
+    runner = measured(fake_runner(interrupt_at=3))
+    out = tmp_path / "i.json"
+    res = invoke("--preset", SUPER, "--batch", "1,16", "--out", str(out))
+    assert res.exit_code == 130
+    got = load(out)
+    assert not got.complete
+    assert [(r["variant"], r["phase"], r["batch"]) for r in got.rows] == [
+        ("conventional", "avg", 1), ("replay", "avg", 1), ("replay", "nonflush", 1), ("replay", "flush", 1),
+    ]
+    assert [s["what"] for s in got.skipped] == runner.calls[2:] + [f"{SUPER} replay B16 W16 fp32"]
+    assert all(s["why"] == "not run: interrupted" for s in got.skipped)
+    assert "interrupted" in res.stderr
+
+
+def test_profile_out_of_memory_is_skipped(tmp_path, measured):
+    measured(fake_runner(oom_batch=256))
+    out = tmp_path / "o.json"
+    res = invoke("--preset", SUPER, "--batch", "1,256,16", "--out", str(out))
+    assert res.exit_code == 0, res.output
+    got = load(out)
+    assert got.complete and {r["batch"] for r in got.rows} == {1, 16}
+    assert {s["why"] for s in got.skipped} == {"out of memory at batch 256"} and len(got.skipped) == 2
+    stderr = " ".join(res.stderr.split())
+    assert "out of memory at batch 256" in stderr and "largest batch that fit" in stderr
+    assert f"{SUPER} replay: 16" in stderr
+
+
+def test_profile_failed_check_is_not_timed(tmp_path, measured):
+    measured(fake_runner(fail={"replay"}))
+    out = tmp_path / "f.json"
+    res = invoke("--preset", SUPER, "--batch", "16", "--read-dtype", "bf16", "--out", str(out), "--json")
+    assert res.exit_code == 1
+    rows = json.loads(res.stdout)
+    failed = [r for r in rows if r["status"] == "failed"]
+    assert len(failed) == 1 and failed[0]["variant"] == "replay" and failed[0]["phase"] == "avg"
+    assert failed[0]["us"] is None and failed[0]["speedup"] is None and failed[0]["check_max_err"] == 0.4
+    assert any(r["variant"] == "split" and r["status"] == "ok" and r["speedup"] for r in rows)
+    assert "failed its check" in " ".join(res.stderr.split())
+    assert load(out).complete
+
+
+def test_run_grid_predicted_library(tmp_path):
+    from replayssm_cli.results import ResultsWriter
+
+    spec = prof.ProfileSpec(presets=(QWEN,), batches=(64,), windows=(8, 32), state_dtypes=("bf16",), phases=False)
+    spec.validate()
+    pre = presets.resolve(QWEN)
+    points = prof.plan(spec, [pre])
+    assert [p.variant for p in points] == ["conventional", "replay", "replay"]
+    writer = ResultsWriter(tmp_path / "r.json", {}, spec.to_dict())
+    run = prof.run_grid(points, {pre.name: pre}, writer, mode="predicted", ceilings=CEILINGS, free_bytes=2**36, progress=False)
+    assert run.results.complete and [r["window"] for r in run.results.rows] == [None, 8, 32]
+    assert all(r["state_dtype"] == "bf16" and r["op"] == "gdn" for r in run.results.rows)
+
+
+def test_accept_probs_and_stats():
+    probs = prof.accept_probs(4, 0.9)
+    assert sum(probs) == pytest.approx(1.0) and prof.mean_accepted(probs) == pytest.approx(0.9 + 0.81 + 0.729 + 0.6561)
+    assert prof.accept_probs(2, dist=(1, 1, 2)) == [0.25, 0.25, 0.5]
+    stats = prof.sample_stats([float(v) for v in range(1, 102)])
+    assert stats["us"] == 51 and stats["us_p95"] == 96 and stats["us_p99"] == 100
+    assert stats["spread"] == pytest.approx((76 - 26) / 51)
+    assert math.isnan(prof.percentile([], 50))
+
+
+@pytest.mark.parametrize("op, shape", [("mamba2", {"H": 2, "P": 12, "N": 8, "G": 1}), ("gdn", {"H": 1, "HV": 2, "K": 12, "V": 10})],
+                         ids=["mamba2-H2-P12-N8-G1", "gdn-H1-HV2-K12-V10"])
+def test_make_case_staggers_fills_and_checks(device, op, shape):
+    case = bench.make_case({"shape": {"op": op, **shape}, "variant": "replay", "batch": 5, "window": 3, "state_dtype": "fp32",
+                            "io_dtype": "bf16", "layers": 2, "ssm_layers": 4, "seed": 1}, device)
+    try:
+        assert case.layers == 2
+        for layer in case._layers:
+            fills = layer.cache.fill[layer.slots.long()][:, 0].tolist()
+            assert fills == [r % 3 for r in range(5)], "row r starts at fill r mod W"
+        assert case.check() <= case.tolerance()
+        case.step()
+        layer = case._layers[1]
+        assert layer.cache.fill[layer.slots.long()][:, 0].tolist() == [1, 2, 0, 1, 2]
+    finally:
+        case.close()
+
+
+def test_profile_split_needs_a_narrower_read_copy(tmp_path, no_cuda):
+    out = tmp_path / "s.json"
+    res = invoke("--preset", QWEN, "--batch", "16", "--state-dtype", "fp32,bf16", "--read-dtype", "bf16", "--out", str(out), "--json")
+    assert res.exit_code == 0, res.output
+    rows = json.loads(res.stdout)
+    assert {(r["state_dtype"], r["read_dtype"]) for r in rows if r["variant"] == "split"} == {("fp32", "bf16")}
+    assert load(out).skipped == [{"what": f"{QWEN} split bf16-bf16", "why": "a bf16 read copy is not narrower than a bf16 state"}]
+    assert "not narrower" in " ".join(res.stderr.split())
+    res = invoke("--preset", QWEN, "--state-dtype", "bf16", "--read-dtype", "fp16", "--out", str(out))
+    assert res.exit_code == 0
+    res = invoke("--preset", QWEN, "--state-dtype", "fp16", "--read-dtype", "bf16", "--draft", "2", "--accept-rate", "0", "--out", str(out))
+    assert res.exit_code == 2 and "accepts no draft" in res.stderr
+
+
+def test_run_profile_library_predicts_on_request(tmp_path):
+    spec = prof.ProfileSpec(presets=(QWEN,), batches=(16,), windows=(8,), drafts=(2,))
+    run = prof.run_profile(spec, out=tmp_path / "r.json", predict=True, gpu="h100-sxm", progress=False)
+    assert run.mode == "predicted" and not run.interrupted and run.results.complete
+    assert run.results.environment["gpu"]["key"] == "h100-sxm"
+    assert run.layers_of == {QWEN: presets.resolve(QWEN).ssm_layers}
+    assert [r["variant"] for r in load(tmp_path / "r.json").rows] == [
+        "conventional", "replay", "replay", "replay", "spec-conventional", "spec-replay"]
