@@ -1,11 +1,488 @@
-"""`replayssm tune`."""
+"""`replayssm tune`: the window and state precision to run for a preset, GPU and batch sizes, and whether ReplaySSM pays."""
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+
+from replayssm_cli.dtypes import IODtype, ReadDtype, StateDtype
 from replayssm_cli.errors import UserError, cli_command
+
+DEFAULT_BATCHES = (1, 16, 64, 256)
+MAX_WINDOW = 64
+MAX_DRAFT = 8
+WIDE = 200
+
+
+def _ints(values: list[str] | None, option: str) -> tuple[int, ...]:
+    out: list[int] = []
+    for value in values or []:
+        for part in value.split(","):
+            part = part.strip()
+            if not part:
+                continue
+            try:
+                out.append(int(part))
+            except ValueError:
+                raise UserError(f"{option} {part!r} is not an integer", f"e.g. {option} 1,16,64") from None
+    return tuple(dict.fromkeys(out))
+
+
+def _dtypes(values: list[str] | None, enum: type, option: str, *, allow_none: bool = False) -> tuple[str, ...] | None:
+    words = [p.strip() for v in values or [] for p in v.split(",") if p.strip()]
+    if not words:
+        return None
+    if allow_none and words == ["none"]:
+        return ()
+    out = []
+    for w in words:
+        try:
+            out.append(enum(w).value)
+        except ValueError:
+            choices = ", ".join(e.value for e in enum) + (", or none" if allow_none else "")
+            raise UserError(f"{option} {w!r} is not a dtype it takes", f"choose from {choices}") from None
+    return tuple(dict.fromkeys(out))
+
+
+def _check_options(batches, windows, drafts, accept_rate, error_budget, memory_budget, steps, heads, tp) -> None:
+    for b in batches:
+        if b < 1:
+            raise UserError(f"--batch {b} is not a batch size", "batch sizes are positive integers, e.g. --batch 1,64,256")
+    for w in windows:
+        if not 1 <= w <= MAX_WINDOW:
+            raise UserError(f"--window {w} is out of range", f"the window W takes 1 to {MAX_WINDOW}")
+    for t in drafts:
+        if not 1 <= t <= MAX_DRAFT:
+            raise UserError(f"--draft {t} is out of range", f"speculative widths take 1 to {MAX_DRAFT}")
+    if not 0 < accept_rate <= 1:
+        raise UserError(f"--accept-rate {accept_rate} is not a probability in (0, 1]", "e.g. --accept-rate 0.8")
+    if not error_budget > 0:
+        raise UserError(f"--error-budget {error_budget} must be positive", "e.g. --error-budget 1e-3")
+    if memory_budget is not None and not memory_budget > 0:
+        raise UserError(f"--memory-budget {memory_budget} must be a positive number of GiB", "e.g. --memory-budget 40")
+    if steps < 1:
+        raise UserError(f"--steps {steps} must be at least 1", "e.g. --steps 4096")
+    if heads < 1:
+        raise UserError(f"--heads {heads} must be at least 1", "e.g. --heads 4")
+    if tp < 1:
+        raise UserError(f"--tp {tp} is not a tensor-parallel degree", "pass a positive integer")
 
 
 @cli_command
-def tune() -> None:
-    """(being built)"""
-    raise UserError("'replayssm tune' is not available in this build")
+def tune(
+    preset: Annotated[Optional[str], typer.Option("--preset", "-p", help="Model preset name or preset file (see `replayssm presets`).")] = None,
+    batch: Annotated[Optional[list[str]], typer.Option("--batch", "-b", help="Batch sizes, comma-separated or repeated. (default: 1,16,64,256)")] = None,
+    window: Annotated[Optional[list[str]], typer.Option("--window", "-w", help="Candidate windows W (1-64). (default: 4,8,16,32,64)")] = None,
+    state_dtype: Annotated[
+        Optional[list[str]], typer.Option("--state-dtype", help="Candidate state (checkpoint) dtypes: fp32, bf16, fp16. (default: all)")
+    ] = None,
+    read_dtype: Annotated[
+        Optional[list[str]], typer.Option("--read-dtype", help="Candidate read-copy dtypes over an fp32 checkpoint: bf16, fp16, fp8, or none. (default: all)")
+    ] = None,
+    draft: Annotated[Optional[list[str]], typer.Option("--draft", help="Speculative widths T (1-8): also tune verify of T drafts.")] = None,
+    accept_rate: Annotated[
+        float, typer.Option("--accept-rate", help="Probability that each draft is accepted (the first rejection ends the run), as in `profile`.")
+    ] = 0.8,
+    error_budget: Annotated[
+        float, typer.Option("--error-budget", help="Largest relative output error against fp64 in the longest generation bucket.")
+    ] = 1e-3,
+    memory_budget: Annotated[
+        Optional[float], typer.Option("--memory-budget", help="GiB per GPU for SSM states and buffers. (default: the GPU's memory)")
+    ] = None,
+    results: Annotated[
+        Optional[Path], typer.Option("--results", "-r", help="Use the times in this results file instead of measuring.")
+    ] = None,
+    gpu: Annotated[Optional[str], typer.Option("--gpu", help="GPU to predict for when nothing is measured. (default: h200)")] = None,
+    tp: Annotated[int, typer.Option("--tp", help="Tensor-parallel degree the heads are divided by.")] = 1,
+    io_dtype: Annotated[
+        Optional[str], typer.Option("--io-dtype", help="Dtype of inputs and outputs: bf16, fp16, fp32. (default: the results file's, else bf16)")
+    ] = None,
+    steps: Annotated[int, typer.Option("--steps", help="Generated tokens the quality run decodes.")] = 4096,
+    heads: Annotated[int, typer.Option("--heads", help="Heads of one layer the quality run decodes.")] = 4,
+    trace: Annotated[
+        Optional[Path], typer.Option("--trace", help="Run quality on a recorded trace (benchmarks/record_trace.py) instead of drawn inputs.")
+    ] = None,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of the drawn quality inputs.")] = 0,
+    out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Also write the full report as JSON to this file.")] = None,
+    json_: Annotated[bool, typer.Option("--json", help="Print the report as JSON on stdout instead of tables.")] = False,
+) -> None:
+    """Recommend a variant, window and state precision per batch size, within an error and a memory budget.
+
+    Every candidate (conventional per state dtype, replay per window and state dtype, split per window and read dtype, and their speculative forms with --draft) gets a time per token (from --results, else measured on this GPU, else predicted from the cost model for --gpu), an output error against fp64 over a long decode, and its memory per sequence. Over-budget and slower candidates are rejected with the reason; ReplaySSM is recommended only where it beats conventional decode by more than the measurement spread.
+
+    Examples:
+
+      replayssm tune --preset nemotron-3-super-120b-a12b --results runs/h200.json
+
+      replayssm tune --preset qwen3.5-122b-a10b --gpu b200 --batch 1,64,256 --memory-budget 40
+
+      replayssm tune --preset nemotron-3-super-120b-a12b --draft 4 --trace layer12.npz --json
+    """
+    from replayssm_cli import presets as presets_mod
+    from replayssm_cli import tuner
+
+    if not preset:
+        raise UserError("tune needs a preset", "pass --preset NAME (see `replayssm presets`)")
+    batches = _ints(batch, "--batch") or DEFAULT_BATCHES
+    windows = _ints(window, "--window") or tuner.DEFAULT_WINDOWS
+    drafts = _ints(draft, "--draft")
+    state_dtypes = _dtypes(state_dtype, StateDtype, "--state-dtype") or tuner.DEFAULT_STATE_DTYPES
+    read_dtypes = _dtypes(read_dtype, ReadDtype, "--read-dtype", allow_none=True)
+    read_dtypes = tuner.DEFAULT_READ_DTYPES if read_dtypes is None else read_dtypes
+    io = _dtypes([io_dtype] if io_dtype else None, IODtype, "--io-dtype")
+    _check_options(batches, windows, drafts, accept_rate, error_budget, memory_budget, steps, heads, tp)
+    p = presets_mod.resolve(preset, tp)
+    cands = tuner.candidates(windows=windows, state_dtypes=state_dtypes, read_dtypes=read_dtypes, drafts=drafts, accept_rate=accept_rate)
+    recorded = _load_trace(trace, p)
+
+    source = _timing_source(p, preset, cands, batches, results, gpu, io[0] if io else None, accept_rate)
+    quality = _quality(p, cands, steps=steps, heads=heads, seed=seed, trace=recorded, io_dtype=source["io_dtype"], kernels=source["cuda"])
+    budget, budget_note = _memory_budget(memory_budget, source)
+    io_used = source["io_dtype"]
+
+    def memory(c):
+        try:
+            return tuner.memory_of(p.shape, c, io_dtype=io_used)
+        except ValueError:
+            return None
+
+    baseline = p.state_dtype if p.state_dtype in state_dtypes else state_dtypes[0]
+    decisions = tuner.tune(
+        batches,
+        cands,
+        timing=source["timing"],
+        error=lambda c: quality.error_of(c.quality_key()),
+        memory=memory,
+        layers=p.ssm_layers,
+        error_budget=error_budget,
+        memory_budget=budget,
+        baseline_dtype=baseline,
+    )
+    report = {
+        "preset": {"name": p.name, "kind": p.kind, "shape": p.label(), "ssm_layers": p.ssm_layers, "state_dtype": p.state_dtype, "tp": p.tp},
+        "timing": {k: v for k, v in source.items() if k in ("mode", "describe", "results_file", "gpu", "io_dtype")},
+        "error_budget": error_budget,
+        "memory_budget_bytes": budget,
+        "memory_budget_note": budget_note,
+        "baseline": f"conventional {baseline}",
+        "quality": quality.to_dict(),
+        "decisions": [d.to_dict() for d in decisions],
+    }
+    if out is not None:
+        _write_report(out, report)
+    if json_:
+        from replayssm_cli.console import print_json
+
+        print_json(report)
+    else:
+        _render(p, source, quality, decisions, error_budget, budget, budget_note, baseline)
+
+
+def _write_report(path: Path, report: dict[str, Any]) -> None:
+    from replayssm_cli.console import note
+    from replayssm_cli.results import write_atomic
+
+    try:
+        write_atomic(Path(path), report)
+    except OSError as exc:
+        raise UserError(f"cannot write {path} ({exc.strerror or exc})", "pass a writable --out") from None
+    note(f"report: {path}")
+
+
+def _cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def _timing_source(p, preset_arg: str, cands, batches, results: Path | None, gpu: str | None, io: str | None, accept_rate: float) -> dict[str, Any]:
+    """Where candidate times come from: a results file (predicting what it lacks), a measurement here, or the cost model."""
+    from replayssm_cli import gpus, tuner
+    from replayssm_cli.console import note
+
+    cuda = _cuda_available()
+    if results is not None:
+        from replayssm_cli import results as results_mod
+
+        res = results_mod.load(results)
+        rows = [r for r in res.rows if r.get("preset") == p.name and r.get("kind", "kernel") == "kernel"]
+        if not rows:
+            have = sorted({str(r.get("preset")) for r in res.rows})
+            raise UserError(f"results file {results} has no rows for preset {p.name}", f"it has: {', '.join(have) or 'no rows'}")
+        io_used = io or _most_common(r.get("io_dtype") for r in rows) or "bf16"
+        env_gpu = res.environment.get("gpu") if isinstance(res.environment.get("gpu"), dict) else {}
+        ceilings = None
+        if isinstance(res.environment.get("ceilings"), dict):
+            ceilings = gpus.Ceilings.from_dict(res.environment["ceilings"])
+        spec = gpus.load_gpu(gpu) if gpu else _file_gpu(env_gpu)
+        if gpu or ceilings is None:
+            ceilings = gpus.datasheet_ceilings(spec) if spec is not None else None
+        gpu_name = env_gpu.get("name") or (spec.name if spec else "unknown GPU")
+
+        def measured(c, b):
+            return tuner.timing_from_rows(rows, c, b, preset=p.name, io_dtype=io_used)
+
+        def timing(c, b):
+            t = measured(c, b)
+            if t is not None or ceilings is None:
+                return t
+            t = _predict(p, c, b, ceilings, io_used)
+            if t is None:
+                return None
+            same = [o for o in cands if _family(o) == _family(c) and o.draft == c.draft]
+            pairs = [(m, q) for o in same if (m := measured(o, b)) and m.source == "measured" and (q := _predict(p, o, b, ceilings, io_used))]
+            return tuner.calibrated(t, pairs, f"{_family(c)} at batch {b}")
+
+        what = f"times from {results}" + (
+            f"; candidates it lacks predicted from the cost model ({ceilings.source} ceilings), scaled by how far "
+            "measured candidates of the same variant and batch ran from their predictions" if ceilings else ""
+        )
+        return {
+            "mode": "results", "describe": what, "results_file": str(results), "gpu": gpu_name, "timing": timing,
+            "io_dtype": io_used, "cuda": cuda, "memory_bytes": _gpu_memory(env_gpu, spec),
+        }
+    io_used = io or "bf16"
+    if cuda:
+        rows, gpu_name, mem, path = _measure(p, preset_arg, cands, batches, io_used, accept_rate)
+        note(f"measured results: {path}")
+
+        def timing(c, b):
+            return tuner.timing_from_rows(rows, c, b, preset=p.name, io_dtype=io_used)
+
+        return {
+            "mode": "measured", "describe": f"measured on this {gpu_name} (results in {path})", "results_file": str(path),
+            "gpu": gpu_name, "timing": timing, "io_dtype": io_used, "cuda": True, "memory_bytes": mem,
+        }
+    spec = gpus.load_gpu(gpu or "h200")
+    ceilings = gpus.ceilings_for(spec)
+    note(f"no CUDA GPU here: predicting every time from the cost model and the {spec.name} {ceilings.source} figures (--gpu picks another)")
+
+    def timing(c, b):
+        return _predict(p, c, b, ceilings, io_used)
+
+    return {
+        "mode": "predicted", "describe": f"predicted from the cost model and the {spec.name} {ceilings.source} ceilings, nothing measured",
+        "gpu": spec.name, "timing": timing, "io_dtype": io_used, "cuda": False, "memory_bytes": int(spec.memory_gib * 2**30),
+    }
+
+
+def _family(c) -> str:
+    """Kernels that miss their predictions alike: split is replay reading a narrower copy."""
+    return "replay" if c.variant == "split" else c.variant
+
+
+def _predict(p, c, b, ceilings, io: str):
+    from replayssm_cli import tuner
+
+    try:
+        return tuner.predicted_timing(p.shape, c, b, ceilings, io_dtype=io, has_z=p.has_z)
+    except ValueError:
+        return None
+
+
+def _most_common(values) -> str | None:
+    counts: dict[str, int] = {}
+    for v in values:
+        if v:
+            counts[v] = counts.get(v, 0) + 1
+    return max(counts, key=counts.get) if counts else None
+
+
+def _file_gpu(env_gpu: dict[str, Any]):
+    """The spec of the GPU a results file was measured on, when there is one."""
+    from replayssm_cli import gpus
+
+    if env_gpu.get("key") in gpus.gpu_keys():
+        return gpus.load_gpu(env_gpu["key"])
+    return gpus.match_spec(env_gpu["name"]) if env_gpu.get("name") else None
+
+
+def _gpu_memory(env_gpu: dict[str, Any], spec) -> int | None:
+    if env_gpu.get("memory_total"):
+        return int(env_gpu["memory_total"])
+    if env_gpu.get("memory_gib"):
+        return int(env_gpu["memory_gib"] * 2**30)
+    return int(spec.memory_gib * 2**30) if spec is not None else None
+
+
+def _memory_budget(gib: float | None, source: dict[str, Any]) -> tuple[float | None, str]:
+    if gib is not None:
+        return gib * 2**30, f"{gib:g} GiB (--memory-budget)"
+    mem = source.get("memory_bytes")
+    if mem:
+        return float(mem), f"{mem / 2**30:.0f} GiB, the whole GPU ({source['gpu']}); pass --memory-budget for what weights and KV cache leave"
+    return None, "none (GPU memory unknown; pass --memory-budget)"
+
+
+def _measure(p, preset_arg: str, cands, batches, io: str, accept_rate: float):
+    """Time the candidates at every batch on this GPU through the profiler; returns (rows, GPU name, memory, path)."""
+    from replayssm_cli import profile as prof
+
+    state_dtypes = {c.state_dtype for c in cands}
+    spec = prof.ProfileSpec(
+        presets=(preset_arg,),
+        batches=tuple(batches),
+        windows=tuple(sorted({c.window for c in cands if c.window})),
+        # Split candidates read a copy of an fp32 checkpoint, so fp32 is profiled whenever a read dtype is.
+        state_dtypes=tuple(d for d in ("fp32", "bf16", "fp16") if d in state_dtypes or (d == "fp32" and any(c.read_dtype for c in cands))),
+        read_dtypes=tuple(dict.fromkeys(c.read_dtype for c in cands if c.read_dtype)),
+        io_dtype=io,
+        drafts=tuple(sorted({c.draft for c in cands if c.draft})),
+        accept_rate=accept_rate,
+        tp=p.tp,
+        phases=False,
+    )
+    run = prof.run_profile(spec, require_gpu=True, progress=True)
+    if run.interrupted:
+        raise UserError("interrupted while measuring", f"the rows finished so far are in {run.path}; pass it with --results")
+    gpu = run.results.environment.get("gpu") or {}
+    return run.results.rows, run.gpu_name, gpu.get("memory_total"), run.path
+
+
+def _load_trace(path: Path | None, p):
+    """The trace file, checked against the preset's kind; None without --trace."""
+    if path is None:
+        return None
+    from replayssm_cli import trace as trace_mod
+    from replayssm_cli.console import note
+
+    tr = trace_mod.read(path)
+    if tr.op != p.kind:
+        raise UserError(f"trace {path} is from a {tr.op} layer but preset {p.name} is {p.kind}", "record a trace of the preset's model")
+    model_shape = p.full_shape or p.shape
+    if tr.shape.label() != model_shape.label():
+        note(f"trace {path} has shape {tr.shape.label()}, the preset {model_shape.label()}: quality runs the trace's dimensions")
+    return tr
+
+
+def _quality(p, cands, *, steps: int, heads: int, seed: int, trace, io_dtype: str, kernels: bool):
+    """The long-decode quality run for every stored precision the candidates use (and, on a GPU, the kernels)."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from replayssm_cli import quality
+    from replayssm_cli.console import err
+
+    if trace is not None:
+        inputs = quality.trace_inputs(trace, heads=heads, steps=steps)
+    else:
+        a_range = p.a_log_range or ((0.0, 16.0) if p.kind == "gdn" else (1.0, 16.0))
+        inputs = quality.synthetic_inputs(
+            p.shape, a_range=a_range, dt_softplus=p.dt_softplus, steps=steps, heads=heads, seed=seed, io_dtype=io_dtype,
+        )
+    configs = list(dict.fromkeys(quality.Config(*c.quality_key()) for c in cands))
+    bar = Progress(
+        TextColumn("[bold]quality[/]"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TextColumn("{task.description}"),
+        console=err, transient=True,
+    )
+    with bar:
+        task = bar.add_task(f"{len(configs)} configs, {inputs.source}", total=inputs.generated)
+        report = quality.run(inputs, configs, on_step=lambda n: bar.update(task, completed=n))
+        if kernels:
+            ktask = bar.add_task("the same on the GPU kernels", total=len(configs))
+            found = quality.run_kernels(inputs, configs, device="cuda", on_config=lambda n: bar.update(ktask, completed=n))
+            for e in report.errors:
+                e.kernel = found[e.config]
+            report.kernel_device = "cuda"
+    return report
+
+
+def _source(t) -> str:
+    if t is None:
+        return "-"
+    return f"{t.source} ({t.note.split(',')[0]})" if t.source == "predicted" and t.note else t.source
+
+
+def _us(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return f"{value:,.0f}" if value >= 100 else f"{value:.3g}"
+
+
+def _fmt(value: float | None, spec: str = ".3g") -> str:
+    import math
+
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return "-"
+    return format(value, spec)
+
+
+def _render(p, source, quality, decisions, error_budget, budget, budget_note, baseline) -> None:
+    from rich import box
+    from rich.console import Console
+    from rich.table import Table
+
+    from replayssm_cli.console import out
+    from replayssm_cli.tuner import fmt_bytes
+
+    console = out if out.is_terminal else Console(file=out.file, width=WIDE)
+    console.print(
+        f"[bold]replayssm tune[/] · {p.display} ({p.label()}, {p.ssm_layers} SSM layers, tp {p.tp}) · {source['gpu']}\n"
+        f"times: {source['describe']}\n"
+        f"error budget {error_budget:.0e} (longest bucket) · memory budget {budget_note} · speedups over conventional {baseline}",
+        highlight=False,
+    )
+    table = Table(title="Recommendation", title_justify="left", box=box.SIMPLE_HEAD)
+    memory_column = "MiB/seq (state+copy+buffers)"
+    for name in ("batch", "mode", "run", "µs/token/layer", f"µs/token ({p.ssm_layers} layers)", "speedup", memory_column, "seqs fit", "error", "time"):
+        table.add_column(name, justify="left" if name in ("mode", "run", "time") else "right", no_wrap=name != memory_column)
+    for d in decisions:
+        c = d.choice
+        if c is None:
+            table.add_row(str(d.batch), d.mode, "[red]nothing within the budgets[/]", *["-"] * 7)
+            continue
+        m = c.memory or {}
+        parts = "+".join(f"{m.get(k, 0) * p.ssm_layers / 2**20:.3g}" for k in ("state", "read_copy", "buffers") if m.get(k)) or "-"
+        name = c.candidate.label() if d.replay_pays or c.candidate.is_replay else f"{c.candidate.label()} [dim](ReplaySSM does not pay)[/]"
+        table.add_row(
+            str(d.batch),
+            d.mode,
+            name,
+            _us(c.us_per_token),
+            _us(c.us_per_token * p.ssm_layers if c.us_per_token else None),
+            f"{_fmt(c.speedup, '.2f')}x ({_fmt(c.speedup_lo, '.2f')}-{_fmt(c.speedup_hi, '.2f')})" if c.speedup else "-",
+            f"{_fmt(c.mem_per_seq / 2**20 if c.mem_per_seq else None)} ({parts})",
+            _fmt(c.seqs_fit, ","),
+            _fmt(c.error, ".1e"),
+            _source(c.timing),
+        )
+    console.print(table)
+    for d in decisions:
+        t = Table(title=f"batch {d.batch}, {d.mode}: every candidate", title_justify="left", box=box.SIMPLE_HEAD)
+        for name in ("candidate", "µs/token", "speedup", "MiB/seq", "error", "time", "verdict"):
+            t.add_column(name, justify="left" if name in ("candidate", "time", "verdict") else "right", no_wrap=name != "verdict")
+        order = sorted(d.assessments, key=lambda a: (a.verdict != "recommended", a.us_per_token is None, a.us_per_token or 0))
+        for a in order:
+            verdict = f"[green]recommended[/]: {a.reason}" if a.verdict == "recommended" else f"[dim]{a.rejected_for}[/]: {a.reason}"
+            t.add_row(
+                a.candidate.label(),
+                _us(a.us_per_token),
+                f"{_fmt(a.speedup, '.2f')}x" if a.speedup else "-",
+                _fmt(a.mem_per_seq / 2**20 if a.mem_per_seq else None),
+                _fmt(a.error, ".1e"),
+                _source(a.timing),
+                verdict,
+            )
+        console.print(t)
+    dims = " ".join(f"{k}={v}" for k, v in quality.dims.items())
+    console.print(
+        f"output error by generated tokens: {quality.source}, {dims} (a head subset of one layer), "
+        f"after {quality.prompt} prompt tokens run in fp64",
+        highlight=False,
+    )
+    q = Table(title="Output error vs fp64", title_justify="left", box=box.SIMPLE_HEAD)
+    q.add_column("config")
+    for label in quality.bucket_labels:
+        q.add_column(label, justify="right")
+    if quality.kernel_device:
+        q.add_column(f"kernels ({quality.kernel_device}), longest", justify="right")
+    for e in quality.errors:
+        over = e.longest > error_budget
+        cells = [("[red]" if over and label == e.longest_bucket else "") + f"{v:.1e}" for label, v in e.buckets.items()]
+        if quality.kernel_device:
+            cells.append(_fmt((e.kernel or {}).get(e.longest_bucket), ".1e"))
+        q.add_row(e.config.label(), *cells)
+    console.print(q)
+    if budget:
+        console.print(f"[dim]MiB/seq: bytes per sequence over all SSM layers; seqs fit: in {fmt_bytes(budget)}[/]", highlight=False)

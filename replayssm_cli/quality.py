@@ -1,0 +1,831 @@
+"""Long-decode output error of every state precision against an fp64 reference, by generation length."""
+
+from __future__ import annotations
+
+import math
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+from replayssm_cli.shapes import SSMShape
+
+# (label, first generated token, last generated token or None), 1-based.
+BUCKETS: tuple[tuple[str, int, int | None], ...] = (
+    ("1-128", 1, 128),
+    ("129-1k", 129, 1024),
+    ("1k-4k", 1025, 4096),
+    ("4k+", 4097, None),
+)
+DEFAULT_STEPS = 4096
+# A prompt long enough that the slowest heads start decode near their steady state.
+DEFAULT_PROMPT = 1024
+DEFAULT_HEADS = 4
+IO_DTYPE = "bf16"
+FP8_MAX = 448.0
+# Trained Mamba-2 and GDN layers keep softplus(dt + dt_bias) in the initialisation range [1e-3, 1e-1].
+DT_RANGE = (1e-3, 1e-1)
+DT_NOISE = 0.5
+# exp(A_log) of GDN starts at U(0, 16); a head with A -> 0 never decays, so the draw starts here.
+MIN_A = 0.01
+
+VARIANTS = ("conventional", "replay", "split")
+
+
+@dataclass(frozen=True)
+class Config:
+    """How one run stores and reads state: conventional, replay (checkpoint in state_dtype) or split."""
+
+    variant: str
+    state_dtype: str = "fp32"
+    window: int | None = None
+    read_dtype: str | None = None
+
+    def __post_init__(self):
+        if self.variant not in VARIANTS:
+            raise ValueError(f"quality variant must be one of {', '.join(VARIANTS)}, got {self.variant!r}")
+        if self.state_dtype not in ("fp32", "bf16", "fp16"):
+            raise ValueError(f"state dtype must be fp32, bf16 or fp16, got {self.state_dtype!r}")
+        if self.variant == "conventional":
+            if self.window is not None or self.read_dtype is not None:
+                raise ValueError("a conventional config takes no window and no read dtype")
+            return
+        if not isinstance(self.window, int) or self.window < 1:
+            raise ValueError(f"a {self.variant} config needs a window of at least 1, got {self.window!r}")
+        if self.variant == "split":
+            if self.state_dtype != "fp32" or self.read_dtype not in ("bf16", "fp16", "fp8"):
+                raise ValueError("a split config needs an fp32 checkpoint and a bf16, fp16 or fp8 read copy")
+        elif self.read_dtype is not None:
+            raise ValueError("a replay config takes no read dtype (that is the split variant)")
+
+    def label(self) -> str:
+        if self.variant == "conventional":
+            return f"conventional {self.state_dtype}"
+        if self.variant == "replay":
+            return f"replay W{self.window} {self.state_dtype}"
+        return f"split W{self.window} fp32+{self.read_dtype}"
+
+    def key(self) -> tuple[str, str, int | None, str | None]:
+        return (self.variant, self.state_dtype, self.window, self.read_dtype)
+
+
+def configs_for(windows: Sequence[int], state_dtypes: Sequence[str], read_dtypes: Sequence[str]) -> list[Config]:
+    """Every conventional, replay and split config over these windows and dtypes."""
+    out = [Config("conventional", s) for s in state_dtypes]
+    out += [Config("replay", s, w) for w in windows for s in state_dtypes]
+    out += [Config("split", "fp32", w, r) for w in windows for r in read_dtypes]
+    return out
+
+
+@dataclass
+class Inputs:
+    """Per-step inputs of `heads` heads of one layer (prompt first), as float32 values the kernels receive.
+
+    Mamba-2: x (T, H, P), dt (T, H) raw, B and C (T, H, N) (each head's group row), A, D, dt_bias (H,).
+    GDN: q and k (T, H, K) L2-normalised (each value head's key head), v (T, H, V), g and beta (T, H).
+    """
+
+    op: str
+    tensors: dict[str, Any]
+    prompt: int
+    source: str
+    dt_softplus: bool = True
+    scale: float = 1.0
+
+    @property
+    def steps(self) -> int:
+        return int(self.tensors["x" if self.op == "mamba2" else "q"].shape[0])
+
+    @property
+    def generated(self) -> int:
+        return self.steps - self.prompt
+
+    @property
+    def heads(self) -> int:
+        return int(self.tensors["x" if self.op == "mamba2" else "v"].shape[1])
+
+    def dims(self) -> dict[str, int]:
+        t = self.tensors
+        if self.op == "mamba2":
+            return {"H": self.heads, "P": int(t["x"].shape[2]), "N": int(t["B"].shape[2])}
+        return {"H": self.heads, "K": int(t["q"].shape[2]), "V": int(t["v"].shape[2])}
+
+
+def _check_run(steps: int, prompt: int, heads: int) -> None:
+    if steps < 1:
+        raise ValueError(f"steps must be at least 1, got {steps}")
+    if prompt < 0:
+        raise ValueError(f"prompt must be 0 or more, got {prompt}")
+    if heads < 1:
+        raise ValueError(f"heads must be at least 1, got {heads}")
+
+
+def synthetic_inputs(
+    shape: SSMShape,
+    *,
+    a_range: tuple[float, float] = (1.0, 16.0),
+    dt_softplus: bool = True,
+    steps: int = DEFAULT_STEPS,
+    prompt: int = DEFAULT_PROMPT,
+    heads: int = DEFAULT_HEADS,
+    seed: int = 0,
+    io_dtype: str = IO_DTYPE,
+) -> Inputs:
+    """Inputs drawn like a real model's for `heads` heads of one layer of `shape`, `prompt` + `steps` tokens.
+
+    Decay rates -A = exp(A_log) are spread geometrically over `a_range` (the preset's A range) and paired
+    with softplus(dt_bias) spread over [1e-3, 1e-1], slowest with slowest, so the subset holds both the
+    heads that forget within a token and those that remember thousands of tokens; dt_t ~ N(0, 0.5^2)
+    around the bias. Mamba-2: x, B, C ~ N(0, 1), D = 1, all heads in one group (sharing B and C).
+    GDN: one key head for the value heads, q and k unit-norm, v ~ N(0, 1), beta = sigmoid(N(0, 1)),
+    g = -A softplus(a_t + dt_bias). Activations are rounded to `io_dtype` as they would arrive.
+    """
+    import torch
+
+    from replayssm_cli.dtypes import torch_dtype
+
+    _check_run(steps, prompt, heads)
+    lo, hi = float(a_range[0]), float(a_range[1])
+    if not 0 <= lo <= hi or hi <= 0:
+        raise ValueError(f"A range must satisfy 0 <= low <= high and high > 0, got {a_range}")
+    gen = torch.Generator().manual_seed(seed)
+    T = prompt + steps
+    io = torch_dtype(io_dtype)
+
+    def normal(*size):
+        return torch.randn(*size, generator=gen, dtype=torch.float32).to(io).float()
+
+    a = torch.exp(torch.linspace(math.log(max(lo, MIN_A)), math.log(max(hi, MIN_A)), heads, dtype=torch.float64))
+    dt_target = torch.exp(torch.linspace(math.log(DT_RANGE[0]), math.log(DT_RANGE[1]), heads, dtype=torch.float64))
+    dt_bias = (dt_target + torch.log(-torch.expm1(-dt_target))).float()
+    if shape.op == "mamba2":
+        P, N = shape.P, shape.N
+        if dt_softplus:
+            dt = (DT_NOISE * torch.randn(T, heads, generator=gen)).to(io).float()
+        else:
+            dt = (dt_target.float() * torch.exp(DT_NOISE * torch.randn(T, heads, generator=gen))).to(io).float()
+            dt_bias = torch.zeros(heads)
+        B, C = normal(T, 1, N), normal(T, 1, N)
+        tensors = {
+            "x": normal(T, heads, P),
+            "dt": dt,
+            "B": B.expand(T, heads, N).contiguous(),
+            "C": C.expand(T, heads, N).contiguous(),
+            "A": -a.float(),
+            "D": torch.ones(heads),
+            "dt_bias": dt_bias,
+        }
+        return Inputs("mamba2", tensors, prompt, f"synthetic (seed {seed})", dt_softplus)
+    if shape.op == "gdn":
+        K, V = shape.K, shape.V
+        q, k = _l2norm(normal(T, 1, K)), _l2norm(normal(T, 1, K))
+        a_in = normal(T, heads)
+        g = -a.float() * torch.nn.functional.softplus(a_in + dt_bias)
+        tensors = {
+            "q": q.expand(T, heads, K).contiguous(),
+            "k": k.expand(T, heads, K).contiguous(),
+            "v": normal(T, heads, V),
+            "g": g,
+            "beta": torch.sigmoid(normal(T, heads)),
+        }
+        return Inputs("gdn", tensors, prompt, f"synthetic (seed {seed})", True, K**-0.5)
+    raise ValueError(f"shape must be a Mamba2Shape or a GDNShape, got {shape!r}")
+
+
+def _l2norm(x):
+    import torch
+
+    return x / torch.sqrt((x * x).sum(-1, keepdim=True) + 1e-6)
+
+
+def trace_inputs(trace, *, heads: int = DEFAULT_HEADS, steps: int | None = None) -> Inputs:
+    """Inputs from a recorded trace (replayssm_cli.trace.Trace): its first `heads` heads, `steps` generated tokens."""
+    import torch
+
+    _check_run(steps if steps is not None else 1, trace.prompt_tokens, heads)
+    end = trace.steps if steps is None else min(trace.steps, trace.prompt_tokens + steps)
+    a = {k: torch.from_numpy(v) for k, v in trace.arrays.items()}
+    shape = trace.shape
+    if trace.op == "mamba2":
+        n = min(heads, shape.H)
+        group = torch.arange(n) // (shape.H // shape.G)
+        tensors = {
+            "x": a["x"][:end, :n],
+            "dt": a["dt"][:end, :n],
+            "B": a["B"][:end, group],
+            "C": a["C"][:end, group],
+            "A": a["A"][:n],
+            "D": a["D"][:n],
+            "dt_bias": a["dt_bias"][:n],
+        }
+        inputs = Inputs("mamba2", tensors, trace.prompt_tokens, f"trace {trace.model or 'unnamed'} layer {trace.layer}", trace.dt_softplus)
+    else:
+        n = min(heads, shape.HV)
+        key_head = torch.arange(n) // (shape.HV // shape.H)
+        tensors = {
+            "q": _l2norm(a["q"][:end, key_head]),
+            "k": _l2norm(a["k"][:end, key_head]),
+            "v": a["v"][:end, :n],
+            "g": a["g"][:end, :n],
+            "beta": a["beta"][:end, :n],
+        }
+        scale = trace.scale if trace.scale is not None else shape.K**-0.5
+        inputs = Inputs("gdn", tensors, trace.prompt_tokens, f"trace {trace.model or 'unnamed'} layer {trace.layer}", True, scale)
+    inputs.tensors = {k: v.float().contiguous() for k, v in inputs.tensors.items()}
+    return inputs
+
+
+@dataclass
+class ConfigErrors:
+    """One config's relative output error per generation-length bucket.
+
+    `buckets`: sqrt(sum |y - y64|^2 / sum |y64|^2) over the bucket's tokens; `worst`: the largest
+    per-token |y - y64| / |y64|; `kernel`: the same as `buckets` from the GPU kernels, when they ran.
+    """
+
+    config: Config
+    buckets: dict[str, float]
+    worst: dict[str, float]
+    kernel: dict[str, float] | None = None
+
+    @property
+    def longest_bucket(self) -> str:
+        return list(self.buckets)[-1]
+
+    @property
+    def longest(self) -> float:
+        """Error in the longest bucket, the larger of reference and kernel where both ran."""
+        label = self.longest_bucket
+        values = [self.buckets[label]]
+        if self.kernel and label in self.kernel:
+            values.append(self.kernel[label])
+        return max(values)
+
+    def to_dict(self) -> dict[str, Any]:
+        c = self.config
+        return {
+            "config": c.label(),
+            "variant": c.variant,
+            "state_dtype": c.state_dtype,
+            "window": c.window,
+            "read_dtype": c.read_dtype,
+            "buckets": self.buckets,
+            "worst_token": self.worst,
+            "kernel": self.kernel,
+            "longest": self.longest,
+        }
+
+
+@dataclass
+class Report:
+    """The quality run: what was run, on which inputs, and each config's errors."""
+
+    op: str
+    dims: dict[str, int]
+    prompt: int
+    steps: int
+    source: str
+    errors: list[ConfigErrors] = field(default_factory=list)
+    kernel_device: str | None = None
+    outputs: dict[Config, Any] | None = None
+
+    def get(self, config: Config) -> ConfigErrors | None:
+        for e in self.errors:
+            if e.config == config:
+                return e
+        return None
+
+    def error_of(self, key: tuple) -> float | None:
+        """The longest-bucket error of the config with this key (Config.key()), or None."""
+        for e in self.errors:
+            if e.config.key() == tuple(key):
+                return e.longest
+        return None
+
+    @property
+    def bucket_labels(self) -> list[str]:
+        return list(self.errors[0].buckets) if self.errors else []
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "op": self.op,
+            "dims": self.dims,
+            "prompt_tokens": self.prompt,
+            "generated_tokens": self.steps,
+            "source": self.source,
+            "kernel_device": self.kernel_device,
+            "metric": "relative L2 error of the layer output against fp64, per generation-length bucket",
+            "configs": [e.to_dict() for e in self.errors],
+        }
+
+
+def _bucket_slices(steps: int) -> list[tuple[str, int, int]]:
+    out = []
+    for label, first, last in BUCKETS:
+        if first > steps:
+            break
+        out.append((label, first - 1, steps if last is None else min(last, steps)))
+    return out
+
+
+def _summarise(err2, ref2) -> tuple[dict[str, float], dict[str, float]]:
+    buckets, worst = {}, {}
+    for label, a, b in _bucket_slices(len(ref2)):
+        e, r = err2[a:b], ref2[a:b]
+        buckets[label] = float(math.sqrt(e.sum() / max(r.sum(), 1e-300)))
+        worst[label] = float((e / r.clamp_min(1e-300)).sqrt().max())
+    return buckets, worst
+
+
+def _stored(S, dtype: str):
+    """S (fp32) as a state stored in `dtype`, read back as fp32."""
+    import torch
+
+    if dtype == "fp32":
+        return S.clone()
+    return S.to({"bf16": torch.bfloat16, "fp16": torch.float16}[dtype]).float()
+
+
+def _store_each(S, configs: list[Config]):
+    """Round slice i of S in place to configs[i]'s state dtype; returns S."""
+    for i, c in enumerate(configs):
+        if c.state_dtype != "fp32":
+            S[i] = _stored(S[i], c.state_dtype)
+    return S
+
+
+def _read_copy(S, dtype: str | None):
+    """The read copy of checkpoint S as the split kernel sees it: bf16/fp16, or fp8 e4m3 with a scale per row."""
+    import torch
+
+    if dtype is None:
+        return S.clone()
+    if dtype == "fp8":
+        scale = S.abs().amax(-1, keepdim=True).clamp_min(1e-30) / FP8_MAX
+        return (S / scale).to(torch.float8_e4m3fn).float() * scale
+    return _stored(S, dtype)
+
+
+class _Windows:
+    """Fill counters and cumulative log decays Λ of each distinct window, kept in ring-slot order.
+
+    Generated token g sits in slot g % Wmax; every per-entry tensor here is indexed by slot, so the
+    per-config buffers are used in place, never gathered.
+    """
+
+    def __init__(self, windows: list[int], heads: int):
+        import torch
+
+        self.sizes = torch.tensor(windows)
+        self.wmax = max(windows)
+        self.fill = torch.zeros(len(windows), dtype=torch.long)
+        self.lam = torch.zeros(len(windows), heads)
+        self.ring = torch.zeros(len(windows), self.wmax, heads)
+        self.slots = torch.arange(self.wmax)
+
+    def age(self, g: int):
+        """How many tokens before g each slot's entry was appended: (Wmax,)."""
+        return (g - self.slots) % self.wmax
+
+    def token(self, g: int, first: int):
+        """The input index of each slot's entry (entries older than the decode clamp to `first`)."""
+        return (first + g - self.age(g)).clamp_min(first)
+
+    def append(self, g: int, log_decay) -> None:
+        self.fill += 1
+        self.lam += log_decay
+        self.ring[:, g % self.wmax] = self.lam
+
+    def weights(self, g: int, *, before: bool = False):
+        """exp(Λ_now - Λ_j) per slot j, zero outside each window's buffer: (nW, Wmax, H).
+
+        With `before`, as seen just before token g is appended: from Λ_{g-1}, over the entries before g.
+        """
+        import torch
+
+        age = self.age(g)
+        lam = self.lam
+        if before:
+            valid = (age[None, :] >= 1) & (age[None, :] <= self.fill[:, None])
+        else:
+            valid = age[None, :] < self.fill[:, None]
+        diff = torch.where(valid[:, :, None], lam[:, None, :] - self.ring, -math.inf)
+        return torch.exp(diff)
+
+    def flushing(self) -> list[int]:
+        return (self.fill == self.sizes).nonzero().flatten().tolist()
+
+    def reset(self, i: int) -> None:
+        self.fill[i] = 0
+        self.lam[i] = 0
+
+
+@contextmanager
+def _one_thread():
+    """Run the step loop on one CPU thread: its tensors are small, and idle threads spin on a busy machine."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def _mv(S, *vectors):
+    """S (..., H, R, C) times per-head vectors (H, C): (..., H, R), or (..., H, R, m) for m vectors."""
+    import torch
+
+    if len(vectors) == 1:
+        return torch.matmul(S, vectors[0][:, :, None]).squeeze(-1)
+    return torch.matmul(S, torch.stack(vectors, -1))
+
+
+def run(
+    inputs: Inputs,
+    configs: Sequence[Config],
+    *,
+    on_step: Callable[[int], None] | None = None,
+    keep_outputs: bool = False,
+) -> Report:
+    """Run every config over the inputs' generated tokens and measure its output error against fp64.
+
+    The prompt tokens run once in fp64 (standing in for prefill, which writes the state once); each
+    config then starts from that state stored in its own precision and decodes every generated token
+    with the semantics of the kernels: conventional rounds the state on every store; replay rounds the
+    checkpoint at each flush and computes outputs from checkpoint plus buffer in fp32; split keeps an
+    fp32 checkpoint and reads a bf16/fp16/fp8 copy of it on non-flush steps (GDN's flush first corrects
+    the buffered updates to what the full checkpoint gives, as the kernels do). Errors are taken on the
+    fp32 layer output (before the cast to the io dtype, which every variant shares). With keep_outputs,
+    report.outputs maps each config to its outputs (G, H, P) or (G, HV, V).
+    """
+    import torch
+
+    configs = list(configs)
+    if not configs:
+        raise ValueError("no quality configs to run")
+    if len(set(configs)) != len(configs):
+        raise ValueError("quality configs must be distinct")
+    if inputs.generated < 1:
+        raise ValueError("the inputs hold no generated token after the prompt")
+    with torch.no_grad(), _one_thread():
+        if inputs.op == "mamba2":
+            err2, ref2, ys = _run_mamba2(inputs, configs, on_step, keep_outputs)
+        elif inputs.op == "gdn":
+            err2, ref2, ys = _run_gdn(inputs, configs, on_step, keep_outputs)
+        else:
+            raise ValueError(f"inputs op must be mamba2 or gdn, got {inputs.op!r}")
+    report = Report(inputs.op, inputs.dims(), inputs.prompt, inputs.generated, inputs.source)
+    for i, c in enumerate(configs):
+        buckets, worst = _summarise(err2[i], ref2)
+        report.errors.append(ConfigErrors(c, buckets, worst))
+    if keep_outputs:
+        report.outputs = {c: ys[i] for i, c in enumerate(configs)}
+    return report
+
+
+def _out_dims(inputs: Inputs) -> tuple[int, int]:
+    d = inputs.dims()
+    return (d["H"], d["P"] if inputs.op == "mamba2" else d["V"])
+
+
+def _split_configs(configs: list[Config]):
+    conv = [c for c in configs if c.variant == "conventional"]
+    rep = [c for c in configs if c.variant != "conventional"]
+    windows = sorted({c.window for c in rep})
+    return conv, rep, windows
+
+
+def _mamba2_params(inputs: Inputs, dtype):
+    import torch.nn.functional as F
+
+    t = {k: v.to(dtype) for k, v in inputs.tensors.items()}
+    delta = F.softplus(t["dt"] + t["dt_bias"]) if inputs.dt_softplus else t["dt"]
+    return t["x"], t["B"], t["C"], t["D"], delta, t["A"] * delta
+
+
+def _mamba2_update(S, log_a, delta, x, B):
+    import torch
+
+    return torch.exp(log_a)[:, None, None] * S + (delta[:, None] * x)[:, :, None] * B[:, None, :]
+
+
+def _run_mamba2(inputs: Inputs, configs: list[Config], on_step, keep: bool):
+    import torch
+
+    x, B, C, D, delta, log_a = _mamba2_params(inputs, torch.float32)
+    x64, B64, C64, D64, delta64, log_a64 = _mamba2_params(inputs, torch.float64)
+    H = x.shape[1]
+    S64 = _prompt_state(inputs)
+
+    conv, rep, windows = _split_configs(configs)
+    order = conv + rep
+    Sc = torch.stack([_stored(S64.float(), c.state_dtype) for c in conv]) if conv else None
+    S0 = [_stored(S64.float(), c.state_dtype) for c in rep]
+    Rd = torch.stack([_read_copy(s, c.read_dtype) for s, c in zip(S0, rep)]) if rep else None
+    win = _Windows(windows, H) if rep else None
+    cfg_w = torch.tensor([windows.index(c.window) for c in rep], dtype=torch.long)
+
+    G = inputs.generated
+    err2 = torch.zeros(len(order), G, dtype=torch.float64)
+    ref2 = torch.zeros(G, dtype=torch.float64)
+    kept = torch.empty(len(order), G, *_out_dims(inputs)) if keep else None
+    for g in range(G):
+        s = inputs.prompt + g
+        S64 = _mamba2_update(S64, log_a64[s], delta64[s], x64[s], B64[s])
+        y64 = _mv(S64, C64[s]) + D64[:, None] * x64[s]
+        ref2[g] = (y64 * y64).sum()
+        skip = D[:, None] * x[s]
+        ys = []
+        if conv:
+            Snew = _mamba2_update(Sc, log_a[s], delta[s], x[s], B[s])
+            ys.append(_mv(Snew, C[s]) + skip)
+            Sc = _store_each(Snew, conv)
+        if rep:
+            win.append(g, log_a[s])
+            tok = win.token(g, inputs.prompt)
+            wts = win.weights(g)
+            # Buffer entry j contributes exp(Λ_t - Λ_j) Δ_j (B_j · C_t) x_j to the output (DESIGN.md §2).
+            coef = wts * (delta[tok] * (B[tok] * C[s]).sum(-1))[None]
+            buf_y = torch.einsum("wjh,jhp->whp", coef, x[tok])
+            y_rep = torch.exp(win.lam[cfg_w])[:, :, None] * _mv(Rd, C[s]) + buf_y[cfg_w] + skip
+            for w in win.flushing():
+                fold = torch.einsum("jh,jhp,jhn->hpn", wts[w] * delta[tok], x[tok], B[tok])
+                decay = torch.exp(win.lam[w])[:, None, None]
+                for i, c in enumerate(rep):
+                    if cfg_w[i] != w:
+                        continue
+                    Snew = decay * S0[i] + fold
+                    y_rep[i] = _mv(Snew, C[s]) + skip
+                    S0[i] = _stored(Snew, c.state_dtype)
+                    Rd[i] = _read_copy(S0[i], c.read_dtype)
+                win.reset(w)
+            ys.append(y_rep)
+        y = torch.cat(ys).double()
+        err2[:, g] = ((y - y64) ** 2).sum((1, 2))
+        if keep:
+            kept[:, g] = y
+        if on_step is not None:
+            on_step(g + 1)
+    return _reorder(err2, order, configs), ref2, _reorder(kept, order, configs) if keep else None
+
+
+def _gdn_params(inputs: Inputs, dtype):
+    t = {k: v.to(dtype) for k, v in inputs.tensors.items()}
+    return t["q"] * inputs.scale, t["k"], t["v"], t["g"], t["beta"]
+
+
+def _gdn_step(S, q, k, v, g, beta):
+    """One conventional Gated DeltaNet step on S (..., H, V, K): (new state, output)."""
+    import torch
+
+    alpha = torch.exp(g)
+    u = beta[:, None] * (v - alpha[:, None] * _mv(S, k))
+    Snew = alpha[:, None, None] * S + u[..., :, None] * k[:, None, :]
+    return Snew, _mv(Snew, q)
+
+
+def _run_gdn(inputs: Inputs, configs: list[Config], on_step, keep: bool):
+    import torch
+
+    q, k, v, gl, beta = _gdn_params(inputs, torch.float32)
+    q64, k64, v64, g64, beta64 = _gdn_params(inputs, torch.float64)
+    H, V = v.shape[1], v.shape[2]
+    S64 = _prompt_state(inputs)
+
+    conv, rep, windows = _split_configs(configs)
+    order = conv + rep
+    Sc = torch.stack([_stored(S64.float(), c.state_dtype) for c in conv]) if conv else None
+    S0 = [_stored(S64.float(), c.state_dtype) for c in rep]
+    Rd = torch.stack([_read_copy(s_, c.read_dtype) for s_, c in zip(S0, rep)]) if rep else None
+    win = _Windows(windows, H) if rep else None
+    cfg_w = torch.tensor([windows.index(c.window) for c in rep], dtype=torch.long)
+    # The buffer caches the corrected update u_j, so each config keeps its own ring of them.
+    u_ring = torch.zeros(len(rep), win.wmax if rep else 1, H, V)
+
+    G = inputs.generated
+    err2 = torch.zeros(len(order), G, dtype=torch.float64)
+    ref2 = torch.zeros(G, dtype=torch.float64)
+    kept = torch.empty(len(order), G, *_out_dims(inputs)) if keep else None
+    for g in range(G):
+        s = inputs.prompt + g
+        S64, y64 = _gdn_step(S64, q64[s], k64[s], v64[s], g64[s], beta64[s])
+        ref2[g] = (y64 * y64).sum()
+        ys = []
+        if conv:
+            Snew, y = _gdn_step(Sc, q[s], k[s], v[s], gl[s], beta[s])
+            ys.append(y)
+            Sc = _store_each(Snew, conv)
+        if rep:
+            alpha = torch.exp(gl[s])
+            tok = win.token(g, inputs.prompt)
+            kk = (k[tok] * k[s]).sum(-1)
+            kq = (k[tok] * q[s]).sum(-1)
+            w_prev, lam_prev = win.weights(g, before=True), win.lam.clone()
+            Rkq = _mv(Rd, k[s], q[s])
+            u = _gdn_u(Rkq[..., 0], lam_prev[cfg_w], w_prev[cfg_w], kk, u_ring, v[s], alpha, beta[s])
+            u_ring[:, g % win.wmax] = u
+            win.append(g, gl[s])
+            w_now = win.weights(g)
+            y_rep = torch.exp(win.lam[cfg_w])[:, :, None] * Rkq[..., 1] + torch.einsum(
+                "cjh,cjhv->chv", w_now[cfg_w] * kq[None], u_ring
+            )
+            for w in win.flushing():
+                members = [i for i in range(len(rep)) if cfg_w[i] == w]
+                sel = torch.tensor(members)
+                S0w = torch.stack([S0[i] for i in members])
+                split = [j for j, i in enumerate(members) if rep[i].read_dtype is not None]
+                if split:
+                    fixed = _exact_updates(
+                        S0w[split] - Rd[sel[split]], u_ring[sel[split]], win, w, g, k, beta, inputs.prompt
+                    )
+                    u_ring[sel[split]] = fixed
+                # A flush step reads the full-precision checkpoint and exact updates, never the read copy.
+                u_f = _gdn_u(
+                    _mv(S0w, k[s]),
+                    lam_prev[w].expand(len(members), H),
+                    w_prev[w].expand(len(members), *w_prev.shape[1:]),
+                    kk,
+                    u_ring[sel],
+                    v[s],
+                    alpha,
+                    beta[s],
+                )
+                u_ring[sel, g % win.wmax] = u_f
+                fold = torch.einsum("jh,cjhv,jhk->chvk", w_now[w], u_ring[sel], k[tok])
+                Snew = torch.exp(win.lam[w])[None, :, None, None] * S0w + fold
+                y_rep[sel] = _mv(Snew, q[s])
+                for j, i in enumerate(members):
+                    S0[i] = _stored(Snew[j], rep[i].state_dtype)
+                    Rd[i] = _read_copy(S0[i], rep[i].read_dtype)
+                win.reset(w)
+            ys.append(y_rep)
+        y = torch.cat(ys).double()
+        err2[:, g] = ((y - y64) ** 2).sum((1, 2))
+        if keep:
+            kept[:, g] = y
+        if on_step is not None:
+            on_step(g + 1)
+    return _reorder(err2, order, configs), ref2, _reorder(kept, order, configs) if keep else None
+
+
+def _exact_updates(D, entries, win: _Windows, w: int, g: int, k, beta, prompt: int):
+    """The buffered updates u_j of split configs as the full checkpoint gives them (the kernels' flush).
+
+    Non-flush steps computed u_j from the read copy; with D = checkpoint - copy carried through the
+    entries (D_j = a_j D_{j-1} + d_j k_jᵀ), u_j + d_j with d_j = -beta_j a_j D_{j-1} k_j is the update of
+    the full-precision recurrence. D (m, H, V, K) and entries (m, Wmax, H, V) in slot order; returns entries.
+    """
+    import torch
+
+    entries = entries.clone()
+    lam_prev = torch.zeros_like(win.lam[w])
+    for age in range(int(win.fill[w]) - 1, 0, -1):
+        slot = (g - age) % win.wmax
+        t = prompt + g - age
+        lam = win.ring[w, slot]
+        a = torch.exp(lam - lam_prev)
+        d = -beta[t][:, None] * a[:, None] * _mv(D, k[t])
+        D = a[:, None, None] * D + d[..., :, None] * k[t][:, None, :]
+        entries[:, slot] += d
+        lam_prev = lam
+    return entries
+
+
+def _gdn_u(Rk, lam_prev, w_prev, kk, entries, v_t, alpha, beta_t):
+    """u_t = beta (v - alpha S_{t-1} k_t), with S_{t-1} k_t = exp(Λ_{t-1}) R k_t plus the buffer's terms."""
+    import torch
+
+    Sk = torch.exp(lam_prev)[:, :, None] * Rk + torch.einsum("cjh,cjhv->chv", w_prev * kk[None], entries)
+    return beta_t[:, None] * (v_t - alpha[:, None] * Sk)
+
+
+def _reorder(err2, order: list[Config], configs: list[Config]):
+    pos = {c: i for i, c in enumerate(order)}
+    return err2[[pos[c] for c in configs]]
+
+
+def _ops(op: str, backend: str):
+    """(decode, replay, ReplayCache) of the kernels or of their plain-torch references."""
+    import importlib
+
+    if backend not in ("kernels", "reference"):
+        raise ValueError(f"backend must be 'kernels' or 'reference', got {backend!r}")
+
+    def find(name: str, module: str):
+        package = importlib.import_module(f"replayssm_kernels.{op}")
+        found = getattr(package, name, None)
+        return found if found is not None else getattr(importlib.import_module(f"replayssm_kernels.{op}.{module}"), name)
+
+    cache = find("ReplayCache", "cache")
+    if backend == "kernels":
+        return find("decode", "decode"), find("replay", "replay"), cache
+    return find("decode_ref", "reference"), find("replay_ref", "reference"), cache
+
+
+def stepwise_outputs(inputs: Inputs, config: Config, *, backend: str = "kernels", device: str = "cuda"):
+    """The fp32 outputs (G, H, P) or (G, HV, V) of one config, stepping the kernels (or references) token by token.
+
+    One sequence; every head its own group (Mamba-2) or key head (GDN); io dtype fp32, so the output is
+    compared before any cast; the state after the prompt comes from the fp64 run, stored as `run` stores it.
+    """
+    import torch
+
+    from replayssm_cli.dtypes import torch_dtype
+
+    decode, replay, ReplayCache = _ops(inputs.op, backend)
+    dev = torch.device(device)
+    t = {k: v.to(dev) for k, v in inputs.tensors.items()}
+    d = inputs.dims()
+    H = d["H"]
+    if inputs.op == "mamba2":
+        kw = dict(D=t["D"], dt_bias=t["dt_bias"], dt_softplus=inputs.dt_softplus)
+        dims = dict(H=H, P=d["P"], N=d["N"], G=H)
+
+        def step_args(s):
+            return (t["x"][s : s + 1], t["dt"][s : s + 1], t["A"], t["B"][s : s + 1], t["C"][s : s + 1])
+    else:
+        kw = dict(scale=inputs.scale)
+        dims = dict(H=H, HV=H, K=d["K"], V=d["V"])
+
+        def step_args(s):
+            return tuple(t[n][s : s + 1] for n in ("q", "k", "v", "g", "beta"))
+
+    with _one_thread():
+        state = _prompt_state(inputs).float()
+    G = inputs.generated
+    ys = torch.full((G, H, d.get("P", d.get("V"))), float("nan"), dtype=torch.float32, device=dev)
+    with torch.no_grad(), _one_thread():
+        if config.variant == "conventional":
+            pool = state.to(torch_dtype(config.state_dtype)).to(dev)[None].contiguous()
+            for g in range(G):
+                ys[g] = decode(pool, *step_args(inputs.prompt + g), **kw)[0]
+        else:
+            cache = ReplayCache.create(
+                1, *dims.values(), config.window,
+                state_dtype=config.state_dtype, read_dtype=config.read_dtype, io_dtype="fp32", device=dev,
+            )
+            cache.load(state.to(dev)[None].contiguous())
+            for g in range(G):
+                ys[g] = replay(cache, *step_args(inputs.prompt + g), **kw)[0]
+    return ys.cpu()
+
+
+def run_kernels(
+    inputs: Inputs,
+    configs: Sequence[Config],
+    *,
+    backend: str = "kernels",
+    device: str = "cuda",
+    on_config: Callable[[int], None] | None = None,
+) -> dict[Config, dict[str, float]]:
+    """Bucketed errors against fp64 of each config run token by token through the kernels (or references)."""
+    with _one_thread():
+        ref = _reference_outputs(inputs)
+    ref2 = (ref**2).sum((1, 2))
+    out: dict[Config, dict[str, float]] = {}
+    for i, c in enumerate(configs):
+        ys = stepwise_outputs(inputs, c, backend=backend, device=device).double()
+        out[c] = _summarise(((ys - ref) ** 2).sum((1, 2)), ref2)[0]
+        if on_config is not None:
+            on_config(i + 1)
+    return out
+
+
+def _prompt_state(inputs: Inputs):
+    """The fp64 state after the prompt tokens, (H, P, N) or (HV, V, K)."""
+    import torch
+
+    if inputs.op == "mamba2":
+        x, B, _, _, delta, log_a = _mamba2_params(inputs, torch.float64)
+        S = torch.zeros(x.shape[1], x.shape[2], B.shape[2], dtype=torch.float64)
+        for s in range(inputs.prompt):
+            S = _mamba2_update(S, log_a[s], delta[s], x[s], B[s])
+        return S
+    q, k, v, g, beta = _gdn_params(inputs, torch.float64)
+    S = torch.zeros(v.shape[1], v.shape[2], k.shape[2], dtype=torch.float64)
+    for s in range(inputs.prompt):
+        S, _ = _gdn_step(S, q[s], k[s], v[s], g[s], beta[s])
+    return S
+
+
+def _reference_outputs(inputs: Inputs):
+    """fp64 outputs of the generated tokens, (G, H, P) or (G, HV, V)."""
+    import torch
+
+    S = _prompt_state(inputs)
+    G, p = inputs.generated, inputs.prompt
+    if inputs.op == "mamba2":
+        x, B, C, D, delta, log_a = _mamba2_params(inputs, torch.float64)
+        ys = torch.empty(G, x.shape[1], x.shape[2], dtype=torch.float64)
+        for g in range(G):
+            s = p + g
+            S = _mamba2_update(S, log_a[s], delta[s], x[s], B[s])
+            ys[g] = _mv(S, C[s]) + D[:, None] * x[s]
+        return ys
+    q, k, v, gl, beta = _gdn_params(inputs, torch.float64)
+    ys = torch.empty(G, v.shape[1], v.shape[2], dtype=torch.float64)
+    for g in range(G):
+        s = p + g
+        S, ys[g] = _gdn_step(S, q[s], k[s], v[s], gl[s], beta[s])
+    return ys

@@ -1,0 +1,314 @@
+"""`replayssm tune`: the decision logic on crafted numbers, and the command on crafted results files."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from replayssm_cli import trace as trace_mod
+from replayssm_cli import tuner
+from replayssm_cli.main import app
+from replayssm_cli.tuner import Candidate, Timing
+
+FIXTURES = Path(__file__).parent / "fixtures"
+MAMBA2_RESULTS = FIXTURES / "tune_mamba2_h200.json"
+GDN_RESULTS = FIXTURES / "tune_gdn_h200.json"
+SUPER, QWEN = "nemotron-3-super-120b-a12b", "qwen3.5-122b-a10b"
+# A short quality run: 300 generated tokens of 2 heads is enough to separate bf16 states (~3e-3) from a
+# bf16 read copy (~3e-4) and fp8 (~4e-3) at the default 1e-3 budget.
+QUICK = ("--steps", "300", "--heads", "2")
+MIB = 2**20
+
+
+@pytest.fixture(autouse=True)
+def no_cuda(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+
+
+def invoke(*args: str):
+    return CliRunner().invoke(app, ["tune", *args])
+
+
+def run_json(*args: str) -> dict:
+    res = invoke(*args, *QUICK, "--json")
+    assert res.exit_code == 0, res.output
+    return json.loads(res.stdout)
+
+
+def decision(report: dict, batch: int, mode: str = "decode") -> dict:
+    return next(d for d in report["decisions"] if d["batch"] == batch and d["mode"].startswith(mode))
+
+
+def candidate(d: dict, label: str) -> dict:
+    return next(c for c in d["candidates"] if c["label"] == label)
+
+
+def _timing(us: float, spread: float = 0.02) -> Timing:
+    return Timing(us, us, spread, "measured")
+
+
+def _decide(times: dict, errors: dict | None = None, mem: dict | None = None, **kw):
+    cands = [c for c in tuner.candidates(windows=(16,), state_dtypes=("fp32", "bf16"), read_dtypes=("bf16",)) if c.label() in times]
+    return tuner.decide(
+        kw.pop("batch", 64),
+        cands,
+        timing=lambda c, b: times[c.label()],
+        error=lambda c: (errors or {}).get(c.label(), 1e-7),
+        memory=lambda c: {"state": (mem or {}).get(c.label(), MIB), "total": (mem or {}).get(c.label(), MIB)},
+        layers=kw.pop("layers", 10),
+        **kw,
+    )
+
+
+def test_decide_picks_the_fastest_within_both_budgets():
+    d = _decide({
+        "conventional fp32": _timing(100), "replay W16 fp32": _timing(60), "split W16 fp32+bf16": _timing(45),
+        "replay W16 bf16": _timing(40), "conventional bf16": _timing(50),
+    }, errors={"replay W16 bf16": 3e-3, "conventional bf16": 4e-3, "split W16 fp32+bf16": 3e-4})
+    assert d.replay_pays and d.choice.candidate.label() == "split W16 fp32+bf16"
+    assert d.choice.speedup == pytest.approx(100 / 45)
+    verdicts = {a.candidate.label(): (a.verdict, a.rejected_for) for a in d.assessments}
+    assert verdicts["replay W16 bf16"] == ("rejected", "error")
+    assert verdicts["conventional bf16"] == ("rejected", "error")
+    assert verdicts["replay W16 fp32"] == ("rejected", "slower")
+    assert verdicts["conventional fp32"] == ("rejected", "slower")
+    assert "batch 64: run split W16 fp32+bf16 (2.22x over conventional fp32)" == d.summary
+
+
+def test_decide_keeps_conventional_when_replay_is_within_the_spread():
+    d = _decide({"conventional fp32": _timing(100, 0.10), "replay W16 fp32": _timing(95, 0.10)})
+    assert not d.replay_pays and d.choice.candidate.label() == "conventional fp32"
+    rep = next(a for a in d.assessments if a.candidate.is_replay)
+    assert rep.rejected_for == "no-gain" and "1.05x over conventional fp32" in rep.reason
+    assert "ReplaySSM does not pay" in d.summary
+    # The same 5% with tight samples is a win.
+    d = _decide({"conventional fp32": _timing(100, 0.02), "replay W16 fp32": _timing(95, 0.02)})
+    assert d.replay_pays and d.choice.candidate.label() == "replay W16 fp32"
+
+
+def test_decide_rejects_over_the_memory_budget_with_the_arithmetic():
+    mem = {"conventional fp32": 4 * MIB, "replay W16 fp32": 5 * MIB}
+    times = {"conventional fp32": _timing(100), "replay W16 fp32": _timing(50)}
+    # 64 sequences x 10 layers x 5 MiB = 3200 MiB of replay against 2560 MiB of conventional.
+    d = _decide(times, mem=mem, memory_budget=3000 * MIB)
+    rep = next(a for a in d.assessments if a.candidate.is_replay)
+    assert rep.rejected_for == "memory"
+    assert rep.reason == "64 x 50 MiB = 3.12 GiB, over the 2.93 GiB budget (fits 60 sequences)"
+    assert d.choice.candidate.label() == "conventional fp32" and d.choice.seqs_fit == 75
+    d = _decide(times, mem=mem, memory_budget=1000 * MIB)
+    assert d.choice is None and d.summary == "no candidate meets the error and memory budgets"
+
+
+def test_decide_failed_and_unmeasured_candidates_are_rejected():
+    failed = Timing(float("nan"), float("nan"), 0.0, "measured", status="failed", note="failed its check against the reference (max error 4.0e-01)")
+    d = _decide({"conventional fp32": _timing(100), "replay W16 fp32": failed, "split W16 fp32+bf16": None})
+    got = {a.candidate.label(): a.rejected_for for a in d.assessments}
+    assert got == {"conventional fp32": "", "replay W16 fp32": "failed", "split W16 fp32+bf16": "unavailable"}
+    assert d.choice.candidate.label() == "conventional fp32" and d.choice.verdict == "recommended"
+
+
+def test_decide_breaks_a_tie_on_the_smaller_error():
+    d = _decide(
+        {"conventional fp32": _timing(100), "replay W16 fp32": _timing(50), "replay W16 bf16": _timing(50)},
+        errors={"replay W16 fp32": 1e-7, "replay W16 bf16": 5e-4},
+    )
+    assert d.choice.candidate.label() == "replay W16 fp32"
+
+
+def test_candidates_cover_the_grid():
+    cands = tuner.candidates(windows=(8, 16), state_dtypes=("fp32", "bf16"), read_dtypes=("bf16", "fp8"), drafts=(4,), accept_rate=0.5)
+    labels = [c.label() for c in cands]
+    assert labels[:2] == ["conventional fp32", "conventional bf16"]
+    assert "split W8 fp32+fp8" in labels and "spec-replay T4 W16 bf16" in labels and "spec-conventional T4 fp32" in labels
+    assert len(cands) == 2 + 4 + 4 + 2 + 4
+    spec = next(c for c in cands if c.draft)
+    assert spec.accepted == pytest.approx(0.5 + 0.25 + 0.125 + 0.0625)
+    assert Candidate("split", "fp32", 8, "fp8").quality_key() == ("split", "fp32", 8, "fp8")
+    assert Candidate("spec-replay", "bf16", 16, draft=4, accepted=2.0).quality_key() == ("replay", "bf16", 16, None)
+    assert Candidate("spec-conventional", "fp16", draft=4, accepted=2.0).quality_key() == ("conventional", "fp16", None, None)
+
+
+def test_timing_from_rows_prefers_staggered_and_counts_tokens():
+    rows = json.loads(GDN_RESULTS.read_text())["rows"]
+    c = Candidate("spec-replay", "fp32", 16, draft=4, accepted=2.0)
+    t = tuner.timing_from_rows(rows, c, 64, preset=QWEN)
+    assert t.us == 280.0 and t.us_per_token == pytest.approx(280.0 / 3.0) and t.source == "measured"
+    aligned = dict(rows[3], flush="aligned", us=10.0, us_per_token=10.0)
+    t = tuner.timing_from_rows([aligned, rows[3]], Candidate("replay", "fp32", 16), 64)
+    assert t.us == 95.0
+    assert tuner.timing_from_rows(rows, Candidate("replay", "fp32", 8), 64) is None
+
+
+def test_tune_picks_the_expected_answer_from_a_results_file():
+    report = run_json("--preset", SUPER, "--results", str(MAMBA2_RESULTS), "--batch", "1,16,256",
+                      "--window", "8,16", "--state-dtype", "fp32,bf16", "--read-dtype", "bf16,fp8")
+    assert report["timing"]["mode"] == "results" and report["baseline"] == "conventional fp32"
+    one, sixteen, big = decision(report, 1), decision(report, 16), decision(report, 256)
+    # Batch 1: everything ReplaySSM is slower or within the spread; bf16 state is over the error budget.
+    assert one["recommended"]["label"] == "conventional fp32" and not one["replay_pays"]
+    assert candidate(one, "split W16 fp32+bf16")["rejected_for"] == "no-gain"
+    assert candidate(one, "conventional bf16")["rejected_for"] == "error"
+    # Batch 16: 5% faster with 10-12% spreads is not a win.
+    assert sixteen["recommended"]["label"] == "conventional fp32"
+    assert "within the spread" in candidate(sixteen, "split W16 fp32+bf16")["reason"]
+    # Batch 256: split precision with a bf16 copy; fp8 faster but over budget; a failed kernel is out.
+    rec = big["recommended"]
+    assert rec["label"] == "split W16 fp32+bf16" and big["replay_pays"]
+    assert rec["speedup"] == pytest.approx(568 / 210) and rec["source"] == "measured"
+    assert rec["memory_per_layer"]["read_copy"] == 128 * 64 * 128 * 2 and rec["mem_per_seq"] == rec["memory_per_layer"]["total"] * 40
+    assert candidate(big, "split W16 fp32+fp8")["rejected_for"] == "error"
+    assert candidate(big, "replay W8 bf16")["rejected_for"] == "failed"
+    assert candidate(big, "replay W16 fp32")["rejected_for"] == "slower"
+    assert all(c["source"] == "measured" for d in report["decisions"] for c in d["candidates"])
+    quality = {c["config"]: c for c in report["quality"]["configs"]}
+    assert quality["conventional bf16"]["longest"] > 1e-3 > quality["split W16 fp32+bf16"]["longest"]
+
+
+def test_tune_memory_budget_turns_down_the_fastest():
+    report = run_json("--preset", SUPER, "--results", str(MAMBA2_RESULTS), "--batch", "256", "--window", "8,16",
+                      "--state-dtype", "fp32", "--read-dtype", "bf16", "--memory-budget", "50")
+    d = decision(report, 256)
+    split = candidate(d, "split W16 fp32+bf16")
+    assert split["rejected_for"] == "memory" and "over the 50 GiB budget" in split["reason"]
+    assert d["recommended"]["label"] == "replay W16 fp32"
+    assert d["recommended"]["seqs_fit"] == int(50 * 2**30 // d["recommended"]["mem_per_seq"])
+    assert report["memory_budget_bytes"] == 50 * 2**30
+
+
+def test_tune_speculative_groups_from_a_results_file():
+    report = run_json("--preset", QWEN, "--results", str(GDN_RESULTS), "--batch", "1,64", "--window", "16",
+                      "--state-dtype", "fp32", "--read-dtype", "none", "--draft", "4", "--accept-rate", "0.8")
+    assert [(d["batch"], d["mode"]) for d in report["decisions"]] == [
+        (1, "decode"), (1, "verify T=4 (2.36 accepted)"), (64, "decode"), (64, "verify T=4 (2.36 accepted)"),
+    ]
+    assert decision(report, 1)["recommended"]["label"] == "conventional fp32"
+    assert decision(report, 64)["recommended"]["label"] == "replay W16 fp32"
+    spec = decision(report, 64, "verify")
+    assert spec["recommended"]["label"] == "spec-replay T4 W16 fp32" and spec["baseline"] == "spec-conventional T4 fp32"
+    assert spec["recommended"]["speedup"] == pytest.approx(900 / 280)
+    assert spec["recommended"]["us_per_token"] == pytest.approx(280 / 3.3616)
+
+
+def test_tune_predicts_what_the_results_file_lacks():
+    report = run_json("--preset", SUPER, "--results", str(MAMBA2_RESULTS), "--batch", "256", "--window", "16,32",
+                      "--state-dtype", "fp32", "--read-dtype", "bf16")
+    d = decision(report, 256)
+    assert candidate(d, "replay W16 fp32")["source"] == "measured"
+    w32 = candidate(d, "replay W32 fp32")
+    assert w32["source"] == "predicted" and w32["time_note"].startswith("x") and "replay at batch 256" in w32["time_note"]
+    # Scaled by how far the measured replay and split rows of batch 256 ran from their own predictions.
+    from replayssm_cli import gpus, presets
+    from replayssm_cli.tuner import Candidate, predicted_timing
+    p = presets.resolve(SUPER)
+    ceilings = gpus.Ceilings.from_dict(json.loads(MAMBA2_RESULTS.read_text())["environment"]["ceilings"])
+    ratios = sorted(m / predicted_timing(p.shape, c, 256, ceilings).us for c, m in (
+        (Candidate("replay", "fp32", 16), 320.0), (Candidate("split", "fp32", 16, "bf16"), 210.0)))
+    raw = predicted_timing(p.shape, Candidate("replay", "fp32", 32), 256, ceilings).us
+    assert w32["us_per_token"] == pytest.approx(raw * sum(ratios) / 2)
+
+
+def test_tune_measures_on_a_gpu_through_the_profiler(monkeypatch):
+    """With CUDA and no --results, tune profiles its candidates and runs the quality check on the kernels too."""
+    from replayssm_cli import profile as prof
+    from replayssm_cli import quality, results
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    measured = results.load(MAMBA2_RESULTS)
+    seen = {}
+
+    def fake_run_profile(spec, **kw):
+        seen.update(spec=spec, kw=kw)
+        return SimpleNamespace(results=measured, path=Path("runs/tune.json"), interrupted=False, gpu_name="NVIDIA H200")
+
+    monkeypatch.setattr(prof, "run_profile", fake_run_profile)
+    monkeypatch.setattr(quality, "run_kernels", lambda inputs, configs, **kw: {c: {"1-128": 1e-7, "129-1k": 2e-7} for c in configs})
+    report = run_json("--preset", SUPER, "--batch", "256", "--window", "8,16", "--state-dtype", "bf16", "--read-dtype", "bf16")
+    spec = seen["spec"]
+    assert (spec.presets, spec.batches, spec.windows) == ((SUPER,), (256,), (8, 16))
+    assert spec.state_dtypes == ("fp32", "bf16") and spec.read_dtypes == ("bf16",) and seen["kw"]["require_gpu"]
+    assert report["timing"]["mode"] == "measured" and report["timing"]["results_file"] == "runs/tune.json"
+    assert decision(report, 256)["recommended"]["label"] == "split W16 fp32+bf16"
+    assert report["quality"]["kernel_device"] == "cuda" and all(c["kernel"] for c in report["quality"]["configs"])
+
+
+def test_tune_predicts_without_a_gpu_and_says_so(tmp_path):
+    out = tmp_path / "tune.json"
+    res = invoke("--preset", QWEN, "--gpu", "h200", "--batch", "1,256", "--window", "16", "--out", str(out), *QUICK)
+    assert res.exit_code == 0, res.output
+    assert "no CUDA GPU here: predicting" in res.stderr
+    assert "Recommendation" in res.stdout and "predicted" in res.stdout and "every candidate" in res.stdout
+    report = json.loads(out.read_text())
+    assert report["timing"]["mode"] == "predicted"
+    assert {c["source"] for d in report["decisions"] for c in d["candidates"]} == {"predicted"}
+    assert report["quality"]["op"] == "gdn" and report["quality"]["generated_tokens"] == 300
+
+
+def test_tune_runs_quality_on_a_trace(tmp_path):
+    rng = np.random.default_rng(1)
+    T, H, P, N, G = 140, 4, 64, 128, 1
+    arrays = {
+        "x": rng.standard_normal((T, H, P)), "dt": 0.5 * rng.standard_normal((T, H)),
+        "B": rng.standard_normal((T, G, N)), "C": rng.standard_normal((T, G, N)),
+        "A": -np.linspace(1, 16, H), "D": np.ones(H), "dt_bias": np.linspace(-6.9, -2.25, H),
+    }
+    path = trace_mod.write(tmp_path / "t.npz", trace_mod.Trace("mamba2", arrays, prompt_tokens=40, model="tiny", layer=2))
+    res = invoke("--preset", SUPER, "--results", str(MAMBA2_RESULTS), "--batch", "256", "--window", "16",
+                 "--state-dtype", "fp32", "--read-dtype", "bf16", "--trace", str(path), "--json")
+    assert res.exit_code == 0, res.output
+    q = json.loads(res.stdout)["quality"]
+    assert q["source"] == "trace tiny layer 2" and q["generated_tokens"] == 100 and q["prompt_tokens"] == 40
+    assert "quality runs the trace's dimensions" in " ".join(res.stderr.split())
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        ((), "tune needs a preset"),
+        (("--preset", "no-such-model"), "unknown preset"),
+        (("--preset", SUPER, "--window", "0"), "--window 0 is out of range"),
+        (("--preset", SUPER, "--window", "65"), "--window 65 is out of range"),
+        (("--preset", SUPER, "--batch", "x"), "--batch 'x' is not an integer"),
+        (("--preset", SUPER, "--batch", "0"), "--batch 0 is not a batch size"),
+        (("--preset", SUPER, "--state-dtype", "fp64"), "--state-dtype 'fp64'"),
+        (("--preset", SUPER, "--read-dtype", "int8"), "--read-dtype 'int8'"),
+        (("--preset", SUPER, "--io-dtype", "fp8"), "--io-dtype 'fp8'"),
+        (("--preset", SUPER, "--draft", "9"), "--draft 9 is out of range"),
+        (("--preset", SUPER, "--accept-rate", "1.5"), "--accept-rate 1.5"),
+        (("--preset", SUPER, "--error-budget", "0"), "--error-budget 0.0 must be positive"),
+        (("--preset", SUPER, "--memory-budget", "-1"), "--memory-budget -1.0"),
+        (("--preset", SUPER, "--heads", "0"), "--heads 0"),
+        (("--preset", SUPER, "--tp", "3"), "tp=3 does not divide"),
+        (("--preset", SUPER, "--results", "missing.json"), "does not exist"),
+        (("--preset", QWEN, "--results", str(MAMBA2_RESULTS)), f"has no rows for preset {QWEN}"),
+        (("--preset", SUPER, "--gpu", "no-such-gpu"), "unknown GPU"),
+        (("--preset", QWEN, "--gpu", "h200", "--trace", "missing.npz"), "trace file missing.npz does not exist"),
+    ],
+    ids=lambda v: v if isinstance(v, str) else None,
+)
+def test_tune_bad_options_exit_with_one_line(args, message):
+    res = invoke(*args)
+    assert res.exit_code == 2, res.output
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error:") and message in lines[0], res.stderr
+
+
+def test_tune_trace_of_the_wrong_op(tmp_path):
+    rng = np.random.default_rng(0)
+    q = rng.standard_normal((20, 1, 8))
+    arrays = {"q": q, "k": q, "v": rng.standard_normal((20, 2, 4)), "g": -np.ones((20, 2)) * 0.1, "beta": np.full((20, 2), 0.5)}
+    path = trace_mod.write(tmp_path / "gdn.npz", trace_mod.Trace("gdn", arrays, prompt_tokens=5))
+    res = invoke("--preset", SUPER, "--gpu", "h200", "--trace", str(path))
+    assert res.exit_code == 2
+    assert "is from a gdn layer but preset nemotron-3-super-120b-a12b is mamba2" in res.stderr
+
+
+def test_tune_help_has_examples():
+    res = CliRunner().invoke(app, ["tune", "--help"])
+    assert res.exit_code == 0
+    assert "Examples" in res.stdout and "replayssm tune --preset" in res.stdout
