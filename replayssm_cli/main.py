@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 
 from replayssm_cli import __version__
-from replayssm_cli.commands import check, compare, cost, gpu, presets, profile, roofline, tune
+from replayssm_cli.commands import check, compare, cost, e2e, gpu, presets, profile, roofline, tune
 
 app = typer.Typer(
     name="replayssm",
@@ -36,6 +36,7 @@ def main(
 app.command("profile")(profile.profile)
 app.command("roofline")(roofline.roofline)
 app.command("tune")(tune.tune)
+app.command("e2e")(e2e.e2e)
 app.command("cost")(cost.cost)
 app.command("compare")(compare.compare)
 app.command("check")(check.check)

@@ -1,0 +1,187 @@
+"""`replayssm e2e`: time one decode step of a whole hybrid model per batch and context, conventional against ReplaySSM."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+
+from replayssm_cli.dtypes import ReadDtype, StateDtype
+from replayssm_cli.errors import UserError, cli_command
+
+EXIT_INTERRUPTED = 130
+EXIT_FAILED = 1
+WIDE = 200
+
+
+def _ints(values: list[str] | None, option: str) -> tuple[int, ...]:
+    out: list[int] = []
+    for part in (p.strip() for v in values or [] for p in v.split(",")):
+        if not part:
+            continue
+        try:
+            out.append(int(part))
+        except ValueError:
+            raise UserError(f"{option} {part!r} is not an integer", f"e.g. {option} 1,16,64") from None
+    return tuple(dict.fromkeys(out))
+
+
+def _words(values: list[str] | None) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(p.strip() for v in values or [] for p in v.split(",") if p.strip()))
+
+
+@cli_command
+def e2e(
+    preset: Annotated[
+        Optional[list[str]],
+        typer.Option("--preset", "-p", help="Model preset or preset file; repeat for several. [default: one Mamba-2 and one GDN preset]"),
+    ] = None,
+    batch: Annotated[Optional[list[str]], typer.Option("--batch", "-b", help="Batch sizes, comma-separated or repeated. [default: 1,16,64,256]")] = None,
+    context: Annotated[
+        Optional[list[str]], typer.Option("--context", "-c", help="Tokens already in the KV cache, comma-separated or repeated. [default: 4096]")
+    ] = None,
+    window: Annotated[int, typer.Option("--window", "-w", help="ReplaySSM window W (1-64).")] = 16,
+    state_dtype: Annotated[
+        Optional[StateDtype], typer.Option("--state-dtype", help="SSM state (checkpoint) dtype. [default: the preset's own]", show_default=False)
+    ] = None,
+    read_dtype: Annotated[ReadDtype, typer.Option("--read-dtype", help="Read-copy dtype of the split variant.")] = ReadDtype.bf16,
+    variant: Annotated[
+        Optional[list[str]], typer.Option("--variant", help="SSM variants: conventional, replay, split. [default: conventional,replay]")
+    ] = None,
+    tp: Annotated[int, typer.Option("--tp", help="Tensor-parallel degree: heads and MLP sizes as one GPU of the group sees them.")] = 1,
+    max_weights_gib: Annotated[
+        Optional[float],
+        typer.Option("--max-weights-gib", help="Cap on weight memory: MLP/MoE blocks then share weight sets round-robin. [default: 30% of free memory]", show_default=False),
+    ] = None,
+    gpu: Annotated[
+        Optional[str], typer.Option("--gpu", help="GPU whose memory and L2 a --dry-run plans for when no CUDA GPU is present. [default: h200]", show_default=False)
+    ] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the layer inventory and memory plan; allocate and time nothing (no GPU needed).")] = False,
+    out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Results file. [default: ./runs/<time>-<gpu>-e2e.json]", show_default=False)] = None,
+    json_: Annotated[bool, typer.Option("--json", help="JSON on stdout instead of tables.")] = False,
+) -> None:
+    """Time one decode step of a whole model: SSM layers through our kernels, attention over a KV cache, MLP/MoE, norms, LM head.
+
+    Random bf16 weights at the preset's shapes, real kernels, one CUDA graph per step. Reports the
+    time per output token (ITL), tokens per second, the share of the step in SSM layers, attention,
+    MLP/MoE and the rest, and ReplaySSM's end-to-end speedup. Prefill is not timed.
+
+    Examples:
+
+      replayssm e2e
+
+      replayssm e2e --preset nemotron-3-super-120b-a12b --batch 1,64,256 --context 4096,32768 --state-dtype fp32
+
+      replayssm e2e --preset qwen3.5-122b-a10b --dry-run --gpu h200 --json
+    """
+    from replayssm_cli import e2e as lib
+    from replayssm_cli import presets as presets_mod
+
+    spec = lib.E2ESpec(
+        presets=_words(preset) or presets_mod.DEFAULT_PRESETS,
+        batches=_ints(batch, "--batch") or lib.DEFAULT_BATCHES,
+        contexts=_ints(context, "--context") or lib.DEFAULT_CONTEXTS,
+        variants=_words(variant) or lib.DEFAULT_VARIANTS,
+        window=window,
+        state_dtype=state_dtype.value if state_dtype else None,
+        read_dtype=read_dtype.value,
+        tp=tp,
+        max_weights_gib=max_weights_gib,
+    )
+    spec.validate()
+    resolved = [presets_mod.resolve(name, tp) for name in spec.presets]
+    for p in resolved:
+        lib.inventory(p)
+    if dry_run:
+        _dry_run(lib, spec, resolved, gpu, json_)
+        return
+
+    import torch
+
+    if not torch.cuda.is_available():
+        raise UserError(
+            "the e2e estimate needs a CUDA GPU: it times the whole model's real kernels, and no prediction of the non-SSM layers is made",
+            "run it on a machine with an NVIDIA GPU, or pass --dry-run for the layer inventory and memory plan",
+        )
+    _measure(lib, spec, resolved, gpu, out, json_)
+
+
+def _dry_run(lib: Any, spec: Any, resolved: list[Any], gpu: str | None, json_: bool) -> None:
+    import torch
+
+    from replayssm_cli.console import out as stdout, print_json
+
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(0)
+        free = int(torch.cuda.mem_get_info()[0])
+        l2 = getattr(props, "L2_cache_size", None)
+        where = {"name": props.name, "memory": "free", "bytes": free, "l2_bytes": l2}
+    else:
+        from replayssm_cli import gpus
+
+        g = gpus.load_gpu(gpu or "h200")
+        free, l2 = int(g.memory_gib * lib.GIB), int(g.l2_mib * lib.MIB)
+        where = {"name": g.name, "key": g.key, "memory": "total (datasheet)", "bytes": free, "l2_bytes": l2}
+    entries = lib.dry_run(spec, resolved, free=free, l2_bytes=l2)
+    if json_:
+        print_json({"gpu": where, "spec": spec.to_dict(), "presets": entries, "notes": lib.notes(spec)})
+        return
+    console = _wide(stdout)
+    for p, entry in zip(resolved, entries):
+        console.print(lib.inventory_table(lib.inventory(p)))
+        console.print(lib.memory_table(entry, spec.batches))
+    console.print(
+        f"memory planned against {where['bytes'] / lib.GIB:.0f} GiB ({where['memory']}) of {where['name']}; "
+        f"state dtype {spec.state_dtype or 'each preset’s own'}; nothing was allocated or timed",
+        highlight=False,
+    )
+
+
+def _measure(lib: Any, spec: Any, resolved: list[Any], gpu: str | None, out: Path | None, json_: bool) -> None:
+    from replayssm_cli.console import err, note, out as stdout, print_json, warn
+    from replayssm_cli.results import ResultsWriter
+
+    if gpu:
+        warn("--gpu names the GPU a --dry-run plans for; the detected GPU is measured")
+    env = lib.environment()
+    path = out or lib.default_out(env["gpu"].get("key"))
+    doc = {**spec.to_dict(), "kind": "e2e", "presets_resolved": [p.name for p in resolved], "notes": lib.notes(spec)}
+    try:
+        writer = ResultsWriter(path, env, doc)
+    except OSError as exc:
+        raise UserError(f"cannot write the results file {path} ({exc.strerror or exc})", "pass a writable --out") from None
+    result = lib.run(spec, resolved, writer, device="cuda", l2_bytes=env["gpu"].get("l2_bytes"))
+    rows = result.results.rows
+    if json_:
+        print_json({
+            "rows": rows, "skipped": result.skipped, "max_batch": result.max_batch, "weights": result.plans,
+            "notes": lib.notes(spec), "results": str(result.path), "complete": result.results.complete,
+        })
+    else:
+        title = f"replayssm e2e · {env['gpu']['name']} · one decode step of the whole model (prefill not timed)"
+        caption = "\n".join(lib.notes(spec))
+        _wide(stdout).print(lib.render_table(rows, title=title, caption=caption))
+        for name, plan in result.plans.items():
+            note(f"{name}: {plan}")
+    note(f"results: {result.path} ({len(rows)} rows{'' if result.results.complete else ', incomplete'})")
+    for s in result.skipped:
+        warn(f"skipped {s['what']}: {s['why']}")
+    for line in lib.largest_fit_lines(result.max_batch):
+        note(line)
+    for label in result.failed:
+        err.print(f"[red]SSM kernels failed their check against the reference, not timed:[/] {label}", highlight=False)
+    if result.interrupted:
+        note("interrupted: the file holds every row finished before Ctrl-C")
+        raise typer.Exit(EXIT_INTERRUPTED)
+    if result.failed:
+        raise typer.Exit(EXIT_FAILED)
+
+
+def _wide(console: Any) -> Any:
+    """The console itself on a terminal; for a pipe or a file, one wide enough for the whole table."""
+    if console.is_terminal:
+        return console
+    from rich.console import Console
+
+    return Console(width=WIDE, force_terminal=False)

@@ -1,0 +1,1509 @@
+"""The end-to-end decode estimate: one decode step of a whole hybrid model from random weights, timed in CUDA graphs."""
+
+from __future__ import annotations
+
+import gc
+import json
+import math
+import statistics
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+from replayssm_cli import bench, cost
+from replayssm_cli.dtypes import ReadDtype, StateDtype
+from replayssm_cli.errors import UserError
+from replayssm_cli.presets import Preset, pattern_counts, shape_dict
+from replayssm_cli.shapes import Mamba2Shape, state_bytes
+
+DEFAULT_BATCHES = (1, 16, 64, 256)
+DEFAULT_CONTEXTS = (4096,)
+DEFAULT_VARIANTS = ("conventional", "replay")
+VARIANTS = ("conventional", "replay", "split")
+MAX_WINDOW = 64
+CATEGORIES = ("ssm", "attn", "mlp", "other")
+# Block letters as in Nemotron-H's hybrid_override_pattern: M SSM mixer, * attention, - dense MLP, E MoE.
+BLOCK_KIND = {"M": "ssm", "*": "attn", "-": "mlp", "E": "moe"}
+CONV_WIDTH = 4
+IO_DTYPE = "bf16"
+WEIGHT_ITEMSIZE = 2
+# Without --max-weights-gib, the weights may take this share of the free memory; the rest holds KV caches and states.
+WEIGHT_SHARE = 0.3
+# Share of the free memory the batch-dependent tensors may plan for, and what stays aside for workspaces and graph pools.
+MEMORY_SHARE = 0.9
+RESERVE_BYTES = 2 * 2**30
+# Activations are planned at this many times the widest per-token tensors (temporaries live in the graph's pool).
+ACTIVATION_COPIES = 4
+# A shared MLP/MoE weight pool must exceed the L2 this many times over what one step reads of it, so weights come from DRAM.
+L2_MULTIPLE = 4
+TIMED_WINDOWS = 2
+WARMUP_REPLAYS = 2
+EPS = 1e-6
+GIB = 2**30
+MIB = 2**20
+
+
+@dataclass(frozen=True)
+class Family:
+    """What a model family's blocks look like beyond the preset's sizes."""
+
+    name: str
+    mlp: str
+    attn_gate: bool
+    qk_norm: bool
+    rotary: float
+    shared_gate: bool
+    source: str
+
+    @property
+    def up_factor(self) -> int:
+        """Up-projection width over the intermediate size: 2 for SwiGLU (gate and up), 1 for squared ReLU."""
+        return 2 if self.mlp == "swiglu" else 1
+
+
+FAMILIES = {
+    "nemotron-h": Family(
+        "nemotron-h", mlp="relu2", attn_gate=False, qk_norm=False, rotary=0.0, shared_gate=False,
+        source="transformers models/nemotron_h: squared-ReLU MLP and experts (up, down), attention without positional embedding",
+    ),
+    "qwen3-next": Family(
+        "qwen3-next", mlp="swiglu", attn_gate=True, qk_norm=True, rotary=0.25, shared_gate=True,
+        source="transformers models/qwen3_next: gated attention (query projection twice as wide), QK RMSNorm, "
+        "RoPE on a quarter of the head dim, SwiGLU experts, sigmoid-gated shared expert",
+    ),
+    "generic": Family(
+        "generic", mlp="swiglu", attn_gate=False, qk_norm=False, rotary=1.0, shared_gate=False,
+        source="Llama-style blocks: SwiGLU MLP, RoPE over the whole head dim",
+    ),
+}
+
+
+def family_of(preset: Preset) -> Family:
+    """The block family of a preset: Gated DeltaNet presets are Qwen3-Next/3.5, Nemotron Mamba-2 presets Nemotron-H, others generic."""
+    if preset.kind == "gdn":
+        return FAMILIES["qwen3-next"]
+    names = f"{preset.name} {preset.display} {preset.hf_id or ''}".lower()
+    return FAMILIES["nemotron-h" if "nemotron" in names else "generic"]
+
+
+@dataclass(frozen=True)
+class Linear:
+    """One weight matrix as a decode step uses it: k input features, n outputs, stacked `experts` times for MoE."""
+
+    name: str
+    k: int
+    n: int
+    experts: int = 1
+
+    @property
+    def params(self) -> int:
+        return self.experts * self.k * self.n
+
+    def label(self) -> str:
+        return (f"{self.experts}x " if self.experts > 1 else "") + f"{self.name} {self.k}→{self.n}"
+
+
+@dataclass(frozen=True)
+class Block:
+    """One kind of block (ssm, attn, mlp, moe or head) on one GPU: its matrices and the sizes its other ops need."""
+
+    kind: str
+    linears: tuple[Linear, ...]
+    sizes: dict[str, int] = field(default_factory=dict)
+
+    def linear(self, name: str) -> Linear:
+        for lin in self.linears:
+            if lin.name == name:
+                return lin
+        raise KeyError(f"{self.kind} block has no matrix {name!r}")
+
+    def has(self, name: str) -> bool:
+        return any(lin.name == name for lin in self.linears)
+
+    @property
+    def params(self) -> int:
+        """Matrix parameters plus the vectors (norm weights, conv taps) listed under sizes['vector_params']."""
+        return sum(lin.params for lin in self.linears) + self.sizes.get("vector_params", 0)
+
+
+@dataclass(frozen=True)
+class Inventory:
+    """Every block of one decode step of a preset, as one GPU of `tp` sees it, in model order."""
+
+    preset: Preset
+    family: Family
+    order: str
+    order_source: str
+    blocks: dict[str, Block]
+    head: Block
+    dims: dict[str, int]
+
+    def count(self, kind: str) -> int:
+        return sum(1 for c in self.order if BLOCK_KIND[c] == kind)
+
+    @property
+    def ffn_blocks(self) -> int:
+        return self.count("mlp") + self.count("moe")
+
+    def unique_bytes(self) -> int:
+        """Bytes of the weights every SSM and attention block owns, plus the embedding, final norm and LM head."""
+        mixers = sum(self.blocks[k].params * self.count(k) for k in ("ssm", "attn") if k in self.blocks)
+        return (mixers + self.head.params) * WEIGHT_ITEMSIZE
+
+    def ffn_set_bytes(self) -> int:
+        """Bytes of one weight set of the shared pool: one block of each MLP/MoE kind the model has, all experts."""
+        return sum(self.blocks[k].params for k in ("mlp", "moe") if k in self.blocks) * WEIGHT_ITEMSIZE
+
+    def full_bytes(self) -> int:
+        ffn = sum(self.blocks[k].params * self.count(k) for k in ("mlp", "moe") if k in self.blocks)
+        return self.unique_bytes() + ffn * WEIGHT_ITEMSIZE
+
+    def ffn_read_bytes(self, batch: int) -> int:
+        """Weight bytes one MLP/MoE block reads per step at `batch`: every matrix, but only the experts the batch touches."""
+        out = 0
+        for kind in ("mlp", "moe"):
+            if kind not in self.blocks:
+                continue
+            block = self.blocks[kind]
+            touched = experts_touched(self.dims["experts"], self.dims["topk"], batch) if kind == "moe" else 1
+            out = max(out, sum(lin.params // lin.experts * (touched if lin.experts > 1 else 1) for lin in block.linears))
+        return out * WEIGHT_ITEMSIZE
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "preset": self.preset.name,
+            "tp": self.preset.tp,
+            "family": asdict(self.family),
+            "order": self.order,
+            "order_source": self.order_source,
+            "counts": {k: self.count(k) for k in ("ssm", "attn", "mlp", "moe")},
+            "dims": self.dims,
+            "blocks": {k: {"linears": [asdict(lin) for lin in b.linears], "sizes": b.sizes, "params": b.params}
+                       for k, b in {**self.blocks, "head": self.head}.items()},
+            "weights_bytes": {"unique": self.unique_bytes(), "ffn_set": self.ffn_set_bytes(), "full": self.full_bytes()},
+        }
+
+
+def experts_touched(experts: int, topk: int, batch: int) -> int:
+    """Distinct experts a batch routes to, in expectation under uniform routing: E (1 - (1 - k/E)^batch), at least k."""
+    if experts <= 0 or topk <= 0:
+        return 0
+    expected = experts * (1.0 - (1.0 - topk / experts) ** batch)
+    return max(topk, min(experts, round(expected)))
+
+
+def _needed(preset: Preset, counts: dict[str, int]) -> list[str]:
+    need = ["hidden_size", "vocab_size"]
+    if preset.attn_layers:
+        need += ["num_attention_heads", "num_key_value_heads", "head_dim"]
+    if counts["mlp"]:
+        need += ["intermediate_size"]
+    if counts["moe"]:
+        need += ["num_experts", "experts_per_token", "moe_intermediate_size"]
+    return need
+
+
+def _ffn_counts(preset: Preset) -> dict[str, int]:
+    e2e = preset.e2e or {}
+    return {"mlp": int(e2e.get("mlp_layers", 0)), "moe": int(e2e.get("moe_layers", 0))}
+
+
+def required_fields(preset: Preset) -> list[str]:
+    """The [e2e] fields the estimate needs from this preset that it lacks (empty when complete)."""
+    e2e = preset.e2e or {}
+    return [k for k in _needed(preset, _ffn_counts(preset)) if k not in e2e]
+
+
+def _pattern_from_file(preset: Preset) -> str | None:
+    """The layer pattern written in the preset's own file (a TOML layer_pattern or a config's hybrid_override_pattern)."""
+    path = Path(preset.origin) if preset.origin else None
+    if path is None or not path.is_file():
+        return None
+    try:
+        if path.suffix.lower() == ".toml":
+            import tomllib
+
+            with open(path, "rb") as f:
+                value = tomllib.load(f).get("layer_pattern")
+        else:
+            data = json.loads(path.read_text(encoding="utf-8"))
+            cfg = {**data, **data["text_config"]} if isinstance(data.get("text_config"), dict) else data
+            value = cfg.get("hybrid_override_pattern")
+    except (OSError, ValueError):
+        return None
+    return str(value) if value else None
+
+
+def _spread(total: int, picked: int, i: int) -> int:
+    """How many of `picked` items land at slot i when spread evenly over `total` slots."""
+    return (i + 1) * picked // total - i * picked // total
+
+
+def layer_order(preset: Preset) -> tuple[str, str]:
+    """The model's blocks in order as a pattern (M, *, -, E) and where it came from.
+
+    The preset file's own pattern when its counts match the preset; otherwise attention spread evenly
+    among the mixers, and the MLP/MoE blocks spread evenly after them (one after each mixer when the
+    counts are equal, as in Qwen3.5's decoder layers).
+    """
+    counts = _ffn_counts(preset)
+    written = _pattern_from_file(preset)
+    if written:
+        try:
+            got = pattern_counts(written)
+        except UserError:
+            got = None
+        if got == {"ssm": preset.ssm_layers, "attn": preset.attn_layers, **counts}:
+            return written, "preset file"
+    mixers = preset.ssm_layers + preset.attn_layers
+    ffn = counts["mlp"] + counts["moe"]
+    out = []
+    j = 0
+    for i in range(mixers):
+        out.append("*" if _spread(mixers, preset.attn_layers, i) else "M")
+        for _ in range(_spread(mixers, ffn, i)):
+            out.append("-" if _spread(ffn, counts["mlp"], j) else "E")
+            j += 1
+    return "".join(out), "spread evenly"
+
+
+def _per_gpu(value: int, tp: int, what: str, preset: Preset) -> int:
+    if value % tp:
+        raise UserError(f"tp={tp} does not divide {preset.display}'s {what}={value}", "choose a --tp that divides it")
+    return value // tp
+
+
+def inventory(preset: Preset, family: Family | None = None) -> Inventory:
+    """The layer inventory of one decode step of `preset` on one GPU of its tensor-parallel group (preset.tp).
+
+    Raises UserError, in one line naming every missing [e2e] field, when the preset lacks what the
+    step needs, and when tp does not divide the attention heads or the MLP sizes.
+    """
+    missing = required_fields(preset)
+    if missing:
+        raise UserError(
+            f"preset {preset.name} lacks what the e2e estimate needs: {', '.join('e2e.' + k for k in missing)}",
+            "add them under [e2e] in the preset file, each with a source",
+        )
+    family = family or family_of(preset)
+    e2e = dict(preset.e2e or {})
+    tp = preset.tp
+    order, order_source = layer_order(preset)
+    hidden = e2e["hidden_size"]
+    dims: dict[str, int] = {"hidden": hidden, "vocab": -(-e2e["vocab_size"] // tp), "tp": tp}
+    blocks: dict[str, Block] = {}
+
+    s = preset.shape
+    if isinstance(s, Mamba2Shape):
+        inner, bc = s.H * s.P, s.G * s.N
+        conv_dim = inner + 2 * bc
+        in_n, group = 2 * inner + 2 * bc + s.H, inner // s.G
+    else:
+        inner = s.HV * s.V
+        conv_dim = 2 * s.H * s.K + inner
+        in_n, group = conv_dim + inner + 2 * s.HV, s.V
+    blocks["ssm"] = Block(
+        "ssm",
+        (Linear("in_proj", hidden, in_n), Linear("out_proj", inner, hidden)),
+        {"inner": inner, "conv_dim": conv_dim, "norm_group": group, "conv_width": CONV_WIDTH,
+         "vector_params": hidden + conv_dim * (CONV_WIDTH + 1) + inner},
+    )
+    if preset.attn_layers:
+        heads = _per_gpu(e2e["num_attention_heads"], tp, "num_attention_heads", preset)
+        kv = e2e["num_key_value_heads"]
+        if kv >= tp:
+            kv = _per_gpu(kv, tp, "num_key_value_heads", preset)
+        elif tp % kv:
+            raise UserError(f"tp={tp} is not a multiple of {preset.display}'s num_key_value_heads={kv}", "choose another --tp")
+        else:
+            # Fewer KV heads than GPUs: each GPU keeps one, replicated, as vLLM does.
+            kv = 1
+        if heads % kv:
+            raise UserError(f"{preset.display}: {heads} attention heads per GPU are not a multiple of {kv} KV heads")
+        hd = e2e["head_dim"]
+        q_width = heads * (2 if family.attn_gate else 1)
+        rotary = int(hd * family.rotary) // 2 * 2
+        blocks["attn"] = Block(
+            "attn",
+            (Linear("qkv_proj", hidden, (q_width + 2 * kv) * hd), Linear("o_proj", heads * hd, hidden)),
+            {"heads": heads, "kv_heads": kv, "head_dim": hd, "q_width": q_width, "rotary": rotary,
+             "vector_params": hidden + 2 * hd},
+        )
+        dims.update(heads=heads, kv_heads=kv, head_dim=hd)
+    up = family.up_factor
+    if _ffn_counts(preset)["mlp"]:
+        inter = _per_gpu(e2e["intermediate_size"], tp, "intermediate_size", preset)
+        blocks["mlp"] = Block(
+            "mlp", (Linear("up_proj", hidden, up * inter), Linear("down_proj", inter, hidden)),
+            {"intermediate": inter, "vector_params": hidden},
+        )
+        dims["intermediate"] = inter
+    if _ffn_counts(preset)["moe"]:
+        experts, topk = e2e["num_experts"], e2e["experts_per_token"]
+        if not 1 <= topk <= experts:
+            raise UserError(f"{preset.display}: experts_per_token={topk} must be between 1 and num_experts={experts}")
+        inter = _per_gpu(e2e["moe_intermediate_size"], tp, "moe_intermediate_size", preset)
+        latent = e2e.get("moe_latent_size", 0)
+        width = latent or hidden
+        lins = [Linear("router", hidden, experts)]
+        if latent:
+            lins.append(Linear("latent_in", hidden, latent))
+        lins += [Linear("experts_up", width, up * inter, experts), Linear("experts_down", inter, width, experts)]
+        if latent:
+            lins.append(Linear("latent_out", latent, hidden))
+        shared = e2e.get("shared_expert_intermediate_size", 0)
+        if shared:
+            shared = _per_gpu(shared, tp, "shared_expert_intermediate_size", preset)
+            lins += [Linear("shared_up", hidden, up * shared), Linear("shared_down", shared, hidden)]
+            if family.shared_gate:
+                lins.append(Linear("shared_gate", hidden, 1))
+        blocks["moe"] = Block(
+            "moe", tuple(lins),
+            {"experts": experts, "topk": topk, "intermediate": inter, "latent": latent, "shared": shared, "vector_params": hidden},
+        )
+        dims.update(experts=experts, topk=topk, moe_intermediate=inter, latent=latent)
+    head = Block(
+        "head",
+        (Linear("embedding", dims["vocab"], hidden), Linear("lm_head", hidden, dims["vocab"])),
+        {"vocab": dims["vocab"], "vector_params": hidden},
+    )
+    return Inventory(preset=preset, family=family, order=order, order_source=order_source, blocks=blocks, head=head, dims=dims)
+
+
+@dataclass(frozen=True)
+class WeightPlan:
+    """How the weights are laid out: unique for SSM, attention and head; `sets` MLP/MoE sets shared round-robin."""
+
+    unique: int
+    set_bytes: int
+    ffn_blocks: int
+    sets: int
+    full: int
+    budget: int | None
+    l2_bytes: int | None
+    read_per_block: int
+
+    @property
+    def total(self) -> int:
+        return self.unique + self.sets * self.set_bytes if self.shared else self.full
+
+    @property
+    def shared(self) -> bool:
+        return self.sets < self.ffn_blocks
+
+    def describe(self) -> str:
+        if not self.shared:
+            return f"weights {self.total / GIB:.1f} GiB bf16, every block its own"
+        pool = self.sets * self.read_per_block
+        l2 = f", {pool / self.l2_bytes:.0f}x the {self.l2_bytes / MIB:.0f} MiB L2" if self.l2_bytes else ""
+        return (
+            f"weights {self.total / GIB:.1f} GiB bf16: the {self.ffn_blocks} MLP/MoE blocks share {self.sets} weight "
+            f"set{'s' if self.sets > 1 else ''} of {self.set_bytes / GIB:.2f} GiB round-robin; one pass over the pool "
+            f"reads {pool / MIB:.0f} MiB at batch 1{l2}, so its weights come from DRAM (a product's time depends on "
+            "its shape, not on which weights it reads)"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "total": self.total, "shared": self.shared}
+
+
+def plan_weights(inv: Inventory, budget: int | None, l2_bytes: int | None) -> WeightPlan:
+    """Every block its own weights when they fit in `budget` bytes (None: no limit), else a pool of MLP/MoE sets.
+
+    Raises UserError when not even the unique weights and one set fit, or when the pool that fits
+    would be read from L2 (its batch-1 read under L2_MULTIPLE times the L2).
+    """
+    n, set_bytes, unique = inv.ffn_blocks, inv.ffn_set_bytes(), inv.unique_bytes()
+    read = inv.ffn_read_bytes(1)
+    sets = n
+    if budget is not None and inv.full_bytes() > budget:
+        sets = int((budget - unique) // set_bytes) if set_bytes else 0
+        if sets < 1:
+            raise UserError(
+                f"{inv.preset.name}: the weights need at least {(unique + set_bytes) / GIB:.1f} GiB (every SSM and attention "
+                f"block's own plus one MLP/MoE set), over the {budget / GIB:.1f} GiB weight budget",
+                "raise --max-weights-gib, or free GPU memory",
+            )
+        sets = min(sets, n)
+        needed = math.ceil(L2_MULTIPLE * l2_bytes / read) if l2_bytes and read else 1
+        if sets < min(needed, n):
+            raise UserError(
+                f"{inv.preset.name}: {sets} shared MLP/MoE weight set(s) would be served from the {l2_bytes / MIB:.0f} MiB L2 "
+                f"(a step reads {read / MIB:.0f} MiB of each; {needed} are needed)",
+                "raise --max-weights-gib",
+            )
+    return WeightPlan(unique=unique, set_bytes=set_bytes, ffn_blocks=n, sets=sets, full=inv.full_bytes(), budget=budget,
+                      l2_bytes=l2_bytes, read_per_block=read)
+
+
+def _ssm_input_elems(inv: Inventory) -> int:
+    s = inv.preset.shape
+    if isinstance(s, Mamba2Shape):
+        return 2 * s.H * s.P + s.H + 2 * s.G * s.N
+    return 2 * s.H * s.K + s.HV * s.V + 2 * s.HV
+
+
+def seq_bytes(inv: Inventory, *, variant: str, context: int, window: int | None, state_dtype: str, read_dtype: str | None) -> dict[str, int]:
+    """Bytes one sequence adds to the step, by part: KV cache, SSM states and buffers, conv states, activations."""
+    shape = inv.preset.shape
+    d = inv.dims
+    kv = inv.count("attn") * 2 * d.get("kv_heads", 0) * context * d.get("head_dim", 0) * WEIGHT_ITEMSIZE
+    ssm = inv.blocks["ssm"]
+    conv = inv.count("ssm") * (CONV_WIDTH - 1) * ssm.sizes["conv_dim"] * WEIGHT_ITEMSIZE
+    kept = cost.memory_per_seq(
+        shape, variant, window=window if variant != "conventional" else None, state_dtype=state_dtype,
+        read_dtype=read_dtype if variant == "split" else None, io_dtype=IO_DTYPE,
+    )["total"]
+    inputs = _ssm_input_elems(inv) * WEIGHT_ITEMSIZE * bench.INPUT_SETS * 2
+    initial = state_bytes(shape, state_dtype)
+    # As bench.Case allocates: each layer's pool and input sets, one initial state shared by all layers, and the check's copies.
+    states = inv.count("ssm") * (kept + inputs) + initial + bench.CHECK_LAYERS * (kept + initial)
+    widths = [lin.n for b in inv.blocks.values() for lin in b.linears if lin.experts == 1]
+    if "moe" in inv.blocks:
+        moe = inv.blocks["moe"]
+        widths.append(d["topk"] * (moe.linear("experts_up").n + 2 * moe.linear("experts_up").k))
+    act = ACTIVATION_COPIES * WEIGHT_ITEMSIZE * (3 * d["hidden"] + max(widths) + 3 * d["vocab"])
+    parts = {"kv": kv, "ssm": states, "conv": conv, "activations": act}
+    parts["total"] = sum(parts.values())
+    return parts
+
+
+def max_batch(per_seq: int, free: int | None) -> int | None:
+    """The largest batch whose per-sequence tensors fit in `free` bytes (after the weights), or None when unknown."""
+    if free is None:
+        return None
+    return max(0, int((free * MEMORY_SHARE - RESERVE_BYTES) // max(per_seq, 1)))
+
+
+@triton.jit
+def _add_rms_norm_kernel(h, r, w, y, s_hb, s_rb, s_yb, D, eps, HAS_ADD: tl.constexpr, BD: tl.constexpr):
+    i_b = tl.program_id(0)
+    o_d = tl.arange(0, BD)
+    m_d = o_d < D
+    b_h = tl.load(h + i_b * s_hb + o_d, mask=m_d, other=0.0).to(tl.float32)
+    if HAS_ADD:
+        b_h += tl.load(r + i_b * s_rb + o_d, mask=m_d, other=0.0).to(tl.float32)
+        tl.store(h + i_b * s_hb + o_d, b_h.to(h.dtype.element_ty), mask=m_d)
+    b_rs = tl.rsqrt(tl.sum(b_h * b_h, 0) / D + eps)
+    b_w = tl.load(w + o_d, mask=m_d, other=0.0).to(tl.float32)
+    tl.store(y + i_b * s_yb + o_d, (b_h * b_rs * b_w).to(y.dtype.element_ty), mask=m_d)
+
+
+@triton.jit
+def _conv_update_kernel(x, state, w, bias, y, s_xb, s_sb, s_st, s_yb, C, BC: tl.constexpr):
+    i_b, i_c = tl.program_id(0), tl.program_id(1)
+    o_c = i_c * BC + tl.arange(0, BC)
+    m_c = o_c < C
+    p_s = state + i_b * s_sb + o_c
+    b_x = tl.load(x + i_b * s_xb + o_c, mask=m_c, other=0.0).to(tl.float32)
+    b_s0 = tl.load(p_s, mask=m_c, other=0.0).to(tl.float32)
+    b_s1 = tl.load(p_s + s_st, mask=m_c, other=0.0).to(tl.float32)
+    b_s2 = tl.load(p_s + 2 * s_st, mask=m_c, other=0.0).to(tl.float32)
+    b_acc = tl.load(bias + o_c, mask=m_c, other=0.0).to(tl.float32)
+    b_acc += b_s0 * tl.load(w + o_c * 4, mask=m_c, other=0.0).to(tl.float32)
+    b_acc += b_s1 * tl.load(w + o_c * 4 + 1, mask=m_c, other=0.0).to(tl.float32)
+    b_acc += b_s2 * tl.load(w + o_c * 4 + 2, mask=m_c, other=0.0).to(tl.float32)
+    b_acc += b_x * tl.load(w + o_c * 4 + 3, mask=m_c, other=0.0).to(tl.float32)
+    tl.store(p_s, b_s1.to(state.dtype.element_ty), mask=m_c)
+    tl.store(p_s + s_st, b_s2.to(state.dtype.element_ty), mask=m_c)
+    tl.store(p_s + 2 * s_st, b_x.to(state.dtype.element_ty), mask=m_c)
+    b_y = b_acc * tl.sigmoid(b_acc)
+    tl.store(y + i_b * s_yb + o_c, b_y.to(y.dtype.element_ty), mask=m_c)
+
+
+@triton.jit
+def _gated_rms_norm_kernel(x, z, w, y, s_xb, s_zb, s_yb, GS, eps, BG: tl.constexpr):
+    i_b, i_g = tl.program_id(0), tl.program_id(1)
+    o_g = tl.arange(0, BG)
+    m_g = o_g < GS
+    o_d = i_g * GS + o_g
+    b_x = tl.load(x + i_b * s_xb + o_d, mask=m_g, other=0.0).to(tl.float32)
+    b_z = tl.load(z + i_b * s_zb + o_d, mask=m_g, other=0.0).to(tl.float32)
+    b_x = b_x * b_z * tl.sigmoid(b_z)
+    b_rs = tl.rsqrt(tl.sum(b_x * b_x, 0) / GS + eps)
+    b_w = tl.load(w + o_d, mask=m_g, other=0.0).to(tl.float32)
+    tl.store(y + i_b * s_yb + o_d, (b_x * b_rs * b_w).to(y.dtype.element_ty), mask=m_g)
+
+
+@triton.jit
+def _qk_prepare_kernel(
+    qkv, q, kc, vc, w_qk, cos, sin,
+    s_xb, s_qb, s_qh, s_kb, s_kh, s_kt, s_vb, s_vh, s_vt,
+    pos, eps,
+    NH: tl.constexpr, NKV: tl.constexpr, HD: tl.constexpr, QW: tl.constexpr, R: tl.constexpr,
+    IS_QK_NORM: tl.constexpr, BD: tl.constexpr,
+):
+    i_b, i_h = tl.program_id(0), tl.program_id(1)
+    o_d = tl.arange(0, BD)
+    m_d = o_d < HD
+    # Row layout: QW query-width heads (queries, then gates when gated), NKV keys, NKV values.
+    src = tl.where(i_h < NH, i_h, QW + i_h - NH) * HD
+    p_x = qkv + i_b * s_xb + src
+    b_x = tl.load(p_x + o_d, mask=m_d, other=0.0).to(tl.float32)
+    if i_h >= NH + NKV:
+        tl.store(vc + i_b * s_vb + (i_h - NH - NKV) * s_vh + pos * s_vt + o_d, b_x.to(vc.dtype.element_ty), mask=m_d)
+    else:
+        p_w = w_qk + (i_h >= NH).to(tl.int32) * HD
+        b_rs = 1.0
+        if IS_QK_NORM:
+            b_rs = tl.rsqrt(tl.sum(b_x * b_x, 0) / HD + eps)
+            b_x = b_x * b_rs * tl.load(p_w + o_d, mask=m_d, other=0.0).to(tl.float32)
+        b_y = b_x
+        if R > 0:
+            m_r = o_d < R
+            o_c = tl.where(o_d < R // 2, o_d, o_d - R // 2)
+            o_p = tl.where(o_d < R // 2, o_d + R // 2, o_d - R // 2)
+            b_p = tl.load(p_x + o_p, mask=m_r, other=0.0).to(tl.float32)
+            if IS_QK_NORM:
+                b_p = b_p * b_rs * tl.load(p_w + o_p, mask=m_r, other=0.0).to(tl.float32)
+            b_cos = tl.load(cos + o_c, mask=m_r, other=1.0)
+            b_sin = tl.load(sin + o_c, mask=m_r, other=0.0)
+            b_sign = tl.where(o_d < R // 2, -1.0, 1.0)
+            b_y = tl.where(m_r, b_x * b_cos + b_sign * b_p * b_sin, b_x)
+        if i_h < NH:
+            tl.store(q + i_b * s_qb + i_h * s_qh + o_d, b_y.to(q.dtype.element_ty), mask=m_d)
+        else:
+            tl.store(kc + i_b * s_kb + (i_h - NH) * s_kh + pos * s_kt + o_d, b_y.to(kc.dtype.element_ty), mask=m_d)
+
+
+def add_rms_norm(h: torch.Tensor, r: torch.Tensor | None, w: torch.Tensor, y: torch.Tensor, *, eps: float = EPS) -> None:
+    """y = rms_norm(h + r) * w with h updated to h + r in place (the residual add); r None: y = rms_norm(h) * w.
+
+    h, r, y (batch, D) with unit stride along D; w (D,).
+    """
+    batch, D = h.shape
+    if y.shape != h.shape or w.shape != (D,) or (r is not None and r.shape != h.shape):
+        raise ValueError(f"add_rms_norm takes h, r, y of one shape (batch, D) and w (D,); got {tuple(h.shape)}, {tuple(w.shape)}")
+    _add_rms_norm_kernel[(batch,)](
+        h=h, r=r if r is not None else h, w=w, y=y,
+        s_hb=h.stride(0), s_rb=(r if r is not None else h).stride(0), s_yb=y.stride(0),
+        D=D, eps=eps, HAS_ADD=r is not None, BD=triton.next_power_of_2(D),
+        num_warps=8 if D > 2048 else 4,
+    )
+
+
+def conv_update(x: torch.Tensor, state: torch.Tensor, w: torch.Tensor, bias: torch.Tensor, y: torch.Tensor) -> None:
+    """One step of the short causal convolution (width 4) with SiLU; updates `state` in place.
+
+    x (batch, C) the new inputs, any row stride; state (batch, 3, C) the last three inputs, oldest
+    first; w (C, 4) the taps, oldest first; bias (C,); y (batch, C) silu(w · [state, x] + bias).
+    """
+    batch, C = x.shape
+    if state.shape != (batch, CONV_WIDTH - 1, C) or w.shape != (C, CONV_WIDTH) or y.shape != (batch, C):
+        raise ValueError(f"conv_update takes x (batch, C), state (batch, 3, C), w (C, 4), y (batch, C); got {tuple(x.shape)}, {tuple(state.shape)}, {tuple(w.shape)}")
+    BC = min(triton.next_power_of_2(C), 1024)
+    _conv_update_kernel[(batch, triton.cdiv(C, BC))](
+        x=x, state=state, w=w, bias=bias, y=y,
+        s_xb=x.stride(0), s_sb=state.stride(0), s_st=state.stride(1), s_yb=y.stride(0),
+        C=C, BC=BC, num_warps=4,
+    )
+
+
+def gated_rms_norm(x: torch.Tensor, z: torch.Tensor, w: torch.Tensor, y: torch.Tensor, group: int, *, eps: float = EPS) -> None:
+    """y = rms_norm(x * silu(z)) * w over groups of `group` channels, as Mamba-2's gated norm.
+
+    x, z, y (batch, D) with unit stride along D (any row stride); w (D,); D a multiple of group.
+    """
+    batch, D = x.shape
+    if D % group or z.shape != x.shape or y.shape != x.shape:
+        raise ValueError(f"gated_rms_norm takes x, z, y (batch, D) with D a multiple of group={group}; got {tuple(x.shape)}")
+    _gated_rms_norm_kernel[(batch, D // group)](
+        x=x, z=z, w=w, y=y, s_xb=x.stride(0), s_zb=z.stride(0), s_yb=y.stride(0),
+        GS=group, eps=eps, BG=triton.next_power_of_2(group), num_warps=4 if group <= 2048 else 8,
+    )
+
+
+def qk_prepare(
+    qkv: torch.Tensor, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, w_qk: torch.Tensor,
+    cos: torch.Tensor, sin: torch.Tensor, *, pos: int, heads: int, kv_heads: int, q_width: int, rotary: int,
+    qk_norm: bool, kv_layout: str = "bhtd", eps: float = EPS,
+) -> None:
+    """Split a fused QKV row: queries (RMS-normed and rotated) into q, keys (the same) and values into the KV cache at `pos`.
+
+    qkv (batch, (q_width + 2 kv_heads) head_dim): q_width query-width heads (queries, then output gates
+    when q_width = 2 heads), keys, values; q (batch, heads, head_dim); k_cache, v_cache (batch,
+    kv_heads, T, head_dim) for kv_layout "bhtd" or (batch, T, kv_heads, head_dim) for "bthd"; w_qk
+    (2, head_dim) the query and key norm weights; cos, sin (rotary // 2,) fp32 at `pos`; rotary the
+    leading dims rotated (NeoX halves, 0 for none).
+    """
+    batch, _, hd = q.shape
+    h_dim, t_dim = (1, 2) if kv_layout == "bhtd" else (2, 1)
+    if rotary % 2 or rotary > hd:
+        raise ValueError(f"rotary dims must be even and at most head_dim={hd}; got {rotary}")
+    _qk_prepare_kernel[(batch, heads + 2 * kv_heads)](
+        qkv=qkv, q=q, kc=k_cache, vc=v_cache, w_qk=w_qk, cos=cos, sin=sin,
+        s_xb=qkv.stride(0), s_qb=q.stride(0), s_qh=q.stride(1),
+        s_kb=k_cache.stride(0), s_kh=k_cache.stride(h_dim), s_kt=k_cache.stride(t_dim),
+        s_vb=v_cache.stride(0), s_vh=v_cache.stride(h_dim), s_vt=v_cache.stride(t_dim),
+        pos=pos, eps=eps, NH=heads, NKV=kv_heads, HD=hd, QW=q_width, R=rotary,
+        IS_QK_NORM=qk_norm, BD=triton.next_power_of_2(hd), num_warps=4,
+    )
+
+
+def attention_backend(device: torch.device) -> str:
+    """'flash-attn' (flash_attn_with_kvcache) where the package is installed on CUDA, else 'torch-sdpa'."""
+    import importlib.util
+
+    if device.type != "cuda" or importlib.util.find_spec("flash_attn") is None:
+        return "torch-sdpa"
+    return "flash-attn"
+
+
+class SSMStack(bench.Case):
+    """bench.Case over every SSM layer of the model, stepped one layer at a time inside the model step.
+
+    The step's memory plan replaces the Case's own fit check, and one initial state serves every
+    layer's load (a copy per layer would double the state memory at large batch).
+    """
+
+    def _layer_count(self, spec: dict[str, Any]) -> int:
+        return self.ssm_layers
+
+    def _build_layer(self):
+        layer = super()._build_layer()
+        shared = getattr(self, "_initial", None)
+        if shared is None:
+            self._initial = layer.state0
+        else:
+            layer.state0 = shared
+        return layer
+
+    def run_layer(self, j: int) -> torch.Tensor:
+        """One decode step of SSM layer j through the kernels; returns its output (batch, heads, head dim)."""
+        return self._run(self._layers[j], 0)
+
+
+@dataclass
+class Op:
+    """One launch group of the step: its category, a name (block letter, index, part) and the call."""
+
+    category: str
+    name: str
+    fn: Callable[[], Any]
+
+
+class Weights:
+    """The model's random bf16 weights on a device: SSM and attention blocks each their own, MLP/MoE blocks `sets` shared sets."""
+
+    def __init__(self, inv: Inventory, sets: int, device: torch.device | str, seed: int = 0):
+        self.inv = inv
+        self.device = torch.device(device)
+        self.sets = sets
+        self._gen = torch.Generator(device=self.device).manual_seed(seed)
+        self.blocks: list[dict[str, torch.Tensor]] = []
+        kinds: list[str] = []
+        pools: dict[str, list[dict[str, torch.Tensor]]] = {"mlp": [], "moe": []}
+        for letter in inv.order:
+            kind = BLOCK_KIND[letter]
+            if kind in pools:
+                seen = kinds.count(kind)
+                if seen < sets:
+                    pools[kind].append(self._matrices(inv.blocks[kind]))
+                self.blocks.append({**pools[kind][seen % sets], "norm": self._ones(inv.dims["hidden"])})
+            else:
+                self.blocks.append(self._block(kind))
+            kinds.append(kind)
+        self.head = {**self._matrices(inv.head), "norm": self._ones(inv.dims["hidden"])}
+
+    def _ones(self, n: int) -> torch.Tensor:
+        return 1.0 + 0.1 * torch.randn(n, generator=self._gen, device=self.device).to(torch.bfloat16)
+
+    def _matrix(self, lin: Linear) -> torch.Tensor:
+        shape = (lin.n, lin.k) if lin.experts == 1 else (lin.experts, lin.n, lin.k)
+        if lin.name == "embedding":
+            shape = (lin.k, lin.n)
+        w = torch.empty(shape, dtype=torch.bfloat16, device=self.device)
+        return w.normal_(0.0, lin.k**-0.5 if lin.name != "embedding" else 1.0, generator=self._gen)
+
+    def _matrices(self, block: Block) -> dict[str, torch.Tensor]:
+        return {lin.name: self._matrix(lin) for lin in block.linears}
+
+    def _block(self, kind: str) -> dict[str, torch.Tensor]:
+        block = self.inv.blocks[kind]
+        out = {**self._matrices(block), "norm": self._ones(self.inv.dims["hidden"])}
+        if kind == "ssm":
+            c = block.sizes["conv_dim"]
+            out["conv_w"] = (torch.randn(c, CONV_WIDTH, generator=self._gen, device=self.device) * 0.5).to(torch.bfloat16)
+            out["conv_b"] = (torch.randn(c, generator=self._gen, device=self.device) * 0.1).to(torch.bfloat16)
+            out["gnorm"] = self._ones(block.sizes["inner"])
+        elif kind == "attn":
+            out["qk_norm"] = self._ones(2 * block.sizes["head_dim"]).view(2, -1)
+        return out
+
+    @property
+    def nbytes(self) -> int:
+        seen: set[int] = set()
+        total = 0
+        for d in [*self.blocks, self.head]:
+            for t in d.values():
+                if t.data_ptr() not in seen:
+                    seen.add(t.data_ptr())
+                    total += t.numel() * t.element_size()
+        return total
+
+
+class Step:
+    """One decode step of the whole model at one batch, context and SSM variant, as a list of categorised ops.
+
+    Buffers shared between ops are allocated once, so any subset of the ops (one category) can run
+    or be captured on its own; `run(select)` runs the ops `select` keeps, in model order.
+    """
+
+    def __init__(
+        self, inv: Inventory, weights: Weights, *, variant: str, batch: int, context: int, window: int | None,
+        state_dtype: str, read_dtype: str | None, device: torch.device | str, seed: int = 0, attention: str | None = None,
+    ):
+        if variant not in VARIANTS:
+            raise ValueError(f"variant must be one of {', '.join(VARIANTS)}; got {variant!r}")
+        if batch < 1 or context < 1:
+            raise ValueError(f"batch and context must be positive; got batch={batch}, context={context}")
+        self.inv, self.w = inv, weights
+        self.device = torch.device(device)
+        self.variant, self.batch, self.context = variant, batch, context
+        self.attention = attention or attention_backend(self.device)
+        self._gen = torch.Generator(device=self.device).manual_seed(seed + 1)
+        p = inv.preset
+        spec = {
+            "shape": {"op": p.kind, **shape_dict(p.shape)}, "ssm_layers": p.ssm_layers, "has_z": p.has_z,
+            "has_D": p.has_D, "dt_softplus": p.dt_softplus, "a_log_range": p.a_log_range, "variant": variant,
+            "batch": batch, "window": window if variant != "conventional" else None, "state_dtype": state_dtype,
+            "read_dtype": read_dtype if variant == "split" else None, "io_dtype": IO_DTYPE, "seed": seed, "l2_bytes": 0,
+        }
+        self.stack = SSMStack(spec, self.device)
+        hidden = inv.dims["hidden"]
+        self.tokens = torch.randint(inv.dims["vocab"], (batch,), generator=self._gen, device=self.device)
+        self.next_tokens = torch.empty(batch, dtype=torch.int64, device=self.device)
+        self.h, self.bo, self.xn = (self._empty(batch, hidden) for _ in range(3))
+        self._bufs: dict[str, torch.Tensor] = {}
+        self.conv_states: list[torch.Tensor] = []
+        self.kv: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.ops: list[Op] = [Op("other", "embed", lambda: torch.index_select(self.w.head["embedding"], 0, self.tokens, out=self.h))]
+        self.touched = self.per_expert = None
+        if "moe" in inv.blocks:
+            self.touched, self.per_expert, self._index, self._weight = self.routing()
+        n = {"ssm": 0, "attn": 0, "mlp": 0, "moe": 0}
+        for i, letter in enumerate(inv.order):
+            kind = BLOCK_KIND[letter]
+            w = weights.blocks[i]
+            first = i == 0
+            self.ops.append(Op("other", f"{letter}{i}.norm", lambda w=w, first=first: add_rms_norm(self.h, None if first else self.bo, w["norm"], self.xn)))
+            getattr(self, f"_{kind}_ops")(f"{letter}{i}", n[kind], w)
+            n[kind] += 1
+        self._head_ops()
+
+    def _empty(self, *shape: int, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+        return torch.empty(shape, dtype=dtype, device=self.device)
+
+    def _randn(self, *shape: int) -> torch.Tensor:
+        # Drawn in bf16 directly: an fp32 draw of a 24 GiB KV cache would need twice that for a moment.
+        return self._empty(*shape).normal_(generator=self._gen)
+
+    def _buf(self, name: str, *shape: int) -> torch.Tensor:
+        """A buffer shared by every block of a kind (blocks run one after another, so one copy serves them all)."""
+        if name not in self._bufs:
+            self._bufs[name] = self._empty(self.batch, *shape)
+        return self._bufs[name]
+
+    def _ssm_ops(self, tag: str, j: int, w: dict[str, torch.Tensor]) -> None:
+        block = self.inv.blocks["ssm"]
+        p = self.inv.preset
+        inner, conv_dim = block.sizes["inner"], block.sizes["conv_dim"]
+        proj = self._buf("ssm_proj", block.linear("in_proj").n)
+        conv_out = self._buf("ssm_conv", conv_dim)
+        gated = self._buf("ssm_gated", inner)
+        if p.kind == "mamba2":
+            z, xbc = proj[:, :inner], proj[:, inner:inner + conv_dim]
+        else:
+            xbc, z = proj[:, :conv_dim], proj[:, conv_dim:conv_dim + inner]
+        state = self._randn(self.batch, CONV_WIDTH - 1, conv_dim)
+        self.conv_states.append(state)
+        held: dict[str, torch.Tensor] = {}
+        self.ops += [
+            Op("ssm", f"{tag}.in_proj", lambda: torch.mm(self.xn, w["in_proj"].t(), out=proj)),
+            Op("ssm", f"{tag}.conv", lambda: conv_update(xbc, state, w["conv_w"], w["conv_b"], conv_out)),
+            # The kernel reads the profile's pre-drawn inputs (same shapes and bytes as the conv's outputs), whose decay is in range.
+            Op("ssm", f"{tag}.kernel", lambda: held.__setitem__("y", self.stack.run_layer(j))),
+        ]
+        if p.has_z:
+            self.ops.append(Op("ssm", f"{tag}.out_proj", lambda: torch.mm(held["y"].reshape(self.batch, -1), w["out_proj"].t(), out=self.bo)))
+        else:
+            self.ops += [
+                Op("ssm", f"{tag}.gated_norm", lambda: gated_rms_norm(held["y"].reshape(self.batch, -1), z, w["gnorm"], gated, block.sizes["norm_group"])),
+                Op("ssm", f"{tag}.out_proj", lambda: torch.mm(gated, w["out_proj"].t(), out=self.bo)),
+            ]
+
+    def _attn_ops(self, tag: str, j: int, w: dict[str, torch.Tensor]) -> None:
+        s = self.inv.blocks["attn"].sizes
+        heads, kv, hd, qw, rot = s["heads"], s["kv_heads"], s["head_dim"], s["q_width"], s["rotary"]
+        qkv = self._buf("attn_qkv", self.inv.blocks["attn"].linear("qkv_proj").n)
+        q = self._buf("attn_q", heads, hd)
+        flash = self.attention == "flash-attn"
+        layout = "bthd" if flash else "bhtd"
+        shape = (self.batch, self.context, kv, hd) if flash else (self.batch, kv, self.context, hd)
+        k_cache, v_cache = self._randn(*shape), self._randn(*shape)
+        self.kv.append((k_cache, v_cache))
+        pos = self.context - 1
+        inv_freq = 10000.0 ** (-torch.arange(0, max(rot, 2), 2, dtype=torch.float32, device=self.device) / max(rot, 2))
+        cos, sin = torch.cos(pos * inv_freq), torch.sin(pos * inv_freq)
+        held: dict[str, torch.Tensor] = {}
+        seqlens = torch.full((self.batch,), self.context, dtype=torch.int32, device=self.device)
+
+        def attend() -> None:
+            if flash:
+                from flash_attn import flash_attn_with_kvcache
+
+                o = flash_attn_with_kvcache(q.view(self.batch, 1, heads, hd), k_cache, v_cache, cache_seqlens=seqlens)
+            else:
+                # A GQA group's query heads ride the query-length axis, so one KV head serves them without expansion.
+                o = F.scaled_dot_product_attention(q.view(self.batch, kv, heads // kv, hd), k_cache, v_cache)
+            held["o"] = o.reshape(self.batch, heads * hd)
+
+        self.ops += [
+            Op("attn", f"{tag}.qkv_proj", lambda: torch.mm(self.xn, w["qkv_proj"].t(), out=qkv)),
+            Op("attn", f"{tag}.qk_prepare", lambda: qk_prepare(
+                qkv, q, k_cache, v_cache, w["qk_norm"], cos, sin, pos=pos, heads=heads, kv_heads=kv, q_width=qw,
+                rotary=rot, qk_norm=self.inv.family.qk_norm, kv_layout=layout)),
+            Op("attn", f"{tag}.attention", attend),
+        ]
+        if self.inv.family.attn_gate:
+            gate = qkv[:, heads * hd:2 * heads * hd]
+            self.ops.append(Op("attn", f"{tag}.gate", lambda: held["o"].mul_(torch.sigmoid(gate))))
+        self.ops.append(Op("attn", f"{tag}.o_proj", lambda: torch.mm(held["o"], w["o_proj"].t(), out=self.bo)))
+
+    def _act(self, x: torch.Tensor) -> torch.Tensor:
+        if self.inv.family.mlp == "swiglu":
+            half = x.shape[-1] // 2
+            return F.silu(x[..., :half]) * x[..., half:]
+        return torch.relu(x).square_()
+
+    def _mlp_ops(self, tag: str, j: int, w: dict[str, torch.Tensor]) -> None:
+        self.ops.append(Op("mlp", f"{tag}.mlp", lambda: torch.mm(self._act(torch.mm(self.xn, w["up_proj"].t())), w["down_proj"].t(), out=self.bo)))
+
+    def routing(self) -> tuple[int, int, torch.Tensor, torch.Tensor]:
+        """Balanced routing of the batch: experts touched, tokens per expert, the gather index and the combine weights.
+
+        Token t's k picks are (t k + j) mod touched, j < k: distinct experts, every touched expert
+        taking the same number of rows (padding rows carry weight 0).
+        """
+        d = self.inv.dims
+        topk = d["topk"]
+        touched = experts_touched(d["experts"], topk, self.batch)
+        per = -(-self.batch * topk // touched)
+        pair = torch.arange(per, device=self.device)[None, :] * touched + torch.arange(touched, device=self.device)[:, None]
+        real = pair < self.batch * topk
+        index = torch.where(real, pair // topk, torch.zeros_like(pair)).reshape(-1)
+        weight = torch.where(real, torch.full_like(pair, 1), torch.zeros_like(pair)).to(torch.bfloat16) / topk
+        return touched, per, index, weight.reshape(-1, 1)
+
+    def _moe_ops(self, tag: str, j: int, w: dict[str, torch.Tensor]) -> None:
+        block = self.inv.blocks["moe"]
+        topk = block.sizes["topk"]
+        touched, per, index, weight = self.touched, self.per_expert, self._index, self._weight
+        width = block.linear("experts_up").k
+        up, down = w["experts_up"][:touched], w["experts_down"][:touched]
+        latent = block.has("latent_in")
+        shared = block.has("shared_up")
+
+        def routed() -> torch.Tensor:
+            logits = torch.mm(self.xn, w["router"].t())
+            # The router's top-k is computed for its cost; rows are dispatched by the balanced routing above.
+            torch.softmax(torch.topk(logits, topk, dim=-1).values.float(), dim=-1)
+            x = torch.mm(self.xn, w["latent_in"].t()) if latent else self.xn
+            rows = x.index_select(0, index).view(touched, per, width)
+            h = self._act(torch.bmm(rows, up.transpose(1, 2)))
+            y = torch.bmm(h, down.transpose(1, 2)).view(-1, width) * weight
+            out = torch.zeros(self.batch, width, dtype=torch.bfloat16, device=self.device).index_add_(0, index, y)
+            return torch.mm(out, w["latent_out"].t()) if latent else out
+
+        def moe() -> None:
+            r = routed()
+            if not shared:
+                self.bo.copy_(r)
+                return
+            s = torch.mm(self._act(torch.mm(self.xn, w["shared_up"].t())), w["shared_down"].t())
+            if "shared_gate" in w:
+                s = s * torch.sigmoid(torch.mm(self.xn, w["shared_gate"].t()))
+            torch.add(r, s, out=self.bo)
+
+        self.ops.append(Op("mlp", f"{tag}.moe", moe))
+
+    def _head_ops(self) -> None:
+        held: dict[str, torch.Tensor] = {}
+        self.ops += [
+            Op("other", "final_norm", lambda: add_rms_norm(self.h, self.bo, self.w.head["norm"], self.xn)),
+            Op("other", "lm_head", lambda: held.__setitem__("logits", torch.mm(self.xn, self.w.head["lm_head"].t()))),
+            Op("other", "sample", lambda: torch.argmax(held["logits"], dim=-1, out=self.next_tokens)),
+        ]
+
+    def run(self, select: Callable[[Op], bool] | None = None) -> None:
+        """Run the ops `select` keeps (all by default), in model order."""
+        for op in self.ops:
+            if select is None or select(op):
+                op.fn()
+
+    def check(self) -> float:
+        """The SSM kernels of layer 0 against their reference over whole windows: the max relative error."""
+        return self.stack.check()
+
+    def tolerance(self) -> float:
+        return self.stack.tolerance()
+
+    def close(self) -> None:
+        self.stack.close()
+        self.ops.clear()
+        self._bufs.clear()
+        self.conv_states.clear()
+        self.kv.clear()
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+
+def select_all(op: Op) -> bool:
+    return True
+
+
+def select_category(category: str) -> Callable[[Op], bool]:
+    return lambda op: op.category == category
+
+
+def select_kernel(op: Op) -> bool:
+    return op.name.endswith(".kernel")
+
+
+Timer = Callable[[Step, Callable[[Op], bool], int, int], list[float]]
+
+
+def _sleep_ahead() -> None:
+    # Keep the GPU busy while the host queues the timed replays, so no launch gap lands inside a timing.
+    if hasattr(torch.cuda, "_sleep"):
+        torch.cuda._sleep(2_000_000)
+
+
+def graph_timer(step: Step, select: Callable[[Op], bool], replays: int, warmup: int) -> list[float]:
+    """µs per replay of the selected ops captured in one CUDA graph: one eager run on a side stream, capture, warm replays, timed replays."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        step.run(select)
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step.run(select)
+    for _ in range(warmup):
+        graph.replay()
+    torch.cuda.synchronize()
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(replays)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(replays)]
+    _sleep_ahead()
+    for start, end in zip(starts, ends):
+        start.record()
+        graph.replay()
+        end.record()
+    torch.cuda.synchronize()
+    del graph
+    return [s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends)]
+
+
+@dataclass
+class Measurement:
+    """Per-replay µs of the whole step, of each category's ops alone, and of the SSM kernels alone."""
+
+    step: list[float]
+    parts: dict[str, list[float]]
+    kernel: list[float]
+
+    def category_us(self) -> dict[str, float]:
+        return {c: statistics.fmean(self.parts[c]) if self.parts.get(c) else 0.0 for c in CATEGORIES}
+
+
+def measure(step: Step, *, replays: int, warmup: int = WARMUP_REPLAYS, timer: Timer | None = None) -> Measurement:
+    """Time the whole step, then each category's ops in their own graph, then the SSM kernels alone.
+
+    The shares of the step are the category times over their sum (the categories partition the
+    ops, so the sum is the step less the launch tails between graphs; the ratio is kept).
+    """
+    timer = timer or graph_timer
+    present = {op.category for op in step.ops}
+    full = timer(step, select_all, replays, warmup)
+    parts = {c: timer(step, select_category(c), replays, warmup) if c in present else [] for c in CATEGORIES}
+    kernel = timer(step, select_kernel, replays, warmup)
+    return Measurement(step=full, parts=parts, kernel=kernel)
+
+
+def shares(category_us: dict[str, float]) -> dict[str, float]:
+    """Each category's share of the step: its time over the sum of all four (the shares add up to 1)."""
+    total = sum(category_us.get(c, 0.0) for c in CATEGORIES)
+    if not total > 0:
+        raise ValueError(f"no category took any time: {category_us}")
+    return {c: category_us.get(c, 0.0) / total for c in CATEGORIES}
+
+
+def _percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    if not ordered:
+        return math.nan
+    pos = (len(ordered) - 1) * q / 100
+    lo, hi = math.floor(pos), math.ceil(pos)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+
+
+@dataclass(frozen=True)
+class E2ESpec:
+    """What an e2e run measures: presets x contexts x batches x variants, at one window and state precision."""
+
+    presets: tuple[str, ...]
+    batches: tuple[int, ...] = DEFAULT_BATCHES
+    contexts: tuple[int, ...] = DEFAULT_CONTEXTS
+    variants: tuple[str, ...] = DEFAULT_VARIANTS
+    window: int = 16
+    state_dtype: str | None = None
+    read_dtype: str = "bf16"
+    tp: int = 1
+    max_weights_gib: float | None = None
+    windows: int = TIMED_WINDOWS
+    seed: int = 0
+
+    def validate(self) -> None:
+        """Raise UserError (one line) for an option the step cannot take."""
+        if not self.presets:
+            raise UserError("no preset to estimate", "pass --preset NAME (see `replayssm presets`)")
+        for b in self.batches:
+            if b < 1:
+                raise UserError(f"--batch {b} is not a batch size", "batch sizes are positive integers, e.g. --batch 1,16,64,256")
+        for c in self.contexts:
+            if c < 1:
+                raise UserError(f"--context {c} is not a context length", "pass tokens in the KV cache, e.g. --context 4096")
+        for v in self.variants:
+            if v not in VARIANTS:
+                raise UserError(f"--variant {v!r} is not one the step runs", f"choose from {', '.join(VARIANTS)}")
+        if not self.variants:
+            raise UserError("no --variant to run", f"choose from {', '.join(VARIANTS)}")
+        if not 1 <= self.window <= MAX_WINDOW:
+            raise UserError(f"--window {self.window} is out of range", f"the window W takes 1 to {MAX_WINDOW}")
+        for value, enum, option in ((self.state_dtype, StateDtype, "--state-dtype"), (self.read_dtype, ReadDtype, "--read-dtype")):
+            if value is not None and value not in {e.value for e in enum}:
+                raise UserError(f"{option} {value!r} is not a dtype the kernels take", f"choose from {', '.join(e.value for e in enum)}")
+        if self.tp < 1:
+            raise UserError(f"--tp {self.tp} is not a tensor-parallel degree", "pass a positive integer")
+        if self.max_weights_gib is not None and not self.max_weights_gib > 0:
+            raise UserError(f"--max-weights-gib {self.max_weights_gib} is not a size", "pass GiB, e.g. --max-weights-gib 60")
+        if self.windows < 1:
+            raise UserError(f"timed windows {self.windows} must be at least 1")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def notes(spec: E2ESpec) -> list[str]:
+    """What every e2e figure is and is not, printed with the table and stored in the results file."""
+    return [
+        "prefill is not timed: each figure is one decode step with the KV cache already holding --context tokens; "
+        "a decode optimisation takes no credit from another phase",
+        "ITL: mean time of one decode step of the whole model over whole windows (every flush phase in), one token per "
+        "sequence; tokens/s = batch / ITL",
+        "MoE: the router runs, then every token goes to top-k of the experts a batch touches in expectation under "
+        "uniform routing, E(1-(1-k/E)^B), in equal groups (batched products of the touched experts' weights): an "
+        "approximation of a grouped-GEMM MoE with balanced routing",
+        "shares: each category's ops (SSM layers, attention, MLP/MoE, the rest: embedding, norms and residual adds, LM "
+        "head, sampling) timed in their own CUDA graph, over the sum of the four; 'kernel' is the SSM recurrence alone",
+        "weights are random bf16 (published serving figures use NVFP4 weights: less weight traffic, so a larger SSM share)",
+        f"--tp {spec.tp}: one GPU of the group; the all-reduces between GPUs are not timed" if spec.tp > 1 else
+        "one GPU, no tensor parallelism",
+    ]
+
+
+@dataclass
+class E2ERun:
+    """What a run did: the results as written, skips with reasons, failed checks, the largest batches that fit."""
+
+    results: Any
+    path: Path
+    skipped: list[dict[str, str]] = field(default_factory=list)
+    failed: list[str] = field(default_factory=list)
+    max_batch: dict[str, int | None] = field(default_factory=dict)
+    plans: dict[str, str] = field(default_factory=dict)
+    interrupted: bool = False
+
+
+def config_label(preset: str, variant: str, batch: int, context: int) -> str:
+    return f"{preset} {variant} B{batch} ctx{context}"
+
+
+def _first_line(exc: BaseException) -> str:
+    return str(exc).splitlines()[0] if str(exc) else ""
+
+
+def _is_oom(exc: BaseException) -> bool:
+    return isinstance(exc, torch.cuda.OutOfMemoryError) or "out of memory" in str(exc).lower()
+
+
+def _free_cuda() -> None:
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def build_row(
+    inv: Inventory, spec: E2ESpec, *, variant: str, batch: int, context: int, state_dtype: str, meas: Measurement | None,
+    check_err: float | None, status: str, plan: WeightPlan, step_info: dict[str, Any],
+) -> dict[str, Any]:
+    """One results row of kind 'e2e' from a measurement (or a failed check, which carries no times)."""
+    p = inv.preset
+    row: dict[str, Any] = {
+        "kind": "e2e", "op": p.kind, "preset": p.name, "variant": variant, "phase": "avg", "batch": batch,
+        "window": spec.window if variant != "conventional" else None, "state_dtype": state_dtype,
+        "read_dtype": spec.read_dtype if variant == "split" else None, "io_dtype": IO_DTYPE, "draft": 0, "accepted": None,
+        "tp": p.tp, "layers": p.ssm_layers, "flush": "staggered", "source": "measured", "status": status,
+        "tokens_per_step": 1, "check_max_err": check_err,
+        "x_context": context, "x_prefill": "not timed", "x_family": inv.family.name,
+        "x_blocks": ", ".join(f"{inv.count(k)} {k}" for k in ("ssm", "attn", "mlp", "moe") if inv.count(k)),
+        "x_weights_gib": plan.total / GIB, "x_weight_sets": plan.sets, "x_ffn_blocks": plan.ffn_blocks,
+        "x_weights_shared": plan.shared, **step_info,
+    }
+    if meas is None:
+        return row
+    us = statistics.fmean(meas.step)
+    cat = meas.category_us()
+    share = shares(cat)
+    kernel_us = statistics.fmean(meas.kernel) if meas.kernel else 0.0
+    total = sum(cat.values())
+    p25, p75 = _percentile(meas.step, 25), _percentile(meas.step, 75)
+    med = _percentile(meas.step, 50)
+    row.update({
+        "us": us, "us_p50": med, "us_p95": _percentile(meas.step, 95), "us_p99": _percentile(meas.step, 99),
+        "spread": (p75 - p25) / med if med > 0 else None, "us_per_token": us,
+        "x_us_p25": p25, "x_us_p75": p75, "x_tokens_per_s": batch * 1e6 / us,
+        **{f"x_share_{c}": share[c] for c in CATEGORIES},
+        "x_share_ssm_kernel": kernel_us / total if total > 0 else None,
+        **{f"x_us_{c}": cat[c] for c in CATEGORIES}, "x_us_ssm_kernel": kernel_us,
+        "x_category_sum_ratio": total / us if us > 0 else None, "x_replays": len(meas.step),
+    })
+    return row
+
+
+def attach_speedup(row: dict[str, Any], rows: list[dict[str, Any]]) -> None:
+    """speedup (and its quartile range) of a non-conventional row over the conventional row of the same preset, batch, context and dtypes."""
+    if row["variant"] == "conventional" or row.get("status") != "ok":
+        return
+    for base in rows:
+        if (base["kind"] == "e2e" and base["variant"] == "conventional" and base.get("status") == "ok"
+                and all(base.get(k) == row.get(k) for k in ("preset", "batch", "x_context", "state_dtype", "tp"))):
+            row["speedup"] = base["us"] / row["us"]
+            row["speedup_lo"] = base["x_us_p25"] / row["x_us_p75"]
+            row["speedup_hi"] = base["x_us_p75"] / row["x_us_p25"]
+            if base.get("x_us_ssm_kernel") and row.get("x_us_ssm_kernel"):
+                row["x_kernel_speedup"] = base["x_us_ssm_kernel"] / row["x_us_ssm_kernel"]
+            return
+
+
+def _cuda_free() -> int:
+    return int(torch.cuda.mem_get_info()[0])
+
+
+def run(
+    spec: E2ESpec,
+    presets: list[Preset],
+    writer: Any,
+    *,
+    device: torch.device | str = "cuda",
+    progress: bool = True,
+    timer: Timer | None = None,
+    free_fn: Callable[[], int | None] | None = None,
+    l2_bytes: int | None = None,
+    attention: str | None = None,
+    families: dict[str, Family] | None = None,
+) -> E2ERun:
+    """Estimate every configuration of `spec` for `presets`, writing rows as they finish.
+
+    Per preset the weights are allocated once; per context, batch and variant a step is built (a
+    size whose KV cache, states and buffers do not fit beside the weights is skipped with the
+    reason and the largest batch that fits), its SSM kernels checked against the reference, and
+    timed. An out-of-memory error skips the configuration; Ctrl-C closes the file incomplete.
+    free_fn gives the free device memory in bytes (default: CUDA's; None from it skips the checks).
+    """
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from replayssm_cli.console import err
+
+    device = torch.device(device)
+    if free_fn is None:
+        free_fn = _cuda_free if device.type == "cuda" else (lambda: None)
+    result = E2ERun(results=writer.results, path=writer.results.path)
+    labels = [config_label(p.name, v, b, c) for p in presets for c in spec.contexts for b in spec.batches for v in spec.variants]
+    done: set[str] = set()
+    bar = Progress(
+        TextColumn("[bold]e2e[/]"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TextColumn("{task.description}"),
+        console=err, transient=True, disable=not progress,
+    )
+
+    def skip(label: str, why: str) -> None:
+        writer.skip(label, why)
+        result.skipped.append(writer.results.skipped[-1])
+        done.add(label)
+
+    try:
+        with bar:
+            task = bar.add_task("", total=len(labels))
+            for preset in presets:
+                _run_preset(spec, preset, writer, result, skip, done, bar, task, device=device, timer=timer, free_fn=free_fn,
+                            l2_bytes=l2_bytes, attention=attention, family=(families or {}).get(preset.name))
+    except KeyboardInterrupt:
+        result.interrupted = True
+        for label in labels:
+            if label not in done:
+                writer.skip(label, "not run: interrupted")
+        result.skipped = list(writer.results.skipped)
+        writer.results.spec.update(weights=result.plans, max_batch=result.max_batch)
+        result.results = writer.close(complete=False)
+        _free_cuda()
+        return result
+    writer.results.spec.update(weights=result.plans, max_batch=result.max_batch)
+    result.results = writer.close(complete=True)
+    return result
+
+
+def _run_preset(spec, preset, writer, result, skip, done, bar, task, *, device, timer, free_fn, l2_bytes, attention, family) -> None:
+    configs = [(c, b, v) for c in spec.contexts for b in spec.batches for v in spec.variants]
+    state_dtype = spec.state_dtype or preset.state_dtype
+    why = None
+    try:
+        inv = inventory(preset, family)
+        free = free_fn()
+        budget = int(spec.max_weights_gib * GIB) if spec.max_weights_gib else (int(free * WEIGHT_SHARE) if free is not None else None)
+        plan = plan_weights(inv, budget, l2_bytes)
+        bar.update(task, description=f"{preset.name}: allocating {plan.total / GIB:.1f} GiB of weights")
+        weights = Weights(inv, plan.sets, device, seed=spec.seed)
+    except KeyboardInterrupt:
+        raise
+    except Exception as exc:
+        why = f"weights do not fit ({_first_line(exc)})" if _is_oom(exc) else (exc.line() if isinstance(exc, UserError) else f"{type(exc).__name__}: {_first_line(exc)}")
+    if why is not None:
+        # Freed here, after the except block: the exception's traceback holds the partial allocation until then.
+        _free_cuda()
+        for c, b, v in configs:
+            skip(config_label(preset.name, v, b, c), why)
+            bar.advance(task)
+        return
+    try:
+        result.plans[preset.name] = plan.describe()
+        after = free_fn()
+        per_seq = {}
+        for c in spec.contexts:
+            for v in spec.variants:
+                per_seq[c, v] = seq_bytes(inv, variant=v, context=c, window=spec.window, state_dtype=state_dtype, read_dtype=spec.read_dtype)
+                result.max_batch[f"{preset.name} {v} ctx{c}"] = max_batch(per_seq[c, v]["total"], after)
+        for c, b, v in configs:
+            label = config_label(preset.name, v, b, c)
+            bar.update(task, description=label)
+            parts = per_seq[c, v]
+            largest = result.max_batch[f"{preset.name} {v} ctx{c}"]
+            free = free_fn()
+            need = parts["total"] * b
+            if free is not None and need > free * MEMORY_SHARE - RESERVE_BYTES:
+                skip(label, f"needs {need / GIB:.1f} GiB (KV cache {parts['kv'] * b / GIB:.1f}, SSM states and buffers "
+                            f"{parts['ssm'] * b / GIB:.1f}, conv states {parts['conv'] * b / GIB:.2f}, activations "
+                            f"{parts['activations'] * b / GIB:.2f}) beside {plan.total / GIB:.1f} GiB of weights, "
+                            f"{free / GIB:.1f} GiB free; largest batch that fits: {largest}")
+                bar.advance(task)
+                continue
+            info = {"x_max_batch": largest, "x_kv_gib": parts["kv"] * b / GIB, "x_state_gib": parts["ssm"] * b / GIB}
+            why = None
+            try:
+                row = _measure_config(inv, spec, weights, v, b, c, state_dtype, plan, info, device=device, timer=timer, attention=attention)
+            except KeyboardInterrupt:
+                raise
+            except Exception as exc:
+                why = (f"out of memory at batch {b} (largest batch planned to fit: {largest})" if _is_oom(exc)
+                       else f"{type(exc).__name__}: {_first_line(exc)}")
+            if why is not None:
+                _free_cuda()
+                skip(label, why)
+                bar.advance(task)
+                continue
+            attach_speedup(row, writer.rows)
+            writer.add(row)
+            if row["status"] == "failed":
+                result.failed.append(label)
+            done.add(label)
+            bar.advance(task)
+    finally:
+        del weights
+        _free_cuda()
+
+
+def _measure_config(inv, spec, weights, variant, batch, context, state_dtype, plan, info, *, device, timer, attention) -> dict[str, Any]:
+    step = Step(inv, weights, variant=variant, batch=batch, context=context, window=spec.window, state_dtype=state_dtype,
+                read_dtype=spec.read_dtype, device=device, seed=spec.seed, attention=attention)
+    try:
+        info = {**info, "x_attn_backend": step.attention}
+        if "moe" in inv.blocks:
+            info.update(x_experts_touched=step.touched, x_tokens_per_expert=step.per_expert)
+        tol = step.tolerance()
+        worst = step.check()
+        common = dict(variant=variant, batch=batch, context=context, state_dtype=state_dtype, plan=plan, check_err=worst)
+        if not worst <= tol:
+            return build_row(inv, spec, meas=None, status="failed", step_info={**info, "x_tolerance": tol}, **common)
+        # Conventional steps are timed over as many replays as ReplaySSM's whole windows, so both average alike.
+        replays = spec.window * spec.windows
+        clocks = None
+        if device.type == "cuda":
+            from replayssm_cli.gpus import ClockSampler
+
+            with ClockSampler(required=False) as sampler:
+                meas = measure(step, replays=replays, timer=timer)
+            clocks = sampler.summary()
+        else:
+            meas = measure(step, replays=replays, timer=timer)
+        if clocks and clocks.get("sm_mhz"):
+            info["x_sm_mhz"] = clocks["sm_mhz"]["median"]
+            info["x_throttle"] = ", ".join(clocks.get("reasons") or [])
+        return build_row(inv, spec, meas=meas, status="ok", step_info=info, **common)
+    finally:
+        step.close()
+        del step
+        _free_cuda()
+
+
+def default_out(gpu_key: str | None, directory: str | Path = "runs") -> Path:
+    from datetime import datetime
+
+    return Path(directory) / f"{datetime.now().strftime('%Y%m%d-%H%M%S')}-{gpu_key or 'gpu'}-e2e.json"
+
+
+def render_table(rows: list[dict[str, Any]], *, title: str, caption: str | None = None):
+    """The rich table of e2e rows: ITL, tokens/s, category shares, speedup, per preset, context and batch."""
+    from rich import box
+    from rich.table import Table
+
+    several = len({r["preset"] for r in rows}) > 1
+    table = Table(title=title, caption=caption, caption_justify="left", title_justify="left", box=box.SIMPLE_HEAD)
+    cols = (["preset"] if several else []) + ["context", "batch", "variant", "ITL ms", "tok/s", "SSM %\n(kernel)",
+                                              "attn %", "MLP %", "other %", "speedup\n(kernel)", "max\nbatch"]
+    for col in cols:
+        table.add_column(col, justify="left" if col in ("preset", "variant") else "right", no_wrap=True)
+    order = {v: i for i, v in enumerate(VARIANTS)}
+    for r in sorted(rows, key=lambda r: (r["preset"], r.get("x_context") or 0, r["batch"], order.get(r["variant"], 9))):
+        if r["status"] != "ok":
+            cells = [str(r.get("x_context")), str(r["batch"]), r["variant"], "[red]check failed[/]"] + [""] * 7
+        else:
+            ssm = f"{100 * r['x_share_ssm']:.1f} ({100 * (r.get('x_share_ssm_kernel') or 0):.1f})"
+            sp = "–"
+            if r.get("speedup"):
+                sp = f"{r['speedup']:.2f}x" + (f" ({r['x_kernel_speedup']:.2f}x)" if r.get("x_kernel_speedup") else "")
+            cells = [str(r.get("x_context")), str(r["batch"]), r["variant"], f"{r['us'] / 1e3:.2f}",
+                     f"{r['x_tokens_per_s']:,.0f}", ssm, f"{100 * r['x_share_attn']:.1f}", f"{100 * r['x_share_mlp']:.1f}",
+                     f"{100 * r['x_share_other']:.1f}", sp, str(r.get("x_max_batch") if r.get("x_max_batch") is not None else "–")]
+        table.add_row(*(([r["preset"]] if several else []) + cells))
+    return table
+
+
+def inventory_table(inv: Inventory):
+    """The layer inventory as a rich table: per block kind its count, matrices, parameters and bf16 weight GiB."""
+    from rich import box
+    from rich.table import Table
+
+    p = inv.preset
+    table = Table(title=f"{p.display} · tp {p.tp} · {inv.family.name} blocks · order from {inv.order_source}",
+                  title_justify="left", box=box.SIMPLE_HEAD)
+    for col in ("block", "count", "per block (per GPU, in→out)", "params/block", "GiB all"):
+        table.add_column(col, justify="right" if col in ("count", "params/block", "GiB all") else "left")
+    what = {
+        "ssm": lambda b: f"{p.kind} {p.label()}; conv {b.sizes['conv_dim']}x{CONV_WIDTH}; gated norm /{b.sizes['norm_group']}",
+        "attn": lambda b: f"{b.sizes['heads']} heads, {b.sizes['kv_heads']} KV, dim {b.sizes['head_dim']}"
+        + (f", RoPE {b.sizes['rotary']}" if b.sizes["rotary"] else "") + (", output gate" if inv.family.attn_gate else ""),
+        "mlp": lambda b: f"{inv.family.mlp}",
+        "moe": lambda b: f"{b.sizes['experts']} experts, {b.sizes['topk']} per token, {inv.family.mlp}"
+        + (f", latent {b.sizes['latent']}" if b.sizes["latent"] else ""),
+        "head": lambda b: f"vocab {b.sizes['vocab']}",
+    }
+    for kind in ("ssm", "attn", "mlp", "moe", "head"):
+        block = inv.head if kind == "head" else inv.blocks.get(kind)
+        if block is None:
+            continue
+        count = 1 if kind == "head" else inv.count(kind)
+        mats = "; ".join(lin.label() for lin in block.linears)
+        table.add_row(kind, str(count), f"{what[kind](block)}\n{mats}", f"{block.params / 1e6:,.1f} M",
+                      f"{block.params * count * WEIGHT_ITEMSIZE / GIB:,.2f}")
+    return table
+
+
+def dry_run(spec: E2ESpec, presets: list[Preset], *, free: int | None, l2_bytes: int | None, families: dict[str, Family] | None = None) -> list[dict[str, Any]]:
+    """The inventory, weight plan and memory plan of each preset, without allocating anything.
+
+    Per preset: the inventory dict, the weight plan (or the reason none fits), and per context and
+    variant the bytes per sequence, the largest batch that fits in `free` bytes (None: unknown)
+    and whether each requested batch fits.
+    """
+    out = []
+    for preset in presets:
+        inv = inventory(preset, (families or {}).get(preset.name))
+        state_dtype = spec.state_dtype or preset.state_dtype
+        budget = int(spec.max_weights_gib * GIB) if spec.max_weights_gib else (int(free * WEIGHT_SHARE) if free is not None else None)
+        entry: dict[str, Any] = {"inventory": inv.to_dict(), "state_dtype": state_dtype}
+        try:
+            plan = plan_weights(inv, budget, l2_bytes)
+        except UserError as exc:
+            entry["weights"] = {"error": exc.line()}
+            out.append(entry)
+            continue
+        entry["weights"] = {**plan.to_dict(), "describe": plan.describe()}
+        after = None if free is None else free - plan.total
+        memory = []
+        for c in spec.contexts:
+            for v in spec.variants:
+                parts = seq_bytes(inv, variant=v, context=c, window=spec.window, state_dtype=state_dtype, read_dtype=spec.read_dtype)
+                mb = max_batch(parts["total"], after)
+                memory.append({"context": c, "variant": v, "per_seq": parts, "max_batch": mb,
+                               "fits": {b: (mb is None or b <= mb) for b in spec.batches}})
+        entry["memory"] = memory
+        out.append(entry)
+    return out
+
+
+def memory_table(entry: dict[str, Any], batches: tuple[int, ...]):
+    """The dry run's memory plan of one preset as a rich table."""
+    from rich import box
+    from rich.table import Table
+
+    table = Table(title=entry["weights"].get("describe") or entry["weights"].get("error"), title_justify="left", box=box.SIMPLE_HEAD)
+    for col in ("context", "variant", "KV MiB/seq", "SSM MiB/seq", "conv+act MiB/seq", "max batch", *[f"B{b}" for b in batches]):
+        table.add_column(col, justify="left" if col == "variant" else "right")
+    for m in entry.get("memory", []):
+        ps = m["per_seq"]
+        fits = ["✓" if m["fits"][b] else "[red]✗[/]" for b in batches]
+        table.add_row(str(m["context"]), m["variant"], f"{ps['kv'] / MIB:,.1f}", f"{ps['ssm'] / MIB:,.1f}",
+                      f"{(ps['conv'] + ps['activations']) / MIB:,.1f}", "–" if m["max_batch"] is None else str(m["max_batch"]), *fits)
+    return table
+
+
+def environment(device_index: int = 0) -> dict[str, Any]:
+    """Software versions, CUDA, and the GPU as NVML and torch see it (NVML missing is recorded, not fatal)."""
+    from replayssm_cli import gpus
+    from replayssm_cli.environment import cuda_runtime, software
+
+    env: dict[str, Any] = {**software(), **cuda_runtime(), "mode": "measured"}
+    props = torch.cuda.get_device_properties(device_index)
+    free, total = torch.cuda.mem_get_info(device_index)
+    gpu: dict[str, Any] = {"name": props.name, "memory_total": total, "memory_free": free, "sm_count": props.multi_processor_count,
+                           "l2_bytes": getattr(props, "L2_cache_size", None), "key": None}
+    try:
+        detected = gpus.detect(device_index)
+        gpu.update(driver=detected.driver, uuid=detected.uuid, compute_capability=detected.compute_capability,
+                   max_sm_clock_mhz=detected.max_sm_clock_mhz, max_mem_clock_mhz=detected.max_mem_clock_mhz,
+                   power_limit_w=detected.power_limit_w, key=detected.spec.key if detected.spec else None)
+    except UserError as exc:
+        gpu["nvml_error"] = exc.line()
+    env["gpu"] = gpu
+    env["flash_attn"] = attention_backend(torch.device("cuda")) == "flash-attn"
+    return env
+
+
+def largest_fit_lines(max_batch_by: dict[str, int | None]) -> list[str]:
+    return [f"largest batch that fits: {key}: {value}" for key, value in sorted(max_batch_by.items()) if value is not None]
+
