@@ -30,6 +30,7 @@ DT_RANGE = (1e-3, 1e-1)
 DEFAULT_A_RANGE = (1.0, 16.0)
 SPEC_VARIANTS = ("spec-conventional", "spec-replay")
 CACHE_VARIANTS = ("replay", "split", "spec-replay")
+BASELINE_PREFIX = "baseline:"
 
 
 def kernels(op: str):
@@ -72,6 +73,7 @@ class _Layer:
     snapshots: torch.Tensor | None = None
     cache: Any = None
     accept: torch.Tensor | None = None
+    handle: Any = None
 
 
 class Case:
@@ -79,18 +81,29 @@ class Case:
 
     `step()` runs one decode step over all L layers (capturable in a CUDA graph: no host sync);
     `check()` runs layer 0 against the reference for a whole number of windows and returns the max
-    relative error; `close()` frees the device memory.
+    relative error; `close()` frees the device memory. A "baseline:<name>" variant runs that outside
+    kernel (replayssm_cli.baselines) on the same inputs, layers and check as the variant it competes with.
     """
 
     def __init__(self, spec: dict[str, Any], device: torch.device | str):
         self.spec = dict(spec)
         self.device = torch.device(device)
         self.variant = spec["variant"]
+        self.baseline = None
+        if self.variant.startswith(BASELINE_PREFIX):
+            from replayssm_cli import baselines
+
+            self.baseline = baselines.get(self.variant[len(BASELINE_PREFIX):])
+        # The variant whose layout, memory and check this case follows (a baseline's competitor).
+        self.kernel_variant = self.baseline.variant if self.baseline is not None else self.variant
+        self.settings: dict[str, Any] | None = None
+        # The fills a ReplaySSM baseline's rows were placed at (the check starts our reference there too).
+        self._placed: torch.Tensor | None = None
         self.batch = int(spec["batch"])
         if self.batch < 1:
             raise ValueError(f"batch must be positive, got {self.batch}")
         self.window = int(spec["window"]) if spec.get("window") else None
-        if self.variant in CACHE_VARIANTS and not self.window:
+        if self.kernel_variant in CACHE_VARIANTS and not self.window:
             raise ValueError(f"variant {self.variant!r} needs a window")
         self.state_dtype = spec.get("state_dtype") or "fp32"
         self.read_dtype = spec.get("read_dtype") if self.variant == "split" else None
@@ -109,7 +122,10 @@ class Case:
         self._gen = torch.Generator(device=self.device).manual_seed(int(spec.get("seed") or 0))
         self._i = 0
         self._layers: list[_Layer] = [self._build_layer() for _ in range(self.layers)]
-        self.position()
+        if self.baseline is not None:
+            self.use_settings(self.baseline.settings(self)[0])
+        else:
+            self.position()
 
     def _resolve_model(self, spec: dict[str, Any]) -> None:
         from replayssm_cli.shapes import GDNShape, Mamba2Shape
@@ -140,7 +156,7 @@ class Case:
         from replayssm_cli import cost
 
         mem = cost.memory_per_seq(
-            self.shape, self.variant, window=self.window, state_dtype=self.state_dtype,
+            self.shape, self.kernel_variant, window=self.window, state_dtype=self.state_dtype,
             read_dtype=self.read_dtype, io_dtype=self.io_dtype, draft=self.draft,
         )
         return int(mem["total"]) * self.batch
@@ -186,7 +202,9 @@ class Case:
         s = self.shape
         lead = (b, self.draft) if self.draft else (b,)
         heads = s.H if self.op == "mamba2" else s.HV
-        neg_a = _log_uniform(heads, *self.a_range, self._gen)
+        # -A is drawn uniformly over the preset's range, as both Mamba-2 and GDN initialise it.
+        lo, hi = self.a_range
+        neg_a = (lo + (hi - lo) * torch.rand(heads, generator=self._gen, dtype=torch.float64, device=self._gen.device)).float()
         dt_bias = _inv_softplus(_log_uniform(heads, *DT_RANGE, self._gen))
         if self.op == "mamba2":
             params = {"A": -neg_a, "dt_bias": dt_bias, "dt_softplus": self.dt_softplus}
@@ -229,7 +247,7 @@ class Case:
                 read_dtype=torch_dtype(self.read_dtype) if self.read_dtype else None,
                 io_dtype=io, max_draft=self.draft, device=dev,
             )
-        else:
+        elif self.baseline is None:
             layer.state = state0.clone()
             if self.variant == "spec-conventional":
                 layer.snapshots = torch.empty((b, self.draft, *state_shape[1:]), dtype=state0.dtype, device=dev)
@@ -253,6 +271,8 @@ class Case:
 
     def _run(self, layer: _Layer, i: int, K: Any = None, *, ref: bool = False, target: Any = None) -> torch.Tensor:
         """One step of one layer through the kernels (or the references on `target`); returns the outputs."""
+        if self.baseline is not None and not ref:
+            return self.baseline.step(self, layer, layer.handle, i)
         K = K or kernels(self.op)
         args, kwargs = self._args(layer, i)
         sfx = "_ref" if ref else ""
@@ -286,6 +306,25 @@ class Case:
         rows = [layer.accept[[i % ACCEPT_ROWS for i in range(steps)]] for layer in self._layers]
         return torch.cat(rows).double().mean().item()
 
+    def use_settings(self, settings: dict[str, Any]) -> None:
+        """Rebuild a baseline's tensors under these launch settings on every layer, and place its rows."""
+        if self.baseline is None:
+            raise ValueError(f"variant {self.variant!r} is ours: it has no baseline settings")
+        for layer in self._layers:
+            layer.handle = None
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+        self.settings = dict(settings)
+        for layer in self._layers:
+            layer.handle = self.baseline.make(self, layer, self.settings)
+        self.position()
+
+    def fills(self, flush: str, fill: int | None) -> torch.Tensor:
+        """Each row's starting fill: r mod W when staggered, else `fill` (0 when aligned) for every row."""
+        if flush == "staggered" and fill is None:
+            return torch.arange(self.batch, device=self.device) % self.window
+        return torch.full((self.batch,), fill or 0, device=self.device)
+
     def position(self, flush: str | None = None, fill: int | None = None) -> None:
         """Load every layer's initial state and set the fills: staggered (row r at r mod W), aligned at 0, or all at `fill`."""
         flush = flush or self.flush
@@ -293,16 +332,19 @@ class Case:
             from replayssm_cli.profile import nonflush_fill
 
             fill = self.window - 1 if self.phase == "flush" else nonflush_fill(self.window)
+        if self.baseline is not None:
+            self._placed = self.fills(flush, fill) if self.kernel_variant in CACHE_VARIANTS else None
+            for layer in self._layers:
+                self.baseline.load(self, layer, layer.handle, fills=self._placed)
+            self.rewind()
+            return
         K = kernels(self.op)
         for layer in self._layers:
             if layer.cache is None:
                 layer.state.copy_(layer.state0)
                 continue
             layer.cache.load(layer.state0, layer.slots)
-            if flush == "staggered" and fill is None:
-                target = torch.arange(self.batch, device=self.device) % self.window
-            else:
-                target = torch.full((self.batch,), fill or 0, device=self.device)
+            target = self.fills(flush, fill)
             for k in range(int(target.max().item())):
                 # Padding rows (slot -1) are skipped: only rows still short of their fill take this step.
                 slots = torch.where(target > k, layer.slots, torch.full_like(layer.slots, -1))
@@ -317,7 +359,7 @@ class Case:
 
     def check_steps(self) -> int:
         """Steps the check runs: a whole number of windows (every row flushes once) so the fills come back to their phase."""
-        if self.window and self.variant in CACHE_VARIANTS:
+        if self.window and self.kernel_variant in CACHE_VARIANTS:
             return self.window if self.window > 1 else 2
         return 2
 
@@ -325,6 +367,8 @@ class Case:
         """Run layer 0 through the kernels and, on copies, through the references; the max relative error of outputs and state."""
         K = kernels(self.op)
         layer = self._layers[0]
+        if self.baseline is not None:
+            return self._check_baseline(K, layer)
         if layer.cache is not None:
             target: Any = copy.deepcopy(layer.cache)
         elif layer.snapshots is not None:
@@ -342,6 +386,29 @@ class Case:
             worst = max(worst, rel_err(layer.snapshots, target[1]))
         else:
             worst = max(worst, rel_err(layer.state, target))
+        del target
+        self.rewind()
+        return worst
+
+    def _check_baseline(self, K: Any, layer: _Layer) -> float:
+        """A baseline against our conventional reference: its full states where ours start, then the same steps on the same inputs."""
+        a = self.baseline
+        target = a.state(self, layer, layer.handle, 0).clone()
+        start = layer.state0.to(target.dtype, copy=True)
+        fills = self._placed
+        for k in range(int(fills.max().item()) if fills is not None else 0):
+            # The rows a ReplaySSM kernel was placed at fill f took the first f steps; the others were padding.
+            args, kwargs = self._args(layer, k)
+            kwargs["slots"] = torch.where(fills > k, layer.slots, torch.full_like(layer.slots, -1))
+            K.decode_ref(start, *args, **kwargs)
+        worst = rel_err(target, start)
+        del start
+        steps = self.check_steps()
+        for i in range(steps):
+            args, kwargs = self._args(layer, i)
+            want = K.decode_ref(target, *args, **kwargs)
+            worst = max(worst, rel_err(a.step(self, layer, layer.handle, i), want))
+        worst = max(worst, rel_err(a.state(self, layer, layer.handle, steps), target))
         del target
         self.rewind()
         return worst
@@ -467,6 +534,8 @@ def run_point(point: Any, context: dict[str, Any]) -> list[dict[str, Any]]:
     try:
         try:
             case = make_case(spec, device)
+            if case.baseline is not None:
+                return _run_baseline(case, context)
             worst = case.check()
         except torch.cuda.OutOfMemoryError:
             raise
@@ -498,3 +567,51 @@ def run_point(point: Any, context: dict[str, Any]) -> list[dict[str, Any]]:
     finally:
         if case is not None:
             case.close()
+
+
+def _run_baseline(case: Case, context: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each of a baseline's launch settings checked and timed like our kernels; the fastest that passes is the measurement.
+
+    Every setting tried is listed (its median µs, or why it failed); a setting that raises or fails its
+    check is not timed, and when none passes the measurement is a failed one.
+    """
+    from replayssm_cli.baselines import settings_label
+    from replayssm_cli.gpus import ClockSampler
+
+    tol = case.tolerance()
+    steps = (case.window or 16) * int(context.get("windows_per_graph", 2))
+    repeats = int(context.get("repeats", 30))
+    tried: list[dict[str, Any]] = []
+    best: tuple[float, dict[str, Any], float, list[float]] | None = None
+    with ClockSampler(required=False) as clocks:
+        for n, settings in enumerate(case.baseline.settings(case)):
+            entry: dict[str, Any] = {"settings": settings_label(settings)}
+            tried.append(entry)
+            try:
+                # The case comes placed under the first settings; later ones rebuild the baseline's tensors.
+                if n > 0 or settings != case.settings:
+                    case.use_settings(settings)
+                worst = case.check()
+                entry["check_max_err"] = worst
+                if not worst <= tol:
+                    entry["error"] = f"max relative error {worst:.2e} over the tolerance {tol:.0e}"
+                    continue
+                samples = time_graph(case, steps=steps, repeats=repeats)
+            except torch.cuda.OutOfMemoryError:
+                raise
+            except Exception as exc:
+                entry["error"] = _first_line(exc)
+                continue
+            entry["us"] = sorted(samples)[len(samples) // 2]
+            if best is None or entry["us"] < best[0]:
+                best = (entry["us"], settings, worst, samples)
+    common = {"layers": case.layers, "tolerance": tol, "settings_tried": tried, "kernel": case.baseline.kernel,
+              "note": case.baseline.note}
+    if best is None:
+        errs = [t.get("check_max_err") for t in tried if t.get("check_max_err") is not None]
+        why = "; ".join(f"{t['settings']}: {t['error']}" for t in tried)
+        return [{"phase": "avg", "ok": False, "check_max_err": min(errs) if errs else None, "error": why, **common}]
+    _, settings, worst, samples = best
+    return [{"phase": "avg", "ok": True, "samples_us": samples, "accepted": None, "steps": steps, "repeats": repeats,
+             "clocks": clocks.summary(), "check_max_err": worst, "stack_bytes": case.stack_bytes, "settings": settings,
+             **common}]

@@ -48,6 +48,7 @@ class ProfileSpec:
     windows_per_graph: int = 2
     repeats: int = 30
     seed: int = 0
+    baselines: tuple[str, ...] = ()
 
     def validate(self) -> None:
         """Raise UserError (one line) for an option the kernels or the grid cannot take."""
@@ -85,6 +86,11 @@ class ProfileSpec:
             raise UserError(f"--layers {self.layers} is not a layer count", "pass a positive integer")
         if self.repeats < 3:
             raise UserError(f"--repeats {self.repeats} is too few to give percentiles", "pass 3 or more")
+        from replayssm_cli import baselines
+
+        for name in self.baselines:
+            if name != baselines.ALL and name not in baselines.REGISTRY:
+                raise UserError(f"--baseline {name!r} is not a baseline this replayssm knows", f"choose from {', '.join(baselines.names())} or all")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -136,6 +142,12 @@ class Point:
     layers_cap: int | None = None
     flush: str = "staggered"
     phases: bool = False
+    competes: str | None = None
+
+    @property
+    def cost_variant(self) -> str:
+        """The variant whose cost model the row uses: ours, or the one a baseline competes with."""
+        return self.competes or self.variant
 
     def label(self) -> str:
         parts = [self.preset, self.variant, f"B{self.batch}"]
@@ -167,10 +179,12 @@ class Point:
         }
 
 
-def plan(spec: ProfileSpec, presets: list[Any], left_out: list[dict[str, str]] | None = None) -> list[Point]:
+def plan(spec: ProfileSpec, presets: list[Any], left_out: list[dict[str, str]] | None = None, baselines: list[Any] = ()) -> list[Point]:
     """The grid in run order: within a preset, state dtype and batch, the conventional kernel first (the speedup baseline).
 
     A split read copy that is not narrower than the state is left out (appended to `left_out` with why).
+    `baselines` (replayssm_cli.baselines adapters, already found importable) add a point after ours for
+    each configuration of their op and variant that they can run; the others go to `left_out`.
     """
     from replayssm_cli.dtypes import itemsize
 
@@ -202,6 +216,19 @@ def plan(spec: ProfileSpec, presets: list[Any], left_out: list[dict[str, str]] |
                     for w in spec.windows:
                         points.append(
                             Point(**common, variant="spec-replay", batch=b, window=w, state_dtype=sd, read_dtype=None, draft=t, accept=acc, flush=flush)
+                        )
+                for bl in baselines:
+                    if bl.op != preset.kind:
+                        continue
+                    for w in spec.windows if bl.variant == "replay" else (None,):
+                        why = bl.unsupported(window=w, state_dtype=sd, io_dtype=spec.io_dtype, shape=preset.shape)
+                        if why:
+                            if left_out is not None and b == spec.batches[0]:
+                                left_out.append({"what": f"{preset.name} baseline:{bl.name}" + (f" W{w}" if w else "") + f" {sd}", "why": why})
+                            continue
+                        points.append(
+                            Point(**common, variant=f"baseline:{bl.name}", batch=b, window=w, state_dtype=sd, read_dtype=None,
+                                  flush=flush if w else "staggered", competes=bl.variant)
                         )
     return points
 
@@ -253,7 +280,7 @@ def _cost(point: Point, preset: Any, phase: str, accepted: float | None):
         fill = point.window - 1
     return cost.step_cost(
         preset.shape,
-        point.variant,
+        point.cost_variant,
         phase,
         batch=point.batch,
         window=point.window,
@@ -273,7 +300,7 @@ def memory_fields(point: Point, preset: Any, free_bytes: int | None) -> dict[str
 
     mem = cost.memory_per_seq(
         preset.shape,
-        point.variant,
+        point.cost_variant,
         window=point.window,
         state_dtype=point.state_dtype,
         read_dtype=point.read_dtype,
@@ -311,6 +338,7 @@ def base_row(point: Point, preset: Any, phase: str, *, source: str, status: str,
         "source": source,
         "status": status,
         "x_fill": nonflush_fill(point.window) if phase == "nonflush" else (point.window - 1 if phase == "flush" else None),
+        **({"x_competes": point.competes} if point.competes else {}),
     }
 
 
@@ -342,7 +370,7 @@ def predicted_rows(point: Point, preset: Any, ceilings: Any, free_bytes: int | N
     for phase in point_phases(point):
         row = base_row(point, preset, phase, source="predicted", status="ok", layers=preset.ssm_layers)
         c = _cost(point, preset, phase, accepted)
-        us = cost.predict_us(c, ceilings, cost.launches_per_step(point.variant, phase))
+        us = cost.predict_us(c, ceilings, cost.launches_per_step(point.cost_variant, phase))
         timing_fields(row, point, preset, us, accepted, ceilings, phase)
         row.update(us_p50=us, us_p95=us, us_p99=us, spread=None, check_max_err=None)
         row.update(memory_fields(point, preset, free_bytes))
@@ -368,13 +396,16 @@ def measured_rows(point: Point, preset: Any, measurements: list[dict[str, Any]],
             timing_fields(row, point, preset, stats["us"], accepted, ceilings, phase)
             row.update(stats)
             row["x_samples_us"] = [round(s, 4) for s in m["samples_us"]]
-            for key in ("steps", "repeats", "clocks", "tolerance", "note", "stack_bytes"):
+            for key in ("steps", "repeats", "clocks", "tolerance", "note", "stack_bytes", "settings", "settings_tried", "kernel"):
                 if m.get(key) is not None:
                     row[f"x_{key}"] = m[key]
         else:
             row["accepted"] = accepted
             row["x_error"] = m.get("error")
             row["x_tolerance"] = m.get("tolerance")
+            for key in ("settings_tried", "kernel", "note"):
+                if m.get(key) is not None:
+                    row[f"x_{key}"] = m[key]
         row.update(memory_fields(point, preset, free_bytes))
         rows.append(row)
     return _derived_fields(rows)
@@ -414,7 +445,11 @@ def _baseline(row: dict[str, Any], rows: list[dict[str, Any]], variant: str, dra
 
 
 def attach_speedup(row: dict[str, Any], rows: list[dict[str, Any]]) -> None:
-    """Speedup over the conventional row of the same preset, batch and dtypes (per token), with a range from the quartiles."""
+    """Speedup over the conventional row of the same preset, batch and dtypes (per token), with a range from the quartiles.
+
+    A baseline row also gets x_vs_ours: its µs per token over that of our kernel of the variant it
+    competes with (same window), so above 1 ours is faster.
+    """
     row.setdefault("speedup", None)
     row.setdefault("speedup_lo", None)
     row.setdefault("speedup_hi", None)
@@ -423,6 +458,12 @@ def attach_speedup(row: dict[str, Any], rows: list[dict[str, Any]]) -> None:
     conv = _baseline(row, rows, "conventional")
     if conv is not None:
         _ratio(row, conv, "")
+    if row["variant"].startswith("baseline:") and row.get("x_competes"):
+        ours = next((r for r in rows if r["variant"] == row["x_competes"] and r["window"] == row.get("window")
+                     and _baseline(row, [r], r["variant"]) is not None), None)
+        if ours is not None:
+            row["x_vs_ours"] = row["us_per_token"] / ours["us_per_token"]
+            row["x_ours_us"] = ours["us_per_token"]
     if row["variant"] == "spec-replay":
         snap = _baseline(row, rows, "spec-conventional", row.get("draft", 0))
         if snap is not None:
@@ -578,11 +619,11 @@ def run_profile(
 
     spec.validate()
     resolved = [presets_mod.resolve(name, spec.tp) for name in spec.presets]
+    mode = "predicted" if predict else detect_mode(require_gpu)
     left_out: list[dict[str, str]] = []
-    points = plan(spec, resolved, left_out)
+    points = plan(spec, resolved, left_out, usable_baselines(spec, resolved, mode, left_out))
     if not points:
         raise UserError("the options leave nothing to profile", "; ".join(f"{s['what']}: {s['why']}" for s in left_out))
-    mode = "predicted" if predict else detect_mode(require_gpu)
     setup = predicted_setup(gpu) if mode == "predicted" else measured_setup(gpu, spec)
     path = Path(out) if out else default_out(setup["gpu_key"])
     spec_doc = {**spec.to_dict(), "mode": mode, "gpu": setup["gpu_key"], "presets_resolved": [p.name for p in resolved]}
@@ -602,6 +643,34 @@ def run_profile(
     run.mode, run.gpu_name, run.ceilings = mode, setup["gpu_name"], setup["ceilings"]
     run.layers_of = {p.name: p.ssm_layers for p in resolved}
     return run
+
+
+def usable_baselines(spec: ProfileSpec, presets: list[Any], mode: str, left_out: list[dict[str, str]]) -> list[Any]:
+    """The baselines asked for that import here and have a preset of their op; the others go to `left_out` with why.
+
+    Baselines are measured only: a predicted profile leaves them all out, in one entry.
+    """
+    from replayssm_cli import baselines
+
+    if not spec.baselines:
+        return []
+    if mode == "predicted":
+        left_out.append({"what": "baselines", "why": "outside kernels are measured, not predicted: they need a CUDA GPU"})
+        return []
+    ops = {p.kind for p in presets}
+    explicit = baselines.ALL not in spec.baselines
+    usable = []
+    for bl in baselines.resolve(spec.baselines):
+        if bl.op not in ops:
+            if explicit:
+                left_out.append({"what": f"baseline:{bl.name}", "why": f"it runs {bl.op} layers and no {bl.op} preset is profiled"})
+            continue
+        ok, why = bl.available()
+        if ok:
+            usable.append(bl)
+        else:
+            left_out.append({"what": f"baseline:{bl.name}", "why": why})
+    return usable
 
 
 def detect_mode(require_gpu: bool) -> str:
@@ -773,6 +842,8 @@ def _speedup_cell(r: dict[str, Any]) -> str:
         cell += f" [dim]({r['speedup_lo']:.2f}–{r['speedup_hi']:.2f})[/]"
     if r.get("x_spec_speedup") is not None:
         cell += f" [dim]· {r['x_spec_speedup']:.2f}x vs snapshots[/]"
+    if r.get("x_vs_ours") is not None:
+        cell += f" [dim]· ours {r['x_vs_ours']:.2f}x[/]"
     return cell
 
 

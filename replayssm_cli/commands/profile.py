@@ -7,10 +7,12 @@ from typing import Annotated, Any, Optional
 
 import typer
 
+from replayssm_cli.baselines import names as _baseline_names
 from replayssm_cli.errors import UserError, cli_command
 # `replayssm tune` measures its candidates through the profiler's setup under this name.
 from replayssm_cli.profile import measured_setup as _measured_setup  # noqa: F401
 
+BASELINE_NAMES = _baseline_names()
 EXIT_INTERRUPTED = 130
 EXIT_FAILED = 1
 WIDE = 240
@@ -74,6 +76,14 @@ def profile(
     ] = False,
     phases: Annotated[bool, typer.Option("--phases/--no-phases", help="Also time ReplaySSM's non-flush and flush steps alone.")] = True,
     repeats: Annotated[int, typer.Option("--repeats", help="Timed CUDA-graph replays per configuration.")] = 30,
+    baseline: Annotated[
+        Optional[list[str]],
+        typer.Option(
+            "--baseline",
+            help=f"Serving-stack kernels to time beside ours, comma-separated or repeated: {', '.join(BASELINE_NAMES)}, or all. "
+            "One missing its package is skipped with what to install.",
+        ),
+    ] = None,
     gpu: Annotated[Optional[str], typer.Option("--gpu", help="GPU to predict for without a CUDA GPU (or with --predict).", show_default="h200")] = None,
     predict: Annotated[bool, typer.Option("--predict", help="Predict from the cost model even where a GPU is present.")] = False,
     require_gpu: Annotated[bool, typer.Option("--require-gpu", help="Fail instead of predicting when no CUDA GPU is present.")] = False,
@@ -84,11 +94,13 @@ def profile(
 
     Every SSM layer of the stack has its own state pool, each kernel is checked against its
     reference before it is timed, and rows are written as they finish. Without a CUDA GPU the
-    profile is predicted from the cost model for --gpu, every row marked predicted.
+    profile is predicted from the cost model for --gpu, every row marked predicted. --baseline
+    adds the serving stacks' own kernels (FlashInfer, mamba_ssm, fla, vLLM) on the same inputs,
+    each at its fastest launch settings.
 
     Examples:
 
-      replayssm profile
+      replayssm profile --baseline all
 
       replayssm profile --preset nemotron-3-super-120b-a12b --batch 64,256 --state-dtype fp32 --read-dtype bf16
 
@@ -114,6 +126,7 @@ def profile(
         aligned_flush=aligned_flush,
         phases=phases,
         repeats=repeats,
+        baselines=_words(baseline),
     )
     run = prof.run_profile(spec, out=out, predict=predict, require_gpu=require_gpu, gpu=gpu)
 
@@ -122,7 +135,7 @@ def profile(
         print_json(rows)
     else:
         title = f"replayssm profile · {run.gpu_name} · {run.mode}"
-        table = prof.render_table(rows, title=title, caption=_caption(run.mode, run.ceilings), layers_of=run.layers_of)
+        table = prof.render_table(rows, title=title, caption=_caption(run.mode, run.ceilings, any(r["variant"].startswith("baseline:") for r in rows)), layers_of=run.layers_of)
         _wide(stdout).print(table)
     note(f"results: {run.path} ({len(rows)} rows{'' if run.results.complete else ', incomplete'})")
     not_run = [s for s in run.skipped if s["why"] == prof.INTERRUPTED]
@@ -150,7 +163,7 @@ def _wide(console: Any) -> Any:
     return Console(width=WIDE, force_terminal=False)
 
 
-def _caption(mode: str, c: Any) -> str:
+def _caption(mode: str, c: Any, baselines: bool = False) -> str:
     bw = f"{c.copy_gbs:.0f} GB/s copy bandwidth ({c.source})" if c is not None else "no known ceiling"
     lines = [
         "µs per token per layer: median per-step time " + ("predicted by the cost model, no kernel ran" if mode == "predicted" else "over CUDA-graph replays, ± half the interquartile range (noisy above 10%)"),
@@ -158,4 +171,6 @@ def _caption(mode: str, c: Any) -> str:
         "speedup: conventional µs per token over the row's, same preset, batch and dtypes (quartile range); spec-conventional times decode_multi only (accept is a pointer move, as in vLLM)",
         "flush cost/share: extra µs of a flush step over a non-flush one / its share of the average step; MiB/seq over all SSM layers; seqs fit in free GPU memory",
     ]
+    if baselines:
+        lines.append("baseline:<name>: an outside kernel at its fastest launch settings; 'ours N.NNx': its µs over our kernel's of the variant it competes with (above 1, ours is faster)")
     return "\n".join(lines)
