@@ -1,1 +1,37 @@
-"""Mamba-2 decode kernels."""
+"""Mamba-2 decode kernels, conventional and ReplaySSM, with their plain-PyTorch references."""
+
+from replayssm_kernels.mamba2.cache import ReplayCache
+from replayssm_kernels.mamba2.decode import accept_snapshot, decode, decode_multi
+from replayssm_kernels.mamba2.reference import (
+    accept_ref,
+    accept_snapshot_ref,
+    decode_multi_ref,
+    decode_ref,
+    materialize_ref,
+    quantize_ref,
+    random_inputs,
+    replay_ref,
+    verify_ref,
+)
+from replayssm_kernels.mamba2.replay import materialize, replay
+from replayssm_kernels.mamba2.verify import accept, verify
+
+__all__ = [
+    "ReplayCache",
+    "accept",
+    "accept_ref",
+    "accept_snapshot",
+    "accept_snapshot_ref",
+    "decode",
+    "decode_multi",
+    "decode_multi_ref",
+    "decode_ref",
+    "materialize",
+    "materialize_ref",
+    "quantize_ref",
+    "random_inputs",
+    "replay",
+    "replay_ref",
+    "verify",
+    "verify_ref",
+]

@@ -1,0 +1,175 @@
+"""The ReplaySSM cache of a Mamba-2 layer: checkpoint pool, optional read copy, input buffers and fill counters."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+
+from replayssm_kernels.mamba2 import args
+from replayssm_kernels.mamba2.reference import quantize_ref
+
+
+@dataclass
+class ReplayCache:
+    """Per-slot ReplaySSM state of one Mamba-2 layer; every tensor is indexed by slot first.
+
+    checkpoint (nslots, H, P, N) state dtype; read_copy (nslots, H, P, N) read dtype or None and, for fp8,
+    read_scale (nslots, H, P) fp32; per buffered position j < capacity = window + max_draft: x_buf
+    (nslots, H, CAP, P) and b_buf (nslots, G, CAP, N) in the io dtype, dt_buf (Δ after bias and softplus)
+    and lam_buf (cumulative A·Δ since the checkpoint) (nslots, H, CAP) fp32; b_draft (nslots, G, max_draft, N)
+    holds the drafts' B between `verify` and `accept`; fill (nslots, H) int32, equal across the heads of a slot;
+    last_draft is the T of the last `verify` (what `accept` may commit).
+    """
+
+    checkpoint: torch.Tensor
+    read_copy: torch.Tensor | None
+    read_scale: torch.Tensor | None
+    x_buf: torch.Tensor
+    b_buf: torch.Tensor
+    dt_buf: torch.Tensor
+    lam_buf: torch.Tensor
+    b_draft: torch.Tensor
+    fill: torch.Tensor
+    window: int
+    max_draft: int
+    last_draft: int = 0
+
+    @classmethod
+    def create(cls, nslots: int, H: int, P: int, N: int, G: int, window: int, *, state_dtype=torch.float32,
+               read_dtype=None, io_dtype=torch.bfloat16, max_draft: int = 0, device="cuda") -> "ReplayCache":
+        """An empty cache (zero checkpoints, fill 0) for nslots slots.
+
+        Args:
+            nslots, H, P, N, G: slots, heads, head dim, state dim, groups (G divides H).
+            window: W in [1, 64]: a slot flushes on the step that brings its buffer to W entries.
+            state_dtype: checkpoint dtype, fp32, bf16 or fp16 (a torch dtype or a name such as "fp32").
+            read_dtype: None, or bf16, fp16 or fp8 for a split-precision read copy of the checkpoint.
+            io_dtype: dtype of the buffered x and B, and the dtype `replay` and `verify` expect them in.
+            max_draft: the most drafts one `verify` may carry, in [0, 8].
+            device: where every tensor lives.
+        """
+        args.check_dims((nslots, H, P, N, G), "(nslots, H, P, N, G)")
+        args.check_group(H, G, name="the cache")
+        args.check_window(window)
+        if not isinstance(max_draft, int) or not 0 <= max_draft <= 8:
+            raise ValueError(f"max_draft must be an integer in [0, 8], got {max_draft!r}")
+        state_dtype = args.as_dtype(state_dtype, "state_dtype", args.FLOAT_DTYPES)
+        io_dtype = args.as_dtype(io_dtype, "io_dtype", args.FLOAT_DTYPES)
+        read_dtype = None if read_dtype is None else args.as_dtype(read_dtype, "read_dtype", args.READ_DTYPES)
+        cap = window + max_draft
+        dev = torch.device(device)
+        if dev.type == "cuda" and dev.index is None:
+            dev = torch.device("cuda", torch.cuda.current_device())
+
+        def zeros(*shape, dtype):
+            return torch.zeros(shape, dtype=dtype, device=dev)
+
+        return cls(
+            checkpoint=zeros(nslots, H, P, N, dtype=state_dtype),
+            read_copy=None if read_dtype is None else zeros(nslots, H, P, N, dtype=read_dtype),
+            read_scale=zeros(nslots, H, P, dtype=torch.float32) if read_dtype == torch.float8_e4m3fn else None,
+            x_buf=zeros(nslots, H, cap, P, dtype=io_dtype),
+            b_buf=zeros(nslots, G, cap, N, dtype=io_dtype),
+            dt_buf=zeros(nslots, H, cap, dtype=torch.float32),
+            lam_buf=zeros(nslots, H, cap, dtype=torch.float32),
+            b_draft=zeros(nslots, G, max(max_draft, 1), N, dtype=io_dtype),
+            fill=zeros(nslots, H, dtype=torch.int32),
+            window=window,
+            max_draft=max_draft,
+        )
+
+    @property
+    def shape(self) -> tuple[int, int, int, int, int]:
+        """(nslots, H, P, N, G)."""
+        nslots, H, P, N = self.checkpoint.shape
+        return nslots, H, P, N, self.b_buf.shape[1]
+
+    @property
+    def capacity(self) -> int:
+        return self.window + self.max_draft
+
+    @property
+    def device(self) -> torch.device:
+        return self.checkpoint.device
+
+    @property
+    def state_dtype(self) -> torch.dtype:
+        return self.checkpoint.dtype
+
+    @property
+    def read_dtype(self) -> torch.dtype | None:
+        return None if self.read_copy is None else self.read_copy.dtype
+
+    @property
+    def io_dtype(self) -> torch.dtype:
+        return self.x_buf.dtype
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        """Every tensor of the cache by field name (the read copy and scales only when present)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                if isinstance(getattr(self, f.name), torch.Tensor)}
+
+    def nbytes(self) -> int:
+        """Bytes the cache holds on its device."""
+        return sum(t.numel() * t.element_size() for t in self.tensors().values())
+
+    def clone(self) -> "ReplayCache":
+        """A deep copy: every tensor cloned."""
+        return dataclasses.replace(self, **{name: t.clone() for name, t in self.tensors().items()})
+
+    def slot_index(self, slots, what: str = "slots") -> torch.Tensor:
+        """Slots (None for all, a list, or a 1-D integer tensor) as a checked int64 index on the cache's device."""
+        nslots = self.checkpoint.shape[0]
+        if slots is None:
+            return torch.arange(nslots, device=self.device)
+        if isinstance(slots, (list, tuple, range)):
+            slots = torch.tensor(list(slots), dtype=torch.int64, device=self.device)
+        if not isinstance(slots, torch.Tensor) or slots.dim() != 1:
+            raise ValueError(f"{what} must be a 1-D tensor of slot indices")
+        args.check_tensor(what, slots, tuple(slots.shape), "(n,)", args.INDEX_DTYPES, self.device)
+        args.check_slots(slots, slots.shape[0], nslots, self.device, True, padding=False)
+        return slots.long()
+
+    def load(self, state: torch.Tensor, slots=None) -> None:
+        """Set the checkpoints of `slots` (default: all) from full states (n, H, P, N) and empty their buffers."""
+        idx = self.slot_index(slots, "slots")
+        _, H, P, N, _ = self.shape
+        args.check_tensor("state", state, (idx.shape[0], H, P, N), "(len(slots), H, P, N)",
+                          (*args.FLOAT_DTYPES, torch.float64), self.device, unit_stride=False)
+        self.reset(idx)
+        self.checkpoint.index_copy_(0, idx, state.to(self.checkpoint.dtype))
+        if self.read_copy is not None:
+            copy, scale = quantize_ref(state.float(), self.read_copy.dtype)
+            _raw(self.read_copy).index_copy_(0, idx, _raw(copy))
+            if scale is not None:
+                self.read_scale.index_copy_(0, idx, scale)
+
+    def reset(self, slots=None) -> None:
+        """Empty `slots` for new requests: zero checkpoints, read copies, buffers and fills."""
+        idx = self.slot_index(slots, "slots")
+        for t in self.tensors().values():
+            _raw(t).index_fill_(0, idx, 0)
+
+    def move(self, src, dst) -> None:
+        """Move requests from slots `src` to slots `dst` (same length, disjoint) and empty `src`."""
+        s, d = self.slot_index(src, "src"), self.slot_index(dst, "dst")
+        if s.shape != d.shape:
+            raise ValueError(f"src and dst must have the same length, got {s.shape[0]} and {d.shape[0]}")
+        if _overlap(s, d):
+            raise ValueError("src and dst must not share a slot")
+        for t in self.tensors().values():
+            _raw(t).index_copy_(0, d, _raw(t).index_select(0, s))
+        self.reset(s)
+
+
+def _raw(t: torch.Tensor) -> torch.Tensor:
+    # torch has no index_fill_/index_copy_ for fp8; the bytes are what we move, and zero bytes are 0.0
+    return t.view(torch.uint8) if t.dtype == torch.float8_e4m3fn else t
+
+
+def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
+    if not args.host_checks(True):
+        return False
+    return bool(set(a.tolist()) & set(b.tolist()))

@@ -1,0 +1,299 @@
+"""Conventional Mamba-2 decode: the in-place state update, and the snapshot-writing speculative step with its accept."""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from replayssm_kernels.mamba2 import args
+from replayssm_kernels.mamba2.common import finish_output, step_delta
+
+
+@triton.jit
+def mamba2_decode_kernel(
+    state, x, dt, A, B, C, D, z, dt_bias, slots, y,
+    H, P, N, HPG,
+    stride_state_s, stride_state_h, stride_state_p,
+    stride_x_b, stride_x_h,
+    stride_dt_b, stride_dt_h,
+    stride_B_b, stride_B_g,
+    stride_C_b, stride_C_g,
+    stride_z_b, stride_z_h,
+    stride_y_b, stride_y_h,
+    BP: tl.constexpr, BN: tl.constexpr,
+    HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_DT_BIAS: tl.constexpr, USE_SOFTPLUS: tl.constexpr,
+    HAS_SLOTS: tl.constexpr,
+):
+    i_b, i_h, i_p = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    if HAS_SLOTS:
+        i_s = tl.load(slots + i_b).to(tl.int64)
+        if i_s < 0:
+            return
+    else:
+        i_s = i_b.to(tl.int64)
+    i_g = i_h // HPG
+    o_p = i_p * BP + tl.arange(0, BP)
+    o_n = tl.arange(0, BN)
+    m_p, m_n = o_p < P, o_n < N
+    m_s = m_p[:, None] & m_n[None, :]
+
+    p_s = state + i_s * stride_state_s + i_h * stride_state_h + o_p[:, None] * stride_state_p + o_n[None, :]
+    # [BP, BN]
+    b_s = tl.load(p_s, mask=m_s, other=0.0).to(tl.float32)
+    b_x = tl.load(x + i_b * stride_x_b + i_h * stride_x_h + o_p, mask=m_p, other=0.0).to(tl.float32)
+    b_B = tl.load(B + i_b * stride_B_b + i_g * stride_B_g + o_n, mask=m_n, other=0.0).to(tl.float32)
+    b_C = tl.load(C + i_b * stride_C_b + i_g * stride_C_g + o_n, mask=m_n, other=0.0).to(tl.float32)
+    b_dt = step_delta(tl.load(dt + i_b * stride_dt_b + i_h * stride_dt_h), dt_bias, i_h, HAS_DT_BIAS, USE_SOFTPLUS)
+    b_a = tl.exp(tl.load(A + i_h).to(tl.float32) * b_dt)
+
+    b_s = b_s * b_a + (b_dt * b_x)[:, None] * b_B[None, :]
+    tl.store(p_s, b_s.to(p_s.dtype.element_ty), mask=m_s)
+    b_y = tl.sum(b_s * b_C[None, :], axis=1)
+    b_y = finish_output(b_y, b_x, D, z, i_b * stride_z_b + i_h * stride_z_h + o_p, m_p, i_h, HAS_D, HAS_Z)
+    p_y = y + i_b * stride_y_b + i_h * stride_y_h + o_p
+    tl.store(p_y, b_y.to(p_y.dtype.element_ty), mask=m_p)
+
+
+@triton.jit
+def mamba2_decode_multi_kernel(
+    state, snapshots, x, dt, A, B, C, D, z, dt_bias, slots, y,
+    H, P, N, HPG,
+    stride_state_s, stride_state_h, stride_state_p,
+    stride_snap_s, stride_snap_t, stride_snap_h, stride_snap_p,
+    stride_x_b, stride_x_t, stride_x_h,
+    stride_dt_b, stride_dt_t, stride_dt_h,
+    stride_B_b, stride_B_t, stride_B_g,
+    stride_C_b, stride_C_t, stride_C_g,
+    stride_z_b, stride_z_t, stride_z_h,
+    stride_y_b, stride_y_t, stride_y_h,
+    T: tl.constexpr, BP: tl.constexpr, BN: tl.constexpr,
+    HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_DT_BIAS: tl.constexpr, USE_SOFTPLUS: tl.constexpr,
+    HAS_SLOTS: tl.constexpr,
+):
+    i_b, i_h, i_p = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    if HAS_SLOTS:
+        i_s = tl.load(slots + i_b).to(tl.int64)
+        if i_s < 0:
+            return
+    else:
+        i_s = i_b.to(tl.int64)
+    i_g = i_h // HPG
+    o_p = i_p * BP + tl.arange(0, BP)
+    o_n = tl.arange(0, BN)
+    m_p, m_n = o_p < P, o_n < N
+    m_s = m_p[:, None] & m_n[None, :]
+
+    p_s = state + i_s * stride_state_s + i_h * stride_state_h + o_p[:, None] * stride_state_p + o_n[None, :]
+    b_s = tl.load(p_s, mask=m_s, other=0.0).to(tl.float32)
+    b_A = tl.load(A + i_h).to(tl.float32)
+    p_snap = snapshots + i_s * stride_snap_s + i_h * stride_snap_h + o_p[:, None] * stride_snap_p + o_n[None, :]
+    for t in tl.static_range(T):
+        b_x = tl.load(x + i_b * stride_x_b + t * stride_x_t + i_h * stride_x_h + o_p, mask=m_p, other=0.0)
+        b_x = b_x.to(tl.float32)
+        b_B = tl.load(B + i_b * stride_B_b + t * stride_B_t + i_g * stride_B_g + o_n, mask=m_n, other=0.0)
+        b_C = tl.load(C + i_b * stride_C_b + t * stride_C_t + i_g * stride_C_g + o_n, mask=m_n, other=0.0)
+        b_dt = tl.load(dt + i_b * stride_dt_b + t * stride_dt_t + i_h * stride_dt_h)
+        b_dt = step_delta(b_dt, dt_bias, i_h, HAS_DT_BIAS, USE_SOFTPLUS)
+        b_s = b_s * tl.exp(b_A * b_dt) + (b_dt * b_x)[:, None] * b_B.to(tl.float32)[None, :]
+        tl.store(p_snap + t * stride_snap_t, b_s.to(p_snap.dtype.element_ty), mask=m_s)
+        b_y = tl.sum(b_s * b_C.to(tl.float32)[None, :], axis=1)
+        o_z = i_b * stride_z_b + t * stride_z_t + i_h * stride_z_h + o_p
+        b_y = finish_output(b_y, b_x, D, z, o_z, m_p, i_h, HAS_D, HAS_Z)
+        p_y = y + i_b * stride_y_b + t * stride_y_t + i_h * stride_y_h + o_p
+        tl.store(p_y, b_y.to(p_y.dtype.element_ty), mask=m_p)
+
+
+@triton.jit
+def mamba2_accept_snapshot_kernel(
+    state, snapshots, n_accepted, slots,
+    P, N,
+    stride_state_s, stride_state_h, stride_state_p,
+    stride_snap_s, stride_snap_t, stride_snap_h, stride_snap_p,
+    BP: tl.constexpr, BN: tl.constexpr, HAS_SLOTS: tl.constexpr,
+):
+    i_b, i_h, i_p = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    if HAS_SLOTS:
+        i_s = tl.load(slots + i_b).to(tl.int64)
+        if i_s < 0:
+            return
+    else:
+        i_s = i_b.to(tl.int64)
+    n = tl.load(n_accepted + i_b).to(tl.int64)
+    if n < 1:
+        return
+    o_p = i_p * BP + tl.arange(0, BP)
+    o_n = tl.arange(0, BN)
+    m_s = (o_p < P)[:, None] & (o_n < N)[None, :]
+    p_snap = (snapshots + i_s * stride_snap_s + (n - 1) * stride_snap_t + i_h * stride_snap_h
+              + o_p[:, None] * stride_snap_p + o_n[None, :])
+    p_s = state + i_s * stride_state_s + i_h * stride_state_h + o_p[:, None] * stride_state_p + o_n[None, :]
+    b_s = tl.load(p_snap, mask=m_s, other=0.0)
+    tl.store(p_s, b_s.to(p_s.dtype.element_ty), mask=m_s)
+
+
+# These kernels write state in place, so they are not autotuned (a trial launch would advance the state);
+# the settings are fixed per (state itemsize, N, P) and `launch=` overrides them.
+DECODE_LAUNCH = [
+    ((4, 64, 1 << 30), {"BP": 32, "num_warps": 4, "num_stages": 1}),
+    ((4, 128, 1 << 30), {"BP": 16, "num_warps": 4, "num_stages": 1}),
+    ((4, 1 << 30, 1 << 30), {"BP": 8, "num_warps": 4, "num_stages": 1}),
+    ((2, 64, 1 << 30), {"BP": 64, "num_warps": 4, "num_stages": 1}),
+    ((2, 128, 1 << 30), {"BP": 32, "num_warps": 4, "num_stages": 1}),
+    ((2, 1 << 30, 1 << 30), {"BP": 16, "num_warps": 4, "num_stages": 1}),
+]
+DECODE_KEYS = ("BP", "num_warps", "num_stages", "maxnreg")
+
+
+def _launch(state: torch.Tensor, P: int, N: int, launch: dict | None) -> dict:
+    settings = args.pick_launch(DECODE_LAUNCH, state.element_size(), P, N, launch, DECODE_KEYS)
+    if not launch or "BP" not in launch:
+        settings["BP"] = min(settings["BP"], args.block(P))
+    return settings
+
+
+def _check_state(state, kernel) -> tuple[int, int, int, int]:
+    if not isinstance(state, torch.Tensor) or state.dim() != 4:
+        got = tuple(state.shape) if isinstance(state, torch.Tensor) else type(state).__name__
+        raise ValueError(f"state must have shape (nslots, H, P, N), got {got}")
+    args.check_device(state.device, kernel)
+    args.check_tensor("state", state, tuple(state.shape), "(nslots, H, P, N)", args.FLOAT_DTYPES, state.device)
+    args.check_dims(tuple(state.shape), "state")
+    return tuple(state.shape)
+
+
+def decode(state, x, dt, A, B, C, *, D=None, z=None, dt_bias=None, dt_softplus=False, slots=None, out=None,
+           launch: dict | None = None, check: bool = True) -> torch.Tensor:
+    """One conventional Mamba-2 decode step; the state pool is updated in place through `slots`.
+
+    S = exp(A·Δ) S + Δ x Bᵀ and y = S C + D x, times silu(z) when z is given, with Δ = dt (+ dt_bias, then
+    softplus when dt_softplus). Computes in fp32; the state is read once and written once in its dtype.
+
+    Args:
+        state: (nslots, H, P, N) fp32, bf16 or fp16, unit stride on N; mutated in place.
+        x: (batch, H, P) bf16, fp16 or fp32. z: optional, same shape.
+        dt: (batch, H). A, D, dt_bias: (H,). B, C: (batch, G, N), G dividing H; head h reads group h // (H/G).
+        slots: (batch,) int32/int64 state slot of each row, -1 for a padding row (skipped, nothing written);
+            default row b -> slot b.
+        out: optional (batch, H, P) output; padding rows keep what it held.
+        launch: overrides of the fixed launch settings (BP, num_warps, num_stages).
+        check: range-check `slots` on the host (a device sync); skipped while a CUDA graph is captured.
+
+    Returns:
+        y (batch, H, P) in x's dtype (or `out`).
+    """
+    nslots, H, P, N = _check_state(state, mamba2_decode_kernel)
+    batch, _, G = args.check_inputs(x, dt, A, B, C, D, z, dt_bias, H=H, P=P, N=N, device=state.device, tokens=False)
+    args.check_slots(slots, batch, nslots, state.device, check)
+    args.check_out(out, (batch, H, P), "(batch, H, P)", state.device)
+    settings = _launch(state, P, N, launch)
+    y = torch.empty_like(x) if out is None else out
+    BP = settings.pop("BP")
+    zs = z.stride() if z is not None else (0, 0, 0)
+    mamba2_decode_kernel[(batch, H, triton.cdiv(P, BP))](
+        state=state, x=x, dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=dt_bias, slots=slots, y=y,
+        H=H, P=P, N=N, HPG=H // G,
+        stride_state_s=state.stride(0), stride_state_h=state.stride(1), stride_state_p=state.stride(2),
+        stride_x_b=x.stride(0), stride_x_h=x.stride(1),
+        stride_dt_b=dt.stride(0), stride_dt_h=dt.stride(1),
+        stride_B_b=B.stride(0), stride_B_g=B.stride(1),
+        stride_C_b=C.stride(0), stride_C_g=C.stride(1),
+        stride_z_b=zs[0], stride_z_h=zs[1],
+        stride_y_b=y.stride(0), stride_y_h=y.stride(1),
+        BP=BP, BN=args.block(N),
+        HAS_D=D is not None, HAS_Z=z is not None, HAS_DT_BIAS=dt_bias is not None, USE_SOFTPLUS=bool(dt_softplus),
+        HAS_SLOTS=slots is not None,
+        **settings,
+    )
+    return y
+
+
+def _check_snapshots(snapshots, state, T: int) -> None:
+    nslots, H, P, N = state.shape
+    if not isinstance(snapshots, torch.Tensor) or snapshots.dim() != 5:
+        got = tuple(snapshots.shape) if isinstance(snapshots, torch.Tensor) else type(snapshots).__name__
+        raise ValueError(f"snapshots must have shape (nslots, T, H, P, N), got {got}")
+    if snapshots.shape[1] < T:
+        raise ValueError(f"snapshots holds {snapshots.shape[1]} positions per slot but x carries T = {T} drafts")
+    shape = (nslots, snapshots.shape[1], H, P, N)
+    args.check_tensor("snapshots", snapshots, shape, "(nslots, T, H, P, N)", (state.dtype,), state.device)
+
+
+def decode_multi(state, snapshots, x, dt, A, B, C, *, D=None, z=None, dt_bias=None, dt_softplus=False, slots=None,
+                 out=None, launch: dict | None = None, check: bool = True) -> torch.Tensor:
+    """T conventional decode steps from one state read, writing the state after each draft to a snapshot.
+
+    The speculative path of vLLM: snapshots[slot, t] receives the state after draft t (state dtype); the
+    state itself is not changed, so any prefix can be accepted later with `accept_snapshot`.
+
+    Args:
+        state: (nslots, H, P, N) fp32, bf16 or fp16; read only.
+        snapshots: (nslots, T_max, H, P, N) in the state's dtype, T_max ≥ T; mutated.
+        x, z: (batch, T, H, P) with 1 ≤ T ≤ 8. dt: (batch, T, H). B, C: (batch, T, G, N). A, D, dt_bias: (H,).
+        slots, out, launch, check: as in `decode`; out is (batch, T, H, P).
+
+    Returns:
+        y (batch, T, H, P) in x's dtype (or `out`).
+    """
+    nslots, H, P, N = _check_state(state, mamba2_decode_multi_kernel)
+    batch, T, G = args.check_inputs(x, dt, A, B, C, D, z, dt_bias, H=H, P=P, N=N, device=state.device, tokens=True)
+    args.check_draft(T, 8)
+    _check_snapshots(snapshots, state, T)
+    args.check_slots(slots, batch, nslots, state.device, check)
+    args.check_out(out, (batch, T, H, P), "(batch, T, H, P)", state.device)
+    settings = _launch(state, P, N, launch)
+    y = torch.empty_like(x) if out is None else out
+    BP = settings.pop("BP")
+    zs = z.stride() if z is not None else (0, 0, 0, 0)
+    mamba2_decode_multi_kernel[(batch, H, triton.cdiv(P, BP))](
+        state=state, snapshots=snapshots, x=x, dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=dt_bias, slots=slots, y=y,
+        H=H, P=P, N=N, HPG=H // G,
+        stride_state_s=state.stride(0), stride_state_h=state.stride(1), stride_state_p=state.stride(2),
+        stride_snap_s=snapshots.stride(0), stride_snap_t=snapshots.stride(1),
+        stride_snap_h=snapshots.stride(2), stride_snap_p=snapshots.stride(3),
+        stride_x_b=x.stride(0), stride_x_t=x.stride(1), stride_x_h=x.stride(2),
+        stride_dt_b=dt.stride(0), stride_dt_t=dt.stride(1), stride_dt_h=dt.stride(2),
+        stride_B_b=B.stride(0), stride_B_t=B.stride(1), stride_B_g=B.stride(2),
+        stride_C_b=C.stride(0), stride_C_t=C.stride(1), stride_C_g=C.stride(2),
+        stride_z_b=zs[0], stride_z_t=zs[1], stride_z_h=zs[2],
+        stride_y_b=y.stride(0), stride_y_t=y.stride(1), stride_y_h=y.stride(2),
+        T=T, BP=BP, BN=args.block(N),
+        HAS_D=D is not None, HAS_Z=z is not None, HAS_DT_BIAS=dt_bias is not None, USE_SOFTPLUS=bool(dt_softplus),
+        HAS_SLOTS=slots is not None,
+        **settings,
+    )
+    return y
+
+
+def accept_snapshot(state, snapshots, n_accepted, slots=None, *, launch: dict | None = None,
+                    check: bool = True) -> None:
+    """Copy snapshots[slot, n - 1] into state[slot] for each row with n ≥ 1; rows with n = 0 keep their state.
+
+    Args:
+        state: (nslots, H, P, N); mutated. snapshots: (nslots, T_max, H, P, N) as written by `decode_multi`.
+        n_accepted: (batch,) int32/int64 on the device, each in [0, T_max]; read on the device (no sync).
+        slots, launch, check: as in `decode`; `check` also range-checks n_accepted on the host.
+    """
+    nslots, H, P, N = _check_state(state, mamba2_accept_snapshot_kernel)
+    _check_snapshots(snapshots, state, 1)
+    if not isinstance(n_accepted, torch.Tensor) or n_accepted.dim() != 1:
+        raise ValueError("n_accepted must be a 1-D (batch,) integer tensor")
+    batch = n_accepted.shape[0]
+    args.check_tensor("n_accepted", n_accepted, (batch,), "(batch,)", args.INDEX_DTYPES, state.device)
+    args.check_slots(slots, batch, nslots, state.device, check)
+    if args.host_checks(check):
+        T = snapshots.shape[1]
+        bad = [n for n in n_accepted.tolist() if not 0 <= n <= T]
+        if bad:
+            raise ValueError(f"n_accepted must be in [0, {T}], got {bad[0]}")
+    settings = _launch(state, P, N, launch)
+    BP = settings.pop("BP")
+    mamba2_accept_snapshot_kernel[(batch, H, triton.cdiv(P, BP))](
+        state=state, snapshots=snapshots, n_accepted=n_accepted, slots=slots,
+        P=P, N=N,
+        stride_state_s=state.stride(0), stride_state_h=state.stride(1), stride_state_p=state.stride(2),
+        stride_snap_s=snapshots.stride(0), stride_snap_t=snapshots.stride(1),
+        stride_snap_h=snapshots.stride(2), stride_snap_p=snapshots.stride(3),
+        BP=BP, BN=args.block(N), HAS_SLOTS=slots is not None,
+        **settings,
+    )

@@ -1,0 +1,254 @@
+"""ReplaySSM Mamba-2 decode: one launch per step that answers from checkpoint plus buffer, flushing full rows."""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from replayssm_kernels.mamba2 import args
+from replayssm_kernels.mamba2.cache import ReplayCache
+from replayssm_kernels.mamba2.common import finish_output, fold_entries, step_delta, store_read_copy
+
+
+@triton.jit
+def mamba2_replay_kernel(
+    x, dt, A, B, C, D, z, dt_bias, slots, y,
+    checkpoint, read_copy, read_scale, x_buf, b_buf, dt_buf, lam_buf, fill,
+    H, G, P, N,
+    stride_ck_s, stride_ck_h, stride_ck_p,
+    stride_rc_s, stride_rc_h, stride_rc_p,
+    stride_x_b, stride_x_h,
+    stride_dt_b, stride_dt_h,
+    stride_B_b, stride_B_g,
+    stride_C_b, stride_C_g,
+    stride_z_b, stride_z_h,
+    stride_y_b, stride_y_h,
+    W: tl.constexpr, CAP: tl.constexpr, BP: tl.constexpr, BN: tl.constexpr, BW: tl.constexpr, JB: tl.constexpr,
+    BPF: tl.constexpr,
+    HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_DT_BIAS: tl.constexpr, USE_SOFTPLUS: tl.constexpr,
+    HAS_SLOTS: tl.constexpr, USE_COPY: tl.constexpr, IS_FP8: tl.constexpr,
+):
+    i_b, i_h = tl.program_id(0), tl.program_id(1)
+    if HAS_SLOTS:
+        i_s = tl.load(slots + i_b).to(tl.int64)
+        if i_s < 0:
+            return
+    else:
+        i_s = i_b.to(tl.int64)
+    HPG = H // G
+    i_g = i_h // HPG
+    i_sh = i_s * H + i_h
+    o_p, o_n, o_w = tl.arange(0, BP), tl.arange(0, BN), tl.arange(0, BW)
+    m_p, m_n = o_p < P, o_n < N
+    m_s = m_p[:, None] & m_n[None, :]
+
+    p_ck = checkpoint + i_s * stride_ck_s + i_h * stride_ck_h + o_p[:, None] * stride_ck_p + o_n[None, :]
+    # The tile read bounds the step, so it is issued before anything it does not depend on.
+    if USE_COPY:
+        p_rc = read_copy + i_s * stride_rc_s + i_h * stride_rc_h + o_p[:, None] * stride_rc_p + o_n[None, :]
+        b_r = tl.load(p_rc, mask=m_s, other=0.0)
+        if IS_FP8:
+            b_scale = tl.load(read_scale + i_sh * P + o_p, mask=m_p, other=0.0)
+    else:
+        b_r = tl.load(p_ck, mask=m_s, other=0.0)
+    f = tl.load(fill + i_sh)
+    p_xb = x_buf + i_sh * CAP * P
+    p_bb = b_buf + (i_s * G + i_g) * CAP * N
+    p_db = dt_buf + i_sh * CAP
+    p_lb = lam_buf + i_sh * CAP
+
+    b_xr = tl.load(x + i_b * stride_x_b + i_h * stride_x_h + o_p, mask=m_p, other=0.0)
+    b_Br = tl.load(B + i_b * stride_B_b + i_g * stride_B_g + o_n, mask=m_n, other=0.0)
+    b_x, b_B = b_xr.to(tl.float32), b_Br.to(tl.float32)
+    b_C = tl.load(C + i_b * stride_C_b + i_g * stride_C_g + o_n, mask=m_n, other=0.0).to(tl.float32)
+    b_dt = step_delta(tl.load(dt + i_b * stride_dt_b + i_h * stride_dt_h), dt_bias, i_h, HAS_DT_BIAS, USE_SOFTPLUS)
+    b_lam = tl.load(p_lb + f - 1, mask=f > 0, other=0.0) + tl.load(A + i_h).to(tl.float32) * b_dt
+
+    if f + 1 < W:
+        m_w = o_w < f
+        b_lw = tl.load(p_lb + o_w, mask=m_w, other=0.0)
+        b_dw = tl.load(p_db + o_w, mask=m_w, other=0.0)
+        # [BW, BP], [BW, BN]
+        b_xw = tl.load(p_xb + o_w[:, None] * P + o_p[None, :], mask=m_w[:, None] & m_p[None, :], other=0.0)
+        b_bw = tl.load(p_bb + o_w[:, None] * N + o_n[None, :], mask=m_w[:, None] & m_n[None, :], other=0.0)
+        b_cw = tl.sum(b_bw.to(tl.float32) * b_C[None, :], axis=1)
+        b_cw = tl.where(m_w, tl.exp(b_lam - b_lw) * b_dw * b_cw, 0.0)
+        b_y = tl.sum(b_r.to(tl.float32) * b_C[None, :], axis=1)
+        if IS_FP8:
+            b_y = b_y * b_scale
+        b_y = tl.exp(b_lam) * b_y + tl.sum(b_cw[:, None] * b_xw.to(tl.float32), axis=0)
+        b_y += (b_dt * tl.sum(b_B * b_C, axis=0)) * b_x
+        b_y = finish_output(b_y, b_x, D, z, i_b * stride_z_b + i_h * stride_z_h + o_p, m_p, i_h, HAS_D, HAS_Z)
+        p_y = y + i_b * stride_y_b + i_h * stride_y_h + o_p
+        tl.store(p_y, b_y.to(p_y.dtype.element_ty), mask=m_p)
+        tl.store(p_xb + f * P + o_p, b_xr, mask=m_p)
+        tl.store(p_db + f, b_dt)
+        tl.store(p_lb + f, b_lam)
+        if i_h % HPG == 0:
+            tl.store(p_bb + f * N + o_n, b_Br, mask=m_n)
+        tl.store(fill + i_sh, f + 1)
+    else:
+        for i_c in range(0, BP, BPF):
+            o_c = i_c + tl.arange(0, BPF)
+            m_c = o_c < P
+            m_sc = m_c[:, None] & m_n[None, :]
+            p_ckc = checkpoint + i_s * stride_ck_s + i_h * stride_ck_h + o_c[:, None] * stride_ck_p + o_n[None, :]
+            b_s = tl.load(p_ckc, mask=m_sc, other=0.0).to(tl.float32)
+            b_s = fold_entries(b_s, b_lam, p_xb, p_bb, p_db, p_lb, f, o_c, o_n, m_c, m_n, P, N, CAP, JB)
+            b_xc = tl.load(x + i_b * stride_x_b + i_h * stride_x_h + o_c, mask=m_c, other=0.0).to(tl.float32)
+            b_s += (b_dt * b_xc)[:, None] * b_B[None, :]
+            tl.store(p_ckc, b_s.to(p_ckc.dtype.element_ty), mask=m_sc)
+            if USE_COPY:
+                p_rcc = read_copy + i_s * stride_rc_s + i_h * stride_rc_h + o_c[:, None] * stride_rc_p + o_n[None, :]
+                store_read_copy(b_s, p_rcc, read_scale, i_sh * P + o_c, m_sc, m_c, IS_FP8)
+            b_yc = tl.sum(b_s * b_C[None, :], axis=1)
+            b_yc = finish_output(b_yc, b_xc, D, z, i_b * stride_z_b + i_h * stride_z_h + o_c, m_c, i_h, HAS_D, HAS_Z)
+            p_yc = y + i_b * stride_y_b + i_h * stride_y_h + o_c
+            tl.store(p_yc, b_yc.to(p_yc.dtype.element_ty), mask=m_c)
+        tl.store(fill + i_sh, 0)
+
+
+@triton.jit
+def mamba2_materialize_kernel(
+    checkpoint, x_buf, b_buf, dt_buf, lam_buf, fill, slots, out,
+    H, G, P, N,
+    stride_ck_s, stride_ck_h, stride_ck_p,
+    stride_out_s, stride_out_h, stride_out_p,
+    CAP: tl.constexpr, BP: tl.constexpr, BN: tl.constexpr, JB: tl.constexpr,
+):
+    i_r, i_h = tl.program_id(0), tl.program_id(1)
+    i_s = tl.load(slots + i_r).to(tl.int64)
+    i_g = i_h // (H // G)
+    i_sh = i_s * H + i_h
+    o_p, o_n = tl.arange(0, BP), tl.arange(0, BN)
+    m_p, m_n = o_p < P, o_n < N
+    m_s = m_p[:, None] & m_n[None, :]
+    p_ck = checkpoint + i_s * stride_ck_s + i_h * stride_ck_h + o_p[:, None] * stride_ck_p + o_n[None, :]
+    b_s = tl.load(p_ck, mask=m_s, other=0.0).to(tl.float32)
+    f = tl.load(fill + i_sh)
+    p_lb = lam_buf + i_sh * CAP
+    b_lam = tl.load(p_lb + f - 1, mask=f > 0, other=0.0)
+    b_s = fold_entries(b_s, b_lam, x_buf + i_sh * CAP * P, b_buf + (i_s * G + i_g) * CAP * N, dt_buf + i_sh * CAP,
+                       p_lb, f, o_p, o_n, m_p, m_n, P, N, CAP, JB)
+    p_out = out + i_r * stride_out_s + i_h * stride_out_h + o_p[:, None] * stride_out_p + o_n[None, :]
+    tl.store(p_out, b_s, mask=m_s)
+
+
+# The step mutates the cache, so it is not autotuned (a trial launch would advance it); settings are fixed
+# per (checkpoint itemsize, N, P) and `launch=` overrides them. One program holds the whole (P, N) tile.
+REPLAY_LAUNCH = [
+    ((4, 64, 64), {"num_warps": 4, "num_stages": 1, "JB": 4, "BPF": 8}),
+    ((4, 128, 64), {"num_warps": 8, "num_stages": 1, "JB": 4, "BPF": 8}),
+    ((4, 128, 128), {"num_warps": 8, "num_stages": 1, "JB": 4, "BPF": 8}),
+    ((4, 1 << 30, 1 << 30), {"num_warps": 16, "num_stages": 1, "JB": 4, "BPF": 8}),
+    ((2, 128, 64), {"num_warps": 4, "num_stages": 1, "JB": 4, "BPF": 8}),
+    ((2, 128, 128), {"num_warps": 8, "num_stages": 1, "JB": 4, "BPF": 8}),
+    ((2, 1 << 30, 1 << 30), {"num_warps": 16, "num_stages": 1, "JB": 4, "BPF": 8}),
+]
+REPLAY_KEYS = ("num_warps", "num_stages", "JB", "BPF", "maxnreg")
+
+
+def replay_launch(cache: ReplayCache, launch: dict | None, table: list = REPLAY_LAUNCH,
+                  keys: tuple = REPLAY_KEYS) -> dict:
+    _, _, P, N, _ = cache.shape
+    settings = args.pick_launch(table, cache.checkpoint.element_size(), P, N, launch, keys)
+    settings["BPF"] = min(settings["BPF"], args.block(P))
+    return settings
+
+
+def check_cache(cache, kernel) -> tuple[int, int, int, int, int]:
+    if not isinstance(cache, ReplayCache):
+        raise ValueError(f"cache must be a ReplayCache, got {type(cache).__name__}")
+    args.check_device(cache.device, kernel)
+    if cache.checkpoint.stride(-1) != 1 or (cache.read_copy is not None and cache.read_copy.stride(-1) != 1):
+        raise ValueError("cache.checkpoint and cache.read_copy must have unit stride on N")
+    for name in ("x_buf", "b_buf", "dt_buf", "lam_buf", "b_draft", "fill", "read_scale"):
+        t = getattr(cache, name)
+        if t is not None and not t.is_contiguous():
+            raise ValueError(f"cache.{name} must be contiguous, as ReplayCache.create makes it")
+    return cache.shape
+
+
+def replay(cache: ReplayCache, x, dt, A, B, C, *, D=None, z=None, dt_bias=None, dt_softplus=False, slots=None,
+           out=None, launch: dict | None = None, check: bool = True) -> torch.Tensor:
+    """One ReplaySSM decode step in one launch; same inputs and outputs as `decode`, state kept in `cache`.
+
+    Each row at fill f appends (x, B, Δ, lam) to its slot's buffer and answers from the checkpoint (its
+    read copy under split precision) plus the f buffered entries while f + 1 < W, writing no state. The
+    row whose buffer would reach W entries folds the buffer and this token into a new checkpoint (and read
+    copy), answers from it, and empties the buffer. Fill counters live on the device: no host sync, so
+    the step can be captured in a CUDA graph; rows at different fills flush on their own steps.
+
+    Args:
+        cache: a ReplayCache; its checkpoint, read copy, buffers and fills are mutated.
+        x: (batch, H, P) and B: (batch, G, N) in cache.io_dtype (they are buffered as they come).
+        dt: (batch, H). C: (batch, G, N). A, D, dt_bias: (H,). z: optional (batch, H, P).
+        slots: (batch,) int32/int64 cache slot per row, -1 for a padding row (skipped, nothing written);
+            default row b -> slot b.
+        out: optional (batch, H, P) output; padding rows keep what it held.
+        launch: overrides of the fixed launch settings: num_warps, num_stages, maxnreg, JB (entries per
+            unrolled block of the flush), BPF (rows of P per flush chunk).
+        check: range-check `slots` on the host (a device sync); skipped while a CUDA graph is captured.
+
+    Returns:
+        y (batch, H, P) in x's dtype (or `out`).
+    """
+    nslots, H, P, N, G = check_cache(cache, mamba2_replay_kernel)
+    batch, _, G_in = args.check_inputs(x, dt, A, B, C, D, z, dt_bias, H=H, P=P, N=N, device=cache.device,
+                                       tokens=False, io_dtypes=(cache.io_dtype,))
+    if G_in != G:
+        raise ValueError(f"B must have the cache's G = {G} groups, got {G_in}")
+    args.check_slots(slots, batch, nslots, cache.device, check)
+    args.check_out(out, (batch, H, P), "(batch, H, P)", cache.device)
+    settings = replay_launch(cache, launch)
+    y = torch.empty_like(x) if out is None else out
+    ck, rc = cache.checkpoint, cache.read_copy
+    rcs = rc.stride() if rc is not None else (0, 0, 0, 0)
+    zs = z.stride() if z is not None else (0, 0, 0)
+    mamba2_replay_kernel[(batch, H)](
+        x=x, dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=dt_bias, slots=slots, y=y,
+        checkpoint=ck, read_copy=rc, read_scale=cache.read_scale, x_buf=cache.x_buf, b_buf=cache.b_buf,
+        dt_buf=cache.dt_buf, lam_buf=cache.lam_buf, fill=cache.fill,
+        H=H, G=G, P=P, N=N,
+        stride_ck_s=ck.stride(0), stride_ck_h=ck.stride(1), stride_ck_p=ck.stride(2),
+        stride_rc_s=rcs[0], stride_rc_h=rcs[1], stride_rc_p=rcs[2],
+        stride_x_b=x.stride(0), stride_x_h=x.stride(1),
+        stride_dt_b=dt.stride(0), stride_dt_h=dt.stride(1),
+        stride_B_b=B.stride(0), stride_B_g=B.stride(1),
+        stride_C_b=C.stride(0), stride_C_g=C.stride(1),
+        stride_z_b=zs[0], stride_z_h=zs[1],
+        stride_y_b=y.stride(0), stride_y_h=y.stride(1),
+        W=cache.window, CAP=cache.capacity, BP=args.block(P), BN=args.block(N),
+        BW=args.block(cache.window),
+        HAS_D=D is not None, HAS_Z=z is not None, HAS_DT_BIAS=dt_bias is not None, USE_SOFTPLUS=bool(dt_softplus),
+        HAS_SLOTS=slots is not None, USE_COPY=rc is not None, IS_FP8=cache.read_scale is not None,
+        **settings,
+    )
+    return y
+
+
+def materialize(cache: ReplayCache, slots=None, *, launch: dict | None = None) -> torch.Tensor:
+    """Full fp32 states (len(slots), H, P, N): each slot's checkpoint folded with its committed buffer entries.
+
+    For tests, prefix caching and debugging; not on the decode path. slots: 1-D tensor or list of slot
+    indices (default: every slot). The cache is not changed.
+    """
+    nslots, H, P, N, G = check_cache(cache, mamba2_materialize_kernel)
+    idx = cache.slot_index(slots, "slots")
+    ck = cache.checkpoint
+    out = torch.empty((idx.shape[0], H, P, N), dtype=torch.float32, device=cache.device)
+    if idx.shape[0] == 0:
+        return out
+    settings = replay_launch(cache, launch)
+    settings.pop("BPF")
+    mamba2_materialize_kernel[(idx.shape[0], H)](
+        checkpoint=ck, x_buf=cache.x_buf, b_buf=cache.b_buf, dt_buf=cache.dt_buf, lam_buf=cache.lam_buf,
+        fill=cache.fill, slots=idx, out=out,
+        H=H, G=G, P=P, N=N,
+        stride_ck_s=ck.stride(0), stride_ck_h=ck.stride(1), stride_ck_p=ck.stride(2),
+        stride_out_s=out.stride(0), stride_out_h=out.stride(1), stride_out_p=out.stride(2),
+        CAP=cache.capacity, BP=args.block(P), BN=args.block(N),
+        **settings,
+    )
+    return out

@@ -1,0 +1,113 @@
+"""benchmarks/sweep_mamba2.py without a GPU: arguments, the plan, the byte counts, and a clean refusal."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "sweep_mamba2.py"
+
+
+@pytest.fixture(scope="module")
+def sweep():
+    spec = importlib.util.spec_from_file_location("sweep_mamba2", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    yield module
+    sys.modules.pop(spec.name, None)
+
+
+def _run(*argv):
+    return subprocess.run([sys.executable, str(SCRIPT), *argv], capture_output=True, text=True, timeout=120)
+
+
+def test_sweep_help():
+    done = _run("--help")
+    assert done.returncode == 0
+    assert "--quick" in done.stdout and "--launch" in done.stdout and "examples:" in done.stdout
+
+
+def test_sweep_dry_run_plans_every_kernel_and_batch():
+    done = _run("--dry-run")
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.strip().splitlines()
+    assert len(lines) == 7 * 4
+    assert all("layers" in line and "MiB/layer-step" in line for line in lines)
+
+
+def test_sweep_bad_launch_is_one_line():
+    done = _run("--launch", "replay:num_warps")
+    assert done.returncode == 2
+    assert done.stderr.strip().count("\n") == 0 and "key=integer" in done.stderr
+
+
+def test_sweep_parse_launch(sweep):
+    assert sweep.parse_launch("replay:num_warps=8,JB=8") == ("replay", {"num_warps": 8, "JB": 8})
+    with pytest.raises(ValueError, match="KERNEL one of"):
+        sweep.parse_launch("conv:BP=4")
+    plan = sweep.plan(["replay", "decode"], True, [("replay", {"num_warps": 4})])
+    assert plan["replay"] == [{"num_warps": 4}] and plan["decode"] == sweep.QUICK_GRID["decode"]
+
+
+def test_sweep_byte_model(sweep):
+    """The counts behind the GB/s column: about 2|S| per conventional step, |S|(1 + 1/W) + buffer per replay step."""
+    S = 128 * 64 * 128 * 4
+    decode = sweep.bytes_per_layer_step("decode", 256) / 256
+    replay = sweep.bytes_per_layer_step("replay", 256) / 256
+    split = sweep.bytes_per_layer_step("split-bf16", 256) / 256
+    multi = sweep.bytes_per_layer_step("decode-multi", 256) / 256
+    verify = sweep.bytes_per_layer_step("verify", 256) / 256
+    assert 2 * S < decode < 2.02 * S
+    assert S * (1 + 1 / 16) < replay < S * 1.15
+    assert 1.75 < decode / replay < 1.85
+    assert 2.8 < decode / split < 3.0
+    assert 5 * S < multi < 5.1 * S
+    assert multi / verify > 3
+    assert sweep.fill_trajectory("replay", 14, 4) == [14, 15, 0, 1]
+    assert sweep.fill_trajectory("verify", 15, 3) == [15, 18, 3]
+    assert sweep.layer_count("decode", 1, 60 * 2**20) == 61 and sweep.layer_count("decode", 256, 60 * 2**20) == 1
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks the refusal without a GPU")
+def test_sweep_refuses_without_cuda():
+    done = _run("--quick", "--kernel", "decode")
+    assert done.returncode == 2
+    assert "needs a CUDA GPU" in done.stderr and done.stdout == ""
+
+
+def test_sweep_check_and_step_on_a_small_shape(sweep, device, monkeypatch):
+    """The script's reference check and its layer stack, on a small layer (the timing itself needs CUDA)."""
+    monkeypatch.setattr(sweep, "SHAPE", {"H": 2, "P": 8, "N": 8, "G": 1})
+    monkeypatch.setattr(sweep, "WINDOW", 4)
+    for kernel in sweep.KERNELS:
+        assert sweep.check_config(kernel, {}, device) < 2e-2, kernel
+        stack = sweep.Stack(kernel, 3, 2, {}, device)
+        stack.rewind()
+        stack.step()
+        if kernel in ("replay", "split-bf16"):
+            assert sorted(stack.layers[0].fill[:, 0].tolist()) == [1, 2, 3]
+
+
+def test_sweep_ratios_and_table(sweep):
+    """Ratios take each kernel's best time over its baseline's best; a failed check is shown, never timed."""
+    import io
+
+    R = sweep.Result
+    results = [
+        R("decode", 256, {"BP": 16}, 1, 16, 2e9, True, 1e-3, us_per_layer_step=600.0, gbps=3333.0),
+        R("decode", 256, {"BP": 32}, 1, 16, 2e9, True, 1e-3, us_per_layer_step=500.0, gbps=4000.0),
+        R("replay", 256, {"num_warps": 8}, 1, 16, 1e9, True, 1e-3, us_per_layer_step=250.0, gbps=4000.0),
+        R("replay", 256, {"num_warps": 4}, 1, 16, 1e9, False, 0.5),
+    ]
+    sweep.add_ratios(results)
+    assert results[2].ratio == pytest.approx(2.0) and results[1].ratio == pytest.approx(1.0)
+    assert results[3].ratio is None
+    out = io.StringIO()
+    sweep.print_table(results, out)
+    text = out.getvalue()
+    assert "2.00x" in text and "FAILED (0.5)" in text and "num_warps=8" in text
