@@ -26,17 +26,17 @@ BASELINE = {"replay": "decode", "replay-nonflush": "decode", "replay-flush": "de
 GRID = {
     "decode": [{"BP": 8, "num_warps": 4}, {"BP": 16, "num_warps": 4}, {"BP": 32, "num_warps": 4},
                {"BP": 16, "num_warps": 8}, {"BP": 64, "num_warps": 8}],
-    "replay": [{"num_warps": 4}, {"num_warps": 8}, {"num_warps": 8, "JB": 8}, {"num_warps": 8, "BPF": 16},
-               {"num_warps": 16}],
+    "replay": [{"BP": 16, "num_warps": 2}, {"BP": 16, "num_warps": 4}, {"BP": 32, "num_warps": 4},
+               {"BP": 32, "num_warps": 8}],
     "decode-multi": [{"BP": 8, "num_warps": 4}, {"BP": 16, "num_warps": 4}, {"BP": 32, "num_warps": 8}],
-    "verify": [{"num_warps": 4}, {"num_warps": 8}, {"num_warps": 16}, {"num_warps": 8, "maxnreg": 96}],
+    "verify": [{"BP": 16, "num_warps": 4}, {"BP": 32, "num_warps": 4}, {"BP": 16, "num_warps": 8}],
 }
 GRID["replay-nonflush"] = GRID["replay-flush"] = GRID["split-bf16"] = GRID["replay"]
 QUICK_GRID = {
     "decode": [{"BP": 16, "num_warps": 4}, {"BP": 32, "num_warps": 4}],
-    "replay": [{"num_warps": 8}, {"num_warps": 8, "JB": 8}],
+    "replay": [{"BP": 16, "num_warps": 4}, {"BP": 32, "num_warps": 4}],
     "decode-multi": [{"BP": 16, "num_warps": 4}],
-    "verify": [{"num_warps": 8}],
+    "verify": [{"BP": 16, "num_warps": 4}, {"BP": 32, "num_warps": 4}],
 }
 QUICK_GRID["replay-nonflush"] = QUICK_GRID["replay-flush"] = QUICK_GRID["split-bf16"] = QUICK_GRID["replay"]
 

@@ -20,6 +20,7 @@ class ReplayCache:
     (nslots, H, CAP, P) and b_buf (nslots, G, CAP, N) in the io dtype, dt_buf (Δ after bias and softplus)
     and lam_buf (cumulative A·Δ since the checkpoint) (nslots, H, CAP) fp32; b_draft (nslots, G, max_draft, N)
     holds the drafts' B between `verify` and `accept`; fill (nslots, H) int32, equal across the heads of a slot;
+    arrive (nslots, H) int32 counts the P-block programs of a step that are done with a (slot, head), zero between steps;
     last_draft is the T of the last `verify` (what `accept` may commit).
     """
 
@@ -32,6 +33,7 @@ class ReplayCache:
     lam_buf: torch.Tensor
     b_draft: torch.Tensor
     fill: torch.Tensor
+    arrive: torch.Tensor
     window: int
     max_draft: int
     last_draft: int = 0
@@ -76,6 +78,7 @@ class ReplayCache:
             lam_buf=zeros(nslots, H, cap, dtype=torch.float32),
             b_draft=zeros(nslots, G, max(max_draft, 1), N, dtype=io_dtype),
             fill=zeros(nslots, H, dtype=torch.int32),
+            arrive=zeros(nslots, H, dtype=torch.int32),
             window=window,
             max_draft=max_draft,
         )

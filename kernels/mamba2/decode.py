@@ -136,7 +136,7 @@ def mamba2_accept_snapshot_kernel(
 # the settings are fixed per (state itemsize, N, P) and `launch=` overrides them.
 DECODE_LAUNCH = [
     ((4, 64, 1 << 30), {"BP": 32, "num_warps": 4, "num_stages": 1}),
-    ((4, 128, 1 << 30), {"BP": 16, "num_warps": 4, "num_stages": 1}),
+    ((4, 128, 1 << 30), {"BP": 32, "num_warps": 8, "num_stages": 1}),
     ((4, 1 << 30, 1 << 30), {"BP": 8, "num_warps": 4, "num_stages": 1}),
     ((2, 64, 1 << 30), {"BP": 64, "num_warps": 4, "num_stages": 1}),
     ((2, 128, 1 << 30), {"BP": 32, "num_warps": 4, "num_stages": 1}),

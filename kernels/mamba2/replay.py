@@ -14,7 +14,7 @@ from replayssm_kernels.mamba2.common import finish_output, fold_entries, step_de
 @triton.jit
 def mamba2_replay_kernel(
     x, dt, A, B, C, D, z, dt_bias, slots, y,
-    checkpoint, read_copy, read_scale, x_buf, b_buf, dt_buf, lam_buf, fill,
+    checkpoint, read_copy, read_scale, x_buf, b_buf, dt_buf, lam_buf, fill, arrive,
     H, G, P, N,
     stride_ck_s, stride_ck_h, stride_ck_p,
     stride_rc_s, stride_rc_h, stride_rc_p,
@@ -24,12 +24,11 @@ def mamba2_replay_kernel(
     stride_C_b, stride_C_g,
     stride_z_b, stride_z_h,
     stride_y_b, stride_y_h,
-    W: tl.constexpr, CAP: tl.constexpr, BP: tl.constexpr, BN: tl.constexpr, BW: tl.constexpr, JB: tl.constexpr,
-    BPF: tl.constexpr,
-    HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_DT_BIAS: tl.constexpr, USE_SOFTPLUS: tl.constexpr,
+    W: tl.constexpr, CAP: tl.constexpr, BP: tl.constexpr, BPF: tl.constexpr, BN: tl.constexpr, BW: tl.constexpr,
+    NPB: tl.constexpr, HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_DT_BIAS: tl.constexpr, USE_SOFTPLUS: tl.constexpr,
     HAS_SLOTS: tl.constexpr, USE_COPY: tl.constexpr, IS_FP8: tl.constexpr,
 ):
-    i_b, i_h = tl.program_id(0), tl.program_id(1)
+    i_b, i_h, i_p = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     if HAS_SLOTS:
         i_s = tl.load(slots + i_b).to(tl.int64)
         if i_s < 0:
@@ -39,7 +38,7 @@ def mamba2_replay_kernel(
     HPG = H // G
     i_g = i_h // HPG
     i_sh = i_s * H + i_h
-    o_p, o_n, o_w = tl.arange(0, BP), tl.arange(0, BN), tl.arange(0, BW)
+    o_p, o_n, o_w = i_p * BP + tl.arange(0, BP), tl.arange(0, BN), tl.arange(0, BW)
     m_p, m_n = o_p < P, o_n < N
     m_s = m_p[:, None] & m_n[None, :]
 
@@ -48,8 +47,6 @@ def mamba2_replay_kernel(
     if USE_COPY:
         p_rc = read_copy + i_s * stride_rc_s + i_h * stride_rc_h + o_p[:, None] * stride_rc_p + o_n[None, :]
         b_r = tl.load(p_rc, mask=m_s, other=0.0)
-        if IS_FP8:
-            b_scale = tl.load(read_scale + i_sh * P + o_p, mask=m_p, other=0.0)
     else:
         b_r = tl.load(p_ck, mask=m_s, other=0.0)
     f = tl.load(fill + i_sh)
@@ -64,49 +61,66 @@ def mamba2_replay_kernel(
     b_C = tl.load(C + i_b * stride_C_b + i_g * stride_C_g + o_n, mask=m_n, other=0.0).to(tl.float32)
     b_dt = step_delta(tl.load(dt + i_b * stride_dt_b + i_h * stride_dt_h), dt_bias, i_h, HAS_DT_BIAS, USE_SOFTPLUS)
     b_lam = tl.load(p_lb + f - 1, mask=f > 0, other=0.0) + tl.load(A + i_h).to(tl.float32) * b_dt
+    # The f buffered entries, one read each: [BW], [BW, BN].
+    m_w = o_w < f
+    b_lw = tl.load(p_lb + o_w, mask=m_w, other=0.0)
+    b_dw = tl.load(p_db + o_w, mask=m_w, other=0.0)
+    b_bw = tl.load(p_bb + o_w[:, None] * N + o_n[None, :], mask=m_w[:, None] & m_n[None, :], other=0.0)
+    b_cw = tl.where(m_w, tl.exp(b_lam - b_lw) * b_dw, 0.0)
+    o_z = i_b * stride_z_b + i_h * stride_z_h
+    p_y = y + i_b * stride_y_b + i_h * stride_y_h
 
     if f + 1 < W:
-        m_w = o_w < f
-        b_lw = tl.load(p_lb + o_w, mask=m_w, other=0.0)
-        b_dw = tl.load(p_db + o_w, mask=m_w, other=0.0)
-        # [BW, BP], [BW, BN]
+        # [BW, BP]
         b_xw = tl.load(p_xb + o_w[:, None] * P + o_p[None, :], mask=m_w[:, None] & m_p[None, :], other=0.0)
-        b_bw = tl.load(p_bb + o_w[:, None] * N + o_n[None, :], mask=m_w[:, None] & m_n[None, :], other=0.0)
-        b_cw = tl.sum(b_bw.to(tl.float32) * b_C[None, :], axis=1)
-        b_cw = tl.where(m_w, tl.exp(b_lam - b_lw) * b_dw * b_cw, 0.0)
         b_y = tl.sum(b_r.to(tl.float32) * b_C[None, :], axis=1)
         if IS_FP8:
-            b_y = b_y * b_scale
-        b_y = tl.exp(b_lam) * b_y + tl.sum(b_cw[:, None] * b_xw.to(tl.float32), axis=0)
+            b_y = b_y * tl.load(read_scale + i_sh * P + o_p, mask=m_p, other=0.0)
+        b_kw = b_cw * tl.sum(b_bw.to(tl.float32) * b_C[None, :], axis=1)
+        b_y = tl.exp(b_lam) * b_y + tl.sum(b_kw[:, None] * b_xw.to(tl.float32), axis=0)
         b_y += (b_dt * tl.sum(b_B * b_C, axis=0)) * b_x
-        b_y = finish_output(b_y, b_x, D, z, i_b * stride_z_b + i_h * stride_z_h + o_p, m_p, i_h, HAS_D, HAS_Z)
-        p_y = y + i_b * stride_y_b + i_h * stride_y_h + o_p
-        tl.store(p_y, b_y.to(p_y.dtype.element_ty), mask=m_p)
+        b_y = finish_output(b_y, b_x, D, z, o_z + o_p, m_p, i_h, HAS_D, HAS_Z)
+        tl.store(p_y + o_p, b_y.to(p_y.dtype.element_ty), mask=m_p)
         tl.store(p_xb + f * P + o_p, b_xr, mask=m_p)
-        tl.store(p_db + f, b_dt)
-        tl.store(p_lb + f, b_lam)
-        if i_h % HPG == 0:
-            tl.store(p_bb + f * N + o_n, b_Br, mask=m_n)
-        tl.store(fill + i_sh, f + 1)
+        if i_p == 0:
+            tl.store(p_db + f, b_dt)
+            tl.store(p_lb + f, b_lam)
+            if i_h % HPG == 0:
+                tl.store(p_bb + f * N + o_n, b_Br, mask=m_n)
+        f_next = f + 1
     else:
+        # The flush walks its rows BPF at a time so that this rare branch does not raise the register count
+        # of the common one; each chunk's rank-f update is one [BPF, BW] x [BW, BN] product (3xTF32).
+        b_bwf = b_bw.to(tl.float32)
+        b_decay = tl.exp(b_lam)
+        b_sB = b_dt * b_B
         for i_c in range(0, BP, BPF):
-            o_c = i_c + tl.arange(0, BPF)
+            o_c = i_p * BP + i_c + tl.arange(0, BPF)
             m_c = o_c < P
             m_sc = m_c[:, None] & m_n[None, :]
             p_ckc = checkpoint + i_s * stride_ck_s + i_h * stride_ck_h + o_c[:, None] * stride_ck_p + o_n[None, :]
             b_s = tl.load(p_ckc, mask=m_sc, other=0.0).to(tl.float32)
-            b_s = fold_entries(b_s, b_lam, p_xb, p_bb, p_db, p_lb, f, o_c, o_n, m_c, m_n, P, N, CAP, JB)
-            b_xc = tl.load(x + i_b * stride_x_b + i_h * stride_x_h + o_c, mask=m_c, other=0.0).to(tl.float32)
-            b_s += (b_dt * b_xc)[:, None] * b_B[None, :]
+            b_xc = tl.load(p_xb + o_w[:, None] * P + o_c[None, :], mask=m_w[:, None] & m_c[None, :], other=0.0)
+            b_xt = tl.load(x + i_b * stride_x_b + i_h * stride_x_h + o_c, mask=m_c, other=0.0).to(tl.float32)
+            b_u = tl.dot(tl.trans(b_xc.to(tl.float32) * b_cw[:, None]), b_bwf, input_precision="tf32x3")
+            b_s = b_s * b_decay + b_u + b_xt[:, None] * b_sB[None, :]
             tl.store(p_ckc, b_s.to(p_ckc.dtype.element_ty), mask=m_sc)
             if USE_COPY:
                 p_rcc = read_copy + i_s * stride_rc_s + i_h * stride_rc_h + o_c[:, None] * stride_rc_p + o_n[None, :]
                 store_read_copy(b_s, p_rcc, read_scale, i_sh * P + o_c, m_sc, m_c, IS_FP8)
             b_yc = tl.sum(b_s * b_C[None, :], axis=1)
-            b_yc = finish_output(b_yc, b_xc, D, z, i_b * stride_z_b + i_h * stride_z_h + o_c, m_c, i_h, HAS_D, HAS_Z)
-            p_yc = y + i_b * stride_y_b + i_h * stride_y_h + o_c
-            tl.store(p_yc, b_yc.to(p_yc.dtype.element_ty), mask=m_c)
-        tl.store(fill + i_sh, 0)
+            b_yc = finish_output(b_yc, b_xt, D, z, o_z + o_c, m_c, i_h, HAS_D, HAS_Z)
+            tl.store(p_y + o_c, b_yc.to(p_y.dtype.element_ty), mask=m_c)
+        f_next = f * 0
+
+    if NPB == 1:
+        tl.store(fill + i_sh, f_next)
+    else:
+        # The P-blocks of a (slot, head) all read its fill; the last to arrive advances it. Relaxed order
+        # suffices: every program has consumed the fill it read before it arrives.
+        if tl.atomic_add(arrive + i_sh, 1, sem="relaxed") == NPB - 1:
+            tl.store(fill + i_sh, f_next)
+            tl.store(arrive + i_sh, 0)
 
 
 @triton.jit
@@ -135,8 +149,15 @@ def mamba2_materialize_kernel(
     tl.store(p_out, b_s, mask=m_s)
 
 
-# The step mutates the cache, so it is not autotuned (a trial launch would advance it); settings are fixed
-# per (checkpoint itemsize, N, P) and `launch=` overrides them. One program holds the whole (P, N) tile.
+# These kernels mutate the cache, so they are not autotuned (a trial launch would advance it); settings are
+# fixed per (checkpoint itemsize, max N, max P) and `launch=` overrides them (benchmarks/sweep_mamba2.py).
+# Measured on an H200 (benchmarks/NOTES.md): whole 64-row tiles in 2-warp programs read fastest.
+STEP_LAUNCH = [
+    ((4, 1 << 30, 1 << 30), {"BP": 64, "BPF": 16, "num_warps": 2, "num_stages": 1}),
+    ((2, 1 << 30, 1 << 30), {"BP": 64, "BPF": 16, "num_warps": 2, "num_stages": 1}),
+]
+STEP_KEYS = ("BP", "BPF", "num_warps", "num_stages", "maxnreg")
+# materialize folds a whole (P, N) tile per program, BPF rows at a time.
 REPLAY_LAUNCH = [
     ((4, 64, 64), {"num_warps": 4, "num_stages": 1, "JB": 4, "BPF": 8}),
     ((4, 128, 64), {"num_warps": 8, "num_stages": 1, "JB": 4, "BPF": 8}),
@@ -163,7 +184,7 @@ def check_cache(cache, kernel) -> tuple[int, int, int, int, int]:
     args.check_device(cache.device, kernel)
     if cache.checkpoint.stride(-1) != 1 or (cache.read_copy is not None and cache.read_copy.stride(-1) != 1):
         raise ValueError("cache.checkpoint and cache.read_copy must have unit stride on N")
-    for name in ("x_buf", "b_buf", "dt_buf", "lam_buf", "b_draft", "fill", "read_scale"):
+    for name in ("x_buf", "b_buf", "dt_buf", "lam_buf", "b_draft", "fill", "arrive", "read_scale"):
         t = getattr(cache, name)
         if t is not None and not t.is_contiguous():
             raise ValueError(f"cache.{name} must be contiguous, as ReplayCache.create makes it")
@@ -187,8 +208,8 @@ def replay(cache: ReplayCache, x, dt, A, B, C, *, D=None, z=None, dt_bias=None, 
         slots: (batch,) int32/int64 cache slot per row, -1 for a padding row (skipped, nothing written);
             default row b -> slot b.
         out: optional (batch, H, P) output; padding rows keep what it held.
-        launch: overrides of the fixed launch settings: num_warps, num_stages, maxnreg, JB (entries per
-            unrolled block of the flush), BPF (rows of P per flush chunk).
+        launch: overrides of the fixed launch settings: BP (rows of P per program), BPF (rows per flush
+            chunk), num_warps, num_stages, maxnreg.
         check: range-check `slots` on the host (a device sync); skipped while a CUDA graph is captured.
 
     Returns:
@@ -201,15 +222,19 @@ def replay(cache: ReplayCache, x, dt, A, B, C, *, D=None, z=None, dt_bias=None, 
         raise ValueError(f"B must have the cache's G = {G} groups, got {G_in}")
     args.check_slots(slots, batch, nslots, cache.device, check)
     args.check_out(out, (batch, H, P), "(batch, H, P)", cache.device)
-    settings = replay_launch(cache, launch)
+    settings = args.pick_launch(STEP_LAUNCH, cache.checkpoint.element_size(), P, N, launch, STEP_KEYS)
+    # tl.dot needs every dimension of the fold's product to be at least 16.
+    BP = max(16, min(settings.pop("BP"), args.block(P)))
+    BPF = max(16, min(settings.pop("BPF"), BP))
+    NPB = triton.cdiv(P, BP)
     y = torch.empty_like(x) if out is None else out
     ck, rc = cache.checkpoint, cache.read_copy
     rcs = rc.stride() if rc is not None else (0, 0, 0, 0)
     zs = z.stride() if z is not None else (0, 0, 0)
-    mamba2_replay_kernel[(batch, H)](
+    mamba2_replay_kernel[(batch, H, NPB)](
         x=x, dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=dt_bias, slots=slots, y=y,
         checkpoint=ck, read_copy=rc, read_scale=cache.read_scale, x_buf=cache.x_buf, b_buf=cache.b_buf,
-        dt_buf=cache.dt_buf, lam_buf=cache.lam_buf, fill=cache.fill,
+        dt_buf=cache.dt_buf, lam_buf=cache.lam_buf, fill=cache.fill, arrive=cache.arrive,
         H=H, G=G, P=P, N=N,
         stride_ck_s=ck.stride(0), stride_ck_h=ck.stride(1), stride_ck_p=ck.stride(2),
         stride_rc_s=rcs[0], stride_rc_h=rcs[1], stride_rc_p=rcs[2],
@@ -219,8 +244,8 @@ def replay(cache: ReplayCache, x, dt, A, B, C, *, D=None, z=None, dt_bias=None, 
         stride_C_b=C.stride(0), stride_C_g=C.stride(1),
         stride_z_b=zs[0], stride_z_h=zs[1],
         stride_y_b=y.stride(0), stride_y_h=y.stride(1),
-        W=cache.window, CAP=cache.capacity, BP=args.block(P), BN=args.block(N),
-        BW=args.block(cache.window),
+        W=cache.window, CAP=cache.capacity, BP=BP, BPF=BPF, BN=max(16, args.block(N)),
+        BW=max(16, args.block(cache.capacity)), NPB=NPB,
         HAS_D=D is not None, HAS_Z=z is not None, HAS_DT_BIAS=dt_bias is not None, USE_SOFTPLUS=bool(dt_softplus),
         HAS_SLOTS=slots is not None, USE_COPY=rc is not None, IS_FP8=cache.read_scale is not None,
         **settings,

@@ -8,8 +8,8 @@ import triton.language as tl
 
 from replayssm_kernels.mamba2 import args
 from replayssm_kernels.mamba2.cache import ReplayCache
-from replayssm_kernels.mamba2.common import finish_output, fold_entries, step_delta, store_read_copy
-from replayssm_kernels.mamba2.replay import check_cache, replay_launch
+from replayssm_kernels.mamba2.common import finish_output, step_delta, store_read_copy
+from replayssm_kernels.mamba2.replay import check_cache
 
 
 @triton.jit
@@ -33,7 +33,7 @@ def answer_drafts(b_s, o_r, m_r, b_xd, b_Bd, b_dtd, b_lamd, o_t, b_xw, b_bw, b_l
 @triton.jit
 def mamba2_verify_kernel(
     x, dt, A, B, C, D, z, dt_bias, slots, y,
-    checkpoint, read_copy, read_scale, x_buf, b_buf, dt_buf, lam_buf, b_draft, fill,
+    checkpoint, read_copy, read_scale, x_buf, b_buf, dt_buf, lam_buf, b_draft, fill, arrive,
     H, G, P, N,
     stride_ck_s, stride_ck_h, stride_ck_p,
     stride_rc_s, stride_rc_h, stride_rc_p,
@@ -44,11 +44,11 @@ def mamba2_verify_kernel(
     stride_z_b, stride_z_t, stride_z_h,
     stride_y_b, stride_y_t, stride_y_h,
     T: tl.constexpr, MAXT: tl.constexpr, W: tl.constexpr, CAP: tl.constexpr,
-    BP: tl.constexpr, BN: tl.constexpr, BW: tl.constexpr, BT: tl.constexpr, JB: tl.constexpr, BPF: tl.constexpr,
+    BP: tl.constexpr, BN: tl.constexpr, BW: tl.constexpr, BF: tl.constexpr, BT: tl.constexpr, NPB: tl.constexpr,
     HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_DT_BIAS: tl.constexpr, USE_SOFTPLUS: tl.constexpr,
     HAS_SLOTS: tl.constexpr, USE_COPY: tl.constexpr, IS_FP8: tl.constexpr,
 ):
-    i_b, i_h = tl.program_id(0), tl.program_id(1)
+    i_b, i_h, i_p = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     if HAS_SLOTS:
         i_s = tl.load(slots + i_b).to(tl.int64)
         if i_s < 0:
@@ -58,7 +58,7 @@ def mamba2_verify_kernel(
     HPG = H // G
     i_g = i_h // HPG
     i_sh = i_s * H + i_h
-    o_p, o_n, o_w, o_t = tl.arange(0, BP), tl.arange(0, BN), tl.arange(0, BW), tl.arange(0, BT)
+    o_p, o_n, o_w, o_t = i_p * BP + tl.arange(0, BP), tl.arange(0, BN), tl.arange(0, BW), tl.arange(0, BT)
     m_p, m_n, m_t = o_p < P, o_n < N, o_t < T
     m_s = m_p[:, None] & m_n[None, :]
 
@@ -101,26 +101,24 @@ def mamba2_verify_kernel(
     b_lamd = b_lam0 + tl.cumsum(tl.load(A + i_h).to(tl.float32) * b_dtd, axis=0)
 
     if f >= W:
-        # fold P-chunk by P-chunk so this rare branch keeps few registers live; answer the drafts from each chunk
+        # Fold the f committed entries into the checkpoint first, one [BP, BF] x [BF, BN] product, then answer.
         b_lend = tl.load(p_lb + f - 1)
-        for i_c in range(0, BP, BPF):
-            o_c = i_c + tl.arange(0, BPF)
-            m_c = o_c < P
-            m_sc = m_c[:, None] & m_n[None, :]
-            p_ckc = checkpoint + i_s * stride_ck_s + i_h * stride_ck_h + o_c[:, None] * stride_ck_p + o_n[None, :]
-            b_s = tl.load(p_ckc, mask=m_sc, other=0.0).to(tl.float32)
-            b_s = fold_entries(b_s, b_lend, p_xb, p_bb, p_db, p_lb, f, o_c, o_n, m_c, m_n, P, N, CAP, JB)
-            tl.store(p_ckc, b_s.to(p_ckc.dtype.element_ty), mask=m_sc)
-            if USE_COPY:
-                p_rcc = read_copy + i_s * stride_rc_s + i_h * stride_rc_h + o_c[:, None] * stride_rc_p + o_n[None, :]
-                store_read_copy(b_s, p_rcc, read_scale, i_sh * P + o_c, m_sc, m_c, IS_FP8)
-            b_xdc = tl.load(p_x + o_t[:, None] * stride_x_t + o_c[None, :], mask=m_t[:, None] & m_c[None, :],
-                            other=0.0).to(tl.float32)
-            answer_drafts(b_s, o_c, m_c, b_xdc, b_Bd, b_dtd, b_lamd, o_t, b_xw, b_bw, b_lw, b_dw, m_w, o_n, m_n,
-                          p_C, p_x, p_y, z, o_z, D, i_h, stride_C_t, stride_x_t, stride_y_t, stride_z_t,
-                          T, False, HAS_D, HAS_Z)
-        tl.store(fill + i_sh, 0)
-        # the fold read the entries the drafts are about to overwrite
+        o_f = tl.arange(0, BF)
+        m_f = o_f < f
+        b_cf = tl.where(m_f, tl.exp(b_lend - tl.load(p_lb + o_f, mask=m_f, other=0.0))
+                        * tl.load(p_db + o_f, mask=m_f, other=0.0), 0.0)
+        b_xf = tl.load(p_xb + o_f[:, None] * P + o_p[None, :], mask=m_f[:, None] & m_p[None, :], other=0.0)
+        b_bf = tl.load(p_bb + o_f[:, None] * N + o_n[None, :], mask=m_f[:, None] & m_n[None, :], other=0.0)
+        p_ck = checkpoint + i_s * stride_ck_s + i_h * stride_ck_h + o_p[:, None] * stride_ck_p + o_n[None, :]
+        b_s = tl.load(p_ck, mask=m_s, other=0.0).to(tl.float32) * tl.exp(b_lend)
+        b_s += tl.dot(tl.trans(b_xf.to(tl.float32) * b_cf[:, None]), b_bf.to(tl.float32), input_precision="tf32x3")
+        tl.store(p_ck, b_s.to(p_ck.dtype.element_ty), mask=m_s)
+        if USE_COPY:
+            store_read_copy(b_s, p_rc, read_scale, i_sh * P + o_p, m_s, m_p, IS_FP8)
+        answer_drafts(b_s, o_p, m_p, b_xdr.to(tl.float32), b_Bd, b_dtd, b_lamd, o_t, b_xw, b_bw, b_lw, b_dw, m_w,
+                      o_n, m_n, p_C, p_x, p_y, z, o_z, D, i_h, stride_C_t, stride_x_t, stride_y_t, stride_z_t,
+                      T, False, HAS_D, HAS_Z)
+        # the fold read the entries this program's drafts are about to overwrite
         tl.debug_barrier()
     else:
         b_s = b_r.to(tl.float32)
@@ -131,12 +129,21 @@ def mamba2_verify_kernel(
                       T, True, HAS_D, HAS_Z)
 
     tl.store(p_xb + (f_c + o_t)[:, None] * P + o_p[None, :], b_xdr, mask=m_t[:, None] & m_p[None, :])
-    tl.store(p_db + f_c + o_t, b_dtd, mask=m_t)
-    tl.store(p_lb + f_c + o_t, b_lamd, mask=m_t)
-    if i_h % HPG == 0:
+    if i_h % HPG == 0 and i_p == 0:
         p_bd = b_draft + (i_s * G + i_g) * MAXT * N + o_t[:, None] * N + o_n[None, :]
         tl.store(p_bd, b_Bdr, mask=m_t[:, None] & m_n[None, :])
-
+    # Every P-block reads this head's Δ and lam entries; the last one done writes the drafts' and the fill.
+    # Relaxed order suffices: every program has consumed what it read of them before it arrives.
+    if NPB == 1:
+        is_last = True
+    else:
+        is_last = tl.atomic_add(arrive + i_sh, 1, sem="relaxed") == NPB - 1
+    if is_last:
+        tl.store(p_db + f_c + o_t, b_dtd, mask=m_t)
+        tl.store(p_lb + f_c + o_t, b_lamd, mask=m_t)
+        tl.store(fill + i_sh, f_c)
+        if NPB > 1:
+            tl.store(arrive + i_sh, 0)
 
 @triton.jit
 def mamba2_accept_kernel(
@@ -164,18 +171,13 @@ def mamba2_accept_kernel(
     tl.store(fill + i_sh, f + n)
 
 
-# The step mutates the cache, so it is not autotuned (a trial launch would advance it); settings are fixed
-# per (checkpoint itemsize, N, P) and `launch=` overrides them. One program holds the whole (P, N) tile.
+# verify mutates the cache, so it is not autotuned (a trial launch would advance it); settings are fixed per
+# (checkpoint itemsize, max N, max P) and `launch=` overrides them. P is split into BP-row blocks, as in replay.
 VERIFY_LAUNCH = [
-    ((4, 64, 64), {"num_warps": 4, "num_stages": 1, "JB": 4, "BPF": 8}),
-    ((4, 128, 64), {"num_warps": 8, "num_stages": 1, "JB": 4, "BPF": 8}),
-    ((4, 128, 128), {"num_warps": 8, "num_stages": 1, "JB": 4, "BPF": 8}),
-    ((4, 1 << 30, 1 << 30), {"num_warps": 16, "num_stages": 1, "JB": 4, "BPF": 8}),
-    ((2, 128, 64), {"num_warps": 4, "num_stages": 1, "JB": 4, "BPF": 8}),
-    ((2, 128, 128), {"num_warps": 8, "num_stages": 1, "JB": 4, "BPF": 8}),
-    ((2, 1 << 30, 1 << 30), {"num_warps": 16, "num_stages": 1, "JB": 4, "BPF": 8}),
+    ((4, 1 << 30, 1 << 30), {"BP": 64, "num_warps": 4, "num_stages": 1}),
+    ((2, 1 << 30, 1 << 30), {"BP": 64, "num_warps": 4, "num_stages": 1}),
 ]
-VERIFY_KEYS = ("num_warps", "num_stages", "JB", "BPF", "maxnreg")
+VERIFY_KEYS = ("BP", "num_warps", "num_stages", "maxnreg")
 ACCEPT_LAUNCH = {"num_warps": 1, "num_stages": 1}
 
 
@@ -205,15 +207,18 @@ def verify(cache: ReplayCache, x, dt, A, B, C, *, D=None, z=None, dt_bias=None, 
     args.check_draft(T, cache.max_draft)
     args.check_slots(slots, batch, nslots, cache.device, check)
     args.check_out(out, (batch, T, H, P), "(batch, T, H, P)", cache.device)
-    settings = replay_launch(cache, launch, VERIFY_LAUNCH, VERIFY_KEYS)
+    settings = args.pick_launch(VERIFY_LAUNCH, cache.checkpoint.element_size(), P, N, launch, VERIFY_KEYS)
+    # tl.dot needs every dimension of the fold's product to be at least 16.
+    BP = max(16, min(settings.pop("BP"), args.block(P)))
+    NPB = triton.cdiv(P, BP)
     y = torch.empty_like(x) if out is None else out
     ck, rc = cache.checkpoint, cache.read_copy
     rcs = rc.stride() if rc is not None else (0, 0, 0, 0)
     zs = z.stride() if z is not None else (0, 0, 0, 0)
-    mamba2_verify_kernel[(batch, H)](
+    mamba2_verify_kernel[(batch, H, NPB)](
         x=x, dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=dt_bias, slots=slots, y=y,
         checkpoint=ck, read_copy=rc, read_scale=cache.read_scale, x_buf=cache.x_buf, b_buf=cache.b_buf,
-        dt_buf=cache.dt_buf, lam_buf=cache.lam_buf, b_draft=cache.b_draft, fill=cache.fill,
+        dt_buf=cache.dt_buf, lam_buf=cache.lam_buf, b_draft=cache.b_draft, fill=cache.fill, arrive=cache.arrive,
         H=H, G=G, P=P, N=N,
         stride_ck_s=ck.stride(0), stride_ck_h=ck.stride(1), stride_ck_p=ck.stride(2),
         stride_rc_s=rcs[0], stride_rc_h=rcs[1], stride_rc_p=rcs[2],
@@ -224,7 +229,8 @@ def verify(cache: ReplayCache, x, dt, A, B, C, *, D=None, z=None, dt_bias=None, 
         stride_z_b=zs[0], stride_z_t=zs[1], stride_z_h=zs[2],
         stride_y_b=y.stride(0), stride_y_t=y.stride(1), stride_y_h=y.stride(2),
         T=T, MAXT=cache.b_draft.shape[2], W=cache.window, CAP=cache.capacity,
-        BP=args.block(P), BN=args.block(N), BW=args.block(cache.window), BT=args.block(T),
+        BP=BP, BN=max(16, args.block(N)), BW=args.block(cache.window), BF=max(16, args.block(cache.capacity)),
+        BT=args.block(T), NPB=NPB,
         HAS_D=D is not None, HAS_Z=z is not None, HAS_DT_BIAS=dt_bias is not None, USE_SOFTPLUS=bool(dt_softplus),
         HAS_SLOTS=slots is not None, USE_COPY=rc is not None, IS_FP8=cache.read_scale is not None,
         **settings,

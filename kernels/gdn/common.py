@@ -1,0 +1,224 @@
+"""Shared by the Gated DeltaNet kernels: in-kernel rounding and normalisation, argument checks, launch settings."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+FP8_MAX = 448.0
+L2NORM_EPS = 1e-6
+
+DTYPES = {
+    "fp32": torch.float32,
+    "bf16": torch.bfloat16,
+    "fp16": torch.float16,
+    "fp8": torch.float8_e4m3fn,
+}
+STATE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+IO_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+READ_DTYPES = (torch.bfloat16, torch.float16, torch.float8_e4m3fn)
+
+
+@triton.jit
+def _round_bf16(b_x):
+    b_i = b_x.to(tl.uint32, bitcast=True)
+    b_i = (b_i + 0x7FFF + ((b_i >> 16) & 1)) & 0xFFFF0000
+    return b_i.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _round_mantissa3(b_a):
+    b_i = b_a.to(tl.uint32, bitcast=True)
+    b_i = (b_i + 0x7FFFF + ((b_i >> 20) & 1)) & 0xFFF00000
+    return b_i.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def rounded(b_x, DTYPE: tl.constexpr):
+    """b_x (fp32) rounded to nearest even in DTYPE, still as fp32 values."""
+    # Rounded by hand because the CPU interpreter truncates fp32 to bf16; the GPU result is the same.
+    if DTYPE == tl.bfloat16:
+        b_x = _round_bf16(b_x)
+    elif DTYPE == tl.float16:
+        b_x = b_x.to(tl.float16).to(tl.float32)
+    return b_x
+
+
+@triton.jit
+def cast(b_x, DTYPE: tl.constexpr):
+    return rounded(b_x, DTYPE).to(DTYPE)
+
+
+@triton.jit
+def quantize_e4m3(b_y):
+    """b_y (fp32, |b_y| <= 448 up to rounding) as float8 e4m3, rounded to nearest even."""
+    # Rounded by hand because the CPU interpreter's fp8 conversion drops the carry into the exponent.
+    b_a = tl.abs(b_y)
+    b_r = tl.where(b_a < 0.015625, _round_mantissa3(b_a + 0.015625) - 0.015625, _round_mantissa3(b_a))
+    b_r = tl.minimum(b_r, 448.0)
+    return tl.where(b_y < 0, -b_r, b_r).to(tl.float8e4nv)
+
+
+@triton.jit
+def l2norm(b_x):
+    return b_x / tl.sqrt(tl.sum(b_x * b_x) + 1e-6)
+
+
+def resolve_dtype(name, what: str, allowed) -> torch.dtype:
+    """A torch dtype from a torch dtype or one of our names ("fp32", "bf16", "fp16", "fp8")."""
+    dtype = name if isinstance(name, torch.dtype) else DTYPES.get(getattr(name, "value", name))
+    if dtype not in allowed:
+        names = ", ".join(k for k, v in DTYPES.items() if v in allowed)
+        raise ValueError(f"{what} must be one of {names}; got {name!r}")
+    return dtype
+
+
+def default_scale(K: int, scale: float | None) -> float:
+    if scale is None:
+        return K**-0.5
+    if not math.isfinite(scale) or scale <= 0:
+        raise ValueError(f"scale must be a positive finite number; got {scale!r}")
+    return float(scale)
+
+
+def launch_settings(table: dict, name: str, launch: dict | None) -> dict:
+    """The fixed settings of kernel `name` with the caller's overrides; unknown keys are an error."""
+    settings = dict(table[name])
+    for key, value in (launch or {}).items():
+        if key not in settings:
+            raise ValueError(f"launch has unknown key {key!r} for {name}; expected some of {', '.join(settings)}")
+        if key == "maxnreg" and value is None:
+            settings[key] = None
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"launch[{key!r}] must be a positive integer; got {value!r}")
+        if key in ("BV", "BVF", "num_warps") and value & (value - 1):
+            raise ValueError(f"launch[{key!r}] must be a power of two; got {value}")
+        settings[key] = value
+    return settings
+
+
+def compile_options(settings: dict) -> dict:
+    """The settings that go to Triton as compile options rather than kernel constants."""
+    options = {key: settings[key] for key in ("num_warps", "num_stages") if key in settings}
+    if settings.get("maxnreg") is not None:
+        options["maxnreg"] = settings["maxnreg"]
+    return options
+
+
+def host_checks(check: bool) -> bool:
+    """Whether to read device tensors on the host for range checks: never while a CUDA graph is captured."""
+    return check and not (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
+
+
+def check_device(device: torch.device, kernel) -> None:
+    from triton.runtime.interpreter import InterpretedFunction
+
+    if device.type == "cpu" and not isinstance(kernel, InterpretedFunction):
+        raise ValueError(
+            "the tensors are on the CPU; these Triton kernels need a CUDA device, "
+            "or TRITON_INTERPRET=1 set before import to run them on the CPU"
+        )
+    if device.type not in ("cpu", "cuda"):
+        raise ValueError(f"the tensors are on {device}; expected a CUDA device (or the CPU under TRITON_INTERPRET=1)")
+
+
+def check_index(name: str, x, batch: int, device) -> None:
+    if not isinstance(x, torch.Tensor) or x.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"{name} must be an int32 or int64 tensor of shape ({batch},)")
+    if tuple(x.shape) != (batch,):
+        raise ValueError(f"{name} must have shape ({batch},); got {tuple(x.shape)}")
+    if x.device != device:
+        raise ValueError(f"{name} must be on {device}; got {x.device}")
+
+
+def check_slots(slots, batch: int, nslots: int, device, check: bool) -> torch.Tensor:
+    """slots (batch,) int32/int64, each in [0, nslots) or -1 for padding, no repeats; default arange(batch)."""
+    if slots is None:
+        if batch > nslots:
+            raise ValueError(f"without slots, row b uses slot b, so batch {batch} must not exceed nslots {nslots}")
+        return torch.arange(batch, dtype=torch.int32, device=device)
+    check_index("slots", slots, batch, device)
+    if host_checks(check):
+        values = slots.tolist()
+        bad = [s for s in values if not -1 <= s < nslots]
+        if bad:
+            raise ValueError(f"slots must be in [0, {nslots}) or -1 for padding; got {bad[0]}")
+        used = [s for s in values if s >= 0]
+        if len(set(used)) != len(used):
+            raise ValueError("slots must not repeat a slot within one call (two rows would race on one state)")
+    return slots
+
+
+def check_accepted(n_accepted, batch: int, most: int, device, check: bool) -> None:
+    check_index("n_accepted", n_accepted, batch, device)
+    if host_checks(check):
+        bad = [n for n in n_accepted.tolist() if not 0 <= n <= most]
+        if bad:
+            raise ValueError(f"n_accepted must be in [0, {most}], the drafts of the last verify; got {bad[0]}")
+
+
+def check_step(q, k, v, g, beta, *, tokens: bool, io_dtype=None):
+    """Check one step's (or, with tokens, T drafts') inputs; return (batch, T, H, HV, K, V)."""
+    lead = 2 if tokens else 1
+    names = {"q": q, "k": k, "v": v, "g": g, "beta": beta}
+    for name, x in names.items():
+        if not isinstance(x, torch.Tensor):
+            raise ValueError(f"{name} must be a torch tensor; got {type(x).__name__}")
+        if not x.is_floating_point():
+            raise ValueError(f"{name} must be a floating-point tensor; got {x.dtype}")
+        want = lead + (1 if name in ("g", "beta") else 2)
+        if x.dim() != want:
+            axes = "(batch, T, " if tokens else "(batch, "
+            tail = {"q": "H, K)", "k": "H, K)", "v": "HV, V)", "g": "HV)", "beta": "HV)"}[name]
+            raise ValueError(f"{name} must have shape {axes}{tail}; got {tuple(x.shape)}")
+        if x.device != q.device:
+            raise ValueError(f"{name} is on {x.device} but q is on {q.device}")
+    if k.shape != q.shape:
+        raise ValueError(f"k must have the shape of q {tuple(q.shape)}; got {tuple(k.shape)}")
+    batch, H, K = q.shape[0], q.shape[-2], q.shape[-1]
+    T = q.shape[1] if tokens else 1
+    HV, V = v.shape[-2], v.shape[-1]
+    if v.shape[:lead] != q.shape[:lead]:
+        raise ValueError(f"v must have the leading axes of q {tuple(q.shape[:lead])}; got {tuple(v.shape)}")
+    if HV % H:
+        raise ValueError(f"v's head count HV={HV} must be a multiple of q's H={H}")
+    for name in ("g", "beta"):
+        if names[name].shape != v.shape[:-1]:
+            raise ValueError(f"{name} must have shape {tuple(v.shape[:-1])}; got {tuple(names[name].shape)}")
+    for name in ("q", "k", "v"):
+        dtype = names[name].dtype
+        if dtype not in IO_DTYPES:
+            raise ValueError(f"{name} must be fp32, bf16 or fp16; got {dtype}")
+        if io_dtype is not None and dtype != io_dtype:
+            raise ValueError(f"{name} must be {io_dtype} like the cache's io_dtype; got {dtype}")
+    if K > 256 or V > 256:
+        raise ValueError(f"K and V must be at most 256; got K={K}, V={V}")
+    return batch, T, H, HV, K, V
+
+
+def check_out(out, shape, dtype, device):
+    if out is None:
+        return torch.empty(shape, dtype=dtype, device=device)
+    if not isinstance(out, torch.Tensor) or tuple(out.shape) != tuple(shape) or out.dtype != dtype:
+        raise ValueError(f"out must be a {dtype} tensor of shape {tuple(shape)}")
+    if out.device != device:
+        raise ValueError(f"out must be on {device}; got {out.device}")
+    return out
+
+
+def check_state(state, name: str, HV: int, V: int, K: int, device) -> None:
+    if not isinstance(state, torch.Tensor) or state.dim() != 4 or tuple(state.shape[1:]) != (HV, V, K):
+        got = tuple(state.shape) if isinstance(state, torch.Tensor) else type(state).__name__
+        raise ValueError(f"{name} must have shape (nslots, {HV}, {V}, {K}); got {got}")
+    if state.dtype not in STATE_DTYPES:
+        raise ValueError(f"{name} must be fp32, bf16 or fp16; got {state.dtype}")
+    if state.device != device:
+        raise ValueError(f"{name} must be on {device} like q; got {state.device}")
+
+
+def next_pow2(n: int) -> int:
+    return triton.next_power_of_2(max(int(n), 1))

@@ -1,0 +1,325 @@
+"""Conventional Gated DeltaNet decode (read, update, write the state) and its snapshot-writing speculative path."""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from replayssm_kernels.gdn.common import (
+    cast,
+    check_accepted,
+    check_device,
+    check_out,
+    check_slots,
+    check_state,
+    check_step,
+    compile_options,
+    default_scale,
+    l2norm,
+    launch_settings,
+    next_pow2,
+    rounded,
+)
+
+# These kernels mutate state in place, so their settings are fixed here (an autotuner would rerun them on live state).
+LAUNCH = {
+    "decode": {"BV": 32, "num_warps": 4, "num_stages": 1, "maxnreg": None},
+    "decode-multi": {"BV": 32, "num_warps": 4, "num_stages": 1, "maxnreg": None},
+    "accept-snapshot": {"BV": 32, "num_warps": 4, "num_stages": 1, "maxnreg": None},
+}
+
+
+@triton.jit
+def _decode_kernel(
+    s, q, k, v, g, beta, o, slots,
+    s_sn, s_sh, s_sv, s_sk,
+    s_qb, s_qh, s_qk,
+    s_kb, s_kh, s_kk,
+    s_vb, s_vh, s_vv,
+    s_gb, s_gh,
+    s_bb, s_bh,
+    s_ob, s_oh, s_ov,
+    scale,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr,
+    USE_QK_L2NORM: tl.constexpr,
+):
+    i_b, i_hv, i_v = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_s = tl.load(slots + i_b).to(tl.int64)
+    if i_s < 0:
+        return
+    i_h = i_hv // (HV // H)
+    o_k = tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_k = o_k < K
+    m_v = o_v < V
+    m_s = m_v[:, None] & m_k[None, :]
+
+    b_q = tl.load(q + i_b * s_qb + i_h * s_qh + o_k * s_qk, mask=m_k, other=0.0).to(tl.float32)
+    b_k = tl.load(k + i_b * s_kb + i_h * s_kh + o_k * s_kk, mask=m_k, other=0.0).to(tl.float32)
+    if USE_QK_L2NORM:
+        b_q = l2norm(b_q)
+        b_k = l2norm(b_k)
+    b_q = b_q * scale
+    b_v = tl.load(v + i_b * s_vb + i_hv * s_vh + o_v * s_vv, mask=m_v, other=0.0).to(tl.float32)
+    b_g = tl.load(g + i_b * s_gb + i_hv * s_gh).to(tl.float32)
+    b_beta = tl.load(beta + i_b * s_bb + i_hv * s_bh).to(tl.float32)
+
+    p_s = s + i_s * s_sn + i_hv * s_sh + o_v[:, None] * s_sv + o_k[None, :] * s_sk
+    # [BV, BK]
+    b_s = tl.load(p_s, mask=m_s, other=0.0).to(tl.float32)
+    b_s *= tl.exp(b_g)
+    b_u = b_beta * (b_v - tl.sum(b_s * b_k[None, :], 1))
+    b_s += b_u[:, None] * b_k[None, :]
+    b_o = tl.sum(b_s * b_q[None, :], 1)
+    tl.store(p_s, cast(b_s, s.dtype.element_ty), mask=m_s)
+    tl.store(o + i_b * s_ob + i_hv * s_oh + o_v * s_ov, cast(b_o, o.dtype.element_ty), mask=m_v)
+
+
+@triton.jit
+def _decode_multi_kernel(
+    s, snap, q, k, v, g, beta, o, slots,
+    s_sn, s_sh, s_sv, s_sk,
+    s_pn, s_pt, s_ph, s_pv, s_pk,
+    s_qb, s_qt, s_qh, s_qk,
+    s_kb, s_kt, s_kh, s_kk,
+    s_vb, s_vt, s_vh, s_vv,
+    s_gb, s_gt, s_gh,
+    s_bb, s_bt, s_bh,
+    s_ob, s_ot, s_oh, s_ov,
+    scale,
+    T: tl.constexpr, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr,
+    USE_QK_L2NORM: tl.constexpr,
+):
+    i_b, i_hv, i_v = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_s = tl.load(slots + i_b).to(tl.int64)
+    if i_s < 0:
+        return
+    i_h = i_hv // (HV // H)
+    o_k = tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_k = o_k < K
+    m_v = o_v < V
+    m_s = m_v[:, None] & m_k[None, :]
+
+    p_s = s + i_s * s_sn + i_hv * s_sh + o_v[:, None] * s_sv + o_k[None, :] * s_sk
+    # [BV, BK]
+    b_s = tl.load(p_s, mask=m_s, other=0.0).to(tl.float32)
+    for i_t in range(T):
+        b_q = tl.load(q + i_b * s_qb + i_t * s_qt + i_h * s_qh + o_k * s_qk, mask=m_k, other=0.0).to(tl.float32)
+        b_k = tl.load(k + i_b * s_kb + i_t * s_kt + i_h * s_kh + o_k * s_kk, mask=m_k, other=0.0).to(tl.float32)
+        if USE_QK_L2NORM:
+            b_q = l2norm(b_q)
+            b_k = l2norm(b_k)
+        b_q = b_q * scale
+        b_v = tl.load(v + i_b * s_vb + i_t * s_vt + i_hv * s_vh + o_v * s_vv, mask=m_v, other=0.0).to(tl.float32)
+        b_g = tl.load(g + i_b * s_gb + i_t * s_gt + i_hv * s_gh).to(tl.float32)
+        b_beta = tl.load(beta + i_b * s_bb + i_t * s_bt + i_hv * s_bh).to(tl.float32)
+        b_s *= tl.exp(b_g)
+        b_u = b_beta * (b_v - tl.sum(b_s * b_k[None, :], 1))
+        b_s += b_u[:, None] * b_k[None, :]
+        b_o = tl.sum(b_s * b_q[None, :], 1)
+        # Round as a stored state would be, so that drafts equal one conventional step at a time.
+        b_s = rounded(b_s, snap.dtype.element_ty)
+        p_p = snap + i_s * s_pn + i_t * s_pt + i_hv * s_ph + o_v[:, None] * s_pv + o_k[None, :] * s_pk
+        tl.store(p_p, b_s.to(snap.dtype.element_ty), mask=m_s)
+        tl.store(o + i_b * s_ob + i_t * s_ot + i_hv * s_oh + o_v * s_ov, cast(b_o, o.dtype.element_ty), mask=m_v)
+
+
+@triton.jit
+def _accept_snapshot_kernel(
+    s, snap, n, slots,
+    s_sn, s_sh, s_sv, s_sk,
+    s_pn, s_pt, s_ph, s_pv, s_pk,
+    K: tl.constexpr, V: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr,
+):
+    i_b, i_hv, i_v = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_s = tl.load(slots + i_b).to(tl.int64)
+    i_n = tl.load(n + i_b).to(tl.int64)
+    if (i_s < 0) | (i_n < 1):
+        return
+    o_k = tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_s = (o_v < V)[:, None] & (o_k < K)[None, :]
+    p_p = snap + i_s * s_pn + (i_n - 1) * s_pt + i_hv * s_ph + o_v[:, None] * s_pv + o_k[None, :] * s_pk
+    p_s = s + i_s * s_sn + i_hv * s_sh + o_v[:, None] * s_sv + o_k[None, :] * s_sk
+    tl.store(p_s, tl.load(p_p, mask=m_s, other=0.0), mask=m_s)
+
+
+def _launch_decode(state, q, k, v, g, beta, out, slots, scale, l2norm, settings):
+    batch, H, K = q.shape
+    HV, V = v.shape[1], v.shape[2]
+    BV = min(settings["BV"], next_pow2(V))
+    _decode_kernel[(batch, HV, triton.cdiv(V, BV))](
+        s=state, q=q, k=k, v=v, g=g, beta=beta, o=out, slots=slots,
+        s_sn=state.stride(0), s_sh=state.stride(1), s_sv=state.stride(2), s_sk=state.stride(3),
+        s_qb=q.stride(0), s_qh=q.stride(1), s_qk=q.stride(2),
+        s_kb=k.stride(0), s_kh=k.stride(1), s_kk=k.stride(2),
+        s_vb=v.stride(0), s_vh=v.stride(1), s_vv=v.stride(2),
+        s_gb=g.stride(0), s_gh=g.stride(1),
+        s_bb=beta.stride(0), s_bh=beta.stride(1),
+        s_ob=out.stride(0), s_oh=out.stride(1), s_ov=out.stride(2),
+        scale=scale,
+        H=H, HV=HV, K=K, V=V, BK=next_pow2(K), BV=BV,
+        USE_QK_L2NORM=l2norm,
+        **compile_options(settings),
+    )
+
+
+def _launch_decode_multi(state, snapshots, q, k, v, g, beta, out, slots, scale, l2norm, settings):
+    batch, T, H, K = q.shape
+    HV, V = v.shape[2], v.shape[3]
+    BV = min(settings["BV"], next_pow2(V))
+    _decode_multi_kernel[(batch, HV, triton.cdiv(V, BV))](
+        s=state, snap=snapshots, q=q, k=k, v=v, g=g, beta=beta, o=out, slots=slots,
+        s_sn=state.stride(0), s_sh=state.stride(1), s_sv=state.stride(2), s_sk=state.stride(3),
+        s_pn=snapshots.stride(0), s_pt=snapshots.stride(1), s_ph=snapshots.stride(2),
+        s_pv=snapshots.stride(3), s_pk=snapshots.stride(4),
+        s_qb=q.stride(0), s_qt=q.stride(1), s_qh=q.stride(2), s_qk=q.stride(3),
+        s_kb=k.stride(0), s_kt=k.stride(1), s_kh=k.stride(2), s_kk=k.stride(3),
+        s_vb=v.stride(0), s_vt=v.stride(1), s_vh=v.stride(2), s_vv=v.stride(3),
+        s_gb=g.stride(0), s_gt=g.stride(1), s_gh=g.stride(2),
+        s_bb=beta.stride(0), s_bt=beta.stride(1), s_bh=beta.stride(2),
+        s_ob=out.stride(0), s_ot=out.stride(1), s_oh=out.stride(2), s_ov=out.stride(3),
+        scale=scale,
+        T=T, H=H, HV=HV, K=K, V=V, BK=next_pow2(K), BV=BV,
+        USE_QK_L2NORM=l2norm,
+        **compile_options(settings),
+    )
+
+
+def _launch_accept_snapshot(state, snapshots, n_accepted, slots, settings):
+    batch = slots.shape[0]
+    HV, V, K = state.shape[1:]
+    BV = min(settings["BV"], next_pow2(V))
+    _accept_snapshot_kernel[(batch, HV, triton.cdiv(V, BV))](
+        s=state, snap=snapshots, n=n_accepted, slots=slots,
+        s_sn=state.stride(0), s_sh=state.stride(1), s_sv=state.stride(2), s_sk=state.stride(3),
+        s_pn=snapshots.stride(0), s_pt=snapshots.stride(1), s_ph=snapshots.stride(2),
+        s_pv=snapshots.stride(3), s_pk=snapshots.stride(4),
+        K=K, V=V, BK=next_pow2(K), BV=BV,
+        **compile_options(settings),
+    )
+
+
+def decode(
+    state: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    *,
+    scale: float | None = None,
+    use_qk_l2norm_in_kernel: bool = False,
+    slots: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+    launch: dict | None = None,
+    check: bool = True,
+) -> torch.Tensor:
+    """One conventional Gated DeltaNet decode step; updates `state` in place.
+
+    state (nslots, HV, V, K) fp32, bf16 or fp16, any strides; q, k (batch, H, K) and v (batch, HV, V)
+    in fp32, bf16 or fp16; g (batch, HV) the log-decay (<= 0); beta (batch, HV) in (0, 1). HV is a
+    multiple of H: the HV // H value heads of a key head share its q and k. q and k are L2-normalised
+    in the kernel when use_qk_l2norm_in_kernel is set; q is scaled by `scale` (default K ** -0.5).
+    slots (batch,) int32 maps rows to state slots (default: row i uses slot i); rows with slot -1 are
+    padding: neither their state nor their output is touched.
+    Per value head: S = e^g S; u = beta (v - S k); S += u kᵀ; o = S q.
+    Returns o (batch, HV, V) in v's dtype (written into `out` when given; padding rows keep what it
+    held). `launch` overrides the kernel's BV, num_warps, num_stages, maxnreg. `check` range-checks
+    slots on the host (a device sync), skipped while a CUDA graph is captured.
+    """
+    batch, _, H, HV, K, V = check_step(q, k, v, g, beta, tokens=False)
+    check_state(state, "state", HV, V, K, q.device)
+    check_device(q.device, _decode_kernel)
+    scale = default_scale(K, scale)
+    slots = check_slots(slots, batch, state.shape[0], q.device, check)
+    out = check_out(out, v.shape, v.dtype, q.device)
+    settings = launch_settings(LAUNCH, "decode", launch)
+    if batch:
+        _launch_decode(state, q, k, v, g, beta, out, slots, scale, bool(use_qk_l2norm_in_kernel), settings)
+    return out
+
+
+def decode_multi(
+    state: torch.Tensor,
+    snapshots: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    *,
+    scale: float | None = None,
+    use_qk_l2norm_in_kernel: bool = False,
+    slots: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+    launch: dict | None = None,
+    check: bool = True,
+) -> torch.Tensor:
+    """T conventional steps of speculative drafts, writing the state after each draft to `snapshots`.
+
+    Inputs as in `decode` with a token axis: q, k (batch, T, H, K), v (batch, T, HV, V), g, beta
+    (batch, T, HV). `state` (nslots, HV, V, K) is read and left unchanged; snapshots (nslots, T', HV,
+    V, K) with T' >= T and the state's dtype receives snapshots[slot, t] = the state after draft t,
+    rounded to the state dtype after every draft as `decode` would. Returns o (batch, T, HV, V).
+    slots, out, launch, check: as in `decode`. Commit n drafts with `accept_snapshot`.
+    """
+    batch, T, H, HV, K, V = check_step(q, k, v, g, beta, tokens=True)
+    check_state(state, "state", HV, V, K, q.device)
+    if (
+        not isinstance(snapshots, torch.Tensor)
+        or snapshots.dim() != 5
+        or snapshots.shape[0] != state.shape[0]
+        or snapshots.shape[1] < T
+        or tuple(snapshots.shape[2:]) != (HV, V, K)
+    ):
+        raise ValueError(f"snapshots must have shape ({state.shape[0]}, >= {T}, {HV}, {V}, {K})")
+    if snapshots.dtype != state.dtype or snapshots.device != state.device:
+        raise ValueError("snapshots must have the dtype and device of state")
+    check_device(q.device, _decode_multi_kernel)
+    scale = default_scale(K, scale)
+    slots = check_slots(slots, batch, state.shape[0], q.device, check)
+    out = check_out(out, v.shape, v.dtype, q.device)
+    settings = launch_settings(LAUNCH, "decode-multi", launch)
+    if batch and T:
+        _launch_decode_multi(
+            state, snapshots, q, k, v, g, beta, out, slots, scale, bool(use_qk_l2norm_in_kernel), settings
+        )
+    return out
+
+
+def accept_snapshot(
+    state: torch.Tensor,
+    snapshots: torch.Tensor,
+    n_accepted: torch.Tensor,
+    slots: torch.Tensor | None = None,
+    *,
+    launch: dict | None = None,
+    check: bool = True,
+) -> None:
+    """Commit n accepted drafts of `decode_multi`: state[slot] = snapshots[slot, n - 1] for rows with n >= 1.
+
+    n_accepted (batch,) int32 or int64 on the state's device, each in [0, T]; slots, launch, check as
+    in `decode` (`check` also range-checks n_accepted on the host).
+    """
+    if not isinstance(state, torch.Tensor) or state.dim() != 4:
+        raise ValueError("state must have shape (nslots, HV, V, K)")
+    nslots, HV, V, K = state.shape
+    check_state(state, "state", HV, V, K, state.device)
+    if not isinstance(snapshots, torch.Tensor) or snapshots.dim() != 5 or snapshots.shape[0] != nslots:
+        raise ValueError(f"snapshots must have shape ({nslots}, T, {HV}, {V}, {K})")
+    if tuple(snapshots.shape[2:]) != (HV, V, K) or snapshots.dtype != state.dtype:
+        raise ValueError(f"snapshots must have shape ({nslots}, T, {HV}, {V}, {K}) and the state's dtype")
+    if not isinstance(n_accepted, torch.Tensor) or n_accepted.dim() != 1:
+        raise ValueError("n_accepted must be a 1-D int32 or int64 tensor of shape (batch,)")
+    check_device(state.device, _accept_snapshot_kernel)
+    check_accepted(n_accepted, n_accepted.shape[0], snapshots.shape[1], state.device, check)
+    slots = check_slots(slots, n_accepted.shape[0], nslots, state.device, check)
+    settings = launch_settings(LAUNCH, "accept-snapshot", launch)
+    if n_accepted.shape[0]:
+        _launch_accept_snapshot(state, snapshots, n_accepted, slots, settings)

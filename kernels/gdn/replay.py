@@ -1,0 +1,603 @@
+"""ReplaySSM Gated DeltaNet decode: read the checkpoint, replay the buffered updates, write state only at flushes."""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from replayssm_kernels.gdn.cache import ReplayCache, dequantize_read
+from replayssm_kernels.gdn.common import (
+    cast,
+    check_accepted,
+    check_device,
+    check_out,
+    check_slots,
+    check_step,
+    compile_options,
+    default_scale,
+    l2norm,
+    launch_settings,
+    next_pow2,
+    quantize_e4m3,
+    rounded,
+)
+
+# These kernels mutate the cache in place, so their settings are fixed here (an autotuner would rerun them on live
+# state); a read copy gets its own row because correcting the buffered updates at a flush holds a second tile.
+LAUNCH = {
+    "replay": {"BV": 128, "BVF": 32, "JB": 4, "num_warps": 8, "num_stages": 1, "maxnreg": None},
+    "replay-split": {"BV": 128, "BVF": 32, "JB": 2, "num_warps": 8, "num_stages": 1, "maxnreg": None},
+    "replay-fp8": {"BV": 128, "BVF": 16, "JB": 2, "num_warps": 8, "num_stages": 1, "maxnreg": None},
+    "verify": {"BV": 32, "JB": 4, "num_warps": 4, "num_stages": 1, "maxnreg": None},
+    "verify-split": {"BV": 32, "JB": 2, "num_warps": 4, "num_stages": 1, "maxnreg": None},
+    "verify-fp8": {"BV": 16, "JB": 1, "num_warps": 4, "num_stages": 1, "maxnreg": None},
+    "accept": {"num_warps": 1},
+}
+
+
+def launch_name(kernel: str, cache: ReplayCache) -> str:
+    """The LAUNCH row of `kernel` ("replay" or "verify") for this cache's read copy."""
+    if cache.read_copy is None:
+        return kernel
+    return f"{kernel}-fp8" if cache.read_scale is not None else f"{kernel}-split"
+
+
+@triton.jit
+def _read_copy(rcopy, rscale, o_s, o_r, m_s, m_v, IS_FP8: tl.constexpr):
+    """Rows [BV, BK] of the read copy as fp32 values."""
+    b_c = tl.load(rcopy + o_s, mask=m_s, other=0.0).to(tl.float32)
+    if IS_FP8:
+        b_c *= tl.load(rscale + o_r, mask=m_v, other=0.0)[:, None]
+    return b_c
+
+
+@triton.jit
+def _store_read_copy(rcopy, rscale, o_s, o_r, b_s, m_s, m_v, IS_FP8: tl.constexpr):
+    """Store the read copy of checkpoint rows b_s [BV, BK]; return the values a read of the copy gives."""
+    if IS_FP8:
+        b_amax = tl.max(tl.abs(b_s), 1)
+        b_sc = tl.where(b_amax > 0, tl.math.div_rn(b_amax, tl.full(b_amax.shape, 448.0, tl.float32)), 1.0)
+        b_c = quantize_e4m3(tl.math.div_rn(b_s, tl.broadcast_to(b_sc[:, None], b_s.shape)))
+        tl.store(rcopy + o_s, b_c, mask=m_s)
+        tl.store(rscale + o_r, b_sc, mask=m_v)
+        b_r = b_c.to(tl.float32) * b_sc[:, None]
+    else:
+        b_c = cast(b_s, rcopy.dtype.element_ty)
+        tl.store(rcopy + o_s, b_c, mask=m_s)
+        b_r = b_c.to(tl.float32)
+    return b_r
+
+
+@triton.jit
+def _fold(
+    b_s, b_d, buf_u, buf_k, buf_g, buf_b, i_s, i_h, i_hv, o_v, m_v, o_k, m_k, b_f, b_G,
+    C: tl.constexpr, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, JB: tl.constexpr,
+    CORRECT: tl.constexpr,
+):
+    """b_s [BV, BK] plus sum_{j<f} e^{G - G_j} u_j k_jᵀ; with CORRECT, u_j corrected for b_d = checkpoint - copy."""
+    b_Gp = tl.zeros([], dtype=tl.float32)
+    for j0 in range(0, C, JB):
+        # Masked and unrolled within a group rather than branched per entry, so that a group's loads overlap.
+        if j0 < b_f:
+            for jj in tl.static_range(JB):
+                m_j = j0 + jj < b_f
+                p_j = i_s * C + j0 + jj
+                b_uj = tl.load(buf_u + (p_j * HV + i_hv) * V + o_v, mask=m_v & m_j, other=0.0)
+                b_kj = tl.load(buf_k + (p_j * H + i_h) * K + o_k, mask=m_k & m_j, other=0.0)
+                b_Gj = tl.load(buf_g + p_j * HV + i_hv, mask=m_j, other=0.0)
+                if CORRECT:
+                    b_aj = tl.where(m_j, tl.exp(b_Gj - b_Gp), 1.0)
+                    b_bj = tl.load(buf_b + p_j * HV + i_hv, mask=m_j, other=0.0)
+                    b_dj = -b_bj * b_aj * tl.sum(b_d * b_kj[None, :], 1)
+                    b_d = b_aj * b_d + b_dj[:, None] * b_kj[None, :]
+                    b_uj += b_dj
+                    b_Gp = tl.where(m_j, b_Gj, b_Gp)
+                b_s += (tl.exp(b_G - b_Gj) * b_uj)[:, None] * b_kj[None, :]
+    return b_s
+
+
+@triton.jit
+def _replay_flush(
+    ckpt, rcopy, rscale, buf_u, buf_k, buf_g, buf_b, v, o,
+    i_b, i_s, i_h, i_hv, b_f, b_k, b_q, b_g, b_beta, b_Gl,
+    s_vb, s_vh, s_vv, s_ob, s_oh, s_ov,
+    C: tl.constexpr, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr, JB: tl.constexpr, HAS_COPY: tl.constexpr, IS_FP8: tl.constexpr,
+):
+    """The step that fills the window: fold the buffer into the full checkpoint, take this step from it, store it."""
+    o_k = tl.arange(0, BK)
+    m_k = o_k < K
+    for i_v in tl.static_range(0, V, BV):
+        o_v = i_v + tl.arange(0, BV)
+        m_v = o_v < V
+        m_s = m_v[:, None] & m_k[None, :]
+        o_s = ((i_s * HV + i_hv) * V + o_v[:, None]) * K + o_k[None, :]
+        o_r = (i_s * HV + i_hv) * V + o_v
+        # [BV, BK] the checkpoint, brought to the state after the buffered entries
+        b_s = tl.load(ckpt + o_s, mask=m_s, other=0.0).to(tl.float32)
+        if HAS_COPY:
+            b_d = b_s - _read_copy(rcopy, rscale, o_s, o_r, m_s, m_v, IS_FP8)
+            b_s = _fold(
+                b_s * tl.exp(b_Gl), b_d, buf_u, buf_k, buf_g, buf_b, i_s, i_h, i_hv, o_v, m_v, o_k, m_k, b_f, b_Gl,
+                C, H, HV, K, V, JB, True,
+            )
+        else:
+            b_s = _fold(
+                b_s * tl.exp(b_Gl), b_s, buf_u, buf_k, buf_g, buf_b, i_s, i_h, i_hv, o_v, m_v, o_k, m_k, b_f, b_Gl,
+                C, H, HV, K, V, JB, False,
+            )
+        b_v = tl.load(v + i_b * s_vb + i_hv * s_vh + o_v * s_vv, mask=m_v, other=0.0).to(tl.float32)
+        b_s *= tl.exp(b_g)
+        b_u = b_beta * (b_v - tl.sum(b_s * b_k[None, :], 1))
+        b_s += b_u[:, None] * b_k[None, :]
+        b_o = tl.sum(b_s * b_q[None, :], 1)
+        tl.store(o + i_b * s_ob + i_hv * s_oh + o_v * s_ov, cast(b_o, o.dtype.element_ty), mask=m_v)
+        b_s = rounded(b_s, ckpt.dtype.element_ty)
+        tl.store(ckpt + o_s, b_s.to(ckpt.dtype.element_ty), mask=m_s)
+        if HAS_COPY:
+            _store_read_copy(rcopy, rscale, o_s, o_r, b_s, m_s, m_v, IS_FP8)
+
+
+@triton.jit
+def _replay_kernel(
+    ckpt, rcopy, rscale, buf_u, buf_k, buf_g, buf_b, fill,
+    q, k, v, g, beta, o, slots,
+    s_qb, s_qh, s_qk,
+    s_kb, s_kh, s_kk,
+    s_vb, s_vh, s_vv,
+    s_gb, s_gh,
+    s_bb, s_bh,
+    s_ob, s_oh, s_ov,
+    scale,
+    W: tl.constexpr, C: tl.constexpr,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr, BVF: tl.constexpr, BC: tl.constexpr, JB: tl.constexpr,
+    USE_QK_L2NORM: tl.constexpr, HAS_COPY: tl.constexpr, IS_FP8: tl.constexpr,
+):
+    i_b, i_hv = tl.program_id(0), tl.program_id(1)
+    i_s = tl.load(slots + i_b).to(tl.int64)
+    if i_s < 0:
+        return
+    i_h = i_hv // (HV // H)
+    o_k = tl.arange(0, BK)
+    m_k = o_k < K
+    p_f = fill + i_s * HV + i_hv
+    b_f = tl.load(p_f)
+
+    b_q = tl.load(q + i_b * s_qb + i_h * s_qh + o_k * s_qk, mask=m_k, other=0.0).to(tl.float32)
+    b_k = tl.load(k + i_b * s_kb + i_h * s_kh + o_k * s_kk, mask=m_k, other=0.0).to(tl.float32)
+    if USE_QK_L2NORM:
+        b_q = l2norm(b_q)
+        b_k = l2norm(b_k)
+    b_q = b_q * scale
+    b_g = tl.load(g + i_b * s_gb + i_hv * s_gh).to(tl.float32)
+    b_beta = tl.load(beta + i_b * s_bb + i_hv * s_bh).to(tl.float32)
+    # log-decay since the checkpoint after the last committed entry
+    b_Gl = tl.load(buf_g + (i_s * C + tl.maximum(b_f - 1, 0)) * HV + i_hv, mask=b_f > 0, other=0.0)
+
+    if b_f + 1 >= W:
+        _replay_flush(
+            ckpt, rcopy, rscale, buf_u, buf_k, buf_g, buf_b, v, o,
+            i_b, i_s, i_h, i_hv, b_f, b_k, b_q, b_g, b_beta, b_Gl,
+            s_vb, s_vh, s_vv, s_ob, s_oh, s_ov,
+            C, H, HV, K, V, BK, BVF, JB, HAS_COPY, IS_FP8,
+        )
+        tl.store(p_f, 0)
+    else:
+        o_j = tl.arange(0, BC)
+        m_j = o_j < b_f
+        b_Gt = b_Gl + b_g
+        # [BC] weights of the committed updates in S_{t-1} k_t and S_t q_t
+        b_G = tl.load(buf_g + (i_s * C + o_j) * HV + i_hv, mask=m_j, other=0.0)
+        b_kb = tl.load(
+            buf_k + ((i_s * C + o_j[:, None]) * H + i_h) * K + o_k[None, :],
+            mask=m_j[:, None] & m_k[None, :], other=0.0,
+        )
+        b_decay = tl.where(m_j, tl.exp(b_Gt - b_G), 0.0)
+        b_wk = b_decay * tl.sum(b_kb * b_k[None, :], 1)
+        b_wq = b_decay * tl.sum(b_kb * b_q[None, :], 1)
+        b_kq = tl.sum(b_k * b_q)
+        b_eG = tl.exp(b_Gt)
+        o_u = ((i_s * C + o_j) * HV + i_hv) * V
+        if i_hv % (HV // H) == 0:
+            tl.store(buf_k + ((i_s * C + b_f) * H + i_h) * K + o_k, b_k, mask=m_k)
+        tl.store(buf_g + (i_s * C + b_f) * HV + i_hv, b_Gt)
+        if HAS_COPY:
+            tl.store(buf_b + (i_s * C + b_f) * HV + i_hv, b_beta)
+        for i_v in tl.static_range(0, V, BV):
+            o_v = i_v + tl.arange(0, BV)
+            m_v = o_v < V
+            m_s = m_v[:, None] & m_k[None, :]
+            o_s = ((i_s * HV + i_hv) * V + o_v[:, None]) * K + o_k[None, :]
+            # [BV, BK]
+            if HAS_COPY:
+                b_s = tl.load(rcopy + o_s, mask=m_s, other=0.0).to(tl.float32)
+            else:
+                b_s = tl.load(ckpt + o_s, mask=m_s, other=0.0).to(tl.float32)
+            b_sk = tl.sum(b_s * b_k[None, :], 1)
+            b_sq = tl.sum(b_s * b_q[None, :], 1)
+            if IS_FP8:
+                b_sc = tl.load(rscale + (i_s * HV + i_hv) * V + o_v, mask=m_v, other=0.0)
+                b_sk *= b_sc
+                b_sq *= b_sc
+            b_ub = tl.load(buf_u + o_u[:, None] + o_v[None, :], mask=m_j[:, None] & m_v[None, :], other=0.0)
+            b_v = tl.load(v + i_b * s_vb + i_hv * s_vh + o_v * s_vv, mask=m_v, other=0.0).to(tl.float32)
+            b_u = b_beta * (b_v - b_eG * b_sk - tl.sum(b_wk[:, None] * b_ub, 0))
+            b_o = b_eG * b_sq + tl.sum(b_wq[:, None] * b_ub, 0) + b_kq * b_u
+            tl.store(o + i_b * s_ob + i_hv * s_oh + o_v * s_ov, cast(b_o, o.dtype.element_ty), mask=m_v)
+            tl.store(buf_u + ((i_s * C + b_f) * HV + i_hv) * V + o_v, b_u, mask=m_v)
+        tl.store(p_f, b_f + 1)
+
+
+@triton.jit
+def _verify_kernel(
+    ckpt, rcopy, rscale, buf_u, buf_k, buf_g, buf_b, fill, arrivals,
+    q, k, v, g, beta, o, slots,
+    s_qb, s_qt, s_qh, s_qk,
+    s_kb, s_kt, s_kh, s_kk,
+    s_vb, s_vt, s_vh, s_vv,
+    s_gb, s_gt, s_gh,
+    s_bb, s_bt, s_bh,
+    s_ob, s_ot, s_oh, s_ov,
+    scale,
+    T: tl.constexpr, W: tl.constexpr, C: tl.constexpr,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr, JB: tl.constexpr,
+    USE_QK_L2NORM: tl.constexpr, HAS_COPY: tl.constexpr, IS_FP8: tl.constexpr,
+):
+    i_b, i_hv = tl.program_id(0), tl.program_id(1)
+    i_s = tl.load(slots + i_b).to(tl.int64)
+    if i_s < 0:
+        return
+    i_h = i_hv // (HV // H)
+    o_t = tl.arange(0, BT)
+    o_k = tl.arange(0, BK)
+    m_t = o_t < T
+    m_k = o_k < K
+    m_tk = m_t[:, None] & m_k[None, :]
+    m_upto = o_t[None, :] <= o_t[:, None]
+    p_f = fill + i_s * HV + i_hv
+    b_f = tl.load(p_f)
+    b_flush = b_f >= W
+    # Position of the first draft: after the committed entries, or at 0 when they are folded first.
+    b_fe = tl.where(b_flush, 0, b_f)
+
+    # [BT, BK]
+    b_Q = tl.load(q + i_b * s_qb + o_t[:, None] * s_qt + i_h * s_qh + o_k[None, :] * s_qk, mask=m_tk, other=0.0)
+    b_K = tl.load(k + i_b * s_kb + o_t[:, None] * s_kt + i_h * s_kh + o_k[None, :] * s_kk, mask=m_tk, other=0.0)
+    b_Q = b_Q.to(tl.float32)
+    b_K = b_K.to(tl.float32)
+    if USE_QK_L2NORM:
+        b_Q = b_Q / tl.sqrt(tl.sum(b_Q * b_Q, 1) + 1e-6)[:, None]
+        b_K = b_K / tl.sqrt(tl.sum(b_K * b_K, 1) + 1e-6)[:, None]
+    b_Q = b_Q * scale
+    b_Gl = tl.load(buf_g + (i_s * C + tl.maximum(b_f - 1, 0)) * HV + i_hv, mask=b_f > 0, other=0.0)
+    b_gd = tl.load(g + i_b * s_gb + o_t * s_gt + i_hv * s_gh, mask=m_t, other=0.0).to(tl.float32)
+    b_bd = tl.load(beta + i_b * s_bb + o_t * s_bt + i_hv * s_bh, mask=m_t, other=0.0).to(tl.float32)
+    # [BT] log-decay after each draft since the committed state
+    b_cum = tl.sum(tl.where(m_upto, b_gd[None, :], 0.0), 1)
+    b_ec = tl.exp(b_cum)
+    # [BT, BT] row i, column i': weight of draft i''s update in draft i's S k (i' < i) and S q (i' <= i)
+    b_Ed = tl.exp(tl.where(m_upto, b_cum[:, None] - b_cum[None, :], 0.0))
+    b_Wk = tl.where(o_t[None, :] < o_t[:, None], b_Ed * tl.sum(b_K[:, None, :] * b_K[None, :, :], 2), 0.0)
+    b_Wq = tl.where(m_upto, b_Ed * tl.sum(b_Q[:, None, :] * b_K[None, :, :], 2), 0.0)
+
+    for i_v in tl.static_range(0, V, BV):
+        o_v = i_v + tl.arange(0, BV)
+        m_v = o_v < V
+        m_s = m_v[:, None] & m_k[None, :]
+        o_s = ((i_s * HV + i_hv) * V + o_v[:, None]) * K + o_k[None, :]
+        o_r = (i_s * HV + i_hv) * V + o_v
+        # [BV, BK] the committed state: the checkpoint plus the buffer, folded
+        if b_flush:
+            # Into a new checkpoint first, as a flush step would: from the full checkpoint, updates corrected.
+            b_s = tl.load(ckpt + o_s, mask=m_s, other=0.0).to(tl.float32)
+            if HAS_COPY:
+                b_d = b_s - _read_copy(rcopy, rscale, o_s, o_r, m_s, m_v, IS_FP8)
+                b_s = _fold(
+                    b_s * tl.exp(b_Gl), b_d, buf_u, buf_k, buf_g, buf_b, i_s, i_h, i_hv, o_v, m_v, o_k, m_k, b_f, b_Gl,
+                    C, H, HV, K, V, JB, True,
+                )
+            else:
+                b_s = _fold(
+                    b_s * tl.exp(b_Gl), b_s, buf_u, buf_k, buf_g, buf_b, i_s, i_h, i_hv, o_v, m_v, o_k, m_k, b_f, b_Gl,
+                    C, H, HV, K, V, JB, False,
+                )
+            b_s = rounded(b_s, ckpt.dtype.element_ty)
+            tl.store(ckpt + o_s, b_s.to(ckpt.dtype.element_ty), mask=m_s)
+            if HAS_COPY:
+                b_s = _store_read_copy(rcopy, rscale, o_s, o_r, b_s, m_s, m_v, IS_FP8)
+            # The drafts' updates below overwrite entries that other threads may still be folding.
+            tl.debug_barrier()
+        else:
+            # As a non-flush step would: from the read copy when there is one.
+            if HAS_COPY:
+                b_s = _read_copy(rcopy, rscale, o_s, o_r, m_s, m_v, IS_FP8)
+            else:
+                b_s = tl.load(ckpt + o_s, mask=m_s, other=0.0).to(tl.float32)
+            b_s = _fold(
+                b_s * tl.exp(b_Gl), b_s, buf_u, buf_k, buf_g, buf_b, i_s, i_h, i_hv, o_v, m_v, o_k, m_k, b_f, b_Gl,
+                C, H, HV, K, V, JB, False,
+            )
+        # [BT, BV]
+        b_Vd = tl.load(
+            v + i_b * s_vb + o_t[:, None] * s_vt + i_hv * s_vh + o_v[None, :] * s_vv,
+            mask=m_t[:, None] & m_v[None, :], other=0.0,
+        ).to(tl.float32)
+        b_Ud = tl.zeros([BT, BV], dtype=tl.float32)
+        b_Od = tl.zeros([BT, BV], dtype=tl.float32)
+        for i in tl.static_range(T):
+            m_i = (o_t == i)[:, None]
+            b_ki = tl.sum(tl.where(m_i, b_K, 0.0), 0)
+            b_qi = tl.sum(tl.where(m_i, b_Q, 0.0), 0)
+            b_ei = tl.sum(tl.where(o_t == i, b_ec, 0.0))
+            b_bi = tl.sum(tl.where(o_t == i, b_bd, 0.0))
+            b_ui = b_bi * (
+                tl.sum(tl.where(m_i, b_Vd, 0.0), 0)
+                - b_ei * tl.sum(b_s * b_ki[None, :], 1)
+                - tl.sum(tl.sum(tl.where(m_i, b_Wk, 0.0), 0)[:, None] * b_Ud, 0)
+            )
+            b_Ud = tl.where(m_i, b_ui[None, :], b_Ud)
+            b_wq = tl.sum(tl.where(m_i, b_Wq, 0.0), 0)
+            b_oi = b_ei * tl.sum(b_s * b_qi[None, :], 1) + tl.sum(b_wq[:, None] * b_Ud, 0)
+            b_Od = tl.where(m_i, b_oi[None, :], b_Od)
+        m_tv = m_t[:, None] & m_v[None, :]
+        p_o = o + i_b * s_ob + o_t[:, None] * s_ot + i_hv * s_oh + o_v[None, :] * s_ov
+        tl.store(p_o, cast(b_Od, o.dtype.element_ty), mask=m_tv)
+        tl.store(buf_u + ((i_s * C + b_fe + o_t[:, None]) * HV + i_hv) * V + o_v[None, :], b_Ud, mask=m_tv)
+    tl.store(buf_g + (i_s * C + b_fe + o_t) * HV + i_hv, tl.where(b_flush, 0.0, b_Gl) + b_cum, mask=m_t)
+    if HAS_COPY:
+        tl.store(buf_b + (i_s * C + b_fe + o_t) * HV + i_hv, b_bd, mask=m_t)
+    if b_flush:
+        tl.store(p_f, 0)
+    # The drafts' keys overwrite entries that every value head of this key head may still be folding:
+    # the last of them to arrive writes the keys.
+    tl.debug_barrier()
+    p_a = arrivals + i_s * H + i_h
+    if tl.atomic_add(p_a, 1, sem="acq_rel") == HV // H - 1:
+        tl.store(p_a, 0)
+        tl.store(buf_k + ((i_s * C + b_fe + o_t[:, None]) * H + i_h) * K + o_k[None, :], b_K, mask=m_tk)
+
+
+@triton.jit
+def _accept_kernel(fill, n, slots, HV: tl.constexpr, BHV: tl.constexpr):
+    i_b = tl.program_id(0)
+    i_s = tl.load(slots + i_b).to(tl.int64)
+    if i_s < 0:
+        return
+    o_h = tl.arange(0, BHV)
+    m_h = o_h < HV
+    p_f = fill + i_s * HV + o_h
+    tl.store(p_f, tl.load(p_f, mask=m_h, other=0) + tl.load(n + i_b).to(tl.int32), mask=m_h)
+
+
+def _cache_args(cache: ReplayCache) -> dict:
+    return {
+        "ckpt": cache.checkpoint,
+        "rcopy": cache.checkpoint if cache.read_copy is None else cache.read_copy,
+        "rscale": cache.buf_g if cache.read_scale is None else cache.read_scale,
+        "buf_u": cache.buf_u,
+        "buf_k": cache.buf_k,
+        "buf_g": cache.buf_g,
+        "buf_b": cache.buf_g if cache.buf_beta is None else cache.buf_beta,
+        "fill": cache.fill,
+    }
+
+
+def _cache_constants(cache: ReplayCache) -> dict:
+    return {
+        "W": cache.window, "C": cache.capacity,
+        "H": cache.H, "HV": cache.HV, "K": cache.K, "V": cache.V,
+        "BK": next_pow2(cache.K), "BC": next_pow2(cache.capacity),
+        "HAS_COPY": cache.read_copy is not None, "IS_FP8": cache.read_scale is not None,
+    }
+
+
+def _launch_replay(cache, q, k, v, g, beta, out, slots, scale, l2norm, settings):
+    _replay_kernel[(q.shape[0], cache.HV)](
+        **_cache_args(cache),
+        q=q, k=k, v=v, g=g, beta=beta, o=out, slots=slots,
+        s_qb=q.stride(0), s_qh=q.stride(1), s_qk=q.stride(2),
+        s_kb=k.stride(0), s_kh=k.stride(1), s_kk=k.stride(2),
+        s_vb=v.stride(0), s_vh=v.stride(1), s_vv=v.stride(2),
+        s_gb=g.stride(0), s_gh=g.stride(1),
+        s_bb=beta.stride(0), s_bh=beta.stride(1),
+        s_ob=out.stride(0), s_oh=out.stride(1), s_ov=out.stride(2),
+        scale=scale,
+        **_cache_constants(cache),
+        BV=min(settings["BV"], next_pow2(cache.V)),
+        BVF=min(settings["BVF"], next_pow2(cache.V)),
+        JB=settings["JB"],
+        USE_QK_L2NORM=l2norm,
+        **compile_options(settings),
+    )
+
+
+def _launch_verify(cache, q, k, v, g, beta, out, slots, scale, l2norm, settings):
+    T = q.shape[1]
+    _verify_kernel[(q.shape[0], cache.HV)](
+        **_cache_args(cache), arrivals=cache.arrivals,
+        q=q, k=k, v=v, g=g, beta=beta, o=out, slots=slots,
+        s_qb=q.stride(0), s_qt=q.stride(1), s_qh=q.stride(2), s_qk=q.stride(3),
+        s_kb=k.stride(0), s_kt=k.stride(1), s_kh=k.stride(2), s_kk=k.stride(3),
+        s_vb=v.stride(0), s_vt=v.stride(1), s_vh=v.stride(2), s_vv=v.stride(3),
+        s_gb=g.stride(0), s_gt=g.stride(1), s_gh=g.stride(2),
+        s_bb=beta.stride(0), s_bt=beta.stride(1), s_bh=beta.stride(2),
+        s_ob=out.stride(0), s_ot=out.stride(1), s_oh=out.stride(2), s_ov=out.stride(3),
+        scale=scale,
+        T=T, BT=next_pow2(T),
+        **{key: value for key, value in _cache_constants(cache).items() if key != "BC"},
+        BV=min(settings["BV"], next_pow2(cache.V)),
+        JB=settings["JB"],
+        USE_QK_L2NORM=l2norm,
+        **compile_options(settings),
+    )
+
+
+def _launch_accept(cache, n_accepted, slots, settings):
+    _accept_kernel[(n_accepted.shape[0],)](
+        fill=cache.fill, n=n_accepted, slots=slots,
+        HV=cache.HV, BHV=next_pow2(cache.HV),
+        num_warps=settings["num_warps"],
+    )
+
+
+def _check_cache(cache, kernel) -> None:
+    if not isinstance(cache, ReplayCache):
+        raise ValueError(f"cache must be a ReplayCache; got {type(cache).__name__}")
+    check_device(cache.device, kernel)
+    for name in ("checkpoint", "read_copy", "read_scale", "buf_u", "buf_k", "buf_g", "buf_beta", "fill", "arrivals"):
+        value = getattr(cache, name)
+        if value is not None and not value.is_contiguous():
+            raise ValueError(f"cache.{name} must be contiguous, as ReplayCache.create makes it")
+
+
+def _check_against_cache(cache: ReplayCache, kernel, q, k, v, g, beta, tokens: bool):
+    _check_cache(cache, kernel)
+    batch, T, H, HV, K, V = check_step(q, k, v, g, beta, tokens=tokens, io_dtype=cache.io_dtype)
+    if (H, HV, K, V) != (cache.H, cache.HV, cache.K, cache.V):
+        raise ValueError(
+            f"q, k, v have H={H}, HV={HV}, K={K}, V={V} but the cache has "
+            f"H={cache.H}, HV={cache.HV}, K={cache.K}, V={cache.V}"
+        )
+    if q.device != cache.device:
+        raise ValueError(f"q, k, v are on {q.device} but the cache is on {cache.device}")
+    return batch, T
+
+
+def replay(
+    cache: ReplayCache,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    *,
+    scale: float | None = None,
+    use_qk_l2norm_in_kernel: bool = False,
+    slots: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+    launch: dict | None = None,
+    check: bool = True,
+) -> torch.Tensor:
+    """One ReplaySSM Gated DeltaNet decode step, in one launch; the fill counters live on the device.
+
+    Inputs and output as in `decode` (q, k, v in the cache's io_dtype; slots index the cache's slots,
+    -1 for padding rows). Each (row, value head) reads its checkpoint (the read copy when the cache
+    has one), replays its f buffered updates, appends (u_t, k_t, G_t, and beta_t under split
+    precision) and advances its fill counter; the step that fills the window (f + 1 >= W) instead
+    folds the buffer into the full-precision checkpoint (correcting the updates the copy gave), takes
+    this step from it, stores it, refreshes the read copy and empties the buffer.
+    Mutates the cache; returns o (batch, HV, V) in v's dtype (written into `out` when given).
+    `launch` overrides BV (rows per chunk of a non-flush step), BVF (of a flush), JB (buffered
+    entries folded per unrolled group), num_warps, num_stages, maxnreg. `check` range-checks slots
+    on the host, a device sync: pass check=False for a step with no host synchronisation (it is
+    skipped anyway while a CUDA graph is captured).
+    """
+    batch, _ = _check_against_cache(cache, _replay_kernel, q, k, v, g, beta, tokens=False)
+    scale = default_scale(cache.K, scale)
+    slots = check_slots(slots, batch, cache.nslots, q.device, check)
+    out = check_out(out, v.shape, v.dtype, q.device)
+    settings = launch_settings(LAUNCH, launch_name("replay", cache), launch)
+    if batch:
+        _launch_replay(cache, q, k, v, g, beta, out, slots, scale, bool(use_qk_l2norm_in_kernel), settings)
+    return out
+
+
+def verify(
+    cache: ReplayCache,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    *,
+    scale: float | None = None,
+    use_qk_l2norm_in_kernel: bool = False,
+    slots: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+    launch: dict | None = None,
+    check: bool = True,
+) -> torch.Tensor:
+    """Outputs of T speculative drafts from one read of each checkpoint; commit them with `accept`.
+
+    q, k (batch, T, H, K), v (batch, T, HV, V), g, beta (batch, T, HV), 1 <= T <= cache.max_draft.
+    Rows whose buffer holds W or more committed entries are flushed first (as a flush step would).
+    Each (row, value head) reads its checkpoint once (the read copy unless flushing), adds its
+    committed entries, and solves the drafts in sequence in registers: draft i's update is exact,
+    from the state after drafts 0..i-1. The drafts are appended at fill .. fill + T - 1 (0 .. T - 1
+    after a flush) and fill is not advanced, so a later verify or step overwrites the rejected ones.
+    Returns o (batch, T, HV, V) in v's dtype (written into `out` when given). slots, launch
+    (BV, JB, num_warps, num_stages, maxnreg), check: as in `replay`.
+    """
+    batch, T = _check_against_cache(cache, _verify_kernel, q, k, v, g, beta, tokens=True)
+    if not 1 <= T <= cache.max_draft:
+        raise ValueError(f"q carries T={T} drafts; verify takes 1 to the cache's max_draft={cache.max_draft}")
+    scale = default_scale(cache.K, scale)
+    slots = check_slots(slots, batch, cache.nslots, q.device, check)
+    out = check_out(out, v.shape, v.dtype, q.device)
+    settings = launch_settings(LAUNCH, launch_name("verify", cache), launch)
+    if batch:
+        _launch_verify(cache, q, k, v, g, beta, out, slots, scale, bool(use_qk_l2norm_in_kernel), settings)
+    cache.last_draft = T
+    return out
+
+
+def accept(
+    cache: ReplayCache,
+    n_accepted: torch.Tensor,
+    slots: torch.Tensor | None = None,
+    *,
+    launch: dict | None = None,
+    check: bool = True,
+) -> None:
+    """Commit the first n drafts of each row's last `verify`: its fill counters advance by n.
+
+    n_accepted (batch,) int32 or int64 on the cache's device, each in [0, T]; slots as in `replay`.
+    `check` range-checks slots and n_accepted on the host (a device sync), skipped while a CUDA graph
+    is captured.
+    """
+    _check_cache(cache, _accept_kernel)
+    if not isinstance(n_accepted, torch.Tensor) or n_accepted.dim() != 1:
+        raise ValueError("n_accepted must be a 1-D int32 or int64 tensor of shape (batch,)")
+    batch = n_accepted.shape[0]
+    check_accepted(n_accepted, batch, cache.last_draft, cache.device, check)
+    slots = check_slots(slots, batch, cache.nslots, cache.device, check)
+    settings = launch_settings(LAUNCH, "accept", launch)
+    if batch:
+        _launch_accept(cache, n_accepted, slots, settings)
+
+
+def materialize(cache: ReplayCache, slots: torch.Tensor | None = None) -> torch.Tensor:
+    """fp32 full states (n, HV, V, K) of `slots` (default: all): checkpoint plus committed buffer.
+
+    S = e^{G_f} S_0 + sum_{j<f} e^{G_f - G_j} u_j k_jᵀ per value head, from the full-precision
+    checkpoint, with the buffered updates corrected as a flush corrects them: the state the next flush
+    would store. Plain torch, for tests, prefix caching and debugging; the cache is not changed.
+    """
+    if not isinstance(cache, ReplayCache):
+        raise ValueError(f"cache must be a ReplayCache; got {type(cache).__name__}")
+    idx = cache._index(slots, "slots")
+    f = cache.fill[idx].long()
+    used = torch.arange(cache.capacity, device=cache.device)[None, :, None] < f[:, None, :]
+    G = torch.where(used, cache.buf_g[idx], 0.0)
+    keys = torch.where(used[..., None], cache.buf_k[idx].repeat_interleave(cache.HV // cache.H, dim=2), 0.0)
+    u = torch.where(used[..., None], cache.buf_u[idx], 0.0)
+    if cache.read_copy is not None:
+        scale = None if cache.read_scale is None else cache.read_scale[idx]
+        D = cache.checkpoint[idx].float() - dequantize_read(cache.read_copy[idx], scale)
+        beta = torch.where(used, cache.buf_beta[idx], 0.0)
+        G_prev = torch.zeros_like(G[:, 0])
+        corrected = []
+        for j in range(cache.capacity):
+            a = torch.where(used[:, j], torch.exp(G[:, j] - G_prev), 1.0)
+            d = -(beta[:, j] * a)[..., None] * torch.einsum("nhvk,nhk->nhv", D, keys[:, j])
+            D = a[..., None, None] * D + d[..., None] * keys[:, j, :, None, :]
+            corrected.append(u[:, j] + d)
+            G_prev = torch.where(used[:, j], G[:, j], G_prev)
+        u = torch.stack(corrected, dim=1)
+    G_last = torch.where(f > 0, G.gather(1, (f - 1).clamp(min=0)[:, None, :]).squeeze(1), 0.0)
+    w = torch.where(used, torch.exp(G_last[:, None, :] - G), 0.0)
+    S = torch.exp(G_last)[..., None, None] * cache.checkpoint[idx].float()
+    return S + torch.einsum("njhv,njhk->nhvk", w[..., None] * u, keys)

@@ -1,0 +1,108 @@
+"""GDN split precision: the read copy's rounding reaches non-flush outputs, never the checkpoint."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from replayssm_kernels import gdn
+
+STEPS = 2000
+READ = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp8": torch.float8_e4m3fn}
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    # The references are many tiny ops: with pytest-xdist on two cores, torch's thread pool only contends.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def _slow_inputs(H, HV, K, V, device="cpu"):
+    """One step with no decay and beta = 0.01: the state changes slowly, so a bf16 state's rounding piles up."""
+    inp = gdn.random_inputs(1, H, HV, K, V, io_dtype=torch.float32, device=device)
+    inp["g"] = torch.zeros(1, HV, device=device)
+    inp["beta"] = torch.full((1, HV), 0.01, device=device)
+    return inp
+
+
+def _rel(got, exact) -> float:
+    return ((got.double() - exact).abs().max() / exact.abs().max()).item()
+
+
+def test_split_precision_error_stays_bounded_over_2000_steps():
+    """References, 2000 steps, W = 8: with a bf16 read copy over an fp32 checkpoint the output error stays at
+    the bf16 level with no growth and every stored checkpoint is within fp32 rounding of the fp64 state, while
+    a bf16 conventional state's error keeps growing."""
+    H, HV, K, V, W = 1, 2, 8, 8, 8
+    start = torch.randn(1, HV, V, K)
+    split = gdn.ReplayCache.create(1, H, HV, K, V, W, state_dtype="fp32", read_dtype="bf16", io_dtype="fp32",
+                                   device="cpu")
+    split.load(start)
+    conv = start.to(torch.bfloat16)
+    exact = start.double()
+    err_split, err_conv, err_checkpoint = [], [], []
+    for step in range(STEPS):
+        inp = _slow_inputs(H, HV, K, V)
+        y_split = gdn.replay_ref(split, **inp, use_qk_l2norm_in_kernel=True)
+        y_conv = gdn.decode_ref(conv, **inp, use_qk_l2norm_in_kernel=True)
+        y_exact = gdn.decode_ref(exact, **{k: v.double() for k, v in inp.items()}, use_qk_l2norm_in_kernel=True)
+        err_split.append(_rel(y_split, y_exact))
+        err_conv.append(_rel(y_conv, y_exact))
+        if step % W == W - 1:
+            assert not split.fill.any()
+            err_checkpoint.append(_rel(split.checkpoint, exact))
+    quarter = STEPS // 4
+    first_split, last_split = max(err_split[:quarter]), max(err_split[-quarter:])
+    first_conv, last_conv = sum(err_conv[:quarter]) / quarter, sum(err_conv[-quarter:]) / quarter
+    assert max(err_checkpoint) < 1e-5, f"checkpoint error {max(err_checkpoint):.3g}: read-copy rounding reached it"
+    assert last_split < 4 * 2.0**-8, f"split-precision error {last_split:.3g} is above the bf16 level"
+    assert last_split < 2 * first_split, f"split-precision error grew from {first_split:.3g} to {last_split:.3g}"
+    assert last_conv > 1.5 * first_conv, f"bf16 conventional error {first_conv:.3g} -> {last_conv:.3g} did not grow"
+    assert last_conv > 5 * last_split
+
+
+@pytest.mark.parametrize("read", list(READ), ids=[f"B2-H1-HV2-K12-V10-W4-fp32-{r}-fp32" for r in READ])
+def test_split_kernel_checkpoint_matches_full_precision(device, assert_close, read):
+    """Kernels, 3 windows, staggered rows: the split cache's checkpoint and materialized state equal an
+    fp32-only cache's to fp32 rounding, and its outputs differ from that cache's only by the read dtype."""
+    nslots, H, HV, K, V, W = 3, 1, 2, 12, 10, 4
+    start = torch.randn(nslots, HV, V, K, device=device)
+    split = gdn.ReplayCache.create(nslots, H, HV, K, V, W, state_dtype="fp32", read_dtype=read, io_dtype="fp32",
+                                   device=device)
+    full = gdn.ReplayCache.create(nslots, H, HV, K, V, W, state_dtype="fp32", io_dtype="fp32", device=device)
+    split.load(start)
+    full.load(start)
+    for step in range(3 * W):
+        inp = gdn.random_inputs(2, H, HV, K, V, io_dtype=torch.float32, device=device)
+        rows = torch.tensor([2, 0 if step >= 1 else -1], dtype=torch.int32, device=device)
+        y_split = gdn.replay(split, **inp, use_qk_l2norm_in_kernel=True, slots=rows)
+        y_full = gdn.replay(full, **inp, use_qk_l2norm_in_kernel=True, slots=rows)
+        live = rows >= 0
+        assert_close(y_split[live], y_full[live], READ[read], what=f"o at step {step}")
+    assert_close(split.checkpoint, full.checkpoint, torch.float32, what="checkpoint")
+    assert_close(gdn.materialize(split), gdn.materialize(full), torch.float32, what="materialized state")
+
+
+@pytest.mark.gpu
+def test_split_kernel_2000_steps_on_gpu():
+    """The kernels over 2000 steps on the GPU: output error bounded and flat, checkpoint at fp32 rounding."""
+    H, HV, K, V, W = 2, 8, 64, 64, 16
+    start = torch.randn(1, HV, V, K, device="cuda")
+    split = gdn.ReplayCache.create(1, H, HV, K, V, W, state_dtype="fp32", read_dtype="bf16", io_dtype="fp32",
+                                   device="cuda")
+    split.load(start)
+    exact = start.double()
+    err_split, err_checkpoint = [], []
+    for step in range(STEPS):
+        inp = _slow_inputs(H, HV, K, V, device="cuda")
+        y_split = gdn.replay(split, **inp, use_qk_l2norm_in_kernel=True)
+        y_exact = gdn.decode_ref(exact, **{k: v.double() for k, v in inp.items()}, use_qk_l2norm_in_kernel=True)
+        err_split.append(_rel(y_split, y_exact))
+        if step % W == W - 1:
+            err_checkpoint.append(_rel(split.checkpoint, exact))
+    quarter = STEPS // 4
+    assert max(err_checkpoint) < 1e-4
+    assert max(err_split[-quarter:]) < 2 * max(err_split[:quarter])

@@ -1,0 +1,97 @@
+"""benchmarks/sweep_gdn.py without a GPU: arguments, plan, byte counts, refusal, and its check and step code."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "sweep_gdn.py"
+
+
+@pytest.fixture(scope="module")
+def sweep():
+    spec = importlib.util.spec_from_file_location("sweep_gdn", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    yield module
+    sys.modules.pop(spec.name, None)
+
+
+def _run(*argv):
+    return subprocess.run([sys.executable, str(SCRIPT), *argv], capture_output=True, text=True, timeout=120)
+
+
+def test_sweep_help():
+    done = _run("--help")
+    assert done.returncode == 0
+    assert "--quick" in done.stdout and "--launch" in done.stdout and "examples:" in done.stdout
+
+
+def test_sweep_dry_run_plans_every_kernel_and_batch():
+    done = _run("--dry-run")
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.strip().splitlines()
+    assert len(lines) == 7 * 4
+    assert all("layers" in line and "MiB/layer-step" in line for line in lines)
+
+
+def test_sweep_bad_launch_is_one_line():
+    done = _run("--launch", "replay:BV")
+    assert done.returncode == 2
+    assert done.stderr.strip().count("\n") == 0 and "key=integer" in done.stderr
+
+
+def test_sweep_parse_launch(sweep):
+    assert sweep.parse_launch("replay:BV=64,num_warps=8") == ("replay", {"BV": 64, "num_warps": 8})
+    with pytest.raises(ValueError, match="KERNEL one of"):
+        sweep.parse_launch("conv:BV=4")
+    plan = sweep.plan(["replay", "decode"], True, [("replay", {"num_warps": 4})])
+    assert plan["replay"] == [{"num_warps": 4}] and plan["decode"] == sweep.QUICK_GRID["decode"]
+
+
+def test_sweep_byte_model(sweep):
+    """The counts behind the GB/s column: about 2|S| per conventional step, |S|(1 + 1/W) + buffer per replay step."""
+    S = 64 * 128 * 128 * 4
+    decode = sweep.bytes_per_layer_step("decode", 256) / 256
+    replay = sweep.bytes_per_layer_step("replay", 256) / 256
+    split = sweep.bytes_per_layer_step("split-bf16", 256) / 256
+    multi = sweep.bytes_per_layer_step("decode-multi", 256) / 256
+    verify = sweep.bytes_per_layer_step("verify", 256) / 256
+    assert 2 * S < decode < 2.02 * S
+    assert S * (1 + 1 / 16) < replay < S * 1.2
+    assert 1.7 < decode / replay < 1.8
+    assert 2.6 < decode / split < 2.8
+    assert 5 * S < multi < 5.1 * S
+    assert multi / verify > 3
+    assert sweep.fill_trajectory("replay", 14, 4) == [14, 15, 0, 1]
+    assert sweep.fill_trajectory("verify", 15, 3) == [15, 18, 3]
+    assert sweep.layer_count("decode", 1, 60 * 2**20) == 61 and sweep.layer_count("decode", 256, 60 * 2**20) == 1
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal without a GPU")
+def test_sweep_refuses_without_cuda():
+    done = _run("--quick", "--kernel", "decode")
+    assert done.returncode == 2
+    assert "needs a CUDA GPU" in done.stderr and done.stdout == ""
+
+
+@pytest.mark.parametrize("kernel", ["decode", "split-bf16", "decode-multi", "verify"])
+def test_sweep_check_and_step_at_a_tiny_shape(sweep, device, monkeypatch, kernel):
+    """The per-config correctness check passes and a stack steps, with the sweep's own code, at a tiny shape."""
+    monkeypatch.setattr(sweep, "SHAPE", {"H": 1, "HV": 2, "K": 16, "V": 8})
+    monkeypatch.setattr(sweep, "WINDOW", 3)
+    monkeypatch.setattr(sweep, "DRAFT", 2)
+    monkeypatch.setattr(sweep, "ACCEPTED", 1)
+    launch = {"BV": 8, "num_warps": 2}
+    assert sweep.check_config(kernel, launch, device) < 2e-2
+    stack = sweep.Stack(kernel, 3, 2, launch, device)
+    stack.rewind()
+    stack.step()
+    if kernel in ("split-bf16", "verify"):
+        assert all(layer.fill.sum() > 0 for layer in stack.layers)

@@ -1,0 +1,178 @@
+"""Speculative ReplaySSM Gated DeltaNet: verify + accept against the references and against one token at a time."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from replayssm_kernels import gdn
+from replayssm_kernels.gdn.cache import dequantize_read
+
+DT = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "fp8": torch.float8_e4m3fn, None: None}
+NAN = float("nan")
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    # The references are many tiny ops: with pytest-xdist on two cores, torch's thread pool only contends.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def make_cache(shape, W, device, *, state="fp32", read=None, io="bf16", max_draft=0):
+    nslots, H, HV, K, V = shape
+    cache = gdn.ReplayCache.create(nslots, H, HV, K, V, W, state_dtype=state, read_dtype=read, io_dtype=io,
+                                   max_draft=max_draft, device=device)
+    cache.load(torch.randn(nslots, HV, V, K, device=device) * 0.5)
+    return cache
+
+
+def poison(cache) -> None:
+    """NaN in every buffer entry: an entry read before it is written (past the fill) turns outputs into NaN."""
+    for name in ("buf_u", "buf_k", "buf_g", "buf_beta"):
+        if getattr(cache, name) is not None:
+            getattr(cache, name).fill_(NAN)
+
+
+def assert_caches_close(got, want, assert_close):
+    """Every cache tensor, including the NaN left in entries neither side has written."""
+    assert torch.equal(got.fill, want.fill), "fill counters differ"
+    assert not got.arrivals.any(), "arrival counters not back to zero"
+    assert_close(got.checkpoint, want.checkpoint, got.state_dtype, what="checkpoint")
+    dtypes = (got.state_dtype,) + ((got.read_dtype,) if got.read_dtype else ())
+    if got.read_copy is not None:
+        read_got = dequantize_read(got.read_copy, got.read_scale)
+        assert_close(read_got, dequantize_read(want.read_copy, want.read_scale), *dtypes, what="read copy")
+    for name in ("buf_u", "buf_k", "buf_g", "buf_beta"):
+        if getattr(got, name) is not None:
+            assert_close(getattr(got, name), getattr(want, name), *dtypes, what=name)
+
+
+VERIFY_CASES = [
+    ("fp32", None, "bf16", 4, 3),
+    ("bf16", None, "fp32", 3, 2),
+    ("fp32", "bf16", "bf16", 4, 3),
+    ("fp32", "fp8", "fp16", 3, 4),
+]
+
+
+@pytest.mark.parametrize("state,read,io,W,T", VERIFY_CASES,
+                         ids=[f"B3-H2-HV6-K24-V20-W{w}-T{t}-{s}-{r or 'full'}-{i}" for s, r, i, w, t in VERIFY_CASES])
+def test_verify_accept_matches_reference(device, assert_close, state, read, io, W, T):
+    """Cycles of verify + accept with random acceptance, fills past W (flush-first verifies) and a replay step
+    among them, unwritten entries NaN: outputs every call, then every cache tensor."""
+    B, H, HV, K, V = 3, 2, 6, 24, 20
+    got = make_cache((5, H, HV, K, V), W, device, state=state, read=read, io=io, max_draft=T)
+    poison(got)
+    want = got.clone()
+    slots = torch.tensor([3, -1, 0], dtype=torch.int32, device=device)
+    gen = torch.Generator().manual_seed(1)
+    fills = []
+    for step in range(7):
+        if step == 4:
+            inp = gdn.random_inputs(B, H, HV, K, V, io_dtype=DT[io], device=device)
+            out = torch.full((B, HV, V), NAN, dtype=DT[io], device=device)
+            y = gdn.replay(got, **inp, use_qk_l2norm_in_kernel=True, slots=slots, out=out)
+            y_ref = gdn.replay_ref(want, **inp, use_qk_l2norm_in_kernel=True, slots=slots)
+        else:
+            inp = gdn.random_inputs(B, H, HV, K, V, T=T, io_dtype=DT[io], device=device)
+            out = torch.full((B, T, HV, V), NAN, dtype=DT[io], device=device)
+            y = gdn.verify(got, **inp, use_qk_l2norm_in_kernel=True, slots=slots, out=out)
+            y_ref = gdn.verify_ref(want, **inp, use_qk_l2norm_in_kernel=True, slots=slots)
+            n = torch.randint(0, T + 1, (B,), generator=gen, dtype=torch.int32).to(device)
+            n[0] = T if step % 2 else n[0]
+            gdn.accept(got, n, slots)
+            gdn.accept_ref(want, n, slots)
+        assert_close(y, y_ref, DT[io], DT[state], *([DT[read]] if read else []), what=f"o at step {step}")
+        fills.append(int(got.fill[3, 0]))
+    assert max(fills) >= W, f"no verify flushed first (fills {fills})"
+    assert_caches_close(got, want, assert_close)
+    assert_close(gdn.materialize(got), gdn.materialize_ref(want), DT[state], what="materialized state")
+
+
+@pytest.mark.parametrize("read", [None, "bf16"], ids=["B2-H1-HV3-K16-V12-W5-T3-fp32-full-fp32",
+                                                     "B2-H1-HV3-K16-V12-W5-T3-fp32-bf16-fp32"])
+def test_speculative_equals_one_token_at_a_time(device, assert_close, read):
+    """The accepted drafts' outputs and the state after them equal replaying those tokens one step at a time."""
+    B, H, HV, K, V, W, T = 2, 1, 3, 16, 12, 5, 3
+    spec = make_cache((B, H, HV, K, V), W, device, read=read, io="fp32", max_draft=T)
+    single = spec.clone()
+    exact = gdn.materialize(spec).double()
+    gen = torch.Generator().manual_seed(2)
+    for cycle in range(5):
+        inp = gdn.random_inputs(B, H, HV, K, V, T=T, io_dtype=torch.float32, device=device)
+        y = gdn.verify(spec, **inp, use_qk_l2norm_in_kernel=True)
+        n = torch.randint(0, T + 1, (B,), generator=gen, dtype=torch.int32).to(device)
+        gdn.accept(spec, n)
+        for t in range(T):
+            live = torch.tensor([b if t < n[b] else -1 for b in range(B)], dtype=torch.int32, device=device)
+            one = {name: x[:, t] for name, x in inp.items()}
+            y_one = gdn.replay(single, **one, use_qk_l2norm_in_kernel=True, slots=live)
+            y_exact = gdn.decode_ref(exact, **{k: x.double() for k, x in one.items()}, use_qk_l2norm_in_kernel=True,
+                                     slots=live)
+            ok = live >= 0
+            dtypes = (torch.float32,) + ((torch.bfloat16,) if read else ())
+            assert_close(y[ok, t], y_one[ok], *dtypes, what=f"draft {t} of cycle {cycle} against one step")
+            assert_close(y[ok, t], y_exact[ok], *dtypes, what=f"draft {t} of cycle {cycle} against fp64")
+    assert_close(gdn.materialize(spec), gdn.materialize(single), torch.float32, what="state")
+    assert_close(gdn.materialize(spec), exact, torch.float32, what="state against fp64")
+
+
+def test_verify_twice_before_accept_overwrites_the_drafts(device, assert_close):
+    """A second verify (with fills past W) replaces the first one's drafts: accept commits the second's."""
+    B, H, HV, K, V, W, T = 2, 1, 2, 8, 8, 3, 2
+    got = make_cache((B, H, HV, K, V), W, device, io="fp32", max_draft=T)
+    want = got.clone()
+    for n in (2, 2):
+        for cache, verify, accept in ((got, gdn.verify, gdn.accept), (want, gdn.verify_ref, gdn.accept_ref)):
+            verify(cache, **gdn.random_inputs(B, H, HV, K, V, T=T, io_dtype=torch.float32, device=device,
+                                              generator=torch.Generator().manual_seed(n)))
+            accept(cache, torch.full((B,), n, dtype=torch.int32, device=device))
+    assert int(got.fill[0, 0]) == 4
+    for seed in (5, 6):
+        inp = gdn.random_inputs(B, H, HV, K, V, T=T, io_dtype=torch.float32, device=device,
+                                generator=torch.Generator().manual_seed(seed))
+        assert_close(gdn.verify(got, **inp), gdn.verify_ref(want, **inp), torch.float32, what=f"verify {seed}")
+    n = torch.tensor([1, 2], dtype=torch.int32, device=device)
+    gdn.accept(got, n)
+    gdn.accept_ref(want, n)
+    assert_caches_close(got, want, assert_close)
+
+
+def test_verify_and_accept_bad_input(device):
+    cache = make_cache((3, 1, 2, 8, 8), 4, device, io="fp32", max_draft=2)
+    with pytest.raises(ValueError, match="verify takes 1 to the cache's max_draft=2"):
+        gdn.verify(cache, **gdn.random_inputs(2, 1, 2, 8, 8, T=3, io_dtype=torch.float32, device=device))
+    with pytest.raises(ValueError, match="max_draft=0"):
+        gdn.verify(make_cache((3, 1, 2, 8, 8), 4, device, io="fp32"),
+                   **gdn.random_inputs(2, 1, 2, 8, 8, T=1, io_dtype=torch.float32, device=device))
+    with pytest.raises(ValueError, match="q must have shape"):
+        gdn.verify(cache, **gdn.random_inputs(2, 1, 2, 8, 8, io_dtype=torch.float32, device=device))
+    gdn.verify(cache, **gdn.random_inputs(2, 1, 2, 8, 8, T=2, io_dtype=torch.float32, device=device))
+    with pytest.raises(ValueError, match=r"n_accepted must be in \[0, 2\]"):
+        gdn.accept(cache, torch.tensor([3, 0], dtype=torch.int32, device=device))
+    with pytest.raises(ValueError, match=r"slots must have shape \(3,\)"):
+        gdn.accept(cache, torch.tensor([1, 0, 1], dtype=torch.int32, device=device),
+                   torch.tensor([0, 1], dtype=torch.int32, device=device))
+    assert not cache.fill.any()
+
+
+@pytest.mark.gpu
+def test_verify_qwen_shape_on_gpu(assert_close):
+    """The Qwen3.5-122B layer shape, T = 4, fills crossing W, against the references."""
+    shape = (4, 16, 64, 128, 128)
+    got = make_cache(shape, 16, "cuda", max_draft=4)
+    want = got.clone()
+    slots = torch.tensor([2, 0, -1, 3], dtype=torch.int32, device="cuda")
+    for step in range(8):
+        inp = gdn.random_inputs(4, 16, 64, 128, 128, T=4, device="cuda")
+        y = gdn.verify(got, **inp, use_qk_l2norm_in_kernel=True, slots=slots)
+        y_ref = gdn.verify_ref(want, **inp, use_qk_l2norm_in_kernel=True, slots=slots)
+        ok = slots >= 0
+        assert_close(y[ok], y_ref[ok], torch.bfloat16, what=f"o at step {step}")
+        n = torch.randint(0, 5, (4,), dtype=torch.int32, device="cuda")
+        gdn.accept(got, n, slots)
+        gdn.accept_ref(want, n, slots)
+    assert_close(gdn.materialize(got), gdn.materialize_ref(want), torch.float32, what="state")
