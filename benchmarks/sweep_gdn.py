@@ -26,11 +26,10 @@ BASELINE = {"replay": "decode", "replay-nonflush": "decode", "replay-flush": "de
 GRID = {
     "decode": [{"BV": 8, "num_warps": 2}, {"BV": 16, "num_warps": 4}, {"BV": 32, "num_warps": 4},
                {"BV": 32, "num_warps": 8}, {"BV": 64, "num_warps": 8}],
-    "replay": [{"BV": 128, "num_warps": 8}, {"BV": 64, "num_warps": 8}, {"BV": 128, "num_warps": 16},
-               {"BV": 64, "num_warps": 4}, {"BV": 128, "BVF": 16, "num_warps": 8},
-               {"BV": 128, "JB": 8, "num_warps": 8}],
-    "split-bf16": [{"BV": 128, "num_warps": 8}, {"BV": 64, "num_warps": 8}, {"BV": 128, "num_warps": 16},
-                   {"BV": 128, "BVF": 16, "num_warps": 8}],
+    "replay": [{"BV": bv, "num_warps": nw} for bv in (128, 64) for nw in (2, 4, 8)]
+    + [{"BV": 128, "BVF": 16, "num_warps": 4}, {"BV": 128, "BVF": 64, "num_warps": 4}],
+    "split-bf16": [{"BV": bv, "num_warps": nw} for bv in (128, 64) for nw in (2, 4, 8)]
+    + [{"BV": 128, "BVF": 16, "num_warps": 4}],
     "decode-multi": [{"BV": 16, "num_warps": 4}, {"BV": 32, "num_warps": 4}, {"BV": 32, "num_warps": 8}],
     "verify": [{"BV": 32, "num_warps": 4}, {"BV": 16, "num_warps": 4}, {"BV": 32, "num_warps": 8},
                {"BV": 64, "num_warps": 8}],
@@ -38,8 +37,8 @@ GRID = {
 GRID["replay-nonflush"] = GRID["replay-flush"] = GRID["replay"]
 QUICK_GRID = {
     "decode": [{"BV": 16, "num_warps": 4}, {"BV": 32, "num_warps": 4}],
-    "replay": [{"BV": 128, "num_warps": 8}, {"BV": 64, "num_warps": 8}],
-    "split-bf16": [{"BV": 128, "num_warps": 8}],
+    "replay": [{"BV": 128, "num_warps": 4}, {"BV": 64, "num_warps": 2}],
+    "split-bf16": [{"BV": 128, "num_warps": 4}],
     "decode-multi": [{"BV": 32, "num_warps": 4}],
     "verify": [{"BV": 32, "num_warps": 4}],
 }

@@ -25,10 +25,11 @@ from replayssm_kernels.gdn.common import (
 
 # These kernels mutate the cache in place, so their settings are fixed here (an autotuner would rerun them on live
 # state); a read copy gets its own row because correcting the buffered updates at a flush holds a second tile.
+# A non-flush step reads its whole [BV, BK] tile once; a flush walks its rows BVF at a time (benchmarks/sweep_gdn.py).
 LAUNCH = {
-    "replay": {"BV": 128, "BVF": 32, "JB": 4, "num_warps": 8, "num_stages": 1, "maxnreg": None},
-    "replay-split": {"BV": 128, "BVF": 32, "JB": 2, "num_warps": 8, "num_stages": 1, "maxnreg": None},
-    "replay-fp8": {"BV": 128, "BVF": 16, "JB": 2, "num_warps": 8, "num_stages": 1, "maxnreg": None},
+    "replay": {"BV": 128, "BVF": 32, "JB": 4, "num_warps": 4, "num_stages": 1, "maxnreg": None},
+    "replay-split": {"BV": 128, "BVF": 32, "JB": 2, "num_warps": 4, "num_stages": 1, "maxnreg": None},
+    "replay-fp8": {"BV": 128, "BVF": 16, "JB": 2, "num_warps": 4, "num_stages": 1, "maxnreg": None},
     "verify": {"BV": 32, "JB": 4, "num_warps": 4, "num_stages": 1, "maxnreg": None},
     "verify-split": {"BV": 32, "JB": 2, "num_warps": 4, "num_stages": 1, "maxnreg": None},
     "verify-fp8": {"BV": 16, "JB": 1, "num_warps": 4, "num_stages": 1, "maxnreg": None},
@@ -70,12 +71,11 @@ def _store_read_copy(rcopy, rscale, o_s, o_r, b_s, m_s, m_v, IS_FP8: tl.constexp
 
 
 @triton.jit
-def _fold(
-    b_s, b_d, buf_u, buf_k, buf_g, buf_b, i_s, i_h, i_hv, o_v, m_v, o_k, m_k, b_f, b_G,
-    C: tl.constexpr, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, JB: tl.constexpr,
-    CORRECT: tl.constexpr,
+def _corrected(
+    b_uw, b_d, buf_k, buf_g, buf_b, i_s, i_h, i_hv, o_k, m_k, o_w, b_f,
+    C: tl.constexpr, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, JB: tl.constexpr,
 ):
-    """b_s [BV, BK] plus sum_{j<f} e^{G - G_j} u_j k_jᵀ; with CORRECT, u_j corrected for b_d = checkpoint - copy."""
+    """b_uw [BW, BV] with each u_j corrected for b_d [BV, BK] = checkpoint - copy, carried through the entries."""
     b_Gp = tl.zeros([], dtype=tl.float32)
     for j0 in range(0, C, JB):
         # Masked and unrolled within a group rather than branched per entry, so that a group's loads overlap.
@@ -83,49 +83,69 @@ def _fold(
             for jj in tl.static_range(JB):
                 m_j = j0 + jj < b_f
                 p_j = i_s * C + j0 + jj
-                b_uj = tl.load(buf_u + (p_j * HV + i_hv) * V + o_v, mask=m_v & m_j, other=0.0)
                 b_kj = tl.load(buf_k + (p_j * H + i_h) * K + o_k, mask=m_k & m_j, other=0.0)
                 b_Gj = tl.load(buf_g + p_j * HV + i_hv, mask=m_j, other=0.0)
-                if CORRECT:
-                    b_aj = tl.where(m_j, tl.exp(b_Gj - b_Gp), 1.0)
-                    b_bj = tl.load(buf_b + p_j * HV + i_hv, mask=m_j, other=0.0)
-                    b_dj = -b_bj * b_aj * tl.sum(b_d * b_kj[None, :], 1)
-                    b_d = b_aj * b_d + b_dj[:, None] * b_kj[None, :]
-                    b_uj += b_dj
-                    b_Gp = tl.where(m_j, b_Gj, b_Gp)
-                b_s += (tl.exp(b_G - b_Gj) * b_uj)[:, None] * b_kj[None, :]
-    return b_s
+                b_bj = tl.load(buf_b + p_j * HV + i_hv, mask=m_j, other=0.0)
+                b_aj = tl.where(m_j, tl.exp(b_Gj - b_Gp), 1.0)
+                b_dj = -b_bj * b_aj * tl.sum(b_d * b_kj[None, :], 1)
+                b_d = b_aj * b_d + b_dj[:, None] * b_kj[None, :]
+                b_uw = tl.where(o_w[:, None] == j0 + jj, b_uw + b_dj[None, :], b_uw)
+                b_Gp = tl.where(m_j, b_Gj, b_Gp)
+    return b_uw
+
+
+@triton.jit
+def _fold(
+    b_s, b_d, buf_u, buf_k, buf_g, buf_b, i_s, i_h, i_hv, o_v, m_v, o_k, m_k, o_w, b_f, b_G, b_Gw, b_kw,
+    C: tl.constexpr, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, JB: tl.constexpr,
+    CORRECT: tl.constexpr,
+):
+    """b_s [BV, BK] plus sum_{j<f} e^{G - G_j} u_j k_jᵀ; with CORRECT, u_j corrected for b_d = checkpoint - copy.
+
+    b_Gw [BW] and b_kw [BW, BK] are the buffered log-decays and keys, zero past the fill.
+    """
+    m_w = o_w < b_f
+    # [BW, BV]
+    b_uw = tl.load(
+        buf_u + ((i_s * C + o_w[:, None]) * HV + i_hv) * V + o_v[None, :], mask=m_w[:, None] & m_v[None, :], other=0.0,
+    )
+    if CORRECT:
+        b_uw = _corrected(b_uw, b_d, buf_k, buf_g, buf_b, i_s, i_h, i_hv, o_k, m_k, o_w, b_f, C, H, HV, K, JB)
+    b_cw = tl.where(m_w, tl.exp(b_G - b_Gw), 0.0)
+    # One product for the whole rank-f update (3xTF32 on the tensor cores).
+    return b_s + tl.dot(tl.trans(b_uw * b_cw[:, None]), b_kw, input_precision="tf32x3")
 
 
 @triton.jit
 def _replay_flush(
     ckpt, rcopy, rscale, buf_u, buf_k, buf_g, buf_b, v, o,
-    i_b, i_s, i_h, i_hv, b_f, b_k, b_q, b_g, b_beta, b_Gl,
+    i_b, i_s, i_h, i_hv, b_f, b_k, b_q, b_g, b_beta, b_Gl, b_Gw, b_kw, o_w,
     s_vb, s_vh, s_vv, s_ob, s_oh, s_ov,
     C: tl.constexpr, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-    BK: tl.constexpr, BV: tl.constexpr, JB: tl.constexpr, HAS_COPY: tl.constexpr, IS_FP8: tl.constexpr,
+    BK: tl.constexpr, BVF: tl.constexpr, JB: tl.constexpr, HAS_COPY: tl.constexpr, IS_FP8: tl.constexpr,
 ):
     """The step that fills the window: fold the buffer into the full checkpoint, take this step from it, store it."""
     o_k = tl.arange(0, BK)
     m_k = o_k < K
-    for i_v in tl.static_range(0, V, BV):
-        o_v = i_v + tl.arange(0, BV)
+    # BVF rows at a time, so that this rare branch does not raise the register count of the common one.
+    for i_v in range(0, V, BVF):
+        o_v = i_v + tl.arange(0, BVF)
         m_v = o_v < V
         m_s = m_v[:, None] & m_k[None, :]
         o_s = ((i_s * HV + i_hv) * V + o_v[:, None]) * K + o_k[None, :]
         o_r = (i_s * HV + i_hv) * V + o_v
-        # [BV, BK] the checkpoint, brought to the state after the buffered entries
+        # [BVF, BK] the checkpoint, brought to the state after the buffered entries
         b_s = tl.load(ckpt + o_s, mask=m_s, other=0.0).to(tl.float32)
         if HAS_COPY:
             b_d = b_s - _read_copy(rcopy, rscale, o_s, o_r, m_s, m_v, IS_FP8)
             b_s = _fold(
-                b_s * tl.exp(b_Gl), b_d, buf_u, buf_k, buf_g, buf_b, i_s, i_h, i_hv, o_v, m_v, o_k, m_k, b_f, b_Gl,
-                C, H, HV, K, V, JB, True,
+                b_s * tl.exp(b_Gl), b_d, buf_u, buf_k, buf_g, buf_b, i_s, i_h, i_hv, o_v, m_v, o_k, m_k, o_w, b_f, b_Gl,
+                b_Gw, b_kw, C, H, HV, K, V, JB, True,
             )
         else:
             b_s = _fold(
-                b_s * tl.exp(b_Gl), b_s, buf_u, buf_k, buf_g, buf_b, i_s, i_h, i_hv, o_v, m_v, o_k, m_k, b_f, b_Gl,
-                C, H, HV, K, V, JB, False,
+                b_s * tl.exp(b_Gl), b_s, buf_u, buf_k, buf_g, buf_b, i_s, i_h, i_hv, o_v, m_v, o_k, m_k, o_w, b_f, b_Gl,
+                b_Gw, b_kw, C, H, HV, K, V, JB, False,
             )
         b_v = tl.load(v + i_b * s_vb + i_hv * s_vh + o_v * s_vv, mask=m_v, other=0.0).to(tl.float32)
         b_s *= tl.exp(b_g)
@@ -152,7 +172,7 @@ def _replay_kernel(
     scale,
     W: tl.constexpr, C: tl.constexpr,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-    BK: tl.constexpr, BV: tl.constexpr, BVF: tl.constexpr, BC: tl.constexpr, JB: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr, BVF: tl.constexpr, BW: tl.constexpr, JB: tl.constexpr,
     USE_QK_L2NORM: tl.constexpr, HAS_COPY: tl.constexpr, IS_FP8: tl.constexpr,
 ):
     i_b, i_hv = tl.program_id(0), tl.program_id(1)
@@ -161,12 +181,18 @@ def _replay_kernel(
         return
     i_h = i_hv // (HV // H)
     o_k = tl.arange(0, BK)
+    o_w = tl.arange(0, BW)
     m_k = o_k < K
     p_f = fill + i_s * HV + i_hv
     b_f = tl.load(p_f)
+    m_w = o_w < b_f
 
     b_q = tl.load(q + i_b * s_qb + i_h * s_qh + o_k * s_qk, mask=m_k, other=0.0).to(tl.float32)
     b_k = tl.load(k + i_b * s_kb + i_h * s_kh + o_k * s_kk, mask=m_k, other=0.0).to(tl.float32)
+    # The f buffered entries' log-decays [BW] and keys [BW, BK], one read each.
+    b_Gw = tl.load(buf_g + (i_s * C + o_w) * HV + i_hv, mask=m_w, other=0.0)
+    b_kw = tl.load(buf_k + ((i_s * C + o_w[:, None]) * H + i_h) * K + o_k[None, :], mask=m_w[:, None] & m_k[None, :],
+                   other=0.0)
     if USE_QK_L2NORM:
         b_q = l2norm(b_q)
         b_k = l2norm(b_k)
@@ -179,32 +205,20 @@ def _replay_kernel(
     if b_f + 1 >= W:
         _replay_flush(
             ckpt, rcopy, rscale, buf_u, buf_k, buf_g, buf_b, v, o,
-            i_b, i_s, i_h, i_hv, b_f, b_k, b_q, b_g, b_beta, b_Gl,
+            i_b, i_s, i_h, i_hv, b_f, b_k, b_q, b_g, b_beta, b_Gl, b_Gw, b_kw, o_w,
             s_vb, s_vh, s_vv, s_ob, s_oh, s_ov,
             C, H, HV, K, V, BK, BVF, JB, HAS_COPY, IS_FP8,
         )
         tl.store(p_f, 0)
     else:
-        o_j = tl.arange(0, BC)
-        m_j = o_j < b_f
         b_Gt = b_Gl + b_g
-        # [BC] weights of the committed updates in S_{t-1} k_t and S_t q_t
-        b_G = tl.load(buf_g + (i_s * C + o_j) * HV + i_hv, mask=m_j, other=0.0)
-        b_kb = tl.load(
-            buf_k + ((i_s * C + o_j[:, None]) * H + i_h) * K + o_k[None, :],
-            mask=m_j[:, None] & m_k[None, :], other=0.0,
-        )
-        b_decay = tl.where(m_j, tl.exp(b_Gt - b_G), 0.0)
-        b_wk = b_decay * tl.sum(b_kb * b_k[None, :], 1)
-        b_wq = b_decay * tl.sum(b_kb * b_q[None, :], 1)
+        # [BW] weights of the committed updates in S_{t-1} k_t and S_t q_t
+        b_decay = tl.where(m_w, tl.exp(b_Gt - b_Gw), 0.0)
+        b_wk = b_decay * tl.sum(b_kw * b_k[None, :], 1)
+        b_wq = b_decay * tl.sum(b_kw * b_q[None, :], 1)
         b_kq = tl.sum(b_k * b_q)
         b_eG = tl.exp(b_Gt)
-        o_u = ((i_s * C + o_j) * HV + i_hv) * V
-        if i_hv % (HV // H) == 0:
-            tl.store(buf_k + ((i_s * C + b_f) * H + i_h) * K + o_k, b_k, mask=m_k)
-        tl.store(buf_g + (i_s * C + b_f) * HV + i_hv, b_Gt)
-        if HAS_COPY:
-            tl.store(buf_b + (i_s * C + b_f) * HV + i_hv, b_beta)
+        o_u = ((i_s * C + o_w) * HV + i_hv) * V
         for i_v in tl.static_range(0, V, BV):
             o_v = i_v + tl.arange(0, BV)
             m_v = o_v < V
@@ -215,18 +229,24 @@ def _replay_kernel(
                 b_s = tl.load(rcopy + o_s, mask=m_s, other=0.0).to(tl.float32)
             else:
                 b_s = tl.load(ckpt + o_s, mask=m_s, other=0.0).to(tl.float32)
+            # [BW, BV]
+            b_uw = tl.load(buf_u + o_u[:, None] + o_v[None, :], mask=m_w[:, None] & m_v[None, :], other=0.0)
+            b_v = tl.load(v + i_b * s_vb + i_hv * s_vh + o_v * s_vv, mask=m_v, other=0.0).to(tl.float32)
             b_sk = tl.sum(b_s * b_k[None, :], 1)
             b_sq = tl.sum(b_s * b_q[None, :], 1)
             if IS_FP8:
                 b_sc = tl.load(rscale + (i_s * HV + i_hv) * V + o_v, mask=m_v, other=0.0)
                 b_sk *= b_sc
                 b_sq *= b_sc
-            b_ub = tl.load(buf_u + o_u[:, None] + o_v[None, :], mask=m_j[:, None] & m_v[None, :], other=0.0)
-            b_v = tl.load(v + i_b * s_vb + i_hv * s_vh + o_v * s_vv, mask=m_v, other=0.0).to(tl.float32)
-            b_u = b_beta * (b_v - b_eG * b_sk - tl.sum(b_wk[:, None] * b_ub, 0))
-            b_o = b_eG * b_sq + tl.sum(b_wq[:, None] * b_ub, 0) + b_kq * b_u
+            b_u = b_beta * (b_v - b_eG * b_sk - tl.sum(b_wk[:, None] * b_uw, 0))
+            b_o = b_eG * b_sq + tl.sum(b_wq[:, None] * b_uw, 0) + b_kq * b_u
             tl.store(o + i_b * s_ob + i_hv * s_oh + o_v * s_ov, cast(b_o, o.dtype.element_ty), mask=m_v)
             tl.store(buf_u + ((i_s * C + b_f) * HV + i_hv) * V + o_v, b_u, mask=m_v)
+        if i_hv % (HV // H) == 0:
+            tl.store(buf_k + ((i_s * C + b_f) * H + i_h) * K + o_k, b_k, mask=m_k)
+        tl.store(buf_g + (i_s * C + b_f) * HV + i_hv, b_Gt)
+        if HAS_COPY:
+            tl.store(buf_b + (i_s * C + b_f) * HV + i_hv, b_beta)
         tl.store(p_f, b_f + 1)
 
 
@@ -243,7 +263,7 @@ def _verify_kernel(
     scale,
     T: tl.constexpr, W: tl.constexpr, C: tl.constexpr,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-    BK: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr, JB: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr, BW: tl.constexpr, JB: tl.constexpr,
     USE_QK_L2NORM: tl.constexpr, HAS_COPY: tl.constexpr, IS_FP8: tl.constexpr,
 ):
     i_b, i_hv = tl.program_id(0), tl.program_id(1)
@@ -253,12 +273,18 @@ def _verify_kernel(
     i_h = i_hv // (HV // H)
     o_t = tl.arange(0, BT)
     o_k = tl.arange(0, BK)
+    o_w = tl.arange(0, BW)
     m_t = o_t < T
     m_k = o_k < K
     m_tk = m_t[:, None] & m_k[None, :]
     m_upto = o_t[None, :] <= o_t[:, None]
     p_f = fill + i_s * HV + i_hv
     b_f = tl.load(p_f)
+    m_w = o_w < b_f
+    # The committed entries' log-decays [BW] and keys [BW, BK], read before any draft's key is written.
+    b_Gw = tl.load(buf_g + (i_s * C + o_w) * HV + i_hv, mask=m_w, other=0.0)
+    b_kw = tl.load(buf_k + ((i_s * C + o_w[:, None]) * H + i_h) * K + o_k[None, :], mask=m_w[:, None] & m_k[None, :],
+                   other=0.0)
     b_flush = b_f >= W
     # Position of the first draft: after the committed entries, or at 0 when they are folded first.
     b_fe = tl.where(b_flush, 0, b_f)
@@ -296,13 +322,13 @@ def _verify_kernel(
             if HAS_COPY:
                 b_d = b_s - _read_copy(rcopy, rscale, o_s, o_r, m_s, m_v, IS_FP8)
                 b_s = _fold(
-                    b_s * tl.exp(b_Gl), b_d, buf_u, buf_k, buf_g, buf_b, i_s, i_h, i_hv, o_v, m_v, o_k, m_k, b_f, b_Gl,
-                    C, H, HV, K, V, JB, True,
+                    b_s * tl.exp(b_Gl), b_d, buf_u, buf_k, buf_g, buf_b, i_s, i_h, i_hv, o_v, m_v, o_k, m_k, o_w, b_f,
+                    b_Gl, b_Gw, b_kw, C, H, HV, K, V, JB, True,
                 )
             else:
                 b_s = _fold(
-                    b_s * tl.exp(b_Gl), b_s, buf_u, buf_k, buf_g, buf_b, i_s, i_h, i_hv, o_v, m_v, o_k, m_k, b_f, b_Gl,
-                    C, H, HV, K, V, JB, False,
+                    b_s * tl.exp(b_Gl), b_s, buf_u, buf_k, buf_g, buf_b, i_s, i_h, i_hv, o_v, m_v, o_k, m_k, o_w, b_f,
+                    b_Gl, b_Gw, b_kw, C, H, HV, K, V, JB, False,
                 )
             b_s = rounded(b_s, ckpt.dtype.element_ty)
             tl.store(ckpt + o_s, b_s.to(ckpt.dtype.element_ty), mask=m_s)
@@ -317,8 +343,8 @@ def _verify_kernel(
             else:
                 b_s = tl.load(ckpt + o_s, mask=m_s, other=0.0).to(tl.float32)
             b_s = _fold(
-                b_s * tl.exp(b_Gl), b_s, buf_u, buf_k, buf_g, buf_b, i_s, i_h, i_hv, o_v, m_v, o_k, m_k, b_f, b_Gl,
-                C, H, HV, K, V, JB, False,
+                b_s * tl.exp(b_Gl), b_s, buf_u, buf_k, buf_g, buf_b, i_s, i_h, i_hv, o_v, m_v, o_k, m_k, o_w, b_f,
+                b_Gl, b_Gw, b_kw, C, H, HV, K, V, JB, False,
             )
         # [BT, BV]
         b_Vd = tl.load(
@@ -389,7 +415,7 @@ def _cache_constants(cache: ReplayCache) -> dict:
     return {
         "W": cache.window, "C": cache.capacity,
         "H": cache.H, "HV": cache.HV, "K": cache.K, "V": cache.V,
-        "BK": next_pow2(cache.K), "BC": next_pow2(cache.capacity),
+        "BK": max(16, next_pow2(cache.K)), "BW": max(16, next_pow2(cache.capacity)),
         "HAS_COPY": cache.read_copy is not None, "IS_FP8": cache.read_scale is not None,
     }
 
@@ -407,7 +433,7 @@ def _launch_replay(cache, q, k, v, g, beta, out, slots, scale, l2norm, settings)
         scale=scale,
         **_cache_constants(cache),
         BV=min(settings["BV"], next_pow2(cache.V)),
-        BVF=min(settings["BVF"], next_pow2(cache.V)),
+        BVF=max(16, min(settings["BVF"], next_pow2(cache.V))),
         JB=settings["JB"],
         USE_QK_L2NORM=l2norm,
         **compile_options(settings),
@@ -427,8 +453,8 @@ def _launch_verify(cache, q, k, v, g, beta, out, slots, scale, l2norm, settings)
         s_ob=out.stride(0), s_ot=out.stride(1), s_oh=out.stride(2), s_ov=out.stride(3),
         scale=scale,
         T=T, BT=next_pow2(T),
-        **{key: value for key, value in _cache_constants(cache).items() if key != "BC"},
-        BV=min(settings["BV"], next_pow2(cache.V)),
+        **_cache_constants(cache),
+        BV=max(16, min(settings["BV"], next_pow2(cache.V))),
         JB=settings["JB"],
         USE_QK_L2NORM=l2norm,
         **compile_options(settings),
@@ -491,7 +517,7 @@ def replay(
     this step from it, stores it, refreshes the read copy and empties the buffer.
     Mutates the cache; returns o (batch, HV, V) in v's dtype (written into `out` when given).
     `launch` overrides BV (rows per chunk of a non-flush step), BVF (of a flush), JB (buffered
-    entries folded per unrolled group), num_warps, num_stages, maxnreg. `check` range-checks slots
+    entries corrected per unrolled group under split precision), num_warps, num_stages, maxnreg. `check` range-checks slots
     on the host, a device sync: pass check=False for a step with no host synchronisation (it is
     skipped anyway while a CUDA graph is captured).
     """
