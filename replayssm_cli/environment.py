@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import platform
 import subprocess
 from functools import lru_cache
@@ -19,7 +20,12 @@ def _version(dist: str) -> str | None:
 
 @lru_cache(maxsize=1)
 def git_commit() -> str | None:
-    """The commit of the replayssm checkout (with '-dirty' if it has uncommitted changes), or None."""
+    """The commit of the replayssm checkout (with '-dirty' if it has uncommitted changes), or None.
+
+    Where the checkout carries no git metadata (a copied working tree), REPLAYSSM_COMMIT names it.
+    """
+    if os.environ.get("REPLAYSSM_COMMIT"):
+        return os.environ["REPLAYSSM_COMMIT"]
     here = Path(__file__).resolve().parent
     try:
         sha = subprocess.run(
