@@ -897,7 +897,8 @@ def load_default() -> list[tuple[str, Results]]:
             "run `replayssm profile` first, or pass a results file",
         )
     loaded = [load(p) for p in refs]
-    first = loaded[0]
+    # The merged profile takes the environment of a file that recorded the measured ceilings.
+    first = next((r for r in loaded if r.environment.get("ceilings")), loaded[0])
     merged = Results(
         path=refs[0].parent,
         environment=first.environment,
