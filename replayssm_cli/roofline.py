@@ -830,7 +830,7 @@ def check_outputs(paths: Sequence[Path]) -> None:
         import kaleido  # noqa: F401
     except ImportError:
         raise UserError(
-            "PNG and SVG need kaleido, which is not installed", "pip install 'replayssm[image]', or write --out FILE.html"
+            "PNG and SVG need kaleido, which is not installed", "pip install kaleido, or write --out FILE.html"
         ) from None
     if find_chrome() is None:
         raise UserError(
