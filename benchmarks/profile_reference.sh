@@ -1,10 +1,18 @@
 #!/usr/bin/env bash
-# The reference profiles shipped under profiles/reference/: one `replayssm profile` run per line, on an H200.
-# Both default presets (Nemotron-3-Super, Qwen3.5-122B); --require-gpu so a machine without a GPU fails instead of predicting.
+# The reference profiles shipped under profiles/reference/, as measured on an H200: one `replayssm profile` per line.
+# --require-gpu so that a machine without a GPU fails instead of predicting. Rows are written as they finish;
+# a line cut short by the device's time limit leaves a loadable file marked incomplete.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-BATCHES=1,16,64,128,256,512
+M=nemotron-3-super-120b-a12b
+Q=qwen3.5-122b-a10b
+B=1,16,64,128,256,512
+OUT=profiles/reference
 
-replayssm profile --require-gpu --batch "$BATCHES" --state-dtype fp32 --read-dtype bf16,fp8 --out profiles/reference/h200-fp32-split.json
-replayssm profile --require-gpu --batch "$BATCHES" --state-dtype bf16 --out profiles/reference/h200-bf16.json
-replayssm profile --require-gpu --batch "$BATCHES" --state-dtype fp32 --draft 2,4 --accept-rate 0.9 --no-phases --out profiles/reference/h200-fp32-spec.json
+replayssm gpu --measure
+replayssm profile --require-gpu -p "$M" --batch "$B" --state-dtype fp32 --read-dtype bf16,fp8 --repeats 15 --out "$OUT/h200-mamba2-fp32-split.json"
+replayssm profile --require-gpu -p "$M" --batch "$B" --state-dtype bf16 --repeats 15 --no-phases --out "$OUT/h200-mamba2-bf16.json"
+replayssm profile --require-gpu -p "$M" --batch "$B" --state-dtype fp32 --draft 2,4 --accept-rate 0.9 --no-phases --repeats 15 --out "$OUT/h200-mamba2-spec.json"
+replayssm profile --require-gpu -p "$Q" --batch "$B" --state-dtype fp32 --read-dtype bf16,fp8 --repeats 15 --out "$OUT/h200-gdn-fp32-split.json"
+replayssm profile --require-gpu -p "$Q" --batch "$B" --state-dtype bf16 --repeats 15 --no-phases --out "$OUT/h200-gdn-bf16.json"
+replayssm profile --require-gpu -p "$Q" --batch "$B" --state-dtype fp32 --draft 4 --accept-rate 0.9 --no-phases --repeats 15 --out "$OUT/h200-gdn-spec.json"
