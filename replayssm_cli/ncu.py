@@ -595,6 +595,23 @@ def specs_for_rows(rows: Sequence[dict[str, Any]], points: Sequence[Any], seed: 
     return specs
 
 
+def specs_from_rows(rows: Sequence[dict[str, Any]], layers: int = 1) -> list[dict[str, Any] | None]:
+    """For each results row, the spec that measures it under ncu, from the case spec the profiler recorded
+    in the row (`x_case`), or None for rows that ran no kernel of ours (predicted, failed, e2e, baselines)."""
+    specs: list[dict[str, Any] | None] = []
+    for row in rows:
+        case = row.get("x_case")
+        if row.get("kind") != "kernel" or row.get("source") != "measured" or row.get("status") != "ok" or not case:
+            specs.append(None)
+            continue
+        spec = dict(case)
+        spec.update(op=row["op"], phase=row.get("phase", "avg"), layers=layers)
+        if spec["phase"] != "avg" and row.get("window"):
+            spec["flush"] = "aligned"
+        specs.append(spec)
+    return specs
+
+
 def ncu_version(ncu: str | None = None) -> str | None:
     """The version line `ncu --version` prints, or None."""
     binary = ncu or ncu_binary()

@@ -518,3 +518,31 @@ def test_ncu_check_script_end_to_end_with_a_fake_ncu(tmp_path, capsys):
     assert {c[c.index("-k") + 1] for c in calls[1:]} == {"regex:mamba2_decode_kernel", "regex:mamba2_replay_kernel"}
     printed = capsys.readouterr().out
     assert "Cost model vs Nsight Compute" in printed and "nonflush" in printed
+
+
+def test_specs_from_rows_rebuilds_each_measured_kernel_row():
+    rows = [
+        {"kind": "kernel", "source": "measured", "status": "ok", "op": "mamba2", "phase": "flush", "window": 16,
+         "x_case": {"variant": "replay", "batch": 4, "window": 16, "preset": "nemotron-3-super-120b-a12b"}},
+        {"kind": "kernel", "source": "measured", "status": "ok", "op": "gdn", "phase": "avg", "window": None,
+         "x_case": {"variant": "conventional", "batch": 2}},
+        {"kind": "kernel", "source": "predicted", "status": "ok", "op": "gdn", "phase": "avg"},
+        {"kind": "kernel", "source": "measured", "status": "failed", "op": "gdn", "phase": "avg", "x_case": {"batch": 1}},
+        {"kind": "e2e", "source": "measured", "status": "ok", "op": "mamba2", "phase": "avg", "x_case": {"batch": 1}},
+    ]
+    specs = ncu.specs_from_rows(rows)
+    assert specs[0] == {"variant": "replay", "batch": 4, "window": 16, "preset": "nemotron-3-super-120b-a12b",
+                        "op": "mamba2", "phase": "flush", "layers": 1, "flush": "aligned"}
+    assert specs[1] == {"variant": "conventional", "batch": 2, "op": "gdn", "phase": "avg", "layers": 1}
+    assert specs[2:] == [None, None, None]
+
+
+def test_profile_ncu_on_a_predicted_profile_says_it_has_no_figures(tmp_path):
+    from typer.testing import CliRunner
+
+    from replayssm_cli.main import app
+
+    result = CliRunner().invoke(app, ["profile", "--predict", "--batch", "1", "--ncu", "--json", "--out", str(tmp_path / "p.json")])
+    assert result.exit_code == 0, result.output
+    assert "--ncu needs measured rows" in result.output
+    assert (tmp_path / "p.json").is_file()

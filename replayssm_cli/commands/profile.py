@@ -88,6 +88,10 @@ def profile(
     predict: Annotated[bool, typer.Option("--predict", help="Predict from the cost model even where a GPU is present.")] = False,
     require_gpu: Annotated[bool, typer.Option("--require-gpu", help="Fail instead of predicting when no CUDA GPU is present.")] = False,
     out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Results file.", show_default="./runs/<time>-<gpu>.json")] = None,
+    ncu: Annotated[
+        bool,
+        typer.Option("--ncu", help="Also run each measured kernel once under Nsight Compute (clocks left alone) and record its DRAM and L2 bytes and FLOPs beside the model's."),
+    ] = False,
     json_: Annotated[bool, typer.Option("--json", help="Print the rows as JSON on stdout instead of the table.")] = False,
 ) -> None:
     """Time conventional and ReplaySSM decode kernels of model presets over a grid, and write a results file.
@@ -131,12 +135,22 @@ def profile(
     run = prof.run_profile(spec, out=out, predict=predict, require_gpu=require_gpu, gpu=gpu)
 
     rows = run.results.rows
+    if ncu and run.mode == "measured" and not run.interrupted:
+        from replayssm_cli import ncu as ncu_mod
+        from replayssm_cli.results import write_atomic
+
+        ncu_mod.annotate_rows(rows, ncu_mod.specs_from_rows(rows))
+        write_atomic(run.path, run.results.to_dict())
+    elif ncu:
+        warn("--ncu needs measured rows on a CUDA GPU: this profile has no Nsight Compute figures")
     if json_:
         print_json(rows)
     else:
         title = f"replayssm profile · {run.gpu_name} · {run.mode}"
         table = prof.render_table(rows, title=title, caption=_caption(run.mode, run.ceilings, any(r["variant"].startswith("baseline:") for r in rows)), layers_of=run.layers_of)
         _wide(stdout).print(table)
+        if ncu and run.mode == "measured" and (ncu_table := ncu_mod.comparison_table(rows)) is not None:
+            _wide(stdout).print(ncu_table)
     note(f"results: {run.path} ({len(rows)} rows{'' if run.results.complete else ', incomplete'})")
     not_run = [s for s in run.skipped if s["why"] == prof.INTERRUPTED]
     for s in run.skipped:
