@@ -284,8 +284,10 @@ def _nonflush(s: _Sizes, fl: _Flops, b: int, f: float) -> _Count:
 
 
 def _flush(s: _Sizes, fl: _Flops, b: int, f: int) -> _Count:
+    # Under split precision a flushing program has read the copy too: it loads the tile it answers from
+    # before it knows it will flush (Mamba-2), or carries checkpoint - copy through the entries (GDN).
     row = _Count(
-        s.state + f * s.entry + s.inputs + s.counters,
+        s.state + s.copy + f * s.entry + s.inputs + s.counters,
         s.state + s.copy + s.outputs + s.counters,
         fl.flush(f, quantise=s.fp8),
     )
