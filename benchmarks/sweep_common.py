@@ -1,0 +1,270 @@
+"""The harness shared by the launch-setting sweeps: plan, fill model, CUDA-graph timing, table, JSON, command line."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+
+BATCHES = (1, 16, 64, 256)
+QUICK_BATCHES = (1, 256)
+IO_BYTES = 2
+L2_BYTES = 60 * 2**20
+L2_MULTIPLE = 4
+MAX_LAYERS = 128
+KERNELS = ("decode", "replay", "replay-nonflush", "replay-flush", "split-bf16", "decode-multi", "verify")
+BASELINE = {"replay": "decode", "replay-nonflush": "decode", "replay-flush": "decode", "split-bf16": "decode",
+            "verify": "decode-multi"}
+
+
+@dataclass
+class Result:
+    kernel: str
+    batch: int
+    launch: dict
+    layers: int
+    steps: int
+    bytes_per_layer_step: float
+    check_ok: bool
+    check_error: float | None = None
+    us_per_layer_step: float | None = None
+    gbps: float | None = None
+    ratio: float | None = None
+    samples_us: list = field(default_factory=list)
+
+
+def parse_launch(text: str) -> tuple[str, dict]:
+    """'KERNEL:key=value,...' -> (KERNEL, {key: int(value), ...})."""
+    kernel, sep, body = text.partition(":")
+    if not sep or kernel not in KERNELS:
+        raise ValueError(f"--launch {text!r}: expected KERNEL:key=value,... with KERNEL one of {', '.join(KERNELS)}")
+    settings = {}
+    for item in filter(None, body.split(",")):
+        key, eq, value = item.partition("=")
+        if not eq or not value.strip().isdigit():
+            raise ValueError(f"--launch {text!r}: {item!r} is not key=integer")
+        settings[key.strip()] = int(value)
+    return kernel, settings
+
+
+def plan(kernels: list[str], grid: dict[str, list[dict]], overrides: list[tuple[str, dict]]) -> dict[str, list[dict]]:
+    """The launch settings to time per kernel: those given on the command line, else `grid`'s."""
+    given: dict[str, list[dict]] = {}
+    for kernel, settings in overrides:
+        given.setdefault(kernel, []).append(settings)
+    return {k: given.get(k, grid[k]) for k in kernels}
+
+
+def fill_trajectory(kernel: str, start: int, steps: int, window: int, accepted: int) -> list[int]:
+    """The fill a row has at the start of each of `steps` steps."""
+    fills, f = [], start
+    for _ in range(steps):
+        fills.append(f)
+        if kernel == "verify":
+            f = (0 if f >= window else f) + accepted
+        elif kernel in ("replay", "split-bf16", "replay-nonflush", "replay-flush"):
+            f = 0 if f + 1 >= window else f + 1
+    return fills
+
+
+def start_fills(kernel: str, batch: int, window: int) -> list[int]:
+    if kernel == "replay-nonflush":
+        return [0] * batch
+    if kernel == "replay-flush":
+        return [window - 1] * batch
+    return [r % window for r in range(batch)]
+
+
+def graph_steps(kernel: str, window: int) -> int:
+    return {"replay-nonflush": window - 1, "replay-flush": 1}.get(kernel, window)
+
+
+def sizes(kernel: str, state: str = "fp32") -> tuple[int, int | None]:
+    state_size = {"fp32": 4, "bf16": 2, "fp16": 2}[state]
+    return state_size, (2 if kernel == "split-bf16" else None)
+
+
+def bytes_per_layer_step(kernel: str, batch: int, row_bytes, window: int, accepted: int) -> float:
+    """Mean bytes per layer-step over the graph's steps, rows at their starting fills (staggered by default).
+
+    `row_bytes(kernel, fill, state_size, read_size)` is the op's count for one row in one step.
+    """
+    state_size, read_size = sizes(kernel)
+    steps = graph_steps(kernel, window)
+    total = 0.0
+    for start in start_fills(kernel, batch, window):
+        fills = fill_trajectory(kernel, start, steps, window, accepted)
+        total += sum(row_bytes(kernel, f, state_size, read_size) for f in fills)
+    return total / steps
+
+
+def layer_count(kernel: str, batch: int, l2_bytes: int, state_elements: int) -> int:
+    """Enough layers, each with its own state pool, that the pools together hold over 4x the L2."""
+    pool = batch * state_elements * sizes(kernel)[0]
+    return max(1, min(MAX_LAYERS, L2_MULTIPLE * l2_bytes // pool + 1))
+
+
+def time_config(op, kernel: str, batch: int, launch: dict, device: str, l2_bytes: int, replays: int,
+                checked: dict | None) -> Result:
+    """Check the config against the reference (once per kernel and settings when `checked` is a dict, else every
+    time), then time a graph of its steps. `op` is the sweep script's module (see `main`)."""
+    import torch
+
+    layers = op.layer_count(kernel, batch, l2_bytes)
+    steps = op.graph_steps(kernel)
+    result = Result(kernel, batch, launch, layers, steps, op.bytes_per_layer_step(kernel, batch), check_ok=False)
+    if checked is None:
+        result.check_error = op.check_config(kernel, launch, device)
+    else:
+        key = (kernel, tuple(sorted(launch.items())))
+        if key not in checked:
+            checked[key] = op.check_config(kernel, launch, device)
+        result.check_error = checked[key]
+    # bf16 inputs and outputs: a few bf16 units of roundoff is agreement, anything larger is a wrong kernel.
+    result.check_ok = result.check_error < 2e-2
+    if not result.check_ok:
+        return result
+    stack = op.Stack(kernel, batch, layers, launch, device)
+    stack.rewind()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(steps):
+            stack.step()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    stack.rewind()
+    with torch.cuda.graph(graph):
+        for _ in range(steps):
+            stack.step()
+    samples = []
+    for i in range(replays + 2):
+        stack.rewind()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        if i >= 2:
+            samples.append(start.elapsed_time(end) * 1e3 / (steps * layers))
+    del graph, stack
+    torch.cuda.empty_cache()
+    result.samples_us = samples
+    result.us_per_layer_step = statistics.median(samples)
+    result.gbps = result.bytes_per_layer_step / result.us_per_layer_step / 1e3
+    return result
+
+
+def add_ratios(results: list[Result]) -> None:
+    """Each kernel's best time over its baseline's best time at the same batch (baseline / kernel)."""
+    best: dict[tuple[str, int], float] = {}
+    for r in results:
+        if r.us_per_layer_step is not None:
+            key = (r.kernel, r.batch)
+            best[key] = min(best.get(key, math.inf), r.us_per_layer_step)
+    for r in results:
+        base = best.get((BASELINE.get(r.kernel, r.kernel), r.batch))
+        if r.us_per_layer_step is not None and base is not None:
+            r.ratio = base / r.us_per_layer_step
+
+
+def print_table(results: list[Result], out, title: str) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=title)
+    for col in ("kernel", "batch", "launch", "layers", "µs/layer-step", "GB/s", "ratio", "check"):
+        table.add_column(col, justify="left" if col in ("kernel", "launch") else "right")
+    for r in results:
+        launch = ",".join(f"{k}={v}" for k, v in r.launch.items())
+        timed = r.us_per_layer_step is not None
+        table.add_row(r.kernel, str(r.batch), launch, str(r.layers),
+                      f"{r.us_per_layer_step:.2f}" if timed else "-", f"{r.gbps:.0f}" if timed else "-",
+                      f"{r.ratio:.2f}x" if r.ratio is not None else "-",
+                      "ok" if r.check_ok else f"FAILED ({r.check_error:.2g})")
+    Console(file=out, width=160).print(table)
+
+
+def build_parser(prog: str, description: str, epilog: str) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=prog, description=description,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=epilog)
+    parser.add_argument("--kernel", action="append", choices=KERNELS, help="kernels to time (default: all)")
+    parser.add_argument("--batch", action="append", type=int, help=f"batch sizes (default: {BATCHES})")
+    parser.add_argument("--launch", action="append", default=[], metavar="KERNEL:key=value,...",
+                        help="launch settings to time instead of the built-in grid (repeatable)")
+    parser.add_argument("--quick", action="store_true", help="a smaller grid: batches 1 and 256, 1-2 settings each")
+    parser.add_argument("--replays", type=int, default=7, help="timed graph replays per config (median reported)")
+    parser.add_argument("--out", help="write the results as JSON to this path")
+    parser.add_argument("--dry-run", action="store_true", help="print the plan without touching a GPU")
+    return parser
+
+
+def main(op, argv: list[str] | None, reuse_checks: bool) -> int:
+    """Run a sweep script's command line.
+
+    `op` is the script's module: its build_parser, GRID, QUICK_GRID, SHAPE, WINDOW, DRAFT, ACCEPTED, layer_count,
+    graph_steps, bytes_per_layer_step, check_config, Stack and print_table. With `reuse_checks`, each kernel and
+    launch settings are checked against the reference once, not once per batch.
+    """
+    parser = op.build_parser()
+    name = parser.prog.removesuffix(".py")
+    args = parser.parse_args(argv)
+    try:
+        overrides = [parse_launch(text) for text in args.launch]
+    except ValueError as exc:
+        print(f"{name}: {exc}", file=sys.stderr)
+        return 2
+    kernels = args.kernel or list(KERNELS)
+    batches = args.batch or list(QUICK_BATCHES if args.quick else BATCHES)
+    if any(b < 1 for b in batches):
+        print(f"{name}: --batch must be at least 1", file=sys.stderr)
+        return 2
+    grid = plan(kernels, op.QUICK_GRID if args.quick else op.GRID, overrides)
+    if args.dry_run:
+        for kernel in kernels:
+            for batch in batches:
+                print(f"{kernel:16s} batch {batch:4d}  layers {op.layer_count(kernel, batch, L2_BYTES):4d}  "
+                      f"{op.bytes_per_layer_step(kernel, batch) / 2**20:9.2f} MiB/layer-step  "
+                      f"{len(grid[kernel])} launch settings")
+        return 0
+
+    import torch
+
+    if not torch.cuda.is_available():
+        print(f"{name}: needs a CUDA GPU and found none; nothing measured (--dry-run shows the plan)",
+              file=sys.stderr)
+        return 2
+    from rich.progress import Progress
+
+    device = "cuda"
+    props = torch.cuda.get_device_properties(0)
+    l2 = getattr(props, "L2_cache_size", 0) or L2_BYTES
+    results = []
+    checked = {} if reuse_checks else None
+    started = time.time()
+    jobs = [(k, b, s) for k in kernels for b in batches for s in grid[k]]
+    with Progress(transient=True) as progress:
+        task = progress.add_task("sweeping", total=len(jobs))
+        for kernel, batch, settings in jobs:
+            progress.update(task, description=f"{kernel} b{batch} {settings}")
+            try:
+                results.append(time_config(op, kernel, batch, settings, device, l2, args.replays, checked))
+            except ValueError as exc:
+                print(f"{name}: {kernel} batch {batch} {settings}: {exc}", file=sys.stderr)
+            progress.advance(task)
+    add_ratios(results)
+    op.print_table(results, sys.stdout)
+    print(f"{len(results)} configs in {time.time() - started:.0f} s", file=sys.stderr)
+    if args.out:
+        import triton
+
+        env = {"gpu": props.name, "torch": torch.__version__, "triton": triton.__version__, "l2_bytes": l2}
+        payload = {"shape": op.SHAPE, "window": op.WINDOW, "draft": op.DRAFT, "accepted": op.ACCEPTED,
+                   "environment": env, "results": [asdict(r) for r in results]}
+        with open(args.out, "w") as fh:
+            json.dump(payload, fh, indent=2)
+    return 0
