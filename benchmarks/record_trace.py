@@ -162,7 +162,7 @@ def record(model_path: str, *, layer: int, prompt: str, new_tokens: int, device:
     K = arrays["q"].shape[-1] if op == "gdn" else None
     trace = Trace(
         op=op,
-        arrays={k: v.float().cpu().numpy() for k, v in arrays.items()},
+        arrays={k: v.detach().float().cpu().numpy() for k, v in arrays.items()},
         prompt_tokens=int(ids.shape[1]),
         model=Path(model_path).name,
         layer=layer,
