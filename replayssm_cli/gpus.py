@@ -10,7 +10,7 @@ import statistics
 import sys
 import tempfile
 import threading
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
 from functools import lru_cache
 from importlib import resources
@@ -379,12 +379,32 @@ def datasheet_ceilings(spec: GpuSpec) -> Ceilings:
     )
 
 
+def shipped_ceilings(spec: GpuSpec) -> Ceilings | None:
+    """The ceilings measured on a GPU of this spec and shipped in profiles/reference/ceilings/<key>.json, or None."""
+    from importlib import resources
+
+    path = resources.files("replayssm_profiles") / "reference" / "ceilings" / f"{spec.key}.json"
+    if not path.is_file():
+        return None
+    try:
+        entry = json.loads(path.read_text(encoding="utf-8")).get("ceilings")
+        ceilings = Ceilings.from_dict(entry)
+    except (ValueError, TypeError, AttributeError):
+        return None
+    return replace(ceilings, source=f"{ceilings.source} (shipped reference)")
+
+
 def ceilings_for(spec: GpuSpec, detected: DetectedGpu | None = None) -> Ceilings:
-    """The ceilings to use: a cached measurement of the detected GPU under its driver if there is one, else the datasheet."""
+    """The ceilings to use: a cached measurement of the detected GPU under its driver if there is one, else the
+    datasheet; for a GPU named rather than detected, the measurement shipped for its spec where there is one."""
     if detected is not None:
         cached = cached_ceilings(detected.name, detected.driver)
         if cached is not None:
             return cached
+    else:
+        shipped = shipped_ceilings(spec)
+        if shipped is not None:
+            return shipped
     return datasheet_ceilings(spec)
 
 

@@ -205,7 +205,13 @@ def test_ceilings_for_prefers_cache_then_datasheet(nvml):
     assert c.source == "datasheet" and c.copy_gbs == 4800 and c.l2_gbs is None
     G.save_ceilings(_ceilings())
     assert G.ceilings_for(spec, detected).copy_gbs == 4250.0
-    assert G.ceilings_for(spec).source == "datasheet"
+
+
+def test_ceilings_for_a_named_gpu_use_its_shipped_measurement_else_the_datasheet():
+    shipped = G.ceilings_for(G.load_gpu("h200"))
+    assert shipped.source.endswith("(shipped reference)") and shipped.source.startswith("measured")
+    assert 3000 < shipped.copy_gbs < 4800 and shipped.read_gbs is not None and shipped.driver
+    assert G.ceilings_for(G.load_gpu("b200")).source == "datasheet"
 
 
 def test_measure_without_cuda_is_one_line(nvml, monkeypatch):
