@@ -2,15 +2,47 @@
 
 from __future__ import annotations
 
+import sys
 from typing import Annotated
 
 import typer
+from typer.core import TyperGroup
+
+# The click exceptions typer raises (typer may carry its own copy of click): found from one it exports.
+_BASES = {cls.__name__: cls for cls in typer.BadParameter.__mro__}
+UsageError, ClickException = _BASES["UsageError"], _BASES["ClickException"]
 
 from replayssm_cli import __version__
 from replayssm_cli.commands import check, compare, cost, e2e, gpu, presets, profile, roofline, tune
 
+
+
+class OneLineErrors(TyperGroup):
+    """The command group, with click's usage errors printed as one line on stderr (exit code 2) like ours."""
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        try:
+            code = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except UsageError as exc:
+            if type(exc).__name__ == "NoArgsIsHelpError":
+                return super().main(args, prog_name, complete_var, standalone_mode=True, **extra)
+            where = exc.ctx.command_path if getattr(exc, "ctx", None) is not None else "replayssm"
+            print(f"error: {exc.format_message().rstrip('.')}; see '{where} --help'", file=sys.stderr)
+            sys.exit(exc.exit_code)
+        except ClickException as exc:
+            print(f"error: {exc.format_message()}", file=sys.stderr)
+            sys.exit(exc.exit_code)
+        except typer.Abort:
+            print("aborted", file=sys.stderr)
+            sys.exit(1)
+        sys.exit(code if isinstance(code, int) else 0)
+
+
 app = typer.Typer(
     name="replayssm",
+    cls=OneLineErrors,
     help="Measure whether ReplaySSM decode pays on your GPU, for your model, batch sizes and precision.",
     no_args_is_help=True,
     add_completion=False,

@@ -1,6 +1,9 @@
-"""Every command's --help works, and `replayssm --help` lists every command (generic over the registered commands)."""
+"""Every command's --help works, `replayssm --help` lists every command, and usage errors are one line with exit code 2."""
 
 from __future__ import annotations
+
+import subprocess
+import sys
 
 import pytest
 from typer.testing import CliRunner
@@ -39,3 +42,16 @@ def test_root_help_lists_every_command():
 def test_help_has_examples(name):
     result = runner.invoke(app, [name, "--help"])
     assert "Examples" in result.stdout and f"replayssm {name}" in result.stdout
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["nosuch"], ["profile", "--repeats", "abc"], ["tune", "--error-budget", "x"], ["compare"], ["cost", "--bogus"]],
+    ids=["unknown-command", "bad-int", "bad-float", "missing-argument", "unknown-option"],
+)
+def test_usage_errors_are_one_line_with_exit_code_2(argv):
+    result = subprocess.run([sys.executable, "-m", "replayssm_cli.main", *argv], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "--help" in lines[0], result.stderr
+    assert "Traceback" not in result.stderr
