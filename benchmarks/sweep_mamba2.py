@@ -16,15 +16,16 @@ ACCEPTED = 3
 GRID = {
     "decode": [{"BP": 8, "num_warps": 4}, {"BP": 16, "num_warps": 4}, {"BP": 32, "num_warps": 4},
                {"BP": 16, "num_warps": 8}, {"BP": 64, "num_warps": 8}],
-    "replay": [{"BP": 16, "num_warps": 2}, {"BP": 16, "num_warps": 4}, {"BP": 32, "num_warps": 4},
-               {"BP": 32, "num_warps": 8}],
+    "replay": [{"RC": 32, "STAGES": 2, "maxnreg": 96}, {"RC": 32, "STAGES": 3, "maxnreg": 128},
+               {"RC": 16, "STAGES": 3, "maxnreg": 96}, {"BP": 64, "RC": 64},
+               {"BP": 16, "RC": 16, "num_warps": 1}, {"BP": 32, "RC": 32, "num_warps": 1}],
     "decode-multi": [{"BP": 8, "num_warps": 4}, {"BP": 16, "num_warps": 4}, {"BP": 32, "num_warps": 8}],
     "verify": [{"BP": 16, "num_warps": 4}, {"BP": 32, "num_warps": 4}, {"BP": 16, "num_warps": 8}],
 }
 GRID["replay-nonflush"] = GRID["replay-flush"] = GRID["split-bf16"] = GRID["replay"]
 QUICK_GRID = {
     "decode": [{"BP": 16, "num_warps": 4}, {"BP": 32, "num_warps": 4}],
-    "replay": [{"BP": 16, "num_warps": 4}, {"BP": 32, "num_warps": 4}],
+    "replay": [{"RC": 32, "STAGES": 2, "maxnreg": 96}, {"BP": 16, "RC": 16, "num_warps": 1}],
     "decode-multi": [{"BP": 16, "num_warps": 4}],
     "verify": [{"BP": 16, "num_warps": 4}, {"BP": 32, "num_warps": 4}],
 }

@@ -74,6 +74,35 @@ def test_replay_matches_reference(device, assert_close, state, read, io, W):
                  what="materialized subset")
 
 
+LAUNCH_CASES = [
+    (None, None),
+    ({"RC": 16, "STAGES": 3}, None),
+    ({"BP": 64, "RC": 64}, None),
+    ({"BP": 16, "RC": 16, "num_warps": 1}, None),
+    ({"RC": 16, "STAGES": 2}, "bf16"),
+    ({"BP": 16, "RC": 16, "num_warps": 1}, "fp8"),
+]
+
+
+@pytest.mark.parametrize("launch,read", LAUNCH_CASES,
+                         ids=[f"B3-H2-P48-N20-G1-W4-fp32-{r or 'full'}-" + ("default" if not l else
+                              ",".join(f"{k}={v}" for k, v in l.items())) for l, r in LAUNCH_CASES])
+def test_replay_launch_settings(device, assert_close, launch, read):
+    """The streamed tile (RC rows at a time), the whole tile, and P split over programs all match the reference."""
+    shape, W = (5, 2, 48, 20, 1), 4
+    got = make_cache(shape, W, device, read=read)
+    want = got.clone()
+    slots = [3, 0, 4]
+    for step in range(2 * W + 2):
+        inp = mamba2.random_inputs(3, 2, 48, 20, 1, io_dtype=torch.bfloat16, device=device)
+        rows = staggered(slots, step, device)
+        y = mamba2.replay(got, **inp, dt_softplus=True, slots=rows, launch=launch,
+                          out=torch.full((3, 2, 48), NAN, dtype=torch.bfloat16, device=device))
+        y_ref = mamba2.replay_ref(want, **inp, dt_softplus=True, slots=rows)
+        assert_close(y, y_ref, torch.bfloat16, torch.float32, *([DT[read]] if read else []), what=f"y at step {step}")
+    assert_caches_close(got, want, assert_close)
+
+
 @pytest.mark.parametrize("W", [1, 4, 7], ids=["B3-H2-P12-N12-G1-W1-fp32-fp32", "B3-H2-P12-N12-G1-W4-fp32-fp32",
                                               "B3-H2-P12-N12-G1-W7-fp32-fp32"])
 def test_replay_equals_conventional(device, assert_close, W):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from enum import Enum
 
 import torch
@@ -45,6 +46,18 @@ def is_interpreting(kernel) -> bool:
     from triton.runtime.interpreter import InterpretedFunction
 
     return isinstance(kernel, InterpretedFunction)
+
+
+@functools.lru_cache(maxsize=None)
+def _cuda_sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def sm_count(device: torch.device) -> int:
+    """Streaming multiprocessors of a CUDA device; 0 for the CPU (the interpreter), where every grid counts as large."""
+    if device.type != "cuda":
+        return 0
+    return _cuda_sm_count(device.index if device.index is not None else torch.cuda.current_device())
 
 
 def check_device(device: torch.device, kernel) -> None:

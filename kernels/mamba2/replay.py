@@ -25,7 +25,7 @@ def mamba2_replay_kernel(
     stride_z_b, stride_z_h,
     stride_y_b, stride_y_h,
     W: tl.constexpr, CAP: tl.constexpr, BP: tl.constexpr, BPF: tl.constexpr, BN: tl.constexpr, BW: tl.constexpr,
-    NPB: tl.constexpr, HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_DT_BIAS: tl.constexpr, USE_SOFTPLUS: tl.constexpr,
+    VN: tl.constexpr, RC: tl.constexpr, STAGES: tl.constexpr, NPB: tl.constexpr, HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_DT_BIAS: tl.constexpr, USE_SOFTPLUS: tl.constexpr,
     HAS_SLOTS: tl.constexpr, USE_COPY: tl.constexpr, IS_FP8: tl.constexpr,
 ):
     i_b, i_h, i_p = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -42,13 +42,21 @@ def mamba2_replay_kernel(
     m_p, m_n = o_p < P, o_n < N
     m_s = m_p[:, None] & m_n[None, :]
 
-    p_ck = checkpoint + i_s * stride_ck_s + i_h * stride_ck_h + o_p[:, None] * stride_ck_p + o_n[None, :]
-    # The tile read bounds the step, so it is issued before anything it does not depend on.
-    if USE_COPY:
-        p_rc = read_copy + i_s * stride_rc_s + i_h * stride_rc_h + o_p[:, None] * stride_rc_p + o_n[None, :]
-        b_r = tl.load(p_rc, mask=m_s, other=0.0)
-    else:
-        b_r = tl.load(p_ck, mask=m_s, other=0.0)
+    # The non-flush step reduces the tile over N. It is held as [BP, BN / VN, VN] so that each thread sums its
+    # VN-wide pieces of a row in registers and only the VN lanes of a row meet in shuffles.
+    NC: tl.constexpr = BN // VN
+    o_n3 = tl.arange(0, NC)[:, None] * VN + tl.arange(0, VN)[None, :]
+    m_n3 = o_n3 < N
+    m_s3 = m_p[:, None, None] & m_n3[None, :, :]
+    o_s = i_s * stride_ck_s + i_h * stride_ck_h
+    # The tile read bounds the step, so it is issued before anything it does not depend on, unless the
+    # non-flush step streams the tile RC rows at a time through shared memory (a pipelined loop, few registers).
+    if RC >= BP:
+        if USE_COPY:
+            p_rc = read_copy + i_s * stride_rc_s + i_h * stride_rc_h + o_p[:, None, None] * stride_rc_p + o_n3[None, :, :]
+            b_r = tl.load(p_rc, mask=m_s3, other=0.0)
+        else:
+            b_r = tl.load(checkpoint + o_s + o_p[:, None, None] * stride_ck_p + o_n3[None, :, :], mask=m_s3, other=0.0)
     f = tl.load(fill + i_sh)
     p_xb = x_buf + i_sh * CAP * P
     p_bb = b_buf + (i_s * G + i_g) * CAP * N
@@ -61,26 +69,52 @@ def mamba2_replay_kernel(
     b_C = tl.load(C + i_b * stride_C_b + i_g * stride_C_g + o_n, mask=m_n, other=0.0).to(tl.float32)
     b_dt = step_delta(tl.load(dt + i_b * stride_dt_b + i_h * stride_dt_h), dt_bias, i_h, HAS_DT_BIAS, USE_SOFTPLUS)
     b_lam = tl.load(p_lb + f - 1, mask=f > 0, other=0.0) + tl.load(A + i_h).to(tl.float32) * b_dt
-    # The f buffered entries, one read each: [BW], [BW, BN].
+    # The f buffered entries, one read each: [BW].
     m_w = o_w < f
     b_lw = tl.load(p_lb + o_w, mask=m_w, other=0.0)
     b_dw = tl.load(p_db + o_w, mask=m_w, other=0.0)
-    b_bw = tl.load(p_bb + o_w[:, None] * N + o_n[None, :], mask=m_w[:, None] & m_n[None, :], other=0.0)
     b_cw = tl.where(m_w, tl.exp(b_lam - b_lw) * b_dw, 0.0)
     o_z = i_b * stride_z_b + i_h * stride_z_h
     p_y = y + i_b * stride_y_b + i_h * stride_y_h
 
     if f + 1 < W:
-        # [BW, BP]
-        b_xw = tl.load(p_xb + o_w[:, None] * P + o_p[None, :], mask=m_w[:, None] & m_p[None, :], other=0.0)
-        b_y = tl.sum(b_r.to(tl.float32) * b_C[None, :], axis=1)
-        if IS_FP8:
-            b_y = b_y * tl.load(read_scale + i_sh * P + o_p, mask=m_p, other=0.0)
-        b_kw = b_cw * tl.sum(b_bw.to(tl.float32) * b_C[None, :], axis=1)
-        b_y = tl.exp(b_lam) * b_y + tl.sum(b_kw[:, None] * b_xw.to(tl.float32), axis=0)
-        b_y += (b_dt * tl.sum(b_B * b_C, axis=0)) * b_x
-        b_y = finish_output(b_y, b_x, D, z, o_z + o_p, m_p, i_h, HAS_D, HAS_Z)
-        tl.store(p_y + o_p, b_y.to(p_y.dtype.element_ty), mask=m_p)
+        b_C3 = tl.load(C + i_b * stride_C_b + i_g * stride_C_g + o_n3, mask=m_n3, other=0.0).to(tl.float32)
+        # [BW, NC, VN]
+        b_bw = tl.load(p_bb + o_w[:, None, None] * N + o_n3[None, :, :], mask=m_w[:, None, None] & m_n3[None, :, :],
+                       other=0.0)
+        b_kw = b_cw * tl.sum(tl.sum(b_bw.to(tl.float32) * b_C3[None, :, :], axis=1), axis=1)
+        if RC >= BP:
+            # [BW, BP]
+            b_xw = tl.load(p_xb + o_w[:, None] * P + o_p[None, :], mask=m_w[:, None] & m_p[None, :], other=0.0)
+            b_y = tl.sum(tl.sum(b_r.to(tl.float32) * b_C3[None, :, :], axis=1), axis=1)
+            if IS_FP8:
+                b_y = b_y * tl.load(read_scale + i_sh * P + o_p, mask=m_p, other=0.0)
+            b_y = tl.exp(b_lam) * b_y + tl.sum(b_kw[:, None] * b_xw.to(tl.float32), axis=0)
+            b_y += (b_dt * tl.sum(b_B * b_C, axis=0)) * b_x
+            b_y = finish_output(b_y, b_x, D, z, o_z + o_p, m_p, i_h, HAS_D, HAS_Z)
+            tl.store(p_y + o_p, b_y.to(p_y.dtype.element_ty), mask=m_p)
+        else:
+            b_decay = tl.exp(b_lam)
+            b_bc = b_dt * tl.sum(b_B * b_C, axis=0)
+            for i_r in tl.range(0, BP, RC, num_stages=STAGES):
+                o_r = i_p * BP + i_r + tl.arange(0, RC)
+                m_r = o_r < P
+                m_t = m_r[:, None, None] & m_n3[None, :, :]
+                # [RC, NC, VN] and [BW, RC]
+                if USE_COPY:
+                    p_t = read_copy + i_s * stride_rc_s + i_h * stride_rc_h + o_r[:, None, None] * stride_rc_p
+                else:
+                    p_t = checkpoint + o_s + o_r[:, None, None] * stride_ck_p
+                b_t = tl.load(p_t + o_n3[None, :, :], mask=m_t, other=0.0)
+                b_xw = tl.load(p_xb + o_w[:, None] * P + o_r[None, :], mask=m_w[:, None] & m_r[None, :], other=0.0)
+                b_xc = tl.load(x + i_b * stride_x_b + i_h * stride_x_h + o_r, mask=m_r, other=0.0)
+                b_yc = tl.sum(tl.sum(b_t.to(tl.float32) * b_C3[None, :, :], axis=1), axis=1)
+                if IS_FP8:
+                    b_yc = b_yc * tl.load(read_scale + i_sh * P + o_r, mask=m_r, other=0.0)
+                b_yc = b_decay * b_yc + tl.sum(b_kw[:, None] * b_xw.to(tl.float32), axis=0)
+                b_yc += b_bc * b_xc.to(tl.float32)
+                b_yc = finish_output(b_yc, b_xc.to(tl.float32), D, z, o_z + o_r, m_r, i_h, HAS_D, HAS_Z)
+                tl.store(p_y + o_r, b_yc.to(p_y.dtype.element_ty), mask=m_r)
         tl.store(p_xb + f * P + o_p, b_xr, mask=m_p)
         if i_p == 0:
             tl.store(p_db + f, b_dt)
@@ -89,20 +123,21 @@ def mamba2_replay_kernel(
                 tl.store(p_bb + f * N + o_n, b_Br, mask=m_n)
         f_next = f + 1
     else:
-        # The flush walks its rows BPF at a time so that this rare branch does not raise the register count
-        # of the common one; each chunk's rank-f update is one [BPF, BW] x [BW, BN] product (3xTF32).
-        b_bwf = b_bw.to(tl.float32)
+        # The flush walks its rows BPF at a time (a pipelined loop) so that this rare branch does not raise the
+        # register count of the common one; each chunk's rank-f update is one [BPF, BW] x [BW, BN] fp32 product.
+        b_bwf = tl.load(p_bb + o_w[:, None] * N + o_n[None, :], mask=m_w[:, None] & m_n[None, :], other=0.0)
+        b_bwf = b_bwf.to(tl.float32)
         b_decay = tl.exp(b_lam)
         b_sB = b_dt * b_B
-        for i_c in range(0, BP, BPF):
+        for i_c in tl.range(0, BP, BPF, num_stages=STAGES):
             o_c = i_p * BP + i_c + tl.arange(0, BPF)
             m_c = o_c < P
             m_sc = m_c[:, None] & m_n[None, :]
-            p_ckc = checkpoint + i_s * stride_ck_s + i_h * stride_ck_h + o_c[:, None] * stride_ck_p + o_n[None, :]
+            p_ckc = checkpoint + o_s + o_c[:, None] * stride_ck_p + o_n[None, :]
             b_s = tl.load(p_ckc, mask=m_sc, other=0.0).to(tl.float32)
             b_xc = tl.load(p_xb + o_w[:, None] * P + o_c[None, :], mask=m_w[:, None] & m_c[None, :], other=0.0)
             b_xt = tl.load(x + i_b * stride_x_b + i_h * stride_x_h + o_c, mask=m_c, other=0.0).to(tl.float32)
-            b_u = tl.dot(tl.trans(b_xc.to(tl.float32) * b_cw[:, None]), b_bwf, input_precision="tf32x3")
+            b_u = tl.dot(tl.trans(b_xc.to(tl.float32) * b_cw[:, None]), b_bwf, input_precision="ieee")
             b_s = b_s * b_decay + b_u + b_xt[:, None] * b_sB[None, :]
             tl.store(p_ckc, b_s.to(p_ckc.dtype.element_ty), mask=m_sc)
             if USE_COPY:
@@ -151,12 +186,20 @@ def mamba2_materialize_kernel(
 
 # These kernels mutate the cache, so they are not autotuned (a trial launch would advance it); settings are
 # fixed per (checkpoint itemsize, max N, max P) and `launch=` overrides them (benchmarks/sweep_mamba2.py).
-# Measured on an H200 (benchmarks/NOTES.md): whole 64-row tiles in 2-warp programs read fastest.
+# Measured on an H200 (benchmarks/NOTES.md): with many programs per SM the non-flush step reads fastest from
+# 2-warp programs that stream their tile RC rows at a time (registers capped so that more programs fit); a
+# grid of fewer than two programs per SM is latency-bound and does better with small whole tiles per warp.
 STEP_LAUNCH = [
-    ((4, 1 << 30, 1 << 30), {"BP": 64, "BPF": 16, "num_warps": 2, "num_stages": 1}),
-    ((2, 1 << 30, 1 << 30), {"BP": 64, "BPF": 16, "num_warps": 2, "num_stages": 1}),
+    ((4, 1 << 30, 1 << 30), {"BP": 64, "BPF": 16, "VN": 32, "RC": 32, "STAGES": 2, "num_warps": 2, "num_stages": 1,
+                             "maxnreg": 96}),
+    ((2, 1 << 30, 1 << 30), {"BP": 64, "BPF": 16, "VN": 32, "RC": 32, "STAGES": 2, "num_warps": 2, "num_stages": 1,
+                             "maxnreg": 96}),
 ]
-STEP_KEYS = ("BP", "BPF", "num_warps", "num_stages", "maxnreg")
+SMALL_GRID_LAUNCH = [
+    ((4, 1 << 30, 1 << 30), {"BP": 16, "BPF": 16, "VN": 32, "RC": 16, "STAGES": 1, "num_warps": 1, "num_stages": 1}),
+    ((2, 1 << 30, 1 << 30), {"BP": 16, "BPF": 16, "VN": 32, "RC": 16, "STAGES": 1, "num_warps": 1, "num_stages": 1}),
+]
+STEP_KEYS = ("BP", "BPF", "VN", "RC", "STAGES", "num_warps", "num_stages", "maxnreg")
 # materialize folds a whole (P, N) tile per program, BPF rows at a time.
 REPLAY_LAUNCH = [
     ((4, 64, 64), {"num_warps": 4, "num_stages": 1, "JB": 4, "BPF": 8}),
@@ -222,11 +265,17 @@ def replay(cache: ReplayCache, x, dt, A, B, C, *, D=None, z=None, dt_bias=None, 
         raise ValueError(f"B must have the cache's G = {G} groups, got {G_in}")
     args.check_slots(slots, batch, nslots, cache.device, check)
     args.check_out(out, (batch, H, P), "(batch, H, P)", cache.device)
-    settings = args.pick_launch(STEP_LAUNCH, cache.checkpoint.element_size(), P, N, launch, STEP_KEYS)
+    small = batch * H * triton.cdiv(P, 64) < 2 * args.sm_count(cache.device)
+    table = SMALL_GRID_LAUNCH if small else STEP_LAUNCH
+    settings = args.pick_launch(table, cache.checkpoint.element_size(), P, N, launch, STEP_KEYS)
     # tl.dot needs every dimension of the fold's product to be at least 16.
     BP = max(16, min(settings.pop("BP"), args.block(P)))
     BPF = max(16, min(settings.pop("BPF"), BP))
     NPB = triton.cdiv(P, BP)
+    BN = max(16, args.block(N))
+    VN = min(settings.pop("VN"), BN)
+    RC = min(settings.pop("RC"), BP)
+    STAGES = settings.pop("STAGES")
     y = torch.empty_like(x) if out is None else out
     ck, rc = cache.checkpoint, cache.read_copy
     rcs = rc.stride() if rc is not None else (0, 0, 0, 0)
@@ -244,8 +293,8 @@ def replay(cache: ReplayCache, x, dt, A, B, C, *, D=None, z=None, dt_bias=None, 
         stride_C_b=C.stride(0), stride_C_g=C.stride(1),
         stride_z_b=zs[0], stride_z_h=zs[1],
         stride_y_b=y.stride(0), stride_y_h=y.stride(1),
-        W=cache.window, CAP=cache.capacity, BP=BP, BPF=BPF, BN=max(16, args.block(N)),
-        BW=max(16, args.block(cache.capacity)), NPB=NPB,
+        W=cache.window, CAP=cache.capacity, BP=BP, BPF=BPF, BN=BN,
+        BW=max(16, args.block(cache.capacity)), VN=VN, RC=RC, STAGES=STAGES, NPB=NPB,
         HAS_D=D is not None, HAS_Z=z is not None, HAS_DT_BIAS=dt_bias is not None, USE_SOFTPLUS=bool(dt_softplus),
         HAS_SLOTS=slots is not None, USE_COPY=rc is not None, IS_FP8=cache.read_scale is not None,
         **settings,

@@ -1,0 +1,165 @@
+"""What the compiler made of each step kernel, without a GPU: registers, spills, shared memory, SASS mix.
+
+Compiles the Mamba-2 and GDN step kernels for a target architecture (default sm_90, the H200) exactly as
+their Python entry points would launch them at the sweep shapes (Nemotron-3-Super and Qwen3.5-122B layers),
+with Triton's own ptxas, then reads the cubin with the cuobjdump shipped beside it: registers per thread,
+local memory (spills), shared memory per block, and the static SASS instruction mix (global loads and
+stores, shuffles, shared-memory traffic, barriers, FP32 arithmetic, special functions). Nothing is launched.
+
+    python benchmarks/compile_report.py
+    python benchmarks/compile_report.py --op mamba2 --launch replay:BP=64,num_warps=4
+    python benchmarks/compile_report.py --op mamba2 --launch verify:BP=32,num_warps=4
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import sweep_common as common  # noqa: E402
+
+OPCODE_GROUPS = {
+    "LDG": "global ld", "STG": "global st", "SHFL": "shfl", "LDS": "shared ld", "STS": "shared st",
+    "BAR": "barrier", "FFMA": "fp32", "FMUL": "fp32", "FADD": "fp32", "MUFU": "mufu", "HMMA": "mma",
+    "ATOMG": "atomic", "RED": "atomic",
+}
+CASES = ("decode", "replay", "split-bf16", "verify")
+
+
+class _CompileOnly:
+    """A stand-in CUDA driver for a machine without a GPU: it names the target and never launches."""
+
+    def __init__(self, arch: int):
+        from triton.backends.compiler import GPUTarget
+
+        self.target = GPUTarget("cuda", arch, 32)
+
+    def get_current_target(self):
+        return self.target
+
+    def get_current_device(self):
+        return 0
+
+    def get_current_stream(self, device=None):
+        return 0
+
+    def get_device_capability(self, device=None):
+        return divmod(self.target.arch, 10)
+
+
+def compile_kernels(op: str, launches: dict[str, dict], arch: int) -> list[tuple[str, str, object]]:
+    """(case, kernel name, CompiledKernel) for each step kernel of `op`, compiled and not launched."""
+    import torch
+    from triton.runtime import driver
+    from triton.runtime.jit import JITFunction
+
+    compiled: list[tuple[str, str, object]] = []
+    real_run = JITFunction.run
+
+    def run(self, *a, grid, warmup, **kw):
+        kernel = real_run(self, *a, grid=grid, warmup=True, **kw)
+        compiled.append((case, self.fn.__name__, kernel))
+        return kernel
+
+    driver.set_active(_CompileOnly(arch))
+    JITFunction.run = run
+    try:
+        if op == "mamba2":
+            from replayssm_kernels import mamba2 as m
+            from replayssm_kernels.mamba2 import args as margs
+
+            margs.check_device = lambda *a, **k: None
+            H, P, N, G = 128, 64, 128, 8
+            inp = m.random_inputs(4, H, P, N, G, io_dtype=torch.bfloat16)
+            case = "decode"
+            m.decode(torch.zeros(4, H, P, N), **inp, dt_softplus=True, launch=launches.get(case), check=False)
+            for case, read in (("replay", None), ("split-bf16", "bf16")):
+                cache = m.ReplayCache.create(4, H, P, N, G, 16, read_dtype=read, io_dtype="bf16", device="cpu")
+                m.replay(cache, **inp, dt_softplus=True, launch=launches.get(case), check=False)
+            case = "verify"
+            cache = m.ReplayCache.create(4, H, P, N, G, 16, io_dtype="bf16", max_draft=4, device="cpu")
+            m.verify(cache, **m.random_inputs(4, H, P, N, G, T=4, io_dtype=torch.bfloat16), dt_softplus=True,
+                     launch=launches.get(case), check=False)
+        else:
+            from replayssm_kernels import gdn as g
+
+            for name in ("replayssm_kernels.gdn.decode", "replayssm_kernels.gdn.replay"):
+                sys.modules[name].check_device = lambda *a, **k: None
+            H, HV, K, V = 16, 64, 128, 128
+            inp = g.random_inputs(4, H, HV, K, V, io_dtype=torch.bfloat16)
+            case = "decode"
+            g.decode(torch.zeros(4, HV, V, K), **inp, use_qk_l2norm_in_kernel=True, launch=launches.get(case),
+                     check=False)
+            for case, read in (("replay", None), ("split-bf16", "bf16")):
+                cache = g.ReplayCache.create(4, H, HV, K, V, 16, state_dtype="fp32", read_dtype=read, io_dtype="bf16", device="cpu")
+                g.replay(cache, **inp, use_qk_l2norm_in_kernel=True, launch=launches.get(case), check=False)
+            case = "verify"
+            cache = g.ReplayCache.create(4, H, HV, K, V, 16, state_dtype="fp32", io_dtype="bf16", max_draft=4,
+                                         device="cpu")
+            g.verify(cache, **g.random_inputs(4, H, HV, K, V, T=4, io_dtype=torch.bfloat16),
+                     use_qk_l2norm_in_kernel=True, launch=launches.get(case), check=False)
+    finally:
+        JITFunction.run = real_run
+        driver._active = None
+    return compiled
+
+
+def cubin_report(cubin: bytes, shared: int) -> dict:
+    """Registers, local (spill) bytes, shared bytes (static plus Triton's dynamic) and SASS opcode counts of a one-kernel cubin."""
+    import triton
+
+    tools = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        usage = subprocess.run([str(tools / "cuobjdump"), "-res-usage", f.name], capture_output=True, text=True,
+                               check=True).stdout
+        sass = subprocess.run([str(tools / "cuobjdump"), "-sass", f.name], capture_output=True, text=True,
+                              check=True).stdout
+    fields = dict(re.findall(r"(REG|SHARED|LOCAL|STACK):(\d+)", usage))
+    ops: collections.Counter = collections.Counter()
+    for line in sass.splitlines():
+        m = re.match(r"\s*/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)", line)
+        if m:
+            ops[m.group(1)] += 1
+    groups: collections.Counter = collections.Counter()
+    for opcode, count in ops.items():
+        groups[OPCODE_GROUPS.get(opcode.split(".")[0], "other")] += count
+    return {"regs": int(fields.get("REG", 0)), "local": int(fields.get("LOCAL", 0)),
+            "shared": int(fields.get("SHARED", 0)) + shared, "total": sum(ops.values()), **groups}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--op", choices=("mamba2", "gdn", "both"), default="both")
+    parser.add_argument("--arch", type=int, default=90, help="compute capability as an integer (default 90)")
+    parser.add_argument("--launch", action="append", default=[],
+                        help="CASE:key=value,... with CASE decode, replay, split-bf16 or verify (repeat)")
+    args = parser.parse_args(argv)
+    launches: dict[str, dict] = {}
+    for text in args.launch:
+        case, sep, body = text.partition(":")
+        if not sep or case not in CASES:
+            print(f"error: --launch {text!r}: expected CASE:key=value,... with CASE one of {', '.join(CASES)}",
+                  file=sys.stderr)
+            return 2
+        launches[case] = common.parse_launch(f"replay:{body}")[1]
+    cols = ("regs", "local", "shared", "total", "global ld", "global st", "shfl", "shared ld", "shared st", "barrier",
+            "fp32", "mufu", "mma", "atomic")
+    print(f"{'op':7s} {'case':11s} {'kernel':24s} " + " ".join(f"{c:>9s}" for c in cols))
+    for op in ("mamba2", "gdn") if args.op == "both" else (args.op,):
+        for case, name, kernel in compile_kernels(op, launches, args.arch):
+            rep = cubin_report(kernel.asm["cubin"], kernel.metadata.shared)
+            print(f"{op:7s} {case:11s} {name:24s} " + " ".join(f"{rep.get(c, 0):9d}" for c in cols))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
