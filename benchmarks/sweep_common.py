@@ -83,8 +83,18 @@ def graph_steps(kernel: str, window: int) -> int:
     return {"replay-nonflush": window - 1, "replay-flush": 1}.get(kernel, window)
 
 
-def sizes(kernel: str, state: str = "fp32") -> tuple[int, int | None]:
-    state_size = {"fp32": 4, "bf16": 2, "fp16": 2}[state]
+# The state dtype of every stack and check in this process (--state-dtype).
+STATE = {"dtype": "fp32"}
+
+
+def state_torch_dtype():
+    import torch
+
+    return {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[STATE["dtype"]]
+
+
+def sizes(kernel: str) -> tuple[int, int | None]:
+    state_size = {"fp32": 4, "bf16": 2, "fp16": 2}[STATE["dtype"]]
     return state_size, (2 if kernel == "split-bf16" else None)
 
 
@@ -197,6 +207,8 @@ def build_parser(prog: str, description: str, epilog: str) -> argparse.ArgumentP
     parser.add_argument("--launch", action="append", default=[], metavar="KERNEL:key=value,...",
                         help="launch settings to time instead of the built-in grid (repeatable)")
     parser.add_argument("--quick", action="store_true", help="a smaller grid: batches 1 and 256, 1-2 settings each")
+    parser.add_argument("--state-dtype", choices=("fp32", "bf16", "fp16"), default="fp32",
+                        help="state (checkpoint) dtype of every kernel (default fp32)")
     parser.add_argument("--replays", type=int, default=7, help="timed graph replays per config (median reported)")
     parser.add_argument("--out", help="write the results as JSON to this path")
     parser.add_argument("--dry-run", action="store_true", help="print the plan without touching a GPU")
@@ -218,6 +230,7 @@ def main(op, argv: list[str] | None, reuse_checks: bool) -> int:
     except ValueError as exc:
         print(f"{name}: {exc}", file=sys.stderr)
         return 2
+    STATE["dtype"] = args.state_dtype
     kernels = args.kernel or list(KERNELS)
     batches = args.batch or list(QUICK_BATCHES if args.quick else BATCHES)
     if any(b < 1 for b in batches):

@@ -97,7 +97,7 @@ def layer_count(kernel: str, batch: int, l2_bytes: int) -> int:
 
 def _cache(gdn, kernel: str, batch: int, device: str):
     H, HV, K, V = SHAPE["H"], SHAPE["HV"], SHAPE["K"], SHAPE["V"]
-    return gdn.ReplayCache.create(batch, H, HV, K, V, WINDOW, state_dtype="fp32",
+    return gdn.ReplayCache.create(batch, H, HV, K, V, WINDOW, state_dtype=common.STATE["dtype"],
                                   read_dtype="bf16" if kernel == "split-bf16" else None, io_dtype="bf16",
                                   max_draft=DRAFT if kernel == "verify" else 0, device=device)
 
@@ -120,7 +120,7 @@ class Stack:
         self.layers = []
         for _ in range(layers):
             if kernel in ("decode", "decode-multi"):
-                state = torch.randn(batch, HV, V, K, device=device) * 0.5
+                state = (torch.randn(batch, HV, V, K, device=device) * 0.5).to(common.state_torch_dtype())
                 snaps = torch.empty(batch, DRAFT, HV, V, K, device=device) if kernel == "decode-multi" else None
                 self.layers.append((state, snaps))
             else:
@@ -171,7 +171,7 @@ def check_config(kernel: str, launch: dict, device: str) -> float:
         return ((a[live].float() - b[live].float()).abs().max() / b[live].float().abs().max()).item()
 
     if kernel in ("decode", "decode-multi"):
-        state = torch.randn(3, HV, V, K, device=device) * 0.5
+        state = (torch.randn(3, HV, V, K, device=device) * 0.5).to(common.state_torch_dtype())
         want = state.clone()
         for _ in range(3):
             if kernel == "decode":
@@ -206,7 +206,7 @@ def check_config(kernel: str, launch: dict, device: str) -> float:
 
 def print_table(results: list[Result], out) -> None:
     common.print_table(results, out, f"Gated DeltaNet H{SHAPE['H']}-HV{SHAPE['HV']}-K{SHAPE['K']}-V{SHAPE['V']}, "
-                                     f"W={WINDOW}, fp32 state, bf16 io; ratio = baseline's best / this "
+                                     f"W={WINDOW}, {common.STATE['dtype']} state, bf16 io; ratio = baseline's best / this "
                                      "(verify vs decode-multi, others vs decode)")
 
 

@@ -110,12 +110,13 @@ class Stack:
         self.layers = []
         for _ in range(layers):
             if kernel in ("decode", "decode-multi"):
-                state = torch.randn(batch, H, P, N, device=device) * 0.5
+                state = (torch.randn(batch, H, P, N, device=device) * 0.5).to(common.state_torch_dtype())
                 snaps = torch.empty(batch, DRAFT, H, P, N, device=device) if kernel == "decode-multi" else None
                 self.layers.append((state, snaps))
             else:
                 cache = mamba2.ReplayCache.create(
-                    batch, H, P, N, G, WINDOW, read_dtype="bf16" if kernel == "split-bf16" else None,
+                    batch, H, P, N, G, WINDOW, state_dtype=common.STATE["dtype"],
+                    read_dtype="bf16" if kernel == "split-bf16" else None,
                     io_dtype="bf16", max_draft=DRAFT if kernel == "verify" else 0, device=device)
                 cache.load(torch.randn(batch, H, P, N, device=device) * 0.5)
                 self.layers.append(cache)
@@ -162,7 +163,7 @@ def check_config(kernel: str, launch: dict, device: str) -> float:
         return ((a[live].float() - b[live].float()).abs().max() / b[live].float().abs().max()).item()
 
     if kernel in ("decode", "decode-multi"):
-        state = torch.randn(3, H, P, N, device=device) * 0.5
+        state = (torch.randn(3, H, P, N, device=device) * 0.5).to(common.state_torch_dtype())
         want = state.clone()
         for _ in range(3):
             if kernel == "decode":
@@ -176,7 +177,8 @@ def check_config(kernel: str, launch: dict, device: str) -> float:
                 y_ref = mamba2.decode_multi_ref(state, want_snaps, **inp, dt_softplus=True, slots=rows)
                 err = max(err, rel(y, y_ref), rel(snaps, want_snaps))
         return err
-    cache = mamba2.ReplayCache.create(3, H, P, N, G, WINDOW, read_dtype="bf16" if kernel == "split-bf16" else None,
+    cache = mamba2.ReplayCache.create(3, H, P, N, G, WINDOW, state_dtype=common.STATE["dtype"],
+                                      read_dtype="bf16" if kernel == "split-bf16" else None,
                                       io_dtype="bf16", max_draft=DRAFT if kernel == "verify" else 0, device=device)
     cache.load(torch.randn(3, H, P, N, device=device) * 0.5)
     want = cache.clone()
@@ -198,7 +200,7 @@ def check_config(kernel: str, launch: dict, device: str) -> float:
 
 def print_table(results: list[Result], out) -> None:
     common.print_table(results, out, f"Mamba-2 H{SHAPE['H']}-P{SHAPE['P']}-N{SHAPE['N']}-G{SHAPE['G']}, W={WINDOW}, "
-                                     "fp32 state, bf16 io; ratio = baseline's best / this "
+                                     f"{common.STATE['dtype']} state, bf16 io; ratio = baseline's best / this "
                                      "(verify vs decode-multi, others vs decode)")
 
 
