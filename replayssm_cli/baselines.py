@@ -154,6 +154,8 @@ class FlashInferSSU(_Mamba2Conventional):
     DT_FP32 = True
     NEEDS_D = True
     PREALLOCATED_OUT = True
+    # One JIT module per (dtypes, P, N) holds all three (the algorithm is a runtime int), so trying each costs no
+    # compile; its "auto" picks simple below 2 x SMs (batch x H) blocks on sm90, else vertical (horizontal: sm100+).
     ALGORITHMS = ("simple", "vertical", "horizontal")
 
     def load_module(self) -> Any:
@@ -162,13 +164,20 @@ class FlashInferSSU(_Mamba2Conventional):
             raise ImportError("flashinfer.mamba has no selective_state_update")
         return mod
 
+    def unsupported(self, *, window: int | None, state_dtype: str, io_dtype: str, shape: Any) -> str | None:
+        # Its sm90+ module always builds the horizontal kernel, which has (P / 64) x 4 consumer warps: none below 64.
+        if getattr(shape, "P", 64) < 64:
+            return "FlashInfer's sm90 selective_state_update does not compile for a head dim P under 64"
+        return None
+
     def settings(self, case: Any) -> list[dict[str, Any]]:
         import torch
 
-        # Its producer-consumer algorithms are built for sm90 and newer only.
-        if case.device.type == "cuda" and torch.cuda.get_device_capability(case.device)[0] < 9:
+        # Its producer-consumer algorithms are built for sm90 and newer; its own "auto" leaves horizontal to sm100+.
+        major = torch.cuda.get_device_capability(case.device)[0] if case.device.type == "cuda" else 9
+        if major < 9:
             return [{"algorithm": "simple"}]
-        return [{"algorithm": a} for a in self.ALGORITHMS]
+        return [{"algorithm": a} for a in (self.ALGORITHMS if major >= 10 else self.ALGORITHMS[:2])]
 
     def make(self, case: Any, layer: Any, settings: dict[str, Any]) -> Any:
         _compile_note(self.kernel)
@@ -231,6 +240,9 @@ class FlashInferCheckpointing(Baseline):
     ring_start + pnat; when pnat + 1 > W it first folds the pnat tokens into the checkpoint (a flush)
     and the host then moves ring_start past them and sets pnat to 1. That bookkeeping is worked out
     on the host for every step ahead of the run (a table per layer) and is not timed.
+
+    One JIT module per (dtypes, P, N, W, H/G, G) holds the monolith, the two-kernel split and every
+    autotuner tactic, so the settings below cost one compile per preset and window, not one each.
     """
 
     name = "flashinfer-checkpointing"
@@ -252,11 +264,15 @@ class FlashInferCheckpointing(Baseline):
     def unsupported(self, *, window: int | None, state_dtype: str, io_dtype: str, shape: Any) -> str | None:
         if not window or window > FLASHINFER_MAX_WINDOW:
             return f"checkpointing_ssu takes windows of 1 to {FLASHINFER_MAX_WINDOW}"
+        if io_dtype not in ("bf16", "fp16"):
+            # Its kernels static_assert a 2-byte input type: fp32 io fails at compile time, after minutes of nvcc.
+            return "checkpointing_ssu takes bf16 or fp16 inputs only (its MMA kernels need a 2-byte input type)"
+        if getattr(shape, "P", 64) < 64:
+            # The module always instantiates the d_split=2 kernel, which static_asserts P / 2 >= 32.
+            return "checkpointing_ssu does not compile for a head dim P under 64"
         return None
 
     def settings(self, case: Any) -> list[dict[str, Any]]:
-        if case.io_dtype == "fp32":
-            return [{"algorithm": "monolith"}]
         return [{"algorithm": "monolith"}, {"algorithm": "two-kernel"}, {"algorithm": "auto", "autotune": True}]
 
     def make(self, case: Any, layer: Any, settings: dict[str, Any]) -> Any:
@@ -333,7 +349,7 @@ class FlashInferCheckpointing(Baseline):
 
     def step(self, case: Any, layer: Any, handle: Any, i: int) -> Any:
         h = handle
-        k = i % h.ring_start.shape[0]
+        k = _schedule_row(i, h.ring_start.shape[0])
         algorithm = h.settings["algorithm"]
         if h.settings.get("autotune"):
             from flashinfer.autotuner import autotune
@@ -352,7 +368,7 @@ class FlashInferCheckpointing(Baseline):
         import torch
 
         h = handle
-        k = done % h.ring_start.shape[0]
+        k = _schedule_row(done, h.ring_start.shape[0])
         start, count = h.ring_start[k].long(), h.pnat[k].long()
         A = layer.params["A"].float()
         S = h.state.float().clone()
@@ -369,13 +385,18 @@ class FlashInferCheckpointing(Baseline):
 
 
 def _ring_schedule(start: Any, count: Any, window: int, ring: int, device: Any) -> tuple[Any, Any]:
-    """ring_start and prev_num_accepted_tokens of every slot before each step of one period (W·(W+1) steps), one token a step."""
+    """ring_start and prev_num_accepted_tokens of every slot before each of steps 0 .. W·(W+1), one token a step.
+
+    A row placed empty (pnat 0) is never empty again, so only from step 1 on does the schedule repeat,
+    with period W·(W+1) (each flush moves ring_start W rows on a ring of W + 1): `_schedule_row` maps a
+    step to its row of the table.
+    """
     import torch
 
     period = window * ring
     starts, counts = [], []
     start, count = start.clone(), count.clone()
-    for _ in range(period):
+    for _ in range(period + 1):
         starts.append(start.clone())
         counts.append(count.clone())
         flush = count + 1 > window
@@ -383,6 +404,11 @@ def _ring_schedule(start: Any, count: Any, window: int, ring: int, device: Any) 
         count = torch.where(flush, torch.ones_like(count), count + 1)
     as_int = dict(dtype=torch.int32, device=device)
     return torch.stack(starts).to(**as_int).contiguous(), torch.stack(counts).to(**as_int).contiguous()
+
+
+def _schedule_row(step: int, rows: int) -> int:
+    """This step's row in a `_ring_schedule` table of `rows` rows (steps 0 .. period; from step 1 on it repeats every period)."""
+    return step if step < rows else 1 + (step - 1) % (rows - 1)
 
 
 class _GDNConventional(Baseline):

@@ -197,17 +197,37 @@ def _softplus(d):
 
 
 def fake_flashinfer(monkeypatch, *, forget_flush: bool = False):
-    """flashinfer.mamba as its docstrings and bindings define it, in plain PyTorch: the layouts they check, the ring contract.
+    """flashinfer.mamba (0.7.2.post1) in plain PyTorch: its wrappers' signatures, the shape, stride and dtype checks of
+    their bindings (csrc/selective_state_update.cu, csrc/checkpointing_ssu.cu), and the ring contract of the kernel.
 
     With forget_flush the checkpoint is never written, so the tokens the host moves past are lost.
     """
     calls = []
 
+    def check_tied(t, name, rank):
+        assert t.dim() == rank and t.stride() == (1,) + (0,) * (rank - 1), f"{name} must be per-head with tied strides"
+
     def selective_state_update(state, x, dt, A, B, C, D, z=None, dt_bias=None, dt_softplus=False, state_batch_indices=None,
-                               pad_slot_id=-1, out=None, algorithm="auto"):
-        assert algorithm in ("simple", "vertical", "horizontal")
-        assert dt.stride(2) == 0 and dt.stride(1) == 1 and A.stride() == (1, 0, 0) and D.stride() == (1, 0)
-        assert D.dtype == dt.dtype and (dt_bias is None or (dt_bias.dtype == dt.dtype and dt_bias.stride() == (1, 0)))
+                               pad_slot_id=-1, state_scale=None, out=None, disable_state_update=False,
+                               intermediate_states_buffer=None, intermediate_state_indices=None, intermediate_state_scales=None,
+                               rand_seed=None, philox_rounds=10, cache_steps=0, algorithm="auto", dst_state_batch_indices=None,
+                               cu_seqlens=None, num_accepted_tokens=None, backend="auto"):
+        if algorithm not in ("auto", "simple", "vertical", "horizontal", "async_horizontal"):
+            raise ValueError(f"Unknown algorithm: {algorithm}")
+        b, H, P, N = x.shape[0], state.shape[1], state.shape[2], state.shape[3]
+        assert cache_steps == 0 and x.dim() == 3, "one token a step: the single-token path takes x (batch, nheads, dim)"
+        assert state.stride()[1:] == (P * N, N, 1) and state.shape[0] >= b
+        assert x.shape == (b, H, P) and x.stride()[1:] == (P, 1)
+        assert dt.shape == (b, H, P) and dt.stride()[1:] == (1, 0), "dt is (batch, nheads, dim) with dim tied"
+        check_tied(A, "A", 3)
+        check_tied(D, "D", 2)
+        assert dt_bias is None or (check_tied(dt_bias, "dt_bias", 2) or True)
+        assert B.dim() == 3 and B.shape[0] == b and B.stride()[1:] == (N, 1) and C.shape == B.shape and C.stride()[1:] == (N, 1)
+        assert z is None or (z.shape == x.shape and z.stride()[1:] == (P, 1))
+        assert out is not None and out.shape == x.shape and out.is_contiguous()
+        assert D.dtype == dt.dtype and (dt_bias is None or dt_bias.dtype == dt.dtype), "D and dt_bias must have dt's dtype"
+        assert B.dtype == C.dtype == out.dtype == x.dtype and (z is None or z.dtype == x.dtype)
+        assert state_batch_indices is None or (state_batch_indices.dim() == 1 and state_batch_indices.shape[0] >= b)
         calls.append(algorithm)
         y = decode_ref(state, x, dt[:, :, 0], A[:, 0, 0], B, C, D=D[:, 0], z=z, dt_bias=None if dt_bias is None else dt_bias[:, 0],
                        dt_softplus=dt_softplus, slots=state_batch_indices)
@@ -215,15 +235,47 @@ def fake_flashinfer(monkeypatch, *, forget_flush: bool = False):
         return out
 
     def checkpointing_ssu(state, x_cache, B_cache, dt_cache, ring_start, prev_num_accepted_tokens, x, dt, A, B, C, out, D=None,
-                          z=None, dt_bias=None, dt_softplus=False, state_batch_indices=None, pad_slot_id=-1, algorithm="auto",
-                          cb_scaled=None, cumAdt_vec=None, cb_old=None):
-        assert dt.stride(2) == 1 and dt.stride(3) == 0 and A.stride() == (1, 0, 0)
-        assert (algorithm == "monolith") or cb_scaled is not None, "two-kernel and auto need the scratch"
-        assert ring_start.is_contiguous() and ring_start.shape == (state.shape[0],) and ring_start.dtype == torch.int32
-        calls.append(algorithm)
-        T, ring = x.shape[1], x_cache.shape[2]
+                          z=None, dt_bias=None, dt_softplus=False, state_batch_indices=None, pad_slot_id=-1, state_scale=None,
+                          rand_seed=None, philox_rounds=10, d_split=None, cu_seqlens=None, max_seqlen=None, enable_pdl=False,
+                          cb_scaled=None, cumAdt_vec=None, cb_old=None, precompute_heads_per_cta=0, algorithm="auto"):
+        assert algorithm in ("auto", "monolith", "two-kernel")
+        scratch = (cb_scaled, cumAdt_vec, cb_old)
+        if len({t is None for t in scratch}) != 1:
+            raise ValueError("cb_scaled, cumAdt_vec, and cb_old must be provided together")
+        if algorithm == "two-kernel" and cb_scaled is None:
+            raise ValueError("algorithm='two-kernel' requires the cb_scaled/cumAdt_vec/cb_old/scratch trio")
+        assert x.dim() == 4, "x is (batch, T, nheads, dim)"
+        nslots, H, P, N = state.shape
+        b, T, G = x.shape[0], x.shape[1], B.shape[2]
+        ring = x_cache.shape[2]
         W = ring - T
-        H, G = state.shape[1], B.shape[2]
+        assert T <= W <= 16, "the ring is max_window + T rows, max_window at most 16"
+        assert x.element_size() == 2, "its kernels static_assert a 2-byte input type"
+        assert state.stride()[1:] == (P * N, N, 1)
+        assert x.shape == (b, T, H, P) and x.stride()[2:] == (P, 1)
+        assert dt.shape == (b, T, H, P) and dt.stride()[2:] == (1, 0), "dt is (batch, T, nheads, dim) with dim tied"
+        check_tied(A, "A", 3)
+        assert B.shape == (b, T, G, N) and B.stride()[2:] == (N, 1) and C.shape == B.shape and C.stride()[2:] == (N, 1)
+        assert out.shape == x.shape and out.stride()[2:] == (P, 1)
+        assert x_cache.shape == (nslots, H, ring, P) and x_cache.stride()[2:] == (P, 1)
+        assert B_cache.shape == (nslots, G, ring, N) and B_cache.stride()[2:] == (N, 1)
+        assert dt_cache.shape == (nslots, H, ring) and dt_cache.stride(2) == 1 and dt_cache.dtype == torch.float32
+        for t in (ring_start, prev_num_accepted_tokens):
+            assert t.shape == (nslots,) and t.is_contiguous() and t.dtype == torch.int32
+        assert D is None or (check_tied(D, "D", 2) or True)
+        assert dt_bias is None or (check_tied(dt_bias, "dt_bias", 2) or True)
+        assert D is None or dt_bias is None or D.dtype == dt_bias.dtype
+        assert z is None or (z.shape == x.shape and z.stride()[2:] == (P, 1))
+        assert all(t.dtype == x.dtype for t in (B, C, out, x_cache, B_cache) + (() if z is None else (z,)))
+        sbi = state_batch_indices
+        assert sbi is None or (sbi.shape == (b,) and sbi.is_contiguous() and sbi.dtype in (torch.int32, torch.int64))
+        if cb_scaled is not None:
+            k_old_half = (W + 7) // 8 * 8 // 2
+            assert cb_scaled.shape[1:] == (H, 32, 8) and cb_scaled.shape[0] >= b and cb_scaled.dtype == x.dtype
+            assert cumAdt_vec.shape[1:] == (H, (T + 15) // 16 * 16) and cumAdt_vec.dtype == torch.float32
+            assert cb_old.shape[1:] == (H, 32, k_old_half) and cb_old.shape[0] >= b and cb_old.dtype == x.dtype
+            assert all(t.is_contiguous() for t in scratch)
+        calls.append(algorithm)
         for b in range(x.shape[0]):
             s = int(state_batch_indices[b])
             if s == pad_slot_id:
@@ -251,14 +303,22 @@ def fake_flashinfer(monkeypatch, *, forget_flush: bool = False):
             x_cache[s, :, pos] = x[b, 0]
             B_cache[s, :, pos] = B[b, 0]
             dt_cache[s, :, pos] = d
+        return out
 
-    def allocate_checkpointing_ssu_scratch(batch, heads, tokens, window, dtype, device):
-        return tuple(torch.empty(batch, heads, 8, dtype=t, device=device) for t in (dtype, torch.float32, dtype))
+    def allocate_checkpointing_ssu_scratch(batch_size, num_heads, num_predicted_tokens, max_window, dtype, device):
+        if not 0 < num_predicted_tokens <= 16 or not 0 < max_window <= 16:
+            raise ValueError("num_predicted_tokens and max_window must be in [1, 16]")
+        t_pad, k_old = (num_predicted_tokens + 15) // 16 * 16, (max_window + 7) // 8 * 8
+        return (torch.empty(batch_size, num_heads, 32, t_pad // 2, dtype=dtype, device=device),
+                torch.empty(batch_size, num_heads, t_pad, dtype=torch.float32, device=device),
+                torch.empty(batch_size, num_heads, 32, k_old // 2, dtype=dtype, device=device))
 
     tuned = []
 
     @contextlib.contextmanager
-    def autotune(tune_mode=True, tuning_buckets=None):
+    def autotune(tune_mode=True, cache=None, tuning_buckets=None, round_up=None, skip_ops=None, cuda_graph_profile_replays=None):
+        if tuning_buckets is not None and len(tuning_buckets) == 0:
+            raise ValueError("tuning_buckets must contain at least one value when provided")
         tuned.append((tune_mode, tuning_buckets))
         yield
 
@@ -288,12 +348,13 @@ def test_flashinfer_ssu_adapter_ties_strides_and_matches(device, flashinfer):
         for settings in case.baseline.settings(case):
             case.use_settings(settings)
             assert case.check() <= case.tolerance()
-        assert set(flashinfer.calls) == {"simple", "vertical", "horizontal"}
+        # Off a GPU the adapter assumes sm90, where FlashInfer's own dispatch never picks horizontal.
+        assert set(flashinfer.calls) == {"simple", "vertical"}
     finally:
         case.close()
 
 
-@pytest.mark.parametrize("window", [3, 4], ids=["W3", "W4"])
+@pytest.mark.parametrize("window", [1, 3, 4], ids=["W1", "W3", "W4"])
 def test_flashinfer_checkpointing_rows_are_staggered_and_match(device, flashinfer, window):
     case = bench.make_case(case_spec(MAMBA2, "baseline:flashinfer-checkpointing", window=window), device)
     try:
@@ -314,6 +375,37 @@ def test_flashinfer_checkpointing_rows_are_staggered_and_match(device, flashinfe
         assert {"monolith", "two-kernel", "auto"} <= set(flashinfer.calls)
     finally:
         case.close()
+
+
+@pytest.mark.parametrize("window", [1, 2, 3, 5, 16])
+def test_flashinfer_ring_schedule_matches_the_host_bookkeeping_past_its_period(window):
+    """Every step's ring_start and pnat, looked up in the table, equal the host's running bookkeeping over three periods:
+    the row placed empty is never empty again, so the table must not wrap back to step 0."""
+    ring = window + 1
+    fills = torch.arange(window).repeat(2)
+    start0 = torch.zeros_like(fills)
+    table_start, table_pnat = baselines._ring_schedule(start0, fills, window, ring, "cpu")
+    start, count = start0.clone(), fills.clone()
+    for step in range(3 * window * ring + 2):
+        k = baselines._schedule_row(step, table_start.shape[0])
+        assert table_start[k].tolist() == start.tolist() and table_pnat[k].tolist() == count.tolist(), step
+        assert int(count.max()) <= window and (step == 0 or int(count.min()) >= 1)
+        flush = count + 1 > window  # the kernel's must_checkpoint with T = 1: pnat + T > max_window
+        start = torch.where(flush, (start + count) % ring, start)
+        count = torch.where(flush, torch.ones_like(count), count + 1)
+
+
+def test_flashinfer_adapters_leave_out_what_cannot_compile():
+    ssu, cp = baselines.get("flashinfer-ssu"), baselines.get("flashinfer-checkpointing")
+    wide = SimpleNamespace(H=128, P=64, N=128, G=8)
+    narrow = SimpleNamespace(H=128, P=32, N=128, G=8)
+    assert ssu.unsupported(window=None, state_dtype="fp32", io_dtype="fp32", shape=wide) is None
+    assert "P under 64" in ssu.unsupported(window=None, state_dtype="fp32", io_dtype="bf16", shape=narrow)
+    for io in ("bf16", "fp16"):
+        assert cp.unsupported(window=16, state_dtype="fp32", io_dtype=io, shape=wide) is None
+    assert "bf16 or fp16" in cp.unsupported(window=16, state_dtype="fp32", io_dtype="fp32", shape=wide)
+    assert "P under 64" in cp.unsupported(window=16, state_dtype="bf16", io_dtype="bf16", shape=narrow)
+    assert "1 to 16" in cp.unsupported(window=32, state_dtype="fp32", io_dtype="bf16", shape=wide)
 
 
 def test_flashinfer_checkpointing_check_fails_when_flushes_are_lost(device, monkeypatch):
