@@ -132,7 +132,8 @@ def cubin_report(cubin: bytes, shared: int) -> dict:
     groups: collections.Counter = collections.Counter()
     for opcode, count in ops.items():
         groups[OPCODE_GROUPS.get(opcode.split(".")[0], "other")] += count
-    return {"regs": int(fields.get("REG", 0)), "local": int(fields.get("LOCAL", 0)),
+    # ptxas places spills in the stack frame (Triton kernels make no calls), so both count as spilled bytes.
+    return {"regs": int(fields.get("REG", 0)), "local": int(fields.get("LOCAL", 0)) + int(fields.get("STACK", 0)),
             "shared": int(fields.get("SHARED", 0)) + shared, "total": sum(ops.values()), **groups}
 
 

@@ -89,6 +89,38 @@ def test_verify_folds_a_full_buffer_first(device, assert_close):
     assert_close(mamba2.materialize(cache), committed, torch.float32, what="state after rejecting every draft")
 
 
+
+LAUNCHES = [{"BP": 16, "BPF": 16, "VN": 16}, {"BP": 32, "BPF": 32, "VN": 32, "num_warps": 2}]
+
+
+@pytest.mark.parametrize("launch", LAUNCHES, ids=["B4-H4-P40-N40-G2-W5-T3-BP16-BPF16-VN16-fp32-bf16",
+                                                  "B4-H4-P40-N40-G2-W5-T3-BP32-BPF32-VN32-fp32-bf16"])
+def test_verify_launch_settings_match_reference(device, assert_close, launch):
+    """Launch overrides, with P split over several programs per head, through rounds that fold: the outputs, fills
+    and committed states equal the reference's."""
+    nslots, H, P, N, G, W, T = 5, 4, 40, 40, 2, 5, 3
+    cache = mamba2.ReplayCache.create(nslots, H, P, N, G, W, io_dtype="bf16", max_draft=T, device=device)
+    cache.load(torch.randn(nslots, H, P, N, device=device))
+    want = cache.clone()
+    rows = torch.tensor([4, -1, 1, 0], dtype=torch.int32, device=device)
+    for round_ in range(5):
+        inp = mamba2.random_inputs(4, H, P, N, G, T=T, device=device)
+        out = torch.full((4, T, H, P), NAN, dtype=torch.bfloat16, device=device)
+        y = mamba2.verify(cache, **inp, dt_softplus=True, slots=rows, out=out, launch=launch)
+        y_ref = mamba2.verify_ref(want, **inp, dt_softplus=True, slots=rows)
+        assert y[1].isnan().all()
+        assert_close(y, y_ref, torch.bfloat16, what=f"verify vs verify_ref, round {round_}")
+        # accepting every draft on even rounds brings each row past W within four rounds
+        n = torch.randint(0, T + 1, (4,), dtype=torch.int32, device=device)
+        if round_ % 2 == 0:
+            n.fill_(T)
+        mamba2.accept(cache, n, rows)
+        mamba2.accept_ref(want, n, rows)
+        assert torch.equal(cache.fill, want.fill)
+        assert torch.equal(cache.arrive, torch.zeros_like(cache.arrive)), "arrival counters must be reset"
+        assert_close(mamba2.materialize(cache), mamba2.materialize_ref(want), torch.float32,
+                     what=f"committed state, round {round_}")
+
 @pytest.mark.parametrize("T", [2, 4], ids=["B3-H4-P12-N10-G2-T2-fp32-bf16", "B3-H4-P12-N10-G2-T4-fp32-bf16"])
 def test_decode_multi_accept_snapshot_equals_one_at_a_time(device, assert_close, T):
     """The conventional speculative path over rounds of random acceptance matches fp64 one-at-a-time decoding."""

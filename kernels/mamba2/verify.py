@@ -13,21 +13,19 @@ from replayssm_kernels.mamba2.replay import check_cache
 
 
 @triton.jit
-def answer_drafts(b_s, o_r, m_r, b_xd, b_Bd, b_dtd, b_lamd, o_t, b_xw, b_bw, b_lw, b_dw, m_w, o_n, m_n,
-                  p_C, p_x, p_y, z, o_z, D, i_h, stride_C_t, stride_x_t, stride_y_t, stride_z_t,
-                  T: tl.constexpr, HAS_COMMITTED: tl.constexpr, HAS_D: tl.constexpr, HAS_Z: tl.constexpr):
-    # y_t over the P rows o_r of tile b_s [R, BN], from drafts 0..t (b_xd [BT, R]) and committed entries (b_xw [BW, R])
-    for t in tl.static_range(T):
-        b_lt = tl.sum(tl.where(o_t == t, b_lamd, 0.0), axis=0)
-        b_C = tl.load(p_C + t * stride_C_t + o_n, mask=m_n, other=0.0).to(tl.float32)
-        b_cd = tl.where(o_t <= t, tl.exp(b_lt - b_lamd) * b_dtd * tl.sum(b_Bd * b_C[None, :], axis=1), 0.0)
-        b_y = tl.exp(b_lt) * tl.sum(b_s * b_C[None, :], axis=1) + tl.sum(b_cd[:, None] * b_xd, axis=0)
-        if HAS_COMMITTED:
-            b_cw = tl.where(m_w, tl.exp(b_lt - b_lw) * b_dw * tl.sum(b_bw * b_C[None, :], axis=1), 0.0)
-            b_y += tl.sum(b_cw[:, None] * b_xw, axis=0)
-        b_xt = tl.load(p_x + t * stride_x_t + o_r, mask=m_r, other=0.0).to(tl.float32)
-        b_y = finish_output(b_y, b_xt, D, z, o_z + t * stride_z_t + o_r, m_r, i_h, HAS_D, HAS_Z)
-        tl.store(p_y + t * stride_y_t + o_r, b_y.to(p_y.dtype.element_ty), mask=m_r)
+def dot_fp32(a, b, IS_A_EXACT: tl.constexpr, IS_B_EXACT: tl.constexpr):
+    # a @ b to about fp32 accuracy on TF32 tensor cores; an operand exact in TF32 (16-bit data) needs no low part
+    if IS_A_EXACT and IS_B_EXACT:
+        b_ab = tl.dot(a, b, input_precision="tf32")
+    elif IS_A_EXACT:
+        b_hi = (b.to(tl.int32, bitcast=True) & -8192).to(tl.float32, bitcast=True)
+        b_ab = tl.dot(a, b - b_hi, tl.dot(a, b_hi, input_precision="tf32"), input_precision="tf32")
+    elif IS_B_EXACT:
+        a_hi = (a.to(tl.int32, bitcast=True) & -8192).to(tl.float32, bitcast=True)
+        b_ab = tl.dot(a - a_hi, b, tl.dot(a_hi, b, input_precision="tf32"), input_precision="tf32")
+    else:
+        b_ab = tl.dot(a, b, input_precision="tf32x3")
+    return b_ab
 
 
 @triton.jit
@@ -43,10 +41,11 @@ def mamba2_verify_kernel(
     stride_C_b, stride_C_t, stride_C_g,
     stride_z_b, stride_z_t, stride_z_h,
     stride_y_b, stride_y_t, stride_y_h,
-    T: tl.constexpr, MAXT: tl.constexpr, W: tl.constexpr, CAP: tl.constexpr,
-    BP: tl.constexpr, BN: tl.constexpr, BW: tl.constexpr, BF: tl.constexpr, BT: tl.constexpr, NPB: tl.constexpr,
+    HPG: tl.constexpr, T: tl.constexpr, MAXT: tl.constexpr, W: tl.constexpr, CAP: tl.constexpr,
+    BP: tl.constexpr, BPF: tl.constexpr, BN: tl.constexpr, BJ: tl.constexpr, BT: tl.constexpr, BTD: tl.constexpr,
+    VN: tl.constexpr, VEC: tl.constexpr, NPB: tl.constexpr,
     HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_DT_BIAS: tl.constexpr, USE_SOFTPLUS: tl.constexpr,
-    HAS_SLOTS: tl.constexpr, USE_COPY: tl.constexpr, IS_FP8: tl.constexpr,
+    HAS_SLOTS: tl.constexpr, USE_COPY: tl.constexpr, IS_FP8: tl.constexpr, IS_HALF_IO: tl.constexpr,
 ):
     i_b, i_h, i_p = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     if HAS_SLOTS:
@@ -55,83 +54,120 @@ def mamba2_verify_kernel(
             return
     else:
         i_s = i_b.to(tl.int64)
-    HPG = H // G
     i_g = i_h // HPG
     i_sh = i_s * H + i_h
-    o_p, o_n, o_w, o_t = i_p * BP + tl.arange(0, BP), tl.arange(0, BN), tl.arange(0, BW), tl.arange(0, BT)
+    o_p, o_n, o_j, o_t = i_p * BP + tl.arange(0, BP), tl.arange(0, BN), tl.arange(0, BJ), tl.arange(0, BT)
     m_p, m_n, m_t = o_p < P, o_n < N, o_t < T
-    m_s = m_p[:, None] & m_n[None, :]
 
+    # The tile and the entries' B are held as [rows, BN / VN, VN] so that each thread sums its VN-wide pieces of
+    # a row in registers and only the VN lanes of a row meet in shuffles. Both are read VEC elements at a time,
+    # whatever their dtypes, so that they share one layout and each draft's C is laid out once for both.
+    NC: tl.constexpr = BN // VN
+    o_n3 = tl.max_contiguous(tl.arange(0, NC)[:, None] * VN + tl.arange(0, VN)[None, :], [1, VEC])
+    m_n3 = o_n3 < N
+    m_s3 = m_p[:, None, None] & m_n3[None, :, :]
+    p_ck = checkpoint + i_s * stride_ck_s + i_h * stride_ck_h
     # The tile read bounds the step, so it is issued before anything it does not depend on.
     if USE_COPY:
-        p_rc = read_copy + i_s * stride_rc_s + i_h * stride_rc_h + o_p[:, None] * stride_rc_p + o_n[None, :]
-        b_r = tl.load(p_rc, mask=m_s, other=0.0)
-        if IS_FP8:
-            b_scale = tl.load(read_scale + i_sh * P + o_p, mask=m_p, other=0.0)
+        p_rc = read_copy + i_s * stride_rc_s + i_h * stride_rc_h
+        b_r = tl.load(p_rc + o_p[:, None, None] * stride_rc_p + o_n3[None, :, :], mask=m_s3, other=0.0)
     else:
-        p_ck = checkpoint + i_s * stride_ck_s + i_h * stride_ck_h + o_p[:, None] * stride_ck_p + o_n[None, :]
-        b_r = tl.load(p_ck, mask=m_s, other=0.0)
+        b_r = tl.load(p_ck + o_p[:, None, None] * stride_ck_p + o_n3[None, :, :], mask=m_s3, other=0.0)
     f = tl.load(fill + i_sh)
     p_xb = x_buf + i_sh * CAP * P
     p_bb = b_buf + (i_s * G + i_g) * CAP * N
     p_db = dt_buf + i_sh * CAP
     p_lb = lam_buf + i_sh * CAP
-    p_C = C + i_b * stride_C_b + i_g * stride_C_g
     p_x = x + i_b * stride_x_b + i_h * stride_x_h
-    p_y = y + i_b * stride_y_b + i_h * stride_y_h
-    o_z = i_b * stride_z_b + i_h * stride_z_h
+    p_B = B + i_b * stride_B_b + i_g * stride_B_g
+    p_C = C + i_b * stride_C_b + i_g * stride_C_g
 
-    # committed entries the drafts follow: none when the row folds first
-    f_c = tl.where(f >= W, 0, f)
-    m_w = o_w < f_c
-    b_lw = tl.load(p_lb + o_w, mask=m_w, other=0.0)
-    b_dw = tl.load(p_db + o_w, mask=m_w, other=0.0)
-    # [BW, BP], [BW, BN]
-    b_xw = tl.load(p_xb + o_w[:, None] * P + o_p[None, :], mask=m_w[:, None] & m_p[None, :], other=0.0)
-    b_bw = tl.load(p_bb + o_w[:, None] * N + o_n[None, :], mask=m_w[:, None] & m_n[None, :], other=0.0)
-    b_xw, b_bw = b_xw.to(tl.float32), b_bw.to(tl.float32)
-    # the drafts: [BT, BP], [BT, BN], [BT]
-    b_xdr = tl.load(p_x + o_t[:, None] * stride_x_t + o_p[None, :], mask=m_t[:, None] & m_p[None, :], other=0.0)
-    o_bd = i_b * stride_B_b + o_t[:, None] * stride_B_t + i_g * stride_B_g + o_n[None, :]
-    b_Bdr = tl.load(B + o_bd, mask=m_t[:, None] & m_n[None, :], other=0.0)
-    b_Bd = b_Bdr.to(tl.float32)
-    b_dtd = tl.load(dt + i_b * stride_dt_b + o_t * stride_dt_t + i_h * stride_dt_h, mask=m_t, other=0.0)
-    b_dtd = tl.where(m_t, step_delta(b_dtd, dt_bias, i_h, HAS_DT_BIAS, USE_SOFTPLUS), 0.0)
-    b_lam0 = tl.load(p_lb + f_c - 1, mask=f_c > 0, other=0.0)
-    b_lamd = b_lam0 + tl.cumsum(tl.load(A + i_h).to(tl.float32) * b_dtd, axis=0)
+    # Draft t answers from the checkpoint and the entries j <= f + t: the f committed ones, then drafts 0..t.
+    # A row that folds first answers the same way, from the checkpoint it folds; that equals the folded state.
+    m_jc = o_j < f
+    m_jd = (o_j >= f) & (o_j < f + T)
+    # x and B of the entries, [BJ, BP] and [BJ, NC, VN]: one load each, a row from the buffer or the drafts
+    p_xj = tl.where(m_jc, p_xb + o_j * P, p_x + (o_j - f) * stride_x_t)
+    b_xj = tl.load(p_xj[:, None] + o_p[None, :], mask=(m_jc | m_jd)[:, None] & m_p[None, :], other=0.0)
+    p_bj = tl.where(m_jc, p_bb + o_j * N, p_B + (o_j - f) * stride_B_t)
+    b_bj = tl.load(p_bj[:, None, None] + o_n3[None, :, :], mask=(m_jc | m_jd)[:, None, None] & m_n3[None, :, :],
+                   other=0.0).to(tl.float32)
+    b_lamj = tl.load(p_lb + o_j, mask=m_jc, other=0.0)
+    b_dtj = tl.load(p_db + o_j, mask=m_jc, other=0.0)
+    b_lam0 = tl.load(p_lb + f - 1, mask=f > 0, other=0.0)
+
+    b_s3 = b_r.to(tl.float32)
+    if IS_FP8:
+        b_s3 = b_s3 * tl.load(read_scale + i_sh * P + o_p, mask=m_p, other=0.0)[:, None, None]
+    if USE_COPY:
+        # a fold answers from the full-precision checkpoint, not its read copy
+        if f >= W:
+            b_s3 = tl.load(p_ck + o_p[:, None, None] * stride_ck_p + o_n3[None, :, :], mask=m_s3, other=0.0)
+            b_s3 = b_s3.to(tl.float32)
+
+    # y[p, t] = exp(lam_t) S[p, :]·C_t + sum_j x_j[p] k[j, t], with k[j, t] = exp(lam_t - lam_j) dt_j B_j·C_t for
+    # j <= f + t. Per draft the tile and B take one reduction each; the sum over j is one [BP, BJ] x [BJ, BTD] product.
+    b_A = tl.load(A + i_h).to(tl.float32)
+    b_c = 0.0
+    b_dtd = tl.zeros([BT], dtype=tl.float32)
+    b_cd = tl.zeros([BT], dtype=tl.float32)
+    b_y = tl.zeros([BP, BT], dtype=tl.float32)
+    b_k = tl.zeros([BJ, BTD], dtype=tl.float32)
+    o_td = tl.arange(0, BTD)
+    for t in tl.static_range(T):
+        b_dt = step_delta(tl.load(dt + i_b * stride_dt_b + t * stride_dt_t + i_h * stride_dt_h), dt_bias, i_h,
+                          HAS_DT_BIAS, USE_SOFTPLUS)
+        # lam since the last committed entry (b_c), and since the checkpoint (b_lt)
+        b_c += b_A * b_dt
+        b_lt = b_lam0 + b_c
+        b_lamj = tl.where(o_j == f + t, b_lt, b_lamj)
+        b_dtj = tl.where(o_j == f + t, b_dt, b_dtj)
+        b_C3 = tl.load(p_C + t * stride_C_t + o_n3, mask=m_n3, other=0.0).to(tl.float32)
+        b_kt = tl.sum(tl.sum(b_bj * b_C3[None, :, :], axis=1), axis=1)
+        b_kt = tl.where(o_j <= f + t, tl.exp(b_lt - b_lamj) * b_dtj * b_kt, 0.0)
+        b_k = tl.where(o_td[None, :] == t, b_kt[:, None], b_k)
+        b_yt = tl.sum(tl.sum(b_s3 * b_C3[None, :, :], axis=1), axis=1) * tl.exp(b_lt)
+        b_y = tl.where(o_t[None, :] == t, b_yt[:, None], b_y)
+        b_dtd = tl.where(o_t == t, b_dt, b_dtd)
+        b_cd = tl.where(o_t == t, b_c, b_cd)
+    b_xk = dot_fp32(tl.trans(b_xj.to(tl.float32)), b_k, IS_HALF_IO, False)
+    # columns t >= T of k are zero, so folding BTD columns onto BT keeps those of the drafts
+    b_y += tl.sum(tl.reshape(b_xk, (BP, BTD // BT, BT)), axis=1)
+    m_pt = m_p[:, None] & m_t[None, :]
+    b_xt = tl.load(p_x + o_t[None, :] * stride_x_t + o_p[:, None], mask=m_pt, other=0.0).to(tl.float32)
+    o_z = i_b * stride_z_b + i_h * stride_z_h + o_t[None, :] * stride_z_t + o_p[:, None]
+    b_y = finish_output(b_y, b_xt, D, z, o_z, m_pt, i_h, HAS_D, HAS_Z)
+    p_y = y + i_b * stride_y_b + i_h * stride_y_h + o_t[None, :] * stride_y_t + o_p[:, None]
+    tl.store(p_y, b_y.to(p_y.dtype.element_ty), mask=m_pt)
 
     if f >= W:
-        # Fold the f committed entries into the checkpoint first, one [BP, BF] x [BF, BN] product, then answer.
-        b_lend = tl.load(p_lb + f - 1)
-        o_f = tl.arange(0, BF)
-        m_f = o_f < f
-        b_cf = tl.where(m_f, tl.exp(b_lend - tl.load(p_lb + o_f, mask=m_f, other=0.0))
-                        * tl.load(p_db + o_f, mask=m_f, other=0.0), 0.0)
-        b_xf = tl.load(p_xb + o_f[:, None] * P + o_p[None, :], mask=m_f[:, None] & m_p[None, :], other=0.0)
-        b_bf = tl.load(p_bb + o_f[:, None] * N + o_n[None, :], mask=m_f[:, None] & m_n[None, :], other=0.0)
-        p_ck = checkpoint + i_s * stride_ck_s + i_h * stride_ck_h + o_p[:, None] * stride_ck_p + o_n[None, :]
-        b_s = tl.load(p_ck, mask=m_s, other=0.0).to(tl.float32) * tl.exp(b_lend)
-        b_s += tl.dot(tl.trans(b_xf.to(tl.float32) * b_cf[:, None]), b_bf.to(tl.float32), input_precision="tf32x3")
-        tl.store(p_ck, b_s.to(p_ck.dtype.element_ty), mask=m_s)
-        if USE_COPY:
-            store_read_copy(b_s, p_rc, read_scale, i_sh * P + o_p, m_s, m_p, IS_FP8)
-        answer_drafts(b_s, o_p, m_p, b_xdr.to(tl.float32), b_Bd, b_dtd, b_lamd, o_t, b_xw, b_bw, b_lw, b_dw, m_w,
-                      o_n, m_n, p_C, p_x, p_y, z, o_z, D, i_h, stride_C_t, stride_x_t, stride_y_t, stride_z_t,
-                      T, False, HAS_D, HAS_Z)
+        # Fold the f committed entries into the checkpoint, BPF rows at a time, each a [BPF, BJ] x [BJ, BN] product;
+        # the drafts' rows of B meet zero coefficients.
+        b_cf = tl.where(m_jc, tl.exp(b_lam0 - b_lamj) * b_dtj, 0.0)
+        b_bf = tl.reshape(b_bj, (BJ, BN))
+        for i_c in range(0, BP, BPF):
+            o_c = i_p * BP + i_c + tl.arange(0, BPF)
+            m_c = o_c < P
+            m_sc = m_c[:, None] & m_n[None, :]
+            b_xf = tl.load(p_xb + o_j[:, None] * P + o_c[None, :], mask=m_jc[:, None] & m_c[None, :], other=0.0)
+            p_cks = p_ck + o_c[:, None] * stride_ck_p + o_n[None, :]
+            b_s = tl.load(p_cks, mask=m_sc, other=0.0).to(tl.float32) * tl.exp(b_lam0)
+            b_s += dot_fp32(tl.trans(b_xf.to(tl.float32) * b_cf[:, None]), b_bf, False, IS_HALF_IO)
+            tl.store(p_cks, b_s.to(p_cks.dtype.element_ty), mask=m_sc)
+            if USE_COPY:
+                p_rcs = read_copy + i_s * stride_rc_s + i_h * stride_rc_h + o_c[:, None] * stride_rc_p + o_n[None, :]
+                store_read_copy(b_s, p_rcs, read_scale, i_sh * P + o_c, m_sc, m_c, IS_FP8)
         # the fold read the entries this program's drafts are about to overwrite
         tl.debug_barrier()
+        f_c = f * 0
     else:
-        b_s = b_r.to(tl.float32)
-        if IS_FP8:
-            b_s = b_s * b_scale[:, None]
-        answer_drafts(b_s, o_p, m_p, b_xdr.to(tl.float32), b_Bd, b_dtd, b_lamd, o_t, b_xw, b_bw, b_lw, b_dw, m_w,
-                      o_n, m_n, p_C, p_x, p_y, z, o_z, D, i_h, stride_C_t, stride_x_t, stride_y_t, stride_z_t,
-                      T, True, HAS_D, HAS_Z)
-
-    tl.store(p_xb + (f_c + o_t)[:, None] * P + o_p[None, :], b_xdr, mask=m_t[:, None] & m_p[None, :])
+        f_c = f
+    # the drafts go after the entries that stay committed
+    tl.store(p_xb + (o_j - f + f_c)[:, None] * P + o_p[None, :], b_xj, mask=m_jd[:, None] & m_p[None, :])
     if i_h % HPG == 0 and i_p == 0:
-        p_bd = b_draft + (i_s * G + i_g) * MAXT * N + o_t[:, None] * N + o_n[None, :]
-        tl.store(p_bd, b_Bdr, mask=m_t[:, None] & m_n[None, :])
+        m_tn = m_t[:, None] & m_n[None, :]
+        b_Bd = tl.load(p_B + o_t[:, None] * stride_B_t + o_n[None, :], mask=m_tn, other=0.0)
+        tl.store(b_draft + (i_s * G + i_g) * MAXT * N + o_t[:, None] * N + o_n[None, :], b_Bd, mask=m_tn)
     # Every P-block reads this head's Δ and lam entries; the last one done writes the drafts' and the fill.
     # Relaxed order suffices: every program has consumed what it read of them before it arrives.
     if NPB == 1:
@@ -140,10 +176,12 @@ def mamba2_verify_kernel(
         is_last = tl.atomic_add(arrive + i_sh, 1, sem="relaxed") == NPB - 1
     if is_last:
         tl.store(p_db + f_c + o_t, b_dtd, mask=m_t)
-        tl.store(p_lb + f_c + o_t, b_lamd, mask=m_t)
+        # a fold restarts lam at its checkpoint
+        tl.store(p_lb + f_c + o_t, tl.where(f_c > 0, b_lam0 + b_cd, b_cd), mask=m_t)
         tl.store(fill + i_sh, f_c)
         if NPB > 1:
             tl.store(arrive + i_sh, 0)
+
 
 @triton.jit
 def mamba2_accept_kernel(
@@ -173,11 +211,12 @@ def mamba2_accept_kernel(
 
 # verify mutates the cache, so it is not autotuned (a trial launch would advance it); settings are fixed per
 # (checkpoint itemsize, max N, max P) and `launch=` overrides them. P is split into BP-row blocks, as in replay.
+# maxnreg 168 fits three 4-warp programs in an SM's registers; the Nemotron-layer kernel needs no spills at it.
 VERIFY_LAUNCH = [
-    ((4, 1 << 30, 1 << 30), {"BP": 64, "num_warps": 4, "num_stages": 1}),
-    ((2, 1 << 30, 1 << 30), {"BP": 64, "num_warps": 4, "num_stages": 1}),
+    ((4, 1 << 30, 1 << 30), {"BP": 64, "BPF": 16, "VN": 16, "num_warps": 4, "num_stages": 1, "maxnreg": 168}),
+    ((2, 1 << 30, 1 << 30), {"BP": 64, "BPF": 16, "VN": 16, "num_warps": 4, "num_stages": 1, "maxnreg": 168}),
 ]
-VERIFY_KEYS = ("BP", "num_warps", "num_stages", "maxnreg")
+VERIFY_KEYS = ("BP", "BPF", "VN", "num_warps", "num_stages", "maxnreg")
 ACCEPT_LAUNCH = {"num_warps": 1, "num_stages": 1}
 
 
@@ -194,7 +233,9 @@ def verify(cache: ReplayCache, x, dt, A, B, C, *, D=None, z=None, dt_bias=None, 
         cache: a ReplayCache created with max_draft ≥ T; mutated as above.
         x: (batch, T, H, P) and B: (batch, T, G, N) in cache.io_dtype, 1 ≤ T ≤ 8. dt: (batch, T, H).
         C: (batch, T, G, N). A, D, dt_bias: (H,). z: optional (batch, T, H, P).
-        slots, launch, check: as in `replay`. out: optional (batch, T, H, P).
+        slots, check: as in `replay`. out: optional (batch, T, H, P).
+        launch: overrides of the fixed launch settings: BP (rows of P per program), BPF (rows per fold chunk),
+            VN (lanes of a row in the reductions over N, 16 or 32), num_warps, num_stages, maxnreg.
 
     Returns:
         y (batch, T, H, P) in x's dtype (or `out`).
@@ -208,9 +249,12 @@ def verify(cache: ReplayCache, x, dt, A, B, C, *, D=None, z=None, dt_bias=None, 
     args.check_slots(slots, batch, nslots, cache.device, check)
     args.check_out(out, (batch, T, H, P), "(batch, T, H, P)", cache.device)
     settings = args.pick_launch(VERIFY_LAUNCH, cache.checkpoint.element_size(), P, N, launch, VERIFY_KEYS)
-    # tl.dot needs every dimension of the fold's product to be at least 16.
+    # tl.dot needs every dimension of its products to be at least 16.
     BP = max(16, min(settings.pop("BP"), args.block(P)))
+    BPF = max(16, min(settings.pop("BPF"), BP))
     NPB = triton.cdiv(P, BP)
+    BN = max(16, args.block(N))
+    VN = min(settings.pop("VN"), BN)
     y = torch.empty_like(x) if out is None else out
     ck, rc = cache.checkpoint, cache.read_copy
     rcs = rc.stride() if rc is not None else (0, 0, 0, 0)
@@ -228,11 +272,12 @@ def verify(cache: ReplayCache, x, dt, A, B, C, *, D=None, z=None, dt_bias=None, 
         stride_C_b=C.stride(0), stride_C_t=C.stride(1), stride_C_g=C.stride(2),
         stride_z_b=zs[0], stride_z_t=zs[1], stride_z_h=zs[2],
         stride_y_b=y.stride(0), stride_y_t=y.stride(1), stride_y_h=y.stride(2),
-        T=T, MAXT=cache.b_draft.shape[2], W=cache.window, CAP=cache.capacity,
-        BP=BP, BN=max(16, args.block(N)), BW=args.block(cache.window), BF=max(16, args.block(cache.capacity)),
-        BT=args.block(T), NPB=NPB,
+        HPG=H // G, T=T, MAXT=cache.b_draft.shape[2], W=cache.window, CAP=cache.capacity,
+        BP=BP, BPF=BPF, BN=BN, BJ=max(16, args.block(cache.capacity + T)), BT=args.block(T), BTD=16,
+        VN=VN, VEC=min(VN, 4), NPB=NPB,
         HAS_D=D is not None, HAS_Z=z is not None, HAS_DT_BIAS=dt_bias is not None, USE_SOFTPLUS=bool(dt_softplus),
         HAS_SLOTS=slots is not None, USE_COPY=rc is not None, IS_FP8=cache.read_scale is not None,
+        IS_HALF_IO=cache.x_buf.element_size() == 2,
         **settings,
     )
     cache.last_draft = T
