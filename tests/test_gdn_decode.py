@@ -69,6 +69,33 @@ def test_decode_strided_pool_and_scale(device, assert_close, l2norm):
     assert not torch.equal(pool[1], torch.zeros_like(pool[1])) and torch.equal(state[1], want[1])
 
 
+VK_CASES = [{"VK": 4}, {"BV": 8, "VK": 64}]
+
+
+@pytest.mark.parametrize("launch", VK_CASES, ids=[f"B3-H2-HV6-K24-V20-BV{l.get('BV', 32)}-VK{l['VK']}-fp32-bf16"
+                                                  for l in VK_CASES])
+def test_decode_and_multi_k_pieces(device, assert_close, launch):
+    """Other widths of the K pieces rows are reduced in (VK), for decode and decode_multi."""
+    B, H, HV, K, V, T = 3, 2, 6, 24, 20, 2
+    start = torch.randn(4, HV, V, K, device=device)
+    got, want = start.clone(), start.clone()
+    slots = rows([3, -1, 0], device)
+    inp = gdn.random_inputs(B, H, HV, K, V, io_dtype=torch.bfloat16, device=device)
+    out = torch.full((B, HV, V), NAN, dtype=torch.bfloat16, device=device)
+    y = gdn.decode(got, **inp, use_qk_l2norm_in_kernel=True, slots=slots, out=out, launch=launch)
+    y_ref = gdn.decode_ref(want, **inp, use_qk_l2norm_in_kernel=True, slots=slots)
+    assert_close(y, y_ref, torch.bfloat16, torch.float32, what="o")
+    assert_close(got, want, torch.float32, what="state")
+    snaps = torch.full((4, T, HV, V, K), NAN, device=device)
+    snaps_ref = snaps.clone()
+    inp = gdn.random_inputs(B, H, HV, K, V, T=T, io_dtype=torch.bfloat16, device=device)
+    out = torch.full((B, T, HV, V), NAN, dtype=torch.bfloat16, device=device)
+    y = gdn.decode_multi(got, snaps, **inp, slots=slots, out=out, launch=launch)
+    y_ref = gdn.decode_multi_ref(want, snaps_ref, **inp, slots=slots)
+    assert_close(y, y_ref, torch.bfloat16, torch.float32, what="decode_multi o")
+    assert_close(snaps, snaps_ref, torch.float32, what="snapshots")
+
+
 MULTI_CASES = [("fp32", "bf16", 3), ("bf16", "fp32", 4), ("fp16", "fp16", 1)]
 
 
@@ -122,6 +149,7 @@ BAD_DECODE = {
     "scale": (lambda s, i: i.update(scale=-1.0), "scale must be a positive"),
     "launch-key": (lambda s, i: i.update(launch={"BK": 32}), "unknown key 'BK'"),
     "launch-bv": (lambda s, i: i.update(launch={"BV": 24}), "power of two"),
+    "launch-vk": (lambda s, i: i.update(launch={"VK": 6}), "power of two"),
     "out-dtype": (lambda s, i: i.update(out=torch.zeros(2, 4, 8, dtype=torch.bfloat16)), "out must be a"),
 }
 

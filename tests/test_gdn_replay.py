@@ -93,6 +93,34 @@ def test_replay_matches_reference(device, assert_close, state, read, io, W):
     assert_close(gdn.materialize(got, subset), gdn.materialize_ref(want, subset), DT[state], what="materialized subset")
 
 
+LAUNCH_CASES = [
+    (None, {"BV": 8, "VK": 8}),
+    ("bf16", {"BV": 8, "VK": 4}),
+    ("fp8", {"BV": 16, "VK": 64}),
+    ("bf16", {"VK": 4}),
+]
+
+
+@pytest.mark.parametrize("read,launch", LAUNCH_CASES,
+                         ids=[f"B3-H2-HV4-K24-V20-W3-fp32-{r or 'full'}-BV{l.get('BV', 32)}-VK{l['VK']}"
+                              for r, l in LAUNCH_CASES])
+def test_replay_launch_settings_match_reference(device, assert_close, read, launch):
+    """Rows in several chunks (tile read after the fill) and other K piece widths, through flushes."""
+    shape = (4, 2, 4, 24, 20)
+    got = make_cache(shape, 3, device, read=read)
+    poison(got)
+    want = got.clone()
+    slots = [2, 0, 3]
+    for step in range(5):
+        inp = gdn.random_inputs(3, 2, 4, 24, 20, device=device)
+        rows = staggered(slots, step, device)
+        out = torch.full((3, 4, 20), NAN, dtype=torch.bfloat16, device=device)
+        y = gdn.replay(got, **inp, use_qk_l2norm_in_kernel=True, slots=rows, out=out, launch=launch)
+        y_ref = gdn.replay_ref(want, **inp, use_qk_l2norm_in_kernel=True, slots=rows)
+        assert_close(y, y_ref, torch.bfloat16, torch.float32, *([DT[read]] if read else []), what=f"o at step {step}")
+    assert_caches_close(got, want, assert_close)
+
+
 @pytest.mark.parametrize("W", [1, 4, 7], ids=[f"B3-H1-HV2-K12-V10-W{w}-fp32-fp32" for w in (1, 4, 7)])
 def test_replay_equals_conventional(device, assert_close, W):
     """k·W + r steps (k = 2, r = 3), staggered: replay and conventional decode both match an fp64 decode."""
@@ -223,6 +251,7 @@ BAD_REPLAY = {
     "slots-range": (lambda i: i.update(slots=torch.tensor([0, 7], dtype=torch.int32)), "slots must be in"),
     "batch-without-slots": (lambda i: i.update(**gdn.random_inputs(4, 2, 4, 8, 8)), "batch 4 must not exceed"),
     "launch": (lambda i: i.update(launch={"num_warps": 3}), "power of two"),
+    "launch-vk": (lambda i: i.update(launch={"VK": 12}), "power of two"),
     "out-shape": (lambda i: i.update(out=torch.zeros(2, 4, 7, dtype=torch.bfloat16)), "out must be a"),
 }
 

@@ -8,6 +8,8 @@ import torch
 import triton
 import triton.language as tl
 
+from replayssm_kernels.mamba2.args import sm_count  # noqa: F401  (one definition for both ops)
+
 FP8_MAX = 448.0
 L2NORM_EPS = 1e-6
 
@@ -63,8 +65,21 @@ def quantize_e4m3(b_y):
 
 
 @triton.jit
-def l2norm(b_x):
-    return b_x / tl.sqrt(tl.sum(b_x * b_x) + 1e-6)
+def l2norm_factor(b_x):
+    """The scalar that L2-normalises b_x, to apply to it or to its row sums in whatever shape they are held."""
+    return 1.0 / tl.sqrt(tl.sum(b_x * b_x) + 1e-6)
+
+
+@triton.jit
+def qk_factors(b_q, b_k, scale, USE_QK_L2NORM: tl.constexpr):
+    """(q's, k's) factors: the l2-norm's and, for q, the attention scale; applied to row sums, not to q and k."""
+    if USE_QK_L2NORM:
+        b_rq = l2norm_factor(b_q) * scale
+        b_rk = l2norm_factor(b_k)
+    else:
+        b_rq = scale
+        b_rk = 1.0
+    return b_rq, b_rk
 
 
 def resolve_dtype(name, what: str, allowed) -> torch.dtype:
@@ -95,7 +110,7 @@ def launch_settings(table: dict, name: str, launch: dict | None) -> dict:
             continue
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"launch[{key!r}] must be a positive integer; got {value!r}")
-        if key in ("BV", "BVF", "num_warps") and value & (value - 1):
+        if key in ("BV", "BVF", "VK", "num_warps") and value & (value - 1):
             raise ValueError(f"launch[{key!r}] must be a power of two; got {value}")
         settings[key] = value
     return settings

@@ -16,16 +16,17 @@ from replayssm_kernels.gdn.common import (
     check_step,
     compile_options,
     default_scale,
-    l2norm,
+    qk_factors,
     launch_settings,
     next_pow2,
     rounded,
 )
 
 # These kernels mutate state in place, so their settings are fixed here (an autotuner would rerun them on live state).
+# VK is the width of the K pieces a row is reduced in: a thread sums its pieces in registers, then lanes shuffle.
 LAUNCH = {
-    "decode": {"BV": 32, "num_warps": 4, "num_stages": 1, "maxnreg": None},
-    "decode-multi": {"BV": 32, "num_warps": 4, "num_stages": 1, "maxnreg": None},
+    "decode": {"BV": 32, "VK": 32, "num_warps": 4, "num_stages": 1, "maxnreg": None},
+    "decode-multi": {"BV": 32, "VK": 32, "num_warps": 4, "num_stages": 1, "maxnreg": None},
     "accept-snapshot": {"BV": 32, "num_warps": 4, "num_stages": 1, "maxnreg": None},
 }
 
@@ -42,7 +43,7 @@ def _decode_kernel(
     s_ob, s_oh, s_ov,
     scale,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-    BK: tl.constexpr, BV: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr, VK: tl.constexpr,
     USE_QK_L2NORM: tl.constexpr,
 ):
     i_b, i_hv, i_v = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -50,29 +51,31 @@ def _decode_kernel(
     if i_s < 0:
         return
     i_h = i_hv // (HV // H)
-    o_k = tl.arange(0, BK)
+    # The tile is held as [BV, BK / VK, VK] so that each thread sums its VK-wide pieces of a row in registers
+    # and only the lanes that share a row meet in shuffles.
+    NC: tl.constexpr = BK // VK
+    o_k3 = tl.arange(0, NC)[:, None] * VK + tl.arange(0, VK)[None, :]
     o_v = i_v * BV + tl.arange(0, BV)
-    m_k = o_k < K
+    m_k3 = o_k3 < K
     m_v = o_v < V
-    m_s = m_v[:, None] & m_k[None, :]
+    m_s = m_v[:, None, None] & m_k3[None, :, :]
 
-    b_q = tl.load(q + i_b * s_qb + i_h * s_qh + o_k * s_qk, mask=m_k, other=0.0).to(tl.float32)
-    b_k = tl.load(k + i_b * s_kb + i_h * s_kh + o_k * s_kk, mask=m_k, other=0.0).to(tl.float32)
-    if USE_QK_L2NORM:
-        b_q = l2norm(b_q)
-        b_k = l2norm(b_k)
-    b_q = b_q * scale
+    p_s = s + i_s * s_sn + i_hv * s_sh + o_v[:, None, None] * s_sv + o_k3[None, :, :] * s_sk
+    # [BV, NC, VK]
+    b_s = tl.load(p_s, mask=m_s, other=0.0).to(tl.float32)
+    # [NC, VK] q and k as given: each thread holds many copies of them, so their factors go on the row sums.
+    b_q = tl.load(q + i_b * s_qb + i_h * s_qh + o_k3 * s_qk, mask=m_k3, other=0.0).to(tl.float32)
+    b_k = tl.load(k + i_b * s_kb + i_h * s_kh + o_k3 * s_kk, mask=m_k3, other=0.0).to(tl.float32)
+    b_rq, b_rk = qk_factors(b_q, b_k, scale, USE_QK_L2NORM)
     b_v = tl.load(v + i_b * s_vb + i_hv * s_vh + o_v * s_vv, mask=m_v, other=0.0).to(tl.float32)
     b_g = tl.load(g + i_b * s_gb + i_hv * s_gh).to(tl.float32)
     b_beta = tl.load(beta + i_b * s_bb + i_hv * s_bh).to(tl.float32)
 
-    p_s = s + i_s * s_sn + i_hv * s_sh + o_v[:, None] * s_sv + o_k[None, :] * s_sk
-    # [BV, BK]
-    b_s = tl.load(p_s, mask=m_s, other=0.0).to(tl.float32)
     b_s *= tl.exp(b_g)
-    b_u = b_beta * (b_v - tl.sum(b_s * b_k[None, :], 1))
-    b_s += b_u[:, None] * b_k[None, :]
-    b_o = tl.sum(b_s * b_q[None, :], 1)
+    # The chunk axis first: it lies within each thread, and only the VK axis's lanes then shuffle.
+    b_u = b_beta * (b_v - b_rk * tl.sum(tl.sum(b_s * b_k[None, :, :], 1), 1))
+    b_s += (b_rk * b_u)[:, None, None] * b_k[None, :, :]
+    b_o = b_rq * tl.sum(tl.sum(b_s * b_q[None, :, :], 1), 1)
     tl.store(p_s, cast(b_s, s.dtype.element_ty), mask=m_s)
     tl.store(o + i_b * s_ob + i_hv * s_oh + o_v * s_ov, cast(b_o, o.dtype.element_ty), mask=m_v)
 
@@ -90,7 +93,7 @@ def _decode_multi_kernel(
     s_ob, s_ot, s_oh, s_ov,
     scale,
     T: tl.constexpr, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-    BK: tl.constexpr, BV: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr, VK: tl.constexpr,
     USE_QK_L2NORM: tl.constexpr,
 ):
     i_b, i_hv, i_v = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -98,32 +101,32 @@ def _decode_multi_kernel(
     if i_s < 0:
         return
     i_h = i_hv // (HV // H)
-    o_k = tl.arange(0, BK)
+    # The state is held as [BV, BK / VK, VK], as in _decode_kernel.
+    NC: tl.constexpr = BK // VK
+    o_k3 = tl.arange(0, NC)[:, None] * VK + tl.arange(0, VK)[None, :]
     o_v = i_v * BV + tl.arange(0, BV)
-    m_k = o_k < K
+    m_k3 = o_k3 < K
     m_v = o_v < V
-    m_s = m_v[:, None] & m_k[None, :]
+    m_s = m_v[:, None, None] & m_k3[None, :, :]
 
-    p_s = s + i_s * s_sn + i_hv * s_sh + o_v[:, None] * s_sv + o_k[None, :] * s_sk
-    # [BV, BK]
+    p_s = s + i_s * s_sn + i_hv * s_sh + o_v[:, None, None] * s_sv + o_k3[None, :, :] * s_sk
+    # [BV, NC, VK]
     b_s = tl.load(p_s, mask=m_s, other=0.0).to(tl.float32)
     for i_t in range(T):
-        b_q = tl.load(q + i_b * s_qb + i_t * s_qt + i_h * s_qh + o_k * s_qk, mask=m_k, other=0.0).to(tl.float32)
-        b_k = tl.load(k + i_b * s_kb + i_t * s_kt + i_h * s_kh + o_k * s_kk, mask=m_k, other=0.0).to(tl.float32)
-        if USE_QK_L2NORM:
-            b_q = l2norm(b_q)
-            b_k = l2norm(b_k)
-        b_q = b_q * scale
+        # [NC, VK] q and k as given, their factors on the row sums
+        b_q = tl.load(q + i_b * s_qb + i_t * s_qt + i_h * s_qh + o_k3 * s_qk, mask=m_k3, other=0.0).to(tl.float32)
+        b_k = tl.load(k + i_b * s_kb + i_t * s_kt + i_h * s_kh + o_k3 * s_kk, mask=m_k3, other=0.0).to(tl.float32)
+        b_rq, b_rk = qk_factors(b_q, b_k, scale, USE_QK_L2NORM)
         b_v = tl.load(v + i_b * s_vb + i_t * s_vt + i_hv * s_vh + o_v * s_vv, mask=m_v, other=0.0).to(tl.float32)
         b_g = tl.load(g + i_b * s_gb + i_t * s_gt + i_hv * s_gh).to(tl.float32)
         b_beta = tl.load(beta + i_b * s_bb + i_t * s_bt + i_hv * s_bh).to(tl.float32)
         b_s *= tl.exp(b_g)
-        b_u = b_beta * (b_v - tl.sum(b_s * b_k[None, :], 1))
-        b_s += b_u[:, None] * b_k[None, :]
-        b_o = tl.sum(b_s * b_q[None, :], 1)
+        b_u = b_beta * (b_v - b_rk * tl.sum(tl.sum(b_s * b_k[None, :, :], 1), 1))
+        b_s += (b_rk * b_u)[:, None, None] * b_k[None, :, :]
+        b_o = b_rq * tl.sum(tl.sum(b_s * b_q[None, :, :], 1), 1)
         # Round as a stored state would be, so that drafts equal one conventional step at a time.
         b_s = rounded(b_s, snap.dtype.element_ty)
-        p_p = snap + i_s * s_pn + i_t * s_pt + i_hv * s_ph + o_v[:, None] * s_pv + o_k[None, :] * s_pk
+        p_p = snap + i_s * s_pn + i_t * s_pt + i_hv * s_ph + o_v[:, None, None] * s_pv + o_k3[None, :, :] * s_pk
         tl.store(p_p, b_s.to(snap.dtype.element_ty), mask=m_s)
         tl.store(o + i_b * s_ob + i_t * s_ot + i_hv * s_oh + o_v * s_ov, cast(b_o, o.dtype.element_ty), mask=m_v)
 
@@ -163,7 +166,7 @@ def _launch_decode(state, q, k, v, g, beta, out, slots, scale, l2norm, settings)
         s_bb=beta.stride(0), s_bh=beta.stride(1),
         s_ob=out.stride(0), s_oh=out.stride(1), s_ov=out.stride(2),
         scale=scale,
-        H=H, HV=HV, K=K, V=V, BK=next_pow2(K), BV=BV,
+        H=H, HV=HV, K=K, V=V, BK=next_pow2(K), BV=BV, VK=min(settings["VK"], next_pow2(K)),
         USE_QK_L2NORM=l2norm,
         **compile_options(settings),
     )
@@ -185,7 +188,7 @@ def _launch_decode_multi(state, snapshots, q, k, v, g, beta, out, slots, scale, 
         s_bb=beta.stride(0), s_bt=beta.stride(1), s_bh=beta.stride(2),
         s_ob=out.stride(0), s_ot=out.stride(1), s_oh=out.stride(2), s_ov=out.stride(3),
         scale=scale,
-        T=T, H=H, HV=HV, K=K, V=V, BK=next_pow2(K), BV=BV,
+        T=T, H=H, HV=HV, K=K, V=V, BK=next_pow2(K), BV=BV, VK=min(settings["VK"], next_pow2(K)),
         USE_QK_L2NORM=l2norm,
         **compile_options(settings),
     )
@@ -230,8 +233,9 @@ def decode(
     padding: neither their state nor their output is touched.
     Per value head: S = e^g S; u = beta (v - S k); S += u kᵀ; o = S q.
     Returns o (batch, HV, V) in v's dtype (written into `out` when given; padding rows keep what it
-    held). `launch` overrides the kernel's BV, num_warps, num_stages, maxnreg. `check` range-checks
-    slots on the host (a device sync), skipped while a CUDA graph is captured.
+    held). `launch` overrides the kernel's BV, VK (width of the K pieces rows are reduced in),
+    num_warps, num_stages, maxnreg. `check` range-checks slots on the host (a device sync), skipped
+    while a CUDA graph is captured.
     """
     batch, _, H, HV, K, V = check_step(q, k, v, g, beta, tokens=False)
     check_state(state, "state", HV, V, K, q.device)

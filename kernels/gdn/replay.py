@@ -16,20 +16,28 @@ from replayssm_kernels.gdn.common import (
     check_step,
     compile_options,
     default_scale,
-    l2norm,
+    qk_factors,
     launch_settings,
     next_pow2,
     quantize_e4m3,
     rounded,
+    sm_count,
 )
 
 # These kernels mutate the cache in place, so their settings are fixed here (an autotuner would rerun them on live
 # state); a read copy gets its own row because correcting the buffered updates at a flush holds a second tile.
-# A non-flush step reads its whole [BV, BK] tile once; a flush walks its rows BVF at a time (benchmarks/sweep_gdn.py).
+# A non-flush step reads its tile as [BV, BK / VK, VK]: with many programs per SM, BV rows at a time through a
+# pipelined loop with registers capped (more programs fit); a grid under two programs per SM is latency-bound and
+# reads the whole tile up front ("replay-small"). A flush walks its rows BVF at a time (benchmarks/sweep_gdn.py).
 LAUNCH = {
-    "replay": {"BV": 128, "BVF": 32, "JB": 4, "num_warps": 4, "num_stages": 1, "maxnreg": None},
-    "replay-split": {"BV": 128, "BVF": 32, "JB": 2, "num_warps": 4, "num_stages": 1, "maxnreg": None},
-    "replay-fp8": {"BV": 128, "BVF": 16, "JB": 2, "num_warps": 4, "num_stages": 1, "maxnreg": None},
+    "replay": {"BV": 32, "BVF": 32, "JB": 4, "VK": 32, "STAGES": 2,
+               "num_warps": 4, "num_stages": 1, "maxnreg": 96},
+    "replay-small": {"BV": 128, "BVF": 32, "JB": 4, "VK": 32, "STAGES": 1,
+                     "num_warps": 4, "num_stages": 1, "maxnreg": None},
+    "replay-split": {"BV": 128, "BVF": 32, "JB": 2, "VK": 32, "STAGES": 2,
+                     "num_warps": 4, "num_stages": 1, "maxnreg": None},
+    "replay-fp8": {"BV": 128, "BVF": 16, "JB": 2, "VK": 32, "STAGES": 2,
+                   "num_warps": 4, "num_stages": 1, "maxnreg": None},
     "verify": {"BV": 32, "JB": 4, "num_warps": 4, "num_stages": 1, "maxnreg": None},
     "verify-split": {"BV": 32, "JB": 2, "num_warps": 4, "num_stages": 1, "maxnreg": None},
     "verify-fp8": {"BV": 16, "JB": 1, "num_warps": 4, "num_stages": 1, "maxnreg": None},
@@ -98,7 +106,7 @@ def _corrected(
 def _fold(
     b_s, b_d, buf_u, buf_k, buf_g, buf_b, i_s, i_h, i_hv, o_v, m_v, o_k, m_k, o_w, b_f, b_G, b_Gw, b_kw,
     C: tl.constexpr, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, JB: tl.constexpr,
-    CORRECT: tl.constexpr,
+    CORRECT: tl.constexpr, PRECISION: tl.constexpr,
 ):
     """b_s [BV, BK] plus sum_{j<f} e^{G - G_j} u_j k_jᵀ; with CORRECT, u_j corrected for b_d = checkpoint - copy.
 
@@ -112,8 +120,9 @@ def _fold(
     if CORRECT:
         b_uw = _corrected(b_uw, b_d, buf_k, buf_g, buf_b, i_s, i_h, i_hv, o_k, m_k, o_w, b_f, C, H, HV, K, JB)
     b_cw = tl.where(m_w, tl.exp(b_G - b_Gw), 0.0)
-    # One product for the whole rank-f update (3xTF32 on the tensor cores).
-    return b_s + tl.dot(tl.trans(b_uw * b_cw[:, None]), b_kw, input_precision="tf32x3")
+    # One product for the whole rank-f update: fp32 FMAs ("ieee") in the flush's small chunks, 3xTF32 on the tensor
+    # cores for verify's larger ones (measured on an H200, benchmarks/NOTES.md).
+    return b_s + tl.dot(tl.trans(b_uw * b_cw[:, None]), b_kw, input_precision=PRECISION)
 
 
 @triton.jit
@@ -122,13 +131,14 @@ def _replay_flush(
     i_b, i_s, i_h, i_hv, b_f, b_k, b_q, b_g, b_beta, b_Gl, b_Gw, b_kw, o_w,
     s_vb, s_vh, s_vv, s_ob, s_oh, s_ov,
     C: tl.constexpr, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-    BK: tl.constexpr, BVF: tl.constexpr, JB: tl.constexpr, HAS_COPY: tl.constexpr, IS_FP8: tl.constexpr,
+    BK: tl.constexpr, BVF: tl.constexpr, JB: tl.constexpr, STAGES: tl.constexpr, HAS_COPY: tl.constexpr,
+    IS_FP8: tl.constexpr,
 ):
     """The step that fills the window: fold the buffer into the full checkpoint, take this step from it, store it."""
     o_k = tl.arange(0, BK)
     m_k = o_k < K
-    # BVF rows at a time, so that this rare branch does not raise the register count of the common one.
-    for i_v in range(0, V, BVF):
+    # BVF rows at a time (a pipelined loop), so that this rare branch does not raise the register count of the common one.
+    for i_v in tl.range(0, V, BVF, num_stages=STAGES):
         o_v = i_v + tl.arange(0, BVF)
         m_v = o_v < V
         m_s = m_v[:, None] & m_k[None, :]
@@ -140,12 +150,12 @@ def _replay_flush(
             b_d = b_s - _read_copy(rcopy, rscale, o_s, o_r, m_s, m_v, IS_FP8)
             b_s = _fold(
                 b_s * tl.exp(b_Gl), b_d, buf_u, buf_k, buf_g, buf_b, i_s, i_h, i_hv, o_v, m_v, o_k, m_k, o_w, b_f, b_Gl,
-                b_Gw, b_kw, C, H, HV, K, V, JB, True,
+                b_Gw, b_kw, C, H, HV, K, V, JB, True, "ieee",
             )
         else:
             b_s = _fold(
                 b_s * tl.exp(b_Gl), b_s, buf_u, buf_k, buf_g, buf_b, i_s, i_h, i_hv, o_v, m_v, o_k, m_k, o_w, b_f, b_Gl,
-                b_Gw, b_kw, C, H, HV, K, V, JB, False,
+                b_Gw, b_kw, C, H, HV, K, V, JB, False, "ieee",
             )
         b_v = tl.load(v + i_b * s_vb + i_hv * s_vh + o_v * s_vv, mask=m_v, other=0.0).to(tl.float32)
         b_s *= tl.exp(b_g)
@@ -157,6 +167,16 @@ def _replay_flush(
         tl.store(ckpt + o_s, b_s.to(ckpt.dtype.element_ty), mask=m_s)
         if HAS_COPY:
             _store_read_copy(rcopy, rscale, o_s, o_r, b_s, m_s, m_v, IS_FP8)
+
+
+@triton.jit
+def _row_sums(b_s, b_k3, b_q3, b_rk, b_rq):
+    """[BV] sums of the rows of b_s [BV, NC, VK] times k and q [NC, VK], scaled by b_rk and b_rq."""
+    b_s = b_s.to(tl.float32)
+    # The chunk axis first: it lies within each thread, and only the VK axis's lanes then shuffle.
+    b_sk = tl.sum(tl.sum(b_s * b_k3[None, :, :], 1), 1)
+    b_sq = tl.sum(tl.sum(b_s * b_q3[None, :, :], 1), 1)
+    return b_sk * b_rk, b_sq * b_rq
 
 
 @triton.jit
@@ -172,8 +192,8 @@ def _replay_kernel(
     scale,
     W: tl.constexpr, C: tl.constexpr,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-    BK: tl.constexpr, BV: tl.constexpr, BVF: tl.constexpr, BW: tl.constexpr, JB: tl.constexpr,
-    USE_QK_L2NORM: tl.constexpr, HAS_COPY: tl.constexpr, IS_FP8: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr, BVF: tl.constexpr, BW: tl.constexpr, JB: tl.constexpr, VK: tl.constexpr,
+    STAGES: tl.constexpr, USE_QK_L2NORM: tl.constexpr, HAS_COPY: tl.constexpr, IS_FP8: tl.constexpr,
 ):
     i_b, i_hv = tl.program_id(0), tl.program_id(1)
     i_s = tl.load(slots + i_b).to(tl.int64)
@@ -183,63 +203,91 @@ def _replay_kernel(
     o_k = tl.arange(0, BK)
     o_w = tl.arange(0, BW)
     m_k = o_k < K
+    # A non-flush step reduces its tiles over K. They are held as [BV, BK / VK, VK] so that each thread sums its
+    # VK-wide pieces of a row in registers and only the lanes that share a row meet in shuffles.
+    NC: tl.constexpr = BK // VK
+    o_k3 = tl.arange(0, NC)[:, None] * VK + tl.arange(0, VK)[None, :]
+    m_k3 = o_k3 < K
+    o_h = (i_s * HV + i_hv) * V
+    # The tile read bounds a non-flush step: when it is one chunk, it is issued before the fill it does not depend on.
+    if BV >= V:
+        o_v = tl.arange(0, BV)
+        o_r = (o_h + o_v[:, None, None]) * K + o_k3[None, :, :]
+        m_r = (o_v < V)[:, None, None] & m_k3[None, :, :]
+        if HAS_COPY:
+            b_r = tl.load(rcopy + o_r, mask=m_r, other=0.0)
+        else:
+            b_r = tl.load(ckpt + o_r, mask=m_r, other=0.0)
     p_f = fill + i_s * HV + i_hv
     b_f = tl.load(p_f)
     m_w = o_w < b_f
 
-    b_q = tl.load(q + i_b * s_qb + i_h * s_qh + o_k * s_qk, mask=m_k, other=0.0).to(tl.float32)
-    b_k = tl.load(k + i_b * s_kb + i_h * s_kh + o_k * s_kk, mask=m_k, other=0.0).to(tl.float32)
-    # The f buffered entries' log-decays [BW] and keys [BW, BK], one read each.
-    b_Gw = tl.load(buf_g + (i_s * C + o_w) * HV + i_hv, mask=m_w, other=0.0)
-    b_kw = tl.load(buf_k + ((i_s * C + o_w[:, None]) * H + i_h) * K + o_k[None, :], mask=m_w[:, None] & m_k[None, :],
-                   other=0.0)
-    if USE_QK_L2NORM:
-        b_q = l2norm(b_q)
-        b_k = l2norm(b_k)
-    b_q = b_q * scale
     b_g = tl.load(g + i_b * s_gb + i_hv * s_gh).to(tl.float32)
     b_beta = tl.load(beta + i_b * s_bb + i_hv * s_bh).to(tl.float32)
-    # log-decay since the checkpoint after the last committed entry
+    b_q = tl.load(q + i_b * s_qb + i_h * s_qh + o_k * s_qk, mask=m_k, other=0.0).to(tl.float32)
+    b_k = tl.load(k + i_b * s_kb + i_h * s_kh + o_k * s_kk, mask=m_k, other=0.0).to(tl.float32)
+    # The f buffered entries' log-decays [BW], and the log-decay since the checkpoint after the last of them.
+    b_Gw = tl.load(buf_g + (i_s * C + o_w) * HV + i_hv, mask=m_w, other=0.0)
     b_Gl = tl.load(buf_g + (i_s * C + tl.maximum(b_f - 1, 0)) * HV + i_hv, mask=b_f > 0, other=0.0)
+    # [NC, VK] q and k as given, in the shape of the tiles: their factors go on the row sums instead.
+    b_q3 = tl.load(q + i_b * s_qb + i_h * s_qh + o_k3 * s_qk, mask=m_k3, other=0.0).to(tl.float32)
+    b_k3 = tl.load(k + i_b * s_kb + i_h * s_kh + o_k3 * s_kk, mask=m_k3, other=0.0).to(tl.float32)
+    b_rq, b_rk = qk_factors(b_q, b_k, scale, USE_QK_L2NORM)
+    b_k = b_k * b_rk
+    b_q = b_q * b_rq
+    if BV >= V:
+        # Reduced before the branch, so that the tile is not held through the buffer's reads.
+        b_sk, b_sq = _row_sums(b_r, b_k3, b_q3, b_rk, b_rq)
 
     if b_f + 1 >= W:
+        # [BW, BK] the buffered keys
+        b_kw = tl.load(buf_k + ((i_s * C + o_w[:, None]) * H + i_h) * K + o_k[None, :],
+                       mask=m_w[:, None] & m_k[None, :], other=0.0)
         _replay_flush(
             ckpt, rcopy, rscale, buf_u, buf_k, buf_g, buf_b, v, o,
             i_b, i_s, i_h, i_hv, b_f, b_k, b_q, b_g, b_beta, b_Gl, b_Gw, b_kw, o_w,
             s_vb, s_vh, s_vv, s_ob, s_oh, s_ov,
-            C, H, HV, K, V, BK, BVF, JB, HAS_COPY, IS_FP8,
+            C, H, HV, K, V, BK, BVF, JB, STAGES, HAS_COPY, IS_FP8,
         )
         tl.store(p_f, 0)
     else:
+        # [BW, NC, VK] the buffered keys
+        b_kw3 = tl.load(buf_k + ((i_s * C + o_w[:, None, None]) * H + i_h) * K + o_k3[None, :, :],
+                        mask=m_w[:, None, None] & m_k3[None, :, :], other=0.0)
         b_Gt = b_Gl + b_g
         # [BW] weights of the committed updates in S_{t-1} k_t and S_t q_t
         b_decay = tl.where(m_w, tl.exp(b_Gt - b_Gw), 0.0)
-        b_wk = b_decay * tl.sum(b_kw * b_k[None, :], 1)
-        b_wq = b_decay * tl.sum(b_kw * b_q[None, :], 1)
+        b_wk, b_wq = _row_sums(b_kw3, b_k3, b_q3, b_rk, b_rq)
+        b_wk *= b_decay
+        b_wq *= b_decay
         b_kq = tl.sum(b_k * b_q)
         b_eG = tl.exp(b_Gt)
         o_u = ((i_s * C + o_w) * HV + i_hv) * V
-        for i_v in tl.static_range(0, V, BV):
+        # With BV < V the tile streams BV rows at a time through a pipelined loop (cp.async into shared memory).
+        for i_v in tl.range(0, V, BV, num_stages=STAGES):
             o_v = i_v + tl.arange(0, BV)
             m_v = o_v < V
-            m_s = m_v[:, None] & m_k[None, :]
-            o_s = ((i_s * HV + i_hv) * V + o_v[:, None]) * K + o_k[None, :]
-            # [BV, BK]
-            if HAS_COPY:
-                b_s = tl.load(rcopy + o_s, mask=m_s, other=0.0).to(tl.float32)
-            else:
-                b_s = tl.load(ckpt + o_s, mask=m_s, other=0.0).to(tl.float32)
+            if BV < V:
+                o_r = (o_h + o_v[:, None, None]) * K + o_k3[None, :, :]
+                m_r = m_v[:, None, None] & m_k3[None, :, :]
+                # [BV, NC, VK]
+                if HAS_COPY:
+                    b_s = tl.load(rcopy + o_r, mask=m_r, other=0.0)
+                else:
+                    b_s = tl.load(ckpt + o_r, mask=m_r, other=0.0)
+                b_sk, b_sq = _row_sums(b_s, b_k3, b_q3, b_rk, b_rq)
             # [BW, BV]
             b_uw = tl.load(buf_u + o_u[:, None] + o_v[None, :], mask=m_w[:, None] & m_v[None, :], other=0.0)
             b_v = tl.load(v + i_b * s_vb + i_hv * s_vh + o_v * s_vv, mask=m_v, other=0.0).to(tl.float32)
-            b_sk = tl.sum(b_s * b_k[None, :], 1)
-            b_sq = tl.sum(b_s * b_q[None, :], 1)
+            # [BV] the committed updates' parts of S_{t-1} k_t and S_t q_t
+            b_bk = tl.sum(b_wk[:, None] * b_uw, 0)
+            b_bq = tl.sum(b_wq[:, None] * b_uw, 0)
             if IS_FP8:
-                b_sc = tl.load(rscale + (i_s * HV + i_hv) * V + o_v, mask=m_v, other=0.0)
+                b_sc = tl.load(rscale + o_h + o_v, mask=m_v, other=0.0)
                 b_sk *= b_sc
                 b_sq *= b_sc
-            b_u = b_beta * (b_v - b_eG * b_sk - tl.sum(b_wk[:, None] * b_uw, 0))
-            b_o = b_eG * b_sq + tl.sum(b_wq[:, None] * b_uw, 0) + b_kq * b_u
+            b_u = b_beta * (b_v - b_eG * b_sk - b_bk)
+            b_o = b_eG * b_sq + b_bq + b_kq * b_u
             tl.store(o + i_b * s_ob + i_hv * s_oh + o_v * s_ov, cast(b_o, o.dtype.element_ty), mask=m_v)
             tl.store(buf_u + ((i_s * C + b_f) * HV + i_hv) * V + o_v, b_u, mask=m_v)
         if i_hv % (HV // H) == 0:
@@ -323,12 +371,12 @@ def _verify_kernel(
                 b_d = b_s - _read_copy(rcopy, rscale, o_s, o_r, m_s, m_v, IS_FP8)
                 b_s = _fold(
                     b_s * tl.exp(b_Gl), b_d, buf_u, buf_k, buf_g, buf_b, i_s, i_h, i_hv, o_v, m_v, o_k, m_k, o_w, b_f,
-                    b_Gl, b_Gw, b_kw, C, H, HV, K, V, JB, True,
+                    b_Gl, b_Gw, b_kw, C, H, HV, K, V, JB, True, "tf32x3",
                 )
             else:
                 b_s = _fold(
                     b_s * tl.exp(b_Gl), b_s, buf_u, buf_k, buf_g, buf_b, i_s, i_h, i_hv, o_v, m_v, o_k, m_k, o_w, b_f,
-                    b_Gl, b_Gw, b_kw, C, H, HV, K, V, JB, False,
+                    b_Gl, b_Gw, b_kw, C, H, HV, K, V, JB, False, "tf32x3",
                 )
             b_s = rounded(b_s, ckpt.dtype.element_ty)
             tl.store(ckpt + o_s, b_s.to(ckpt.dtype.element_ty), mask=m_s)
@@ -344,7 +392,7 @@ def _verify_kernel(
                 b_s = tl.load(ckpt + o_s, mask=m_s, other=0.0).to(tl.float32)
             b_s = _fold(
                 b_s * tl.exp(b_Gl), b_s, buf_u, buf_k, buf_g, buf_b, i_s, i_h, i_hv, o_v, m_v, o_k, m_k, o_w, b_f,
-                b_Gl, b_Gw, b_kw, C, H, HV, K, V, JB, False,
+                b_Gl, b_Gw, b_kw, C, H, HV, K, V, JB, False, "tf32x3",
             )
         # [BT, BV]
         b_Vd = tl.load(
@@ -435,6 +483,8 @@ def _launch_replay(cache, q, k, v, g, beta, out, slots, scale, l2norm, settings)
         BV=min(settings["BV"], next_pow2(cache.V)),
         BVF=max(16, min(settings["BVF"], next_pow2(cache.V))),
         JB=settings["JB"],
+        VK=min(settings["VK"], max(16, next_pow2(cache.K))),
+        STAGES=settings["STAGES"],
         USE_QK_L2NORM=l2norm,
         **compile_options(settings),
     )
@@ -517,7 +567,8 @@ def replay(
     this step from it, stores it, refreshes the read copy and empties the buffer.
     Mutates the cache; returns o (batch, HV, V) in v's dtype (written into `out` when given).
     `launch` overrides BV (rows per chunk of a non-flush step), BVF (of a flush), JB (buffered
-    entries corrected per unrolled group under split precision), num_warps, num_stages, maxnreg. `check` range-checks slots
+    entries corrected per unrolled group under split precision), VK (width of the K pieces a
+    non-flush step reduces its rows in), num_warps, num_stages, maxnreg. `check` range-checks slots
     on the host, a device sync: pass check=False for a step with no host synchronisation (it is
     skipped anyway while a CUDA graph is captured).
     """
@@ -525,7 +576,10 @@ def replay(
     scale = default_scale(cache.K, scale)
     slots = check_slots(slots, batch, cache.nslots, q.device, check)
     out = check_out(out, v.shape, v.dtype, q.device)
-    settings = launch_settings(LAUNCH, launch_name("replay", cache), launch)
+    name = launch_name("replay", cache)
+    if name == "replay" and q.shape[0] * cache.HV < 2 * sm_count(cache.device):
+        name = "replay-small"
+    settings = launch_settings(LAUNCH, name, launch)
     if batch:
         _launch_replay(cache, q, k, v, g, beta, out, slots, scale, bool(use_qk_l2norm_in_kernel), settings)
     return out

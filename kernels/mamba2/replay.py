@@ -192,8 +192,8 @@ def mamba2_materialize_kernel(
 STEP_LAUNCH = [
     ((4, 1 << 30, 1 << 30), {"BP": 64, "BPF": 16, "VN": 32, "RC": 32, "STAGES": 2, "num_warps": 2, "num_stages": 1,
                              "maxnreg": 96}),
-    ((2, 1 << 30, 1 << 30), {"BP": 64, "BPF": 16, "VN": 32, "RC": 32, "STAGES": 2, "num_warps": 2, "num_stages": 1,
-                             "maxnreg": 96}),
+    ((2, 1 << 30, 1 << 30), {"BP": 64, "BPF": 16, "VN": 32, "RC": 32, "STAGES": 3, "num_warps": 2, "num_stages": 1,
+                             "maxnreg": 128}),
 ]
 SMALL_GRID_LAUNCH = [
     ((4, 1 << 30, 1 << 30), {"BP": 16, "BPF": 16, "VN": 32, "RC": 16, "STAGES": 1, "num_warps": 1, "num_stages": 1}),

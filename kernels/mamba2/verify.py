@@ -213,8 +213,8 @@ def mamba2_accept_kernel(
 # (checkpoint itemsize, max N, max P) and `launch=` overrides them. P is split into BP-row blocks, as in replay.
 # maxnreg 168 fits three 4-warp programs in an SM's registers; the Nemotron-layer kernel needs no spills at it.
 VERIFY_LAUNCH = [
-    ((4, 1 << 30, 1 << 30), {"BP": 64, "BPF": 16, "VN": 16, "num_warps": 4, "num_stages": 1, "maxnreg": 168}),
-    ((2, 1 << 30, 1 << 30), {"BP": 64, "BPF": 16, "VN": 16, "num_warps": 4, "num_stages": 1, "maxnreg": 168}),
+    ((4, 1 << 30, 1 << 30), {"BP": 64, "BPF": 16, "VN": 32, "num_warps": 4, "num_stages": 1, "maxnreg": 168}),
+    ((2, 1 << 30, 1 << 30), {"BP": 64, "BPF": 16, "VN": 32, "num_warps": 4, "num_stages": 1, "maxnreg": 168}),
 ]
 VERIFY_KEYS = ("BP", "BPF", "VN", "num_warps", "num_stages", "maxnreg")
 ACCEPT_LAUNCH = {"num_warps": 1, "num_stages": 1}
