@@ -11,8 +11,6 @@ OUT=profiles/reference
 
 replayssm gpu --measure
 replayssm profile --require-gpu -p "$M" --batch "$B" --state-dtype fp32 --read-dtype bf16,fp8 --repeats 15 --out "$OUT/h200-mamba2-fp32-split.json"
-replayssm profile --require-gpu -p "$M" --batch "$B" --state-dtype bf16 --repeats 15 --no-phases --out "$OUT/h200-mamba2-bf16.json"
-replayssm profile --require-gpu -p "$M" --batch "$B" --state-dtype fp32 --draft 2,4 --accept-rate 0.9 --no-phases --repeats 15 --out "$OUT/h200-mamba2-spec.json"
 replayssm profile --require-gpu -p "$Q" --batch "$B" --state-dtype fp32 --read-dtype bf16,fp8 --repeats 15 --out "$OUT/h200-gdn-fp32-split.json"
-replayssm profile --require-gpu -p "$Q" --batch "$B" --state-dtype bf16 --repeats 15 --no-phases --out "$OUT/h200-gdn-bf16.json"
-replayssm profile --require-gpu -p "$Q" --batch "$B" --state-dtype fp32 --draft 4 --accept-rate 0.9 --no-phases --repeats 15 --out "$OUT/h200-gdn-spec.json"
+replayssm profile --require-gpu -p "$M" -p "$Q" --batch "$B" --state-dtype bf16 --repeats 15 --no-phases --out "$OUT/h200-bf16.json"
+replayssm profile --require-gpu -p "$M" -p "$Q" --batch "$B" --state-dtype fp32 --draft 2,4 --accept-rate 0.9 --no-phases --repeats 15 --out "$OUT/h200-spec.json"

@@ -40,7 +40,6 @@ def mamba2_replay_kernel(
     i_sh = i_s * H + i_h
     o_p, o_n, o_w = i_p * BP + tl.arange(0, BP), tl.arange(0, BN), tl.arange(0, BW)
     m_p, m_n = o_p < P, o_n < N
-    m_s = m_p[:, None] & m_n[None, :]
 
     # The non-flush step reduces the tile over N. It is held as [BP, BN / VN, VN] so that each thread sums its
     # VN-wide pieces of a row in registers and only the VN lanes of a row meet in shuffles.
