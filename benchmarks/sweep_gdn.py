@@ -16,10 +16,11 @@ ACCEPTED = 3
 GRID = {
     "decode": [{"BV": 8, "num_warps": 2}, {"BV": 16, "num_warps": 4}, {"BV": 32, "num_warps": 4},
                {"BV": 32, "num_warps": 8}, {"BV": 64, "num_warps": 8}],
-    "replay": [{"BV": bv, "num_warps": nw} for bv in (128, 64) for nw in (2, 4, 8)]
-    + [{"BV": 128, "BVF": 16, "num_warps": 4}, {"BV": 128, "BVF": 64, "num_warps": 4}],
-    "split-bf16": [{"BV": bv, "num_warps": nw} for bv in (128, 64) for nw in (2, 4, 8)]
-    + [{"BV": 128, "BVF": 16, "num_warps": 4}],
+    # maxnreg 255 lifts the replay row's cap for settings that hold the whole tile.
+    "replay": [{"BV": 32, "STAGES": 2, "maxnreg": 96}, {"BV": 32, "STAGES": 3, "maxnreg": 128},
+               {"BV": 64, "STAGES": 2, "maxnreg": 128}, {"BV": 16, "STAGES": 3, "maxnreg": 96},
+               {"BV": 128, "STAGES": 1, "maxnreg": 255}, {"BV": 128, "STAGES": 1, "num_warps": 8, "maxnreg": 255}],
+    "split-bf16": [{"BV": 128}, {"BV": 64, "STAGES": 2}, {"BV": 32, "STAGES": 2}, {"BV": 128, "BVF": 16}],
     "decode-multi": [{"BV": 16, "num_warps": 4}, {"BV": 32, "num_warps": 4}, {"BV": 32, "num_warps": 8}],
     "verify": [{"BV": 32, "num_warps": 4}, {"BV": 16, "num_warps": 4}, {"BV": 32, "num_warps": 8},
                {"BV": 64, "num_warps": 8}],
@@ -27,8 +28,8 @@ GRID = {
 GRID["replay-nonflush"] = GRID["replay-flush"] = GRID["replay"]
 QUICK_GRID = {
     "decode": [{"BV": 16, "num_warps": 4}, {"BV": 32, "num_warps": 4}],
-    "replay": [{"BV": 128, "num_warps": 4}, {"BV": 64, "num_warps": 2}],
-    "split-bf16": [{"BV": 128, "num_warps": 4}],
+    "replay": [{"BV": 32, "STAGES": 2, "maxnreg": 96}, {"BV": 128, "STAGES": 1, "maxnreg": 255}],
+    "split-bf16": [{"BV": 128}],
     "decode-multi": [{"BV": 32, "num_warps": 4}],
     "verify": [{"BV": 32, "num_warps": 4}],
 }
