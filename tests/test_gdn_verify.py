@@ -141,6 +141,38 @@ def test_verify_twice_before_accept_overwrites_the_drafts(device, assert_close):
     assert_caches_close(got, want, assert_close)
 
 
+LAUNCHES = [
+    {"BV": 16, "BVF": 16, "VK": 16, "STAGES": 1},
+    {"BV": 64, "BVF": 32, "JB": 1, "VK": 64, "STAGES": 3, "num_warps": 2},
+]
+
+
+@pytest.mark.parametrize("launch", LAUNCHES, ids=["BV16-BVF16-VK16-STAGES1", "BV64-BVF32-JB1-VK64-STAGES3-warps2"])
+def test_verify_launch_settings_match_reference(device, assert_close, launch):
+    """Other chunkings of the tile, the flush and the K pieces give the reference's outputs and cache, flushes first
+    included (B2-H1-HV2-K40-V24-W3-T2-fp32-bf16-fp32)."""
+    B, H, HV, K, V, W, T = 2, 1, 2, 40, 24, 3, 2
+    got = make_cache((3, H, HV, K, V), W, device, read="bf16", io="fp32", max_draft=T)
+    poison(got)
+    want = got.clone()
+    slots = torch.tensor([2, 0], dtype=torch.int32, device=device)
+    fills = []
+    for step in range(4):
+        inp = gdn.random_inputs(B, H, HV, K, V, T=T, io_dtype=torch.float32, device=device)
+        out = torch.full((B, T, HV, V), NAN, device=device)
+        y = gdn.verify(got, **inp, use_qk_l2norm_in_kernel=True, slots=slots, out=out, launch=launch)
+        y_ref = gdn.verify_ref(want, **inp, use_qk_l2norm_in_kernel=True, slots=slots)
+        assert_close(y, y_ref, torch.float32, torch.bfloat16, what=f"o at step {step}")
+        n = torch.tensor([T, step % (T + 1)], dtype=torch.int32, device=device)
+        gdn.accept(got, n, slots)
+        gdn.accept_ref(want, n, slots)
+        fills.append(int(got.fill[2, 0]))
+    assert any(b < a for a, b in zip(fills, fills[1:])), f"no verify flushed first (fills {fills})"
+    assert_caches_close(got, want, assert_close)
+    with pytest.raises(ValueError, match="unknown key 'BP'"):
+        gdn.verify(got, **inp, slots=slots, launch={"BP": 16})
+
+
 def test_verify_and_accept_bad_input(device):
     cache = make_cache((3, 1, 2, 8, 8), 4, device, io="fp32", max_draft=2)
     with pytest.raises(ValueError, match="verify takes 1 to the cache's max_draft=2"):

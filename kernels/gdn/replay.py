@@ -38,9 +38,13 @@ LAUNCH = {
                      "num_warps": 4, "num_stages": 1, "maxnreg": None},
     "replay-fp8": {"BV": 128, "BVF": 16, "JB": 2, "VK": 32, "STAGES": 2,
                    "num_warps": 4, "num_stages": 1, "maxnreg": None},
-    "verify": {"BV": 32, "JB": 4, "num_warps": 4, "num_stages": 1, "maxnreg": None},
-    "verify-split": {"BV": 32, "JB": 2, "num_warps": 4, "num_stages": 1, "maxnreg": None},
-    "verify-fp8": {"BV": 16, "JB": 1, "num_warps": 4, "num_stages": 1, "maxnreg": None},
+    # verify reads its tile BV rows at a time as a non-flush step does; a row that flushes first folds BVF at a time.
+    "verify": {"BV": 32, "BVF": 16, "JB": 4, "VK": 32, "STAGES": 2,
+               "num_warps": 4, "num_stages": 1, "maxnreg": 128},
+    "verify-split": {"BV": 32, "BVF": 16, "JB": 2, "VK": 32, "STAGES": 2,
+                     "num_warps": 4, "num_stages": 1, "maxnreg": None},
+    "verify-fp8": {"BV": 32, "BVF": 16, "JB": 1, "VK": 32, "STAGES": 2,
+                   "num_warps": 4, "num_stages": 1, "maxnreg": None},
     "accept": {"num_warps": 1},
 }
 
@@ -126,6 +130,27 @@ def _fold(
 
 
 @triton.jit
+def _folded_rows(
+    ckpt, rcopy, rscale, buf_u, buf_k, buf_g, buf_b, i_s, i_h, i_hv, o_v, m_v, o_k, m_k, o_w, b_f, b_Gl, b_Gw, b_kw,
+    C: tl.constexpr, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, JB: tl.constexpr,
+    HAS_COPY: tl.constexpr, IS_FP8: tl.constexpr, PRECISION: tl.constexpr,
+):
+    """Checkpoint rows o_v with the f buffered entries folded in (corrected under a read copy), and their offsets."""
+    m_s = m_v[:, None] & m_k[None, :]
+    o_s = ((i_s * HV + i_hv) * V + o_v[:, None]) * K + o_k[None, :]
+    o_r = (i_s * HV + i_hv) * V + o_v
+    b_s = tl.load(ckpt + o_s, mask=m_s, other=0.0).to(tl.float32)
+    if HAS_COPY:
+        b_d = b_s - _read_copy(rcopy, rscale, o_s, o_r, m_s, m_v, IS_FP8)
+        b_s = _fold(b_s * tl.exp(b_Gl), b_d, buf_u, buf_k, buf_g, buf_b, i_s, i_h, i_hv, o_v, m_v, o_k, m_k, o_w, b_f,
+                    b_Gl, b_Gw, b_kw, C, H, HV, K, V, JB, True, PRECISION)
+    else:
+        b_s = _fold(b_s * tl.exp(b_Gl), b_s, buf_u, buf_k, buf_g, buf_b, i_s, i_h, i_hv, o_v, m_v, o_k, m_k, o_w, b_f,
+                    b_Gl, b_Gw, b_kw, C, H, HV, K, V, JB, False, PRECISION)
+    return b_s, o_s, o_r, m_s
+
+
+@triton.jit
 def _replay_flush(
     ckpt, rcopy, rscale, buf_u, buf_k, buf_g, buf_b, v, o,
     i_b, i_s, i_h, i_hv, b_f, b_k, b_q, b_g, b_beta, b_Gl, b_Gw, b_kw, o_w,
@@ -141,22 +166,11 @@ def _replay_flush(
     for i_v in tl.range(0, V, BVF, num_stages=STAGES):
         o_v = i_v + tl.arange(0, BVF)
         m_v = o_v < V
-        m_s = m_v[:, None] & m_k[None, :]
-        o_s = ((i_s * HV + i_hv) * V + o_v[:, None]) * K + o_k[None, :]
-        o_r = (i_s * HV + i_hv) * V + o_v
         # [BVF, BK] the checkpoint, brought to the state after the buffered entries
-        b_s = tl.load(ckpt + o_s, mask=m_s, other=0.0).to(tl.float32)
-        if HAS_COPY:
-            b_d = b_s - _read_copy(rcopy, rscale, o_s, o_r, m_s, m_v, IS_FP8)
-            b_s = _fold(
-                b_s * tl.exp(b_Gl), b_d, buf_u, buf_k, buf_g, buf_b, i_s, i_h, i_hv, o_v, m_v, o_k, m_k, o_w, b_f, b_Gl,
-                b_Gw, b_kw, C, H, HV, K, V, JB, True, "ieee",
-            )
-        else:
-            b_s = _fold(
-                b_s * tl.exp(b_Gl), b_s, buf_u, buf_k, buf_g, buf_b, i_s, i_h, i_hv, o_v, m_v, o_k, m_k, o_w, b_f, b_Gl,
-                b_Gw, b_kw, C, H, HV, K, V, JB, False, "ieee",
-            )
+        b_s, o_s, o_r, m_s = _folded_rows(
+            ckpt, rcopy, rscale, buf_u, buf_k, buf_g, buf_b, i_s, i_h, i_hv, o_v, m_v, o_k, m_k, o_w, b_f, b_Gl, b_Gw,
+            b_kw, C, H, HV, K, V, JB, HAS_COPY, IS_FP8, "ieee",
+        )
         b_v = tl.load(v + i_b * s_vb + i_hv * s_vh + o_v * s_vv, mask=m_v, other=0.0).to(tl.float32)
         b_s *= tl.exp(b_g)
         b_u = b_beta * (b_v - tl.sum(b_s * b_k[None, :], 1))
@@ -299,6 +313,28 @@ def _replay_kernel(
 
 
 @triton.jit
+def _verify_flush(
+    ckpt, rcopy, rscale, buf_u, buf_k, buf_g, buf_b, i_s, i_h, i_hv, b_f, b_Gl, b_Gw, b_kw, o_w,
+    C: tl.constexpr, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    BK: tl.constexpr, BVF: tl.constexpr, JB: tl.constexpr, HAS_COPY: tl.constexpr, IS_FP8: tl.constexpr,
+):
+    """Fold the buffer into a new checkpoint (updates corrected under a read copy) and store it, BVF rows at a time."""
+    o_k = tl.arange(0, BK)
+    m_k = o_k < K
+    for i_v in range(0, V, BVF):
+        o_v = i_v + tl.arange(0, BVF)
+        m_v = o_v < V
+        b_s, o_s, o_r, m_s = _folded_rows(
+            ckpt, rcopy, rscale, buf_u, buf_k, buf_g, buf_b, i_s, i_h, i_hv, o_v, m_v, o_k, m_k, o_w, b_f, b_Gl, b_Gw,
+            b_kw, C, H, HV, K, V, JB, HAS_COPY, IS_FP8, "tf32x3",
+        )
+        b_s = rounded(b_s, ckpt.dtype.element_ty)
+        tl.store(ckpt + o_s, b_s.to(ckpt.dtype.element_ty), mask=m_s)
+        if HAS_COPY:
+            _store_read_copy(rcopy, rscale, o_s, o_r, b_s, m_s, m_v, IS_FP8)
+
+
+@triton.jit
 def _verify_kernel(
     ckpt, rcopy, rscale, buf_u, buf_k, buf_g, buf_b, fill, arrivals,
     q, k, v, g, beta, o, slots,
@@ -311,8 +347,9 @@ def _verify_kernel(
     scale,
     T: tl.constexpr, W: tl.constexpr, C: tl.constexpr,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-    BK: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr, BW: tl.constexpr, JB: tl.constexpr,
-    USE_QK_L2NORM: tl.constexpr, HAS_COPY: tl.constexpr, IS_FP8: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr, BVF: tl.constexpr, BT: tl.constexpr, BW: tl.constexpr, BWC: tl.constexpr,
+    JB: tl.constexpr, VK: tl.constexpr, STAGES: tl.constexpr, USE_QK_L2NORM: tl.constexpr, HAS_COPY: tl.constexpr,
+    IS_FP8: tl.constexpr,
 ):
     i_b, i_hv = tl.program_id(0), tl.program_id(1)
     i_s = tl.load(slots + i_b).to(tl.int64)
@@ -326,101 +363,131 @@ def _verify_kernel(
     m_k = o_k < K
     m_tk = m_t[:, None] & m_k[None, :]
     m_upto = o_t[None, :] <= o_t[:, None]
+    # The tile is held as [BV, BK / VK, VK] so that each thread sums its VK-wide pieces of a row in registers and
+    # only the lanes that share a row meet in shuffles; the drafts' and the committed entries' keys likewise.
+    NC: tl.constexpr = BK // VK
+    o_k3 = tl.arange(0, NC)[:, None] * VK + tl.arange(0, VK)[None, :]
+    m_k3 = o_k3 < K
+    o_h = (i_s * HV + i_hv) * V
     p_f = fill + i_s * HV + i_hv
     b_f = tl.load(p_f)
-    m_w = o_w < b_f
-    # The committed entries' log-decays [BW] and keys [BW, BK], read before any draft's key is written.
-    b_Gw = tl.load(buf_g + (i_s * C + o_w) * HV + i_hv, mask=m_w, other=0.0)
-    b_kw = tl.load(buf_k + ((i_s * C + o_w[:, None]) * H + i_h) * K + o_k[None, :], mask=m_w[:, None] & m_k[None, :],
-                   other=0.0)
     b_flush = b_f >= W
     # Position of the first draft: after the committed entries, or at 0 when they are folded first.
     b_fe = tl.where(b_flush, 0, b_f)
-
-    # [BT, BK]
-    b_Q = tl.load(q + i_b * s_qb + o_t[:, None] * s_qt + i_h * s_qh + o_k[None, :] * s_qk, mask=m_tk, other=0.0)
-    b_K = tl.load(k + i_b * s_kb + o_t[:, None] * s_kt + i_h * s_kh + o_k[None, :] * s_kk, mask=m_tk, other=0.0)
-    b_Q = b_Q.to(tl.float32)
-    b_K = b_K.to(tl.float32)
-    if USE_QK_L2NORM:
-        b_Q = b_Q / tl.sqrt(tl.sum(b_Q * b_Q, 1) + 1e-6)[:, None]
-        b_K = b_K / tl.sqrt(tl.sum(b_K * b_K, 1) + 1e-6)[:, None]
-    b_Q = b_Q * scale
     b_Gl = tl.load(buf_g + (i_s * C + tl.maximum(b_f - 1, 0)) * HV + i_hv, mask=b_f > 0, other=0.0)
+    # Every committed entry is read before any draft's key is written (the arrivals below).
+    if b_flush:
+        m_w = o_w < b_f
+        # The committed entries' log-decays [BW] and keys [BW, BK]
+        b_Gw = tl.load(buf_g + (i_s * C + o_w) * HV + i_hv, mask=m_w, other=0.0)
+        b_kw = tl.load(buf_k + ((i_s * C + o_w[:, None]) * H + i_h) * K + o_k[None, :],
+                       mask=m_w[:, None] & m_k[None, :], other=0.0)
+        # Into a new checkpoint first, as a flush step would; the drafts then read it with no entries left.
+        _verify_flush(
+            ckpt, rcopy, rscale, buf_u, buf_k, buf_g, buf_b, i_s, i_h, i_hv, b_f, b_Gl, b_Gw, b_kw, o_w,
+            C, H, HV, K, V, BK, BVF, JB, HAS_COPY, IS_FP8,
+        )
+        # The tile reads below see this program's stores, and the drafts' updates overwrite entries it folded.
+        tl.debug_barrier()
+    # The entries still committed on top of the tile read below (fewer than W), and their log-decay since it.
+    o_wc = tl.arange(0, BWC)
+    m_wc = (o_wc < b_f) & (b_f < W)
+    b_G0 = tl.where(b_flush, 0.0, b_Gl)
+    b_Gwc = tl.load(buf_g + (i_s * C + o_wc) * HV + i_hv, mask=m_wc, other=0.0)
+    # [BWC, NC, VK] their keys
+    b_kw3 = tl.load(buf_k + ((i_s * C + o_wc[:, None, None]) * H + i_h) * K + o_k3[None, :, :],
+                    mask=m_wc[:, None, None] & m_k3[None, :, :], other=0.0)
+    # [BT, NC, VK] the drafts' keys as given
+    b_K3 = tl.load(k + i_b * s_kb + o_t[:, None, None] * s_kt + i_h * s_kh + o_k3[None, :, :] * s_kk,
+                   mask=m_t[:, None, None] & m_k3[None, :, :], other=0.0).to(tl.float32)
     b_gd = tl.load(g + i_b * s_gb + o_t * s_gt + i_hv * s_gh, mask=m_t, other=0.0).to(tl.float32)
     b_bd = tl.load(beta + i_b * s_bb + o_t * s_bt + i_hv * s_bh, mask=m_t, other=0.0).to(tl.float32)
     # [BT] log-decay after each draft since the committed state
     b_cum = tl.sum(tl.where(m_upto, b_gd[None, :], 0.0), 1)
     b_ec = tl.exp(b_cum)
+    # The drafts' factors (l2-norm, scale) go on the products of q and k as given, not on q and k.
+    if USE_QK_L2NORM:
+        b_Q3 = tl.load(q + i_b * s_qb + o_t[:, None, None] * s_qt + i_h * s_qh + o_k3[None, :, :] * s_qk,
+                       mask=m_t[:, None, None] & m_k3[None, :, :], other=0.0).to(tl.float32)
+        b_rq = scale / tl.sqrt(tl.sum(tl.sum(b_Q3 * b_Q3, 2), 1) + 1e-6)
+        b_rk = 1.0 / tl.sqrt(tl.sum(tl.sum(b_K3 * b_K3, 2), 1) + 1e-6)
+    else:
+        b_rq = tl.full([BT], scale, tl.float32)
+        b_rk = tl.full([BT], 1.0, tl.float32)
+    # [BT, BT] row i, column i': k_i'·k_i and k_i'·q_i; [BWC, BT] k_j·k_i and k_j·q_i of committed entry j
+    b_KK = tl.zeros([BT, BT], dtype=tl.float32)
+    b_QK = tl.zeros([BT, BT], dtype=tl.float32)
+    b_Wck = tl.zeros([BWC, BT], dtype=tl.float32)
+    b_Wcq = tl.zeros([BWC, BT], dtype=tl.float32)
+    for i in tl.static_range(T):
+        b_k3 = tl.load(k + i_b * s_kb + i * s_kt + i_h * s_kh + o_k3 * s_kk, mask=m_k3, other=0.0).to(tl.float32)
+        b_q3 = tl.load(q + i_b * s_qb + i * s_qt + i_h * s_qh + o_k3 * s_qk, mask=m_k3, other=0.0).to(tl.float32)
+        b_kki, b_qki = _row_sums(b_K3, b_k3, b_q3, 1.0, 1.0)
+        b_KK = tl.where(o_t[:, None] == i, b_kki[None, :], b_KK)
+        b_QK = tl.where(o_t[:, None] == i, b_qki[None, :], b_QK)
+        b_wki, b_wqi = _row_sums(b_kw3, b_k3, b_q3, 1.0, 1.0)
+        b_Wck = tl.where(o_t[None, :] == i, b_wki[:, None], b_Wck)
+        b_Wcq = tl.where(o_t[None, :] == i, b_wqi[:, None], b_Wcq)
     # [BT, BT] row i, column i': weight of draft i''s update in draft i's S k (i' < i) and S q (i' <= i)
-    b_Ed = tl.exp(tl.where(m_upto, b_cum[:, None] - b_cum[None, :], 0.0))
-    b_Wk = tl.where(o_t[None, :] < o_t[:, None], b_Ed * tl.sum(b_K[:, None, :] * b_K[None, :, :], 2), 0.0)
-    b_Wq = tl.where(m_upto, b_Ed * tl.sum(b_Q[:, None, :] * b_K[None, :, :], 2), 0.0)
+    b_Ed = tl.exp(tl.where(m_upto, b_cum[:, None] - b_cum[None, :], 0.0)) * b_rk[None, :]
+    b_Wk = tl.where(o_t[None, :] < o_t[:, None], b_Ed * b_KK * b_rk[:, None], 0.0)
+    b_Wq = tl.where(m_upto, b_Ed * b_QK * b_rq[:, None], 0.0)
+    # [BWC, BT] weight of committed entry j's update in draft i's S k and S q
+    b_dc = tl.where(m_wc, tl.exp(b_G0 - b_Gwc), 0.0)
+    b_Wck *= b_dc[:, None] * (b_ec * b_rk)[None, :]
+    b_Wcq *= b_dc[:, None] * (b_ec * b_rq)[None, :]
+    # [BT] weights of the tile's row sums with the raw k_i and q_i
+    b_fk = tl.exp(b_G0 + b_cum) * b_rk
+    b_fq = tl.exp(b_G0 + b_cum) * b_rq
+    # The drafts' recurrence u_i = beta_i (r_i - sum_{i'<i} Wk[i, i'] u_i') solved once: U = R Aᵀ, [BT, BT] A lower
+    # triangular; r_i = v_i - S k_i from the committed state. Then O = S Q + Wq U = S Q + R Mᵀ with M = Wq A.
+    b_A = tl.zeros([BT, BT], dtype=tl.float32)
+    for i in tl.static_range(T):
+        b_wki = tl.sum(tl.where(o_t[:, None] == i, b_Wk, 0.0), 0)
+        b_bi = tl.sum(tl.where(o_t == i, b_bd, 0.0))
+        b_ai = b_bi * (tl.where(o_t == i, 1.0, 0.0) - tl.sum(b_wki[:, None] * b_A, 0))
+        b_A = tl.where(o_t[:, None] == i, b_ai[None, :], b_A)
+    b_M = tl.sum(b_Wq[:, :, None] * b_A[None, :, :], 1)
 
-    for i_v in tl.static_range(0, V, BV):
+    o_u = ((i_s * C + o_wc) * HV + i_hv) * V
+    for i_v in tl.range(0, V, BV, num_stages=STAGES):
         o_v = i_v + tl.arange(0, BV)
         m_v = o_v < V
-        m_s = m_v[:, None] & m_k[None, :]
-        o_s = ((i_s * HV + i_hv) * V + o_v[:, None]) * K + o_k[None, :]
-        o_r = (i_s * HV + i_hv) * V + o_v
-        # [BV, BK] the committed state: the checkpoint plus the buffer, folded
-        if b_flush:
-            # Into a new checkpoint first, as a flush step would: from the full checkpoint, updates corrected.
-            b_s = tl.load(ckpt + o_s, mask=m_s, other=0.0).to(tl.float32)
-            if HAS_COPY:
-                b_d = b_s - _read_copy(rcopy, rscale, o_s, o_r, m_s, m_v, IS_FP8)
-                b_s = _fold(
-                    b_s * tl.exp(b_Gl), b_d, buf_u, buf_k, buf_g, buf_b, i_s, i_h, i_hv, o_v, m_v, o_k, m_k, o_w, b_f,
-                    b_Gl, b_Gw, b_kw, C, H, HV, K, V, JB, True, "tf32x3",
-                )
-            else:
-                b_s = _fold(
-                    b_s * tl.exp(b_Gl), b_s, buf_u, buf_k, buf_g, buf_b, i_s, i_h, i_hv, o_v, m_v, o_k, m_k, o_w, b_f,
-                    b_Gl, b_Gw, b_kw, C, H, HV, K, V, JB, False, "tf32x3",
-                )
-            b_s = rounded(b_s, ckpt.dtype.element_ty)
-            tl.store(ckpt + o_s, b_s.to(ckpt.dtype.element_ty), mask=m_s)
-            if HAS_COPY:
-                b_s = _store_read_copy(rcopy, rscale, o_s, o_r, b_s, m_s, m_v, IS_FP8)
-            # The drafts' updates below overwrite entries that other threads may still be folding.
-            tl.debug_barrier()
+        m_vt = m_v[:, None] & m_t[None, :]
+        o_r = (o_h + o_v[:, None, None]) * K + o_k3[None, :, :]
+        m_r = m_v[:, None, None] & m_k3[None, :, :]
+        # [BV, NC, VK] the tile: the read copy unless a flush just stored the checkpoint it copies
+        if HAS_COPY:
+            b_s = tl.load(rcopy + o_r, mask=m_r, other=0.0)
         else:
-            # As a non-flush step would: from the read copy when there is one.
-            if HAS_COPY:
-                b_s = _read_copy(rcopy, rscale, o_s, o_r, m_s, m_v, IS_FP8)
-            else:
-                b_s = tl.load(ckpt + o_s, mask=m_s, other=0.0).to(tl.float32)
-            b_s = _fold(
-                b_s * tl.exp(b_Gl), b_s, buf_u, buf_k, buf_g, buf_b, i_s, i_h, i_hv, o_v, m_v, o_k, m_k, o_w, b_f,
-                b_Gl, b_Gw, b_kw, C, H, HV, K, V, JB, False, "tf32x3",
-            )
-        # [BT, BV]
-        b_Vd = tl.load(
-            v + i_b * s_vb + o_t[:, None] * s_vt + i_hv * s_vh + o_v[None, :] * s_vv,
-            mask=m_t[:, None] & m_v[None, :], other=0.0,
-        ).to(tl.float32)
-        b_Ud = tl.zeros([BT, BV], dtype=tl.float32)
-        b_Od = tl.zeros([BT, BV], dtype=tl.float32)
+            b_s = tl.load(ckpt + o_r, mask=m_r, other=0.0)
+        # [BV, BT] the tile's row sums with each draft's k and q as given, one read of the tile for all drafts
+        b_SK = tl.zeros([BV, BT], dtype=tl.float32)
+        b_SQ = tl.zeros([BV, BT], dtype=tl.float32)
         for i in tl.static_range(T):
-            m_i = (o_t == i)[:, None]
-            b_ki = tl.sum(tl.where(m_i, b_K, 0.0), 0)
-            b_qi = tl.sum(tl.where(m_i, b_Q, 0.0), 0)
-            b_ei = tl.sum(tl.where(o_t == i, b_ec, 0.0))
-            b_bi = tl.sum(tl.where(o_t == i, b_bd, 0.0))
-            b_ui = b_bi * (
-                tl.sum(tl.where(m_i, b_Vd, 0.0), 0)
-                - b_ei * tl.sum(b_s * b_ki[None, :], 1)
-                - tl.sum(tl.sum(tl.where(m_i, b_Wk, 0.0), 0)[:, None] * b_Ud, 0)
-            )
-            b_Ud = tl.where(m_i, b_ui[None, :], b_Ud)
-            b_wq = tl.sum(tl.where(m_i, b_Wq, 0.0), 0)
-            b_oi = b_ei * tl.sum(b_s * b_qi[None, :], 1) + tl.sum(b_wq[:, None] * b_Ud, 0)
-            b_Od = tl.where(m_i, b_oi[None, :], b_Od)
-        m_tv = m_t[:, None] & m_v[None, :]
-        p_o = o + i_b * s_ob + o_t[:, None] * s_ot + i_hv * s_oh + o_v[None, :] * s_ov
-        tl.store(p_o, cast(b_Od, o.dtype.element_ty), mask=m_tv)
-        tl.store(buf_u + ((i_s * C + b_fe + o_t[:, None]) * HV + i_hv) * V + o_v[None, :], b_Ud, mask=m_tv)
-    tl.store(buf_g + (i_s * C + b_fe + o_t) * HV + i_hv, tl.where(b_flush, 0.0, b_Gl) + b_cum, mask=m_t)
+            b_k3 = tl.load(k + i_b * s_kb + i * s_kt + i_h * s_kh + o_k3 * s_kk, mask=m_k3, other=0.0).to(tl.float32)
+            b_q3 = tl.load(q + i_b * s_qb + i * s_qt + i_h * s_qh + o_k3 * s_qk, mask=m_k3, other=0.0).to(tl.float32)
+            b_ski, b_sqi = _row_sums(b_s, b_k3, b_q3, 1.0, 1.0)
+            b_SK = tl.where(o_t[None, :] == i, b_ski[:, None], b_SK)
+            b_SQ = tl.where(o_t[None, :] == i, b_sqi[:, None], b_SQ)
+        if IS_FP8:
+            b_sc = tl.load(rscale + o_h + o_v, mask=m_v, other=0.0)
+            b_SK *= b_sc[:, None]
+            b_SQ *= b_sc[:, None]
+        # [BV, BWC] the committed updates
+        b_uw = tl.load(buf_u + o_u[None, :] + o_v[:, None], mask=m_wc[None, :] & m_v[:, None], other=0.0)
+        b_Vd = tl.load(
+            v + i_b * s_vb + o_t[None, :] * s_vt + i_hv * s_vh + o_v[:, None] * s_vv, mask=m_vt, other=0.0,
+        ).to(tl.float32)
+        # [BV, BT] R, then U = R Aᵀ and O; each product is ordered so that its sum lands in the tile's layout
+        b_R = b_Vd - b_SK * b_fk[None, :] - tl.sum(b_uw[:, None, :] * tl.trans(b_Wck)[None, :, :], 2)
+        b_U = tl.sum(b_R[:, :, None] * tl.trans(b_A)[None, :, :], 1)
+        b_O = b_SQ * b_fq[None, :] + tl.sum(b_uw[:, None, :] * tl.trans(b_Wcq)[None, :, :], 2)
+        b_O += tl.sum(b_R[:, :, None] * tl.trans(b_M)[None, :, :], 1)
+        p_o = o + i_b * s_ob + o_t[None, :] * s_ot + i_hv * s_oh + o_v[:, None] * s_ov
+        tl.store(p_o, cast(b_O, o.dtype.element_ty), mask=m_vt)
+        tl.store(buf_u + ((i_s * C + b_fe + o_t[None, :]) * HV + i_hv) * V + o_v[:, None], b_U, mask=m_vt)
+    tl.store(buf_g + (i_s * C + b_fe + o_t) * HV + i_hv, b_G0 + b_cum, mask=m_t)
     if HAS_COPY:
         tl.store(buf_b + (i_s * C + b_fe + o_t) * HV + i_hv, b_bd, mask=m_t)
     if b_flush:
@@ -431,6 +498,11 @@ def _verify_kernel(
     p_a = arrivals + i_s * H + i_h
     if tl.atomic_add(p_a, 1, sem="acq_rel") == HV // H - 1:
         tl.store(p_a, 0)
+        # [BT, BK]
+        b_K = tl.load(k + i_b * s_kb + o_t[:, None] * s_kt + i_h * s_kh + o_k[None, :] * s_kk, mask=m_tk, other=0.0)
+        b_K = b_K.to(tl.float32)
+        if USE_QK_L2NORM:
+            b_K = b_K / tl.sqrt(tl.sum(b_K * b_K, 1) + 1e-6)[:, None]
         tl.store(buf_k + ((i_s * C + b_fe + o_t[:, None]) * H + i_h) * K + o_k[None, :], b_K, mask=m_tk)
 
 
@@ -502,10 +574,13 @@ def _launch_verify(cache, q, k, v, g, beta, out, slots, scale, l2norm, settings)
         s_bb=beta.stride(0), s_bt=beta.stride(1), s_bh=beta.stride(2),
         s_ob=out.stride(0), s_ot=out.stride(1), s_oh=out.stride(2), s_ov=out.stride(3),
         scale=scale,
-        T=T, BT=next_pow2(T),
+        T=T, BT=next_pow2(T), BWC=max(16, next_pow2(cache.window)),
         **_cache_constants(cache),
         BV=max(16, min(settings["BV"], next_pow2(cache.V))),
+        BVF=max(16, min(settings["BVF"], next_pow2(cache.V))),
         JB=settings["JB"],
+        VK=min(settings["VK"], max(16, next_pow2(cache.K))),
+        STAGES=settings["STAGES"],
         USE_QK_L2NORM=l2norm,
         **compile_options(settings),
     )
@@ -604,12 +679,14 @@ def verify(
 
     q, k (batch, T, H, K), v (batch, T, HV, V), g, beta (batch, T, HV), 1 <= T <= cache.max_draft.
     Rows whose buffer holds W or more committed entries are flushed first (as a flush step would).
-    Each (row, value head) reads its checkpoint once (the read copy unless flushing), adds its
-    committed entries, and solves the drafts in sequence in registers: draft i's update is exact,
-    from the state after drafts 0..i-1. The drafts are appended at fill .. fill + T - 1 (0 .. T - 1
+    Each (row, value head) reads its tile once (the read copy, or the new checkpoint after a flush)
+    and takes S k_i and S q_i for every draft from that one read; the committed entries and the drafts
+    enter through small [entries, T] and [T, T] weight matrices, so draft i's update is exact, from
+    the state after drafts 0..i-1. The drafts are appended at fill .. fill + T - 1 (0 .. T - 1
     after a flush) and fill is not advanced, so a later verify or step overwrites the rejected ones.
-    Returns o (batch, T, HV, V) in v's dtype (written into `out` when given). slots, launch
-    (BV, JB, num_warps, num_stages, maxnreg), check: as in `replay`.
+    Returns o (batch, T, HV, V) in v's dtype (written into `out` when given). `launch` overrides BV
+    (rows of the tile per pipelined chunk), BVF (rows per chunk of a flush-first fold), JB, VK, STAGES
+    (the chunks' pipeline depth), num_warps, num_stages, maxnreg; slots, check: as in `replay`.
     """
     batch, T = _check_against_cache(cache, _verify_kernel, q, k, v, g, beta, tokens=True)
     if not 1 <= T <= cache.max_draft:
