@@ -395,12 +395,17 @@ def shipped_ceilings(spec: GpuSpec) -> Ceilings | None:
 
 
 def ceilings_for(spec: GpuSpec, detected: DetectedGpu | None = None) -> Ceilings:
-    """The ceilings to use: a cached measurement of the detected GPU under its driver if there is one, else the
-    datasheet; for a GPU named rather than detected, the measurement shipped for its spec where there is one."""
+    """The ceilings to use: a cached measurement of the detected GPU under its driver if there is one, else one
+    shipped for its spec under the same GPU name and driver, else the datasheet; for a GPU named rather than
+    detected, the measurement shipped for its spec where there is one."""
     if detected is not None:
         cached = cached_ceilings(detected.name, detected.driver)
         if cached is not None:
             return cached
+        # A measurement shipped for this GPU under the same driver stands in for one cached here.
+        shipped = shipped_ceilings(spec)
+        if shipped is not None and (shipped.gpu_name, shipped.driver) == (detected.name, detected.driver):
+            return shipped
     else:
         shipped = shipped_ceilings(spec)
         if shipped is not None:

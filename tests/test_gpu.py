@@ -207,6 +207,17 @@ def test_ceilings_for_prefers_cache_then_datasheet(nvml):
     assert G.ceilings_for(spec, detected).copy_gbs == 4250.0
 
 
+def test_ceilings_for_a_detected_gpu_use_the_shipped_measurement_only_under_its_driver(nvml):
+    from dataclasses import replace
+
+    spec, detected = G.load_gpu("h200"), G.detect()
+    shipped = G.shipped_ceilings(spec)
+    same = replace(detected, name=shipped.gpu_name, driver=shipped.driver)
+    assert G.ceilings_for(spec, same) == shipped
+    other = replace(same, driver="999.1")
+    assert G.ceilings_for(spec, other).source == "datasheet"
+
+
 def test_ceilings_for_a_named_gpu_use_its_shipped_measurement_else_the_datasheet():
     shipped = G.ceilings_for(G.load_gpu("h200"))
     assert shipped.source.endswith("(shipped reference)") and shipped.source.startswith("measured")
