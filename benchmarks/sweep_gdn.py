@@ -14,24 +14,32 @@ WINDOW = 16
 DRAFT = 4
 ACCEPTED = 3
 GRID = {
-    "decode": [{"BV": 8, "num_warps": 2}, {"BV": 16, "num_warps": 4}, {"BV": 32, "num_warps": 4},
-               {"BV": 32, "num_warps": 8}, {"BV": 64, "num_warps": 8}],
-    # maxnreg 255 lifts the replay row's cap for settings that hold the whole tile.
-    "replay": [{"BV": 32, "STAGES": 2, "maxnreg": 96}, {"BV": 32, "STAGES": 3, "maxnreg": 128},
-               {"BV": 64, "STAGES": 2, "maxnreg": 128}, {"BV": 16, "STAGES": 3, "maxnreg": 96},
-               {"BV": 128, "STAGES": 1, "maxnreg": 255}, {"BV": 128, "STAGES": 1, "num_warps": 8, "maxnreg": 255}],
+    "decode": [{"BV": 4, "num_warps": 1}, {"BV": 8, "num_warps": 1}, {"BV": 8, "VK": 16, "num_warps": 1},
+               {"BV": 16, "num_warps": 1}, {"BV": 8, "num_warps": 2}, {"BV": 32, "num_warps": 4}],
+    # maxnreg 255 lifts the replay row's cap for settings that hold the whole tile; VP < 128 splits each head's
+    # rows over programs.
+    "replay": [{"VP": 128, "BV": 32, "STAGES": 2, "maxnreg": 96}, {"VP": 128, "BV": 32, "STAGES": 3, "maxnreg": 128},
+               {"VP": 128, "BV": 128, "STAGES": 1, "num_warps": 4, "maxnreg": 255},
+               {"VP": 64, "BV": 64, "BVF": 16, "STAGES": 1, "num_warps": 4, "maxnreg": 255},
+               {"VP": 32, "BV": 32, "BVF": 16, "STAGES": 1, "num_warps": 4, "maxnreg": 255},
+               {"VP": 32, "BV": 32, "BVF": 16, "STAGES": 1, "num_warps": 2, "maxnreg": 255},
+               {"VP": 32, "BV": 32, "BVF": 16, "STAGES": 1, "num_warps": 1, "maxnreg": 255},
+               {"VP": 16, "BV": 16, "BVF": 16, "STAGES": 1, "num_warps": 2, "maxnreg": 255},
+               {"VP": 16, "BV": 16, "BVF": 16, "STAGES": 1, "num_warps": 1, "maxnreg": 255}],
     "split-bf16": [{"BV": 128}, {"BV": 64, "STAGES": 2}, {"BV": 32, "STAGES": 2}, {"BV": 128, "BVF": 16}],
-    "decode-multi": [{"BV": 16, "num_warps": 4}, {"BV": 32, "num_warps": 4}, {"BV": 32, "num_warps": 8}],
-    "verify": [{"BV": 32, "num_warps": 4}, {"BV": 16, "num_warps": 4}, {"BV": 32, "num_warps": 8},
-               {"BV": 64, "num_warps": 8}],
+    "decode-multi": [{"BV": 8, "num_warps": 1}, {"BV": 16, "num_warps": 4}, {"BV": 32, "num_warps": 4}],
+    "verify": [{"BV": 32, "STAGES": 2, "maxnreg": 128}, {"BV": 32, "STAGES": 3, "maxnreg": 128},
+               {"BV": 16, "STAGES": 2, "maxnreg": 128}, {"BV": 64, "STAGES": 2, "maxnreg": 168},
+               {"BV": 32, "STAGES": 2, "maxnreg": 168}],
 }
 GRID["replay-nonflush"] = GRID["replay-flush"] = GRID["replay"]
 QUICK_GRID = {
-    "decode": [{"BV": 16, "num_warps": 4}, {"BV": 32, "num_warps": 4}],
-    "replay": [{"BV": 32, "STAGES": 2, "maxnreg": 96}, {"BV": 128, "STAGES": 1, "maxnreg": 255}],
+    "decode": [{"BV": 8, "num_warps": 1}, {"BV": 32, "num_warps": 4}],
+    "replay": [{"VP": 128, "BV": 32, "STAGES": 2, "maxnreg": 96},
+               {"VP": 32, "BV": 32, "BVF": 16, "STAGES": 1, "num_warps": 2, "maxnreg": 255}],
     "split-bf16": [{"BV": 128}],
     "decode-multi": [{"BV": 32, "num_warps": 4}],
-    "verify": [{"BV": 32, "num_warps": 4}],
+    "verify": [{"BV": 32, "STAGES": 2, "maxnreg": 128}],
 }
 QUICK_GRID["replay-nonflush"] = QUICK_GRID["replay-flush"] = QUICK_GRID["replay"]
 

@@ -56,6 +56,7 @@ def assert_caches_close(got, want, assert_close):
     for name in ("buf_u", "buf_k", "buf_g", "buf_beta"):
         if getattr(got, name) is not None:
             assert_close(getattr(got, name), getattr(want, name), *dtypes, what=name)
+    assert not got.arrive.any(), "row-block arrival counters not back to zero"
     if got.arrivals is not None:
         assert not got.arrivals.any(), "arrival counters not back to zero"
 
@@ -98,14 +99,19 @@ LAUNCH_CASES = [
     ("bf16", {"BV": 8, "VK": 4}),
     ("fp8", {"BV": 16, "VK": 64}),
     ("bf16", {"VK": 4}),
+    (None, {"VP": 16, "BV": 16, "VK": 8}),
+    (None, {"VP": 16, "BV": 8, "VK": 8, "STAGES": 2}),
+    ("bf16", {"VP": 16, "BV": 16, "VK": 8}),
+    ("fp8", {"VP": 16, "BV": 16, "VK": 16}),
 ]
 
 
 @pytest.mark.parametrize("read,launch", LAUNCH_CASES,
-                         ids=[f"B3-H2-HV4-K24-V20-W3-fp32-{r or 'full'}-BV{l.get('BV', 32)}-VK{l['VK']}"
-                              for r, l in LAUNCH_CASES])
+                         ids=[f"B3-H2-HV4-K24-V20-W3-fp32-{r or 'full'}-VP{l.get('VP', 'all')}-BV{l.get('BV', 32)}"
+                              f"-VK{l['VK']}" for r, l in LAUNCH_CASES])
 def test_replay_launch_settings_match_reference(device, assert_close, read, launch):
-    """Rows in several chunks (tile read after the fill) and other K piece widths, through flushes."""
+    """Rows in several chunks (tile read after the fill), other K piece widths, and each head's rows split over
+    programs (VP = 16 of V = 20: two programs share a fill counter), through flushes."""
     shape = (4, 2, 4, 24, 20)
     got = make_cache(shape, 3, device, read=read)
     poison(got)
@@ -252,6 +258,7 @@ BAD_REPLAY = {
     "batch-without-slots": (lambda i: i.update(**gdn.random_inputs(4, 2, 4, 8, 8)), "batch 4 must not exceed"),
     "launch": (lambda i: i.update(launch={"num_warps": 3}), "power of two"),
     "launch-vk": (lambda i: i.update(launch={"VK": 12}), "power of two"),
+    "launch-vp": (lambda i: i.update(launch={"VP": 8}), "VP'] must be at least 16"),
     "out-shape": (lambda i: i.update(out=torch.zeros(2, 4, 7, dtype=torch.bfloat16)), "out must be a"),
 }
 

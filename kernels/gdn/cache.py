@@ -32,6 +32,8 @@ class ReplayCache:
     C = window + max_draft: buf_u (nslots, C, HV, V) fp32 corrected updates u, buf_k (nslots, C, H, K)
     fp32 L2-normalised unscaled keys, buf_g (nslots, C, HV) fp32 log-decay summed since the
     checkpoint; fill (nslots, HV) int32, the entries in use. Entries at or past fill are never read.
+    arrive (nslots, HV) int32 counts the row-block programs of a step that are done with a (slot, head),
+    zero between steps.
     With a read copy, buf_beta (nslots, C, HV) fp32 keeps each entry's beta: a flush corrects the
     buffered updates, computed from the copy, to those of the full checkpoint, so the copy's rounding
     never reaches the checkpoint. With max_draft > 0, arrivals (nslots, H) int32, zero between calls,
@@ -44,6 +46,7 @@ class ReplayCache:
     buf_k: torch.Tensor
     buf_g: torch.Tensor
     fill: torch.Tensor
+    arrive: torch.Tensor
     window: int
     max_draft: int
     io_dtype: torch.dtype
@@ -105,6 +108,7 @@ class ReplayCache:
             buf_k=torch.zeros(nslots, C, H, K, dtype=torch.float32, device=device),
             buf_g=torch.zeros(nslots, C, HV, dtype=torch.float32, device=device),
             fill=torch.zeros(nslots, HV, dtype=torch.int32, device=device),
+            arrive=torch.zeros(nslots, HV, dtype=torch.int32, device=device),
             window=window,
             max_draft=max_draft,
             io_dtype=io_dtype,

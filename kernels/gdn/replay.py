@@ -28,15 +28,16 @@ from replayssm_kernels.gdn.common import (
 # state); a read copy gets its own row because correcting the buffered updates at a flush holds a second tile.
 # A non-flush step reads its tile as [BV, BK / VK, VK]: with many programs per SM, BV rows at a time through a
 # pipelined loop with registers capped (more programs fit); a grid under two programs per SM is latency-bound and
-# reads the whole tile up front ("replay-small"). A flush walks its rows BVF at a time (benchmarks/sweep_gdn.py).
+# splits each head's rows over programs of VP rows, each reading its rows up front ("replay-small"). A flush walks
+# its rows BVF at a time (benchmarks/sweep_gdn.py).
 LAUNCH = {
-    "replay": {"BV": 32, "BVF": 32, "JB": 4, "VK": 32, "STAGES": 2,
+    "replay": {"VP": 256, "BV": 32, "BVF": 32, "JB": 4, "VK": 32, "STAGES": 2,
                "num_warps": 4, "num_stages": 1, "maxnreg": 96},
-    "replay-small": {"BV": 128, "BVF": 32, "JB": 4, "VK": 32, "STAGES": 1,
+    "replay-small": {"VP": 32, "BV": 32, "BVF": 16, "JB": 4, "VK": 32, "STAGES": 1,
+                     "num_warps": 2, "num_stages": 1, "maxnreg": None},
+    "replay-split": {"VP": 256, "BV": 128, "BVF": 32, "JB": 2, "VK": 32, "STAGES": 2,
                      "num_warps": 4, "num_stages": 1, "maxnreg": None},
-    "replay-split": {"BV": 128, "BVF": 32, "JB": 2, "VK": 32, "STAGES": 2,
-                     "num_warps": 4, "num_stages": 1, "maxnreg": None},
-    "replay-fp8": {"BV": 128, "BVF": 16, "JB": 2, "VK": 32, "STAGES": 2,
+    "replay-fp8": {"VP": 256, "BV": 128, "BVF": 16, "JB": 2, "VK": 32, "STAGES": 2,
                    "num_warps": 4, "num_stages": 1, "maxnreg": None},
     # verify reads its tile BV rows at a time as a non-flush step does; a row that flushes first folds BVF at a time.
     "verify": {"BV": 32, "BVF": 16, "JB": 4, "VK": 32, "STAGES": 2,
@@ -153,18 +154,19 @@ def _folded_rows(
 @triton.jit
 def _replay_flush(
     ckpt, rcopy, rscale, buf_u, buf_k, buf_g, buf_b, v, o,
-    i_b, i_s, i_h, i_hv, b_f, b_k, b_q, b_g, b_beta, b_Gl, b_Gw, b_kw, o_w,
+    i_b, i_s, i_h, i_hv, v0, b_f, b_k, b_q, b_g, b_beta, b_Gl, b_Gw, b_kw, o_w,
     s_vb, s_vh, s_vv, s_ob, s_oh, s_ov,
     C: tl.constexpr, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-    BK: tl.constexpr, BVF: tl.constexpr, JB: tl.constexpr, STAGES: tl.constexpr, HAS_COPY: tl.constexpr,
-    IS_FP8: tl.constexpr,
+    BK: tl.constexpr, VP: tl.constexpr, BVF: tl.constexpr, JB: tl.constexpr, STAGES: tl.constexpr,
+    HAS_COPY: tl.constexpr, IS_FP8: tl.constexpr,
 ):
-    """The step that fills the window: fold the buffer into the full checkpoint, take this step from it, store it."""
+    """The step that fills the window for rows v0 .. v0 + VP: fold the buffer into the full checkpoint, take this
+    step from it, store it."""
     o_k = tl.arange(0, BK)
     m_k = o_k < K
     # BVF rows at a time (a pipelined loop), so that this rare branch does not raise the register count of the common one.
-    for i_v in tl.range(0, V, BVF, num_stages=STAGES):
-        o_v = i_v + tl.arange(0, BVF)
+    for i_v in tl.range(0, VP, BVF, num_stages=STAGES):
+        o_v = v0 + i_v + tl.arange(0, BVF)
         m_v = o_v < V
         # [BVF, BK] the checkpoint, brought to the state after the buffered entries
         b_s, o_s, o_r, m_s = _folded_rows(
@@ -195,7 +197,7 @@ def _row_sums(b_s, b_k3, b_q3, b_rk, b_rq):
 
 @triton.jit
 def _replay_kernel(
-    ckpt, rcopy, rscale, buf_u, buf_k, buf_g, buf_b, fill,
+    ckpt, rcopy, rscale, buf_u, buf_k, buf_g, buf_b, fill, arrive,
     q, k, v, g, beta, o, slots,
     s_qb, s_qh, s_qk,
     s_kb, s_kh, s_kk,
@@ -206,10 +208,13 @@ def _replay_kernel(
     scale,
     W: tl.constexpr, C: tl.constexpr,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-    BK: tl.constexpr, BV: tl.constexpr, BVF: tl.constexpr, BW: tl.constexpr, JB: tl.constexpr, VK: tl.constexpr,
-    STAGES: tl.constexpr, USE_QK_L2NORM: tl.constexpr, HAS_COPY: tl.constexpr, IS_FP8: tl.constexpr,
+    BK: tl.constexpr, VP: tl.constexpr, BV: tl.constexpr, BVF: tl.constexpr, BW: tl.constexpr, JB: tl.constexpr,
+    VK: tl.constexpr, STAGES: tl.constexpr, USE_QK_L2NORM: tl.constexpr, HAS_COPY: tl.constexpr,
+    IS_FP8: tl.constexpr,
 ):
-    i_b, i_hv = tl.program_id(0), tl.program_id(1)
+    # Each program takes VP rows of its (row, value head): NPB programs share the head's buffer and fill counter.
+    NPB: tl.constexpr = (V + VP - 1) // VP
+    i_b, i_hv, i_p = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_s = tl.load(slots + i_b).to(tl.int64)
     if i_s < 0:
         return
@@ -223,9 +228,10 @@ def _replay_kernel(
     o_k3 = tl.arange(0, NC)[:, None] * VK + tl.arange(0, VK)[None, :]
     m_k3 = o_k3 < K
     o_h = (i_s * HV + i_hv) * V
+    v0 = i_p * VP
     # The tile read bounds a non-flush step: when it is one chunk, it is issued before the fill it does not depend on.
-    if BV >= V:
-        o_v = tl.arange(0, BV)
+    if BV >= VP:
+        o_v = v0 + tl.arange(0, BV)
         o_r = (o_h + o_v[:, None, None]) * K + o_k3[None, :, :]
         m_r = (o_v < V)[:, None, None] & m_k3[None, :, :]
         if HAS_COPY:
@@ -249,7 +255,7 @@ def _replay_kernel(
     b_rq, b_rk = qk_factors(b_q, b_k, scale, USE_QK_L2NORM)
     b_k = b_k * b_rk
     b_q = b_q * b_rq
-    if BV >= V:
+    if BV >= VP:
         # Reduced before the branch, so that the tile is not held through the buffer's reads.
         b_sk, b_sq = _row_sums(b_r, b_k3, b_q3, b_rk, b_rq)
 
@@ -259,11 +265,11 @@ def _replay_kernel(
                        mask=m_w[:, None] & m_k[None, :], other=0.0)
         _replay_flush(
             ckpt, rcopy, rscale, buf_u, buf_k, buf_g, buf_b, v, o,
-            i_b, i_s, i_h, i_hv, b_f, b_k, b_q, b_g, b_beta, b_Gl, b_Gw, b_kw, o_w,
+            i_b, i_s, i_h, i_hv, v0, b_f, b_k, b_q, b_g, b_beta, b_Gl, b_Gw, b_kw, o_w,
             s_vb, s_vh, s_vv, s_ob, s_oh, s_ov,
-            C, H, HV, K, V, BK, BVF, JB, STAGES, HAS_COPY, IS_FP8,
+            C, H, HV, K, V, BK, VP, BVF, JB, STAGES, HAS_COPY, IS_FP8,
         )
-        tl.store(p_f, 0)
+        f_next = b_f * 0
     else:
         # [BW, NC, VK] the buffered keys
         b_kw3 = tl.load(buf_k + ((i_s * C + o_w[:, None, None]) * H + i_h) * K + o_k3[None, :, :],
@@ -278,10 +284,10 @@ def _replay_kernel(
         b_eG = tl.exp(b_Gt)
         o_u = ((i_s * C + o_w) * HV + i_hv) * V
         # With BV < V the tile streams BV rows at a time through a pipelined loop (cp.async into shared memory).
-        for i_v in tl.range(0, V, BV, num_stages=STAGES):
-            o_v = i_v + tl.arange(0, BV)
+        for i_v in tl.range(0, VP, BV, num_stages=STAGES):
+            o_v = v0 + i_v + tl.arange(0, BV)
             m_v = o_v < V
-            if BV < V:
+            if BV < VP:
                 o_r = (o_h + o_v[:, None, None]) * K + o_k3[None, :, :]
                 m_r = m_v[:, None, None] & m_k3[None, :, :]
                 # [BV, NC, VK]
@@ -304,12 +310,23 @@ def _replay_kernel(
             b_o = b_eG * b_sq + b_bq + b_kq * b_u
             tl.store(o + i_b * s_ob + i_hv * s_oh + o_v * s_ov, cast(b_o, o.dtype.element_ty), mask=m_v)
             tl.store(buf_u + ((i_s * C + b_f) * HV + i_hv) * V + o_v, b_u, mask=m_v)
-        if i_hv % (HV // H) == 0:
-            tl.store(buf_k + ((i_s * C + b_f) * H + i_h) * K + o_k, b_k, mask=m_k)
-        tl.store(buf_g + (i_s * C + b_f) * HV + i_hv, b_Gt)
-        if HAS_COPY:
-            tl.store(buf_b + (i_s * C + b_f) * HV + i_hv, b_beta)
-        tl.store(p_f, b_f + 1)
+        if i_p == 0:
+            if i_hv % (HV // H) == 0:
+                tl.store(buf_k + ((i_s * C + b_f) * H + i_h) * K + o_k, b_k, mask=m_k)
+            tl.store(buf_g + (i_s * C + b_f) * HV + i_hv, b_Gt)
+            if HAS_COPY:
+                tl.store(buf_b + (i_s * C + b_f) * HV + i_hv, b_beta)
+        f_next = b_f + 1
+
+    if NPB == 1:
+        tl.store(p_f, f_next)
+    else:
+        # The row blocks of a (slot, head) all read its fill; the last to arrive advances it. Relaxed order
+        # suffices: every program has consumed the fill it read before it arrives.
+        p_a = arrive + i_s * HV + i_hv
+        if tl.atomic_add(p_a, 1, sem="relaxed") == NPB - 1:
+            tl.store(p_f, f_next)
+            tl.store(p_a, 0)
 
 
 @triton.jit
@@ -541,8 +558,9 @@ def _cache_constants(cache: ReplayCache) -> dict:
 
 
 def _launch_replay(cache, q, k, v, g, beta, out, slots, scale, l2norm, settings):
-    _replay_kernel[(q.shape[0], cache.HV)](
-        **_cache_args(cache),
+    VP = min(settings["VP"], next_pow2(cache.V))
+    _replay_kernel[(q.shape[0], cache.HV, triton.cdiv(cache.V, VP))](
+        **_cache_args(cache), arrive=cache.arrive,
         q=q, k=k, v=v, g=g, beta=beta, o=out, slots=slots,
         s_qb=q.stride(0), s_qh=q.stride(1), s_qk=q.stride(2),
         s_kb=k.stride(0), s_kh=k.stride(1), s_kk=k.stride(2),
@@ -552,8 +570,9 @@ def _launch_replay(cache, q, k, v, g, beta, out, slots, scale, l2norm, settings)
         s_ob=out.stride(0), s_oh=out.stride(1), s_ov=out.stride(2),
         scale=scale,
         **_cache_constants(cache),
-        BV=min(settings["BV"], next_pow2(cache.V)),
-        BVF=max(16, min(settings["BVF"], next_pow2(cache.V))),
+        VP=VP,
+        BV=min(settings["BV"], VP),
+        BVF=max(16, min(settings["BVF"], VP)),
         JB=settings["JB"],
         VK=min(settings["VK"], max(16, next_pow2(cache.K))),
         STAGES=settings["STAGES"],
@@ -598,7 +617,8 @@ def _check_cache(cache, kernel) -> None:
     if not isinstance(cache, ReplayCache):
         raise ValueError(f"cache must be a ReplayCache; got {type(cache).__name__}")
     check_device(cache.device, kernel)
-    for name in ("checkpoint", "read_copy", "read_scale", "buf_u", "buf_k", "buf_g", "buf_beta", "fill", "arrivals"):
+    for name in ("checkpoint", "read_copy", "read_scale", "buf_u", "buf_k", "buf_g", "buf_beta", "fill", "arrive",
+                 "arrivals"):
         value = getattr(cache, name)
         if value is not None and not value.is_contiguous():
             raise ValueError(f"cache.{name} must be contiguous, as ReplayCache.create makes it")
@@ -641,7 +661,8 @@ def replay(
     folds the buffer into the full-precision checkpoint (correcting the updates the copy gave), takes
     this step from it, stores it, refreshes the read copy and empties the buffer.
     Mutates the cache; returns o (batch, HV, V) in v's dtype (written into `out` when given).
-    `launch` overrides BV (rows per chunk of a non-flush step), BVF (of a flush), JB (buffered
+    `launch` overrides VP (rows per program, at least 16: the programs of a head share its fill
+    counter), BV (rows per chunk of a non-flush step), BVF (of a flush), JB (buffered
     entries corrected per unrolled group under split precision), VK (width of the K pieces a
     non-flush step reduces its rows in), num_warps, num_stages, maxnreg. `check` range-checks slots
     on the host, a device sync: pass check=False for a step with no host synchronisation (it is
@@ -655,6 +676,8 @@ def replay(
     if name == "replay" and q.shape[0] * cache.HV < 2 * sm_count(cache.device):
         name = "replay-small"
     settings = launch_settings(LAUNCH, name, launch)
+    if settings["VP"] < 16:
+        raise ValueError(f"launch['VP'] must be at least 16 (a flush folds 16 rows at a time); got {settings['VP']}")
     if batch:
         _launch_replay(cache, q, k, v, g, beta, out, slots, scale, bool(use_qk_l2norm_in_kernel), settings)
     return out

@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# The launch sweeps behind the kernels' settings (benchmarks/NOTES.md), as run on an H200, then the test suite on
+# that GPU. Each sweep writes its table (.txt) and results (.json) under DIR (default runs/tune); a sweep past
+# its time limit leaves the ones before it. Usage: benchmarks/tune_h200.sh [DIR] [SECTION ...]
+# Sections: tests, gdn-decode, gdn-replay, gdn-verify, mamba2-split, mamba2-bf16, mamba2-verify (default: all).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+DIR="${1:-runs/tune}"
+shift || true
+SECTIONS="${*:-tests gdn-decode gdn-replay gdn-verify mamba2-split mamba2-bf16 mamba2-verify}"
+mkdir -p "$DIR"
+
+sweep() {  # NAME LIMIT_S SCRIPT ARGS...
+    local name=$1 limit=$2 script=$3
+    shift 3
+    local start=$SECONDS
+    timeout "$limit" python "benchmarks/$script" "$@" --out "$DIR/$name.json" >"$DIR/$name.txt" 2>"$DIR/$name.err"
+    echo "$name: exit $?, $((SECONDS - start)) s" >&2
+}
+
+for section in $SECTIONS; do
+    case $section in
+    tests)
+        start=$SECONDS
+        timeout 300 python -m pytest -q -n 8 tests >"$DIR/tests.txt" 2>&1
+        echo "tests: exit $?, $((SECONDS - start)) s: $(tail -n 1 "$DIR/tests.txt")" >&2
+        ;;
+    gdn-decode)
+        sweep gdn-decode 150 sweep_gdn.py --kernel decode --batch 1 --batch 256
+        ;;
+    gdn-replay)
+        sweep gdn-replay-small 200 sweep_gdn.py --kernel decode --kernel replay --batch 1 --batch 16 \
+            --launch decode:BV=8,num_warps=1 --launch decode:BV=32,num_warps=4 \
+            --launch replay:VP=128,BV=32,STAGES=2,maxnreg=96 \
+            --launch replay:VP=128,BV=128,STAGES=1,num_warps=4,maxnreg=255 \
+            --launch replay:VP=64,BV=64,BVF=16,STAGES=1,num_warps=4,maxnreg=255 \
+            --launch replay:VP=32,BV=32,BVF=16,STAGES=1,num_warps=4,maxnreg=255 \
+            --launch replay:VP=32,BV=32,BVF=16,STAGES=1,num_warps=2,maxnreg=255 \
+            --launch replay:VP=32,BV=32,BVF=16,STAGES=1,num_warps=1,maxnreg=255 \
+            --launch replay:VP=16,BV=16,BVF=16,STAGES=1,num_warps=2,maxnreg=255 \
+            --launch replay:VP=16,BV=16,BVF=16,STAGES=1,num_warps=1,maxnreg=255
+        sweep gdn-replay-256 120 sweep_gdn.py --kernel replay --batch 256 \
+            --launch replay:VP=128,BV=32,STAGES=2,maxnreg=96 \
+            --launch replay:VP=64,BV=32,STAGES=2,maxnreg=96 \
+            --launch replay:VP=32,BV=32,BVF=16,STAGES=1,num_warps=2,maxnreg=255
+        ;;
+    gdn-verify)
+        sweep gdn-verify 200 sweep_gdn.py --kernel decode-multi --kernel verify --batch 256
+        ;;
+    mamba2-split)
+        sweep mamba2-split 150 sweep_mamba2.py --kernel decode --kernel split-bf16 --batch 256 \
+            --launch decode:BP=32,num_warps=4 \
+            --launch split-bf16:RC=32,STAGES=2,maxnreg=96 --launch split-bf16:RC=32,STAGES=3,maxnreg=128 \
+            --launch split-bf16:RC=64,STAGES=3,maxnreg=128 --launch split-bf16:RC=32,STAGES=4,maxnreg=128 \
+            --launch split-bf16:RC=64,STAGES=2,maxnreg=128
+        ;;
+    mamba2-bf16)
+        sweep mamba2-bf16 150 sweep_mamba2.py --state-dtype bf16 --kernel decode --kernel replay --batch 256 \
+            --launch decode:BP=64,num_warps=4 \
+            --launch replay:RC=32,STAGES=3,maxnreg=128 --launch replay:RC=64,STAGES=3,maxnreg=128 \
+            --launch replay:RC=32,STAGES=4,maxnreg=128 --launch replay:RC=64,STAGES=2,maxnreg=128 \
+            --launch replay:RC=64,STAGES=4,maxnreg=168
+        ;;
+    mamba2-verify)
+        sweep mamba2-verify 150 sweep_mamba2.py --kernel decode-multi --kernel verify --batch 256 \
+            --launch decode-multi:BP=32,num_warps=4 \
+            --launch verify:BP=64,VN=32,num_warps=4,maxnreg=168 --launch verify:BP=64,VN=32,num_warps=4,maxnreg=128 \
+            --launch verify:BP=64,VN=32,num_warps=4,maxnreg=255 --launch verify:BP=64,VN=32,num_warps=2,maxnreg=255
+        ;;
+    *)
+        echo "tune_h200: unknown section $section" >&2
+        exit 2
+        ;;
+    esac
+done
