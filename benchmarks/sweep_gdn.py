@@ -14,8 +14,14 @@ WINDOW = 16
 DRAFT = 4
 ACCEPTED = 3
 GRID = {
-    "decode": [{"BV": 4, "num_warps": 1}, {"BV": 8, "num_warps": 1}, {"BV": 8, "VK": 16, "num_warps": 1},
-               {"BV": 16, "num_warps": 1}, {"BV": 8, "num_warps": 2}, {"BV": 32, "num_warps": 4}],
+    # VP rows of a head per program, BV at a time through a loop pipelined STAGES deep.
+    "decode": [{"VP": 4, "BV": 4, "num_warps": 1}, {"VP": 8, "BV": 8, "num_warps": 1},
+               {"VP": 16, "BV": 4, "STAGES": 2, "num_warps": 1}, {"VP": 32, "BV": 8, "STAGES": 2, "num_warps": 1},
+               {"VP": 64, "BV": 8, "STAGES": 3, "num_warps": 1}, {"VP": 32, "BV": 32, "num_warps": 4},
+               {"VP": 128, "BV": 32, "STAGES": 2, "num_warps": 4}, {"VP": 128, "BV": 32, "STAGES": 2, "num_warps": 4,
+                                                                     "maxnreg": 80},
+               {"VP": 128, "BV": 32, "STAGES": 3, "num_warps": 4, "maxnreg": 96},
+               {"VP": 128, "BV": 16, "STAGES": 3, "num_warps": 2}],
     # maxnreg 255 lifts the replay row's cap for settings that hold the whole tile; VP < 128 splits each head's
     # rows over programs.
     "replay": [{"VP": 128, "BV": 32, "STAGES": 2, "maxnreg": 96}, {"VP": 128, "BV": 32, "STAGES": 3, "maxnreg": 128},
@@ -34,7 +40,7 @@ GRID = {
 }
 GRID["replay-nonflush"] = GRID["replay-flush"] = GRID["replay"]
 QUICK_GRID = {
-    "decode": [{"BV": 8, "num_warps": 1}, {"BV": 32, "num_warps": 4}],
+    "decode": [{"VP": 4, "BV": 4, "num_warps": 1}, {"VP": 32, "BV": 32, "num_warps": 4}],
     "replay": [{"VP": 128, "BV": 32, "STAGES": 2, "maxnreg": 96},
                {"VP": 32, "BV": 32, "BVF": 16, "STAGES": 1, "num_warps": 2, "maxnreg": 255}],
     "split-bf16": [{"BV": 128}],

@@ -3,6 +3,7 @@
 # that GPU. Each sweep writes its table (.txt) and results (.json) under DIR (default runs/tune); a sweep past
 # its time limit leaves the ones before it. Usage: benchmarks/tune_h200.sh [DIR] [SECTION ...]
 # Sections: tests, gdn-decode, gdn-replay, gdn-verify, mamba2-split, mamba2-bf16, mamba2-verify (default: all).
+# DIR ends as DIR.tar.gz as well, for machines that return one file.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 DIR="${1:-runs/tune}"
@@ -22,27 +23,21 @@ for section in $SECTIONS; do
     case $section in
     tests)
         start=$SECONDS
-        timeout 300 python -m pytest -q -n 8 tests >"$DIR/tests.txt" 2>&1
+        timeout 300 python -m pytest -q -n 8 --tb=short tests >"$DIR/tests.txt" 2>&1
         echo "tests: exit $?, $((SECONDS - start)) s: $(tail -n 1 "$DIR/tests.txt")" >&2
         ;;
     gdn-decode)
-        sweep gdn-decode 150 sweep_gdn.py --kernel decode --batch 1 --batch 256
+        sweep gdn-decode 150 sweep_gdn.py --kernel decode --batch 1 --batch 16 --batch 256
         ;;
     gdn-replay)
-        sweep gdn-replay-small 200 sweep_gdn.py --kernel decode --kernel replay --batch 1 --batch 16 \
-            --launch decode:BV=8,num_warps=1 --launch decode:BV=32,num_warps=4 \
-            --launch replay:VP=128,BV=32,STAGES=2,maxnreg=96 \
-            --launch replay:VP=128,BV=128,STAGES=1,num_warps=4,maxnreg=255 \
-            --launch replay:VP=64,BV=64,BVF=16,STAGES=1,num_warps=4,maxnreg=255 \
-            --launch replay:VP=32,BV=32,BVF=16,STAGES=1,num_warps=4,maxnreg=255 \
-            --launch replay:VP=32,BV=32,BVF=16,STAGES=1,num_warps=2,maxnreg=255 \
-            --launch replay:VP=32,BV=32,BVF=16,STAGES=1,num_warps=1,maxnreg=255 \
-            --launch replay:VP=16,BV=16,BVF=16,STAGES=1,num_warps=2,maxnreg=255 \
-            --launch replay:VP=16,BV=16,BVF=16,STAGES=1,num_warps=1,maxnreg=255
-        sweep gdn-replay-256 120 sweep_gdn.py --kernel replay --batch 256 \
-            --launch replay:VP=128,BV=32,STAGES=2,maxnreg=96 \
-            --launch replay:VP=64,BV=32,STAGES=2,maxnreg=96 \
-            --launch replay:VP=32,BV=32,BVF=16,STAGES=1,num_warps=2,maxnreg=255
+        sweep gdn-replay-small 200 sweep_gdn.py --kernel decode --kernel replay --kernel replay-nonflush \
+            --kernel replay-flush --batch 1 --launch decode:VP=4,BV=4,num_warps=1 \
+            --launch replay:VP=16,BV=16,BVF=16,STAGES=1,num_warps=1 \
+            --launch replay-nonflush:VP=16,BV=16,BVF=16,STAGES=1,num_warps=1 \
+            --launch replay-flush:VP=16,BV=16,BVF=16,STAGES=1,num_warps=1 \
+            --launch replay:VP=32,BV=32,BVF=16,STAGES=1,num_warps=1 \
+            --launch replay:VP=16,BV=16,BVF=16,VK=16,STAGES=1,num_warps=1 \
+            --launch replay:VP=64,BV=64,BVF=16,STAGES=1,num_warps=2
         ;;
     gdn-verify)
         sweep gdn-verify 200 sweep_gdn.py --kernel decode-multi --kernel verify --batch 256
@@ -73,3 +68,4 @@ for section in $SECTIONS; do
         ;;
     esac
 done
+tar czf "$DIR.tar.gz" -C "$(dirname "$DIR")" "$(basename "$DIR")"

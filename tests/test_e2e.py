@@ -45,9 +45,14 @@ def no_cuda(monkeypatch):
 
 @pytest.fixture
 def interpreter():
+    """The device the kernels run on, made torch's default so that the tests' tensors are created there."""
     if os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available():
         pytest.skip("kernels run on CUDA or under TRITON_INTERPRET=1")
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    before = torch.get_default_device()
+    torch.set_default_device(device)
+    yield device
+    torch.set_default_device(before)
 
 
 def tiny(kind: str) -> P.Preset:

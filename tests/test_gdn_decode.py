@@ -96,6 +96,27 @@ def test_decode_and_multi_k_pieces(device, assert_close, launch):
     assert_close(snaps, snaps_ref, torch.float32, what="snapshots")
 
 
+ROW_CASES = [{"VP": 16, "BV": 4, "STAGES": 2}, {"VP": 8, "BV": 8, "num_warps": 1},
+             {"VP": 32, "BV": 8, "VK": 8, "STAGES": 3}]
+
+
+@pytest.mark.parametrize("launch", ROW_CASES, ids=[f"B3-H2-HV6-K24-V20-VP{l['VP']}-BV{l['BV']}-fp32-bf16" for l in ROW_CASES])
+def test_decode_rows_per_program(device, assert_close, launch):
+    """A head's rows over several programs (VP < V) and a program's rows in several chunks (BV < VP), masked past V."""
+    B, H, HV, K, V = 3, 2, 6, 24, 20
+    got = torch.randn(4, HV, V, K, device=device)
+    want = got.clone()
+    slots = rows([3, -1, 0], device)
+    for _ in range(2):
+        inp = gdn.random_inputs(B, H, HV, K, V, io_dtype=torch.bfloat16, device=device)
+        out = torch.full((B, HV, V), NAN, dtype=torch.bfloat16, device=device)
+        y = gdn.decode(got, **inp, use_qk_l2norm_in_kernel=True, slots=slots, out=out, launch=launch)
+        y_ref = gdn.decode_ref(want, **inp, use_qk_l2norm_in_kernel=True, slots=slots)
+        assert_close(y[[0, 2]], y_ref[[0, 2]], torch.bfloat16, torch.float32, what="o")
+        assert out[1].isnan().all(), "a padding row's output was written"
+    assert_close(got, want, torch.float32, what="state")
+
+
 MULTI_CASES = [("fp32", "bf16", 3), ("bf16", "fp32", 4), ("fp16", "fp16", 1)]
 
 

@@ -20,12 +20,16 @@ from replayssm_kernels.gdn.common import (
     launch_settings,
     next_pow2,
     rounded,
+    sm_count,
 )
 
 # These kernels mutate state in place, so their settings are fixed here (an autotuner would rerun them on live state).
 # VK is the width of the K pieces a row is reduced in: a thread sums its pieces in registers, then lanes shuffle.
+# decode's programs take VP rows of a head, BV at a time through a pipelined loop of STAGES; a grid of under two
+# heads per SM ("decode-small") is latency-bound and wants many small one-warp programs (benchmarks/sweep_gdn.py).
 LAUNCH = {
-    "decode": {"BV": 32, "VK": 32, "num_warps": 4, "num_stages": 1, "maxnreg": None},
+    "decode": {"VP": 32, "BV": 32, "VK": 32, "STAGES": 1, "num_warps": 4, "num_stages": 1, "maxnreg": None},
+    "decode-small": {"VP": 4, "BV": 4, "VK": 32, "STAGES": 1, "num_warps": 1, "num_stages": 1, "maxnreg": None},
     "decode-multi": {"BV": 32, "VK": 32, "num_warps": 4, "num_stages": 1, "maxnreg": None},
     "accept-snapshot": {"BV": 32, "num_warps": 4, "num_stages": 1, "maxnreg": None},
 }
@@ -43,10 +47,10 @@ def _decode_kernel(
     s_ob, s_oh, s_ov,
     scale,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-    BK: tl.constexpr, BV: tl.constexpr, VK: tl.constexpr,
+    BK: tl.constexpr, VP: tl.constexpr, BV: tl.constexpr, VK: tl.constexpr, STAGES: tl.constexpr,
     USE_QK_L2NORM: tl.constexpr,
 ):
-    i_b, i_hv, i_v = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_b, i_hv, i_p = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_s = tl.load(slots + i_b).to(tl.int64)
     if i_s < 0:
         return
@@ -55,29 +59,28 @@ def _decode_kernel(
     # and only the lanes that share a row meet in shuffles.
     NC: tl.constexpr = BK // VK
     o_k3 = tl.arange(0, NC)[:, None] * VK + tl.arange(0, VK)[None, :]
-    o_v = i_v * BV + tl.arange(0, BV)
     m_k3 = o_k3 < K
-    m_v = o_v < V
-    m_s = m_v[:, None, None] & m_k3[None, :, :]
-
-    p_s = s + i_s * s_sn + i_hv * s_sh + o_v[:, None, None] * s_sv + o_k3[None, :, :] * s_sk
-    # [BV, NC, VK]
-    b_s = tl.load(p_s, mask=m_s, other=0.0).to(tl.float32)
     # [NC, VK] q and k as given: each thread holds many copies of them, so their factors go on the row sums.
     b_q = tl.load(q + i_b * s_qb + i_h * s_qh + o_k3 * s_qk, mask=m_k3, other=0.0).to(tl.float32)
     b_k = tl.load(k + i_b * s_kb + i_h * s_kh + o_k3 * s_kk, mask=m_k3, other=0.0).to(tl.float32)
     b_rq, b_rk = qk_factors(b_q, b_k, scale, USE_QK_L2NORM)
-    b_v = tl.load(v + i_b * s_vb + i_hv * s_vh + o_v * s_vv, mask=m_v, other=0.0).to(tl.float32)
-    b_g = tl.load(g + i_b * s_gb + i_hv * s_gh).to(tl.float32)
+    b_eg = tl.exp(tl.load(g + i_b * s_gb + i_hv * s_gh).to(tl.float32))
     b_beta = tl.load(beta + i_b * s_bb + i_hv * s_bh).to(tl.float32)
-
-    b_s *= tl.exp(b_g)
-    # The chunk axis first: it lies within each thread, and only the VK axis's lanes then shuffle.
-    b_u = b_beta * (b_v - b_rk * tl.sum(tl.sum(b_s * b_k[None, :, :], 1), 1))
-    b_s += (b_rk * b_u)[:, None, None] * b_k[None, :, :]
-    b_o = b_rq * tl.sum(tl.sum(b_s * b_q[None, :, :], 1), 1)
-    tl.store(p_s, cast(b_s, s.dtype.element_ty), mask=m_s)
-    tl.store(o + i_b * s_ob + i_hv * s_oh + o_v * s_ov, cast(b_o, o.dtype.element_ty), mask=m_v)
+    # The program's VP rows, BV at a time: rows are independent, and the loop's loads run STAGES chunks ahead.
+    for i_v in tl.range(0, VP, BV, num_stages=STAGES):
+        o_v = i_p * VP + i_v + tl.arange(0, BV)
+        m_v = o_v < V
+        m_s = m_v[:, None, None] & m_k3[None, :, :]
+        p_s = s + i_s * s_sn + i_hv * s_sh + o_v[:, None, None] * s_sv + o_k3[None, :, :] * s_sk
+        # [BV, NC, VK]
+        b_s = tl.load(p_s, mask=m_s, other=0.0).to(tl.float32) * b_eg
+        b_v = tl.load(v + i_b * s_vb + i_hv * s_vh + o_v * s_vv, mask=m_v, other=0.0).to(tl.float32)
+        # The chunk axis first: it lies within each thread, and only the VK axis's lanes then shuffle.
+        b_u = b_beta * (b_v - b_rk * tl.sum(tl.sum(b_s * b_k[None, :, :], 1), 1))
+        b_s += (b_rk * b_u)[:, None, None] * b_k[None, :, :]
+        b_o = b_rq * tl.sum(tl.sum(b_s * b_q[None, :, :], 1), 1)
+        tl.store(p_s, cast(b_s, s.dtype.element_ty), mask=m_s)
+        tl.store(o + i_b * s_ob + i_hv * s_oh + o_v * s_ov, cast(b_o, o.dtype.element_ty), mask=m_v)
 
 
 @triton.jit
@@ -155,8 +158,8 @@ def _accept_snapshot_kernel(
 def _launch_decode(state, q, k, v, g, beta, out, slots, scale, l2norm, settings):
     batch, H, K = q.shape
     HV, V = v.shape[1], v.shape[2]
-    BV = min(settings["BV"], next_pow2(V))
-    _decode_kernel[(batch, HV, triton.cdiv(V, BV))](
+    VP = min(settings["VP"], next_pow2(V))
+    _decode_kernel[(batch, HV, triton.cdiv(V, VP))](
         s=state, q=q, k=k, v=v, g=g, beta=beta, o=out, slots=slots,
         s_sn=state.stride(0), s_sh=state.stride(1), s_sv=state.stride(2), s_sk=state.stride(3),
         s_qb=q.stride(0), s_qh=q.stride(1), s_qk=q.stride(2),
@@ -166,7 +169,8 @@ def _launch_decode(state, q, k, v, g, beta, out, slots, scale, l2norm, settings)
         s_bb=beta.stride(0), s_bh=beta.stride(1),
         s_ob=out.stride(0), s_oh=out.stride(1), s_ov=out.stride(2),
         scale=scale,
-        H=H, HV=HV, K=K, V=V, BK=next_pow2(K), BV=BV, VK=min(settings["VK"], next_pow2(K)),
+        H=H, HV=HV, K=K, V=V, BK=next_pow2(K), VP=VP, BV=min(settings["BV"], VP),
+        VK=min(settings["VK"], next_pow2(K)), STAGES=settings["STAGES"],
         USE_QK_L2NORM=l2norm,
         **compile_options(settings),
     )
@@ -233,7 +237,8 @@ def decode(
     padding: neither their state nor their output is touched.
     Per value head: S = e^g S; u = beta (v - S k); S += u kᵀ; o = S q.
     Returns o (batch, HV, V) in v's dtype (written into `out` when given; padding rows keep what it
-    held). `launch` overrides the kernel's BV, VK (width of the K pieces rows are reduced in),
+    held). `launch` overrides the kernel's VP (rows of a head per program), BV (rows per chunk of
+    its loop), VK (width of the K pieces rows are reduced in), STAGES (the loop's pipeline depth),
     num_warps, num_stages, maxnreg. `check` range-checks slots on the host (a device sync), skipped
     while a CUDA graph is captured.
     """
@@ -243,7 +248,8 @@ def decode(
     scale = default_scale(K, scale)
     slots = check_slots(slots, batch, state.shape[0], q.device, check)
     out = check_out(out, v.shape, v.dtype, q.device)
-    settings = launch_settings(LAUNCH, "decode", launch)
+    name = "decode-small" if batch * HV < 2 * sm_count(q.device) else "decode"
+    settings = launch_settings(LAUNCH, name, launch)
     if batch:
         _launch_decode(state, q, k, v, g, beta, out, slots, scale, bool(use_qk_l2norm_in_kernel), settings)
     return out

@@ -33,8 +33,8 @@ from replayssm_kernels.gdn.common import (
 LAUNCH = {
     "replay": {"VP": 256, "BV": 32, "BVF": 32, "JB": 4, "VK": 32, "STAGES": 2,
                "num_warps": 4, "num_stages": 1, "maxnreg": 96},
-    "replay-small": {"VP": 32, "BV": 32, "BVF": 16, "JB": 4, "VK": 32, "STAGES": 1,
-                     "num_warps": 2, "num_stages": 1, "maxnreg": None},
+    "replay-small": {"VP": 16, "BV": 16, "BVF": 16, "JB": 4, "VK": 32, "STAGES": 1,
+                     "num_warps": 1, "num_stages": 1, "maxnreg": None},
     "replay-split": {"VP": 256, "BV": 128, "BVF": 32, "JB": 2, "VK": 32, "STAGES": 2,
                      "num_warps": 4, "num_stages": 1, "maxnreg": None},
     "replay-fp8": {"VP": 256, "BV": 128, "BVF": 16, "JB": 2, "VK": 32, "STAGES": 2,
