@@ -84,7 +84,16 @@ def graph_steps(kernel: str, window: int) -> int:
 
 
 # The state dtype of every stack and check in this process (--state-dtype).
-STATE = {"dtype": "fp32"}
+STATE = {"dtype": "fp32", "slots": "random"}
+
+
+def row_slots(batch: int, device: str):
+    """The state slot of each row: a random permutation of the batch, or row i in slot i (--slots)."""
+    import torch
+
+    if STATE["slots"] == "identity":
+        return torch.arange(batch, device=device, dtype=torch.int32)
+    return torch.randperm(batch, device=device).to(torch.int32)
 
 
 def state_torch_dtype():
@@ -209,6 +218,8 @@ def build_parser(prog: str, description: str, epilog: str) -> argparse.ArgumentP
     parser.add_argument("--quick", action="store_true", help="a smaller grid: batches 1 and 256, 1-2 settings each")
     parser.add_argument("--state-dtype", choices=("fp32", "bf16", "fp16"), default="fp32",
                         help="state (checkpoint) dtype of every kernel (default fp32)")
+    parser.add_argument("--slots", choices=("random", "identity"), default="random",
+                        help="rows' state slots: a random permutation, as a server's would be, or row i in slot i")
     parser.add_argument("--replays", type=int, default=7, help="timed graph replays per config (median reported)")
     parser.add_argument("--out", help="write the results as JSON to this path")
     parser.add_argument("--dry-run", action="store_true", help="print the plan without touching a GPU")
@@ -231,6 +242,7 @@ def main(op, argv: list[str] | None, reuse_checks: bool) -> int:
         print(f"{name}: {exc}", file=sys.stderr)
         return 2
     STATE["dtype"] = args.state_dtype
+    STATE["slots"] = args.slots
     kernels = args.kernel or list(KERNELS)
     batches = args.batch or list(QUICK_BATCHES if args.quick else BATCHES)
     if any(b < 1 for b in batches):

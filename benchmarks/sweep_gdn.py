@@ -130,7 +130,7 @@ class Stack:
         H, HV, K, V = SHAPE["H"], SHAPE["HV"], SHAPE["K"], SHAPE["V"]
         T = DRAFT if kernel in ("decode-multi", "verify") else None
         self.inp = gdn.random_inputs(batch, H, HV, K, V, T=T, io_dtype=torch.bfloat16, device=device)
-        self.slots = torch.randperm(batch, device=device).to(torch.int32)
+        self.slots = common.row_slots(batch, device)
         self.n = torch.full((batch,), ACCEPTED, dtype=torch.int32, device=device)
         self.layers = []
         for _ in range(layers):

@@ -105,7 +105,7 @@ class Stack:
         H, P, N, G = SHAPE["H"], SHAPE["P"], SHAPE["N"], SHAPE["G"]
         T = DRAFT if kernel in ("decode-multi", "verify") else None
         self.inp = mamba2.random_inputs(batch, H, P, N, G, T=T, io_dtype=torch.bfloat16, device=device)
-        self.slots = torch.randperm(batch, device=device).to(torch.int32)
+        self.slots = common.row_slots(batch, device)
         self.n = torch.full((batch,), ACCEPTED, dtype=torch.int32, device=device)
         self.layers = []
         for _ in range(layers):

@@ -2,7 +2,7 @@
 # The launch sweeps behind the kernels' settings (benchmarks/NOTES.md), as run on an H200, then the test suite on
 # that GPU. Each sweep writes its table (.txt) and results (.json) under DIR (default runs/tune); a sweep past
 # its time limit leaves the ones before it. Usage: benchmarks/tune_h200.sh [DIR] [SECTION ...]
-# Sections: tests, gdn-decode, gdn-replay, gdn-verify, mamba2-split, mamba2-bf16, mamba2-verify (default: all).
+# Sections: tests, order, gdn-decode, gdn-replay, gdn-verify, mamba2-split, mamba2-bf16, mamba2-verify (default: all).
 # DIR ends as DIR.tar.gz as well, for machines that return one file.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -38,6 +38,18 @@ for section in $SECTIONS; do
             --launch replay:VP=32,BV=32,BVF=16,STAGES=1,num_warps=1 \
             --launch replay:VP=16,BV=16,BVF=16,VK=16,STAGES=1,num_warps=1 \
             --launch replay:VP=64,BV=64,BVF=16,STAGES=1,num_warps=2
+        ;;
+    order)
+        for slots in random identity; do
+            sweep "gdn-order-$slots" 120 sweep_gdn.py --slots "$slots" --kernel decode --kernel replay \
+                --kernel replay-nonflush --batch 16 --batch 256 \
+                --launch decode:VP=8,BV=8,num_warps=1 --launch decode:VP=64,BV=8,STAGES=3,num_warps=1 \
+                --launch decode:VP=32,BV=32,num_warps=4 --launch replay:VP=128,BV=32,STAGES=2,maxnreg=96 \
+                --launch replay-nonflush:VP=128,BV=32,STAGES=2,maxnreg=96
+            sweep "mamba2-order-$slots" 120 sweep_mamba2.py --slots "$slots" --kernel decode --kernel replay \
+                --batch 256 --launch decode:BP=32,num_warps=4 --launch replay:RC=32,STAGES=2,maxnreg=96
+        done
+        sweep gdn-small 60 sweep_gdn.py --kernel decode --kernel replay --batch 1
         ;;
     gdn-verify)
         sweep gdn-verify 200 sweep_gdn.py --kernel decode-multi --kernel verify --batch 256

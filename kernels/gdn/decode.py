@@ -28,7 +28,7 @@ from replayssm_kernels.gdn.common import (
 # decode's programs take VP rows of a head, BV at a time through a pipelined loop of STAGES; a grid of under two
 # heads per SM ("decode-small") is latency-bound and wants many small one-warp programs (benchmarks/sweep_gdn.py).
 LAUNCH = {
-    "decode": {"VP": 32, "BV": 32, "VK": 32, "STAGES": 1, "num_warps": 4, "num_stages": 1, "maxnreg": None},
+    "decode": {"VP": 64, "BV": 8, "VK": 32, "STAGES": 3, "num_warps": 1, "num_stages": 1, "maxnreg": None},
     "decode-small": {"VP": 4, "BV": 4, "VK": 32, "STAGES": 1, "num_warps": 1, "num_stages": 1, "maxnreg": None},
     "decode-multi": {"BV": 32, "VK": 32, "num_warps": 4, "num_stages": 1, "maxnreg": None},
     "accept-snapshot": {"BV": 32, "num_warps": 4, "num_stages": 1, "maxnreg": None},
@@ -50,7 +50,13 @@ def _decode_kernel(
     BK: tl.constexpr, VP: tl.constexpr, BV: tl.constexpr, VK: tl.constexpr, STAGES: tl.constexpr,
     USE_QK_L2NORM: tl.constexpr,
 ):
-    i_b, i_hv, i_p = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    # One flat grid, a head's row blocks adjacent, then its row's heads: programs that run together read
+    # neighbouring memory.
+    NPB: tl.constexpr = (V + VP - 1) // VP
+    pid = tl.program_id(0)
+    i_p = pid % NPB
+    i_hv = (pid // NPB) % HV
+    i_b = pid // (NPB * HV)
     i_s = tl.load(slots + i_b).to(tl.int64)
     if i_s < 0:
         return
@@ -159,7 +165,7 @@ def _launch_decode(state, q, k, v, g, beta, out, slots, scale, l2norm, settings)
     batch, H, K = q.shape
     HV, V = v.shape[1], v.shape[2]
     VP = min(settings["VP"], next_pow2(V))
-    _decode_kernel[(batch, HV, triton.cdiv(V, VP))](
+    _decode_kernel[(batch * HV * triton.cdiv(V, VP),)](
         s=state, q=q, k=k, v=v, g=g, beta=beta, o=out, slots=slots,
         s_sn=state.stride(0), s_sh=state.stride(1), s_sv=state.stride(2), s_sk=state.stride(3),
         s_qb=q.stride(0), s_qh=q.stride(1), s_qk=q.stride(2),

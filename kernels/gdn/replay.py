@@ -213,8 +213,13 @@ def _replay_kernel(
     IS_FP8: tl.constexpr,
 ):
     # Each program takes VP rows of its (row, value head): NPB programs share the head's buffer and fill counter.
+    # One flat grid, a head's row blocks adjacent, then its row's heads: programs that run together read
+    # neighbouring memory.
     NPB: tl.constexpr = (V + VP - 1) // VP
-    i_b, i_hv, i_p = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    pid = tl.program_id(0)
+    i_p = pid % NPB
+    i_hv = (pid // NPB) % HV
+    i_b = pid // (NPB * HV)
     i_s = tl.load(slots + i_b).to(tl.int64)
     if i_s < 0:
         return
@@ -559,7 +564,7 @@ def _cache_constants(cache: ReplayCache) -> dict:
 
 def _launch_replay(cache, q, k, v, g, beta, out, slots, scale, l2norm, settings):
     VP = min(settings["VP"], next_pow2(cache.V))
-    _replay_kernel[(q.shape[0], cache.HV, triton.cdiv(cache.V, VP))](
+    _replay_kernel[(q.shape[0] * cache.HV * triton.cdiv(cache.V, VP),)](
         **_cache_args(cache), arrive=cache.arrive,
         q=q, k=k, v=v, g=g, beta=beta, o=out, slots=slots,
         s_qb=q.stride(0), s_qh=q.stride(1), s_qk=q.stride(2),
