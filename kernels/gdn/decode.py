@@ -16,6 +16,7 @@ from replayssm_kernels.gdn.common import (
     check_step,
     compile_options,
     default_scale,
+    flat_program_ids,
     qk_factors,
     launch_settings,
     next_pow2,
@@ -30,7 +31,7 @@ from replayssm_kernels.gdn.common import (
 LAUNCH = {
     "decode": {"VP": 64, "BV": 8, "VK": 32, "STAGES": 3, "num_warps": 1, "num_stages": 1, "maxnreg": None},
     "decode-small": {"VP": 4, "BV": 4, "VK": 32, "STAGES": 1, "num_warps": 1, "num_stages": 1, "maxnreg": None},
-    "decode-multi": {"BV": 32, "VK": 32, "num_warps": 4, "num_stages": 1, "maxnreg": None},
+    "decode-multi": {"BV": 8, "VK": 32, "num_warps": 1, "num_stages": 1, "maxnreg": None},
     "accept-snapshot": {"BV": 32, "num_warps": 4, "num_stages": 1, "maxnreg": None},
 }
 
@@ -50,13 +51,7 @@ def _decode_kernel(
     BK: tl.constexpr, VP: tl.constexpr, BV: tl.constexpr, VK: tl.constexpr, STAGES: tl.constexpr,
     USE_QK_L2NORM: tl.constexpr,
 ):
-    # One flat grid, a head's row blocks adjacent, then its row's heads: programs that run together read
-    # neighbouring memory.
-    NPB: tl.constexpr = (V + VP - 1) // VP
-    pid = tl.program_id(0)
-    i_p = pid % NPB
-    i_hv = (pid // NPB) % HV
-    i_b = pid // (NPB * HV)
+    i_b, i_hv, i_p = flat_program_ids(HV, (V + VP - 1) // VP)
     i_s = tl.load(slots + i_b).to(tl.int64)
     if i_s < 0:
         return
@@ -105,7 +100,7 @@ def _decode_multi_kernel(
     BK: tl.constexpr, BV: tl.constexpr, VK: tl.constexpr,
     USE_QK_L2NORM: tl.constexpr,
 ):
-    i_b, i_hv, i_v = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_b, i_hv, i_v = flat_program_ids(HV, (V + BV - 1) // BV)
     i_s = tl.load(slots + i_b).to(tl.int64)
     if i_s < 0:
         return
@@ -186,7 +181,7 @@ def _launch_decode_multi(state, snapshots, q, k, v, g, beta, out, slots, scale, 
     batch, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     BV = min(settings["BV"], next_pow2(V))
-    _decode_multi_kernel[(batch, HV, triton.cdiv(V, BV))](
+    _decode_multi_kernel[(batch * HV * triton.cdiv(V, BV),)](
         s=state, snap=snapshots, q=q, k=k, v=v, g=g, beta=beta, o=out, slots=slots,
         s_sn=state.stride(0), s_sh=state.stride(1), s_sv=state.stride(2), s_sk=state.stride(3),
         s_pn=snapshots.stride(0), s_pt=snapshots.stride(1), s_ph=snapshots.stride(2),

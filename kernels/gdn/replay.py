@@ -16,6 +16,7 @@ from replayssm_kernels.gdn.common import (
     check_step,
     compile_options,
     default_scale,
+    flat_program_ids,
     qk_factors,
     launch_settings,
     next_pow2,
@@ -213,13 +214,8 @@ def _replay_kernel(
     IS_FP8: tl.constexpr,
 ):
     # Each program takes VP rows of its (row, value head): NPB programs share the head's buffer and fill counter.
-    # One flat grid, a head's row blocks adjacent, then its row's heads: programs that run together read
-    # neighbouring memory.
     NPB: tl.constexpr = (V + VP - 1) // VP
-    pid = tl.program_id(0)
-    i_p = pid % NPB
-    i_hv = (pid // NPB) % HV
-    i_b = pid // (NPB * HV)
+    i_b, i_hv, i_p = flat_program_ids(HV, NPB)
     i_s = tl.load(slots + i_b).to(tl.int64)
     if i_s < 0:
         return

@@ -7,7 +7,7 @@ import triton
 import triton.language as tl
 
 from replayssm_kernels.mamba2 import args
-from replayssm_kernels.mamba2.common import finish_output, step_delta
+from replayssm_kernels.mamba2.common import finish_output, flat_program_ids, step_delta
 
 
 @triton.jit
@@ -25,7 +25,7 @@ def mamba2_decode_kernel(
     HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_DT_BIAS: tl.constexpr, USE_SOFTPLUS: tl.constexpr,
     HAS_SLOTS: tl.constexpr,
 ):
-    i_b, i_h, i_p = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_b, i_h, i_p = flat_program_ids(H, tl.cdiv(P, BP))
     if HAS_SLOTS:
         i_s = tl.load(slots + i_b).to(tl.int64)
         if i_s < 0:
@@ -71,7 +71,7 @@ def mamba2_decode_multi_kernel(
     HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_DT_BIAS: tl.constexpr, USE_SOFTPLUS: tl.constexpr,
     HAS_SLOTS: tl.constexpr,
 ):
-    i_b, i_h, i_p = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_b, i_h, i_p = flat_program_ids(H, tl.cdiv(P, BP))
     if HAS_SLOTS:
         i_s = tl.load(slots + i_b).to(tl.int64)
         if i_s < 0:
@@ -190,7 +190,7 @@ def decode(state, x, dt, A, B, C, *, D=None, z=None, dt_bias=None, dt_softplus=F
     y = torch.empty_like(x) if out is None else out
     BP = settings.pop("BP")
     zs = z.stride() if z is not None else (0, 0, 0)
-    mamba2_decode_kernel[(batch, H, triton.cdiv(P, BP))](
+    mamba2_decode_kernel[(batch * H * triton.cdiv(P, BP),)](
         state=state, x=x, dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=dt_bias, slots=slots, y=y,
         H=H, P=P, N=N, HPG=H // G,
         stride_state_s=state.stride(0), stride_state_h=state.stride(1), stride_state_p=state.stride(2),
@@ -245,7 +245,7 @@ def decode_multi(state, snapshots, x, dt, A, B, C, *, D=None, z=None, dt_bias=No
     y = torch.empty_like(x) if out is None else out
     BP = settings.pop("BP")
     zs = z.stride() if z is not None else (0, 0, 0, 0)
-    mamba2_decode_multi_kernel[(batch, H, triton.cdiv(P, BP))](
+    mamba2_decode_multi_kernel[(batch * H * triton.cdiv(P, BP),)](
         state=state, snapshots=snapshots, x=x, dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=dt_bias, slots=slots, y=y,
         H=H, P=P, N=N, HPG=H // G,
         stride_state_s=state.stride(0), stride_state_h=state.stride(1), stride_state_p=state.stride(2),

@@ -187,10 +187,17 @@ def mamba2_materialize_kernel(
 # fixed per (checkpoint itemsize, max N, max P) and `launch=` overrides them (benchmarks/sweep_mamba2.py).
 # Measured on an H200 (benchmarks/NOTES.md): with many programs per SM the non-flush step reads fastest from
 # 2-warp programs that stream their tile RC rows at a time (registers capped so that more programs fit); a
-# grid of fewer than two programs per SM is latency-bound and does better with small whole tiles per warp.
+# grid of fewer than two programs per SM is latency-bound and does better with small whole tiles per warp. A
+# read copy's 2-byte tiles stream faster three chunks deep (SPLIT_LAUNCH).
 STEP_LAUNCH = [
     ((4, 1 << 30, 1 << 30), {"BP": 64, "BPF": 16, "VN": 32, "RC": 32, "STAGES": 2, "num_warps": 2, "num_stages": 1,
                              "maxnreg": 96}),
+    ((2, 1 << 30, 1 << 30), {"BP": 64, "BPF": 16, "VN": 32, "RC": 32, "STAGES": 3, "num_warps": 2, "num_stages": 1,
+                             "maxnreg": 128}),
+]
+SPLIT_LAUNCH = [
+    ((4, 1 << 30, 1 << 30), {"BP": 64, "BPF": 16, "VN": 32, "RC": 32, "STAGES": 3, "num_warps": 2, "num_stages": 1,
+                             "maxnreg": 128}),
     ((2, 1 << 30, 1 << 30), {"BP": 64, "BPF": 16, "VN": 32, "RC": 32, "STAGES": 3, "num_warps": 2, "num_stages": 1,
                              "maxnreg": 128}),
 ]
@@ -265,7 +272,7 @@ def replay(cache: ReplayCache, x, dt, A, B, C, *, D=None, z=None, dt_bias=None, 
     args.check_slots(slots, batch, nslots, cache.device, check)
     args.check_out(out, (batch, H, P), "(batch, H, P)", cache.device)
     small = batch * H * triton.cdiv(P, 64) < 2 * args.sm_count(cache.device)
-    table = SMALL_GRID_LAUNCH if small else STEP_LAUNCH
+    table = SMALL_GRID_LAUNCH if small else STEP_LAUNCH if cache.read_copy is None else SPLIT_LAUNCH
     settings = args.pick_launch(table, cache.checkpoint.element_size(), P, N, launch, STEP_KEYS)
     # tl.dot needs every dimension of the fold's product to be at least 16.
     BP = max(16, min(settings.pop("BP"), args.block(P)))
