@@ -2,7 +2,7 @@
 # The launch sweeps behind the kernels' settings (benchmarks/NOTES.md), as run on an H200, then the test suite on
 # that GPU. Each sweep writes its table (.txt) and results (.json) under DIR (default runs/tune); a sweep past
 # its time limit leaves the ones before it. Usage: benchmarks/tune_h200.sh [DIR] [SECTION ...]
-# Sections: tests, order, gdn-decode, gdn-replay, gdn-verify, mamba2-split, mamba2-bf16, mamba2-verify (default: all).
+# Sections: tests, order, gdn-decode, gdn-replay-256, gdn-replay, gdn-verify, mamba2-split, mamba2-bf16, mamba2-verify (default: all).
 # DIR ends as DIR.tar.gz as well, for machines that return one file.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -50,6 +50,16 @@ for section in $SECTIONS; do
                 --batch 256 --launch decode:BP=32,num_warps=4 --launch replay:RC=32,STAGES=2,maxnreg=96
         done
         sweep gdn-small 60 sweep_gdn.py --kernel decode --kernel replay --batch 1
+        ;;
+    gdn-replay-256)
+        sweep gdn-replay-256 120 sweep_gdn.py --kernel decode --kernel replay --batch 64 --batch 256 \
+            --launch decode:VP=64,BV=8,STAGES=3,num_warps=1 \
+            --launch replay:VP=128,BV=32,STAGES=2,maxnreg=96 \
+            --launch replay:VP=128,BV=32,STAGES=2,num_warps=2,maxnreg=96 \
+            --launch replay:VP=128,BV=32,STAGES=3,num_warps=2,maxnreg=128 \
+            --launch replay:VP=128,BV=16,STAGES=2,num_warps=2,maxnreg=96 \
+            --launch replay:VP=128,BV=32,BVF=16,STAGES=2,maxnreg=96 \
+            --launch replay:VP=128,BV=64,STAGES=2,maxnreg=128
         ;;
     gdn-verify)
         sweep gdn-verify 200 sweep_gdn.py --kernel decode-multi --kernel verify --batch 256
