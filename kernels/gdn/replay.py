@@ -30,10 +30,13 @@ from replayssm_kernels.gdn.common import (
 # A non-flush step reads its tile as [BV, BK / VK, VK]: with many programs per SM, BV rows at a time through a
 # pipelined loop with registers capped (more programs fit); a grid under two programs per SM is latency-bound and
 # splits each head's rows over programs of VP rows, each reading its rows up front ("replay-small"). A flush walks
-# its rows BVF at a time (benchmarks/sweep_gdn.py).
+# its rows BVF at a time (benchmarks/sweep_gdn.py). An fp32 checkpoint on a grid of 64 or more heads per SM reads
+# fastest from 2-warp programs ("replay-large": 5.7% faster at batch 256, 3.6% slower at 64).
 LAUNCH = {
     "replay": {"VP": 256, "BV": 32, "BVF": 32, "JB": 4, "VK": 32, "STAGES": 2,
                "num_warps": 4, "num_stages": 1, "maxnreg": 96},
+    "replay-large": {"VP": 256, "BV": 32, "BVF": 32, "JB": 4, "VK": 32, "STAGES": 2,
+                     "num_warps": 2, "num_stages": 1, "maxnreg": 96},
     "replay-small": {"VP": 16, "BV": 16, "BVF": 16, "JB": 4, "VK": 32, "STAGES": 1,
                      "num_warps": 1, "num_stages": 1, "maxnreg": None},
     "replay-split": {"VP": 256, "BV": 128, "BVF": 32, "JB": 2, "VK": 32, "STAGES": 2,
@@ -674,8 +677,12 @@ def replay(
     slots = check_slots(slots, batch, cache.nslots, q.device, check)
     out = check_out(out, v.shape, v.dtype, q.device)
     name = launch_name("replay", cache)
-    if name == "replay" and q.shape[0] * cache.HV < 2 * sm_count(cache.device):
-        name = "replay-small"
+    if name == "replay":
+        programs, sms = q.shape[0] * cache.HV, sm_count(cache.device)
+        if programs < 2 * sms:
+            name = "replay-small"
+        elif programs >= 64 * sms and cache.state_dtype == torch.float32:
+            name = "replay-large"
     settings = launch_settings(LAUNCH, name, launch)
     if settings["VP"] < 16:
         raise ValueError(f"launch['VP'] must be at least 16 (a flush folds 16 rows at a time); got {settings['VP']}")
