@@ -4,9 +4,12 @@ Runs each configuration once under ncu (clocks left alone, L2 flushed before eve
 default presets at batch 64 and 256: conventional decode, ReplaySSM non-flush and flush steps and the
 whole-window average, and split precision (bf16 read copy) non-flush and flush. Prints a table of modelled
 against measured bytes read and written with the relative difference, and writes JSON with --out.
+--remodel recomputes the model's side of a stored check (its JSON) with the current cost model, keeping
+what was measured: no GPU or ncu needed.
 
     python benchmarks/ncu_check.py --out profiles/reference/h200-ncu-check.json
     python benchmarks/ncu_check.py --preset nemotron-3-super-120b-a12b --batch 256 --window 16
+    python benchmarks/ncu_check.py --remodel profiles/reference/ncu/h200-nemotron-3-super.json --out FILE
 """
 
 from __future__ import annotations
@@ -57,6 +60,25 @@ def plan(presets: list[Any], batches: list[int], window: int, state_dtype: str, 
     return entries
 
 
+MODEL_KEYS = ("preset", "variant", "phase", "batch", "read_dtype", "model_bytes_read", "model_bytes_written", "model_flops")
+MEASURED_KEYS = ("bytes_read", "bytes_written", "dram_bytes", "l2_bytes", "l2_write_bytes", "flops", "us", "launches")
+
+
+def _stored_measurements(entries: list[dict[str, Any]], rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """What a stored check measured, in the order of `entries` (a configuration it lacks reads as not measured)."""
+    key = ("preset", "variant", "phase", "batch", "read_dtype")
+    by_key = {tuple(r.get(k) for k in key): r for r in rows}
+    measured = []
+    for entry in entries:
+        row = by_key.get(tuple(entry[k] for k in key))
+        if row is None:
+            measured.append({"ok": False, "reason": "not in the stored check"})
+            continue
+        got = {name: row.get(f"ncu_{name}") for name in MEASURED_KEYS}
+        measured.append({"ok": row.get("ok"), "reason": row.get("reason"), **got})
+    return measured
+
+
 def _pct(measured: float | None, modelled: float) -> float | None:
     return None if measured is None or not modelled else 100.0 * (measured - modelled) / modelled
 
@@ -82,17 +104,34 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ncu", default=None, help="path to ncu (default: found on PATH or under /opt/nvidia)")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per ncu run (default 600)")
     parser.add_argument("--out", type=Path, default=None, help="write the table as JSON here")
+    parser.add_argument("--remodel", type=Path, default=None, metavar="JSON",
+                        help="a stored check: recompute its model columns with the current cost model (no GPU)")
     args = parser.parse_args(argv)
 
-    ok, reason = ncu.ncu_available(args.ncu)
-    if not ok:
-        print(f"error: {reason}", file=sys.stderr)
-        return 2
-    names = args.preset or list(presets_mod.DEFAULT_PRESETS)
+    stored = None
+    if args.remodel:
+        try:
+            stored = json.loads(args.remodel.read_text())
+            settings = stored["settings"]
+            args.window, args.state_dtype, args.io_dtype = settings["window"], settings["state_dtype"], settings["io_dtype"]
+            args.layers, names, batches = settings["layers"], settings["presets"], settings["batches"]
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            print(f"error: {args.remodel} is not a stored ncu check ({exc}); pass a file ncu_check.py --out wrote",
+                  file=sys.stderr)
+            return 2
+    else:
+        ok, reason = ncu.ncu_available(args.ncu)
+        if not ok:
+            print(f"error: {reason}", file=sys.stderr)
+            return 2
+        names = args.preset or list(presets_mod.DEFAULT_PRESETS)
+        batches = [int(b) for b in args.batch.split(",") if b.strip()]
     presets = [(name, presets_mod.resolve(name)) for name in names]
-    batches = [int(b) for b in args.batch.split(",") if b.strip()]
     entries = plan(presets, batches, args.window, args.state_dtype, args.io_dtype, args.layers)
-    measured = ncu.measure([e["spec"] for e in entries], ncu=args.ncu, timeout_s=args.timeout)
+    if stored is None:
+        measured = ncu.measure([e["spec"] for e in entries], ncu=args.ncu, timeout_s=args.timeout)
+    else:
+        measured = _stored_measurements(entries, stored["rows"])
 
     from rich.console import Console
     from rich.table import Table
@@ -106,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
         row = {k: v for k, v in entry.items() if k != "spec"}
         row["ok"] = bool(got.get("ok"))
         row["reason"] = got.get("reason")
-        for key in ("bytes_read", "bytes_written", "dram_bytes", "l2_bytes", "l2_write_bytes", "flops", "us", "launches"):
+        for key in MEASURED_KEYS:
             row[f"ncu_{key}"] = got.get(key)
         model_total = entry["model_bytes_read"] + entry["model_bytes_written"]
         row["diff_read_pct"] = _pct(got.get("bytes_read"), entry["model_bytes_read"])
@@ -135,15 +174,20 @@ def main(argv: list[str] | None = None) -> int:
     if args.out:
         from replayssm_cli.environment import software
 
+        now = datetime.now(timezone.utc).isoformat(timespec="seconds")
         doc = {
             "kind": "replayssm-ncu-check",
-            "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            "environment": software(),
-            "ncu": {"path": args.ncu or ncu.ncu_binary(), "version": ncu.ncu_version(args.ncu)},
+            "created": now if stored is None else stored["created"],
+            "environment": software() if stored is None else stored["environment"],
+            "ncu": {"path": args.ncu or ncu.ncu_binary(), "version": ncu.ncu_version(args.ncu)} if stored is None
+            else stored["ncu"],
             "settings": {"window": args.window, "state_dtype": args.state_dtype, "io_dtype": args.io_dtype,
                          "layers": args.layers, "batches": batches, "presets": names},
             "rows": rows,
         }
+        if stored is not None:
+            doc["remodelled"] = {"at": now, "environment": software(),
+                                 "previous_model": [{k: r.get(k) for k in MODEL_KEYS} for r in stored["rows"]]}
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(doc, indent=1, default=str) + "\n")
         print(f"wrote {args.out}", file=sys.stderr)

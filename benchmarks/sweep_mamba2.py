@@ -59,17 +59,19 @@ def _row_bytes(kernel: str, fill: int, state_size: int, read_size: int | None) -
         return S * state_size + DRAFT * (S * state_size + inputs + output)
     tile = S * (read_size or state_size) + (H * P * 4 if read_size == 1 else 0)
     copy_write = 0 if read_size is None else S * read_size + (H * P * 4 if read_size == 1 else 0)
-    fold = (S * state_size if read_size else 0) + S * state_size + copy_write
+    # A fold reads the checkpoint (not the copy: Mamba-2's buffered updates need no correction) and writes it and
+    # the copy.
+    fold = S * state_size + S * state_size + copy_write
     if kernel == "verify":
         folding = fill >= WINDOW
         committed = 0 if folding else fill
-        total = tile + committed * entry + DRAFT * (inputs + output + entry) + counters // 2
+        total = (0 if folding else tile) + committed * entry + DRAFT * (inputs + output + entry) + counters // 2
         total += (fill * entry + fold + counters // 2) if folding else 0
         # accept: the fill read and written, the accepted drafts' B copied into the buffer
         return total + counters + ACCEPTED * G * N * IO_BYTES * 2
     if fill + 1 < WINDOW:
         return tile + fill * entry + entry + counters + inputs + output
-    return tile + fill * entry + fold + counters + inputs + output
+    return fill * entry + fold + counters + inputs + output
 
 
 def fill_trajectory(kernel: str, start: int, steps: int) -> list[int]:

@@ -101,6 +101,9 @@ class _Sizes:
     counters: int
     heads: int
     fp8: bool
+    # What a split-precision flush reads of the copy: GDN carries checkpoint - copy through the entries
+    # (it reads both); Mamba-2's buffered updates need no correction (the checkpoint only).
+    flush_copy: int = 0
 
 
 def _sizes(shape: SSMShape, st: str, rd: str | None, io: str, has_z: bool) -> _Sizes:
@@ -136,6 +139,7 @@ def _sizes(shape: SSMShape, st: str, rd: str | None, io: str, has_z: bool) -> _S
         counters=heads * _I32,
         heads=heads,
         fp8=rd == "fp8",
+        flush_copy=(shape.state_elems * r + scales) if rd and op == "gdn" else 0,
     )
 
 
@@ -284,10 +288,10 @@ def _nonflush(s: _Sizes, fl: _Flops, b: int, f: float) -> _Count:
 
 
 def _flush(s: _Sizes, fl: _Flops, b: int, f: int) -> _Count:
-    # Under split precision a flushing program has read the copy too: it loads the tile it answers from
-    # before it knows it will flush (Mamba-2), or carries checkpoint - copy through the entries (GDN).
+    # Under split precision a flush reads the checkpoint, and GDN's the copy too (measured with Nsight Compute
+    # on an H200, profiles/reference/ncu/).
     row = _Count(
-        s.state + s.copy + f * s.entry + s.inputs + s.counters,
+        s.state + s.flush_copy + f * s.entry + s.inputs + s.counters,
         s.state + s.copy + s.outputs + s.counters,
         fl.flush(f, quantise=s.fp8),
     )

@@ -132,11 +132,11 @@ def test_step_cost_mamba2_split():
             B * (M2_ENTRY + M2_OUT + M2_COUNTERS),
             B * 2 * (7 + 2 * 15 + 2 * (2 * 5 + 2 * 3 + 4) + 3 * (4 + 5) + dequant),
         )
-    # fp8 quantisation of the new copy: a division per element and one per row (the scale). A flushing
-    # program has read the copy (its tile, loaded before the branch) as well as the checkpoint.
+    # fp8 quantisation of the new copy: a division per element and one per row (the scale). A flush reads
+    # the checkpoint only (Mamba-2's buffered updates need no correction) and writes it and the copy.
     for read, copy, quant in (("bf16", bf16_copy, 0), ("fp8", fp8_copy, 15 + 3)):
         assert m2("split", "flush", read_dtype=read) == Cost(
-            B * (M2_STATE + copy + 3 * M2_ENTRY + M2_INPUTS + M2_COUNTERS) + M2_PARAMS,
+            B * (M2_STATE + 3 * M2_ENTRY + M2_INPUTS + M2_COUNTERS) + M2_PARAMS,
             B * (M2_STATE + copy + M2_OUT + M2_COUNTERS),
             B * 2 * (7 + 4 * (3 + 3) + 15 * (1 + 2 * 4 + 2) + 3 * (2 + 5) + quant),
         )
@@ -287,11 +287,10 @@ def test_step_cost_nemotron_super_split_bf16_ratio():
     io = (128 * 64 + 128 + 2 * 8 * 128) * 2 + 128 * 64 * 2  # inputs and output
     entry, counters = (128 * 64 + 8 * 128) * 2 + 2 * 128 * 4, 128 * 4
     nonflush = sum(copy + f * entry + io + entry + 2 * counters for f in range(15))
-    # A flush reads the checkpoint and the copy, writes both.
-    flush = state + copy + 15 * entry + io + state + copy + 2 * counters
+    # A flush reads the checkpoint (not the copy), writes both.
+    flush = state + 15 * entry + io + state + copy + 2 * counters
     per_row_ratio = (2 * state + io) / ((nonflush + flush) / 16)
     assert conventional.total_bytes / split.total_bytes == pytest.approx(per_row_ratio, rel=1e-5)
-    assert 2.8 < per_row_ratio < 3.2
 
 
 @pytest.mark.parametrize(

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from replayssm_cli import ncu, ncu_child
+from replayssm_cli import ncu, ncu_child, presets
 
 FIXTURES = Path(__file__).parent / "fixtures"
 KERNEL_DIR = Path(__file__).resolve().parent.parent / "kernels"
@@ -546,3 +546,40 @@ def test_profile_ncu_on_a_predicted_profile_says_it_has_no_figures(tmp_path):
     assert result.exit_code == 0, result.output
     assert "--ncu needs measured rows" in result.output
     assert (tmp_path / "p.json").is_file()
+
+
+def test_ncu_check_remodel_keeps_the_measurements_and_recomputes_the_model(tmp_path, capsys):
+    """--remodel: the stored ncu figures stay, the model's columns and differences follow the current cost model."""
+    check = _load_ncu_check()
+    stored_rows = []
+    for entry in check.plan([("nemotron-3-super-120b-a12b", presets.resolve("nemotron-3-super-120b-a12b"))], [64], 16,
+                            "fp32", "bf16", 1):
+        row = {k: v for k, v in entry.items() if k != "spec"}
+        # A stale model: every count 10% high; the measurement is 2% above the current model's reads.
+        stale = {k: int(row[k] * 1.1) for k in ("model_bytes_read", "model_bytes_written", "model_flops")}
+        measured = {"ncu_bytes_read": row["model_bytes_read"] * 1.02, "ncu_bytes_written": row["model_bytes_written"],
+                    "ncu_dram_bytes": row["model_bytes_read"] * 1.02 + row["model_bytes_written"],
+                    "ncu_l2_bytes": 1.0, "ncu_l2_write_bytes": row["model_bytes_written"], "ncu_flops": 1.0, "ncu_us": 5.0,
+                    "ncu_launches": {"k": 1}}
+        stored_rows.append({**row, **stale, **measured, "ok": True, "reason": None})
+    stored = {"kind": "replayssm-ncu-check", "created": "2026-01-01T00:00:00+00:00", "environment": {"commit": "abc"},
+              "ncu": {"path": "/x/ncu", "version": "V"},
+              "settings": {"window": 16, "state_dtype": "fp32", "io_dtype": "bf16", "layers": 1, "batches": [64],
+                           "presets": ["nemotron-3-super-120b-a12b"]},
+              "rows": stored_rows[:-1]}  # the last configuration missing
+    src, out = tmp_path / "stored.json", tmp_path / "remodelled.json"
+    src.write_text(json.dumps(stored))
+    assert check.main(["--remodel", str(src), "--out", str(out)]) == 1  # one configuration not measured
+    doc = json.loads(out.read_text())
+    assert doc["created"] == stored["created"] and doc["environment"] == {"commit": "abc"} and doc["ncu"]["path"] == "/x/ncu"
+    assert [p["model_bytes_read"] for p in doc["remodelled"]["previous_model"]] == [r["model_bytes_read"] for r in stored_rows[:-1]]
+    for row, old in zip(doc["rows"][:-1], stored_rows):
+        assert row["ok"] and row["ncu_bytes_read"] == old["ncu_bytes_read"]
+        assert row["model_bytes_read"] == pytest.approx(old["model_bytes_read"] / 1.1, rel=1e-6)
+        assert row["diff_read_pct"] == pytest.approx(2.0)
+    assert not doc["rows"][-1]["ok"] and doc["rows"][-1]["reason"] == "not in the stored check"
+    assert "Cost model vs Nsight Compute" in capsys.readouterr().out
+    bad = tmp_path / "bad.json"
+    bad.write_text("{}")
+    assert check.main(["--remodel", str(bad)]) == 2
+    assert "is not a stored ncu check" in capsys.readouterr().err
