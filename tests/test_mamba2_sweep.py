@@ -120,3 +120,16 @@ def test_sweep_ratios_and_table(sweep):
     sweep.print_table(results, out)
     text = out.getvalue()
     assert "2.00x" in text and "FAILED (0.5)" in text and "num_warps=8" in text
+
+
+def test_sweep_row_slots(sweep, monkeypatch):
+    """--slots: rows in a random permutation of the slots by default (as a server's), row i in slot i with identity."""
+    import torch
+
+    monkeypatch.setitem(sweep.common.STATE, "slots", "identity")
+    assert sweep.common.row_slots(5, "cpu").tolist() == [0, 1, 2, 3, 4]
+    monkeypatch.setitem(sweep.common.STATE, "slots", "random")
+    got = sweep.common.row_slots(64, "cpu")
+    assert got.dtype == torch.int32 and sorted(got.tolist()) == list(range(64)) and got.tolist() != list(range(64))
+    done = _run("--slots", "sideways", "--dry-run")
+    assert done.returncode == 2 and "--slots" in done.stderr
