@@ -32,7 +32,9 @@ GRID = {
                {"VP": 32, "BV": 32, "BVF": 16, "STAGES": 1, "num_warps": 1, "maxnreg": 255},
                {"VP": 16, "BV": 16, "BVF": 16, "STAGES": 1, "num_warps": 2, "maxnreg": 255},
                {"VP": 16, "BV": 16, "BVF": 16, "STAGES": 1, "num_warps": 1, "maxnreg": 255}],
-    "split-bf16": [{"BV": 128}, {"BV": 64, "STAGES": 2}, {"BV": 32, "STAGES": 2}, {"BV": 128, "BVF": 16}],
+    # WY=1 corrects a flush's buffered updates with one product instead of entry by entry.
+    "split-bf16": [{"BV": 128}, {"BV": 64, "STAGES": 2}, {"BV": 32, "STAGES": 2}, {"BV": 128, "BVF": 16},
+                   {"BV": 128, "WY": 1}, {"BV": 128, "BVF": 16, "WY": 1}, {"BV": 32, "STAGES": 2, "WY": 1}],
     "decode-multi": [{"BV": 8, "num_warps": 1}, {"BV": 16, "num_warps": 4}, {"BV": 32, "num_warps": 4}],
     "verify": [{"BV": 32, "STAGES": 2, "maxnreg": 128}, {"BV": 32, "STAGES": 3, "maxnreg": 128},
                {"BV": 16, "STAGES": 2, "maxnreg": 128}, {"BV": 64, "STAGES": 2, "maxnreg": 168},

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# The launch sweeps behind the kernels' settings (benchmarks/NOTES.md), as run on an H200, then the test suite on
-# that GPU. Each sweep writes its table (.txt) and results (.json) under DIR (default runs/tune); a sweep past
-# its time limit leaves the ones before it. Usage: benchmarks/tune_h200.sh [DIR] [SECTION ...]
-# Sections: tests, order, gdn-decode, gdn-replay-256, gdn-replay, gdn-verify, mamba2-split, mamba2-bf16, mamba2-verify (default: all).
-# DIR ends as DIR.tar.gz as well, for machines that return one file.
+# The test suite on an H200, then the launch sweeps behind the kernels' settings (benchmarks/NOTES.md). Each sweep
+# writes its table (.txt) and results (.json) under DIR (default runs/tune), and DIR.tar.gz holds them all for
+# machines that return one file; a sweep past its time limit leaves the ones before it.
+# Usage: benchmarks/tune_h200.sh [DIR] [SECTION ...]
+# Sections: tests, order, gdn-decode, gdn-replay, gdn-replay-256, gdn-split, gdn-bf16, gdn-verify, mamba2-split,
+# mamba2-bf16, mamba2-verify (default: tests gdn-decode gdn-replay gdn-verify mamba2-split mamba2-bf16 mamba2-verify).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 DIR="${1:-runs/tune}"
@@ -60,6 +61,20 @@ for section in $SECTIONS; do
             --launch replay:VP=128,BV=16,STAGES=2,num_warps=2,maxnreg=96 \
             --launch replay:VP=128,BV=32,BVF=16,STAGES=2,maxnreg=96 \
             --launch replay:VP=128,BV=64,STAGES=2,maxnreg=128
+        ;;
+    gdn-split)
+        sweep gdn-split 200 sweep_gdn.py --kernel decode --kernel split-bf16 --batch 64 --batch 256 \
+            --launch decode:VP=64,BV=8,STAGES=3,num_warps=1 --launch split-bf16:BV=128 \
+            --launch split-bf16:BV=128,WY=1 --launch split-bf16:BV=128,BVF=16,WY=1 \
+            --launch split-bf16:BV=32,STAGES=2,WY=1 --launch split-bf16:BV=32,STAGES=2,num_warps=2,WY=1
+        ;;
+    gdn-bf16)
+        sweep gdn-bf16 150 sweep_gdn.py --state-dtype bf16 --kernel decode --kernel replay --batch 64 --batch 256 \
+            --launch decode:VP=64,BV=8,STAGES=3,num_warps=1 --launch replay:VP=128,BV=32,STAGES=2,maxnreg=96 \
+            --launch replay:VP=128,BV=32,STAGES=2,num_warps=2,maxnreg=96 \
+            --launch replay:VP=128,BV=32,STAGES=3,num_warps=2,maxnreg=128 \
+            --launch replay:VP=128,BV=64,STAGES=3,num_warps=4,maxnreg=128 \
+            --launch replay:VP=128,BV=64,STAGES=2,num_warps=2,maxnreg=128
         ;;
     gdn-verify)
         sweep gdn-verify 200 sweep_gdn.py --kernel decode-multi --kernel verify --batch 256

@@ -64,11 +64,17 @@ def test_split_precision_error_stays_bounded_over_2000_steps():
     assert last_conv > 5 * last_split
 
 
-@pytest.mark.parametrize("read", list(READ), ids=[f"B2-H1-HV2-K12-V10-W4-fp32-{r}-fp32" for r in READ])
-def test_split_kernel_checkpoint_matches_full_precision(device, assert_close, read):
+SPLIT_CASES = [(r, 4, None) for r in READ] + [("fp16", 9, None), ("bf16", 9, {"WY": 1}), ("fp8", 9, {"WY": 1}),
+                                                ("bf16", 4, {"WY": 1})]
+
+
+@pytest.mark.parametrize("read,W,launch", SPLIT_CASES,
+                         ids=[f"B2-H1-HV2-K12-V10-W{w}-fp32-{r}-fp32" + ("-WY" if l else "") for r, w, l in SPLIT_CASES])
+def test_split_kernel_checkpoint_matches_full_precision(device, assert_close, read, W, launch):
     """Kernels, 3 windows, staggered rows: the split cache's checkpoint and materialized state equal an
-    fp32-only cache's to fp32 rounding, and its outputs differ from that cache's only by the read dtype."""
-    nslots, H, HV, K, V, W = 3, 1, 2, 12, 10, 4
+    fp32-only cache's to fp32 rounding, and its outputs differ from that cache's only by the read dtype; the
+    buffered updates corrected entry by entry or, with WY, through one product."""
+    nslots, H, HV, K, V = 3, 1, 2, 12, 10
     start = torch.randn(nslots, HV, V, K, device=device)
     split = gdn.ReplayCache.create(nslots, H, HV, K, V, W, state_dtype="fp32", read_dtype=read, io_dtype="fp32",
                                    device=device)
@@ -78,7 +84,7 @@ def test_split_kernel_checkpoint_matches_full_precision(device, assert_close, re
     for step in range(3 * W):
         inp = gdn.random_inputs(2, H, HV, K, V, io_dtype=torch.float32, device=device)
         rows = torch.tensor([2, 0 if step >= 1 else -1], dtype=torch.int32, device=device)
-        y_split = gdn.replay(split, **inp, use_qk_l2norm_in_kernel=True, slots=rows)
+        y_split = gdn.replay(split, **inp, use_qk_l2norm_in_kernel=True, slots=rows, launch=launch)
         y_full = gdn.replay(full, **inp, use_qk_l2norm_in_kernel=True, slots=rows)
         live = rows >= 0
         assert_close(y_split[live], y_full[live], READ[read], what=f"o at step {step}")

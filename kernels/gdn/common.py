@@ -109,6 +109,11 @@ def launch_settings(table: dict, name: str, launch: dict | None) -> dict:
         if key == "maxnreg" and value is None:
             settings[key] = None
             continue
+        if key == "WY":
+            if value not in (0, 1) or isinstance(value, bool):
+                raise ValueError(f"launch['WY'] must be 0 or 1; got {value!r}")
+            settings[key] = value
+            continue
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"launch[{key!r}] must be a positive integer; got {value!r}")
         if key in ("BV", "BVF", "VK", "VP", "num_warps") and value & (value - 1):

@@ -39,16 +39,16 @@ LAUNCH = {
                      "num_warps": 2, "num_stages": 1, "maxnreg": 96},
     "replay-small": {"VP": 16, "BV": 16, "BVF": 16, "JB": 4, "VK": 32, "STAGES": 1,
                      "num_warps": 1, "num_stages": 1, "maxnreg": None},
-    "replay-split": {"VP": 256, "BV": 128, "BVF": 32, "JB": 2, "VK": 32, "STAGES": 2,
+    "replay-split": {"VP": 256, "BV": 128, "BVF": 32, "JB": 2, "WY": 0, "VK": 32, "STAGES": 2,
                      "num_warps": 4, "num_stages": 1, "maxnreg": None},
-    "replay-fp8": {"VP": 256, "BV": 128, "BVF": 16, "JB": 2, "VK": 32, "STAGES": 2,
+    "replay-fp8": {"VP": 256, "BV": 128, "BVF": 16, "JB": 2, "WY": 0, "VK": 32, "STAGES": 2,
                    "num_warps": 4, "num_stages": 1, "maxnreg": None},
     # verify reads its tile BV rows at a time as a non-flush step does; a row that flushes first folds BVF at a time.
     "verify": {"BV": 32, "BVF": 16, "JB": 4, "VK": 32, "STAGES": 2,
                "num_warps": 4, "num_stages": 1, "maxnreg": 128},
-    "verify-split": {"BV": 32, "BVF": 16, "JB": 2, "VK": 32, "STAGES": 2,
+    "verify-split": {"BV": 32, "BVF": 16, "JB": 2, "WY": 0, "VK": 32, "STAGES": 2,
                      "num_warps": 4, "num_stages": 1, "maxnreg": None},
-    "verify-fp8": {"BV": 32, "BVF": 16, "JB": 1, "VK": 32, "STAGES": 2,
+    "verify-fp8": {"BV": 32, "BVF": 16, "JB": 1, "WY": 0, "VK": 32, "STAGES": 2,
                    "num_warps": 4, "num_stages": 1, "maxnreg": None},
     "accept": {"num_warps": 1},
 }
@@ -112,14 +112,38 @@ def _corrected(
 
 
 @triton.jit
+def _correction_weights(b_kw, b_Gw, buf_b, i_s, i_hv, o_w, b_f, C: tl.constexpr, HV: tl.constexpr, BW: tl.constexpr):
+    """[BW, BK] rows w_j with u_j - û_j = (checkpoint - copy) · w_j for every row of a head (zero past the fill).
+
+    Carrying d = checkpoint - copy through the entries multiplies it by a_i (I - beta_i k_i k_iᵀ) per entry, so
+    w_j = -beta_j e^{G_j} (k_j - sum_{i<j} c_ji k_i), c_ji = beta_i (k_i·k_j - sum_{i<l<j} c_jl k_i·k_l).
+    """
+    m_w = o_w < b_f
+    b_bw = tl.load(buf_b + (i_s * C + o_w) * HV + i_hv, mask=m_w, other=0.0)
+    # [BW, BW] the keys' Gram matrix
+    b_gram = tl.dot(b_kw, tl.trans(b_kw), input_precision="ieee")
+    b_c = tl.zeros([BW, BW], dtype=tl.float32)
+    # Column i of c from the columns after it, last first (c is strictly lower triangular).
+    for t in tl.static_range(BW):
+        i = BW - 1 - t
+        b_gi = tl.sum(tl.where(o_w[:, None] == i, b_gram, 0.0), 0)
+        b_bi = tl.sum(tl.where(o_w == i, b_bw, 0.0))
+        b_ci = b_bi * (b_gi - tl.sum(b_c * b_gi[None, :], 1))
+        b_c = tl.where((o_w[None, :] == i) & (o_w[:, None] > i), b_ci[:, None], b_c)
+    b_y = b_kw - tl.dot(b_c, b_kw, input_precision="ieee")
+    return tl.where(m_w, -b_bw * tl.exp(b_Gw), 0.0)[:, None] * b_y
+
+
+@triton.jit
 def _fold(
-    b_s, b_d, buf_u, buf_k, buf_g, buf_b, i_s, i_h, i_hv, o_v, m_v, o_k, m_k, o_w, b_f, b_G, b_Gw, b_kw,
+    b_s, b_d, buf_u, buf_k, buf_g, buf_b, i_s, i_h, i_hv, o_v, m_v, o_k, m_k, o_w, b_f, b_G, b_Gw, b_kw, b_wc,
     C: tl.constexpr, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, JB: tl.constexpr,
-    CORRECT: tl.constexpr, PRECISION: tl.constexpr,
+    CORRECT: tl.constexpr, WY: tl.constexpr, PRECISION: tl.constexpr,
 ):
     """b_s [BV, BK] plus sum_{j<f} e^{G - G_j} u_j k_jᵀ; with CORRECT, u_j corrected for b_d = checkpoint - copy.
 
-    b_Gw [BW] and b_kw [BW, BK] are the buffered log-decays and keys, zero past the fill.
+    b_Gw [BW] and b_kw [BW, BK] are the buffered log-decays and keys, zero past the fill. With WY the correction
+    is one product with b_wc [BW, BK] (`_correction_weights`); without, it is carried entry by entry.
     """
     m_w = o_w < b_f
     # [BW, BV]
@@ -127,7 +151,10 @@ def _fold(
         buf_u + ((i_s * C + o_w[:, None]) * HV + i_hv) * V + o_v[None, :], mask=m_w[:, None] & m_v[None, :], other=0.0,
     )
     if CORRECT:
-        b_uw = _corrected(b_uw, b_d, buf_k, buf_g, buf_b, i_s, i_h, i_hv, o_k, m_k, o_w, b_f, C, H, HV, K, JB)
+        if WY:
+            b_uw += tl.dot(b_wc, tl.trans(b_d), input_precision=PRECISION)
+        else:
+            b_uw = _corrected(b_uw, b_d, buf_k, buf_g, buf_b, i_s, i_h, i_hv, o_k, m_k, o_w, b_f, C, H, HV, K, JB)
     b_cw = tl.where(m_w, tl.exp(b_G - b_Gw), 0.0)
     # One product for the whole rank-f update: fp32 FMAs ("ieee") in the flush's small chunks, 3xTF32 on the tensor
     # cores for verify's larger ones (measured on an H200, benchmarks/NOTES.md).
@@ -137,8 +164,8 @@ def _fold(
 @triton.jit
 def _folded_rows(
     ckpt, rcopy, rscale, buf_u, buf_k, buf_g, buf_b, i_s, i_h, i_hv, o_v, m_v, o_k, m_k, o_w, b_f, b_Gl, b_Gw, b_kw,
-    C: tl.constexpr, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, JB: tl.constexpr,
-    HAS_COPY: tl.constexpr, IS_FP8: tl.constexpr, PRECISION: tl.constexpr,
+    b_wc, C: tl.constexpr, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, JB: tl.constexpr,
+    HAS_COPY: tl.constexpr, IS_FP8: tl.constexpr, WY: tl.constexpr, PRECISION: tl.constexpr,
 ):
     """Checkpoint rows o_v with the f buffered entries folded in (corrected under a read copy), and their offsets."""
     m_s = m_v[:, None] & m_k[None, :]
@@ -148,10 +175,10 @@ def _folded_rows(
     if HAS_COPY:
         b_d = b_s - _read_copy(rcopy, rscale, o_s, o_r, m_s, m_v, IS_FP8)
         b_s = _fold(b_s * tl.exp(b_Gl), b_d, buf_u, buf_k, buf_g, buf_b, i_s, i_h, i_hv, o_v, m_v, o_k, m_k, o_w, b_f,
-                    b_Gl, b_Gw, b_kw, C, H, HV, K, V, JB, True, PRECISION)
+                    b_Gl, b_Gw, b_kw, b_wc, C, H, HV, K, V, JB, True, WY, PRECISION)
     else:
         b_s = _fold(b_s * tl.exp(b_Gl), b_s, buf_u, buf_k, buf_g, buf_b, i_s, i_h, i_hv, o_v, m_v, o_k, m_k, o_w, b_f,
-                    b_Gl, b_Gw, b_kw, C, H, HV, K, V, JB, False, PRECISION)
+                    b_Gl, b_Gw, b_kw, b_wc, C, H, HV, K, V, JB, False, WY, PRECISION)
     return b_s, o_s, o_r, m_s
 
 
@@ -161,13 +188,17 @@ def _replay_flush(
     i_b, i_s, i_h, i_hv, v0, b_f, b_k, b_q, b_g, b_beta, b_Gl, b_Gw, b_kw, o_w,
     s_vb, s_vh, s_vv, s_ob, s_oh, s_ov,
     C: tl.constexpr, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-    BK: tl.constexpr, VP: tl.constexpr, BVF: tl.constexpr, JB: tl.constexpr, STAGES: tl.constexpr,
-    HAS_COPY: tl.constexpr, IS_FP8: tl.constexpr,
+    BK: tl.constexpr, BW: tl.constexpr, VP: tl.constexpr, BVF: tl.constexpr, JB: tl.constexpr,
+    STAGES: tl.constexpr, HAS_COPY: tl.constexpr, IS_FP8: tl.constexpr, WY: tl.constexpr,
 ):
     """The step that fills the window for rows v0 .. v0 + VP: fold the buffer into the full checkpoint, take this
     step from it, store it."""
     o_k = tl.arange(0, BK)
     m_k = o_k < K
+    b_wc = b_kw
+    if HAS_COPY:
+        if WY:
+            b_wc = _correction_weights(b_kw, b_Gw, buf_b, i_s, i_hv, o_w, b_f, C, HV, BW)
     # BVF rows at a time (a pipelined loop), so that this rare branch does not raise the register count of the common one.
     for i_v in tl.range(0, VP, BVF, num_stages=STAGES):
         o_v = v0 + i_v + tl.arange(0, BVF)
@@ -175,7 +206,7 @@ def _replay_flush(
         # [BVF, BK] the checkpoint, brought to the state after the buffered entries
         b_s, o_s, o_r, m_s = _folded_rows(
             ckpt, rcopy, rscale, buf_u, buf_k, buf_g, buf_b, i_s, i_h, i_hv, o_v, m_v, o_k, m_k, o_w, b_f, b_Gl, b_Gw,
-            b_kw, C, H, HV, K, V, JB, HAS_COPY, IS_FP8, "ieee",
+            b_kw, b_wc, C, H, HV, K, V, JB, HAS_COPY, IS_FP8, WY, "ieee",
         )
         b_v = tl.load(v + i_b * s_vb + i_hv * s_vh + o_v * s_vv, mask=m_v, other=0.0).to(tl.float32)
         b_s *= tl.exp(b_g)
@@ -214,7 +245,7 @@ def _replay_kernel(
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BK: tl.constexpr, VP: tl.constexpr, BV: tl.constexpr, BVF: tl.constexpr, BW: tl.constexpr, JB: tl.constexpr,
     VK: tl.constexpr, STAGES: tl.constexpr, USE_QK_L2NORM: tl.constexpr, HAS_COPY: tl.constexpr,
-    IS_FP8: tl.constexpr,
+    IS_FP8: tl.constexpr, WY: tl.constexpr,
 ):
     # Each program takes VP rows of its (row, value head): NPB programs share the head's buffer and fill counter.
     NPB: tl.constexpr = (V + VP - 1) // VP
@@ -271,7 +302,7 @@ def _replay_kernel(
             ckpt, rcopy, rscale, buf_u, buf_k, buf_g, buf_b, v, o,
             i_b, i_s, i_h, i_hv, v0, b_f, b_k, b_q, b_g, b_beta, b_Gl, b_Gw, b_kw, o_w,
             s_vb, s_vh, s_vv, s_ob, s_oh, s_ov,
-            C, H, HV, K, V, BK, VP, BVF, JB, STAGES, HAS_COPY, IS_FP8,
+            C, H, HV, K, V, BK, BW, VP, BVF, JB, STAGES, HAS_COPY, IS_FP8, WY,
         )
         f_next = b_f * 0
     else:
@@ -337,17 +368,22 @@ def _replay_kernel(
 def _verify_flush(
     ckpt, rcopy, rscale, buf_u, buf_k, buf_g, buf_b, i_s, i_h, i_hv, b_f, b_Gl, b_Gw, b_kw, o_w,
     C: tl.constexpr, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-    BK: tl.constexpr, BVF: tl.constexpr, JB: tl.constexpr, HAS_COPY: tl.constexpr, IS_FP8: tl.constexpr,
+    BK: tl.constexpr, BW: tl.constexpr, BVF: tl.constexpr, JB: tl.constexpr, HAS_COPY: tl.constexpr,
+    IS_FP8: tl.constexpr, WY: tl.constexpr,
 ):
     """Fold the buffer into a new checkpoint (updates corrected under a read copy) and store it, BVF rows at a time."""
     o_k = tl.arange(0, BK)
     m_k = o_k < K
+    b_wc = b_kw
+    if HAS_COPY:
+        if WY:
+            b_wc = _correction_weights(b_kw, b_Gw, buf_b, i_s, i_hv, o_w, b_f, C, HV, BW)
     for i_v in range(0, V, BVF):
         o_v = i_v + tl.arange(0, BVF)
         m_v = o_v < V
         b_s, o_s, o_r, m_s = _folded_rows(
             ckpt, rcopy, rscale, buf_u, buf_k, buf_g, buf_b, i_s, i_h, i_hv, o_v, m_v, o_k, m_k, o_w, b_f, b_Gl, b_Gw,
-            b_kw, C, H, HV, K, V, JB, HAS_COPY, IS_FP8, "tf32x3",
+            b_kw, b_wc, C, H, HV, K, V, JB, HAS_COPY, IS_FP8, WY, "tf32x3",
         )
         b_s = rounded(b_s, ckpt.dtype.element_ty)
         tl.store(ckpt + o_s, b_s.to(ckpt.dtype.element_ty), mask=m_s)
@@ -370,7 +406,7 @@ def _verify_kernel(
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, BVF: tl.constexpr, BT: tl.constexpr, BW: tl.constexpr, BWC: tl.constexpr,
     JB: tl.constexpr, VK: tl.constexpr, STAGES: tl.constexpr, USE_QK_L2NORM: tl.constexpr, HAS_COPY: tl.constexpr,
-    IS_FP8: tl.constexpr,
+    IS_FP8: tl.constexpr, WY: tl.constexpr,
 ):
     i_b, i_hv = tl.program_id(0), tl.program_id(1)
     i_s = tl.load(slots + i_b).to(tl.int64)
@@ -406,7 +442,7 @@ def _verify_kernel(
         # Into a new checkpoint first, as a flush step would; the drafts then read it with no entries left.
         _verify_flush(
             ckpt, rcopy, rscale, buf_u, buf_k, buf_g, buf_b, i_s, i_h, i_hv, b_f, b_Gl, b_Gw, b_kw, o_w,
-            C, H, HV, K, V, BK, BVF, JB, HAS_COPY, IS_FP8,
+            C, H, HV, K, V, BK, BW, BVF, JB, HAS_COPY, IS_FP8, WY,
         )
         # The tile reads below see this program's stores, and the drafts' updates overwrite entries it folded.
         tl.debug_barrier()
@@ -581,6 +617,7 @@ def _launch_replay(cache, q, k, v, g, beta, out, slots, scale, l2norm, settings)
         VK=min(settings["VK"], max(16, next_pow2(cache.K))),
         STAGES=settings["STAGES"],
         USE_QK_L2NORM=l2norm,
+        WY=bool(settings.get("WY", 0)),
         **compile_options(settings),
     )
 
@@ -605,6 +642,7 @@ def _launch_verify(cache, q, k, v, g, beta, out, slots, scale, l2norm, settings)
         VK=min(settings["VK"], max(16, next_pow2(cache.K))),
         STAGES=settings["STAGES"],
         USE_QK_L2NORM=l2norm,
+        WY=bool(settings.get("WY", 0)),
         **compile_options(settings),
     )
 
@@ -666,7 +704,8 @@ def replay(
     this step from it, stores it, refreshes the read copy and empties the buffer.
     Mutates the cache; returns o (batch, HV, V) in v's dtype (written into `out` when given).
     `launch` overrides VP (rows per program, at least 16: the programs of a head share its fill
-    counter), BV (rows per chunk of a non-flush step), BVF (of a flush), JB (buffered
+    counter), BV (rows per chunk of a non-flush step), BVF (of a flush), WY (with a read copy: 1
+    corrects the buffered updates at a flush with one product, 0 entry by entry), JB (buffered
     entries corrected per unrolled group under split precision), VK (width of the K pieces a
     non-flush step reduces its rows in), num_warps, num_stages, maxnreg. `check` range-checks slots
     on the host, a device sync: pass check=False for a step with no host synchronisation (it is
