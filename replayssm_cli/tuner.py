@@ -324,7 +324,7 @@ def _assess(a: Assessment, error_budget: float, memory_budget: float | None) -> 
     reasons: list[tuple[str, str]] = []
     t = a.timing
     if t is None:
-        reasons.append(("unavailable", "no time: not measured (or skipped), and nothing to predict it from"))
+        reasons.append(("unavailable", "no time: not measured (or skipped), and not predicted"))
     elif t.status != "ok":
         reasons.append(("failed", t.note or "failed its check against the reference"))
     if a.error is not None and a.error > error_budget:

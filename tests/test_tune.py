@@ -312,3 +312,16 @@ def test_tune_help_has_examples():
     res = CliRunner().invoke(app, ["tune", "--help"])
     assert res.exit_code == 0
     assert "Examples" in res.stdout and "replayssm tune --preset" in res.stdout
+
+
+def test_tune_measured_only_leaves_out_what_the_results_file_lacks():
+    """--measured-only: the candidates the file measured compete; the others are turned down as untimed, not predicted."""
+    report = run_json("--preset", SUPER, "--results", str(MAMBA2_RESULTS), "--batch", "256", "--window", "16,32",
+                      "--state-dtype", "fp32", "--read-dtype", "bf16", "--measured-only")
+    d = decision(report, 256)
+    assert "not timed (--measured-only)" in report["timing"]["describe"]
+    w32 = candidate(d, "replay W32 fp32")
+    assert w32["rejected_for"] == "unavailable" and "not predicted" in w32["reason"]
+    assert d["recommended"]["source"] == "measured" and d["recommended"]["label"] == "split W16 fp32+bf16"
+    res = invoke("--preset", SUPER, "--measured-only")
+    assert res.exit_code == 2 and "--measured-only needs --results" in res.stderr

@@ -94,6 +94,10 @@ def tune(
     results: Annotated[
         Optional[Path], typer.Option("--results", "-r", help="Use the times in this results file instead of measuring.")
     ] = None,
+    measured_only: Annotated[
+        bool,
+        typer.Option("--measured-only", help="With --results: only candidates the file measured; the others are not predicted."),
+    ] = False,
     gpu: Annotated[Optional[str], typer.Option("--gpu", help="GPU to predict for when nothing is measured. (default: h200)")] = None,
     tp: Annotated[int, typer.Option("--tp", help="Tensor-parallel degree the heads are divided by.")] = 1,
     io_dtype: Annotated[
@@ -114,7 +118,7 @@ def tune(
 
     Examples:
 
-      replayssm tune --preset nemotron-3-super-120b-a12b --results runs/h200.json
+      replayssm tune --preset nemotron-3-super-120b-a12b --results runs/h200.json --measured-only
 
       replayssm tune --preset qwen3.5-122b-a10b --gpu b200 --batch 1,64,256 --memory-budget 40
 
@@ -137,7 +141,9 @@ def tune(
     cands = tuner.candidates(windows=windows, state_dtypes=state_dtypes, read_dtypes=read_dtypes, drafts=drafts, accept_rate=accept_rate)
     recorded = _load_trace(trace, p)
 
-    source = _timing_source(p, preset, cands, batches, results, gpu, io[0] if io else None, accept_rate)
+    if measured_only and results is None:
+        raise UserError("--measured-only needs --results", "pass the results file whose measurements to keep to")
+    source = _timing_source(p, preset, cands, batches, results, gpu, io[0] if io else None, accept_rate, measured_only)
     quality = _quality(p, cands, steps=steps, heads=heads, seed=seed, trace=recorded, io_dtype=source["io_dtype"], kernels=source["cuda"])
     budget, budget_note = _memory_budget(memory_budget, source)
     io_used = source["io_dtype"]
@@ -197,8 +203,10 @@ def _cuda_available() -> bool:
     return torch.cuda.is_available()
 
 
-def _timing_source(p, preset_arg: str, cands, batches, results: Path | None, gpu: str | None, io: str | None, accept_rate: float) -> dict[str, Any]:
-    """Where candidate times come from: a results file (predicting what it lacks), a measurement here, or the cost model."""
+def _timing_source(p, preset_arg: str, cands, batches, results: Path | None, gpu: str | None, io: str | None, accept_rate: float,
+                   measured_only: bool = False) -> dict[str, Any]:
+    """Where candidate times come from: a results file (predicting what it lacks unless measured_only), a measurement
+    here, or the cost model."""
     from replayssm_cli import gpus, tuner
     from replayssm_cli.console import note
 
@@ -219,6 +227,8 @@ def _timing_source(p, preset_arg: str, cands, batches, results: Path | None, gpu
         spec = gpus.load_gpu(gpu) if gpu else _file_gpu(env_gpu)
         if gpu or ceilings is None:
             ceilings = gpus.datasheet_ceilings(spec) if spec is not None else None
+        if measured_only:
+            ceilings = None
         gpu_name = env_gpu.get("name") or (spec.name if spec else "unknown GPU")
 
         def measured(c, b):
@@ -236,6 +246,7 @@ def _timing_source(p, preset_arg: str, cands, batches, results: Path | None, gpu
             return tuner.calibrated(t, pairs, f"{_family(c)} at batch {b}")
 
         what = f"times from {results}" + (
+            "; candidates it lacks are not timed (--measured-only)" if measured_only else
             f"; candidates it lacks predicted from the cost model ({ceilings.source} ceilings), scaled by how far "
             "measured candidates of the same variant and batch ran from their predictions" if ceilings else ""
         )
