@@ -60,7 +60,10 @@ for section in $SECTIONS; do
             --launch replay:VP=128,BV=32,STAGES=3,num_warps=2,maxnreg=128 \
             --launch replay:VP=128,BV=16,STAGES=2,num_warps=2,maxnreg=96 \
             --launch replay:VP=128,BV=32,BVF=16,STAGES=2,maxnreg=96 \
-            --launch replay:VP=128,BV=64,STAGES=2,maxnreg=128
+            --launch replay:VP=128,BV=64,STAGES=2,maxnreg=128 \
+            --launch replay:VP=128,BV=32,BVF=16,STAGES=2,num_warps=2,maxnreg=96 \
+            --launch replay:VP=128,BV=32,STAGES=2,num_warps=2,maxnreg=80 \
+            --launch replay:VP=128,BV=64,STAGES=2,num_warps=2,maxnreg=128
         ;;
     gdn-split)
         sweep gdn-split 200 sweep_gdn.py --kernel decode --kernel split-bf16 --batch 64 --batch 256 \
