@@ -128,9 +128,10 @@ def _sizes(shape: SSMShape, st: str, rd: str | None, io: str, has_z: bool) -> _S
     else:
         raise ValueError(f"shape must be a Mamba2Shape or a GDNShape, got {shape!r}")
     scales = rows * _F32 if rd == "fp8" else 0
+    copy = shape.state_elems * r + scales if rd else 0
     return _Sizes(
         state=shape.state_elems * s,
-        copy=shape.state_elems * r + scales if rd else 0,
+        copy=copy,
         inputs=inputs,
         outputs=outputs,
         params=params,
@@ -139,7 +140,7 @@ def _sizes(shape: SSMShape, st: str, rd: str | None, io: str, has_z: bool) -> _S
         counters=heads * _I32,
         heads=heads,
         fp8=rd == "fp8",
-        flush_copy=(shape.state_elems * r + scales) if rd and op == "gdn" else 0,
+        flush_copy=copy if op == "gdn" else 0,
     )
 
 

@@ -222,13 +222,11 @@ def _timing_source(p, preset_arg: str, cands, batches, results: Path | None, gpu
         io_used = io or _most_common(r.get("io_dtype") for r in rows) or "bf16"
         env_gpu = res.environment.get("gpu") if isinstance(res.environment.get("gpu"), dict) else {}
         ceilings = None
-        if isinstance(res.environment.get("ceilings"), dict):
+        if isinstance(res.environment.get("ceilings"), dict) and not measured_only:
             ceilings = gpus.Ceilings.from_dict(res.environment["ceilings"])
         spec = gpus.load_gpu(gpu) if gpu else _file_gpu(env_gpu)
-        if gpu or ceilings is None:
+        if (gpu or ceilings is None) and not measured_only:
             ceilings = gpus.datasheet_ceilings(spec) if spec is not None else None
-        if measured_only:
-            ceilings = None
         gpu_name = env_gpu.get("name") or (spec.name if spec else "unknown GPU")
 
         def measured(c, b):
