@@ -18,7 +18,7 @@ L2_MULTIPLE = 4
 MAX_LAYERS = 128
 KERNELS = ("decode", "replay", "replay-nonflush", "replay-flush", "split-bf16", "decode-multi", "verify")
 BASELINE = {"replay": "decode", "replay-nonflush": "decode", "replay-flush": "decode", "split-bf16": "decode",
-            "verify": "decode-multi"}
+            "verify": "decode-multi", "fla": "decode", "fla-inplace": "decode"}
 
 
 @dataclass
@@ -37,11 +37,11 @@ class Result:
     samples_us: list = field(default_factory=list)
 
 
-def parse_launch(text: str) -> tuple[str, dict]:
+def parse_launch(text: str, kernels: tuple = KERNELS) -> tuple[str, dict]:
     """'KERNEL:key=value,...' -> (KERNEL, {key: int(value), ...})."""
     kernel, sep, body = text.partition(":")
-    if not sep or kernel not in KERNELS:
-        raise ValueError(f"--launch {text!r}: expected KERNEL:key=value,... with KERNEL one of {', '.join(KERNELS)}")
+    if not sep or kernel not in kernels:
+        raise ValueError(f"--launch {text!r}: expected KERNEL:key=value,... with KERNEL one of {', '.join(kernels)}")
     settings = {}
     for item in filter(None, body.split(",")):
         key, eq, value = item.partition("=")
@@ -208,10 +208,12 @@ def print_table(results: list[Result], out, title: str) -> None:
     Console(file=out, width=160).print(table)
 
 
-def build_parser(prog: str, description: str, epilog: str) -> argparse.ArgumentParser:
+def build_parser(prog: str, description: str, epilog: str, extra: tuple = ()) -> argparse.ArgumentParser:
+    """The sweeps' command line; `extra` kernels (outside ones) are timed only when named."""
     parser = argparse.ArgumentParser(prog=prog, description=description,
                                      formatter_class=argparse.RawDescriptionHelpFormatter, epilog=epilog)
-    parser.add_argument("--kernel", action="append", choices=KERNELS, help="kernels to time (default: all)")
+    parser.add_argument("--kernel", action="append", choices=KERNELS + extra,
+                        help=f"kernels to time (default: {', '.join(KERNELS)})")
     parser.add_argument("--batch", action="append", type=int, help=f"batch sizes (default: {BATCHES})")
     parser.add_argument("--launch", action="append", default=[], metavar="KERNEL:key=value,...",
                         help="launch settings to time instead of the built-in grid (repeatable)")
@@ -237,13 +239,18 @@ def main(op, argv: list[str] | None, reuse_checks: bool) -> int:
     name = parser.prog.removesuffix(".py")
     args = parser.parse_args(argv)
     try:
-        overrides = [parse_launch(text) for text in args.launch]
+        overrides = [parse_launch(text, KERNELS + getattr(op, "EXTRA_KERNELS", ())) for text in args.launch]
     except ValueError as exc:
         print(f"{name}: {exc}", file=sys.stderr)
         return 2
     STATE["dtype"] = args.state_dtype
     STATE["slots"] = args.slots
     kernels = args.kernel or list(KERNELS)
+    for kernel in list(kernels):
+        reason = getattr(op, "unavailable", lambda k: None)(kernel)
+        if reason:
+            print(f"{name}: skipping {reason}", file=sys.stderr)
+            kernels.remove(kernel)
     batches = args.batch or list(QUICK_BATCHES if args.quick else BATCHES)
     if any(b < 1 for b in batches):
         print(f"{name}: --batch must be at least 1", file=sys.stderr)

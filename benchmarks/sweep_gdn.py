@@ -41,6 +41,11 @@ GRID = {
                {"BV": 32, "STAGES": 2, "maxnreg": 168}],
 }
 GRID["replay-nonflush"] = GRID["replay-flush"] = GRID["replay"]
+# flash-linear-attention's fused recurrent decode (fla-core), timed only when named: "fla" as its function runs it
+# (a new final state each step), "fla-inplace" its kernel with the final state written over the initial one, as a
+# server's state pool is. V_FIRST=1 holds the state as ours, (V, K) per head; 0 as (K, V).
+EXTRA_KERNELS = ("fla", "fla-inplace")
+GRID["fla"] = GRID["fla-inplace"] = [{"V_FIRST": 1}, {"V_FIRST": 0}]
 QUICK_GRID = {
     "decode": [{"VP": 4, "BV": 4, "num_warps": 1}, {"VP": 32, "BV": 32, "num_warps": 4}],
     "replay": [{"VP": 128, "BV": 32, "STAGES": 2, "maxnreg": 96},
@@ -54,7 +59,7 @@ QUICK_GRID["replay-nonflush"] = QUICK_GRID["replay-flush"] = QUICK_GRID["replay"
 
 def parse_launch(text: str) -> tuple[str, dict]:
     """'replay:BV=64,num_warps=8' -> ('replay', {'BV': 64, 'num_warps': 8})."""
-    return common.parse_launch(text)
+    return common.parse_launch(text, KERNELS + EXTRA_KERNELS)
 
 
 def plan(kernels: list[str], quick: bool, overrides: list[tuple[str, dict]]) -> dict[str, list[dict]]:
@@ -74,7 +79,7 @@ def _row_bytes(kernel: str, fill: int, state_size: int, read_size: int | None) -
     output = HV * V * IO_BYTES
     entry = 4 * (HV * V + H * K + HV + (HV if read_size else 0))
     counters = 2 * HV * 4
-    if kernel == "decode":
+    if kernel in ("decode",) + EXTRA_KERNELS:
         return 2 * S * state_size + inputs + output
     if kernel == "decode-multi":
         return S * state_size + DRAFT * (S * state_size + inputs + output)
@@ -119,6 +124,34 @@ def _cache(gdn, kernel: str, batch: int, device: str):
                                   max_draft=DRAFT if kernel == "verify" else 0, device=device)
 
 
+def _fla_step(state, inp, v_first: bool, inplace: bool):
+    """One fla decode step on dense per-row states; returns (o, the new state)."""
+    import torch
+    import triton
+    from fla.ops.gated_delta_rule import fused_recurrent as fla
+
+    q, k, v = (inp[name][:, None] for name in ("q", "k", "v"))
+    g, beta = inp["g"][:, None], inp["beta"][:, None]
+    if not inplace:
+        o, state = fla.fused_recurrent_gated_delta_rule(q, k, v, g=g, beta=beta, initial_state=state,
+                                                        output_final_state=True, use_qk_l2norm_in_kernel=True,
+                                                        state_v_first=v_first)
+        return o[:, 0], state
+    # The kernel fla's function launches, with its final state pointed at its initial one (each program reads its
+    # rows before it writes them).
+    N, _, H, K = q.shape
+    HV, V = v.shape[2], v.shape[3]
+    BV = min(8, triton.next_power_of_2(V))
+    o = torch.empty_like(v)
+    fla.fused_recurrent_gated_delta_rule_fwd_kernel[(triton.cdiv(V, BV) * N * HV,)](
+        q=q, k=k, v=v, g=g, gk=None, gv=None, beta=beta, A_log=None, dt_bias=None, o=o, h0=state, ht=state,
+        cu_seqlens=None, scale=K**-0.5, T=1, H=H, HV=HV, K=K, V=V, BK=triton.next_power_of_2(K), BV=BV,
+        IS_BETA_HEADWISE=True, USE_QK_L2NORM_IN_KERNEL=True, APPLY_BETA_SIGMOID=False, ALLOW_NEG_EIGVAL=False,
+        STATE_V_FIRST=v_first, num_warps=1, num_stages=3,
+    )
+    return o[:, 0], state
+
+
 class Stack:
     """L layers of one kernel at one batch: their state pools or caches, shared inputs, and one step."""
 
@@ -136,7 +169,10 @@ class Stack:
         self.n = torch.full((batch,), ACCEPTED, dtype=torch.int32, device=device)
         self.layers = []
         for _ in range(layers):
-            if kernel in ("decode", "decode-multi"):
+            if kernel in EXTRA_KERNELS:
+                state = torch.randn(batch, HV, V, K, device=device) * 0.5
+                self.layers.append([state if launch["V_FIRST"] else state.transpose(-1, -2).contiguous()])
+            elif kernel in ("decode", "decode-multi"):
                 state = (torch.randn(batch, HV, V, K, device=device) * 0.5).to(common.state_torch_dtype())
                 snaps = torch.empty(batch, DRAFT, HV, V, K, device=device) if kernel == "decode-multi" else None
                 self.layers.append((state, snaps))
@@ -161,7 +197,9 @@ class Stack:
     def step(self) -> None:
         m, kw = self.m, dict(use_qk_l2norm_in_kernel=True, slots=self.slots, launch=self.launch, check=False)
         for layer in self.layers:
-            if self.kernel == "decode":
+            if self.kernel in EXTRA_KERNELS:
+                _, layer[0] = _fla_step(layer[0], self.inp, bool(self.launch["V_FIRST"]), self.kernel == "fla-inplace")
+            elif self.kernel == "decode":
                 m.decode(layer[0], **self.inp, **kw)
             elif self.kernel == "decode-multi":
                 m.decode_multi(layer[0], layer[1], **self.inp, **kw)
@@ -170,6 +208,16 @@ class Stack:
                 m.accept(layer, self.n, self.slots, check=False)
             else:
                 m.replay(layer, **self.inp, **kw)
+
+
+def unavailable(kernel: str) -> str | None:
+    """Why `kernel` cannot run here (its package missing), or None."""
+    if kernel in EXTRA_KERNELS:
+        try:
+            import fla.ops.gated_delta_rule.fused_recurrent  # noqa: F401
+        except ImportError as exc:
+            return f"{kernel} needs flash-linear-attention (pip install fla-core einops): {exc}"
+    return None
 
 
 def check_config(kernel: str, launch: dict, device: str) -> float:
@@ -186,6 +234,19 @@ def check_config(kernel: str, launch: dict, device: str) -> float:
 
     def rel(a, b):
         return ((a[live].float() - b[live].float()).abs().max() / b[live].float().abs().max()).item()
+
+    if kernel in EXTRA_KERNELS:
+        # Dense states (no slots): every row live, the state as fla holds it.
+        live = torch.ones(3, dtype=torch.bool, device=device)
+        v_first = bool(launch["V_FIRST"])
+        want = torch.randn(3, HV, V, K, device=device) * 0.5
+        state = want.clone() if v_first else want.transpose(-1, -2).contiguous()
+        for _ in range(3):
+            inp = gdn.random_inputs(3, H, HV, K, V, device=device)
+            y, state = _fla_step(state, inp, v_first, kernel == "fla-inplace")
+            y_ref = gdn.decode_ref(want, **inp, use_qk_l2norm_in_kernel=True)
+            err = max(err, rel(y, y_ref), rel(state if v_first else state.transpose(-1, -2), want))
+        return err
 
     if kernel in ("decode", "decode-multi"):
         state = (torch.randn(3, HV, V, K, device=device) * 0.5).to(common.state_torch_dtype())
@@ -235,7 +296,9 @@ def build_parser():
         "  python benchmarks/sweep_gdn.py --quick --out runs/sweep_gdn_quick.json\n"
         "  python benchmarks/sweep_gdn.py --kernel replay --kernel decode --batch 256 \\\n"
         "      --launch replay:BV=64,num_warps=8 --launch decode:BV=32,num_warps=4 --out runs/sweep_gdn.json\n"
+        "  python benchmarks/sweep_gdn.py --kernel decode --kernel fla --kernel fla-inplace --batch 256 --slots identity\n"
         "  python benchmarks/sweep_gdn.py --dry-run   # the plan, layer counts and bytes; no GPU needed",
+        extra=EXTRA_KERNELS,
     )
 
 

@@ -3,8 +3,8 @@
 # writes its table (.txt) and results (.json) under DIR (default runs/tune), and DIR.tar.gz holds them all for
 # machines that return one file; a sweep past its time limit leaves the ones before it.
 # Usage: benchmarks/tune_h200.sh [DIR] [SECTION ...]
-# Sections: tests, order, gdn-decode, gdn-replay, gdn-replay-256, gdn-split, gdn-bf16, gdn-verify, mamba2-split,
-# mamba2-bf16, mamba2-verify (default: tests gdn-decode gdn-replay gdn-verify mamba2-split mamba2-bf16 mamba2-verify).
+# Sections: tests, order, gdn-decode, gdn-replay, gdn-early, gdn-replay-256, gdn-split, gdn-bf16, gdn-verify, fla,
+# mamba2-split, mamba2-split2, mamba2-bf16, mamba2-bf16-2, mamba2-verify (default: tests gdn-decode gdn-replay gdn-verify mamba2-split mamba2-bf16 mamba2-verify).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 DIR="${1:-runs/tune}"
@@ -40,6 +40,24 @@ for section in $SECTIONS; do
             --launch replay:VP=16,BV=16,BVF=16,VK=16,STAGES=1,num_warps=1 \
             --launch replay:VP=64,BV=64,BVF=16,STAGES=1,num_warps=2
         ;;
+    gdn-early)
+        sweep gdn-early 200 sweep_gdn.py --kernel decode --kernel replay --kernel replay-nonflush \
+            --kernel replay-flush --batch 1 --launch decode:VP=4,BV=4,num_warps=1 \
+            --launch replay:VP=16,BV=16,BVF=16,STAGES=1,num_warps=1 \
+            --launch replay:EARLY=1,VP=16,BV=16,BVF=16,STAGES=1,num_warps=1 \
+            --launch replay:EARLY=1,VP=32,BV=32,BVF=16,STAGES=1,num_warps=1 \
+            --launch replay:EARLY=1,VP=16,BV=16,BVF=16,STAGES=1,num_warps=2 \
+            --launch replay-nonflush:VP=16,BV=16,BVF=16,STAGES=1,num_warps=1 \
+            --launch replay-nonflush:EARLY=1,VP=16,BV=16,BVF=16,STAGES=1,num_warps=1 \
+            --launch replay-flush:VP=16,BV=16,BVF=16,STAGES=1,num_warps=1 \
+            --launch replay-flush:EARLY=1,VP=16,BV=16,BVF=16,STAGES=1,num_warps=1
+        ;;
+    fla)
+        sweep fla 200 sweep_gdn.py --slots identity --kernel decode --kernel fla --kernel fla-inplace \
+            --batch 1 --batch 64 --batch 256 --launch decode:VP=4,BV=4,num_warps=1 \
+            --launch decode:VP=8,BV=8,num_warps=1 --launch decode:VP=64,BV=8,STAGES=3,num_warps=1 \
+            --launch fla:V_FIRST=1 --launch fla:V_FIRST=0 --launch fla-inplace:V_FIRST=1 --launch fla-inplace:V_FIRST=0
+        ;;
     order)
         for slots in random identity; do
             sweep "gdn-order-$slots" 120 sweep_gdn.py --slots "$slots" --kernel decode --kernel replay \
@@ -63,7 +81,9 @@ for section in $SECTIONS; do
             --launch replay:VP=128,BV=64,STAGES=2,maxnreg=128 \
             --launch replay:VP=128,BV=32,BVF=16,STAGES=2,num_warps=2,maxnreg=96 \
             --launch replay:VP=128,BV=32,STAGES=2,num_warps=2,maxnreg=80 \
-            --launch replay:VP=128,BV=64,STAGES=2,num_warps=2,maxnreg=128
+            --launch replay:VP=128,BV=64,STAGES=2,num_warps=2,maxnreg=128 \
+            --launch replay:EARLY=1,VP=128,BV=32,STAGES=2,num_warps=2,maxnreg=96 \
+            --launch replay:EARLY=1,VP=128,BV=32,STAGES=2,maxnreg=96
         ;;
     gdn-split)
         sweep gdn-split 200 sweep_gdn.py --kernel decode --kernel split-bf16 --batch 64 --batch 256 \
@@ -88,6 +108,20 @@ for section in $SECTIONS; do
             --launch split-bf16:RC=32,STAGES=2,maxnreg=96 --launch split-bf16:RC=32,STAGES=3,maxnreg=128 \
             --launch split-bf16:RC=64,STAGES=3,maxnreg=128 --launch split-bf16:RC=32,STAGES=4,maxnreg=128 \
             --launch split-bf16:RC=64,STAGES=2,maxnreg=128
+        ;;
+    mamba2-split2)
+        sweep mamba2-split2 150 sweep_mamba2.py --kernel decode --kernel split-bf16 --batch 256 \
+            --launch decode:BP=32,num_warps=4 --launch split-bf16:RC=32,STAGES=3,maxnreg=128 \
+            --launch split-bf16:RC=16,STAGES=4,maxnreg=96 --launch split-bf16:RC=32,STAGES=3,VN=64,maxnreg=128 \
+            --launch split-bf16:RC=32,STAGES=3,num_warps=4,maxnreg=128 \
+            --launch split-bf16:RC=32,STAGES=3,BPF=32,maxnreg=128 --launch split-bf16:RC=32,STAGES=3,BP=32,maxnreg=128
+        ;;
+    mamba2-bf16-2)
+        sweep mamba2-bf16-2 150 sweep_mamba2.py --state-dtype bf16 --kernel decode --kernel replay --batch 256 \
+            --launch decode:BP=64,num_warps=4 --launch replay:RC=32,STAGES=3,maxnreg=128 \
+            --launch replay:RC=16,STAGES=4,maxnreg=96 --launch replay:RC=32,STAGES=3,VN=64,maxnreg=128 \
+            --launch replay:RC=32,STAGES=3,num_warps=4,maxnreg=128 \
+            --launch replay:RC=32,STAGES=3,BPF=32,maxnreg=128 --launch replay:RC=32,STAGES=3,BP=32,maxnreg=128
         ;;
     mamba2-bf16)
         sweep mamba2-bf16 150 sweep_mamba2.py --state-dtype bf16 --kernel decode --kernel replay --batch 256 \

@@ -101,3 +101,35 @@ def test_sweep_check_and_step_at_a_tiny_shape(sweep, device, monkeypatch, kernel
     stack.step()
     if kernel in ("split-bf16", "verify"):
         assert all(layer.fill.sum() > 0 for layer in stack.layers)
+
+
+@pytest.mark.parametrize("kernel,v_first", [("fla", 1), ("fla-inplace", 1), ("fla-inplace", 0)])
+def test_sweep_fla_kernels_at_a_tiny_shape(sweep, device, monkeypatch, kernel, v_first):
+    """fla's decode as the sweep runs it, out of place and written over its initial state, against our reference."""
+    pytest.importorskip("fla.ops.gated_delta_rule.fused_recurrent", reason="fla-core is not installed")
+    monkeypatch.setattr(sweep, "SHAPE", {"H": 1, "HV": 2, "K": 16, "V": 8})
+    launch = {"V_FIRST": v_first}
+    try:
+        assert sweep.check_config(kernel, launch, device) < 2e-2
+    except Exception as exc:
+        if device == "cpu" and "0-dimensional arrays" in str(exc):
+            pytest.skip("fla's kernel loops tl.range(0, T) over a runtime scalar, which Triton's interpreter cannot "
+                        "turn into an int (it runs on CUDA)")
+        raise
+    stack = sweep.Stack(kernel, 3, 2, launch, device)
+    before = [layer[0] for layer in stack.layers]
+    copies = [state.clone() for state in before]
+    stack.step()
+    for old, copy, layer in zip(before, copies, stack.layers):
+        assert not torch.equal(layer[0], copy), "the step did not change the state"
+        assert (layer[0] is old) == (kernel == "fla-inplace")
+
+
+def test_sweep_skips_a_missing_outside_kernel(sweep, monkeypatch, capsys):
+    """A kernel whose package is missing is one line and is left out; the others still run."""
+    monkeypatch.setattr(sweep, "unavailable", lambda k: f"{k} needs a package" if k == "fla" else None)
+    code = sweep.main(["--kernel", "fla", "--kernel", "decode", "--batch", "1", "--dry-run"])
+    out, err = capsys.readouterr()
+    assert code == 0
+    assert err.strip() == "sweep_gdn: skipping fla needs a package"
+    assert out.strip().startswith("decode") and "fla" not in out

@@ -109,9 +109,9 @@ def launch_settings(table: dict, name: str, launch: dict | None) -> dict:
         if key == "maxnreg" and value is None:
             settings[key] = None
             continue
-        if key == "WY":
+        if key in ("WY", "EARLY"):
             if value not in (0, 1) or isinstance(value, bool):
-                raise ValueError(f"launch['WY'] must be 0 or 1; got {value!r}")
+                raise ValueError(f"launch[{key!r}] must be 0 or 1; got {value!r}")
             settings[key] = value
             continue
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:

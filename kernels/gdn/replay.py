@@ -33,15 +33,15 @@ from replayssm_kernels.gdn.common import (
 # its rows BVF at a time (benchmarks/sweep_gdn.py). An fp32 checkpoint on a grid of 64 or more heads per SM reads
 # fastest from 2-warp programs ("replay-large": 5.7% faster at batch 256, 3.6% slower at 64).
 LAUNCH = {
-    "replay": {"VP": 256, "BV": 32, "BVF": 32, "JB": 4, "VK": 32, "STAGES": 2,
+    "replay": {"EARLY": 0, "VP": 256, "BV": 32, "BVF": 32, "JB": 4, "VK": 32, "STAGES": 2,
                "num_warps": 4, "num_stages": 1, "maxnreg": 96},
-    "replay-large": {"VP": 256, "BV": 32, "BVF": 32, "JB": 4, "VK": 32, "STAGES": 2,
+    "replay-large": {"EARLY": 0, "VP": 256, "BV": 32, "BVF": 32, "JB": 4, "VK": 32, "STAGES": 2,
                      "num_warps": 2, "num_stages": 1, "maxnreg": 96},
-    "replay-small": {"VP": 16, "BV": 16, "BVF": 16, "JB": 4, "VK": 32, "STAGES": 1,
+    "replay-small": {"EARLY": 0, "VP": 16, "BV": 16, "BVF": 16, "JB": 4, "VK": 32, "STAGES": 1,
                      "num_warps": 1, "num_stages": 1, "maxnreg": None},
-    "replay-split": {"VP": 256, "BV": 128, "BVF": 32, "JB": 2, "WY": 0, "VK": 32, "STAGES": 2,
+    "replay-split": {"EARLY": 0, "VP": 256, "BV": 128, "BVF": 32, "JB": 2, "WY": 0, "VK": 32, "STAGES": 2,
                      "num_warps": 4, "num_stages": 1, "maxnreg": None},
-    "replay-fp8": {"VP": 256, "BV": 128, "BVF": 16, "JB": 2, "WY": 0, "VK": 32, "STAGES": 2,
+    "replay-fp8": {"EARLY": 0, "VP": 256, "BV": 128, "BVF": 16, "JB": 2, "WY": 0, "VK": 32, "STAGES": 2,
                    "num_warps": 4, "num_stages": 1, "maxnreg": None},
     # verify reads its tile BV rows at a time as a non-flush step does; a row that flushes first folds BVF at a time.
     "verify": {"BV": 32, "BVF": 16, "JB": 4, "VK": 32, "STAGES": 2,
@@ -245,7 +245,7 @@ def _replay_kernel(
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BK: tl.constexpr, VP: tl.constexpr, BV: tl.constexpr, BVF: tl.constexpr, BW: tl.constexpr, JB: tl.constexpr,
     VK: tl.constexpr, STAGES: tl.constexpr, USE_QK_L2NORM: tl.constexpr, HAS_COPY: tl.constexpr,
-    IS_FP8: tl.constexpr, WY: tl.constexpr,
+    IS_FP8: tl.constexpr, WY: tl.constexpr, EARLY: tl.constexpr,
 ):
     # Each program takes VP rows of its (row, value head): NPB programs share the head's buffer and fill counter.
     NPB: tl.constexpr = (V + VP - 1) // VP
@@ -273,17 +273,34 @@ def _replay_kernel(
             b_r = tl.load(rcopy + o_r, mask=m_r, other=0.0)
         else:
             b_r = tl.load(ckpt + o_r, mask=m_r, other=0.0)
+    m_c = o_w < C
+    if EARLY:
+        # The buffer is read whole, before the fill it is masked by: the fill then leaves the chain of dependent
+        # loads (slot, fill, buffer) that bounds a small grid. Entries past the fill are weighted by zero below.
+        b_Gw = tl.load(buf_g + (i_s * C + o_w) * HV + i_hv, mask=m_c, other=0.0)
+        # [BW, NC, VK] the buffered keys
+        b_kw3 = tl.load(buf_k + ((i_s * C + o_w[:, None, None]) * H + i_h) * K + o_k3[None, :, :],
+                        mask=m_c[:, None, None] & m_k3[None, :, :], other=0.0)
     p_f = fill + i_s * HV + i_hv
     b_f = tl.load(p_f)
     m_w = o_w < b_f
+    f_next = tl.where(b_f + 1 >= W, 0, b_f + 1)
+    if EARLY:
+        if NPB > 1:
+            # Arrive as soon as the fill is read (the increment is computed from it, so the read is complete).
+            p_a = arrive + i_s * HV + i_hv
+            b_arrived = tl.atomic_add(p_a, tl.where(b_f >= 0, 1, 0), sem="relaxed")
+        b_Gl = tl.sum(tl.where(o_w == b_f - 1, b_Gw, 0.0))
+        b_Gw = tl.where(m_w, b_Gw, 0.0)
+    else:
+        # The f buffered entries' log-decays [BW], and the log-decay since the checkpoint after the last of them.
+        b_Gw = tl.load(buf_g + (i_s * C + o_w) * HV + i_hv, mask=m_w, other=0.0)
+        b_Gl = tl.load(buf_g + (i_s * C + tl.maximum(b_f - 1, 0)) * HV + i_hv, mask=b_f > 0, other=0.0)
 
     b_g = tl.load(g + i_b * s_gb + i_hv * s_gh).to(tl.float32)
     b_beta = tl.load(beta + i_b * s_bb + i_hv * s_bh).to(tl.float32)
     b_q = tl.load(q + i_b * s_qb + i_h * s_qh + o_k * s_qk, mask=m_k, other=0.0).to(tl.float32)
     b_k = tl.load(k + i_b * s_kb + i_h * s_kh + o_k * s_kk, mask=m_k, other=0.0).to(tl.float32)
-    # The f buffered entries' log-decays [BW], and the log-decay since the checkpoint after the last of them.
-    b_Gw = tl.load(buf_g + (i_s * C + o_w) * HV + i_hv, mask=m_w, other=0.0)
-    b_Gl = tl.load(buf_g + (i_s * C + tl.maximum(b_f - 1, 0)) * HV + i_hv, mask=b_f > 0, other=0.0)
     # [NC, VK] q and k as given, in the shape of the tiles: their factors go on the row sums instead.
     b_q3 = tl.load(q + i_b * s_qb + i_h * s_qh + o_k3 * s_qk, mask=m_k3, other=0.0).to(tl.float32)
     b_k3 = tl.load(k + i_b * s_kb + i_h * s_kh + o_k3 * s_kk, mask=m_k3, other=0.0).to(tl.float32)
@@ -304,17 +321,17 @@ def _replay_kernel(
             s_vb, s_vh, s_vv, s_ob, s_oh, s_ov,
             C, H, HV, K, V, BK, BW, VP, BVF, JB, STAGES, HAS_COPY, IS_FP8, WY,
         )
-        f_next = b_f * 0
     else:
-        # [BW, NC, VK] the buffered keys
-        b_kw3 = tl.load(buf_k + ((i_s * C + o_w[:, None, None]) * H + i_h) * K + o_k3[None, :, :],
-                        mask=m_w[:, None, None] & m_k3[None, :, :], other=0.0)
+        if not EARLY:
+            # [BW, NC, VK] the buffered keys
+            b_kw3 = tl.load(buf_k + ((i_s * C + o_w[:, None, None]) * H + i_h) * K + o_k3[None, :, :],
+                            mask=m_w[:, None, None] & m_k3[None, :, :], other=0.0)
         b_Gt = b_Gl + b_g
         # [BW] weights of the committed updates in S_{t-1} k_t and S_t q_t
         b_decay = tl.where(m_w, tl.exp(b_Gt - b_Gw), 0.0)
         b_wk, b_wq = _row_sums(b_kw3, b_k3, b_q3, b_rk, b_rq)
-        b_wk *= b_decay
-        b_wq *= b_decay
+        b_wk = tl.where(m_w, b_wk * b_decay, 0.0)
+        b_wq = tl.where(m_w, b_wq * b_decay, 0.0)
         b_kq = tl.sum(b_k * b_q)
         b_eG = tl.exp(b_Gt)
         o_u = ((i_s * C + o_w) * HV + i_hv) * V
@@ -332,7 +349,11 @@ def _replay_kernel(
                     b_s = tl.load(ckpt + o_r, mask=m_r, other=0.0)
                 b_sk, b_sq = _row_sums(b_s, b_k3, b_q3, b_rk, b_rq)
             # [BW, BV]
-            b_uw = tl.load(buf_u + o_u[:, None] + o_v[None, :], mask=m_w[:, None] & m_v[None, :], other=0.0)
+            if EARLY:
+                b_uw = tl.load(buf_u + o_u[:, None] + o_v[None, :], mask=m_c[:, None] & m_v[None, :], other=0.0)
+                b_uw = tl.where(m_w[:, None], b_uw, 0.0)
+            else:
+                b_uw = tl.load(buf_u + o_u[:, None] + o_v[None, :], mask=m_w[:, None] & m_v[None, :], other=0.0)
             b_v = tl.load(v + i_b * s_vb + i_hv * s_vh + o_v * s_vv, mask=m_v, other=0.0).to(tl.float32)
             # [BV] the committed updates' parts of S_{t-1} k_t and S_t q_t
             b_bk = tl.sum(b_wk[:, None] * b_uw, 0)
@@ -351,15 +372,16 @@ def _replay_kernel(
             tl.store(buf_g + (i_s * C + b_f) * HV + i_hv, b_Gt)
             if HAS_COPY:
                 tl.store(buf_b + (i_s * C + b_f) * HV + i_hv, b_beta)
-        f_next = b_f + 1
 
     if NPB == 1:
         tl.store(p_f, f_next)
     else:
         # The row blocks of a (slot, head) all read its fill; the last to arrive advances it. Relaxed order
         # suffices: every program has consumed the fill it read before it arrives.
-        p_a = arrive + i_s * HV + i_hv
-        if tl.atomic_add(p_a, 1, sem="relaxed") == NPB - 1:
+        if not EARLY:
+            p_a = arrive + i_s * HV + i_hv
+            b_arrived = tl.atomic_add(p_a, 1, sem="relaxed")
+        if b_arrived == NPB - 1:
             tl.store(p_f, f_next)
             tl.store(p_a, 0)
 
@@ -618,6 +640,7 @@ def _launch_replay(cache, q, k, v, g, beta, out, slots, scale, l2norm, settings)
         STAGES=settings["STAGES"],
         USE_QK_L2NORM=l2norm,
         WY=bool(settings.get("WY", 0)),
+        EARLY=bool(settings["EARLY"]),
         **compile_options(settings),
     )
 
