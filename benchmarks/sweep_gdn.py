@@ -191,7 +191,7 @@ class Stack:
     def rewind(self) -> None:
         """Put every row back at its starting fill (between timed replays, outside the timing)."""
         for layer in self.layers:
-            if not isinstance(layer, tuple):
+            if isinstance(layer, self.m.ReplayCache):
                 layer.fill.copy_(self.start[:, None].expand_as(layer.fill))
 
     def step(self) -> None:

@@ -3,8 +3,9 @@
 # writes its table (.txt) and results (.json) under DIR (default runs/tune), and DIR.tar.gz holds them all for
 # machines that return one file; a sweep past its time limit leaves the ones before it.
 # Usage: benchmarks/tune_h200.sh [DIR] [SECTION ...]
-# Sections: tests, order, gdn-decode, gdn-replay, gdn-early, gdn-replay-256, gdn-split, gdn-bf16, gdn-verify, fla,
-# mamba2-split, mamba2-split2, mamba2-bf16, mamba2-bf16-2, mamba2-verify (default: tests gdn-decode gdn-replay gdn-verify mamba2-split mamba2-bf16 mamba2-verify).
+# Sections: tests, order, gdn-decode, gdn-replay, gdn-early, gdn-replay-256, gdn-fp32-2, gdn-split, gdn-split-2,
+# gdn-bf16, gdn-bf16-2, gdn-verify, fla, mamba2-split, mamba2-split2, mamba2-vn, mamba2-bf16, mamba2-bf16-2,
+# mamba2-verify (default: tests gdn-decode gdn-replay gdn-verify mamba2-split mamba2-bf16 mamba2-verify).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 DIR="${1:-runs/tune}"
@@ -84,6 +85,42 @@ for section in $SECTIONS; do
             --launch replay:VP=128,BV=64,STAGES=2,num_warps=2,maxnreg=128 \
             --launch replay:EARLY=1,VP=128,BV=32,STAGES=2,num_warps=2,maxnreg=96 \
             --launch replay:EARLY=1,VP=128,BV=32,STAGES=2,maxnreg=96
+        ;;
+    gdn-fp32-2)
+        sweep gdn-fp32-2 150 sweep_gdn.py --kernel decode --kernel replay --batch 16 --batch 64 --batch 128 --batch 256 \
+            --launch decode:VP=64,BV=8,STAGES=3,num_warps=1 \
+            --launch replay:VP=128,BV=32,BVF=16,STAGES=2,maxnreg=96 \
+            --launch replay:VP=128,BV=32,BVF=16,STAGES=2,num_warps=2,maxnreg=96 \
+            --launch replay:VP=128,BV=64,BVF=16,STAGES=2,num_warps=2,maxnreg=128 \
+            --launch replay:VP=128,BV=64,BVF=16,STAGES=2,maxnreg=128 \
+            --launch replay:VP=128,BV=32,BVF=16,STAGES=3,num_warps=2,maxnreg=128
+        ;;
+    gdn-bf16-2)
+        sweep gdn-bf16-2 150 sweep_gdn.py --state-dtype bf16 --kernel decode --kernel replay --batch 16 --batch 64 \
+            --batch 256 --launch decode:VP=64,BV=8,STAGES=3,num_warps=1 \
+            --launch replay:VP=128,BV=32,STAGES=3,num_warps=2,maxnreg=128 \
+            --launch replay:VP=128,BV=32,BVF=16,STAGES=3,num_warps=2,maxnreg=128 \
+            --launch replay:VP=128,BV=64,STAGES=3,num_warps=2,maxnreg=128 \
+            --launch replay:VP=128,BV=64,BVF=16,STAGES=2,num_warps=2,maxnreg=128 \
+            --launch replay:VP=128,BV=32,STAGES=4,num_warps=2,maxnreg=128
+        ;;
+    gdn-split-2)
+        sweep gdn-split-2 150 sweep_gdn.py --kernel decode --kernel split-bf16 --batch 64 --batch 256 \
+            --launch decode:VP=64,BV=8,STAGES=3,num_warps=1 --launch split-bf16:BV=128 \
+            --launch split-bf16:BV=32,STAGES=3,num_warps=2,maxnreg=128 \
+            --launch split-bf16:BV=32,BVF=16,STAGES=3,num_warps=2,maxnreg=128 \
+            --launch split-bf16:BV=64,BVF=16,STAGES=3,num_warps=2,maxnreg=128 \
+            --launch split-bf16:BV=32,BVF=16,STAGES=3,num_warps=2 --launch split-bf16:BV=128,BVF=16
+        ;;
+    mamba2-vn)
+        sweep mamba2-vn 150 sweep_mamba2.py --kernel decode --kernel replay --kernel split-bf16 --batch 64 --batch 256 \
+            --launch decode:BP=32,num_warps=4 --launch replay:RC=32,STAGES=2,maxnreg=96 \
+            --launch replay:RC=32,STAGES=2,VN=64,maxnreg=96 --launch replay:RC=32,STAGES=3,VN=64,maxnreg=128 \
+            --launch split-bf16:RC=32,STAGES=3,VN=64,maxnreg=128 --launch split-bf16:RC=32,STAGES=3,VN=128,maxnreg=128 \
+            --launch split-bf16:RC=64,STAGES=3,VN=64,maxnreg=168
+        sweep mamba2-vn-bf16 150 sweep_mamba2.py --state-dtype bf16 --kernel decode --kernel replay --batch 64 \
+            --batch 256 --launch decode:BP=64,num_warps=4 --launch replay:RC=32,STAGES=3,VN=64,maxnreg=128 \
+            --launch replay:RC=32,STAGES=3,VN=128,maxnreg=128 --launch replay:RC=64,STAGES=3,VN=64,maxnreg=168
         ;;
     gdn-split)
         sweep gdn-split 200 sweep_gdn.py --kernel decode --kernel split-bf16 --batch 64 --batch 256 \

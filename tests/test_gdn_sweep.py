@@ -119,6 +119,7 @@ def test_sweep_fla_kernels_at_a_tiny_shape(sweep, device, monkeypatch, kernel, v
     stack = sweep.Stack(kernel, 3, 2, launch, device)
     before = [layer[0] for layer in stack.layers]
     copies = [state.clone() for state in before]
+    stack.rewind()
     stack.step()
     for old, copy, layer in zip(before, copies, stack.layers):
         assert not torch.equal(layer[0], copy), "the step did not change the state"
