@@ -3,7 +3,7 @@
 # writes its table (.txt) and results (.json) under DIR (default runs/tune), and DIR.tar.gz holds them all for
 # machines that return one file; a sweep past its time limit leaves the ones before it.
 # Usage: benchmarks/tune_h200.sh [DIR] [SECTION ...]
-# Sections: tests, order, gdn-decode, gdn-replay, gdn-early, gdn-replay-256, gdn-fp32-2, gdn-split, gdn-split-2,
+# Sections: tests, order, vk, gdn-decode, gdn-replay, gdn-early, gdn-replay-256, gdn-fp32-2, gdn-split, gdn-split-2,
 # gdn-bf16, gdn-bf16-2, gdn-verify, fla, mamba2-split, mamba2-split2, mamba2-vn, mamba2-bf16, mamba2-bf16-2,
 # mamba2-verify (default: tests gdn-decode gdn-replay gdn-verify mamba2-split mamba2-bf16 mamba2-verify).
 set -uo pipefail
@@ -121,6 +121,24 @@ for section in $SECTIONS; do
         sweep mamba2-vn-bf16 150 sweep_mamba2.py --state-dtype bf16 --kernel decode --kernel replay --batch 64 \
             --batch 256 --launch decode:BP=64,num_warps=4 --launch replay:RC=32,STAGES=3,VN=64,maxnreg=128 \
             --launch replay:RC=32,STAGES=3,VN=128,maxnreg=128 --launch replay:RC=64,STAGES=3,VN=64,maxnreg=168
+        ;;
+    vk)
+        sweep gdn-vk 150 sweep_gdn.py --kernel decode --kernel replay --batch 64 --batch 256 \
+            --launch decode:VP=64,BV=8,STAGES=3,num_warps=1 --launch decode:VP=64,BV=8,STAGES=3,VK=64,num_warps=1 \
+            --launch decode:VP=64,BV=8,STAGES=3,VK=128,num_warps=1 --launch decode:VP=4,BV=4,num_warps=1 \
+            --launch decode:VP=4,BV=4,VK=128,num_warps=1 \
+            --launch replay:VP=128,BV=32,BVF=16,STAGES=3,num_warps=2,maxnreg=128 \
+            --launch replay:VP=128,BV=32,BVF=16,STAGES=3,VK=64,num_warps=2,maxnreg=128 \
+            --launch replay:VP=128,BV=32,BVF=16,STAGES=3,VK=128,num_warps=2,maxnreg=128
+        sweep gdn-vk-small 100 sweep_gdn.py --kernel decode --kernel replay --batch 1 \
+            --launch decode:VP=4,BV=4,num_warps=1 --launch decode:VP=4,BV=4,VK=128,num_warps=1 \
+            --launch decode:VP=8,BV=8,VK=128,num_warps=1 \
+            --launch replay:EARLY=1,VP=16,BV=16,BVF=16,STAGES=1,num_warps=1 \
+            --launch replay:EARLY=1,VP=16,BV=16,BVF=16,STAGES=1,VK=64,num_warps=1 \
+            --launch replay:EARLY=1,VP=16,BV=16,BVF=16,STAGES=1,VK=128,num_warps=1
+        sweep gdn-vk-verify 100 sweep_gdn.py --kernel decode-multi --kernel verify --batch 256 \
+            --launch decode-multi:BV=8,num_warps=1 --launch decode-multi:BV=8,VK=128,num_warps=1 \
+            --launch verify:BV=32,STAGES=2,maxnreg=128 --launch verify:BV=32,STAGES=2,VK=64,maxnreg=128
         ;;
     gdn-split)
         sweep gdn-split 200 sweep_gdn.py --kernel decode --kernel split-bf16 --batch 64 --batch 256 \

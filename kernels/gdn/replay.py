@@ -28,16 +28,14 @@ from replayssm_kernels.gdn.common import (
 # These kernels mutate the cache in place, so their settings are fixed here (an autotuner would rerun them on live
 # state); a read copy gets its own row because correcting the buffered updates at a flush holds a second tile.
 # A non-flush step reads its tile as [BV, BK / VK, VK]: with many programs per SM, BV rows at a time through a
-# pipelined loop with registers capped (more programs fit); a grid under two programs per SM is latency-bound and
-# splits each head's rows over programs of VP rows, each reading its rows up front ("replay-small"). A flush walks
-# its rows BVF at a time (benchmarks/sweep_gdn.py). An fp32 checkpoint on a grid of 64 or more heads per SM reads
-# fastest from 2-warp programs ("replay-large": 5.7% faster at batch 256, 3.6% slower at 64).
+# pipelined loop in 2-warp programs with registers capped (more programs fit); a grid under two programs per SM is
+# latency-bound and splits each head's rows over programs of VP rows, each reading its rows up front and the buffer
+# before the fill ("replay-small"). A flush walks its rows BVF at a time (benchmarks/sweep_gdn.py, NOTES run 29:
+# BVF=16 took batch 256 from 325 to 303 µs, and a bf16 checkpoint's step from 346 to 201).
 LAUNCH = {
-    "replay": {"EARLY": 0, "VP": 256, "BV": 32, "BVF": 32, "JB": 4, "VK": 32, "STAGES": 2,
-               "num_warps": 4, "num_stages": 1, "maxnreg": 96},
-    "replay-large": {"EARLY": 0, "VP": 256, "BV": 32, "BVF": 32, "JB": 4, "VK": 32, "STAGES": 2,
-                     "num_warps": 2, "num_stages": 1, "maxnreg": 96},
-    "replay-small": {"EARLY": 0, "VP": 16, "BV": 16, "BVF": 16, "JB": 4, "VK": 32, "STAGES": 1,
+    "replay": {"EARLY": 0, "VP": 256, "BV": 32, "BVF": 16, "JB": 4, "VK": 32, "STAGES": 3,
+               "num_warps": 2, "num_stages": 1, "maxnreg": 128},
+    "replay-small": {"EARLY": 1, "VP": 16, "BV": 16, "BVF": 16, "JB": 4, "VK": 32, "STAGES": 1,
                      "num_warps": 1, "num_stages": 1, "maxnreg": None},
     "replay-split": {"EARLY": 0, "VP": 256, "BV": 128, "BVF": 32, "JB": 2, "WY": 0, "VK": 32, "STAGES": 2,
                      "num_warps": 4, "num_stages": 1, "maxnreg": None},
@@ -743,8 +741,6 @@ def replay(
         programs, sms = q.shape[0] * cache.HV, sm_count(cache.device)
         if programs < 2 * sms:
             name = "replay-small"
-        elif programs >= 64 * sms and cache.state_dtype == torch.float32:
-            name = "replay-large"
     settings = launch_settings(LAUNCH, name, launch)
     if settings["VP"] < 16:
         raise ValueError(f"launch['VP'] must be at least 16 (a flush folds 16 rows at a time); got {settings['VP']}")

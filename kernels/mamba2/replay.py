@@ -187,16 +187,16 @@ def mamba2_materialize_kernel(
 # fixed per (checkpoint itemsize, max N, max P) and `launch=` overrides them (benchmarks/sweep_mamba2.py).
 # Measured on an H200 (benchmarks/NOTES.md): with many programs per SM the non-flush step reads fastest from
 # 2-warp programs that stream their tile RC rows at a time (registers capped so that more programs fit); a
-# grid of fewer than two programs per SM is latency-bound and does better with small whole tiles per warp. A
-# read copy's 2-byte tiles stream faster three chunks deep (SPLIT_LAUNCH).
+# grid of fewer than two programs per SM is latency-bound and does better with small whole tiles per warp. 2-byte
+# tiles (a bf16 checkpoint, a read copy: SPLIT_LAUNCH) stream faster three chunks deep, reduced in 64-wide pieces.
 STEP_LAUNCH = [
     ((4, 1 << 30, 1 << 30), {"BP": 64, "BPF": 16, "VN": 32, "RC": 32, "STAGES": 2, "num_warps": 2, "num_stages": 1,
                              "maxnreg": 96}),
-    ((2, 1 << 30, 1 << 30), {"BP": 64, "BPF": 16, "VN": 32, "RC": 32, "STAGES": 3, "num_warps": 2, "num_stages": 1,
+    ((2, 1 << 30, 1 << 30), {"BP": 64, "BPF": 16, "VN": 64, "RC": 32, "STAGES": 3, "num_warps": 2, "num_stages": 1,
                              "maxnreg": 128}),
 ]
 SPLIT_LAUNCH = [
-    ((4, 1 << 30, 1 << 30), {"BP": 64, "BPF": 16, "VN": 32, "RC": 32, "STAGES": 3, "num_warps": 2, "num_stages": 1,
+    ((4, 1 << 30, 1 << 30), {"BP": 64, "BPF": 16, "VN": 64, "RC": 32, "STAGES": 3, "num_warps": 2, "num_stages": 1,
                              "maxnreg": 128}),
     ((2, 1 << 30, 1 << 30), {"BP": 64, "BPF": 16, "VN": 32, "RC": 32, "STAGES": 3, "num_warps": 2, "num_stages": 1,
                              "maxnreg": 128}),
