@@ -26,12 +26,16 @@ from replayssm_kernels.gdn.common import (
 
 # These kernels mutate state in place, so their settings are fixed here (an autotuner would rerun them on live state).
 # VK is the width of the K pieces a row is reduced in: a thread sums its pieces in registers, then lanes shuffle.
-# decode's programs take VP rows of a head, BV at a time through a pipelined loop of STAGES; a grid of under two
-# heads per SM ("decode-small") is latency-bound and wants many small one-warp programs (benchmarks/sweep_gdn.py).
+# decode's programs take VP rows of a head, BV at a time through a pipelined loop of STAGES. An fp32 state reads
+# fastest from one-warp programs of 4 whole rows at every batch (NOTES run 30: 531.8 µs at batch 256 against 550.7
+# for 64 rows in 8-row chunks, 4.14 against 4.34 at batch 1); 2-byte states were measured with the 64-row
+# programs above two heads per SM and 4-row ones below ("decode-bf16-small": a latency-bound grid).
 LAUNCH = {
-    "decode": {"VP": 64, "BV": 8, "VK": 32, "STAGES": 3, "num_warps": 1, "num_stages": 1, "maxnreg": None},
-    "decode-small": {"VP": 4, "BV": 4, "VK": 32, "STAGES": 1, "num_warps": 1, "num_stages": 1, "maxnreg": None},
-    "decode-multi": {"BV": 8, "VK": 32, "num_warps": 1, "num_stages": 1, "maxnreg": None},
+    "decode": {"VP": 4, "BV": 4, "VK": 128, "STAGES": 1, "num_warps": 1, "num_stages": 1, "maxnreg": None},
+    "decode-bf16": {"VP": 64, "BV": 8, "VK": 32, "STAGES": 3, "num_warps": 1, "num_stages": 1, "maxnreg": None},
+    "decode-bf16-small": {"VP": 4, "BV": 4, "VK": 32, "STAGES": 1, "num_warps": 1, "num_stages": 1,
+                          "maxnreg": None},
+    "decode-multi": {"BV": 8, "VK": 128, "num_warps": 1, "num_stages": 1, "maxnreg": None},
     "accept-snapshot": {"BV": 32, "num_warps": 4, "num_stages": 1, "maxnreg": None},
 }
 
@@ -249,7 +253,9 @@ def decode(
     scale = default_scale(K, scale)
     slots = check_slots(slots, batch, state.shape[0], q.device, check)
     out = check_out(out, v.shape, v.dtype, q.device)
-    name = "decode-small" if batch * HV < 2 * sm_count(q.device) else "decode"
+    name = "decode"
+    if state.element_size() == 2:
+        name = "decode-bf16-small" if batch * HV < 2 * sm_count(q.device) else "decode-bf16"
     settings = launch_settings(LAUNCH, name, launch)
     if batch:
         _launch_decode(state, q, k, v, g, beta, out, slots, scale, bool(use_qk_l2norm_in_kernel), settings)
