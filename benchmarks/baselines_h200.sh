@@ -6,10 +6,10 @@
 #   fla: pip install fla-core einops
 #   mamba-ssm: pip install mamba-ssm, or REPLAYSSM_MAMBA_SSM_TRITON=<sdist>/mamba_ssm/ops/triton/selective_state_update.py plus einops
 #   vllm-ssu, vllm-gdn: vLLM installed
-# OUT overrides the results file.
+# Usage: benchmarks/baselines_h200.sh [RESULTS_FILE]   (default profiles/reference/h200-baselines.json)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-OUT="${OUT:-profiles/reference/h200-baselines.json}"
+OUT="${1:-profiles/reference/h200-baselines.json}"
 start=$SECONDS
 replayssm profile --require-gpu --batch 1,16,64,256 --window 16 --state-dtype fp32 --no-phases --baseline all --out "$OUT"
 echo "baselines_h200: $((SECONDS - start)) s, $OUT" >&2
