@@ -3,7 +3,7 @@
 # writes its table (.txt) and results (.json) under DIR (default runs/tune), and DIR.tar.gz holds them all for
 # machines that return one file; a sweep past its time limit leaves the ones before it.
 # Usage: benchmarks/tune_h200.sh [DIR] [SECTION ...]
-# Sections: tests, order, vk, gdn-decode, gdn-replay, gdn-early, gdn-replay-256, gdn-fp32-2, gdn-split, gdn-split-2,
+# Sections: tests, next, order, vk, gdn-decode, gdn-replay, gdn-early, gdn-replay-256, gdn-fp32-2, gdn-split, gdn-split-2,
 # gdn-bf16, gdn-bf16-2, gdn-verify, fla, mamba2-split, mamba2-split2, mamba2-vn, mamba2-bf16, mamba2-bf16-2,
 # mamba2-verify (default: tests gdn-decode gdn-replay gdn-verify mamba2-split mamba2-bf16 mamba2-verify).
 set -uo pipefail
@@ -139,6 +139,29 @@ for section in $SECTIONS; do
         sweep gdn-vk-verify 100 sweep_gdn.py --kernel decode-multi --kernel verify --batch 256 \
             --launch decode-multi:BV=8,num_warps=1 --launch decode-multi:BV=8,VK=128,num_warps=1 \
             --launch verify:BV=32,STAGES=2,maxnreg=128 --launch verify:BV=32,STAGES=2,VK=64,maxnreg=128
+        ;;
+    next)
+        # Prepared for the next GPU session (NOTES "Where the targets stand"): GDN batch-1 replay programs of 8 and
+        # 4 rows; GDN decode rows against fla; 2-byte GDN decode rows; Mamba-2 decode at small grids.
+        sweep gdn-vp 150 sweep_gdn.py --kernel decode --kernel replay --kernel replay-nonflush --kernel replay-flush \
+            --batch 1 --launch decode:VP=4,BV=4,VK=128,num_warps=1 \
+            --launch replay:EARLY=1,VP=16,BV=16,BVF=16,STAGES=1,num_warps=1 \
+            --launch replay:EARLY=1,VP=8,BV=8,BVF=16,STAGES=1,num_warps=1 \
+            --launch replay:EARLY=1,VP=4,BV=4,BVF=16,STAGES=1,num_warps=1 \
+            --launch replay-nonflush:EARLY=1,VP=8,BV=8,BVF=16,STAGES=1,num_warps=1 \
+            --launch replay-nonflush:EARLY=1,VP=4,BV=4,BVF=16,STAGES=1,num_warps=1 \
+            --launch replay-flush:EARLY=1,VP=8,BV=8,BVF=16,STAGES=1,num_warps=1 \
+            --launch replay-flush:EARLY=1,VP=4,BV=4,BVF=16,STAGES=1,num_warps=1
+        sweep gdn-decode-rows 150 sweep_gdn.py --kernel decode --kernel fla --batch 16 --batch 64 --batch 256 \
+            --launch decode:VP=4,BV=4,VK=128,num_warps=1 --launch decode:VP=8,BV=8,VK=128,num_warps=1 \
+            --launch decode:VP=16,BV=8,VK=128,STAGES=2,num_warps=1 --launch decode:VP=16,BV=16,VK=128,num_warps=2 \
+            --launch decode:VP=8,BV=8,VK=128,num_warps=2 --launch fla:V_FIRST=1
+        sweep gdn-decode-bf16 100 sweep_gdn.py --state-dtype bf16 --kernel decode --batch 1 --batch 64 --batch 256 \
+            --launch decode:VP=64,BV=8,STAGES=3,num_warps=1 --launch decode:VP=4,BV=4,num_warps=1 \
+            --launch decode:VP=4,BV=4,VK=128,num_warps=1 --launch decode:VP=8,BV=8,VK=128,num_warps=1
+        sweep mamba2-small 120 sweep_mamba2.py --kernel decode --batch 1 --batch 16 \
+            --launch decode:BP=32,num_warps=4 --launch decode:BP=4,num_warps=4 --launch decode:BP=4,num_warps=1 \
+            --launch decode:BP=8,num_warps=2 --launch decode:BP=8,num_warps=4 --launch decode:BP=16,num_warps=4
         ;;
     gdn-split)
         sweep gdn-split 200 sweep_gdn.py --kernel decode --kernel split-bf16 --batch 64 --batch 256 \

@@ -108,6 +108,8 @@ LAUNCH_CASES = [
     (None, {"EARLY": 1, "VP": 16, "BV": 16, "VK": 8}),
     (None, {"EARLY": 1, "BV": 8, "VK": 8}),
     ("bf16", {"EARLY": 1, "VP": 16, "BV": 8, "VK": 8}),
+    (None, {"EARLY": 1, "VP": 4, "BV": 4, "VK": 8}),
+    ("bf16", {"VP": 8, "BV": 8, "VK": 8}),
 ]
 
 
@@ -265,7 +267,7 @@ BAD_REPLAY = {
     "batch-without-slots": (lambda i: i.update(**gdn.random_inputs(4, 2, 4, 8, 8)), "batch 4 must not exceed"),
     "launch": (lambda i: i.update(launch={"num_warps": 3}), "power of two"),
     "launch-vk": (lambda i: i.update(launch={"VK": 12}), "power of two"),
-    "launch-vp": (lambda i: i.update(launch={"VP": 8}), "VP'] must be at least 16"),
+    "launch-vp": (lambda i: i.update(launch={"VP": 12}), r"launch\['VP'\] must be a power of two"),
     "out-shape": (lambda i: i.update(out=torch.zeros(2, 4, 7, dtype=torch.bfloat16)), "out must be a"),
 }
 

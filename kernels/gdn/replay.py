@@ -200,7 +200,8 @@ def _replay_flush(
     # BVF rows at a time (a pipelined loop), so that this rare branch does not raise the register count of the common one.
     for i_v in tl.range(0, VP, BVF, num_stages=STAGES):
         o_v = v0 + i_v + tl.arange(0, BVF)
-        m_v = o_v < V
+        # A chunk never wider than 16 rows (the fold's product), masked to this program's VP rows when VP < 16.
+        m_v = (o_v < V) & (i_v + tl.arange(0, BVF) < VP)
         # [BVF, BK] the checkpoint, brought to the state after the buffered entries
         b_s, o_s, o_r, m_s = _folded_rows(
             ckpt, rcopy, rscale, buf_u, buf_k, buf_g, buf_b, i_s, i_h, i_hv, o_v, m_v, o_k, m_k, o_w, b_f, b_Gl, b_Gw,
@@ -724,11 +725,12 @@ def replay(
     folds the buffer into the full-precision checkpoint (correcting the updates the copy gave), takes
     this step from it, stores it, refreshes the read copy and empties the buffer.
     Mutates the cache; returns o (batch, HV, V) in v's dtype (written into `out` when given).
-    `launch` overrides VP (rows per program, at least 16: the programs of a head share its fill
-    counter), BV (rows per chunk of a non-flush step), BVF (of a flush), WY (with a read copy: 1
+    `launch` overrides VP (rows per program: the programs of a head share its fill counter), BV
+    (rows per chunk of a non-flush step), BVF (of a flush), WY (with a read copy: 1
     corrects the buffered updates at a flush with one product, 0 entry by entry), JB (buffered
     entries corrected per unrolled group under split precision), VK (width of the K pieces a
-    non-flush step reduces its rows in), num_warps, num_stages, maxnreg. `check` range-checks slots
+    non-flush step reduces its rows in), EARLY (1: a non-flush step reads the whole buffer before
+    the fill counter), num_warps, num_stages, maxnreg. `check` range-checks slots
     on the host, a device sync: pass check=False for a step with no host synchronisation (it is
     skipped anyway while a CUDA graph is captured).
     """
@@ -742,8 +744,6 @@ def replay(
         if programs < 2 * sms:
             name = "replay-small"
     settings = launch_settings(LAUNCH, name, launch)
-    if settings["VP"] < 16:
-        raise ValueError(f"launch['VP'] must be at least 16 (a flush folds 16 rows at a time); got {settings['VP']}")
     if batch:
         _launch_replay(cache, q, k, v, g, beta, out, slots, scale, bool(use_qk_l2norm_in_kernel), settings)
     return out
