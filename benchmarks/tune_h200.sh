@@ -142,7 +142,8 @@ for section in $SECTIONS; do
         ;;
     next)
         # Prepared for the next GPU session (NOTES "Where the targets stand"): GDN batch-1 replay programs of 8 and
-        # 4 rows; GDN decode rows against fla; 2-byte GDN decode rows; Mamba-2 decode at small grids.
+        # 4 rows; GDN decode rows against fla; 2-byte GDN decode rows; 64-wide pieces for GDN's 2-byte tiles (as
+        # they helped Mamba-2's); more Mamba-2 bf16-state settings; Mamba-2 decode at small grids.
         sweep gdn-vp 150 sweep_gdn.py --kernel decode --kernel replay --kernel replay-nonflush --kernel replay-flush \
             --batch 1 --launch decode:VP=4,BV=4,VK=128,num_warps=1 \
             --launch replay:EARLY=1,VP=16,BV=16,BVF=16,STAGES=1,num_warps=1 \
@@ -159,6 +160,18 @@ for section in $SECTIONS; do
         sweep gdn-decode-bf16 100 sweep_gdn.py --state-dtype bf16 --kernel decode --batch 1 --batch 64 --batch 256 \
             --launch decode:VP=64,BV=8,STAGES=3,num_warps=1 --launch decode:VP=4,BV=4,num_warps=1 \
             --launch decode:VP=4,BV=4,VK=128,num_warps=1 --launch decode:VP=8,BV=8,VK=128,num_warps=1
+        sweep gdn-2byte-vk 150 sweep_gdn.py --state-dtype bf16 --kernel decode --kernel replay --batch 64 --batch 256 \
+            --launch decode:VP=64,BV=8,STAGES=3,num_warps=1 \
+            --launch replay:VP=128,BV=32,BVF=16,STAGES=3,num_warps=2,maxnreg=128 \
+            --launch replay:VP=128,BV=32,BVF=16,STAGES=3,VK=64,num_warps=2,maxnreg=128 \
+            --launch replay:VP=128,BV=64,BVF=16,STAGES=3,VK=64,num_warps=2,maxnreg=128
+        sweep gdn-split-vk 150 sweep_gdn.py --kernel decode --kernel split-bf16 --batch 64 --batch 256 \
+            --launch decode:VP=4,BV=4,VK=128,num_warps=1 --launch split-bf16:BV=128 --launch split-bf16:BV=128,VK=64 \
+            --launch split-bf16:BV=32,BVF=16,STAGES=3,VK=64,num_warps=2
+        sweep mamba2-2byte 150 sweep_mamba2.py --state-dtype bf16 --kernel decode --kernel replay --batch 64 --batch 256 \
+            --launch decode:BP=64,num_warps=4 --launch replay:RC=32,STAGES=3,VN=64,maxnreg=128 \
+            --launch replay:RC=32,STAGES=4,VN=64,maxnreg=128 --launch replay:RC=16,STAGES=4,VN=64,maxnreg=96 \
+            --launch replay:RC=32,STAGES=3,VN=64,maxnreg=168
         sweep mamba2-small 120 sweep_mamba2.py --kernel decode --batch 1 --batch 16 \
             --launch decode:BP=32,num_warps=4 --launch decode:BP=4,num_warps=4 --launch decode:BP=4,num_warps=1 \
             --launch decode:BP=8,num_warps=2 --launch decode:BP=8,num_warps=4 --launch decode:BP=16,num_warps=4
