@@ -200,7 +200,7 @@ def _replay_flush(
     # BVF rows at a time (a pipelined loop), so that this rare branch does not raise the register count of the common one.
     for i_v in tl.range(0, VP, BVF, num_stages=STAGES):
         o_v = v0 + i_v + tl.arange(0, BVF)
-        # A chunk never wider than 16 rows (the fold's product), masked to this program's VP rows when VP < 16.
+        # A chunk is at least 16 rows (the fold is one product); with VP < 16 it is masked to this program's rows.
         m_v = (o_v < V) & (i_v + tl.arange(0, BVF) < VP)
         # [BVF, BK] the checkpoint, brought to the state after the buffered entries
         b_s, o_s, o_r, m_s = _folded_rows(
