@@ -881,31 +881,15 @@ def load_files(paths: Sequence[Path]) -> list[tuple[str, Results]]:
 
 def load_default() -> list[tuple[str, Results]]:
     """The newest results file under ./runs/, else the shipped H200 reference profile (its files plotted as one)."""
-    from replayssm_cli.results import load, newest, reference_files
+    from replayssm_cli.results import load_reference, newest
 
     path = newest("runs")
     if path is not None:
         return load_files([path])
-    try:
-        refs = reference_files()
-    except (FileNotFoundError, ModuleNotFoundError):
-        refs = []
-    refs = [p for p in refs if p.name.startswith("h200")] or refs
-    if not refs:
+    merged = load_reference("h200")
+    if merged is None:
         raise UserError(
             "no results file given, none under ./runs/ and no shipped reference profile",
             "run `replayssm profile` first, or pass a results file",
         )
-    loaded = [load(p) for p in refs]
-    # The merged profile takes the environment of a file that recorded the measured ceilings.
-    first = next((r for r in loaded if r.environment.get("ceilings")), loaded[0])
-    merged = Results(
-        path=refs[0].parent,
-        environment=first.environment,
-        spec=first.spec,
-        rows=[row for r in loaded for row in r.rows],
-        skipped=[s for r in loaded for s in r.skipped],
-        complete=all(r.complete for r in loaded),
-        created=first.created,
-    )
     return [("reference profile", merged)]

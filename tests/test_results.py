@@ -131,3 +131,23 @@ def test_results_newest(tmp_path):
         (tmp_path / name).write_text("{}")
         os.utime(tmp_path / name, (1_000_000 + i, 1_000_000 + i))
     assert results.newest(tmp_path).name == "a.json"
+
+
+def test_load_reference_reads_the_newest_run_first(tmp_path, monkeypatch):
+    """The shipped profiles of one GPU merged, the newest file's rows first; another GPU's files left out."""
+    for name, us in (("h200-a.json", 600.0), ("h200-b.json", 550.0), ("b200-x.json", 1.0)):
+        w = ResultsWriter(tmp_path / name, ENV, SPEC)
+        w.add(row(256, us=us))
+        w.close()
+    # the creation times the files record: h200-a a day before h200-b (name order is not age order)
+    for name, created in (("h200-a.json", "2026-11-28T10:00:00+00:00"), ("h200-b.json", "2026-11-29T10:00:00+00:00")):
+        doc = json.loads((tmp_path / name).read_text())
+        doc["created"] = created
+        (tmp_path / name).write_text(json.dumps(doc))
+    monkeypatch.setattr(results, "reference_files", lambda: sorted(tmp_path.glob("*.json")))
+    merged = results.load_reference("h200")
+    assert [r["us"] for r in merged.rows] == [550.0, 600.0]
+    assert merged.created == "2026-11-29T10:00:00+00:00"
+    assert results.load_reference("h100") is None
+    monkeypatch.setattr(results, "reference_files", lambda: [])
+    assert results.load_reference("h200") is None

@@ -316,7 +316,10 @@ def test_roofline_default_input(tmp_path, monkeypatch):
     line = one_error_line(run())
     assert "./runs/" in line and "replayssm profile" in line
 
-    monkeypatch.setattr(results_module, "reference_files", lambda: [MEASURED, AFTER])
+    shipped = [tmp_path / "h200-a.json", tmp_path / "h200-b.json"]
+    for src, dst in zip((MEASURED, AFTER), shipped):
+        shutil.copy(src, dst)
+    monkeypatch.setattr(results_module, "reference_files", lambda: shipped)
     result = run("--json")
     assert result.exit_code == 0, result.output
     doc = json.loads(result.stdout)

@@ -237,9 +237,30 @@ def test_tune_measures_on_a_gpu_through_the_profiler(monkeypatch):
     assert report["quality"]["kernel_device"] == "cuda" and all(c["kernel"] for c in report["quality"]["configs"])
 
 
+def test_tune_without_a_gpu_reads_the_shipped_h200_reference(tmp_path):
+    """No GPU, the H200 (default): the reference profile's times, the newest run of a configuration first; the
+    candidates it lacks predicted and scaled by its measured ones."""
+    from replayssm_cli.results import load_reference
+
+    out = tmp_path / "tune.json"
+    res = invoke("--preset", QWEN, "--batch", "1,256", "--window", "16", "--state-dtype", "fp32,fp16", "--read-dtype", "none",
+                 "--out", str(out), *QUICK)
+    assert res.exit_code == 0, res.output
+    assert "no CUDA GPU here: times from the shipped NVIDIA H200 reference profile" in " ".join(res.stderr.split())
+    report = json.loads(out.read_text())
+    assert report["timing"]["mode"] == "reference"
+    ref = load_reference("h200")
+    rows = [r for r in ref.rows if r["preset"] == QWEN and r["variant"] == "replay" and r["batch"] == 256
+            and r["window"] == 16 and r["state_dtype"] == "fp32" and r["phase"] == "avg" and not r.get("draft")]
+    replay = candidate(decision(report, 256), "replay W16 fp32")
+    assert replay["source"] == "measured" and replay["us_per_token"] == pytest.approx(rows[0]["us_per_token"])
+    fp16 = candidate(decision(report, 256), "replay W16 fp16")
+    assert fp16["source"] == "predicted" and fp16["time_note"].startswith("x")
+
+
 def test_tune_predicts_without_a_gpu_and_says_so(tmp_path):
     out = tmp_path / "tune.json"
-    res = invoke("--preset", QWEN, "--gpu", "h200", "--batch", "1,256", "--window", "16", "--out", str(out), *QUICK)
+    res = invoke("--preset", QWEN, "--gpu", "b200", "--batch", "1,256", "--window", "16", "--out", str(out), *QUICK)
     assert res.exit_code == 0, res.output
     assert "no CUDA GPU here: predicting" in res.stderr
     assert "Recommendation" in res.stdout and "predicted" in res.stdout and "every candidate" in res.stdout

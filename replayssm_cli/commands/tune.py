@@ -98,7 +98,7 @@ def tune(
         bool,
         typer.Option("--measured-only", help="With --results: only candidates the file measured; the others are not predicted."),
     ] = False,
-    gpu: Annotated[Optional[str], typer.Option("--gpu", help="GPU to predict for when nothing is measured. (default: h200)")] = None,
+    gpu: Annotated[Optional[str], typer.Option("--gpu", help="GPU to predict for when nothing is measured; the H200 reads the shipped reference profile first. (default: h200)")] = None,
     tp: Annotated[int, typer.Option("--tp", help="Tensor-parallel degree the heads are divided by.")] = 1,
     io_dtype: Annotated[
         Optional[str], typer.Option("--io-dtype", help="Dtype of inputs and outputs: bf16, fp16, fp32. (default: the results file's, else bf16)")
@@ -114,7 +114,7 @@ def tune(
 ) -> None:
     """Recommend a variant, window and state precision per batch size, within an error and a memory budget.
 
-    Every candidate (conventional per state dtype, replay per window and state dtype, split per window and read dtype, and their speculative forms with --draft) gets a time per token (from --results, else measured on this GPU, else predicted from the cost model for --gpu), an output error against fp64 over a long decode, and its memory per sequence. Over-budget and slower candidates are rejected with the reason; ReplaySSM is recommended only where it beats conventional decode by more than the measurement spread.
+    Every candidate (conventional per state dtype, replay per window and state dtype, split per window and read dtype, and their speculative forms with --draft) gets a time per token (from --results, else measured on this GPU, else from the shipped H200 reference profile when --gpu is the H200, else predicted from the cost model for --gpu; candidates a file lacks are predicted and scaled by its measured ones), an output error against fp64 over a long decode, and its memory per sequence. Over-budget and slower candidates are rejected with the reason; ReplaySSM is recommended only where it beats conventional decode by more than the measurement spread.
 
     Examples:
 
@@ -206,52 +206,18 @@ def _cuda_available() -> bool:
 def _timing_source(p, preset_arg: str, cands, batches, results: Path | None, gpu: str | None, io: str | None, accept_rate: float,
                    measured_only: bool = False) -> dict[str, Any]:
     """Where candidate times come from: a results file (predicting what it lacks unless measured_only), a measurement
-    here, or the cost model."""
+    here, the shipped H200 reference profile when there is no GPU and the GPU is the H200, or the cost model."""
     from replayssm_cli import gpus, tuner
+    from replayssm_cli import results as results_mod
     from replayssm_cli.console import note
 
     cuda = _cuda_available()
     if results is not None:
-        from replayssm_cli import results as results_mod
-
         res = results_mod.load(results)
-        rows = [r for r in res.rows if r.get("preset") == p.name and r.get("kind", "kernel") == "kernel"]
-        if not rows:
+        if not _preset_rows(res, p):
             have = sorted({str(r.get("preset")) for r in res.rows})
             raise UserError(f"results file {results} has no rows for preset {p.name}", f"it has: {', '.join(have) or 'no rows'}")
-        io_used = io or _most_common(r.get("io_dtype") for r in rows) or "bf16"
-        env_gpu = res.environment.get("gpu") if isinstance(res.environment.get("gpu"), dict) else {}
-        ceilings = None
-        if isinstance(res.environment.get("ceilings"), dict) and not measured_only:
-            ceilings = gpus.Ceilings.from_dict(res.environment["ceilings"])
-        spec = gpus.load_gpu(gpu) if gpu else _file_gpu(env_gpu)
-        if (gpu or ceilings is None) and not measured_only:
-            ceilings = gpus.datasheet_ceilings(spec) if spec is not None else None
-        gpu_name = env_gpu.get("name") or (spec.name if spec else "unknown GPU")
-
-        def measured(c, b):
-            return tuner.timing_from_rows(rows, c, b, preset=p.name, io_dtype=io_used)
-
-        def timing(c, b):
-            t = measured(c, b)
-            if t is not None or ceilings is None:
-                return t
-            t = _predict(p, c, b, ceilings, io_used)
-            if t is None:
-                return None
-            same = [o for o in cands if _family(o) == _family(c) and o.draft == c.draft]
-            pairs = [(m, q) for o in same if (m := measured(o, b)) and m.source == "measured" and (q := _predict(p, o, b, ceilings, io_used))]
-            return tuner.calibrated(t, pairs, f"{_family(c)} at batch {b}")
-
-        what = f"times from {results}" + (
-            "; candidates it lacks are not timed (--measured-only)" if measured_only else
-            f"; candidates it lacks predicted from the cost model ({ceilings.source} ceilings), scaled by how far "
-            "measured candidates of the same variant and batch ran from their predictions" if ceilings else ""
-        )
-        return {
-            "mode": "results", "describe": what, "results_file": str(results), "gpu": gpu_name, "timing": timing,
-            "io_dtype": io_used, "cuda": cuda, "memory_bytes": _gpu_memory(env_gpu, spec),
-        }
+        return _from_results(p, cands, res, "results", f"times from {results}", str(results), gpu, io, measured_only, cuda)
     io_used = io or "bf16"
     if cuda:
         rows, gpu_name, mem, path = _measure(p, preset_arg, cands, batches, io_used, accept_rate)
@@ -265,15 +231,68 @@ def _timing_source(p, preset_arg: str, cands, batches, results: Path | None, gpu
             "gpu": gpu_name, "timing": timing, "io_dtype": io_used, "cuda": True, "memory_bytes": mem,
         }
     spec = gpus.load_gpu(gpu or "h200")
+    if spec.key == "h200":
+        ref = results_mod.load_reference("h200")
+        if ref is not None and _preset_rows(ref, p):
+            note(f"no CUDA GPU here: times from the shipped {spec.name} reference profile ({ref.path}), the candidates it "
+                 "lacks predicted (--gpu picks another GPU)")
+            return _from_results(p, cands, ref, "reference", f"times from the shipped {spec.name} reference profile",
+                                 str(ref.path), None, io, False, cuda)
     ceilings = gpus.ceilings_for(spec)
     note(f"no CUDA GPU here: predicting every time from the cost model and the {spec.name} {ceilings.source} figures (--gpu picks another)")
 
-    def timing(c, b):
+    def predicted(c, b):
         return _predict(p, c, b, ceilings, io_used)
 
     return {
         "mode": "predicted", "describe": f"predicted from the cost model and the {spec.name} {ceilings.source} ceilings, nothing measured",
-        "gpu": spec.name, "timing": timing, "io_dtype": io_used, "cuda": False, "memory_bytes": int(spec.memory_gib * 2**30),
+        "gpu": spec.name, "timing": predicted, "io_dtype": io_used, "cuda": False, "memory_bytes": int(spec.memory_gib * 2**30),
+    }
+
+
+def _preset_rows(res, p) -> list[dict[str, Any]]:
+    return [r for r in res.rows if r.get("preset") == p.name and r.get("kind", "kernel") == "kernel"]
+
+
+def _from_results(p, cands, res, mode: str, describe: str, results_file: str, gpu: str | None, io: str | None,
+                  measured_only: bool, cuda: bool) -> dict[str, Any]:
+    """Times from a loaded results file: its rows, and (unless measured_only) predictions for the candidates it lacks,
+    scaled by how far its measured candidates of the same variant and batch ran from their predictions."""
+    from replayssm_cli import gpus, tuner
+
+    rows = _preset_rows(res, p)
+    io_used = io or _most_common(r.get("io_dtype") for r in rows) or "bf16"
+    env_gpu = res.environment.get("gpu") if isinstance(res.environment.get("gpu"), dict) else {}
+    ceilings = None
+    if isinstance(res.environment.get("ceilings"), dict) and not measured_only:
+        ceilings = gpus.Ceilings.from_dict(res.environment["ceilings"])
+    spec = gpus.load_gpu(gpu) if gpu else _file_gpu(env_gpu)
+    if (gpu or ceilings is None) and not measured_only:
+        ceilings = gpus.datasheet_ceilings(spec) if spec is not None else None
+    gpu_name = env_gpu.get("name") or (spec.name if spec else "unknown GPU")
+
+    def measured(c, b):
+        return tuner.timing_from_rows(rows, c, b, preset=p.name, io_dtype=io_used)
+
+    def timing(c, b):
+        t = measured(c, b)
+        if t is not None or ceilings is None:
+            return t
+        t = _predict(p, c, b, ceilings, io_used)
+        if t is None:
+            return None
+        same = [o for o in cands if _family(o) == _family(c) and o.draft == c.draft]
+        pairs = [(m, q) for o in same if (m := measured(o, b)) and m.source == "measured" and (q := _predict(p, o, b, ceilings, io_used))]
+        return tuner.calibrated(t, pairs, f"{_family(c)} at batch {b}")
+
+    what = describe + (
+        "; candidates it lacks are not timed (--measured-only)" if measured_only else
+        f"; candidates it lacks predicted from the cost model ({ceilings.source} ceilings), scaled by how far "
+        "measured candidates of the same variant and batch ran from their predictions" if ceilings else ""
+    )
+    return {
+        "mode": mode, "describe": what, "results_file": results_file, "gpu": gpu_name, "timing": timing,
+        "io_dtype": io_used, "cuda": cuda, "memory_bytes": _gpu_memory(env_gpu, spec),
     }
 
 
