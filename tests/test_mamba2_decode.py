@@ -198,3 +198,21 @@ def test_decode_on_cpu_without_interpreter_is_refused():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert "ValueError: the tensors are on the CPU" in done.stdout, done.stdout + done.stderr
+
+
+def test_decode_small_grid_row(monkeypatch):
+    """An fp32 state on at most 16 heads per SM takes one-warp 4-row programs; larger grids and 2-byte states the
+    per-shape rows."""
+    import importlib
+
+    from replayssm_kernels.mamba2 import args
+
+    decode_mod = importlib.import_module("replayssm_kernels.mamba2.decode")
+
+    monkeypatch.setattr(args, "sm_count", lambda device: 132)
+    fp32 = torch.empty(1, 128, 64, 128)
+    assert decode_mod._launch(fp32, 64, 128, None, heads=16 * 132) == {"BP": 4, "num_warps": 1, "num_stages": 1}
+    assert decode_mod._launch(fp32, 64, 128, None, heads=16 * 132 + 1)["BP"] == 32
+    assert decode_mod._launch(fp32, 64, 128, None)["BP"] == 32
+    assert decode_mod._launch(fp32.bfloat16(), 64, 128, None, heads=128)["BP"] == 32
+    assert decode_mod._launch(fp32, 64, 128, {"BP": 16}, heads=128)["BP"] == 16
