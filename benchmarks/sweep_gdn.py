@@ -55,6 +55,7 @@ QUICK_GRID = {
     "verify": [{"BV": 32, "STAGES": 2, "maxnreg": 128}],
 }
 QUICK_GRID["replay-nonflush"] = QUICK_GRID["replay-flush"] = QUICK_GRID["replay"]
+QUICK_GRID["fla"] = QUICK_GRID["fla-inplace"] = [{"V_FIRST": 1}]
 
 
 def parse_launch(text: str) -> tuple[str, dict]:
