@@ -225,9 +225,14 @@ def reference_files() -> list[Path]:
     return sorted(Path(str(p)) for p in root.iterdir() if str(p).endswith(".json"))
 
 
+# The fields that name a configuration (a row's measurement aside).
+CONFIG_FIELDS = ("kind", "op", "preset", "variant", "phase", "batch", "window", "state_dtype", "read_dtype", "io_dtype",
+                 "draft", "accepted", "tp", "flush", "source")
+
+
 def load_reference(gpu_key: str = "h200") -> Results | None:
-    """The shipped reference profiles measured on `gpu_key` merged into one, rows of the newest file first (so that a
-    configuration measured again is read from its latest run); None when none ships."""
+    """The shipped reference profiles measured on `gpu_key` merged into one, newest file first; a configuration
+    measured in several files is kept from the newest. None when none ships."""
     try:
         files = [f for f in reference_files() if f.name.startswith(f"{gpu_key}-")]
     except (FileNotFoundError, ModuleNotFoundError):
@@ -237,11 +242,17 @@ def load_reference(gpu_key: str = "h200") -> Results | None:
     loaded = sorted((load(f) for f in files), key=lambda r: r.created, reverse=True)
     # The merged profile takes the environment of a file that recorded the measured ceilings.
     first = next((r for r in loaded if r.environment.get("ceilings")), loaded[0])
+    rows, seen = [], set()
+    for row in (row for r in loaded for row in r.rows):
+        key = tuple(row.get(f) for f in CONFIG_FIELDS)
+        if key not in seen:
+            seen.add(key)
+            rows.append(row)
     return Results(
         path=files[0].parent,
         environment=first.environment,
         spec=first.spec,
-        rows=[row for r in loaded for row in r.rows],
+        rows=rows,
         skipped=[s for r in loaded for s in r.skipped],
         complete=all(r.complete for r in loaded),
         created=first.created,

@@ -134,10 +134,13 @@ def test_results_newest(tmp_path):
 
 
 def test_load_reference_reads_the_newest_run_first(tmp_path, monkeypatch):
-    """The shipped profiles of one GPU merged, the newest file's rows first; another GPU's files left out."""
-    for name, us in (("h200-a.json", 600.0), ("h200-b.json", 550.0), ("b200-x.json", 1.0)):
+    """The shipped profiles of one GPU merged, the newest file's rows first and a configuration measured twice kept
+    from the newest; another GPU's files left out."""
+    for name, rows in (("h200-a.json", [row(256, us=600.0), row(1, us=5.0)]), ("h200-b.json", [row(256, us=550.0)]),
+                       ("b200-x.json", [row(64, us=1.0)])):
         w = ResultsWriter(tmp_path / name, ENV, SPEC)
-        w.add(row(256, us=us))
+        for r in rows:
+            w.add(r)
         w.close()
     # the creation times the files record: h200-a a day before h200-b (name order is not age order)
     for name, created in (("h200-a.json", "2026-11-28T10:00:00+00:00"), ("h200-b.json", "2026-11-29T10:00:00+00:00")):
@@ -146,7 +149,7 @@ def test_load_reference_reads_the_newest_run_first(tmp_path, monkeypatch):
         (tmp_path / name).write_text(json.dumps(doc))
     monkeypatch.setattr(results, "reference_files", lambda: sorted(tmp_path.glob("*.json")))
     merged = results.load_reference("h200")
-    assert [r["us"] for r in merged.rows] == [550.0, 600.0]
+    assert [(r["batch"], r["us"]) for r in merged.rows] == [(256, 550.0), (1, 5.0)]
     assert merged.created == "2026-11-29T10:00:00+00:00"
     assert results.load_reference("h100") is None
     monkeypatch.setattr(results, "reference_files", lambda: [])
