@@ -156,7 +156,8 @@ for section in $SECTIONS; do
         sweep gdn-decode-rows 150 sweep_gdn.py --kernel decode --kernel fla --batch 16 --batch 64 --batch 256 \
             --launch decode:VP=4,BV=4,VK=128,num_warps=1 --launch decode:VP=8,BV=8,VK=128,num_warps=1 \
             --launch decode:VP=16,BV=8,VK=128,STAGES=2,num_warps=1 --launch decode:VP=16,BV=16,VK=128,num_warps=2 \
-            --launch decode:VP=8,BV=8,VK=128,num_warps=2 --launch fla:V_FIRST=1
+            --launch decode:VP=8,BV=8,VK=128,num_warps=2 --launch decode:VP=8,BV=8,VK=128,num_warps=1,maxnreg=64 \
+            --launch fla:V_FIRST=1
         sweep gdn-decode-bf16 100 sweep_gdn.py --state-dtype bf16 --kernel decode --batch 1 --batch 64 --batch 256 \
             --launch decode:VP=64,BV=8,STAGES=3,num_warps=1 --launch decode:VP=4,BV=4,num_warps=1 \
             --launch decode:VP=4,BV=4,VK=128,num_warps=1 --launch decode:VP=8,BV=8,VK=128,num_warps=1
