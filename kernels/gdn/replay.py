@@ -268,10 +268,8 @@ def _replay_kernel(
         o_v = v0 + tl.arange(0, BV)
         o_r = (o_h + o_v[:, None, None]) * K + o_k3[None, :, :]
         m_r = (o_v < V)[:, None, None] & m_k3[None, :, :]
-        if HAS_COPY:
-            b_r = tl.load(rcopy + o_r, mask=m_r, other=0.0)
-        else:
-            b_r = tl.load(ckpt + o_r, mask=m_r, other=0.0)
+        # rcopy is the checkpoint itself when the cache has no read copy (`_cache_args`).
+        b_r = tl.load(rcopy + o_r, mask=m_r, other=0.0)
     m_c = o_w < C
     if EARLY:
         # The buffer is read whole, before the fill it is masked by: the fill then leaves the chain of dependent
@@ -281,13 +279,13 @@ def _replay_kernel(
         b_kw3 = tl.load(buf_k + ((i_s * C + o_w[:, None, None]) * H + i_h) * K + o_k3[None, :, :],
                         mask=m_c[:, None, None] & m_k3[None, :, :], other=0.0)
     p_f = fill + i_s * HV + i_hv
+    p_a = arrive + i_s * HV + i_hv
     b_f = tl.load(p_f)
     m_w = o_w < b_f
     f_next = tl.where(b_f + 1 >= W, 0, b_f + 1)
     if EARLY:
         if NPB > 1:
             # Arrive as soon as the fill is read (the increment is computed from it, so the read is complete).
-            p_a = arrive + i_s * HV + i_hv
             b_arrived = tl.atomic_add(p_a, tl.where(b_f >= 0, 1, 0), sem="relaxed")
         b_Gl = tl.sum(tl.where(o_w == b_f - 1, b_Gw, 0.0))
         b_Gw = tl.where(m_w, b_Gw, 0.0)
@@ -341,11 +339,8 @@ def _replay_kernel(
             if BV < VP:
                 o_r = (o_h + o_v[:, None, None]) * K + o_k3[None, :, :]
                 m_r = m_v[:, None, None] & m_k3[None, :, :]
-                # [BV, NC, VK]
-                if HAS_COPY:
-                    b_s = tl.load(rcopy + o_r, mask=m_r, other=0.0)
-                else:
-                    b_s = tl.load(ckpt + o_r, mask=m_r, other=0.0)
+                # [BV, NC, VK] the read copy, or the checkpoint without one
+                b_s = tl.load(rcopy + o_r, mask=m_r, other=0.0)
                 b_sk, b_sq = _row_sums(b_s, b_k3, b_q3, b_rk, b_rq)
             # [BW, BV]
             if EARLY:
@@ -378,7 +373,6 @@ def _replay_kernel(
         # The row blocks of a (slot, head) all read its fill; the last to arrive advances it. Relaxed order
         # suffices: every program has consumed the fill it read before it arrives.
         if not EARLY:
-            p_a = arrive + i_s * HV + i_hv
             b_arrived = tl.atomic_add(p_a, 1, sem="relaxed")
         if b_arrived == NPB - 1:
             tl.store(p_f, f_next)
@@ -534,11 +528,8 @@ def _verify_kernel(
         m_vt = m_v[:, None] & m_t[None, :]
         o_r = (o_h + o_v[:, None, None]) * K + o_k3[None, :, :]
         m_r = m_v[:, None, None] & m_k3[None, :, :]
-        # [BV, NC, VK] the tile: the read copy unless a flush just stored the checkpoint it copies
-        if HAS_COPY:
-            b_s = tl.load(rcopy + o_r, mask=m_r, other=0.0)
-        else:
-            b_s = tl.load(ckpt + o_r, mask=m_r, other=0.0)
+        # [BV, NC, VK] the tile: the read copy (refreshed by a flush above), or the checkpoint without one
+        b_s = tl.load(rcopy + o_r, mask=m_r, other=0.0)
         # [BV, BT] the tile's row sums with each draft's k and q as given, one read of the tile for all drafts
         b_SK = tl.zeros([BV, BT], dtype=tl.float32)
         b_SQ = tl.zeros([BV, BT], dtype=tl.float32)

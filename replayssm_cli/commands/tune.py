@@ -214,10 +214,12 @@ def _timing_source(p, preset_arg: str, cands, batches, results: Path | None, gpu
     cuda = _cuda_available()
     if results is not None:
         res = results_mod.load(results)
-        if not _preset_rows(res, p):
+        rows = _preset_rows(res, p)
+        if not rows:
             have = sorted({str(r.get("preset")) for r in res.rows})
             raise UserError(f"results file {results} has no rows for preset {p.name}", f"it has: {', '.join(have) or 'no rows'}")
-        return _from_results(p, cands, res, "results", f"times from {results}", str(results), gpu, io, measured_only, cuda)
+        return _from_results(p, cands, res, rows, "results", f"times from {results}", str(results), gpu, io, measured_only,
+                             cuda)
     io_used = io or "bf16"
     if cuda:
         rows, gpu_name, mem, path = _measure(p, preset_arg, cands, batches, io_used, accept_rate)
@@ -233,10 +235,11 @@ def _timing_source(p, preset_arg: str, cands, batches, results: Path | None, gpu
     spec = gpus.load_gpu(gpu or "h200")
     if spec.key == "h200":
         ref = results_mod.load_reference("h200")
-        if ref is not None and _preset_rows(ref, p):
+        rows = _preset_rows(ref, p) if ref is not None else []
+        if rows:
             note(f"no CUDA GPU here: times from the shipped {spec.name} reference profile ({ref.path}), the candidates it "
                  "lacks predicted (--gpu picks another GPU)")
-            return _from_results(p, cands, ref, "reference", f"times from the shipped {spec.name} reference profile",
+            return _from_results(p, cands, ref, rows, "reference", f"times from the shipped {spec.name} reference profile",
                                  str(ref.path), None, io, False, cuda)
     ceilings = gpus.ceilings_for(spec)
     note(f"no CUDA GPU here: predicting every time from the cost model and the {spec.name} {ceilings.source} figures (--gpu picks another)")
@@ -254,13 +257,13 @@ def _preset_rows(res, p) -> list[dict[str, Any]]:
     return [r for r in res.rows if r.get("preset") == p.name and r.get("kind", "kernel") == "kernel"]
 
 
-def _from_results(p, cands, res, mode: str, describe: str, results_file: str, gpu: str | None, io: str | None,
+def _from_results(p, cands, res, rows, mode: str, describe: str, results_file: str, gpu: str | None, io: str | None,
                   measured_only: bool, cuda: bool) -> dict[str, Any]:
-    """Times from a loaded results file: its rows, and (unless measured_only) predictions for the candidates it lacks,
-    scaled by how far its measured candidates of the same variant and batch ran from their predictions."""
+    """Times from a loaded results file's rows for the preset, and (unless measured_only) predictions for the
+    candidates it lacks, scaled by how far its measured candidates of the same variant and batch ran from their
+    predictions."""
     from replayssm_cli import gpus, tuner
 
-    rows = _preset_rows(res, p)
     io_used = io or _most_common(r.get("io_dtype") for r in rows) or "bf16"
     env_gpu = res.environment.get("gpu") if isinstance(res.environment.get("gpu"), dict) else {}
     ceilings = None
