@@ -141,41 +141,33 @@ for section in $SECTIONS; do
             --launch verify:BV=32,STAGES=2,maxnreg=128 --launch verify:BV=32,STAGES=2,VK=64,maxnreg=128
         ;;
     next)
-        # Prepared for the next GPU session (NOTES "Where the targets stand"): GDN batch-1 replay programs of 8 and
-        # 4 rows; GDN decode rows against fla; 2-byte GDN decode rows; 64-wide pieces for GDN's 2-byte tiles (as
-        # they helped Mamba-2's); more Mamba-2 bf16-state settings; Mamba-2 decode at small grids.
-        sweep gdn-vp 150 sweep_gdn.py --kernel decode --kernel replay --kernel replay-nonflush --kernel replay-flush \
-            --batch 1 --launch decode:VP=4,BV=4,VK=128,num_warps=1 \
-            --launch replay:EARLY=1,VP=16,BV=16,BVF=16,STAGES=1,num_warps=1 \
-            --launch replay:EARLY=1,VP=8,BV=8,BVF=16,STAGES=1,num_warps=1 \
-            --launch replay:EARLY=1,VP=4,BV=4,BVF=16,STAGES=1,num_warps=1 \
-            --launch replay-nonflush:EARLY=1,VP=8,BV=8,BVF=16,STAGES=1,num_warps=1 \
-            --launch replay-nonflush:EARLY=1,VP=4,BV=4,BVF=16,STAGES=1,num_warps=1 \
-            --launch replay-flush:EARLY=1,VP=8,BV=8,BVF=16,STAGES=1,num_warps=1 \
-            --launch replay-flush:EARLY=1,VP=4,BV=4,BVF=16,STAGES=1,num_warps=1
+        # Prepared for the next GPU session (NOTES "Where the targets stand", "After run 33"): Mamba-2 replay programs
+        # of 8 and 4 rows at small grids; GDN decode rows against fla (8 whole rows capped at 64 registers); GDN's
+        # one-warp batch-1 replay in two warps; 2-byte GDN decode rows; 64-wide pieces for GDN's split; more
+        # Mamba-2 bf16-state settings.
+        sweep mamba2-small-replay 150 sweep_mamba2.py --kernel decode --kernel replay --kernel replay-nonflush \
+            --kernel replay-flush --batch 1 --batch 16 --launch decode:BP=4,num_warps=1 \
+            --launch replay:BP=16,RC=16,STAGES=1,num_warps=1 --launch replay:BP=8,RC=8,STAGES=1,num_warps=1 \
+            --launch replay:BP=4,RC=4,STAGES=1,num_warps=1 --launch replay:BP=8,RC=8,STAGES=1,num_warps=2 \
+            --launch replay-nonflush:BP=8,RC=8,STAGES=1,num_warps=1 --launch replay-nonflush:BP=4,RC=4,STAGES=1,num_warps=1 \
+            --launch replay-flush:BP=8,RC=8,STAGES=1,num_warps=1 --launch replay-flush:BP=4,RC=4,STAGES=1,num_warps=1
         sweep gdn-decode-rows 150 sweep_gdn.py --kernel decode --kernel fla --batch 16 --batch 64 --batch 256 \
             --launch decode:VP=4,BV=4,VK=128,num_warps=1 --launch decode:VP=8,BV=8,VK=128,num_warps=1 \
-            --launch decode:VP=16,BV=8,VK=128,STAGES=2,num_warps=1 --launch decode:VP=16,BV=16,VK=128,num_warps=2 \
-            --launch decode:VP=8,BV=8,VK=128,num_warps=2 --launch decode:VP=8,BV=8,VK=128,num_warps=1,maxnreg=64 \
+            --launch decode:VP=8,BV=8,VK=128,num_warps=1,maxnreg=64 --launch decode:VP=4,BV=4,VK=128,num_warps=1,maxnreg=56 \
             --launch fla:V_FIRST=1
+        sweep gdn-small-warps 100 sweep_gdn.py --kernel decode --kernel replay --batch 1 \
+            --launch decode:VP=4,BV=4,VK=128,num_warps=1 --launch replay:EARLY=1,VP=16,BV=16,BVF=16,STAGES=1,num_warps=1 \
+            --launch replay:EARLY=1,VP=16,BV=16,BVF=16,STAGES=1,num_warps=2 \
+            --launch replay:EARLY=1,VP=32,BV=32,BVF=16,STAGES=1,num_warps=2
         sweep gdn-decode-bf16 100 sweep_gdn.py --state-dtype bf16 --kernel decode --batch 1 --batch 64 --batch 256 \
             --launch decode:VP=64,BV=8,STAGES=3,num_warps=1 --launch decode:VP=4,BV=4,num_warps=1 \
             --launch decode:VP=4,BV=4,VK=128,num_warps=1 --launch decode:VP=8,BV=8,VK=128,num_warps=1
-        sweep gdn-2byte-vk 150 sweep_gdn.py --state-dtype bf16 --kernel decode --kernel replay --batch 64 --batch 256 \
-            --launch decode:VP=64,BV=8,STAGES=3,num_warps=1 \
-            --launch replay:VP=128,BV=32,BVF=16,STAGES=3,num_warps=2,maxnreg=128 \
-            --launch replay:VP=128,BV=32,BVF=16,STAGES=3,VK=64,num_warps=2,maxnreg=128 \
-            --launch replay:VP=128,BV=64,BVF=16,STAGES=3,VK=64,num_warps=2,maxnreg=128
         sweep gdn-split-vk 150 sweep_gdn.py --kernel decode --kernel split-bf16 --batch 64 --batch 256 \
             --launch decode:VP=4,BV=4,VK=128,num_warps=1 --launch split-bf16:BV=128 --launch split-bf16:BV=128,VK=64 \
             --launch split-bf16:BV=32,BVF=16,STAGES=3,VK=64,num_warps=2
         sweep mamba2-2byte 150 sweep_mamba2.py --state-dtype bf16 --kernel decode --kernel replay --batch 64 --batch 256 \
             --launch decode:BP=64,num_warps=4 --launch replay:RC=32,STAGES=3,VN=64,maxnreg=128 \
-            --launch replay:RC=32,STAGES=4,VN=64,maxnreg=128 --launch replay:RC=16,STAGES=4,VN=64,maxnreg=96 \
-            --launch replay:RC=32,STAGES=3,VN=64,maxnreg=168
-        sweep mamba2-small 120 sweep_mamba2.py --kernel decode --batch 1 --batch 16 \
-            --launch decode:BP=32,num_warps=4 --launch decode:BP=4,num_warps=4 --launch decode:BP=4,num_warps=1 \
-            --launch decode:BP=8,num_warps=2 --launch decode:BP=8,num_warps=4 --launch decode:BP=16,num_warps=4
+            --launch replay:RC=16,STAGES=4,VN=64,maxnreg=96 --launch replay:RC=32,STAGES=3,VN=64,maxnreg=168
         ;;
     gdn-split)
         sweep gdn-split 200 sweep_gdn.py --kernel decode --kernel split-bf16 --batch 64 --batch 256 \

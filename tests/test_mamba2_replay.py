@@ -81,6 +81,8 @@ LAUNCH_CASES = [
     ({"BP": 16, "RC": 16, "num_warps": 1}, None),
     ({"RC": 16, "STAGES": 2}, "bf16"),
     ({"BP": 16, "RC": 16, "num_warps": 1}, "fp8"),
+    ({"BP": 4, "RC": 4, "num_warps": 1}, None),
+    ({"BP": 8, "RC": 8, "num_warps": 1}, "bf16"),
 ]
 
 
@@ -88,7 +90,8 @@ LAUNCH_CASES = [
                          ids=[f"B3-H2-P48-N20-G1-W4-fp32-{r or 'full'}-" + ("default" if not l else
                               ",".join(f"{k}={v}" for k, v in l.items())) for l, r in LAUNCH_CASES])
 def test_replay_launch_settings(device, assert_close, launch, read):
-    """The streamed tile (RC rows at a time), the whole tile, and P split over programs all match the reference."""
+    """The streamed tile (RC rows at a time), the whole tile, and P split over programs (under 16 rows each: the
+    flush's 16-row chunk masked to the program's rows) all match the reference."""
     shape, W = (5, 2, 48, 20, 1), 4
     got = make_cache(shape, W, device, read=read)
     want = got.clone()

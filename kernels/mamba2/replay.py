@@ -130,7 +130,8 @@ def mamba2_replay_kernel(
         b_sB = b_dt * b_B
         for i_c in tl.range(0, BP, BPF, num_stages=STAGES):
             o_c = i_p * BP + i_c + tl.arange(0, BPF)
-            m_c = o_c < P
+            # A chunk is at least 16 rows (the fold is one product); with BP < 16 it is masked to this program's rows.
+            m_c = (o_c < P) & (i_c + tl.arange(0, BPF) < BP)
             m_sc = m_c[:, None] & m_n[None, :]
             p_ckc = checkpoint + o_s + o_c[:, None] * stride_ck_p + o_n[None, :]
             b_s = tl.load(p_ckc, mask=m_sc, other=0.0).to(tl.float32)
@@ -274,8 +275,8 @@ def replay(cache: ReplayCache, x, dt, A, B, C, *, D=None, z=None, dt_bias=None, 
     small = batch * H * triton.cdiv(P, 64) < 2 * args.sm_count(cache.device)
     table = SMALL_GRID_LAUNCH if small else STEP_LAUNCH if cache.read_copy is None else SPLIT_LAUNCH
     settings = args.pick_launch(table, cache.checkpoint.element_size(), P, N, launch, STEP_KEYS)
-    # tl.dot needs every dimension of the fold's product to be at least 16.
-    BP = max(16, min(settings.pop("BP"), args.block(P)))
+    # tl.dot needs every dimension of the fold's product to be at least 16: programs of fewer rows fold one masked chunk.
+    BP = min(settings.pop("BP"), args.block(P))
     BPF = max(16, min(settings.pop("BPF"), BP))
     NPB = triton.cdiv(P, BP)
     BN = max(16, args.block(N))
