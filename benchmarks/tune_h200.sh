@@ -3,7 +3,7 @@
 # writes its table (.txt) and results (.json) under DIR (default runs/tune), and DIR.tar.gz holds them all for
 # machines that return one file; a sweep past its time limit leaves the ones before it.
 # Usage: benchmarks/tune_h200.sh [DIR] [SECTION ...]
-# Sections: tests, next, order, vk, gdn-decode, gdn-replay, gdn-early, gdn-replay-256, gdn-fp32-2, gdn-split, gdn-split-2,
+# Sections: tests, next, small-grid, order, vk, gdn-decode, gdn-replay, gdn-early, gdn-replay-256, gdn-fp32-2, gdn-split, gdn-split-2,
 # gdn-bf16, gdn-bf16-2, gdn-verify, fla, mamba2-split, mamba2-split2, mamba2-vn, mamba2-bf16, mamba2-bf16-2,
 # mamba2-verify (default: tests gdn-decode gdn-replay gdn-verify mamba2-split mamba2-bf16 mamba2-verify).
 set -uo pipefail
@@ -168,6 +168,36 @@ for section in $SECTIONS; do
         sweep mamba2-2byte 150 sweep_mamba2.py --state-dtype bf16 --kernel decode --kernel replay --batch 64 --batch 256 \
             --launch decode:BP=64,num_warps=4 --launch replay:RC=32,STAGES=3,VN=64,maxnreg=128 \
             --launch replay:RC=16,STAGES=4,VN=64,maxnreg=96 --launch replay:RC=32,STAGES=3,VN=64,maxnreg=168
+        ;;
+    small-grid)
+        # Batch 1: Mamba-2's 8-row programs reading the buffer before the fill (EARLY), and both families' flushes
+        # folded through 3xTF32 (TF32); TF32 at the large grids too, where the flush is 1/16 of the steps.
+        sweep mamba2-small-early 120 sweep_mamba2.py --kernel decode --kernel replay --kernel replay-nonflush \
+            --kernel replay-flush --batch 1 --launch decode:BP=4,num_warps=1 \
+            --launch replay:BP=8,RC=8,STAGES=1,num_warps=1 --launch replay:BP=8,RC=8,STAGES=1,EARLY=1,num_warps=1 \
+            --launch replay:BP=8,RC=8,STAGES=1,EARLY=1,TF32=1,num_warps=1 \
+            --launch replay:BP=16,RC=16,STAGES=1,EARLY=1,TF32=1,num_warps=1 \
+            --launch replay-nonflush:BP=8,RC=8,STAGES=1,num_warps=1 \
+            --launch replay-nonflush:BP=8,RC=8,STAGES=1,EARLY=1,num_warps=1 \
+            --launch replay-flush:BP=8,RC=8,STAGES=1,num_warps=1 --launch replay-flush:BP=8,RC=8,STAGES=1,TF32=1,num_warps=1
+        sweep gdn-small-tf32 120 sweep_gdn.py --kernel decode --kernel replay --kernel replay-flush --batch 1 \
+            --launch decode:VP=4,BV=4,VK=128,num_warps=1 \
+            --launch replay:EARLY=1,VP=16,BV=16,BVF=16,STAGES=1,num_warps=1 \
+            --launch replay:EARLY=1,TF32=1,VP=16,BV=16,BVF=16,STAGES=1,num_warps=1 \
+            --launch replay-flush:EARLY=1,VP=16,BV=16,BVF=16,STAGES=1,num_warps=1 \
+            --launch replay-flush:EARLY=1,TF32=1,VP=16,BV=16,BVF=16,STAGES=1,num_warps=1
+        sweep mamba2-tf32 150 sweep_mamba2.py --kernel decode --kernel replay --kernel replay-flush --kernel split-bf16 \
+            --batch 64 --batch 256 --launch decode:BP=64,num_warps=4 --launch replay:RC=32,STAGES=2,maxnreg=96 \
+            --launch replay:RC=32,STAGES=2,TF32=1,maxnreg=96 --launch replay-flush:RC=32,STAGES=2,maxnreg=96 \
+            --launch replay-flush:RC=32,STAGES=2,TF32=1,maxnreg=96 --launch split-bf16:RC=32,STAGES=3,VN=64,maxnreg=128 \
+            --launch split-bf16:RC=32,STAGES=3,VN=64,TF32=1,maxnreg=128
+        sweep gdn-tf32 150 sweep_gdn.py --kernel decode --kernel replay --kernel replay-flush --kernel split-bf16 \
+            --batch 64 --batch 256 --launch decode:VP=4,BV=4,VK=128,num_warps=1 \
+            --launch replay:VP=256,BV=32,BVF=16,STAGES=3,num_warps=2,maxnreg=128 \
+            --launch replay:TF32=1,VP=256,BV=32,BVF=16,STAGES=3,num_warps=2,maxnreg=128 \
+            --launch replay-flush:VP=256,BV=32,BVF=16,STAGES=3,num_warps=2,maxnreg=128 \
+            --launch replay-flush:TF32=1,VP=256,BV=32,BVF=16,STAGES=3,num_warps=2,maxnreg=128 \
+            --launch split-bf16:BV=128 --launch split-bf16:BV=128,TF32=1
         ;;
     gdn-split)
         sweep gdn-split 200 sweep_gdn.py --kernel decode --kernel split-bf16 --batch 64 --batch 256 \

@@ -110,17 +110,20 @@ LAUNCH_CASES = [
     ("bf16", {"EARLY": 1, "VP": 16, "BV": 8, "VK": 8}),
     (None, {"EARLY": 1, "VP": 4, "BV": 4, "VK": 8}),
     ("bf16", {"VP": 8, "BV": 8, "VK": 8}),
+    (None, {"TF32": 1, "EARLY": 1, "VP": 16, "BV": 16, "VK": 8}),
+    ("bf16", {"TF32": 1, "VK": 8}),
 ]
 
 
 @pytest.mark.parametrize("read,launch", LAUNCH_CASES,
                          ids=[f"B3-H2-HV4-K24-V20-W3-fp32-{r or 'full'}-VP{l.get('VP', 'all')}-BV{l.get('BV', 32)}"
                               f"-VK{l['VK']}" + ("-WY" if l.get("WY") else "") + ("-early" if l.get("EARLY") else "")
+                              + ("-tf32" if l.get("TF32") else "")
                               for r, l in LAUNCH_CASES])
 def test_replay_launch_settings_match_reference(device, assert_close, read, launch):
     """Rows in several chunks (tile read after the fill), other K piece widths, each head's rows split over
-    programs (VP = 16 of V = 20: two programs share a fill counter), and the buffer read whole before the fill
-    (EARLY: its NaN entries past the fill weighted out), through flushes."""
+    programs (VP = 16 of V = 20: two programs share a fill counter), the buffer read whole before the fill
+    (EARLY: its NaN entries past the fill weighted out) and the flush folded through 3xTF32, through flushes."""
     shape = (4, 2, 4, 24, 20)
     got = make_cache(shape, 3, device, read=read)
     poison(got)

@@ -20,6 +20,12 @@ def make_cache(shape, W, device, *, state="fp32", read=None, io="bf16", max_draf
     return cache
 
 
+def poison(cache) -> None:
+    """NaN in every buffer entry: an entry read before it is written (past the fill) turns outputs into NaN."""
+    for name in ("x_buf", "b_buf", "dt_buf", "lam_buf"):
+        getattr(cache, name).fill_(NAN)
+
+
 def staggered(slots: list[int], step: int, device) -> torch.Tensor:
     """Row r joins at step r, so the rows' fills (and flushes) are r steps apart."""
     return torch.tensor([s if step >= r else -1 for r, s in enumerate(slots)], dtype=torch.int32, device=device)
@@ -83,6 +89,10 @@ LAUNCH_CASES = [
     ({"BP": 16, "RC": 16, "num_warps": 1}, "fp8"),
     ({"BP": 4, "RC": 4, "num_warps": 1}, None),
     ({"BP": 8, "RC": 8, "num_warps": 1}, "bf16"),
+    ({"BP": 8, "RC": 8, "num_warps": 1, "EARLY": 1}, None),
+    ({"RC": 16, "STAGES": 2, "EARLY": 1}, "bf16"),
+    ({"BP": 16, "RC": 16, "num_warps": 1, "EARLY": 1, "TF32": 1}, "fp8"),
+    ({"TF32": 1}, None),
 ]
 
 
@@ -90,10 +100,12 @@ LAUNCH_CASES = [
                          ids=[f"B3-H2-P48-N20-G1-W4-fp32-{r or 'full'}-" + ("default" if not l else
                               ",".join(f"{k}={v}" for k, v in l.items())) for l, r in LAUNCH_CASES])
 def test_replay_launch_settings(device, assert_close, launch, read):
-    """The streamed tile (RC rows at a time), the whole tile, and P split over programs (under 16 rows each: the
-    flush's 16-row chunk masked to the program's rows) all match the reference."""
+    """The streamed tile (RC rows at a time), the whole tile, P split over programs (under 16 rows each: the
+    flush's 16-row chunk masked to the program's rows), the buffer read whole before the fill (EARLY: its NaN
+    entries past the fill weighted out) and the flush folded through 3xTF32 all match the reference."""
     shape, W = (5, 2, 48, 20, 1), 4
     got = make_cache(shape, W, device, read=read)
+    poison(got)
     want = got.clone()
     slots = [3, 0, 4]
     for step in range(2 * W + 2):
@@ -232,6 +244,7 @@ BAD_REPLAY = {
     "slots-range": (lambda c, i: i.update(slots=torch.tensor([0, 7], dtype=torch.int32)), "slots must be in"),
     "batch-without-slots": (lambda c, i: i.update(**mamba2.random_inputs(4, 4, 8, 8, 2)), "batch 4 must not exceed"),
     "launch": (lambda c, i: i.update(launch={"num_warps": 3}), "power of two"),
+    "launch-flag": (lambda c, i: i.update(launch={"EARLY": 2}), r"launch\[.EARLY.\] must be 0 or 1, got 2"),
     "out-shape": (lambda c, i: i.update(out=torch.zeros(2, 4, 7)), "out must have shape"),
 }
 

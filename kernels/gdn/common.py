@@ -109,7 +109,7 @@ def launch_settings(table: dict, name: str, launch: dict | None) -> dict:
         if key == "maxnreg" and value is None:
             settings[key] = None
             continue
-        if key in ("WY", "EARLY"):
+        if key in ("WY", "EARLY", "TF32"):
             if value not in (0, 1) or isinstance(value, bool):
                 raise ValueError(f"launch[{key!r}] must be 0 or 1; got {value!r}")
             settings[key] = value

@@ -28,12 +28,13 @@ from replayssm_kernels.gdn.common import (
 # VK is the width of the K pieces a row is reduced in: a thread sums its pieces in registers, then lanes shuffle.
 # decode's programs take VP rows of a head, BV at a time through a pipelined loop of STAGES. An fp32 state reads
 # fastest from one-warp programs of 4 whole rows at every batch (NOTES run 30: 531.8 µs at batch 256 against 550.7
-# for 64 rows in 8-row chunks, 4.14 against 4.34 at batch 1); 2-byte states were measured with the 64-row
-# programs above two heads per SM and 4-row ones below ("decode-bf16-small": a latency-bound grid).
+# for 64 rows in 8-row chunks, 4.14 against 4.34 at batch 1). 2-byte states read whole rows too, 8 per program above
+# two heads per SM (282.9 µs at batch 256 against 302.9 for 64 rows in 8-row chunks, 73.8 against 80.6 at 64) and 4
+# below ("decode-bf16-small", a latency-bound grid: 3.58 against 3.76 at batch 1; NOTES run 34).
 LAUNCH = {
     "decode": {"VP": 4, "BV": 4, "VK": 128, "STAGES": 1, "num_warps": 1, "num_stages": 1, "maxnreg": None},
-    "decode-bf16": {"VP": 64, "BV": 8, "VK": 32, "STAGES": 3, "num_warps": 1, "num_stages": 1, "maxnreg": None},
-    "decode-bf16-small": {"VP": 4, "BV": 4, "VK": 32, "STAGES": 1, "num_warps": 1, "num_stages": 1,
+    "decode-bf16": {"VP": 8, "BV": 8, "VK": 128, "STAGES": 1, "num_warps": 1, "num_stages": 1, "maxnreg": None},
+    "decode-bf16-small": {"VP": 4, "BV": 4, "VK": 128, "STAGES": 1, "num_warps": 1, "num_stages": 1,
                           "maxnreg": None},
     "decode-multi": {"BV": 8, "VK": 128, "num_warps": 1, "num_stages": 1, "maxnreg": None},
     "accept-snapshot": {"BV": 32, "num_warps": 4, "num_stages": 1, "maxnreg": None},

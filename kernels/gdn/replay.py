@@ -33,13 +33,13 @@ from replayssm_kernels.gdn.common import (
 # before the fill ("replay-small"). A flush walks its rows BVF at a time (benchmarks/sweep_gdn.py, NOTES run 29:
 # BVF=16 took batch 256 from 325 to 303 µs, and a bf16 checkpoint's step from 346 to 201).
 LAUNCH = {
-    "replay": {"EARLY": 0, "VP": 256, "BV": 32, "BVF": 16, "JB": 4, "VK": 32, "STAGES": 3,
+    "replay": {"EARLY": 0, "TF32": 0, "VP": 256, "BV": 32, "BVF": 16, "JB": 4, "VK": 32, "STAGES": 3,
                "num_warps": 2, "num_stages": 1, "maxnreg": 128},
-    "replay-small": {"EARLY": 1, "VP": 16, "BV": 16, "BVF": 16, "JB": 4, "VK": 32, "STAGES": 1,
+    "replay-small": {"EARLY": 1, "TF32": 0, "VP": 16, "BV": 16, "BVF": 16, "JB": 4, "VK": 32, "STAGES": 1,
                      "num_warps": 1, "num_stages": 1, "maxnreg": None},
-    "replay-split": {"EARLY": 0, "VP": 256, "BV": 128, "BVF": 32, "JB": 2, "WY": 0, "VK": 32, "STAGES": 2,
+    "replay-split": {"EARLY": 0, "TF32": 0, "VP": 256, "BV": 128, "BVF": 32, "JB": 2, "WY": 0, "VK": 32, "STAGES": 2,
                      "num_warps": 4, "num_stages": 1, "maxnreg": None},
-    "replay-fp8": {"EARLY": 0, "VP": 256, "BV": 128, "BVF": 16, "JB": 2, "WY": 0, "VK": 32, "STAGES": 2,
+    "replay-fp8": {"EARLY": 0, "TF32": 0, "VP": 256, "BV": 128, "BVF": 16, "JB": 2, "WY": 0, "VK": 32, "STAGES": 2,
                    "num_warps": 4, "num_stages": 1, "maxnreg": None},
     # verify reads its tile BV rows at a time as a non-flush step does; a row that flushes first folds BVF at a time.
     "verify": {"BV": 32, "BVF": 16, "JB": 4, "VK": 32, "STAGES": 2,
@@ -154,8 +154,8 @@ def _fold(
         else:
             b_uw = _corrected(b_uw, b_d, buf_k, buf_g, buf_b, i_s, i_h, i_hv, o_k, m_k, o_w, b_f, C, H, HV, K, JB)
     b_cw = tl.where(m_w, tl.exp(b_G - b_Gw), 0.0)
-    # One product for the whole rank-f update: fp32 FMAs ("ieee") in the flush's small chunks, 3xTF32 on the tensor
-    # cores for verify's larger ones (measured on an H200, benchmarks/NOTES.md).
+    # One product for the whole rank-f update: fp32 FMAs ("ieee") in a replay flush's small chunks unless its TF32
+    # setting asks for 3xTF32 on the tensor cores, which verify's larger ones always use (benchmarks/NOTES.md).
     return b_s + tl.dot(tl.trans(b_uw * b_cw[:, None]), b_kw, input_precision=PRECISION)
 
 
@@ -187,7 +187,7 @@ def _replay_flush(
     s_vb, s_vh, s_vv, s_ob, s_oh, s_ov,
     C: tl.constexpr, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BK: tl.constexpr, BW: tl.constexpr, VP: tl.constexpr, BVF: tl.constexpr, JB: tl.constexpr,
-    STAGES: tl.constexpr, HAS_COPY: tl.constexpr, IS_FP8: tl.constexpr, WY: tl.constexpr,
+    STAGES: tl.constexpr, HAS_COPY: tl.constexpr, IS_FP8: tl.constexpr, WY: tl.constexpr, PRECISION: tl.constexpr,
 ):
     """The step that fills the window for rows v0 .. v0 + VP: fold the buffer into the full checkpoint, take this
     step from it, store it."""
@@ -205,7 +205,7 @@ def _replay_flush(
         # [BVF, BK] the checkpoint, brought to the state after the buffered entries
         b_s, o_s, o_r, m_s = _folded_rows(
             ckpt, rcopy, rscale, buf_u, buf_k, buf_g, buf_b, i_s, i_h, i_hv, o_v, m_v, o_k, m_k, o_w, b_f, b_Gl, b_Gw,
-            b_kw, b_wc, C, H, HV, K, V, JB, HAS_COPY, IS_FP8, WY, "ieee",
+            b_kw, b_wc, C, H, HV, K, V, JB, HAS_COPY, IS_FP8, WY, PRECISION,
         )
         b_v = tl.load(v + i_b * s_vb + i_hv * s_vh + o_v * s_vv, mask=m_v, other=0.0).to(tl.float32)
         b_s *= tl.exp(b_g)
@@ -244,7 +244,7 @@ def _replay_kernel(
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BK: tl.constexpr, VP: tl.constexpr, BV: tl.constexpr, BVF: tl.constexpr, BW: tl.constexpr, JB: tl.constexpr,
     VK: tl.constexpr, STAGES: tl.constexpr, USE_QK_L2NORM: tl.constexpr, HAS_COPY: tl.constexpr,
-    IS_FP8: tl.constexpr, WY: tl.constexpr, EARLY: tl.constexpr,
+    IS_FP8: tl.constexpr, WY: tl.constexpr, EARLY: tl.constexpr, PRECISION: tl.constexpr,
 ):
     # Each program takes VP rows of its (row, value head): NPB programs share the head's buffer and fill counter.
     NPB: tl.constexpr = (V + VP - 1) // VP
@@ -316,7 +316,7 @@ def _replay_kernel(
             ckpt, rcopy, rscale, buf_u, buf_k, buf_g, buf_b, v, o,
             i_b, i_s, i_h, i_hv, v0, b_f, b_k, b_q, b_g, b_beta, b_Gl, b_Gw, b_kw, o_w,
             s_vb, s_vh, s_vv, s_ob, s_oh, s_ov,
-            C, H, HV, K, V, BK, BW, VP, BVF, JB, STAGES, HAS_COPY, IS_FP8, WY,
+            C, H, HV, K, V, BK, BW, VP, BVF, JB, STAGES, HAS_COPY, IS_FP8, WY, PRECISION,
         )
     else:
         if not EARLY:
@@ -631,6 +631,7 @@ def _launch_replay(cache, q, k, v, g, beta, out, slots, scale, l2norm, settings)
         USE_QK_L2NORM=l2norm,
         WY=bool(settings.get("WY", 0)),
         EARLY=bool(settings["EARLY"]),
+        PRECISION="tf32x3" if settings["TF32"] else "ieee",
         **compile_options(settings),
     )
 
@@ -721,7 +722,8 @@ def replay(
     corrects the buffered updates at a flush with one product, 0 entry by entry), JB (buffered
     entries corrected per unrolled group under split precision), VK (width of the K pieces a
     non-flush step reduces its rows in), EARLY (1: a non-flush step reads the whole buffer before
-    the fill counter), num_warps, num_stages, maxnreg. `check` range-checks slots
+    the fill counter), TF32 (1: a flush folds the buffer through 3xTF32 tensor-core products, 0 through
+    fp32 FMAs), num_warps, num_stages, maxnreg. `check` range-checks slots
     on the host, a device sync: pass check=False for a step with no host synchronisation (it is
     skipped anyway while a CUDA graph is captured).
     """

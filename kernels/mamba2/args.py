@@ -140,6 +140,10 @@ def check_draft(T: int, max_draft: int, name: str = "x") -> None:
         raise ValueError(f"{name} carries T = {T} drafts but the cache was created with max_draft = {max_draft}")
 
 
+# Launch keys that switch a kernel's variant on (1) or off (0) rather than size it.
+FLAG_KEYS = ("EARLY", "TF32")
+
+
 def pick_launch(table: list, itemsize: int, P: int, N: int, launch: dict | None, keys: tuple) -> dict:
     """The first table row whose (itemsize, max N, max P) covers the shape, overridden by `launch`."""
     settings = None
@@ -154,7 +158,11 @@ def pick_launch(table: list, itemsize: int, P: int, N: int, launch: dict | None,
         if unknown:
             raise ValueError(f"launch has unknown key {unknown[0]!r}; expected some of {', '.join(keys)}")
         for key, value in launch.items():
-            if not isinstance(value, int) or value < 1:
+            if key in FLAG_KEYS:
+                if isinstance(value, bool) or value not in (0, 1):
+                    raise ValueError(f"launch[{key!r}] must be 0 or 1, got {value!r}")
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"launch[{key!r}] must be a positive integer, got {value!r}")
             if key in ("num_warps", "BP", "BPF") and value & (value - 1):
                 raise ValueError(f"launch[{key!r}] must be a power of two, got {value}")

@@ -26,7 +26,7 @@ def mamba2_replay_kernel(
     stride_y_b, stride_y_h,
     W: tl.constexpr, CAP: tl.constexpr, BP: tl.constexpr, BPF: tl.constexpr, BN: tl.constexpr, BW: tl.constexpr,
     VN: tl.constexpr, RC: tl.constexpr, STAGES: tl.constexpr, NPB: tl.constexpr, HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_DT_BIAS: tl.constexpr, USE_SOFTPLUS: tl.constexpr,
-    HAS_SLOTS: tl.constexpr, USE_COPY: tl.constexpr, IS_FP8: tl.constexpr,
+    HAS_SLOTS: tl.constexpr, USE_COPY: tl.constexpr, IS_FP8: tl.constexpr, EARLY: tl.constexpr, PRECISION: tl.constexpr,
 ):
     i_b, i_h, i_p = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     if HAS_SLOTS:
@@ -56,35 +56,57 @@ def mamba2_replay_kernel(
             b_r = tl.load(p_rc, mask=m_s3, other=0.0)
         else:
             b_r = tl.load(checkpoint + o_s + o_p[:, None, None] * stride_ck_p + o_n3[None, :, :], mask=m_s3, other=0.0)
-    f = tl.load(fill + i_sh)
     p_xb = x_buf + i_sh * CAP * P
     p_bb = b_buf + (i_s * G + i_g) * CAP * N
     p_db = dt_buf + i_sh * CAP
     p_lb = lam_buf + i_sh * CAP
+    m_c = o_w < CAP
+    if EARLY:
+        # The buffer is read whole, before the fill it is masked by: the fill then leaves the chain of dependent
+        # loads (slot, fill, buffer) that bounds a small grid. Entries past the fill are weighted by zero below.
+        b_lw = tl.load(p_lb + o_w, mask=m_c, other=0.0)
+        b_dw = tl.load(p_db + o_w, mask=m_c, other=0.0)
+        # [BW, NC, VN] and [BW, BP]
+        b_bw = tl.load(p_bb + o_w[:, None, None] * N + o_n3[None, :, :], mask=m_c[:, None, None] & m_n3[None, :, :],
+                       other=0.0)
+        if RC >= BP:
+            b_xw = tl.load(p_xb + o_w[:, None] * P + o_p[None, :], mask=m_c[:, None] & m_p[None, :], other=0.0)
+    f = tl.load(fill + i_sh)
+    m_w = o_w < f
+    if EARLY:
+        if NPB > 1:
+            # Arrive as soon as the fill is read (the increment is computed from it, so the read is complete).
+            b_arrived = tl.atomic_add(arrive + i_sh, tl.where(f >= 0, 1, 0), sem="relaxed")
+        b_lprev = tl.sum(tl.where(o_w == f - 1, b_lw, 0.0))
+    else:
+        # The f buffered entries, one read each: [BW].
+        b_lprev = tl.load(p_lb + f - 1, mask=f > 0, other=0.0)
+        b_lw = tl.load(p_lb + o_w, mask=m_w, other=0.0)
+        b_dw = tl.load(p_db + o_w, mask=m_w, other=0.0)
 
     b_xr = tl.load(x + i_b * stride_x_b + i_h * stride_x_h + o_p, mask=m_p, other=0.0)
     b_Br = tl.load(B + i_b * stride_B_b + i_g * stride_B_g + o_n, mask=m_n, other=0.0)
     b_x, b_B = b_xr.to(tl.float32), b_Br.to(tl.float32)
     b_C = tl.load(C + i_b * stride_C_b + i_g * stride_C_g + o_n, mask=m_n, other=0.0).to(tl.float32)
     b_dt = step_delta(tl.load(dt + i_b * stride_dt_b + i_h * stride_dt_h), dt_bias, i_h, HAS_DT_BIAS, USE_SOFTPLUS)
-    b_lam = tl.load(p_lb + f - 1, mask=f > 0, other=0.0) + tl.load(A + i_h).to(tl.float32) * b_dt
-    # The f buffered entries, one read each: [BW].
-    m_w = o_w < f
-    b_lw = tl.load(p_lb + o_w, mask=m_w, other=0.0)
-    b_dw = tl.load(p_db + o_w, mask=m_w, other=0.0)
+    b_lam = b_lprev + tl.load(A + i_h).to(tl.float32) * b_dt
     b_cw = tl.where(m_w, tl.exp(b_lam - b_lw) * b_dw, 0.0)
     o_z = i_b * stride_z_b + i_h * stride_z_h
     p_y = y + i_b * stride_y_b + i_h * stride_y_h
 
     if f + 1 < W:
         b_C3 = tl.load(C + i_b * stride_C_b + i_g * stride_C_g + o_n3, mask=m_n3, other=0.0).to(tl.float32)
-        # [BW, NC, VN]
-        b_bw = tl.load(p_bb + o_w[:, None, None] * N + o_n3[None, :, :], mask=m_w[:, None, None] & m_n3[None, :, :],
-                       other=0.0)
-        b_kw = b_cw * tl.sum(tl.sum(b_bw.to(tl.float32) * b_C3[None, :, :], axis=1), axis=1)
+        if not EARLY:
+            # [BW, NC, VN]
+            b_bw = tl.load(p_bb + o_w[:, None, None] * N + o_n3[None, :, :],
+                           mask=m_w[:, None, None] & m_n3[None, :, :], other=0.0)
+        b_kw = tl.where(m_w, b_cw * tl.sum(tl.sum(b_bw.to(tl.float32) * b_C3[None, :, :], axis=1), axis=1), 0.0)
         if RC >= BP:
-            # [BW, BP]
-            b_xw = tl.load(p_xb + o_w[:, None] * P + o_p[None, :], mask=m_w[:, None] & m_p[None, :], other=0.0)
+            if EARLY:
+                b_xw = tl.where(m_w[:, None], b_xw, 0.0)
+            else:
+                # [BW, BP]
+                b_xw = tl.load(p_xb + o_w[:, None] * P + o_p[None, :], mask=m_w[:, None] & m_p[None, :], other=0.0)
             b_y = tl.sum(tl.sum(b_r.to(tl.float32) * b_C3[None, :, :], axis=1), axis=1)
             if IS_FP8:
                 b_y = b_y * tl.load(read_scale + i_sh * P + o_p, mask=m_p, other=0.0)
@@ -137,7 +159,7 @@ def mamba2_replay_kernel(
             b_s = tl.load(p_ckc, mask=m_sc, other=0.0).to(tl.float32)
             b_xc = tl.load(p_xb + o_w[:, None] * P + o_c[None, :], mask=m_w[:, None] & m_c[None, :], other=0.0)
             b_xt = tl.load(x + i_b * stride_x_b + i_h * stride_x_h + o_c, mask=m_c, other=0.0).to(tl.float32)
-            b_u = tl.dot(tl.trans(b_xc.to(tl.float32) * b_cw[:, None]), b_bwf, input_precision="ieee")
+            b_u = tl.dot(tl.trans(b_xc.to(tl.float32) * b_cw[:, None]), b_bwf, input_precision=PRECISION)
             b_s = b_s * b_decay + b_u + b_xt[:, None] * b_sB[None, :]
             tl.store(p_ckc, b_s.to(p_ckc.dtype.element_ty), mask=m_sc)
             if USE_COPY:
@@ -153,7 +175,9 @@ def mamba2_replay_kernel(
     else:
         # The P-blocks of a (slot, head) all read its fill; the last to arrive advances it. Relaxed order
         # suffices: every program has consumed the fill it read before it arrives.
-        if tl.atomic_add(arrive + i_sh, 1, sem="relaxed") == NPB - 1:
+        if not EARLY:
+            b_arrived = tl.atomic_add(arrive + i_sh, 1, sem="relaxed")
+        if b_arrived == NPB - 1:
             tl.store(fill + i_sh, f_next)
             tl.store(arrive + i_sh, 0)
 
@@ -191,22 +215,26 @@ def mamba2_materialize_kernel(
 # grid of fewer than two programs per SM is latency-bound and does better with small whole tiles per warp. 2-byte
 # tiles (a bf16 checkpoint, a read copy: SPLIT_LAUNCH) stream faster three chunks deep, reduced in 64-wide pieces.
 STEP_LAUNCH = [
-    ((4, 1 << 30, 1 << 30), {"BP": 64, "BPF": 16, "VN": 32, "RC": 32, "STAGES": 2, "num_warps": 2, "num_stages": 1,
-                             "maxnreg": 96}),
-    ((2, 1 << 30, 1 << 30), {"BP": 64, "BPF": 16, "VN": 64, "RC": 32, "STAGES": 3, "num_warps": 2, "num_stages": 1,
-                             "maxnreg": 128}),
+    ((4, 1 << 30, 1 << 30), {"BP": 64, "BPF": 16, "VN": 32, "RC": 32, "STAGES": 2, "EARLY": 0, "TF32": 0,
+                             "num_warps": 2, "num_stages": 1, "maxnreg": 96}),
+    ((2, 1 << 30, 1 << 30), {"BP": 64, "BPF": 16, "VN": 64, "RC": 32, "STAGES": 3, "EARLY": 0, "TF32": 0,
+                             "num_warps": 2, "num_stages": 1, "maxnreg": 128}),
 ]
 SPLIT_LAUNCH = [
-    ((4, 1 << 30, 1 << 30), {"BP": 64, "BPF": 16, "VN": 64, "RC": 32, "STAGES": 3, "num_warps": 2, "num_stages": 1,
-                             "maxnreg": 128}),
-    ((2, 1 << 30, 1 << 30), {"BP": 64, "BPF": 16, "VN": 32, "RC": 32, "STAGES": 3, "num_warps": 2, "num_stages": 1,
-                             "maxnreg": 128}),
+    ((4, 1 << 30, 1 << 30), {"BP": 64, "BPF": 16, "VN": 64, "RC": 32, "STAGES": 3, "EARLY": 0, "TF32": 0,
+                             "num_warps": 2, "num_stages": 1, "maxnreg": 128}),
+    ((2, 1 << 30, 1 << 30), {"BP": 64, "BPF": 16, "VN": 32, "RC": 32, "STAGES": 3, "EARLY": 0, "TF32": 0,
+                             "num_warps": 2, "num_stages": 1, "maxnreg": 128}),
 ]
+# A small grid's programs take 8 rows (batch 1: 5.05 µs against 5.23 for 16 and 7.24 for 4; NOTES run 34); the flush
+# folds them in one 16-row chunk masked to the program's rows.
 SMALL_GRID_LAUNCH = [
-    ((4, 1 << 30, 1 << 30), {"BP": 16, "BPF": 16, "VN": 32, "RC": 16, "STAGES": 1, "num_warps": 1, "num_stages": 1}),
-    ((2, 1 << 30, 1 << 30), {"BP": 16, "BPF": 16, "VN": 32, "RC": 16, "STAGES": 1, "num_warps": 1, "num_stages": 1}),
+    ((4, 1 << 30, 1 << 30), {"BP": 8, "BPF": 16, "VN": 32, "RC": 8, "STAGES": 1, "EARLY": 0, "TF32": 0,
+                             "num_warps": 1, "num_stages": 1}),
+    ((2, 1 << 30, 1 << 30), {"BP": 8, "BPF": 16, "VN": 32, "RC": 8, "STAGES": 1, "EARLY": 0, "TF32": 0,
+                             "num_warps": 1, "num_stages": 1}),
 ]
-STEP_KEYS = ("BP", "BPF", "VN", "RC", "STAGES", "num_warps", "num_stages", "maxnreg")
+STEP_KEYS = ("BP", "BPF", "VN", "RC", "STAGES", "EARLY", "TF32", "num_warps", "num_stages", "maxnreg")
 # materialize folds a whole (P, N) tile per program, BPF rows at a time.
 REPLAY_LAUNCH = [
     ((4, 64, 64), {"num_warps": 4, "num_stages": 1, "JB": 4, "BPF": 8}),
@@ -283,6 +311,8 @@ def replay(cache: ReplayCache, x, dt, A, B, C, *, D=None, z=None, dt_bias=None, 
     VN = min(settings.pop("VN"), BN)
     RC = min(settings.pop("RC"), BP)
     STAGES = settings.pop("STAGES")
+    EARLY = settings.pop("EARLY")
+    PRECISION = "tf32x3" if settings.pop("TF32") else "ieee"
     y = torch.empty_like(x) if out is None else out
     ck, rc = cache.checkpoint, cache.read_copy
     rcs = rc.stride() if rc is not None else (0, 0, 0, 0)
@@ -304,7 +334,7 @@ def replay(cache: ReplayCache, x, dt, A, B, C, *, D=None, z=None, dt_bias=None, 
         BW=max(16, args.block(cache.capacity)), VN=VN, RC=RC, STAGES=STAGES, NPB=NPB,
         HAS_D=D is not None, HAS_Z=z is not None, HAS_DT_BIAS=dt_bias is not None, USE_SOFTPLUS=bool(dt_softplus),
         HAS_SLOTS=slots is not None, USE_COPY=rc is not None, IS_FP8=cache.read_scale is not None,
-        **settings,
+        EARLY=EARLY, PRECISION=PRECISION, **settings,
     )
     return y
 
