@@ -3,7 +3,7 @@
 # writes its table (.txt) and results (.json) under DIR (default runs/tune), and DIR.tar.gz holds them all for
 # machines that return one file; a sweep past its time limit leaves the ones before it.
 # Usage: benchmarks/tune_h200.sh [DIR] [SECTION ...]
-# Sections: tests, next, small-grid, order, vk, gdn-decode, gdn-replay, gdn-early, gdn-replay-256, gdn-fp32-2, gdn-split, gdn-split-2,
+# Sections: tests, next, small-grid, small-grid-2, order, vk, gdn-decode, gdn-replay, gdn-early, gdn-replay-256, gdn-fp32-2, gdn-split, gdn-split-2,
 # gdn-bf16, gdn-bf16-2, gdn-verify, fla, mamba2-split, mamba2-split2, mamba2-vn, mamba2-bf16, mamba2-bf16-2,
 # mamba2-verify (default: tests gdn-decode gdn-replay gdn-verify mamba2-split mamba2-bf16 mamba2-verify).
 set -uo pipefail
@@ -198,6 +198,21 @@ for section in $SECTIONS; do
             --launch replay-flush:VP=256,BV=32,BVF=16,STAGES=3,num_warps=2,maxnreg=128 \
             --launch replay-flush:TF32=1,VP=256,BV=32,BVF=16,STAGES=3,num_warps=2,maxnreg=128 \
             --launch split-bf16:BV=128 --launch split-bf16:BV=128,TF32=1
+        ;;
+    small-grid-2)
+        # Which of EARLY and TF32 took Mamba-2's 16-row batch-1 replay to 4.64 µs (run 35), and the same for 2-byte states.
+        sweep mamba2-small-parts 120 sweep_mamba2.py --kernel decode --kernel replay --kernel replay-nonflush \
+            --kernel replay-flush --batch 1 --launch decode:BP=4,num_warps=1 \
+            --launch replay:BP=16,RC=16,STAGES=1,EARLY=1,TF32=1,num_warps=1 \
+            --launch replay:BP=16,RC=16,STAGES=1,EARLY=1,TF32=0,num_warps=1 \
+            --launch replay:BP=16,RC=16,STAGES=1,EARLY=0,TF32=1,num_warps=1 \
+            --launch replay-nonflush:BP=16,RC=16,STAGES=1,EARLY=0,num_warps=1 \
+            --launch replay-nonflush:BP=16,RC=16,STAGES=1,EARLY=1,num_warps=1 \
+            --launch replay-flush:BP=16,RC=16,STAGES=1,TF32=0,num_warps=1 \
+            --launch replay-flush:BP=16,RC=16,STAGES=1,TF32=1,num_warps=1
+        sweep mamba2-small-bf16 100 sweep_mamba2.py --state-dtype bf16 --kernel decode --kernel replay --batch 1 \
+            --launch replay:BP=16,RC=16,STAGES=1,num_warps=1 --launch replay:BP=16,RC=16,STAGES=1,EARLY=1,num_warps=1 \
+            --launch replay:BP=16,RC=16,STAGES=1,EARLY=1,TF32=1,num_warps=1
         ;;
     gdn-split)
         sweep gdn-split 200 sweep_gdn.py --kernel decode --kernel split-bf16 --batch 64 --batch 256 \

@@ -226,12 +226,12 @@ SPLIT_LAUNCH = [
     ((2, 1 << 30, 1 << 30), {"BP": 64, "BPF": 16, "VN": 32, "RC": 32, "STAGES": 3, "EARLY": 0, "TF32": 0,
                              "num_warps": 2, "num_stages": 1, "maxnreg": 128}),
 ]
-# A small grid's programs take 8 rows (batch 1: 5.05 µs against 5.23 for 16 and 7.24 for 4; NOTES run 34); the flush
-# folds them in one 16-row chunk masked to the program's rows.
+# A small grid's fp32 programs take 16 rows, read the buffer before the fill and fold the flush through 3xTF32 (batch 1:
+# 4.64 µs against 5.23 without the last two and 4.97 in 8-row programs; NOTES run 35).
 SMALL_GRID_LAUNCH = [
-    ((4, 1 << 30, 1 << 30), {"BP": 8, "BPF": 16, "VN": 32, "RC": 8, "STAGES": 1, "EARLY": 0, "TF32": 0,
+    ((4, 1 << 30, 1 << 30), {"BP": 16, "BPF": 16, "VN": 32, "RC": 16, "STAGES": 1, "EARLY": 1, "TF32": 1,
                              "num_warps": 1, "num_stages": 1}),
-    ((2, 1 << 30, 1 << 30), {"BP": 8, "BPF": 16, "VN": 32, "RC": 8, "STAGES": 1, "EARLY": 0, "TF32": 0,
+    ((2, 1 << 30, 1 << 30), {"BP": 16, "BPF": 16, "VN": 32, "RC": 16, "STAGES": 1, "EARLY": 0, "TF32": 0,
                              "num_warps": 1, "num_stages": 1}),
 ]
 STEP_KEYS = ("BP", "BPF", "VN", "RC", "STAGES", "EARLY", "TF32", "num_warps", "num_stages", "maxnreg")
