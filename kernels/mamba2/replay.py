@@ -226,12 +226,13 @@ SPLIT_LAUNCH = [
     ((2, 1 << 30, 1 << 30), {"BP": 64, "BPF": 16, "VN": 32, "RC": 32, "STAGES": 3, "EARLY": 0, "TF32": 0,
                              "num_warps": 2, "num_stages": 1, "maxnreg": 128}),
 ]
-# A small grid's fp32 programs take 16 rows, read the buffer before the fill and fold the flush through 3xTF32 (batch 1:
-# 4.64 µs against 5.23 without the last two and 4.97 in 8-row programs; NOTES run 35).
+# A small grid's programs take 16 rows, read the buffer before the fill and fold the flush through 3xTF32 (batch 1,
+# fp32: 4.64 µs against 5.23 without the last two, 4.70 without TF32, 5.07 without EARLY, 4.97 in 8-row programs;
+# bf16: 4.09 against 4.60; NOTES runs 34–36).
 SMALL_GRID_LAUNCH = [
     ((4, 1 << 30, 1 << 30), {"BP": 16, "BPF": 16, "VN": 32, "RC": 16, "STAGES": 1, "EARLY": 1, "TF32": 1,
                              "num_warps": 1, "num_stages": 1}),
-    ((2, 1 << 30, 1 << 30), {"BP": 16, "BPF": 16, "VN": 32, "RC": 16, "STAGES": 1, "EARLY": 0, "TF32": 0,
+    ((2, 1 << 30, 1 << 30), {"BP": 16, "BPF": 16, "VN": 32, "RC": 16, "STAGES": 1, "EARLY": 1, "TF32": 1,
                              "num_warps": 1, "num_stages": 1}),
 ]
 STEP_KEYS = ("BP", "BPF", "VN", "RC", "STAGES", "EARLY", "TF32", "num_warps", "num_stages", "maxnreg")
