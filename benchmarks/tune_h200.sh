@@ -3,7 +3,7 @@
 # writes its table (.txt) and results (.json) under DIR (default runs/tune), and DIR.tar.gz holds them all for
 # machines that return one file; a sweep past its time limit leaves the ones before it.
 # Usage: benchmarks/tune_h200.sh [DIR] [SECTION ...]
-# Sections: tests, next, small-grid, small-grid-2, order, vk, gdn-decode, gdn-replay, gdn-early, gdn-replay-256, gdn-fp32-2, gdn-split, gdn-split-2,
+# Sections: tests, next, small-grid, small-grid-2, medium-grid, order, vk, gdn-decode, gdn-replay, gdn-early, gdn-replay-256, gdn-fp32-2, gdn-split, gdn-split-2,
 # gdn-bf16, gdn-bf16-2, gdn-verify, fla, mamba2-split, mamba2-split2, mamba2-vn, mamba2-bf16, mamba2-bf16-2,
 # mamba2-verify (default: tests gdn-decode gdn-replay gdn-verify mamba2-split mamba2-bf16 mamba2-verify).
 set -uo pipefail
@@ -213,6 +213,23 @@ for section in $SECTIONS; do
         sweep mamba2-small-bf16 100 sweep_mamba2.py --state-dtype bf16 --kernel decode --kernel replay --batch 1 \
             --launch replay:BP=16,RC=16,STAGES=1,num_warps=1 --launch replay:BP=16,RC=16,STAGES=1,EARLY=1,num_warps=1 \
             --launch replay:BP=16,RC=16,STAGES=1,EARLY=1,TF32=1,num_warps=1
+        ;;
+    medium-grid)
+        # Batch 8-64, where FlashInfer's checkpointing_ssu was 6% faster than our Mamba-2 replay at batch 16 (run 37): the
+        # buffer read before the fill (EARLY) and 32-row programs on grids of 8-16 programs per SM.
+        sweep mamba2-medium 150 sweep_mamba2.py --kernel decode --kernel replay --batch 8 --batch 16 --batch 32 --batch 64 \
+            --launch decode:BP=4,num_warps=1 --launch decode:BP=64,num_warps=4 \
+            --launch replay:BP=64,RC=32,STAGES=2,num_warps=2,maxnreg=96 \
+            --launch replay:BP=64,RC=32,STAGES=2,EARLY=1,num_warps=2,maxnreg=96 \
+            --launch replay:BP=32,RC=32,STAGES=1,num_warps=2,maxnreg=96 \
+            --launch replay:BP=32,RC=32,STAGES=1,EARLY=1,num_warps=2,maxnreg=96 \
+            --launch replay:BP=32,RC=32,STAGES=1,EARLY=1,num_warps=1 \
+            --launch replay:BP=32,RC=16,STAGES=2,EARLY=1,num_warps=1 \
+            --launch replay:BP=64,RC=32,STAGES=2,EARLY=1,TF32=1,num_warps=2,maxnreg=96
+        sweep mamba2-medium-bf16 100 sweep_mamba2.py --state-dtype bf16 --kernel decode --kernel replay --batch 16 --batch 64 \
+            --launch replay:BP=64,RC=32,STAGES=3,VN=64,num_warps=2,maxnreg=128 \
+            --launch replay:BP=64,RC=32,STAGES=3,VN=64,EARLY=1,num_warps=2,maxnreg=128 \
+            --launch replay:BP=32,RC=32,STAGES=1,VN=64,EARLY=1,num_warps=1
         ;;
     gdn-split)
         sweep gdn-split 200 sweep_gdn.py --kernel decode --kernel split-bf16 --batch 64 --batch 256 \
