@@ -3,7 +3,7 @@
 # writes its table (.txt) and results (.json) under DIR (default runs/tune), and DIR.tar.gz holds them all for
 # machines that return one file; a sweep past its time limit leaves the ones before it.
 # Usage: benchmarks/tune_h200.sh [DIR] [SECTION ...]
-# Sections: tests, next, small-grid, small-grid-2, medium-grid, order, vk, gdn-decode, gdn-replay, gdn-early, gdn-replay-256, gdn-fp32-2, gdn-split, gdn-split-2,
+# Sections: tests, next, small-grid, small-grid-2, small-grid-3, medium-grid, order, vk, gdn-decode, gdn-replay, gdn-early, gdn-replay-256, gdn-fp32-2, gdn-split, gdn-split-2,
 # gdn-bf16, gdn-bf16-2, gdn-verify, fla, mamba2-split, mamba2-split2, mamba2-vn, mamba2-bf16, mamba2-bf16-2,
 # mamba2-verify (default: tests gdn-decode gdn-replay gdn-verify mamba2-split mamba2-bf16 mamba2-verify).
 set -uo pipefail
@@ -230,6 +230,26 @@ for section in $SECTIONS; do
             --launch replay:BP=64,RC=32,STAGES=3,VN=64,num_warps=2,maxnreg=128 \
             --launch replay:BP=64,RC=32,STAGES=3,VN=64,EARLY=1,num_warps=2,maxnreg=128 \
             --launch replay:BP=32,RC=32,STAGES=1,VN=64,EARLY=1,num_warps=1
+        ;;
+    small-grid-3)
+        # The step's inputs (and GDN's buffered updates of its rows) read before the slot and the fill under EARLY; the
+        # large grids' rows, whose code moved into the same helpers, timed beside them.
+        sweep gdn-small-inputs 100 sweep_gdn.py --kernel decode --kernel replay --kernel replay-nonflush \
+            --kernel replay-flush --batch 1 --launch decode:VP=4,BV=4,VK=128,num_warps=1 \
+            --launch replay:EARLY=1,VP=16,BV=16,BVF=16,STAGES=1,num_warps=1 \
+            --launch replay-nonflush:EARLY=1,VP=16,BV=16,BVF=16,STAGES=1,num_warps=1 \
+            --launch replay-flush:EARLY=1,VP=16,BV=16,BVF=16,STAGES=1,num_warps=1
+        sweep mamba2-small-inputs 100 sweep_mamba2.py --kernel decode --kernel replay --kernel replay-nonflush \
+            --kernel replay-flush --batch 1 --launch decode:BP=4,num_warps=1 \
+            --launch replay:BP=16,RC=16,STAGES=1,EARLY=1,TF32=1,num_warps=1 \
+            --launch replay-nonflush:BP=16,RC=16,STAGES=1,EARLY=1,TF32=1,num_warps=1 \
+            --launch replay-flush:BP=16,RC=16,STAGES=1,EARLY=1,TF32=1,num_warps=1
+        sweep gdn-large-check 100 sweep_gdn.py --kernel decode --kernel replay --kernel split-bf16 --batch 256 \
+            --launch decode:VP=4,BV=4,VK=128,num_warps=1 --launch replay:VP=256,BV=32,BVF=16,STAGES=3,num_warps=2,maxnreg=128 \
+            --launch split-bf16:BV=128
+        sweep mamba2-large-check 100 sweep_mamba2.py --kernel decode --kernel replay --kernel split-bf16 --batch 256 \
+            --launch decode:BP=64,num_warps=4 --launch replay:RC=32,STAGES=2,maxnreg=96 \
+            --launch split-bf16:RC=32,STAGES=3,VN=64,maxnreg=128
         ;;
     gdn-split)
         sweep gdn-split 200 sweep_gdn.py --kernel decode --kernel split-bf16 --batch 64 --batch 256 \

@@ -230,6 +230,20 @@ def _row_sums(b_s, b_k3, b_q3, b_rk, b_rq):
 
 
 @triton.jit
+def _step_inputs(q, k, g, beta, i_b, i_h, i_hv, o_k, m_k, o_k3, m_k3, s_qb, s_qh, s_qk, s_kb, s_kh, s_kk, s_gb, s_gh,
+                 s_bb, s_bh):
+    """The step's g, beta, q and k [BK], and q and k [NC, VK] as given, in the shape of the tiles (their factors go
+    on the row sums instead), all as fp32."""
+    b_g = tl.load(g + i_b * s_gb + i_hv * s_gh).to(tl.float32)
+    b_beta = tl.load(beta + i_b * s_bb + i_hv * s_bh).to(tl.float32)
+    b_q = tl.load(q + i_b * s_qb + i_h * s_qh + o_k * s_qk, mask=m_k, other=0.0).to(tl.float32)
+    b_k = tl.load(k + i_b * s_kb + i_h * s_kh + o_k * s_kk, mask=m_k, other=0.0).to(tl.float32)
+    b_q3 = tl.load(q + i_b * s_qb + i_h * s_qh + o_k3 * s_qk, mask=m_k3, other=0.0).to(tl.float32)
+    b_k3 = tl.load(k + i_b * s_kb + i_h * s_kh + o_k3 * s_kk, mask=m_k3, other=0.0).to(tl.float32)
+    return b_g, b_beta, b_q, b_k, b_q3, b_k3
+
+
+@triton.jit
 def _replay_kernel(
     ckpt, rcopy, rscale, buf_u, buf_k, buf_g, buf_b, fill, arrive,
     q, k, v, g, beta, o, slots,
@@ -249,9 +263,6 @@ def _replay_kernel(
     # Each program takes VP rows of its (row, value head): NPB programs share the head's buffer and fill counter.
     NPB: tl.constexpr = (V + VP - 1) // VP
     i_b, i_hv, i_p = flat_program_ids(HV, NPB)
-    i_s = tl.load(slots + i_b).to(tl.int64)
-    if i_s < 0:
-        return
     i_h = i_hv // (HV // H)
     o_k = tl.arange(0, BK)
     o_w = tl.arange(0, BW)
@@ -261,6 +272,13 @@ def _replay_kernel(
     NC: tl.constexpr = BK // VK
     o_k3 = tl.arange(0, NC)[:, None] * VK + tl.arange(0, VK)[None, :]
     m_k3 = o_k3 < K
+    if EARLY:
+        # The step's own inputs depend on neither the slot nor the fill: read first, they leave the chain too.
+        b_g, b_beta, b_q, b_k, b_q3, b_k3 = _step_inputs(q, k, g, beta, i_b, i_h, i_hv, o_k, m_k, o_k3, m_k3,
+                                                         s_qb, s_qh, s_qk, s_kb, s_kh, s_kk, s_gb, s_gh, s_bb, s_bh)
+    i_s = tl.load(slots + i_b).to(tl.int64)
+    if i_s < 0:
+        return
     o_h = (i_s * HV + i_hv) * V
     v0 = i_p * VP
     # The tile read bounds a non-flush step: when it is one chunk, it is issued before the fill it does not depend on.
@@ -278,6 +296,12 @@ def _replay_kernel(
         # [BW, NC, VK] the buffered keys
         b_kw3 = tl.load(buf_k + ((i_s * C + o_w[:, None, None]) * H + i_h) * K + o_k3[None, :, :],
                         mask=m_c[:, None, None] & m_k3[None, :, :], other=0.0)
+        if BV >= VP:
+            # [BW, BV] the buffered updates of this program's rows, and the rows' v: with one chunk they are read
+            # here rather than after the tile's row sums, which they do not depend on.
+            b_uw1 = tl.load(buf_u + ((i_s * C + o_w[:, None]) * HV + i_hv) * V + o_v[None, :],
+                            mask=m_c[:, None] & (o_v < V)[None, :], other=0.0)
+            b_v1 = tl.load(v + i_b * s_vb + i_hv * s_vh + o_v * s_vv, mask=o_v < V, other=0.0)
     p_f = fill + i_s * HV + i_hv
     p_a = arrive + i_s * HV + i_hv
     b_f = tl.load(p_f)
@@ -294,13 +318,9 @@ def _replay_kernel(
         b_Gw = tl.load(buf_g + (i_s * C + o_w) * HV + i_hv, mask=m_w, other=0.0)
         b_Gl = tl.load(buf_g + (i_s * C + tl.maximum(b_f - 1, 0)) * HV + i_hv, mask=b_f > 0, other=0.0)
 
-    b_g = tl.load(g + i_b * s_gb + i_hv * s_gh).to(tl.float32)
-    b_beta = tl.load(beta + i_b * s_bb + i_hv * s_bh).to(tl.float32)
-    b_q = tl.load(q + i_b * s_qb + i_h * s_qh + o_k * s_qk, mask=m_k, other=0.0).to(tl.float32)
-    b_k = tl.load(k + i_b * s_kb + i_h * s_kh + o_k * s_kk, mask=m_k, other=0.0).to(tl.float32)
-    # [NC, VK] q and k as given, in the shape of the tiles: their factors go on the row sums instead.
-    b_q3 = tl.load(q + i_b * s_qb + i_h * s_qh + o_k3 * s_qk, mask=m_k3, other=0.0).to(tl.float32)
-    b_k3 = tl.load(k + i_b * s_kb + i_h * s_kh + o_k3 * s_kk, mask=m_k3, other=0.0).to(tl.float32)
+    if not EARLY:
+        b_g, b_beta, b_q, b_k, b_q3, b_k3 = _step_inputs(q, k, g, beta, i_b, i_h, i_hv, o_k, m_k, o_k3, m_k3,
+                                                         s_qb, s_qh, s_qk, s_kb, s_kh, s_kk, s_gb, s_gh, s_bb, s_bh)
     b_rq, b_rk = qk_factors(b_q, b_k, scale, USE_QK_L2NORM)
     b_k = b_k * b_rk
     b_q = b_q * b_rq
@@ -344,11 +364,15 @@ def _replay_kernel(
                 b_sk, b_sq = _row_sums(b_s, b_k3, b_q3, b_rk, b_rq)
             # [BW, BV]
             if EARLY:
-                b_uw = tl.load(buf_u + o_u[:, None] + o_v[None, :], mask=m_c[:, None] & m_v[None, :], other=0.0)
+                if BV >= VP:
+                    b_uw, b_v = b_uw1, b_v1.to(tl.float32)
+                else:
+                    b_uw = tl.load(buf_u + o_u[:, None] + o_v[None, :], mask=m_c[:, None] & m_v[None, :], other=0.0)
+                    b_v = tl.load(v + i_b * s_vb + i_hv * s_vh + o_v * s_vv, mask=m_v, other=0.0).to(tl.float32)
                 b_uw = tl.where(m_w[:, None], b_uw, 0.0)
             else:
                 b_uw = tl.load(buf_u + o_u[:, None] + o_v[None, :], mask=m_w[:, None] & m_v[None, :], other=0.0)
-            b_v = tl.load(v + i_b * s_vb + i_hv * s_vh + o_v * s_vv, mask=m_v, other=0.0).to(tl.float32)
+                b_v = tl.load(v + i_b * s_vb + i_hv * s_vh + o_v * s_vv, mask=m_v, other=0.0).to(tl.float32)
             # [BV] the committed updates' parts of S_{t-1} k_t and S_t q_t
             b_bk = tl.sum(b_wk[:, None] * b_uw, 0)
             b_bq = tl.sum(b_wq[:, None] * b_uw, 0)

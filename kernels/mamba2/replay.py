@@ -12,6 +12,18 @@ from replayssm_kernels.mamba2.common import finish_output, fold_entries, step_de
 
 
 @triton.jit
+def _step_inputs(x, dt, B, C, dt_bias, i_b, i_h, i_g, o_p, m_p, o_n, m_n, stride_x_b, stride_x_h, stride_dt_b,
+                 stride_dt_h, stride_B_b, stride_B_g, stride_C_b, stride_C_g, HAS_DT_BIAS: tl.constexpr,
+                 USE_SOFTPLUS: tl.constexpr):
+    """The step's x [BP] and B [BN] as given (they are buffered as they come), and C [BN] and Δ as fp32."""
+    b_xr = tl.load(x + i_b * stride_x_b + i_h * stride_x_h + o_p, mask=m_p, other=0.0)
+    b_Br = tl.load(B + i_b * stride_B_b + i_g * stride_B_g + o_n, mask=m_n, other=0.0)
+    b_C = tl.load(C + i_b * stride_C_b + i_g * stride_C_g + o_n, mask=m_n, other=0.0).to(tl.float32)
+    b_dt = step_delta(tl.load(dt + i_b * stride_dt_b + i_h * stride_dt_h), dt_bias, i_h, HAS_DT_BIAS, USE_SOFTPLUS)
+    return b_xr, b_Br, b_C, b_dt
+
+
+@triton.jit
 def mamba2_replay_kernel(
     x, dt, A, B, C, D, z, dt_bias, slots, y,
     checkpoint, read_copy, read_scale, x_buf, b_buf, dt_buf, lam_buf, fill, arrive,
@@ -29,23 +41,28 @@ def mamba2_replay_kernel(
     HAS_SLOTS: tl.constexpr, USE_COPY: tl.constexpr, IS_FP8: tl.constexpr, EARLY: tl.constexpr, PRECISION: tl.constexpr,
 ):
     i_b, i_h, i_p = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    HPG = H // G
+    i_g = i_h // HPG
+    o_p, o_n, o_w = i_p * BP + tl.arange(0, BP), tl.arange(0, BN), tl.arange(0, BW)
+    m_p, m_n = o_p < P, o_n < N
+    # The non-flush step reduces the tile over N. It is held as [BP, BN / VN, VN] so that each thread sums its
+    # VN-wide pieces of a row in registers and only the VN lanes of a row meet in shuffles.
+    NC: tl.constexpr = BN // VN
+    o_n3 = tl.arange(0, NC)[:, None] * VN + tl.arange(0, VN)[None, :]
+    m_n3 = o_n3 < N
+    if EARLY:
+        # The step's own inputs depend on neither the slot nor the fill: read first, they leave the chain too.
+        b_xr, b_Br, b_C, b_dt = _step_inputs(
+            x, dt, B, C, dt_bias, i_b, i_h, i_g, o_p, m_p, o_n, m_n, stride_x_b, stride_x_h, stride_dt_b,
+            stride_dt_h, stride_B_b, stride_B_g, stride_C_b, stride_C_g, HAS_DT_BIAS, USE_SOFTPLUS)
+        b_C3 = tl.load(C + i_b * stride_C_b + i_g * stride_C_g + o_n3, mask=m_n3, other=0.0).to(tl.float32)
     if HAS_SLOTS:
         i_s = tl.load(slots + i_b).to(tl.int64)
         if i_s < 0:
             return
     else:
         i_s = i_b.to(tl.int64)
-    HPG = H // G
-    i_g = i_h // HPG
     i_sh = i_s * H + i_h
-    o_p, o_n, o_w = i_p * BP + tl.arange(0, BP), tl.arange(0, BN), tl.arange(0, BW)
-    m_p, m_n = o_p < P, o_n < N
-
-    # The non-flush step reduces the tile over N. It is held as [BP, BN / VN, VN] so that each thread sums its
-    # VN-wide pieces of a row in registers and only the VN lanes of a row meet in shuffles.
-    NC: tl.constexpr = BN // VN
-    o_n3 = tl.arange(0, NC)[:, None] * VN + tl.arange(0, VN)[None, :]
-    m_n3 = o_n3 < N
     m_s3 = m_p[:, None, None] & m_n3[None, :, :]
     o_s = i_s * stride_ck_s + i_h * stride_ck_h
     # The tile read bounds the step, so it is issued before anything it does not depend on, unless the
@@ -60,17 +77,17 @@ def mamba2_replay_kernel(
     p_bb = b_buf + (i_s * G + i_g) * CAP * N
     p_db = dt_buf + i_sh * CAP
     p_lb = lam_buf + i_sh * CAP
-    m_c = o_w < CAP
     if EARLY:
         # The buffer is read whole, before the fill it is masked by: the fill then leaves the chain of dependent
         # loads (slot, fill, buffer) that bounds a small grid. Entries past the fill are weighted by zero below.
-        b_lw = tl.load(p_lb + o_w, mask=m_c, other=0.0)
-        b_dw = tl.load(p_db + o_w, mask=m_c, other=0.0)
+        m_cap = o_w < CAP
+        b_lw = tl.load(p_lb + o_w, mask=m_cap, other=0.0)
+        b_dw = tl.load(p_db + o_w, mask=m_cap, other=0.0)
         # [BW, NC, VN] and [BW, BP]
-        b_bw = tl.load(p_bb + o_w[:, None, None] * N + o_n3[None, :, :], mask=m_c[:, None, None] & m_n3[None, :, :],
-                       other=0.0)
+        b_bw = tl.load(p_bb + o_w[:, None, None] * N + o_n3[None, :, :],
+                       mask=m_cap[:, None, None] & m_n3[None, :, :], other=0.0)
         if RC >= BP:
-            b_xw = tl.load(p_xb + o_w[:, None] * P + o_p[None, :], mask=m_c[:, None] & m_p[None, :], other=0.0)
+            b_xw = tl.load(p_xb + o_w[:, None] * P + o_p[None, :], mask=m_cap[:, None] & m_p[None, :], other=0.0)
     f = tl.load(fill + i_sh)
     m_w = o_w < f
     if EARLY:
@@ -84,19 +101,19 @@ def mamba2_replay_kernel(
         b_lw = tl.load(p_lb + o_w, mask=m_w, other=0.0)
         b_dw = tl.load(p_db + o_w, mask=m_w, other=0.0)
 
-    b_xr = tl.load(x + i_b * stride_x_b + i_h * stride_x_h + o_p, mask=m_p, other=0.0)
-    b_Br = tl.load(B + i_b * stride_B_b + i_g * stride_B_g + o_n, mask=m_n, other=0.0)
-    b_x, b_B = b_xr.to(tl.float32), b_Br.to(tl.float32)
-    b_C = tl.load(C + i_b * stride_C_b + i_g * stride_C_g + o_n, mask=m_n, other=0.0).to(tl.float32)
-    b_dt = step_delta(tl.load(dt + i_b * stride_dt_b + i_h * stride_dt_h), dt_bias, i_h, HAS_DT_BIAS, USE_SOFTPLUS)
+    if not EARLY:
+        b_xr, b_Br, b_C, b_dt = _step_inputs(
+            x, dt, B, C, dt_bias, i_b, i_h, i_g, o_p, m_p, o_n, m_n, stride_x_b, stride_x_h, stride_dt_b,
+            stride_dt_h, stride_B_b, stride_B_g, stride_C_b, stride_C_g, HAS_DT_BIAS, USE_SOFTPLUS)
     b_lam = b_lprev + tl.load(A + i_h).to(tl.float32) * b_dt
+    b_x, b_B = b_xr.to(tl.float32), b_Br.to(tl.float32)
     b_cw = tl.where(m_w, tl.exp(b_lam - b_lw) * b_dw, 0.0)
     o_z = i_b * stride_z_b + i_h * stride_z_h
     p_y = y + i_b * stride_y_b + i_h * stride_y_h
 
     if f + 1 < W:
-        b_C3 = tl.load(C + i_b * stride_C_b + i_g * stride_C_g + o_n3, mask=m_n3, other=0.0).to(tl.float32)
         if not EARLY:
+            b_C3 = tl.load(C + i_b * stride_C_b + i_g * stride_C_g + o_n3, mask=m_n3, other=0.0).to(tl.float32)
             # [BW, NC, VN]
             b_bw = tl.load(p_bb + o_w[:, None, None] * N + o_n3[None, :, :],
                            mask=m_w[:, None, None] & m_n3[None, :, :], other=0.0)
@@ -288,7 +305,9 @@ def replay(cache: ReplayCache, x, dt, A, B, C, *, D=None, z=None, dt_bias=None, 
             default row b -> slot b.
         out: optional (batch, H, P) output; padding rows keep what it held.
         launch: overrides of the fixed launch settings: BP (rows of P per program), BPF (rows per flush
-            chunk), num_warps, num_stages, maxnreg.
+            chunk), VN (width of the row pieces a thread sums), RC (rows per streamed chunk), STAGES,
+            EARLY (1: read the buffer before the fill), TF32 (1: fold the flush through 3xTF32),
+            num_warps, num_stages, maxnreg.
         check: range-check `slots` on the host (a device sync); skipped while a CUDA graph is captured.
 
     Returns:
