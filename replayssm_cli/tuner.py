@@ -403,10 +403,13 @@ def decide(
             gain = best_conv.us_per_token / a.us_per_token
             need = (1 + a.timing.spread / 2) / (1 - best_conv.timing.spread / 2)
             a.rejected_for = "no-gain"
-            a.reason = (
-                f"{gain:.2f}x over {best_conv.candidate.label()}, within the spread "
-                f"(ReplaySSM needs over {need:.2f}x to count)"
-            )
+            if a.timing.lo > best_conv.timing.hi:
+                a.reason = f"{gain:.2f}x over {best_conv.candidate.label()}: slower beyond the spread"
+            else:
+                a.reason = (
+                    f"{gain:.2f}x over {best_conv.candidate.label()}, within the spread "
+                    f"(ReplaySSM needs over {need:.2f}x to count)"
+                )
             continue
         ref = best_rep if a.candidate.is_replay and best_rep is not None and not pays else choice
         a.rejected_for = "slower"
@@ -430,6 +433,8 @@ def _why_chosen(a: Assessment, best_conv: Assessment | None, best_rep: Assessmen
         return "fastest within both budgets; no conventional candidate is within them"
     if best_rep is None:
         return "fastest within both budgets; no ReplaySSM candidate is within them"
+    if best_rep.timing.lo > a.timing.hi:
+        return "ReplaySSM does not pay here: conventional decode is faster"
     return "ReplaySSM does not pay here: conventional decode is as fast within the spread"
 
 

@@ -181,6 +181,23 @@ def test_tune_memory_budget_turns_down_the_fastest():
     assert report["memory_budget_bytes"] == 50 * 2**30
 
 
+def test_tune_says_when_replay_is_slower_beyond_the_spread(tmp_path):
+    """A ReplaySSM step slower than conventional by more than both spreads is called slower, not a tie."""
+    data = json.loads(GDN_RESULTS.read_text())
+    for row in data["rows"]:
+        if row["variant"] == "replay" and row["batch"] == 1:
+            row["us"] = row["us_per_token"] = 5.0
+    results = tmp_path / "slower.json"
+    results.write_text(json.dumps(data))
+    one = decision(run_json("--preset", QWEN, "--results", str(results), "--batch", "1", "--window", "16",
+                            "--state-dtype", "fp32", "--read-dtype", "none"), 1)
+    assert one["recommended"]["label"] == "conventional fp32"
+    assert one["recommended"]["reason"] == "ReplaySSM does not pay here: conventional decode is faster"
+    replay = candidate(one, "replay W16 fp32")
+    assert replay["rejected_for"] == "no-gain"
+    assert replay["reason"] == "0.80x over conventional fp32: slower beyond the spread"
+
+
 def test_tune_speculative_groups_from_a_results_file():
     report = run_json("--preset", QWEN, "--results", str(GDN_RESULTS), "--batch", "1,64", "--window", "16",
                       "--state-dtype", "fp32", "--read-dtype", "none", "--draft", "4", "--accept-rate", "0.8")
