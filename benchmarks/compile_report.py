@@ -70,6 +70,8 @@ def compile_kernels(op: str, launches: dict[str, dict], arch: int) -> list[tuple
 
     driver.set_active(_CompileOnly(arch))
     JITFunction.run = run
+    # A slot table, as the sweeps and `replayssm profile` pass: without one some kernels compile a variant without its read.
+    slots = torch.arange(4, dtype=torch.int32)
     try:
         if op == "mamba2":
             from replayssm_kernels import mamba2 as m
@@ -79,14 +81,15 @@ def compile_kernels(op: str, launches: dict[str, dict], arch: int) -> list[tuple
             H, P, N, G = 128, 64, 128, 8
             inp = m.random_inputs(4, H, P, N, G, io_dtype=torch.bfloat16)
             case = "decode"
-            m.decode(torch.zeros(4, H, P, N), **inp, dt_softplus=True, launch=launches.get(case), check=False)
+            m.decode(torch.zeros(4, H, P, N), **inp, dt_softplus=True, slots=slots, launch=launches.get(case),
+                     check=False)
             for case, read in (("replay", None), ("split-bf16", "bf16")):
                 cache = m.ReplayCache.create(4, H, P, N, G, 16, read_dtype=read, io_dtype="bf16", device="cpu")
-                m.replay(cache, **inp, dt_softplus=True, launch=launches.get(case), check=False)
+                m.replay(cache, **inp, dt_softplus=True, slots=slots, launch=launches.get(case), check=False)
             case = "verify"
             cache = m.ReplayCache.create(4, H, P, N, G, 16, io_dtype="bf16", max_draft=4, device="cpu")
             m.verify(cache, **m.random_inputs(4, H, P, N, G, T=4, io_dtype=torch.bfloat16), dt_softplus=True,
-                     launch=launches.get(case), check=False)
+                     slots=slots, launch=launches.get(case), check=False)
         else:
             from replayssm_kernels import gdn as g
 
@@ -95,16 +98,17 @@ def compile_kernels(op: str, launches: dict[str, dict], arch: int) -> list[tuple
             H, HV, K, V = 16, 64, 128, 128
             inp = g.random_inputs(4, H, HV, K, V, io_dtype=torch.bfloat16)
             case = "decode"
-            g.decode(torch.zeros(4, HV, V, K), **inp, use_qk_l2norm_in_kernel=True, launch=launches.get(case),
-                     check=False)
+            g.decode(torch.zeros(4, HV, V, K), **inp, use_qk_l2norm_in_kernel=True, slots=slots,
+                     launch=launches.get(case), check=False)
             for case, read in (("replay", None), ("split-bf16", "bf16")):
                 cache = g.ReplayCache.create(4, H, HV, K, V, 16, state_dtype="fp32", read_dtype=read, io_dtype="bf16", device="cpu")
-                g.replay(cache, **inp, use_qk_l2norm_in_kernel=True, launch=launches.get(case), check=False)
+                g.replay(cache, **inp, use_qk_l2norm_in_kernel=True, slots=slots, launch=launches.get(case),
+                         check=False)
             case = "verify"
             cache = g.ReplayCache.create(4, H, HV, K, V, 16, state_dtype="fp32", io_dtype="bf16", max_draft=4,
                                          device="cpu")
             g.verify(cache, **g.random_inputs(4, H, HV, K, V, T=4, io_dtype=torch.bfloat16),
-                     use_qk_l2norm_in_kernel=True, launch=launches.get(case), check=False)
+                     use_qk_l2norm_in_kernel=True, slots=slots, launch=launches.get(case), check=False)
     finally:
         JITFunction.run = real_run
         driver._active = None

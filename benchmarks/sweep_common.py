@@ -18,7 +18,7 @@ L2_MULTIPLE = 4
 MAX_LAYERS = 128
 KERNELS = ("decode", "replay", "replay-nonflush", "replay-flush", "split-bf16", "decode-multi", "verify")
 BASELINE = {"replay": "decode", "replay-nonflush": "decode", "replay-flush": "decode", "split-bf16": "decode",
-            "verify": "decode-multi", "fla": "decode", "fla-inplace": "decode"}
+            "verify": "decode-multi", "fla": "decode", "fla-inplace": "decode", "decode-direct": "decode"}
 
 
 @dataclass

@@ -44,8 +44,11 @@ GRID["replay-nonflush"] = GRID["replay-flush"] = GRID["replay"]
 # flash-linear-attention's fused recurrent decode (fla-core), timed only when named: "fla" as its function runs it
 # (a new final state each step), "fla-inplace" its kernel with the final state written over the initial one, as a
 # server's state pool is. V_FIRST=1 holds the state as ours, (V, K) per head; 0 as (K, V).
-EXTRA_KERNELS = ("fla", "fla-inplace")
+# "decode-direct" is our decode without a slot table (row b in slot b, no slot read), as fla indexes its states.
+FLA_KERNELS = ("fla", "fla-inplace")
+EXTRA_KERNELS = FLA_KERNELS + ("decode-direct",)
 GRID["fla"] = GRID["fla-inplace"] = [{"V_FIRST": 1}, {"V_FIRST": 0}]
+GRID["decode-direct"] = GRID["decode"]
 QUICK_GRID = {
     "decode": [{"VP": 4, "BV": 4, "num_warps": 1}, {"VP": 32, "BV": 32, "num_warps": 4}],
     "replay": [{"VP": 128, "BV": 32, "STAGES": 2, "maxnreg": 96},
@@ -56,6 +59,7 @@ QUICK_GRID = {
 }
 QUICK_GRID["replay-nonflush"] = QUICK_GRID["replay-flush"] = QUICK_GRID["replay"]
 QUICK_GRID["fla"] = QUICK_GRID["fla-inplace"] = [{"V_FIRST": 1}]
+QUICK_GRID["decode-direct"] = QUICK_GRID["decode"]
 
 
 def parse_launch(text: str) -> tuple[str, dict]:
@@ -170,10 +174,10 @@ class Stack:
         self.n = torch.full((batch,), ACCEPTED, dtype=torch.int32, device=device)
         self.layers = []
         for _ in range(layers):
-            if kernel in EXTRA_KERNELS:
+            if kernel in FLA_KERNELS:
                 state = torch.randn(batch, HV, V, K, device=device) * 0.5
                 self.layers.append([state if launch["V_FIRST"] else state.transpose(-1, -2).contiguous()])
-            elif kernel in ("decode", "decode-multi"):
+            elif kernel in ("decode", "decode-direct", "decode-multi"):
                 state = (torch.randn(batch, HV, V, K, device=device) * 0.5).to(common.state_torch_dtype())
                 snaps = torch.empty(batch, DRAFT, HV, V, K, device=device) if kernel == "decode-multi" else None
                 self.layers.append((state, snaps))
@@ -198,10 +202,12 @@ class Stack:
     def step(self) -> None:
         m, kw = self.m, dict(use_qk_l2norm_in_kernel=True, slots=self.slots, launch=self.launch, check=False)
         for layer in self.layers:
-            if self.kernel in EXTRA_KERNELS:
+            if self.kernel in FLA_KERNELS:
                 _, layer[0] = _fla_step(layer[0], self.inp, bool(self.launch["V_FIRST"]), self.kernel == "fla-inplace")
             elif self.kernel == "decode":
                 m.decode(layer[0], **self.inp, **kw)
+            elif self.kernel == "decode-direct":
+                m.decode(layer[0], **self.inp, **dict(kw, slots=None))
             elif self.kernel == "decode-multi":
                 m.decode_multi(layer[0], layer[1], **self.inp, **kw)
             elif self.kernel == "verify":
@@ -213,7 +219,7 @@ class Stack:
 
 def unavailable(kernel: str) -> str | None:
     """Why `kernel` cannot run here (its package missing), or None."""
-    if kernel in EXTRA_KERNELS:
+    if kernel in FLA_KERNELS:
         try:
             import fla.ops.gated_delta_rule.fused_recurrent  # noqa: F401
         except ImportError as exc:
@@ -236,7 +242,18 @@ def check_config(kernel: str, launch: dict, device: str) -> float:
     def rel(a, b):
         return ((a[live].float() - b[live].float()).abs().max() / b[live].float().abs().max()).item()
 
-    if kernel in EXTRA_KERNELS:
+    if kernel == "decode-direct":
+        # No slot table: every row live, row b in slot b.
+        live = torch.ones(3, dtype=torch.bool, device=device)
+        want = (torch.randn(3, HV, V, K, device=device) * 0.5).to(common.state_torch_dtype())
+        state = want.clone()
+        for _ in range(3):
+            inp = gdn.random_inputs(3, H, HV, K, V, device=device)
+            y = gdn.decode(state, **inp, use_qk_l2norm_in_kernel=True, launch=launch)
+            y_ref = gdn.decode_ref(want, **inp, use_qk_l2norm_in_kernel=True)
+            err = max(err, rel(y, y_ref), rel(state, want))
+        return err
+    if kernel in FLA_KERNELS:
         # Dense states (no slots): every row live, the state as fla holds it.
         live = torch.ones(3, dtype=torch.bool, device=device)
         v_first = bool(launch["V_FIRST"])

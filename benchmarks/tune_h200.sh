@@ -3,7 +3,7 @@
 # writes its table (.txt) and results (.json) under DIR (default runs/tune), and DIR.tar.gz holds them all for
 # machines that return one file; a sweep past its time limit leaves the ones before it.
 # Usage: benchmarks/tune_h200.sh [DIR] [SECTION ...]
-# Sections: tests, next, small-grid, small-grid-2, small-grid-3, medium-grid, order, vk, gdn-decode, gdn-replay, gdn-early, gdn-replay-256, gdn-fp32-2, gdn-split, gdn-split-2,
+# Sections: tests, next, small-grid, small-grid-2, small-grid-3, medium-grid, direct, order, vk, gdn-decode, gdn-replay, gdn-early, gdn-replay-256, gdn-fp32-2, gdn-split, gdn-split-2,
 # gdn-bf16, gdn-bf16-2, gdn-verify, fla, mamba2-split, mamba2-split2, mamba2-vn, mamba2-bf16, mamba2-bf16-2,
 # mamba2-verify (default: tests gdn-decode gdn-replay gdn-verify mamba2-split mamba2-bf16 mamba2-verify).
 set -uo pipefail
@@ -250,6 +250,14 @@ for section in $SECTIONS; do
         sweep mamba2-large-check 100 sweep_mamba2.py --kernel decode --kernel replay --kernel split-bf16 --batch 256 \
             --launch decode:BP=64,num_warps=4 --launch replay:RC=32,STAGES=2,maxnreg=96 \
             --launch split-bf16:RC=32,STAGES=3,VN=64,maxnreg=128
+        ;;
+    direct)
+        # Our GDN decode without a slot table (row b in slot b, as fla indexes its states) beside ours with one and fla:
+        # is the 3% to fla the slot read (NOTES "Next")?
+        sweep gdn-direct 150 sweep_gdn.py --kernel decode --kernel decode-direct --kernel fla --batch 16 --batch 64 \
+            --batch 256 --launch decode:VP=4,BV=4,VK=128,num_warps=1 --launch decode:VP=8,BV=8,VK=128,num_warps=1 \
+            --launch decode-direct:VP=4,BV=4,VK=128,num_warps=1 --launch decode-direct:VP=8,BV=8,VK=128,num_warps=1 \
+            --launch fla:V_FIRST=1
         ;;
     gdn-split)
         sweep gdn-split 200 sweep_gdn.py --kernel decode --kernel split-bf16 --batch 64 --batch 256 \

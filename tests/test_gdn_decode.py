@@ -45,6 +45,21 @@ def test_decode_matches_reference(device, assert_close, state, io):
     assert torch.equal(got[[0, 2, 3]], want[[0, 2, 3]])
 
 
+def test_decode_without_slots_updates_row_b_in_slot_b(device, assert_close):
+    """No slot table: row b reads and writes slot b of a larger pool, and the slots past the batch are untouched."""
+    B, H, HV, K, V = 3, 2, 4, 24, 20
+    got = torch.randn(5, HV, V, K, device=device)
+    want = got.clone()
+    for step in range(2):
+        inp = gdn.random_inputs(B, H, HV, K, V, device=device)
+        out = torch.full((B, HV, V), NAN, dtype=torch.bfloat16, device=device)
+        y = gdn.decode(got, **inp, use_qk_l2norm_in_kernel=True, out=out)
+        y_ref = gdn.decode_ref(want, **inp, use_qk_l2norm_in_kernel=True, slots=rows([0, 1, 2], device))
+        assert_close(y, y_ref, torch.bfloat16, torch.float32, what=f"o at step {step}")
+        assert_close(got, want, torch.float32, what=f"state after step {step}")
+    assert torch.equal(got[3:], want[3:])
+
+
 @pytest.mark.parametrize("l2norm", [False, True],
                          ids=["B2-H1-HV4-K16-V32-fp32-fp32", "B2-H1-HV4-K16-V32-fp32-fp32-l2norm"])
 def test_decode_strided_pool_and_scale(device, assert_close, l2norm):

@@ -87,7 +87,7 @@ def test_sweep_refuses_without_cuda():
     assert "needs a CUDA GPU" in done.stderr and done.stdout == ""
 
 
-@pytest.mark.parametrize("kernel", ["decode", "split-bf16", "decode-multi", "verify"])
+@pytest.mark.parametrize("kernel", ["decode", "decode-direct", "split-bf16", "decode-multi", "verify"])
 def test_sweep_check_and_step_at_a_tiny_shape(sweep, device, monkeypatch, kernel):
     """The per-config correctness check passes and a stack steps, with the sweep's own code, at a tiny shape."""
     monkeypatch.setattr(sweep, "SHAPE", {"H": 1, "HV": 2, "K": 16, "V": 8})
@@ -98,9 +98,12 @@ def test_sweep_check_and_step_at_a_tiny_shape(sweep, device, monkeypatch, kernel
     assert sweep.check_config(kernel, launch, device) < 2e-2
     stack = sweep.Stack(kernel, 3, 2, launch, device)
     stack.rewind()
+    before = [layer[0].clone() for layer in stack.layers] if kernel in ("decode", "decode-direct") else None
     stack.step()
     if kernel in ("split-bf16", "verify"):
         assert all(layer.fill.sum() > 0 for layer in stack.layers)
+    if before is not None:
+        assert all(not torch.equal(layer[0], old) for layer, old in zip(stack.layers, before)), "no state was stepped"
 
 
 @pytest.mark.parametrize("kernel,v_first", [("fla", 1), ("fla-inplace", 1), ("fla-inplace", 0)])

@@ -21,6 +21,7 @@ from replayssm_kernels.gdn.common import (
     launch_settings,
     next_pow2,
     rounded,
+    slot_of,
     sm_count,
 )
 
@@ -54,10 +55,10 @@ def _decode_kernel(
     scale,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BK: tl.constexpr, VP: tl.constexpr, BV: tl.constexpr, VK: tl.constexpr, STAGES: tl.constexpr,
-    USE_QK_L2NORM: tl.constexpr,
+    USE_QK_L2NORM: tl.constexpr, HAS_SLOTS: tl.constexpr,
 ):
     i_b, i_hv, i_p = flat_program_ids(HV, (V + VP - 1) // VP)
-    i_s = tl.load(slots + i_b).to(tl.int64)
+    i_s = slot_of(slots, i_b, HAS_SLOTS)
     if i_s < 0:
         return
     i_h = i_hv // (HV // H)
@@ -177,7 +178,7 @@ def _launch_decode(state, q, k, v, g, beta, out, slots, scale, l2norm, settings)
         scale=scale,
         H=H, HV=HV, K=K, V=V, BK=next_pow2(K), VP=VP, BV=min(settings["BV"], VP),
         VK=min(settings["VK"], next_pow2(K)), STAGES=settings["STAGES"],
-        USE_QK_L2NORM=l2norm,
+        USE_QK_L2NORM=l2norm, HAS_SLOTS=slots is not None,
         **compile_options(settings),
     )
 
@@ -239,8 +240,8 @@ def decode(
     in fp32, bf16 or fp16; g (batch, HV) the log-decay (<= 0); beta (batch, HV) in (0, 1). HV is a
     multiple of H: the HV // H value heads of a key head share its q and k. q and k are L2-normalised
     in the kernel when use_qk_l2norm_in_kernel is set; q is scaled by `scale` (default K ** -0.5).
-    slots (batch,) int32 maps rows to state slots (default: row i uses slot i); rows with slot -1 are
-    padding: neither their state nor their output is touched.
+    slots (batch,) int32 maps rows to state slots (default: row i uses slot i, with no slot table read);
+    rows with slot -1 are padding: neither their state nor their output is touched.
     Per value head: S = e^g S; u = beta (v - S k); S += u kᵀ; o = S q.
     Returns o (batch, HV, V) in v's dtype (written into `out` when given; padding rows keep what it
     held). `launch` overrides the kernel's VP (rows of a head per program), BV (rows per chunk of
@@ -252,6 +253,8 @@ def decode(
     check_state(state, "state", HV, V, K, q.device)
     check_device(q.device, _decode_kernel)
     scale = default_scale(K, scale)
+    # Without slots, row b updates slot b and the kernel reads no slot table.
+    direct = slots is None
     slots = check_slots(slots, batch, state.shape[0], q.device, check)
     out = check_out(out, v.shape, v.dtype, q.device)
     name = "decode"
@@ -259,7 +262,8 @@ def decode(
         name = "decode-bf16-small" if batch * HV < 2 * sm_count(q.device) else "decode-bf16"
     settings = launch_settings(LAUNCH, name, launch)
     if batch:
-        _launch_decode(state, q, k, v, g, beta, out, slots, scale, bool(use_qk_l2norm_in_kernel), settings)
+        _launch_decode(state, q, k, v, g, beta, out, None if direct else slots, scale, bool(use_qk_l2norm_in_kernel),
+                       settings)
     return out
 
 

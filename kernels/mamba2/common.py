@@ -20,6 +20,16 @@ def flat_program_ids(NH, NPB):
 
 
 @triton.jit
+def slot_of(slots, i_b, HAS_SLOTS: tl.constexpr):
+    """The state slot of row i_b as int64: slots[i_b] (-1 for a padding row) or, without a slot table, i_b."""
+    if HAS_SLOTS:
+        i_s = tl.load(slots + i_b).to(tl.int64)
+    else:
+        i_s = i_b.to(tl.int64)
+    return i_s
+
+
+@triton.jit
 def step_delta(b_dt, dt_bias, i_h, HAS_DT_BIAS: tl.constexpr, USE_SOFTPLUS: tl.constexpr):
     b_dt = b_dt.to(tl.float32)
     if HAS_DT_BIAS:

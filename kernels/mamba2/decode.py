@@ -7,7 +7,7 @@ import triton
 import triton.language as tl
 
 from replayssm_kernels.mamba2 import args
-from replayssm_kernels.mamba2.common import finish_output, flat_program_ids, step_delta
+from replayssm_kernels.mamba2.common import finish_output, flat_program_ids, slot_of, step_delta
 
 
 @triton.jit
@@ -26,12 +26,9 @@ def mamba2_decode_kernel(
     HAS_SLOTS: tl.constexpr,
 ):
     i_b, i_h, i_p = flat_program_ids(H, tl.cdiv(P, BP))
-    if HAS_SLOTS:
-        i_s = tl.load(slots + i_b).to(tl.int64)
-        if i_s < 0:
-            return
-    else:
-        i_s = i_b.to(tl.int64)
+    i_s = slot_of(slots, i_b, HAS_SLOTS)
+    if i_s < 0:
+        return
     i_g = i_h // HPG
     o_p = i_p * BP + tl.arange(0, BP)
     o_n = tl.arange(0, BN)
@@ -72,12 +69,9 @@ def mamba2_decode_multi_kernel(
     HAS_SLOTS: tl.constexpr,
 ):
     i_b, i_h, i_p = flat_program_ids(H, tl.cdiv(P, BP))
-    if HAS_SLOTS:
-        i_s = tl.load(slots + i_b).to(tl.int64)
-        if i_s < 0:
-            return
-    else:
-        i_s = i_b.to(tl.int64)
+    i_s = slot_of(slots, i_b, HAS_SLOTS)
+    if i_s < 0:
+        return
     i_g = i_h // HPG
     o_p = i_p * BP + tl.arange(0, BP)
     o_n = tl.arange(0, BN)
@@ -113,12 +107,9 @@ def mamba2_accept_snapshot_kernel(
     BP: tl.constexpr, BN: tl.constexpr, HAS_SLOTS: tl.constexpr,
 ):
     i_b, i_h, i_p = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    if HAS_SLOTS:
-        i_s = tl.load(slots + i_b).to(tl.int64)
-        if i_s < 0:
-            return
-    else:
-        i_s = i_b.to(tl.int64)
+    i_s = slot_of(slots, i_b, HAS_SLOTS)
+    if i_s < 0:
+        return
     n = tl.load(n_accepted + i_b).to(tl.int64)
     if n < 1:
         return

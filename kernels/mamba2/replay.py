@@ -8,7 +8,7 @@ import triton.language as tl
 
 from replayssm_kernels.mamba2 import args
 from replayssm_kernels.mamba2.cache import ReplayCache
-from replayssm_kernels.mamba2.common import finish_output, fold_entries, step_delta, store_read_copy
+from replayssm_kernels.mamba2.common import finish_output, fold_entries, slot_of, step_delta, store_read_copy
 
 
 @triton.jit
@@ -56,12 +56,9 @@ def mamba2_replay_kernel(
             x, dt, B, C, dt_bias, i_b, i_h, i_g, o_p, m_p, o_n, m_n, stride_x_b, stride_x_h, stride_dt_b,
             stride_dt_h, stride_B_b, stride_B_g, stride_C_b, stride_C_g, HAS_DT_BIAS, USE_SOFTPLUS)
         b_C3 = tl.load(C + i_b * stride_C_b + i_g * stride_C_g + o_n3, mask=m_n3, other=0.0).to(tl.float32)
-    if HAS_SLOTS:
-        i_s = tl.load(slots + i_b).to(tl.int64)
-        if i_s < 0:
-            return
-    else:
-        i_s = i_b.to(tl.int64)
+    i_s = slot_of(slots, i_b, HAS_SLOTS)
+    if i_s < 0:
+        return
     i_sh = i_s * H + i_h
     m_s3 = m_p[:, None, None] & m_n3[None, :, :]
     o_s = i_s * stride_ck_s + i_h * stride_ck_h

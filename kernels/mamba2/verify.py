@@ -8,7 +8,7 @@ import triton.language as tl
 
 from replayssm_kernels.mamba2 import args
 from replayssm_kernels.mamba2.cache import ReplayCache
-from replayssm_kernels.mamba2.common import finish_output, step_delta, store_read_copy
+from replayssm_kernels.mamba2.common import finish_output, slot_of, step_delta, store_read_copy
 from replayssm_kernels.mamba2.replay import check_cache
 
 
@@ -48,12 +48,9 @@ def mamba2_verify_kernel(
     HAS_SLOTS: tl.constexpr, USE_COPY: tl.constexpr, IS_FP8: tl.constexpr, IS_HALF_IO: tl.constexpr,
 ):
     i_b, i_h, i_p = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    if HAS_SLOTS:
-        i_s = tl.load(slots + i_b).to(tl.int64)
-        if i_s < 0:
-            return
-    else:
-        i_s = i_b.to(tl.int64)
+    i_s = slot_of(slots, i_b, HAS_SLOTS)
+    if i_s < 0:
+        return
     i_g = i_h // HPG
     i_sh = i_s * H + i_h
     o_p, o_n, o_j, o_t = i_p * BP + tl.arange(0, BP), tl.arange(0, BN), tl.arange(0, BJ), tl.arange(0, BT)
@@ -190,12 +187,9 @@ def mamba2_accept_kernel(
     MAXT: tl.constexpr, CAP: tl.constexpr, BN: tl.constexpr, BT: tl.constexpr, HAS_SLOTS: tl.constexpr,
 ):
     i_b, i_h = tl.program_id(0), tl.program_id(1)
-    if HAS_SLOTS:
-        i_s = tl.load(slots + i_b).to(tl.int64)
-        if i_s < 0:
-            return
-    else:
-        i_s = i_b.to(tl.int64)
+    i_s = slot_of(slots, i_b, HAS_SLOTS)
+    if i_s < 0:
+        return
     HPG = H // G
     i_sh = i_s * H + i_h
     n = tl.load(n_accepted + i_b).to(tl.int32)
