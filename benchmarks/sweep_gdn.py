@@ -242,26 +242,19 @@ def check_config(kernel: str, launch: dict, device: str) -> float:
     def rel(a, b):
         return ((a[live].float() - b[live].float()).abs().max() / b[live].float().abs().max()).item()
 
-    if kernel == "decode-direct":
-        # No slot table: every row live, row b in slot b.
+    if kernel in EXTRA_KERNELS:
+        # Dense states (no slot table): every row live, row b in slot b, the state as fla or ours holds it.
         live = torch.ones(3, dtype=torch.bool, device=device)
-        want = (torch.randn(3, HV, V, K, device=device) * 0.5).to(common.state_torch_dtype())
-        state = want.clone()
-        for _ in range(3):
-            inp = gdn.random_inputs(3, H, HV, K, V, device=device)
-            y = gdn.decode(state, **inp, use_qk_l2norm_in_kernel=True, launch=launch)
-            y_ref = gdn.decode_ref(want, **inp, use_qk_l2norm_in_kernel=True)
-            err = max(err, rel(y, y_ref), rel(state, want))
-        return err
-    if kernel in FLA_KERNELS:
-        # Dense states (no slots): every row live, the state as fla holds it.
-        live = torch.ones(3, dtype=torch.bool, device=device)
-        v_first = bool(launch["V_FIRST"])
-        want = torch.randn(3, HV, V, K, device=device) * 0.5
+        direct = kernel == "decode-direct"
+        v_first = direct or bool(launch["V_FIRST"])
+        want = (torch.randn(3, HV, V, K, device=device) * 0.5).to(common.state_torch_dtype() if direct else torch.float32)
         state = want.clone() if v_first else want.transpose(-1, -2).contiguous()
         for _ in range(3):
             inp = gdn.random_inputs(3, H, HV, K, V, device=device)
-            y, state = _fla_step(state, inp, v_first, kernel == "fla-inplace")
+            if direct:
+                y = gdn.decode(state, **inp, use_qk_l2norm_in_kernel=True, launch=launch)
+            else:
+                y, state = _fla_step(state, inp, v_first, kernel == "fla-inplace")
             y_ref = gdn.decode_ref(want, **inp, use_qk_l2norm_in_kernel=True)
             err = max(err, rel(y, y_ref), rel(state if v_first else state.transpose(-1, -2), want))
         return err

@@ -391,19 +391,21 @@ def decide(
     best_conv = min((a for a in alive if not a.candidate.is_replay), key=_rank, default=None)
     best_rep = min((a for a in alive if a.candidate.is_replay), key=_rank, default=None)
     pays = best_rep is not None and (best_conv is None or best_rep.timing.hi < best_conv.timing.lo)
+    # ReplaySSM that does not pay is either a tie within the spread or slower beyond it.
+    rep_slower = best_rep is not None and best_conv is not None and best_rep.timing.lo > best_conv.timing.hi
     choice = best_rep if pays else (best_conv or best_rep)
 
     for a in alive:
         if a is choice:
             a.verdict = "recommended"
-            a.reason = _why_chosen(a, best_conv, best_rep, pays)
+            a.reason = _why_chosen(a, best_conv, best_rep, pays, rep_slower)
             continue
         a.verdict = "rejected"
         if a is best_rep and not pays:
             gain = best_conv.us_per_token / a.us_per_token
             need = (1 + a.timing.spread / 2) / (1 - best_conv.timing.spread / 2)
             a.rejected_for = "no-gain"
-            if a.timing.lo > best_conv.timing.hi:
+            if rep_slower:
                 a.reason = f"{gain:.2f}x over {best_conv.candidate.label()}: slower beyond the spread"
             else:
                 a.reason = (
@@ -426,14 +428,15 @@ def _rank(a: Assessment) -> tuple[float, float]:
     return (a.us_per_token, a.error if a.error is not None else math.inf)
 
 
-def _why_chosen(a: Assessment, best_conv: Assessment | None, best_rep: Assessment | None, pays: bool) -> str:
+def _why_chosen(a: Assessment, best_conv: Assessment | None, best_rep: Assessment | None, pays: bool,
+                rep_slower: bool) -> str:
     if pays and best_conv is not None:
         return f"fastest within both budgets: {best_conv.us_per_token / a.us_per_token:.2f}x over {best_conv.candidate.label()}"
     if pays:
         return "fastest within both budgets; no conventional candidate is within them"
     if best_rep is None:
         return "fastest within both budgets; no ReplaySSM candidate is within them"
-    if best_rep.timing.lo > a.timing.hi:
+    if rep_slower:
         return "ReplaySSM does not pay here: conventional decode is faster"
     return "ReplaySSM does not pay here: conventional decode is as fast within the spread"
 

@@ -156,11 +156,16 @@ def check_index(name: str, x, batch: int, device) -> None:
         raise ValueError(f"{name} must be on {device}; got {x.device}")
 
 
+def check_rows_fit(batch: int, nslots: int) -> None:
+    """Without slots, row b uses slot b: the pool must hold the batch."""
+    if batch > nslots:
+        raise ValueError(f"without slots, row b uses slot b, so batch {batch} must not exceed nslots {nslots}")
+
+
 def check_slots(slots, batch: int, nslots: int, device, check: bool) -> torch.Tensor:
     """slots (batch,) int32/int64, each in [0, nslots) or -1 for padding, no repeats; default arange(batch)."""
     if slots is None:
-        if batch > nslots:
-            raise ValueError(f"without slots, row b uses slot b, so batch {batch} must not exceed nslots {nslots}")
+        check_rows_fit(batch, nslots)
         return torch.arange(batch, dtype=torch.int32, device=device)
     check_index("slots", slots, batch, device)
     if host_checks(check):

@@ -11,6 +11,7 @@ from replayssm_kernels.gdn.common import (
     check_accepted,
     check_device,
     check_out,
+    check_rows_fit,
     check_slots,
     check_state,
     check_step,
@@ -254,16 +255,17 @@ def decode(
     check_device(q.device, _decode_kernel)
     scale = default_scale(K, scale)
     # Without slots, row b updates slot b and the kernel reads no slot table.
-    direct = slots is None
-    slots = check_slots(slots, batch, state.shape[0], q.device, check)
+    if slots is None:
+        check_rows_fit(batch, state.shape[0])
+    else:
+        slots = check_slots(slots, batch, state.shape[0], q.device, check)
     out = check_out(out, v.shape, v.dtype, q.device)
     name = "decode"
     if state.element_size() == 2:
         name = "decode-bf16-small" if batch * HV < 2 * sm_count(q.device) else "decode-bf16"
     settings = launch_settings(LAUNCH, name, launch)
     if batch:
-        _launch_decode(state, q, k, v, g, beta, out, None if direct else slots, scale, bool(use_qk_l2norm_in_kernel),
-                       settings)
+        _launch_decode(state, q, k, v, g, beta, out, slots, scale, bool(use_qk_l2norm_in_kernel), settings)
     return out
 
 

@@ -266,12 +266,15 @@ def _from_results(p, cands, res, rows, mode: str, describe: str, results_file: s
 
     io_used = io or _most_common(r.get("io_dtype") for r in rows) or "bf16"
     env_gpu = res.environment.get("gpu") if isinstance(res.environment.get("gpu"), dict) else {}
-    ceilings = None
-    if isinstance(res.environment.get("ceilings"), dict) and not measured_only:
-        ceilings = gpus.Ceilings.from_dict(res.environment["ceilings"])
     spec = gpus.load_gpu(gpu) if gpu else _file_gpu(env_gpu)
-    if (gpu or ceilings is None) and not measured_only:
-        ceilings = gpus.datasheet_ceilings(spec) if spec is not None else None
+    # The ceilings that predict what the file lacks: none with measured_only; else the file's measured ones,
+    # unless --gpu names another GPU or the file has none (then the datasheet's).
+    ceilings = None
+    if not measured_only:
+        if isinstance(res.environment.get("ceilings"), dict) and not gpu:
+            ceilings = gpus.Ceilings.from_dict(res.environment["ceilings"])
+        elif spec is not None:
+            ceilings = gpus.datasheet_ceilings(spec)
     gpu_name = env_gpu.get("name") or (spec.name if spec else "unknown GPU")
 
     def measured(c, b):
