@@ -3,7 +3,7 @@
 # writes its table (.txt) and results (.json) under DIR (default runs/tune), and DIR.tar.gz holds them all for
 # machines that return one file; a sweep past its time limit leaves the ones before it.
 # Usage: benchmarks/tune_h200.sh [DIR] [SECTION ...]
-# Sections: tests, next, small-grid, small-grid-2, small-grid-3, medium-grid, direct, order, vk, gdn-decode, gdn-replay, gdn-early, gdn-replay-256, gdn-fp32-2, gdn-split, gdn-split-2,
+# Sections: tests, verify-tests, gdn-verify-mma, next, small-grid, small-grid-2, small-grid-3, medium-grid, direct, order, vk, gdn-decode, gdn-replay, gdn-early, gdn-replay-256, gdn-fp32-2, gdn-split, gdn-split-2,
 # gdn-bf16, gdn-bf16-2, gdn-verify, fla, mamba2-split, mamba2-split2, mamba2-vn, mamba2-bf16, mamba2-bf16-2,
 # mamba2-verify (default: tests gdn-decode gdn-replay gdn-verify mamba2-split mamba2-bf16 mamba2-verify).
 set -uo pipefail
@@ -275,6 +275,26 @@ for section in $SECTIONS; do
         ;;
     gdn-verify)
         sweep gdn-verify 200 sweep_gdn.py --kernel decode-multi --kernel verify --batch 256
+        ;;
+    verify-tests)
+        # The speculative kernels' tests alone: GDN's verify takes its row sums on the tensor cores.
+        start=$SECONDS
+        timeout 300 python -m pytest -q -n 8 --tb=short tests/test_gdn_verify.py tests/test_mamba2_verify.py \
+            tests/test_gdn_replay.py tests/test_gdn_split.py >"$DIR/verify-tests.txt" 2>&1
+        echo "verify-tests: exit $?, $((SECONDS - start)) s: $(tail -n 1 "$DIR/verify-tests.txt")" >&2
+        ;;
+    gdn-verify-mma)
+        # GDN verify as one [rows, K] x [K, 2 BT] tensor-core product per chunk (NOTES run 40): chunk rows, warps,
+        # column pieces, pipeline depth and register caps.
+        sweep gdn-verify-mma 240 sweep_gdn.py --kernel decode-multi --kernel verify --batch 1 --batch 64 --batch 256 \
+            --launch verify:BV=32,BKP=32,STAGES=2,num_warps=4,maxnreg=128 \
+            --launch verify:BV=32,BKP=32,STAGES=2,num_warps=4,maxnreg=168 \
+            --launch verify:BV=32,BKP=32,STAGES=3,num_warps=4,maxnreg=168 \
+            --launch verify:BV=32,BKP=64,STAGES=2,num_warps=4,maxnreg=168 \
+            --launch verify:BV=32,BKP=32,STAGES=2,num_warps=8,maxnreg=128 \
+            --launch verify:BV=64,BKP=32,STAGES=2,num_warps=8,maxnreg=128 \
+            --launch verify:BV=64,BKP=32,STAGES=2,num_warps=4,maxnreg=255 \
+            --launch verify:BV=16,BKP=32,STAGES=2,num_warps=4,maxnreg=128
         ;;
     mamba2-split)
         sweep mamba2-split 150 sweep_mamba2.py --kernel decode --kernel split-bf16 --batch 256 \

@@ -142,13 +142,13 @@ def test_verify_twice_before_accept_overwrites_the_drafts(device, assert_close):
 
 
 LAUNCHES = [
-    {"BV": 16, "BVF": 16, "VK": 16, "STAGES": 1},
-    {"BV": 64, "BVF": 32, "JB": 1, "VK": 64, "STAGES": 3, "num_warps": 2},
+    {"BV": 16, "BVF": 16, "STAGES": 1},
+    {"BV": 64, "BVF": 32, "JB": 1, "STAGES": 3, "num_warps": 2},
     {"BV": 16, "BVF": 16, "WY": 1},
 ]
 
 
-@pytest.mark.parametrize("launch", LAUNCHES, ids=["BV16-BVF16-VK16-STAGES1", "BV64-BVF32-JB1-VK64-STAGES3-warps2",
+@pytest.mark.parametrize("launch", LAUNCHES, ids=["BV16-BVF16-STAGES1", "BV64-BVF32-JB1-STAGES3-warps2",
                                                   "BV16-BVF16-WY"])
 def test_verify_launch_settings_match_reference(device, assert_close, launch):
     """Other chunkings of the tile, the flush and the K pieces give the reference's outputs and cache, flushes first
