@@ -36,9 +36,11 @@ GRID = {
     "split-bf16": [{"BV": 128}, {"BV": 64, "STAGES": 2}, {"BV": 32, "STAGES": 2}, {"BV": 128, "BVF": 16},
                    {"BV": 128, "WY": 1}, {"BV": 128, "BVF": 16, "WY": 1}, {"BV": 32, "STAGES": 2, "WY": 1}],
     "decode-multi": [{"BV": 8, "num_warps": 1}, {"BV": 16, "num_warps": 4}, {"BV": 32, "num_warps": 4}],
-    "verify": [{"BV": 32, "STAGES": 2, "maxnreg": 128}, {"BV": 32, "STAGES": 3, "maxnreg": 128},
-               {"BV": 16, "STAGES": 2, "maxnreg": 128}, {"BV": 64, "STAGES": 2, "maxnreg": 168},
-               {"BV": 32, "STAGES": 2, "maxnreg": 168}],
+    "verify": [{"BV": 16, "STAGES": 3, "num_warps": 2, "maxnreg": 168},
+               {"BV": 16, "STAGES": 2, "num_warps": 2, "maxnreg": 168},
+               {"BV": 16, "VK": 16, "STAGES": 2, "num_warps": 2, "maxnreg": 168},
+               {"BV": 32, "STAGES": 3, "num_warps": 2, "maxnreg": 255},
+               {"BV": 32, "STAGES": 2, "num_warps": 4, "maxnreg": 128}],
 }
 GRID["replay-nonflush"] = GRID["replay-flush"] = GRID["replay"]
 # flash-linear-attention's fused recurrent decode (fla-core), timed only when named: "fla" as its function runs it
@@ -55,7 +57,8 @@ QUICK_GRID = {
                {"VP": 32, "BV": 32, "BVF": 16, "STAGES": 1, "num_warps": 2, "maxnreg": 255}],
     "split-bf16": [{"BV": 128}],
     "decode-multi": [{"BV": 32, "num_warps": 4}],
-    "verify": [{"BV": 32, "STAGES": 2, "maxnreg": 128}],
+    "verify": [{"BV": 16, "STAGES": 3, "num_warps": 2, "maxnreg": 168},
+               {"BV": 32, "STAGES": 2, "num_warps": 4, "maxnreg": 128}],
 }
 QUICK_GRID["replay-nonflush"] = QUICK_GRID["replay-flush"] = QUICK_GRID["replay"]
 QUICK_GRID["fla"] = QUICK_GRID["fla-inplace"] = [{"V_FIRST": 1}]

@@ -3,7 +3,7 @@
 # writes its table (.txt) and results (.json) under DIR (default runs/tune), and DIR.tar.gz holds them all for
 # machines that return one file; a sweep past its time limit leaves the ones before it.
 # Usage: benchmarks/tune_h200.sh [DIR] [SECTION ...]
-# Sections: tests, verify-tests, gdn-verify-mma, next, small-grid, small-grid-2, small-grid-3, medium-grid, direct, order, vk, gdn-decode, gdn-replay, gdn-early, gdn-replay-256, gdn-fp32-2, gdn-split, gdn-split-2,
+# Sections: tests, verify-tests, gdn-verify-mma, gdn-verify-3, gdn-verify-rows, gdn-verify-warps, gdn-verify-warps-2, mamba2-verify-warps, stalls, stalls-2, next, small-grid, small-grid-2, small-grid-3, medium-grid, direct, order, vk, gdn-decode, gdn-replay, gdn-early, gdn-replay-256, gdn-fp32-2, gdn-split, gdn-split-2,
 # gdn-bf16, gdn-bf16-2, gdn-verify, fla, mamba2-split, mamba2-split2, mamba2-vn, mamba2-bf16, mamba2-bf16-2,
 # mamba2-verify (default: tests gdn-decode gdn-replay gdn-verify mamba2-split mamba2-bf16 mamba2-verify).
 set -uo pipefail
@@ -138,7 +138,7 @@ for section in $SECTIONS; do
             --launch replay:EARLY=1,VP=16,BV=16,BVF=16,STAGES=1,VK=128,num_warps=1
         sweep gdn-vk-verify 100 sweep_gdn.py --kernel decode-multi --kernel verify --batch 256 \
             --launch decode-multi:BV=8,num_warps=1 --launch decode-multi:BV=8,VK=128,num_warps=1 \
-            --launch verify:BV=32,STAGES=2,maxnreg=128 --launch verify:BV=32,STAGES=2,VK=64,maxnreg=128
+            --launch verify:BV=32,STAGES=2,num_warps=4,maxnreg=128 --launch verify:BV=32,STAGES=2,VK=64,maxnreg=128
         ;;
     next)
         # Prepared for the next GPU session (NOTES "Where the targets stand", "After run 33"): Mamba-2 replay programs
@@ -276,6 +276,74 @@ for section in $SECTIONS; do
     gdn-verify)
         sweep gdn-verify 200 sweep_gdn.py --kernel decode-multi --kernel verify --batch 256
         ;;
+    gdn-verify-3)
+        # The shipped verify against the snapshot path's best row at three batch sizes.
+        sweep gdn-verify-3 150 sweep_gdn.py --kernel decode-multi --kernel verify --batch 1 --batch 64 --batch 256 \
+            --launch decode-multi:BV=8,num_warps=1 --launch verify:BV=32,STAGES=2,num_warps=4,maxnreg=128
+        ;;
+    gdn-verify-rows)
+        # GDN verify with more rows per chunk over more warps: each chunk converts the drafts' k and q into the tile's
+        # layout through shared memory (NOTES run 42), so fewer, larger chunks convert them fewer times per head.
+        sweep gdn-verify-rows 240 sweep_gdn.py --kernel decode-multi --kernel verify --batch 1 --batch 64 --batch 256 \
+            --launch decode-multi:BV=8,num_warps=1 --launch verify:BV=32,STAGES=2,num_warps=4,maxnreg=128 \
+            --launch verify:BV=64,STAGES=1,num_warps=8,maxnreg=128 --launch verify:BV=64,STAGES=2,num_warps=8,maxnreg=128 \
+            --launch verify:BV=128,STAGES=1,num_warps=16,maxnreg=128 \
+            --launch verify:BV=128,STAGES=1,num_warps=8,maxnreg=255 \
+            --launch verify:BV=64,STAGES=2,num_warps=4,maxnreg=168
+        ;;
+    gdn-verify-warps)
+        # GDN verify in 1- and 2-warp programs (fewer warps share each chunk's conversions and row-sum barriers; run 43
+        # found more warps slower).
+        sweep gdn-verify-warps 240 sweep_gdn.py --kernel decode-multi --kernel verify --batch 1 --batch 64 --batch 256 \
+            --launch decode-multi:BV=8,num_warps=1 --launch verify:BV=32,STAGES=2,num_warps=4,maxnreg=128 \
+            --launch verify:BV=16,STAGES=2,num_warps=1,maxnreg=255 --launch verify:BV=16,STAGES=3,num_warps=1,maxnreg=255 \
+            --launch verify:BV=32,STAGES=2,num_warps=2,maxnreg=255 --launch verify:BV=16,STAGES=2,num_warps=2,maxnreg=168 \
+            --launch verify:BV=32,STAGES=2,num_warps=4,maxnreg=96
+        ;;
+    gdn-verify-warps-2)
+        # Around run 44's 2-warp, 16-row verify: depth, register caps, the reduction width, batches 1 to 256.
+        sweep gdn-verify-warps-2 280 sweep_gdn.py --kernel decode-multi --kernel verify --batch 1 --batch 16 \
+            --batch 64 --batch 256 --launch decode-multi:BV=8,num_warps=1 --launch verify:BV=32,STAGES=2,num_warps=4,maxnreg=128 \
+            --launch verify:BV=16,STAGES=2,num_warps=2,maxnreg=168 --launch verify:BV=16,STAGES=3,num_warps=2,maxnreg=168 \
+            --launch verify:BV=16,STAGES=2,num_warps=2,maxnreg=192 --launch verify:BV=16,STAGES=2,num_warps=2,maxnreg=255 \
+            --launch verify:BV=16,VK=16,STAGES=2,num_warps=2,maxnreg=168 \
+            --launch verify:BV=16,VK=64,STAGES=2,num_warps=2,maxnreg=168 \
+            --launch verify:BV=32,STAGES=3,num_warps=2,maxnreg=255
+        ;;
+    mamba2-verify-warps)
+        # Mamba-2's verify in 2-warp programs of half a head's rows, as GDN's gained from (run 45).
+        sweep mamba2-verify-warps 150 sweep_mamba2.py --kernel decode-multi --kernel verify --batch 64 --batch 256 \
+            --launch decode-multi:BP=32,num_warps=4 --launch verify:BP=64,VN=32,num_warps=4,maxnreg=168 \
+            --launch verify:BP=32,VN=32,num_warps=2,maxnreg=255 --launch verify:BP=32,VN=16,num_warps=2,maxnreg=255
+        ;;
+    stalls)
+        # Nsight Compute's warp-state samples per code region of both verify kernels (benchmarks/ncu_stalls.py).
+        for op in gdn mamba2; do
+            timeout 200 python benchmarks/ncu_stalls.py --op $op --kernel verify --batch 256 "$DIR/stalls" \
+                >"$DIR/stalls-$op.txt" 2>&1
+            echo "stalls $op: exit $?" >&2
+        done
+        ;;
+    stalls-2)
+        # The same for the steps on 2-byte tiles (split precision's read copy, a bf16 state) beside the fp32 replay,
+        # and, where runs/alt holds another tree's kernels/, GDN's verify from that tree.
+        stalls() {  # NAME ARGS...
+            local name=$1
+            shift
+            timeout 200 python benchmarks/ncu_stalls.py "$@" "$DIR/stalls" >"$DIR/stalls-$name.txt" 2>&1
+            echo "stalls $name: exit $?" >&2
+        }
+        stalls mamba2-replay --op mamba2 --kernel replay --batch 256
+        stalls mamba2-split --op mamba2 --kernel split-bf16 --batch 256
+        stalls mamba2-bf16 --op mamba2 --kernel replay --batch 256 --state-dtype bf16
+        stalls gdn-split --op gdn --kernel split-bf16 --batch 256
+        stalls gdn-bf16 --op gdn --kernel replay --batch 256 --state-dtype bf16
+        if [ -d runs/alt/kernels ]; then
+            cp -r kernels "$DIR/kernels-here" && cp -r runs/alt/kernels/. kernels/
+            stalls gdn-verify-alt --op gdn --kernel verify --batch 256
+            cp -r "$DIR/kernels-here/." kernels/ && rm -rf "$DIR/kernels-here"
+        fi
+        ;;
     verify-tests)
         # The speculative kernels' tests alone: GDN's verify takes its row sums on the tensor cores.
         start=$SECONDS
@@ -284,8 +352,8 @@ for section in $SECTIONS; do
         echo "verify-tests: exit $?, $((SECONDS - start)) s: $(tail -n 1 "$DIR/verify-tests.txt")" >&2
         ;;
     gdn-verify-mma)
-        # GDN verify as one [rows, K] x [K, 2 BT] tensor-core product per chunk (NOTES run 40): chunk rows, warps,
-        # column pieces, pipeline depth and register caps.
+        # GDN verify as one [rows, K] x [K, 2 BT] tensor-core product per chunk, the kernel of commit 1c31e83 (NOTES
+        # run 40; measured slower and not kept, so this section runs at that commit): rows, warps, pieces, depth, caps.
         sweep gdn-verify-mma 240 sweep_gdn.py --kernel decode-multi --kernel verify --batch 1 --batch 64 --batch 256 \
             --launch verify:BV=32,BKP=32,STAGES=2,num_warps=4,maxnreg=128 \
             --launch verify:BV=32,BKP=32,STAGES=2,num_warps=4,maxnreg=168 \

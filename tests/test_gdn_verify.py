@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib
+
 import pytest
 import torch
 
@@ -142,14 +144,15 @@ def test_verify_twice_before_accept_overwrites_the_drafts(device, assert_close):
 
 
 LAUNCHES = [
-    {"BV": 16, "BVF": 16, "STAGES": 1},
-    {"BV": 64, "BVF": 32, "JB": 1, "STAGES": 3, "num_warps": 2},
+    {"BV": 16, "BVF": 16, "VK": 16, "STAGES": 1},
+    {"BV": 64, "BVF": 32, "JB": 1, "VK": 64, "STAGES": 3, "num_warps": 2},
     {"BV": 16, "BVF": 16, "WY": 1},
+    {"BV": 32, "STAGES": 2, "num_warps": 4},
 ]
 
 
-@pytest.mark.parametrize("launch", LAUNCHES, ids=["BV16-BVF16-STAGES1", "BV64-BVF32-JB1-STAGES3-warps2",
-                                                  "BV16-BVF16-WY"])
+@pytest.mark.parametrize("launch", LAUNCHES, ids=["BV16-BVF16-VK16-STAGES1", "BV64-BVF32-JB1-VK64-STAGES3-warps2",
+                                                  "BV16-BVF16-WY", "BV32-STAGES2-small-grid-row"])
 def test_verify_launch_settings_match_reference(device, assert_close, launch):
     """Other chunkings of the tile, the flush and the K pieces give the reference's outputs and cache, flushes first
     included (B2-H1-HV2-K40-V24-W3-T2-fp32-bf16-fp32)."""
@@ -173,6 +176,21 @@ def test_verify_launch_settings_match_reference(device, assert_close, launch):
     assert_caches_close(got, want, assert_close)
     with pytest.raises(ValueError, match="unknown key 'BP'"):
         gdn.verify(got, **inp, slots=slots, launch={"BP": 16})
+
+
+def test_verify_and_replay_take_their_small_grid_rows_under_two_programs_per_sm(monkeypatch):
+    """The launch row follows the grid: batch x HV programs under two per SM take the -small row, a read copy its own."""
+    gdn_replay = importlib.import_module("replayssm_kernels.gdn.replay")
+    monkeypatch.setattr(gdn_replay, "sm_count", lambda device: 132)
+    cache = gdn.ReplayCache.create(64, 1, 64, 8, 8, 4, state_dtype="fp32", io_dtype="bf16", max_draft=2, device="cpu")
+    split = gdn.ReplayCache.create(64, 1, 64, 8, 8, 4, state_dtype="fp32", read_dtype="bf16", io_dtype="bf16",
+                                   max_draft=2, device="cpu")
+    for kernel in ("verify", "replay"):
+        assert gdn_replay.launch_name(kernel, cache, 4) == f"{kernel}-small"
+        assert gdn_replay.launch_name(kernel, cache, 5) == kernel
+        assert gdn_replay.launch_name(kernel, split, 1) == f"{kernel}-split"
+        assert gdn_replay.launch_name(kernel, cache) == kernel
+    assert gdn_replay.LAUNCH["verify-small"]["num_warps"] > gdn_replay.LAUNCH["verify"]["num_warps"]
 
 
 def test_verify_and_accept_bad_input(device):

@@ -9,7 +9,7 @@ import triton
 import triton.language as tl
 
 from replayssm_kernels.mamba2.args import sm_count  # noqa: F401  (one definition for both ops)
-from replayssm_kernels.mamba2.common import dot_fp32, flat_program_ids, slot_of  # noqa: F401
+from replayssm_kernels.mamba2.common import flat_program_ids, slot_of  # noqa: F401
 
 FP8_MAX = 448.0
 L2NORM_EPS = 1e-6

@@ -16,7 +16,6 @@ from replayssm_kernels.gdn.common import (
     check_step,
     compile_options,
     default_scale,
-    dot_fp32,
     flat_program_ids,
     qk_factors,
     launch_settings,
@@ -43,21 +42,30 @@ LAUNCH = {
     "replay-fp8": {"EARLY": 0, "TF32": 0, "VP": 256, "BV": 128, "BVF": 16, "JB": 2, "WY": 0, "VK": 32, "STAGES": 2,
                    "num_warps": 4, "num_stages": 1, "maxnreg": None},
     # verify reads its tile BV rows at a time as a non-flush step does; a row that flushes first folds BVF at a time.
-    "verify": {"BV": 32, "BVF": 16, "BKP": 32, "JB": 4, "STAGES": 2,
-               "num_warps": 4, "num_stages": 1, "maxnreg": 128},
-    "verify-split": {"BV": 32, "BVF": 16, "BKP": 32, "JB": 2, "WY": 0, "STAGES": 2,
+    # Each chunk takes every draft's k and q into the tile's layout through shared memory and sums its rows in
+    # shuffles, so the work per chunk grows with the warps sharing it: 2-warp programs of 16-row chunks took batch 256
+    # from 1467 to 1101 µs and batch 16 from 110 to 92 (NOTES runs 41-45); 4-warp, 32-row chunks stay on grids under
+    # two programs per SM ("verify-small": 21.9 against 24.4 µs at batch 1).
+    "verify": {"BV": 16, "BVF": 16, "JB": 4, "VK": 32, "STAGES": 3,
+               "num_warps": 2, "num_stages": 1, "maxnreg": 168},
+    "verify-small": {"BV": 32, "BVF": 16, "JB": 4, "VK": 32, "STAGES": 2,
+                     "num_warps": 4, "num_stages": 1, "maxnreg": 128},
+    "verify-split": {"BV": 32, "BVF": 16, "JB": 2, "WY": 0, "VK": 32, "STAGES": 2,
                      "num_warps": 4, "num_stages": 1, "maxnreg": None},
-    "verify-fp8": {"BV": 32, "BVF": 16, "BKP": 32, "JB": 1, "WY": 0, "STAGES": 2,
+    "verify-fp8": {"BV": 32, "BVF": 16, "JB": 1, "WY": 0, "VK": 32, "STAGES": 2,
                    "num_warps": 4, "num_stages": 1, "maxnreg": None},
     "accept": {"num_warps": 1},
 }
 
 
-def launch_name(kernel: str, cache: ReplayCache) -> str:
-    """The LAUNCH row of `kernel` ("replay" or "verify") for this cache's read copy."""
-    if cache.read_copy is None:
-        return kernel
-    return f"{kernel}-fp8" if cache.read_scale is not None else f"{kernel}-split"
+def launch_name(kernel: str, cache: ReplayCache, batch: int | None = None) -> str:
+    """The LAUNCH row of `kernel` ("replay" or "verify") for this cache's read copy, and, given the batch, its
+    small-grid row (a grid under two programs per SM) where a full-precision tile has one."""
+    if cache.read_copy is not None:
+        return f"{kernel}-fp8" if cache.read_scale is not None else f"{kernel}-split"
+    if batch is not None and batch * cache.HV < 2 * sm_count(cache.device):
+        return f"{kernel}-small"
+    return kernel
 
 
 @triton.jit
@@ -445,8 +453,8 @@ def _verify_kernel(
     T: tl.constexpr, W: tl.constexpr, C: tl.constexpr,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, BVF: tl.constexpr, BT: tl.constexpr, BW: tl.constexpr, BWC: tl.constexpr,
-    BKP: tl.constexpr, JB: tl.constexpr, STAGES: tl.constexpr, USE_QK_L2NORM: tl.constexpr, HAS_COPY: tl.constexpr,
-    IS_FP8: tl.constexpr, WY: tl.constexpr, IS_HALF_IO: tl.constexpr, TILE_EXACT: tl.constexpr,
+    JB: tl.constexpr, VK: tl.constexpr, STAGES: tl.constexpr, USE_QK_L2NORM: tl.constexpr, HAS_COPY: tl.constexpr,
+    IS_FP8: tl.constexpr, WY: tl.constexpr,
 ):
     i_b, i_hv = tl.program_id(0), tl.program_id(1)
     i_s = tl.load(slots + i_b).to(tl.int64)
@@ -460,6 +468,11 @@ def _verify_kernel(
     m_k = o_k < K
     m_tk = m_t[:, None] & m_k[None, :]
     m_upto = o_t[None, :] <= o_t[:, None]
+    # The tile is held as [BV, BK / VK, VK] so that each thread sums its VK-wide pieces of a row in registers and
+    # only the lanes that share a row meet in shuffles; the drafts' and the committed entries' keys likewise.
+    NC: tl.constexpr = BK // VK
+    o_k3 = tl.arange(0, NC)[:, None] * VK + tl.arange(0, VK)[None, :]
+    m_k3 = o_k3 < K
     o_h = (i_s * HV + i_hv) * V
     p_f = fill + i_s * HV + i_hv
     b_f = tl.load(p_f)
@@ -486,14 +499,12 @@ def _verify_kernel(
     m_wc = (o_wc < b_f) & (b_f < W)
     b_G0 = tl.where(b_flush, 0.0, b_Gl)
     b_Gwc = tl.load(buf_g + (i_s * C + o_wc) * HV + i_hv, mask=m_wc, other=0.0)
-    # [BWC, BK] their keys; [BK, BT] the drafts' keys and queries as given, a column per draft
-    b_kc = tl.load(buf_k + ((i_s * C + o_wc[:, None]) * H + i_h) * K + o_k[None, :],
-                   mask=m_wc[:, None] & m_k[None, :], other=0.0)
-    m_kt = m_k[:, None] & m_t[None, :]
-    b_Kt = tl.load(k + i_b * s_kb + o_t[None, :] * s_kt + i_h * s_kh + o_k[:, None] * s_kk, mask=m_kt, other=0.0)
-    b_Qt = tl.load(q + i_b * s_qb + o_t[None, :] * s_qt + i_h * s_qh + o_k[:, None] * s_qk, mask=m_kt, other=0.0)
-    b_Kt = b_Kt.to(tl.float32)
-    b_Qt = b_Qt.to(tl.float32)
+    # [BWC, NC, VK] their keys
+    b_kw3 = tl.load(buf_k + ((i_s * C + o_wc[:, None, None]) * H + i_h) * K + o_k3[None, :, :],
+                    mask=m_wc[:, None, None] & m_k3[None, :, :], other=0.0)
+    # [BT, NC, VK] the drafts' keys as given
+    b_K3 = tl.load(k + i_b * s_kb + o_t[:, None, None] * s_kt + i_h * s_kh + o_k3[None, :, :] * s_kk,
+                   mask=m_t[:, None, None] & m_k3[None, :, :], other=0.0).to(tl.float32)
     b_gd = tl.load(g + i_b * s_gb + o_t * s_gt + i_hv * s_gh, mask=m_t, other=0.0).to(tl.float32)
     b_bd = tl.load(beta + i_b * s_bb + o_t * s_bt + i_hv * s_bh, mask=m_t, other=0.0).to(tl.float32)
     # [BT] log-decay after each draft since the committed state
@@ -501,24 +512,27 @@ def _verify_kernel(
     b_ec = tl.exp(b_cum)
     # The drafts' factors (l2-norm, scale) go on the products of q and k as given, not on q and k.
     if USE_QK_L2NORM:
-        b_rq = scale / tl.sqrt(tl.sum(b_Qt * b_Qt, 0) + 1e-6)
-        b_rk = 1.0 / tl.sqrt(tl.sum(b_Kt * b_Kt, 0) + 1e-6)
+        b_Q3 = tl.load(q + i_b * s_qb + o_t[:, None, None] * s_qt + i_h * s_qh + o_k3[None, :, :] * s_qk,
+                       mask=m_t[:, None, None] & m_k3[None, :, :], other=0.0).to(tl.float32)
+        b_rq = scale / tl.sqrt(tl.sum(tl.sum(b_Q3 * b_Q3, 2), 1) + 1e-6)
+        b_rk = 1.0 / tl.sqrt(tl.sum(tl.sum(b_K3 * b_K3, 2), 1) + 1e-6)
     else:
         b_rq = tl.full([BT], scale, tl.float32)
         b_rk = tl.full([BT], 1.0, tl.float32)
-    # [BT, BT] row i, column i': k_i'·k_i and k_i'·q_i; [BWC, BT] k_j·k_i and k_j·q_i of committed entry j. Row sums
-    # draft by draft: as products these would hold their 16-row operands whole in every warp.
+    # [BT, BT] row i, column i': k_i'·k_i and k_i'·q_i; [BWC, BT] k_j·k_i and k_j·q_i of committed entry j
     b_KK = tl.zeros([BT, BT], dtype=tl.float32)
     b_QK = tl.zeros([BT, BT], dtype=tl.float32)
     b_Wck = tl.zeros([BWC, BT], dtype=tl.float32)
     b_Wcq = tl.zeros([BWC, BT], dtype=tl.float32)
     for i in tl.static_range(T):
-        b_ki = tl.sum(tl.where(o_t[None, :] == i, b_Kt, 0.0), 1)
-        b_qi = tl.sum(tl.where(o_t[None, :] == i, b_Qt, 0.0), 1)
-        b_KK = tl.where(o_t[:, None] == i, tl.sum(b_Kt * b_ki[:, None], 0)[None, :], b_KK)
-        b_QK = tl.where(o_t[:, None] == i, tl.sum(b_Kt * b_qi[:, None], 0)[None, :], b_QK)
-        b_Wck = tl.where(o_t[None, :] == i, tl.sum(b_kc * b_ki[None, :], 1)[:, None], b_Wck)
-        b_Wcq = tl.where(o_t[None, :] == i, tl.sum(b_kc * b_qi[None, :], 1)[:, None], b_Wcq)
+        b_k3 = tl.load(k + i_b * s_kb + i * s_kt + i_h * s_kh + o_k3 * s_kk, mask=m_k3, other=0.0).to(tl.float32)
+        b_q3 = tl.load(q + i_b * s_qb + i * s_qt + i_h * s_qh + o_k3 * s_qk, mask=m_k3, other=0.0).to(tl.float32)
+        b_kki, b_qki = _row_sums(b_K3, b_k3, b_q3, 1.0, 1.0)
+        b_KK = tl.where(o_t[:, None] == i, b_kki[None, :], b_KK)
+        b_QK = tl.where(o_t[:, None] == i, b_qki[None, :], b_QK)
+        b_wki, b_wqi = _row_sums(b_kw3, b_k3, b_q3, 1.0, 1.0)
+        b_Wck = tl.where(o_t[None, :] == i, b_wki[:, None], b_Wck)
+        b_Wcq = tl.where(o_t[None, :] == i, b_wqi[:, None], b_Wcq)
     # [BT, BT] row i, column i': weight of draft i''s update in draft i's S k (i' < i) and S q (i' <= i)
     b_Ed = tl.exp(tl.where(m_upto, b_cum[:, None] - b_cum[None, :], 0.0)) * b_rk[None, :]
     b_Wk = tl.where(o_t[None, :] < o_t[:, None], b_Ed * b_KK * b_rk[:, None], 0.0)
@@ -540,52 +554,41 @@ def _verify_kernel(
         b_A = tl.where(o_t[:, None] == i, b_ai[None, :], b_A)
     b_M = tl.sum(b_Wq[:, :, None] * b_A[None, :, :], 1)
 
-    # The tile meets the drafts' keys and queries in one [BV, BK] x [BK, 2 BT] product on the tensor cores, to about fp32
-    # accuracy (`dot_fp32`; 16-bit q and k are exact there), its columns interleaved: 2i is k_i, 2i + 1 is q_i. Then
-    # column 2i of Y = X f + U_c Wc + V holds r_i and column 2i + 1 the committed state's part of o_i, with
-    # f and Wc [BWC, 2 BT] the signed weights of the row sums and of the committed updates U_c.
-    BC: tl.constexpr = 2 * BT
-    o_c = tl.arange(0, BC)
-    d_c = o_c // 2
-    q_c = (o_c % 2) == 1
-    m_c = d_c < T
-    b_f2 = tl.reshape(tl.join(-b_fk, b_fq), (BC,))
-    b_Wc = tl.reshape(tl.join(-b_Wck, b_Wcq), (BWC, BC))
-    p_kq = tl.where(q_c, q + i_b * s_qb + d_c * s_qt + i_h * s_qh, k + i_b * s_kb + d_c * s_kt + i_h * s_kh)
-    s_kq = tl.where(q_c, s_qk, s_kk)
     o_u = ((i_s * C + o_wc) * HV + i_hv) * V
-    # One pipelined loop over (row chunk, BKP columns), a chunk's outputs taken after its last columns.
-    NKP: tl.constexpr = BK // BKP
-    b_X = tl.zeros([BV, BC], dtype=tl.float32)
-    for i_it in tl.range(0, tl.cdiv(V, BV) * NKP, num_stages=STAGES):
-        i_v = (i_it // NKP) * BV
-        i_k = (i_it % NKP) * BKP
+    for i_v in tl.range(0, V, BV, num_stages=STAGES):
         o_v = i_v + tl.arange(0, BV)
         m_v = o_v < V
-        o_kp = i_k + tl.arange(0, BKP)
-        m_kp = o_kp < K
-        # [BV, BKP] of the tile: the read copy (refreshed by a flush above), or the checkpoint without one
-        b_s = tl.load(rcopy + (o_h + o_v[:, None]) * K + o_kp[None, :], mask=m_v[:, None] & m_kp[None, :], other=0.0)
-        b_kq = tl.load(p_kq[None, :] + o_kp[:, None] * s_kq[None, :], mask=m_kp[:, None] & m_c[None, :], other=0.0)
-        b_X += dot_fp32(b_s.to(tl.float32), b_kq.to(tl.float32), TILE_EXACT, IS_HALF_IO)
-        if i_k == BK - BKP:
-            if IS_FP8:
-                b_X *= tl.load(rscale + o_h + o_v, mask=m_v, other=0.0)[:, None]
-            # [BV, BWC] the committed updates; [BV, 2 BT] the drafts' v in the k columns
-            b_uw = tl.load(buf_u + o_u[None, :] + o_v[:, None], mask=m_wc[None, :] & m_v[:, None], other=0.0)
-            m_vc = m_v[:, None] & (m_c & ~q_c)[None, :]
-            b_Y = tl.load(v + i_b * s_vb + d_c[None, :] * s_vt + i_hv * s_vh + o_v[:, None] * s_vv, mask=m_vc,
-                          other=0.0).to(tl.float32)
-            b_Y += b_X * b_f2[None, :] + dot_fp32(b_uw, b_Wc, False, False)
-            # [BV, BT] R, then U = R Aᵀ and O = (the committed state's part) + R Mᵀ
-            b_R, b_O = tl.split(tl.reshape(b_Y, (BV, BT, 2)))
-            b_U = tl.sum(b_R[:, None, :] * b_A[None, :, :], 2)
-            b_O += tl.sum(b_R[:, None, :] * b_M[None, :, :], 2)
-            m_vt = m_v[:, None] & m_t[None, :]
-            p_o = o + i_b * s_ob + o_t[None, :] * s_ot + i_hv * s_oh + o_v[:, None] * s_ov
-            tl.store(p_o, cast(b_O, o.dtype.element_ty), mask=m_vt)
-            tl.store(buf_u + ((i_s * C + b_fe + o_t[None, :]) * HV + i_hv) * V + o_v[:, None], b_U, mask=m_vt)
-            b_X = tl.zeros([BV, BC], dtype=tl.float32)
+        m_vt = m_v[:, None] & m_t[None, :]
+        o_r = (o_h + o_v[:, None, None]) * K + o_k3[None, :, :]
+        m_r = m_v[:, None, None] & m_k3[None, :, :]
+        # [BV, NC, VK] the tile: the read copy (refreshed by a flush above), or the checkpoint without one
+        b_s = tl.load(rcopy + o_r, mask=m_r, other=0.0)
+        # [BV, BT] the tile's row sums with each draft's k and q as given, one read of the tile for all drafts
+        b_SK = tl.zeros([BV, BT], dtype=tl.float32)
+        b_SQ = tl.zeros([BV, BT], dtype=tl.float32)
+        for i in tl.static_range(T):
+            b_k3 = tl.load(k + i_b * s_kb + i * s_kt + i_h * s_kh + o_k3 * s_kk, mask=m_k3, other=0.0).to(tl.float32)
+            b_q3 = tl.load(q + i_b * s_qb + i * s_qt + i_h * s_qh + o_k3 * s_qk, mask=m_k3, other=0.0).to(tl.float32)
+            b_ski, b_sqi = _row_sums(b_s, b_k3, b_q3, 1.0, 1.0)
+            b_SK = tl.where(o_t[None, :] == i, b_ski[:, None], b_SK)
+            b_SQ = tl.where(o_t[None, :] == i, b_sqi[:, None], b_SQ)
+        if IS_FP8:
+            b_sc = tl.load(rscale + o_h + o_v, mask=m_v, other=0.0)
+            b_SK *= b_sc[:, None]
+            b_SQ *= b_sc[:, None]
+        # [BV, BWC] the committed updates
+        b_uw = tl.load(buf_u + o_u[None, :] + o_v[:, None], mask=m_wc[None, :] & m_v[:, None], other=0.0)
+        b_Vd = tl.load(
+            v + i_b * s_vb + o_t[None, :] * s_vt + i_hv * s_vh + o_v[:, None] * s_vv, mask=m_vt, other=0.0,
+        ).to(tl.float32)
+        # [BV, BT] R, then U = R Aᵀ and O; each product is ordered so that its sum lands in the tile's layout
+        b_R = b_Vd - b_SK * b_fk[None, :] - tl.sum(b_uw[:, None, :] * tl.trans(b_Wck)[None, :, :], 2)
+        b_U = tl.sum(b_R[:, :, None] * tl.trans(b_A)[None, :, :], 1)
+        b_O = b_SQ * b_fq[None, :] + tl.sum(b_uw[:, None, :] * tl.trans(b_Wcq)[None, :, :], 2)
+        b_O += tl.sum(b_R[:, :, None] * tl.trans(b_M)[None, :, :], 1)
+        p_o = o + i_b * s_ob + o_t[None, :] * s_ot + i_hv * s_oh + o_v[:, None] * s_ov
+        tl.store(p_o, cast(b_O, o.dtype.element_ty), mask=m_vt)
+        tl.store(buf_u + ((i_s * C + b_fe + o_t[None, :]) * HV + i_hv) * V + o_v[:, None], b_U, mask=m_vt)
     tl.store(buf_g + (i_s * C + b_fe + o_t) * HV + i_hv, b_G0 + b_cum, mask=m_t)
     if HAS_COPY:
         tl.store(buf_b + (i_s * C + b_fe + o_t) * HV + i_hv, b_bd, mask=m_t)
@@ -678,17 +681,15 @@ def _launch_verify(cache, q, k, v, g, beta, out, slots, scale, l2norm, settings)
         s_bb=beta.stride(0), s_bt=beta.stride(1), s_bh=beta.stride(2),
         s_ob=out.stride(0), s_ot=out.stride(1), s_oh=out.stride(2), s_ov=out.stride(3),
         scale=scale,
-        T=T, BT=max(8, next_pow2(T)), BWC=max(16, next_pow2(cache.window)),
+        T=T, BT=next_pow2(T), BWC=max(16, next_pow2(cache.window)),
         **_cache_constants(cache),
         BV=max(16, min(settings["BV"], next_pow2(cache.V))),
         BVF=max(16, min(settings["BVF"], next_pow2(cache.V))),
-        BKP=min(settings["BKP"], max(16, next_pow2(cache.K))),
         JB=settings["JB"],
+        VK=min(settings["VK"], max(16, next_pow2(cache.K))),
         STAGES=settings["STAGES"],
         USE_QK_L2NORM=l2norm,
         WY=bool(settings.get("WY", 0)),
-        IS_HALF_IO=q.element_size() == 2,
-        TILE_EXACT=cache.read_copy is not None or cache.checkpoint.element_size() == 2,
         **compile_options(settings),
     )
 
@@ -763,12 +764,7 @@ def replay(
     scale = default_scale(cache.K, scale)
     slots = check_slots(slots, batch, cache.nslots, q.device, check)
     out = check_out(out, v.shape, v.dtype, q.device)
-    name = launch_name("replay", cache)
-    if name == "replay":
-        programs, sms = q.shape[0] * cache.HV, sm_count(cache.device)
-        if programs < 2 * sms:
-            name = "replay-small"
-    settings = launch_settings(LAUNCH, name, launch)
+    settings = launch_settings(LAUNCH, launch_name("replay", cache, batch), launch)
     if batch:
         _launch_replay(cache, q, k, v, g, beta, out, slots, scale, bool(use_qk_l2norm_in_kernel), settings)
     return out
@@ -799,7 +795,7 @@ def verify(
     the state after drafts 0..i-1. The drafts are appended at fill .. fill + T - 1 (0 .. T - 1
     after a flush) and fill is not advanced, so a later verify or step overwrites the rejected ones.
     Returns o (batch, T, HV, V) in v's dtype (written into `out` when given). `launch` overrides BV
-    (rows of the tile per pipelined chunk), BVF (rows per chunk of a flush-first fold), JB, STAGES
+    (rows of the tile per pipelined chunk), BVF (rows per chunk of a flush-first fold), JB, VK, STAGES
     (the chunks' pipeline depth), num_warps, num_stages, maxnreg; slots, check: as in `replay`.
     """
     batch, T = _check_against_cache(cache, _verify_kernel, q, k, v, g, beta, tokens=True)
@@ -808,7 +804,7 @@ def verify(
     scale = default_scale(cache.K, scale)
     slots = check_slots(slots, batch, cache.nslots, q.device, check)
     out = check_out(out, v.shape, v.dtype, q.device)
-    settings = launch_settings(LAUNCH, launch_name("verify", cache), launch)
+    settings = launch_settings(LAUNCH, launch_name("verify", cache, batch), launch)
     if batch:
         _launch_verify(cache, q, k, v, g, beta, out, slots, scale, bool(use_qk_l2norm_in_kernel), settings)
     cache.last_draft = T
