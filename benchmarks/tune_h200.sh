@@ -3,7 +3,7 @@
 # writes its table (.txt) and results (.json) under DIR (default runs/tune), and DIR.tar.gz holds them all for
 # machines that return one file; a sweep past its time limit leaves the ones before it.
 # Usage: benchmarks/tune_h200.sh [DIR] [SECTION ...]
-# Sections: tests, verify-tests, gdn-verify-mma, gdn-verify-3, gdn-verify-rows, gdn-verify-warps, gdn-verify-warps-2, mamba2-verify-warps, stalls, stalls-2, next, small-grid, small-grid-2, small-grid-3, medium-grid, direct, order, vk, gdn-decode, gdn-replay, gdn-early, gdn-replay-256, gdn-fp32-2, gdn-split, gdn-split-2,
+# Sections: tests, verify-tests, gdn-verify-mma, gdn-verify-3, gdn-verify-rows, gdn-verify-warps, gdn-verify-warps-2, mamba2-verify-warps, gdn-split-3, gdn-split-4, stalls, stalls-2, next, small-grid, small-grid-2, small-grid-3, medium-grid, direct, order, vk, gdn-decode, gdn-replay, gdn-early, gdn-replay-256, gdn-fp32-2, gdn-split, gdn-split-2,
 # gdn-bf16, gdn-bf16-2, gdn-verify, fla, mamba2-split, mamba2-split2, mamba2-vn, mamba2-bf16, mamba2-bf16-2,
 # mamba2-verify (default: tests gdn-decode gdn-replay gdn-verify mamba2-split mamba2-bf16 mamba2-verify).
 set -uo pipefail
@@ -315,6 +315,25 @@ for section in $SECTIONS; do
         sweep mamba2-verify-warps 150 sweep_mamba2.py --kernel decode-multi --kernel verify --batch 64 --batch 256 \
             --launch decode-multi:BP=32,num_warps=4 --launch verify:BP=64,VN=32,num_warps=4,maxnreg=168 \
             --launch verify:BP=32,VN=32,num_warps=2,maxnreg=255 --launch verify:BP=32,VN=16,num_warps=2,maxnreg=255
+        ;;
+    gdn-split-3)
+        # GDN split's row holds 222 registers in 4 warps (12% occupancy, NOTES run 42); 8-warp programs compile to
+        # 159-172 without spills. Window averages at batch 64 and 256.
+        sweep gdn-split-3 200 sweep_gdn.py --kernel decode --kernel split-bf16 --batch 64 --batch 256 \
+            --launch decode:VP=4,BV=4,VK=128,num_warps=1 \
+            --launch split-bf16:BV=128,BVF=32,num_warps=4 --launch split-bf16:BV=128,BVF=32,num_warps=8 \
+            --launch split-bf16:BV=128,BVF=16,num_warps=8 --launch split-bf16:BV=64,STAGES=3,BVF=32,num_warps=8 \
+            --launch split-bf16:BV=128,BVF=32,num_warps=4,maxnreg=168 \
+            --launch split-bf16:BV=64,STAGES=2,BVF=32,num_warps=4,maxnreg=168 \
+            --launch split-bf16:BV=128,BVF=32,JB=4,num_warps=8
+        ;;
+    gdn-split-4)
+        # The split row's register cap (run 47 took 168 over none).
+        sweep gdn-split-4 150 sweep_gdn.py --kernel decode --kernel split-bf16 --batch 64 --batch 256 \
+            --launch decode:VP=4,BV=4,VK=128,num_warps=1 --launch split-bf16:BV=128,BVF=32,num_warps=4,maxnreg=255 \
+            --launch split-bf16:BV=128,BVF=32,num_warps=4,maxnreg=168 --launch split-bf16:BV=128,BVF=32,num_warps=4,maxnreg=152 \
+            --launch split-bf16:BV=128,BVF=32,num_warps=4,maxnreg=128 --launch split-bf16:BV=128,BVF=16,num_warps=4,maxnreg=128 \
+            --launch split-bf16:BV=128,BVF=16,num_warps=4,maxnreg=168
         ;;
     stalls)
         # Nsight Compute's warp-state samples per code region of both verify kernels (benchmarks/ncu_stalls.py).

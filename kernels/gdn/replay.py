@@ -37,8 +37,10 @@ LAUNCH = {
                "num_warps": 2, "num_stages": 1, "maxnreg": 128},
     "replay-small": {"EARLY": 1, "TF32": 0, "VP": 16, "BV": 16, "BVF": 16, "JB": 4, "VK": 32, "STAGES": 1,
                      "num_warps": 1, "num_stages": 1, "maxnreg": None},
+    # A read copy's row held 222 registers, two programs per SM; capped at 168 (136 B of spills, in the flush's
+    # correction) three fit: batch 256's window 467 -> 418 µs, batch 64's 134 -> 129 (NOTES run 47).
     "replay-split": {"EARLY": 0, "TF32": 0, "VP": 256, "BV": 128, "BVF": 32, "JB": 2, "WY": 0, "VK": 32, "STAGES": 2,
-                     "num_warps": 4, "num_stages": 1, "maxnreg": None},
+                     "num_warps": 4, "num_stages": 1, "maxnreg": 168},
     "replay-fp8": {"EARLY": 0, "TF32": 0, "VP": 256, "BV": 128, "BVF": 16, "JB": 2, "WY": 0, "VK": 32, "STAGES": 2,
                    "num_warps": 4, "num_stages": 1, "maxnreg": None},
     # verify reads its tile BV rows at a time as a non-flush step does; a row that flushes first folds BVF at a time.
