@@ -3,7 +3,8 @@
 Runs one kernel of `sweep_gdn.py` or `sweep_mamba2.py` (same shapes, inputs and launch settings) under ncu with
 the SourceCounters and WarpStateStats sections, exports the per-instruction SASS page, and sums the warp-state
 samples and executed instructions over the kernel's code regions: straight-line code and each loop (a span closed
-by a backward branch). Writes the report, the CSV and a summary (stdout and --out JSON) under DIR.
+by a backward branch; a loop nested in another counts in both). Writes the report, the pages as CSV and the
+summary as JSON under DIR, and prints the summary.
 
     python benchmarks/ncu_stalls.py --op gdn --kernel verify --batch 256 runs/stalls
     python benchmarks/ncu_stalls.py --op mamba2 --kernel verify --batch 256 --launch verify:BP=64 runs/stalls
@@ -50,10 +51,15 @@ def _text(path: Path) -> str:
 
 
 def _column(header: list[str], *needles: str) -> int | None:
+    """The first column whose name contains every needle (case-insensitive), or None."""
     for i, name in enumerate(header):
         if all(n.lower() in name.lower() for n in needles):
             return i
     return None
+
+
+def _first(*columns: int | None) -> int | None:
+    return next((c for c in columns if c is not None), None)
 
 
 def _number(cell: str) -> float:
@@ -81,11 +87,14 @@ def summarize(source_csv: str, details_csv: str = "") -> dict:
     """Samples and executed warp instructions per region of the SASS page and per opcode, shared-memory wavefronts
     (bank conflicts as the excess over ideal), the details page's headline figures, and the costliest instructions."""
     rows = list(csv.reader(io.StringIO(source_csv)))
-    start = next(i for i, r in enumerate(rows) if _column(r, "address") is not None and _column(r, "source") is not None)
+    start = next((i for i, r in enumerate(rows) if _column(r, "address") is not None and _column(r, "source") is not None),
+                 None)
+    if start is None:
+        raise ValueError("no Address and Source columns: not the source page of `ncu --page source --csv`")
     header, body = rows[start], [r for r in rows[start + 1:] if len(r) == len(rows[start])]
     c_addr, c_src = _column(header, "address"), _column(header, "source")
-    c_samp = _column(header, "warp stall sampling", "all") or _column(header, "sampling")
-    c_exec = _column(header, "warp", "instructions executed") or _column(header, "instructions executed")
+    c_samp = _first(_column(header, "warp stall sampling", "all"), _column(header, "sampling"))
+    c_exec = _first(_column(header, "warp", "instructions executed"), _column(header, "instructions executed"))
     exact = {name.strip().lower(): i for i, name in enumerate(header)}
     c_wf, c_ex = exact.get("l1 wavefronts shared"), exact.get("l1 wavefronts shared excessive")
     ins = []
@@ -146,16 +155,32 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("dir", type=Path)
     args = parser.parse_args(argv)
     if args.resummarize:
-        for source in sorted(args.dir.glob("*-source.csv*")):
+        sources = sorted(args.dir.glob("*-source.csv*"))
+        if not sources:
+            print(f"error: no NAME-source.csv or NAME-source.csv.gz under {args.dir}; give the DIR an earlier run "
+                  "wrote", file=sys.stderr)
+            return 2
+        for source in sources:
             name = source.name.split("-source.csv")[0]
             det = next(iter(sorted(args.dir.glob(f"{name}-details.csv*"))), None)
-            summary = summarize(_text(source), _text(det) if det else "")
-            (args.dir / f"{name}-summary.json").write_text(json.dumps(summary, indent=1))
+            try:
+                summary = summarize(_text(source), _text(det) if det else "")
+            except ValueError as exc:
+                print(f"error: {source}: {exc}", file=sys.stderr)
+                return 2
+            (args.dir / f"{name}-summary.json").write_text(json.dumps(summary, indent=1) + "\n")
             _print(name, summary)
         return 0
     if args.op is None or args.kernel is None:
         parser.error("--op and --kernel are required unless --resummarize")
-    launch = common.parse_launch(args.launch)[1] if args.launch else {}
+    launch = {}
+    if args.launch:
+        try:
+            named, launch = common.parse_launch(args.launch)
+        except ValueError as exc:
+            parser.error(str(exc))
+        if named != args.kernel:
+            parser.error(f"--launch {args.launch!r} names {named}; give settings for --kernel {args.kernel}")
     if args.child:
         _child(args.op, args.kernel, args.batch, launch, args.state_dtype)
         return 0
@@ -177,7 +202,8 @@ def main(argv: list[str] | None = None) -> int:
            "--launch-skip", str(SKIP), "--launch-count", "1", "-f", "-o", str(rep), *child, str(args.dir)]
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0:
-        print(f"error: ncu exited {done.returncode}: {done.stderr.strip().splitlines()[-1:]}", file=sys.stderr)
+        last = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
+        print(f"error: ncu exited {done.returncode}: {last}", file=sys.stderr)
         return 1
     source = subprocess.run([binary, "--import", f"{rep}.ncu-rep", "--page", "source", "--csv", "--print-source",
                              "sass"], capture_output=True, text=True, check=True).stdout
@@ -186,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
     (args.dir / f"{name}-source.csv").write_text(source)
     (args.dir / f"{name}-details.csv").write_text(page)
     summary = summarize(source, page)
-    (args.dir / f"{name}-summary.json").write_text(json.dumps(summary, indent=1))
+    (args.dir / f"{name}-summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     _print(name, summary)
     return 0
 

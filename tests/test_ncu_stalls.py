@@ -1,0 +1,76 @@
+"""benchmarks/ncu_stalls.py without a GPU: its summaries of the committed Nsight Compute captures, and bad input."""
+
+from __future__ import annotations
+
+import gzip
+import importlib.util
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "benchmarks" / "ncu_stalls.py"
+CAPTURES = ROOT / "profiles" / "reference" / "ncu" / "stalls"
+
+
+@pytest.fixture(scope="module")
+def stalls():
+    spec = importlib.util.spec_from_file_location("ncu_stalls", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    yield module
+    sys.modules.pop(spec.name, None)
+
+
+def _run(*argv):
+    return subprocess.run([sys.executable, str(SCRIPT), *argv], capture_output=True, text=True, timeout=120)
+
+
+def _page(name: str) -> str:
+    return gzip.decompress((CAPTURES / name).read_bytes()).decode()
+
+
+def test_gdn_verify_capture_is_summarized_by_region_opcode_and_bank_conflicts(stalls):
+    s = stalls.summarize(_page("gdn-verify-256-source.csv.gz"), _page("gdn-verify-256-details.csv.gz"))
+    assert s["columns"] == {"samples": "Warp Stall Sampling (All Samples)", "executed": "Instructions Executed"}
+    assert s["details"]["Duration"] == "1.64 ms" and s["details"]["L1/TEX Cache Throughput"] == "86.73 %"
+    # two loops (the flush-first fold, never run in this launch, and the tile loop) and the code outside them
+    loops = [r for r in s["regions"] if r["region"].startswith("loop")]
+    assert len(loops) == 2 and loops[0]["executed"] == 0
+    assert sum(r["executed"] for r in s["regions"]) == s["total_executed"] == 438583296
+    assert loops[1]["executed"] / s["total_executed"] == pytest.approx(0.739, abs=0.001)
+    assert 0 < s["shared_wavefronts_excessive"] < s["shared_wavefronts"]
+    assert s["shared_wavefronts_excessive"] / s["shared_wavefronts"] == pytest.approx(0.595, abs=0.001)
+    assert list(s["opcodes"])[:4] == ["FADD", "SHFL", "STS", "LDS"]
+    assert s["top"][0]["sass"].startswith("BAR.SYNC") and s["top"][0]["samples"] == 7013
+
+
+def test_committed_summaries_are_what_the_script_makes_of_the_committed_pages(tmp_path):
+    for page in CAPTURES.glob("*.csv.gz"):
+        shutil.copy(page, tmp_path / page.name)
+    done = _run("--resummarize", str(tmp_path))
+    assert done.returncode == 0, done.stderr
+    made = sorted(tmp_path.glob("*-summary.json"))
+    assert [p.name for p in made] == sorted(p.name for p in CAPTURES.glob("*-summary.json")) and len(made) == 8
+    for path in made:
+        assert json.loads(path.read_text()) == json.loads((CAPTURES / path.name).read_text()), path.name
+    assert "gdn-verify-256: 157641 samples" in done.stdout
+
+
+def test_bad_input_is_one_line_and_a_nonzero_exit(tmp_path):
+    done = _run("--resummarize", str(tmp_path))
+    assert done.returncode == 2 and "no NAME-source.csv" in done.stderr and "Traceback" not in done.stderr
+    (tmp_path / "x-source.csv").write_text("a,b\n1,2\n")
+    done = _run("--resummarize", str(tmp_path))
+    assert done.returncode == 2 and "not the source page" in done.stderr and "Traceback" not in done.stderr
+    done = _run("--op", "gdn", "--kernel", "verify", "--launch", "replay:BV=16", str(tmp_path))
+    assert done.returncode == 2 and "give settings for --kernel verify" in done.stderr
+    done = _run("--op", "gdn", "--kernel", "verify", "--launch", "verify:BV=x", str(tmp_path))
+    assert done.returncode == 2 and "is not key=integer" in done.stderr and "Traceback" not in done.stderr
+    done = _run(str(tmp_path))
+    assert done.returncode == 2 and "--op and --kernel are required" in done.stderr
