@@ -2,29 +2,22 @@
 
 from __future__ import annotations
 
-import importlib.util
-import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "sweep_gdn.py"
+import benchmark_scripts
 
 
 @pytest.fixture(scope="module")
 def sweep():
-    spec = importlib.util.spec_from_file_location("sweep_gdn", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    yield module
-    sys.modules.pop(spec.name, None)
+    yield benchmark_scripts.load("sweep_gdn")
+    sys.modules.pop("sweep_gdn", None)
 
 
 def _run(*argv):
-    return subprocess.run([sys.executable, str(SCRIPT), *argv], capture_output=True, text=True, timeout=120)
+    return benchmark_scripts.run("sweep_gdn", *argv)
 
 
 def test_sweep_help():

@@ -2,28 +2,21 @@
 
 from __future__ import annotations
 
-import importlib.util
-import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "sweep_mamba2.py"
+import benchmark_scripts
 
 
 @pytest.fixture(scope="module")
 def sweep():
-    spec = importlib.util.spec_from_file_location("sweep_mamba2", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    yield module
-    sys.modules.pop(spec.name, None)
+    yield benchmark_scripts.load("sweep_mamba2")
+    sys.modules.pop("sweep_mamba2", None)
 
 
 def _run(*argv):
-    return subprocess.run([sys.executable, str(SCRIPT), *argv], capture_output=True, text=True, timeout=120)
+    return benchmark_scripts.run("sweep_mamba2", *argv)
 
 
 def test_sweep_help():

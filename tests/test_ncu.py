@@ -486,13 +486,9 @@ def test_ncu_child_runs_a_real_case_on_this_device(tmp_path, kernel_device):
 
 
 def _load_ncu_check():
-    import importlib.util
+    import benchmark_scripts
 
-    path = Path(__file__).resolve().parent.parent / "benchmarks" / "ncu_check.py"
-    spec = importlib.util.spec_from_file_location("ncu_check", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return benchmark_scripts.load("ncu_check")
 
 
 def test_ncu_check_script_end_to_end_with_a_fake_ncu(tmp_path, capsys):

@@ -3,32 +3,26 @@
 from __future__ import annotations
 
 import gzip
-import importlib.util
 import json
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "benchmarks" / "ncu_stalls.py"
-CAPTURES = ROOT / "profiles" / "reference" / "ncu" / "stalls"
+import benchmark_scripts
+
+CAPTURES = Path(__file__).resolve().parents[1] / "profiles" / "reference" / "ncu" / "stalls"
 
 
 @pytest.fixture(scope="module")
 def stalls():
-    spec = importlib.util.spec_from_file_location("ncu_stalls", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    yield module
-    sys.modules.pop(spec.name, None)
+    yield benchmark_scripts.load("ncu_stalls")
+    sys.modules.pop("ncu_stalls", None)
 
 
 def _run(*argv):
-    return subprocess.run([sys.executable, str(SCRIPT), *argv], capture_output=True, text=True, timeout=120)
+    return benchmark_scripts.run("ncu_stalls", *argv)
 
 
 def _page(name: str) -> str:

@@ -1,0 +1,25 @@
+"""The scripts under benchmarks/ as the tests reach them: imported as modules, or run as commands."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+def load(name: str):
+    """benchmarks/NAME.py imported as module NAME (registered in sys.modules, as the scripts import each other's)."""
+    spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def run(name: str, *argv: str) -> subprocess.CompletedProcess:
+    """`python benchmarks/NAME.py ARGV...`, its output captured."""
+    return subprocess.run([sys.executable, str(BENCHMARKS / f"{name}.py"), *argv], capture_output=True, text=True,
+                          timeout=120)
