@@ -9,6 +9,7 @@ stores, shuffles, shared-memory traffic, barriers, FP32 arithmetic, special func
     python benchmarks/compile_report.py
     python benchmarks/compile_report.py --op mamba2 --launch replay:BP=64,num_warps=4
     python benchmarks/compile_report.py --op mamba2 --launch verify:BP=32,num_warps=4
+    python benchmarks/compile_report.py --op gdn --state-dtype bf16 --launch replay:maxnreg=96
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ OPCODE_GROUPS = {
     "ATOMG": "atomic", "RED": "atomic",
 }
 CASES = ("decode", "replay", "split-bf16", "verify")
+STATE_DTYPES = ("fp32", "bf16", "fp16")
 
 
 class _CompileOnly:
@@ -54,7 +56,8 @@ class _CompileOnly:
         return divmod(self.target.arch, 10)
 
 
-def compile_kernels(op: str, launches: dict[str, dict], arch: int) -> list[tuple[str, str, object]]:
+def compile_kernels(op: str, launches: dict[str, dict], arch: int,
+                    state_dtype: str = "fp32") -> list[tuple[str, str, object]]:
     """(case, kernel name, CompiledKernel) for each step kernel of `op`, compiled and not launched."""
     import torch
     from triton.runtime import driver
@@ -68,6 +71,8 @@ def compile_kernels(op: str, launches: dict[str, dict], arch: int) -> list[tuple
         compiled.append((case, self.fn.__name__, kernel))
         return kernel
 
+    # The decode's and the replay's state (checkpoint) dtype; split precision and verify keep fp32 checkpoints.
+    state = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[state_dtype]
     driver.set_active(_CompileOnly(arch))
     JITFunction.run = run
     # A slot table, as the sweeps and `replayssm profile` pass: without one some kernels compile a variant without its read.
@@ -81,10 +86,11 @@ def compile_kernels(op: str, launches: dict[str, dict], arch: int) -> list[tuple
             H, P, N, G = 128, 64, 128, 8
             inp = m.random_inputs(4, H, P, N, G, io_dtype=torch.bfloat16)
             case = "decode"
-            m.decode(torch.zeros(4, H, P, N), **inp, dt_softplus=True, slots=slots, launch=launches.get(case),
-                     check=False)
+            m.decode(torch.zeros(4, H, P, N, dtype=state), **inp, dt_softplus=True, slots=slots,
+                     launch=launches.get(case), check=False)
             for case, read in (("replay", None), ("split-bf16", "bf16")):
-                cache = m.ReplayCache.create(4, H, P, N, G, 16, read_dtype=read, io_dtype="bf16", device="cpu")
+                cache = m.ReplayCache.create(4, H, P, N, G, 16, state_dtype=state if read is None else
+                                             torch.float32, read_dtype=read, io_dtype="bf16", device="cpu")
                 m.replay(cache, **inp, dt_softplus=True, slots=slots, launch=launches.get(case), check=False)
             case = "verify"
             cache = m.ReplayCache.create(4, H, P, N, G, 16, io_dtype="bf16", max_draft=4, device="cpu")
@@ -98,10 +104,11 @@ def compile_kernels(op: str, launches: dict[str, dict], arch: int) -> list[tuple
             H, HV, K, V = 16, 64, 128, 128
             inp = g.random_inputs(4, H, HV, K, V, io_dtype=torch.bfloat16)
             case = "decode"
-            g.decode(torch.zeros(4, HV, V, K), **inp, use_qk_l2norm_in_kernel=True, slots=slots,
-                     launch=launches.get(case), check=False)
+            g.decode(torch.zeros(4, HV, V, K, dtype=state), **inp, use_qk_l2norm_in_kernel=True,
+                     slots=slots, launch=launches.get(case), check=False)
             for case, read in (("replay", None), ("split-bf16", "bf16")):
-                cache = g.ReplayCache.create(4, H, HV, K, V, 16, state_dtype="fp32", read_dtype=read, io_dtype="bf16", device="cpu")
+                cache = g.ReplayCache.create(4, H, HV, K, V, 16, state_dtype=state_dtype if read is None else "fp32",
+                                             read_dtype=read, io_dtype="bf16", device="cpu")
                 g.replay(cache, **inp, use_qk_l2norm_in_kernel=True, slots=slots, launch=launches.get(case),
                          check=False)
             case = "verify"
@@ -145,6 +152,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--op", choices=("mamba2", "gdn", "both"), default="both")
     parser.add_argument("--arch", type=int, default=90, help="compute capability as an integer (default 90)")
+    parser.add_argument("--state-dtype", choices=STATE_DTYPES, default="fp32",
+                        help="the decode's and the replay's state dtype (split precision and verify keep fp32)")
     parser.add_argument("--launch", action="append", default=[],
                         help="CASE:key=value,... with CASE decode, replay, split-bf16 or verify (repeat)")
     args = parser.parse_args(argv)
@@ -160,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
             "fp32", "mufu", "mma", "atomic")
     print(f"{'op':7s} {'case':11s} {'kernel':24s} " + " ".join(f"{c:>9s}" for c in cols))
     for op in ("mamba2", "gdn") if args.op == "both" else (args.op,):
-        for case, name, kernel in compile_kernels(op, launches, args.arch):
+        for case, name, kernel in compile_kernels(op, launches, args.arch, args.state_dtype):
             rep = cubin_report(kernel.asm["cubin"], kernel.metadata.shared)
             print(f"{op:7s} {case:11s} {name:24s} " + " ".join(f"{rep.get(c, 0):9d}" for c in cols))
     return 0

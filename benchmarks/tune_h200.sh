@@ -3,7 +3,7 @@
 # writes its table (.txt) and results (.json) under DIR (default runs/tune), and DIR.tar.gz holds them all for
 # machines that return one file; a sweep past its time limit leaves the ones before it.
 # Usage: benchmarks/tune_h200.sh [DIR] [SECTION ...]
-# Sections: tests, verify-tests, gdn-verify-mma, gdn-verify-3, gdn-verify-rows, gdn-verify-warps, gdn-verify-warps-2, mamba2-verify-warps, gdn-split-3, gdn-split-4, stalls, stalls-2, next, small-grid, small-grid-2, small-grid-3, medium-grid, direct, order, vk, gdn-decode, gdn-replay, gdn-early, gdn-replay-256, gdn-fp32-2, gdn-split, gdn-split-2,
+# Sections: tests, verify-tests, gdn-verify-mma, gdn-verify-3, gdn-verify-rows, gdn-verify-warps, gdn-verify-warps-2, mamba2-verify-warps, gdn-split-3, gdn-split-4, regs-2byte, stalls, stalls-2, next, small-grid, small-grid-2, small-grid-3, medium-grid, direct, order, vk, gdn-decode, gdn-replay, gdn-early, gdn-replay-256, gdn-fp32-2, gdn-split, gdn-split-2,
 # gdn-bf16, gdn-bf16-2, gdn-verify, fla, mamba2-split, mamba2-split2, mamba2-vn, mamba2-bf16, mamba2-bf16-2,
 # mamba2-verify (default: tests gdn-decode gdn-replay gdn-verify mamba2-split mamba2-bf16 mamba2-verify).
 set -uo pipefail
@@ -334,6 +334,18 @@ for section in $SECTIONS; do
             --launch split-bf16:BV=128,BVF=32,num_warps=4,maxnreg=168 --launch split-bf16:BV=128,BVF=32,num_warps=4,maxnreg=152 \
             --launch split-bf16:BV=128,BVF=32,num_warps=4,maxnreg=128 --launch split-bf16:BV=128,BVF=16,num_warps=4,maxnreg=128 \
             --launch split-bf16:BV=128,BVF=16,num_warps=4,maxnreg=168
+        ;;
+    regs-2byte)
+        # The steps on 2-byte tiles wait on latency at 21-24% occupancy (NOTES run 42); capping their registers
+        # fits more programs per SM, as the cap on GDN's split row did (run 48). Prepared, not timed.
+        sweep gdn-bf16-regs 150 sweep_gdn.py --state-dtype bf16 --kernel decode --kernel replay --batch 64 \
+            --batch 256 --launch decode:VP=8,BV=8,VK=128,num_warps=1 --launch replay:maxnreg=128 \
+            --launch replay:maxnreg=112 --launch replay:maxnreg=104 --launch replay:maxnreg=96
+        sweep mamba2-bf16-regs 150 sweep_mamba2.py --state-dtype bf16 --kernel decode --kernel replay --batch 64 \
+            --batch 256 --launch replay:maxnreg=128 --launch replay:maxnreg=112 --launch replay:maxnreg=104 \
+            --launch replay:maxnreg=96
+        sweep mamba2-split-regs 150 sweep_mamba2.py --kernel decode --kernel split-bf16 --batch 64 --batch 256 \
+            --launch split-bf16:maxnreg=128 --launch split-bf16:maxnreg=112 --launch split-bf16:maxnreg=96
         ;;
     stalls)
         # Nsight Compute's warp-state samples per code region of both verify kernels (benchmarks/ncu_stalls.py).

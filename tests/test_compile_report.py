@@ -1,0 +1,46 @@
+"""benchmarks/compile_report.py without a GPU: every step kernel compiled for sm_90 and read back, and bad input."""
+
+from __future__ import annotations
+
+import benchmark_scripts
+
+
+def _table(done) -> dict[tuple[str, str], dict[str, int]]:
+    lines = done.stdout.strip().splitlines()
+    header = lines[0].split()
+    # "global ld" and "global st" and the other two-word names are one column each
+    names = ["op", "case", "kernel", "regs", "local", "shared", "total", "global ld", "global st", "shfl", "shared ld",
+             "shared st", "barrier", "fp32", "mufu", "mma", "atomic"]
+    assert " ".join(header) == " ".join(names)
+    rows = {}
+    for line in lines[1:]:
+        cells = line.split()
+        rows[cells[0], cells[1]] = dict(zip(names[3:], map(int, cells[3:])))
+    return rows
+
+
+def test_step_kernels_compile_for_sm90_with_the_state_dtype_asked_for():
+    fp32 = benchmark_scripts.run("compile_report")
+    bf16 = benchmark_scripts.run("compile_report", "--state-dtype", "bf16")
+    assert fp32.returncode == 0 and bf16.returncode == 0, fp32.stderr + bf16.stderr
+    a, b = _table(fp32), _table(bf16)
+    cases = {"decode", "replay", "split-bf16", "verify"}
+    assert set(a) == set(b) == {(op, case) for op in ("mamba2", "gdn") for case in cases}
+    assert all(row["regs"] > 0 and row["total"] > 0 for row in a.values())
+    for op in ("mamba2", "gdn"):
+        # a bf16 tile is a different kernel: its decode and replay compile differently from the fp32 ones
+        for case in ("decode", "replay"):
+            assert a[op, case] != b[op, case], (op, case)
+        # split precision and verify keep their fp32 checkpoints whatever --state-dtype says
+        assert a[op, "split-bf16"] == b[op, "split-bf16"] and a[op, "verify"] == b[op, "verify"]
+    # a bf16 tile is half the bytes: GDN's pipelined replay chunks take less shared memory
+    assert b["gdn", "replay"]["shared"] < a["gdn", "replay"]["shared"]
+    # the shipped verify rows compile without spills
+    assert a["gdn", "verify"]["local"] == 0 and a["mamba2", "verify"]["local"] == 0
+
+
+def test_bad_launch_is_one_line_and_a_nonzero_exit():
+    done = benchmark_scripts.run("compile_report", "--op", "gdn", "--launch", "flush:BV=16")
+    assert done.returncode == 2 and "expected CASE:key=value" in done.stderr and "Traceback" not in done.stderr
+    done = benchmark_scripts.run("compile_report", "--state-dtype", "fp8")
+    assert done.returncode == 2 and "invalid choice" in done.stderr
