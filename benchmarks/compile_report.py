@@ -157,6 +157,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--launch", action="append", default=[],
                         help="CASE:key=value,... with CASE decode, replay, split-bf16 or verify (repeat)")
     args = parser.parse_args(argv)
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        print("error: TRITON_INTERPRET=1 runs the kernels in Triton's interpreter instead of compiling them; "
+              "run compile_report without it", file=sys.stderr)
+        return 2
     launches: dict[str, dict] = {}
     for text in args.launch:
         case, sep, body = text.partition(":")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -19,7 +20,13 @@ def load(name: str):
     return module
 
 
-def run(name: str, *argv: str) -> subprocess.CompletedProcess:
-    """`python benchmarks/NAME.py ARGV...`, its output captured."""
+def run(name: str, *argv: str, interpret: bool | None = None) -> subprocess.CompletedProcess:
+    """`python benchmarks/NAME.py ARGV...`, its output captured, in this environment, or with TRITON_INTERPRET=1
+    (interpret=True) or without it (False: a script that compiles kernels for a GPU target instead of running them)."""
+    env = None
+    if interpret is not None:
+        env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+        if interpret:
+            env["TRITON_INTERPRET"] = "1"
     return subprocess.run([sys.executable, str(BENCHMARKS / f"{name}.py"), *argv], capture_output=True, text=True,
-                          timeout=120)
+                          timeout=120, env=env)

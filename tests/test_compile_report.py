@@ -20,8 +20,8 @@ def _table(done) -> dict[tuple[str, str], dict[str, int]]:
 
 
 def test_step_kernels_compile_for_sm90_with_the_state_dtype_asked_for():
-    fp32 = benchmark_scripts.run("compile_report")
-    bf16 = benchmark_scripts.run("compile_report", "--state-dtype", "bf16")
+    fp32 = benchmark_scripts.run("compile_report", interpret=False)
+    bf16 = benchmark_scripts.run("compile_report", "--state-dtype", "bf16", interpret=False)
     assert fp32.returncode == 0 and bf16.returncode == 0, fp32.stderr + bf16.stderr
     a, b = _table(fp32), _table(bf16)
     cases = {"decode", "replay", "split-bf16", "verify"}
@@ -40,7 +40,10 @@ def test_step_kernels_compile_for_sm90_with_the_state_dtype_asked_for():
 
 
 def test_bad_launch_is_one_line_and_a_nonzero_exit():
-    done = benchmark_scripts.run("compile_report", "--op", "gdn", "--launch", "flush:BV=16")
+    done = benchmark_scripts.run("compile_report", "--op", "gdn", "--launch", "flush:BV=16", interpret=False)
     assert done.returncode == 2 and "expected CASE:key=value" in done.stderr and "Traceback" not in done.stderr
-    done = benchmark_scripts.run("compile_report", "--state-dtype", "fp8")
+    done = benchmark_scripts.run("compile_report", "--state-dtype", "fp8", interpret=False)
     assert done.returncode == 2 and "invalid choice" in done.stderr
+    # under the interpreter it would run the kernels at full size instead of compiling them
+    done = benchmark_scripts.run("compile_report", "--op", "gdn", interpret=True)
+    assert done.returncode == 2 and "run compile_report without it" in done.stderr and "Traceback" not in done.stderr
