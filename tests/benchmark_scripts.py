@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
 
@@ -18,6 +20,17 @@ def load(name: str):
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
     return module
+
+
+def fixture(name: str):
+    """A module-scoped fixture yielding benchmarks/NAME.py as a module, unregistered after the test module."""
+
+    @pytest.fixture(scope="module")
+    def script():
+        yield load(name)
+        sys.modules.pop(name, None)
+
+    return script
 
 
 def run(name: str, *argv: str, interpret: bool | None = None) -> subprocess.CompletedProcess:

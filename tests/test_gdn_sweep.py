@@ -2,18 +2,12 @@
 
 from __future__ import annotations
 
-import sys
-
 import pytest
 import torch
 
 import benchmark_scripts
 
-
-@pytest.fixture(scope="module")
-def sweep():
-    yield benchmark_scripts.load("sweep_gdn")
-    sys.modules.pop("sweep_gdn", None)
+sweep = benchmark_scripts.fixture("sweep_gdn")
 
 
 def _run(*argv):

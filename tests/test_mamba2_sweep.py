@@ -2,17 +2,11 @@
 
 from __future__ import annotations
 
-import sys
-
 import pytest
 
 import benchmark_scripts
 
-
-@pytest.fixture(scope="module")
-def sweep():
-    yield benchmark_scripts.load("sweep_mamba2")
-    sys.modules.pop("sweep_mamba2", None)
+sweep = benchmark_scripts.fixture("sweep_mamba2")
 
 
 def _run(*argv):

@@ -5,7 +5,6 @@ from __future__ import annotations
 import gzip
 import json
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
@@ -13,12 +12,7 @@ import pytest
 import benchmark_scripts
 
 CAPTURES = Path(__file__).resolve().parents[1] / "profiles" / "reference" / "ncu" / "stalls"
-
-
-@pytest.fixture(scope="module")
-def stalls():
-    yield benchmark_scripts.load("ncu_stalls")
-    sys.modules.pop("ncu_stalls", None)
+stalls = benchmark_scripts.fixture("ncu_stalls")
 
 
 def _run(*argv):

@@ -8,7 +8,7 @@ import torch
 import triton
 import triton.language as tl
 
-from replayssm_kernels.mamba2.args import sm_count  # noqa: F401  (one definition for both ops)
+from replayssm_kernels.mamba2.args import small_grid  # noqa: F401  (one definition for both ops)
 from replayssm_kernels.mamba2.common import flat_program_ids, slot_of  # noqa: F401
 
 FP8_MAX = 448.0

@@ -23,7 +23,7 @@ from replayssm_kernels.gdn.common import (
     next_pow2,
     rounded,
     slot_of,
-    sm_count,
+    small_grid,
 )
 
 # These kernels mutate state in place, so their settings are fixed here (an autotuner would rerun them on live state).
@@ -262,7 +262,7 @@ def decode(
     out = check_out(out, v.shape, v.dtype, q.device)
     name = "decode"
     if state.element_size() == 2:
-        name = "decode-bf16-small" if batch * HV < 2 * sm_count(q.device) else "decode-bf16"
+        name = "decode-bf16-small" if small_grid(batch * HV, q.device) else "decode-bf16"
     settings = launch_settings(LAUNCH, name, launch)
     if batch:
         _launch_decode(state, q, k, v, g, beta, out, slots, scale, bool(use_qk_l2norm_in_kernel), settings)

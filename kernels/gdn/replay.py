@@ -22,7 +22,7 @@ from replayssm_kernels.gdn.common import (
     next_pow2,
     quantize_e4m3,
     rounded,
-    sm_count,
+    small_grid,
 )
 
 # These kernels mutate the cache in place, so their settings are fixed here (an autotuner would rerun them on live
@@ -65,7 +65,7 @@ def launch_name(kernel: str, cache: ReplayCache, batch: int | None = None) -> st
     small-grid row (a grid under two programs per SM) where a full-precision tile has one."""
     if cache.read_copy is not None:
         return f"{kernel}-fp8" if cache.read_scale is not None else f"{kernel}-split"
-    if batch is not None and batch * cache.HV < 2 * sm_count(cache.device):
+    if batch is not None and small_grid(batch * cache.HV, cache.device):
         return f"{kernel}-small"
     return kernel
 

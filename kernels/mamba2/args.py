@@ -60,6 +60,11 @@ def sm_count(device: torch.device) -> int:
     return _cuda_sm_count(device.index if device.index is not None else torch.cuda.current_device())
 
 
+def small_grid(programs: int, device: torch.device) -> bool:
+    """A grid of under two programs per SM: latency-bound, so the kernels take their small-grid rows (never on the CPU)."""
+    return programs < 2 * sm_count(device)
+
+
 def check_device(device: torch.device, kernel) -> None:
     if device.type == "cpu" and not is_interpreting(kernel):
         raise ValueError(

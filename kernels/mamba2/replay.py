@@ -317,7 +317,7 @@ def replay(cache: ReplayCache, x, dt, A, B, C, *, D=None, z=None, dt_bias=None, 
         raise ValueError(f"B must have the cache's G = {G} groups, got {G_in}")
     args.check_slots(slots, batch, nslots, cache.device, check)
     args.check_out(out, (batch, H, P), "(batch, H, P)", cache.device)
-    small = batch * H * triton.cdiv(P, 64) < 2 * args.sm_count(cache.device)
+    small = args.small_grid(batch * H * triton.cdiv(P, 64), cache.device)
     table = SMALL_GRID_LAUNCH if small else STEP_LAUNCH if cache.read_copy is None else SPLIT_LAUNCH
     settings = args.pick_launch(table, cache.checkpoint.element_size(), P, N, launch, STEP_KEYS)
     # tl.dot needs every dimension of the fold's product to be at least 16: programs of fewer rows fold one masked chunk.
