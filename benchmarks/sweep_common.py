@@ -16,8 +16,11 @@ IO_BYTES = 2
 L2_BYTES = 60 * 2**20
 L2_MULTIPLE = 4
 MAX_LAYERS = 128
-KERNELS = ("decode", "replay", "replay-nonflush", "replay-flush", "split-bf16", "decode-multi", "verify")
+# A "-nonflush" kernel times steps 0..W-2 of every row's window, a "-flush" one the step that fills it.
+KERNELS = ("decode", "replay", "replay-nonflush", "replay-flush", "split-bf16", "split-bf16-nonflush",
+           "split-bf16-flush", "split-fp8", "decode-multi", "verify")
 BASELINE = {"replay": "decode", "replay-nonflush": "decode", "replay-flush": "decode", "split-bf16": "decode",
+            "split-bf16-nonflush": "decode", "split-bf16-flush": "decode", "split-fp8": "decode",
             "verify": "decode-multi", "fla": "decode", "fla-inplace": "decode", "decode-direct": "decode"}
 
 
@@ -66,21 +69,23 @@ def fill_trajectory(kernel: str, start: int, steps: int, window: int, accepted: 
         fills.append(f)
         if kernel == "verify":
             f = (0 if f >= window else f) + accepted
-        elif kernel in ("replay", "split-bf16", "replay-nonflush", "replay-flush"):
+        elif kernel.startswith(("replay", "split-")):
             f = 0 if f + 1 >= window else f + 1
     return fills
 
 
 def start_fills(kernel: str, batch: int, window: int) -> list[int]:
-    if kernel == "replay-nonflush":
+    if kernel.endswith("-nonflush"):
         return [0] * batch
-    if kernel == "replay-flush":
+    if kernel.endswith("-flush"):
         return [window - 1] * batch
     return [r % window for r in range(batch)]
 
 
 def graph_steps(kernel: str, window: int) -> int:
-    return {"replay-nonflush": window - 1, "replay-flush": 1}.get(kernel, window)
+    if kernel.endswith("-nonflush"):
+        return window - 1
+    return 1 if kernel.endswith("-flush") else window
 
 
 # The state dtype of every stack and check in this process (--state-dtype).
@@ -104,7 +109,12 @@ def state_torch_dtype():
 
 def sizes(kernel: str) -> tuple[int, int | None]:
     state_size = {"fp32": 4, "bf16": 2, "fp16": 2}[STATE["dtype"]]
-    return state_size, (2 if kernel == "split-bf16" else None)
+    return state_size, ({"bf16": 2, "fp8": 1}[read_dtype(kernel)] if read_dtype(kernel) else None)
+
+
+def read_dtype(kernel: str) -> str | None:
+    """The read copy's dtype of a split-precision kernel ("split-bf16-flush" -> "bf16"), None for the others."""
+    return kernel.split("-")[1] if kernel.startswith("split-") else None
 
 
 def bytes_per_layer_step(kernel: str, batch: int, row_bytes, window: int, accepted: int) -> float:

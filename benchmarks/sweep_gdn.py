@@ -32,9 +32,9 @@ GRID = {
                {"VP": 32, "BV": 32, "BVF": 16, "STAGES": 1, "num_warps": 1, "maxnreg": 255},
                {"VP": 16, "BV": 16, "BVF": 16, "STAGES": 1, "num_warps": 2, "maxnreg": 255},
                {"VP": 16, "BV": 16, "BVF": 16, "STAGES": 1, "num_warps": 1, "maxnreg": 255}],
-    # WY=1 corrects a flush's buffered updates with one product instead of entry by entry.
-    "split-bf16": [{"BV": 128}, {"BV": 64, "STAGES": 2}, {"BV": 32, "STAGES": 2}, {"BV": 128, "BVF": 16},
-                   {"BV": 128, "WY": 1}, {"BV": 128, "BVF": 16, "WY": 1}, {"BV": 32, "STAGES": 2, "WY": 1}],
+    # PHASES=1 takes the flushes in the non-flush steps' launch; flush_ keys set the flushes' own launch.
+    "split-bf16": [{}, {"BV": 32, "STAGES": 2}, {"flush_BVF": 16}, {"flush_maxnreg": 255},
+                   {"PHASES": 1, "BV": 128, "BVF": 32, "STAGES": 2, "num_warps": 4, "maxnreg": 168, "TF32": 1}],
     "decode-multi": [{"BV": 8, "num_warps": 1}, {"BV": 16, "num_warps": 4}, {"BV": 32, "num_warps": 4}],
     "verify": [{"BV": 16, "STAGES": 3, "num_warps": 2, "maxnreg": 168},
                {"BV": 16, "STAGES": 2, "num_warps": 2, "maxnreg": 168},
@@ -43,6 +43,7 @@ GRID = {
                {"BV": 32, "STAGES": 2, "num_warps": 4, "maxnreg": 128}],
 }
 GRID["replay-nonflush"] = GRID["replay-flush"] = GRID["replay"]
+GRID["split-bf16-nonflush"] = GRID["split-bf16-flush"] = GRID["split-fp8"] = GRID["split-bf16"]
 # flash-linear-attention's fused recurrent decode (fla-core), timed only when named: "fla" as its function runs it
 # (a new final state each step), "fla-inplace" its kernel with the final state written over the initial one, as a
 # server's state pool is. V_FIRST=1 holds the state as ours, (V, K) per head; 0 as (K, V).
@@ -55,12 +56,13 @@ QUICK_GRID = {
     "decode": [{"VP": 4, "BV": 4, "num_warps": 1}, {"VP": 32, "BV": 32, "num_warps": 4}],
     "replay": [{"VP": 128, "BV": 32, "STAGES": 2, "maxnreg": 96},
                {"VP": 32, "BV": 32, "BVF": 16, "STAGES": 1, "num_warps": 2, "maxnreg": 255}],
-    "split-bf16": [{"BV": 128}],
+    "split-bf16": [{}],
     "decode-multi": [{"BV": 32, "num_warps": 4}],
     "verify": [{"BV": 16, "STAGES": 3, "num_warps": 2, "maxnreg": 168},
                {"BV": 32, "STAGES": 2, "num_warps": 4, "maxnreg": 128}],
 }
 QUICK_GRID["replay-nonflush"] = QUICK_GRID["replay-flush"] = QUICK_GRID["replay"]
+QUICK_GRID["split-bf16-nonflush"] = QUICK_GRID["split-bf16-flush"] = QUICK_GRID["split-fp8"] = QUICK_GRID["split-bf16"]
 QUICK_GRID["fla"] = QUICK_GRID["fla-inplace"] = [{"V_FIRST": 1}]
 QUICK_GRID["decode-direct"] = QUICK_GRID["decode"]
 
@@ -128,7 +130,7 @@ def layer_count(kernel: str, batch: int, l2_bytes: int) -> int:
 def _cache(gdn, kernel: str, batch: int, device: str):
     H, HV, K, V = SHAPE["H"], SHAPE["HV"], SHAPE["K"], SHAPE["V"]
     return gdn.ReplayCache.create(batch, H, HV, K, V, WINDOW, state_dtype=common.STATE["dtype"],
-                                  read_dtype="bf16" if kernel == "split-bf16" else None, io_dtype="bf16",
+                                  read_dtype=common.read_dtype(kernel), io_dtype="bf16",
                                   max_draft=DRAFT if kernel == "verify" else 0, device=device)
 
 

@@ -23,6 +23,7 @@ GRID = {
     "verify": [{"BP": 16, "num_warps": 4}, {"BP": 32, "num_warps": 4}, {"BP": 16, "num_warps": 8}],
 }
 GRID["replay-nonflush"] = GRID["replay-flush"] = GRID["split-bf16"] = GRID["replay"]
+GRID["split-bf16-nonflush"] = GRID["split-bf16-flush"] = GRID["split-fp8"] = GRID["split-bf16"]
 QUICK_GRID = {
     "decode": [{"BP": 16, "num_warps": 4}, {"BP": 32, "num_warps": 4}],
     "replay": [{"RC": 32, "STAGES": 2, "maxnreg": 96}, {"BP": 16, "RC": 16, "num_warps": 1}],
@@ -30,6 +31,7 @@ QUICK_GRID = {
     "verify": [{"BP": 16, "num_warps": 4}, {"BP": 32, "num_warps": 4}],
 }
 QUICK_GRID["replay-nonflush"] = QUICK_GRID["replay-flush"] = QUICK_GRID["split-bf16"] = QUICK_GRID["replay"]
+QUICK_GRID["split-bf16-nonflush"] = QUICK_GRID["split-bf16-flush"] = QUICK_GRID["split-fp8"] = QUICK_GRID["split-bf16"]
 
 
 def parse_launch(text: str) -> tuple[str, dict]:
@@ -118,7 +120,7 @@ class Stack:
             else:
                 cache = mamba2.ReplayCache.create(
                     batch, H, P, N, G, WINDOW, state_dtype=common.STATE["dtype"],
-                    read_dtype="bf16" if kernel == "split-bf16" else None,
+                    read_dtype=common.read_dtype(kernel),
                     io_dtype="bf16", max_draft=DRAFT if kernel == "verify" else 0, device=device)
                 cache.load(torch.randn(batch, H, P, N, device=device) * 0.5)
                 self.layers.append(cache)
@@ -180,7 +182,7 @@ def check_config(kernel: str, launch: dict, device: str) -> float:
                 err = max(err, rel(y, y_ref), rel(snaps, want_snaps))
         return err
     cache = mamba2.ReplayCache.create(3, H, P, N, G, WINDOW, state_dtype=common.STATE["dtype"],
-                                      read_dtype="bf16" if kernel == "split-bf16" else None,
+                                      read_dtype=common.read_dtype(kernel),
                                       io_dtype="bf16", max_draft=DRAFT if kernel == "verify" else 0, device=device)
     cache.load(torch.randn(3, H, P, N, device=device) * 0.5)
     want = cache.clone()

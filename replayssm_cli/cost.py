@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Any, Union
 
@@ -142,6 +142,14 @@ def _sizes(shape: SSMShape, st: str, rd: str | None, io: str, has_z: bool) -> _S
         fp8=rd == "fp8",
         flush_copy=copy if op == "gdn" else 0,
     )
+
+
+def _with_capacity(s: _Sizes, shape: SSMShape, rd: str | None, capacity: int) -> _Sizes:
+    """GDN under split precision buffers, per value head and entry, beta and the entry's row of T (capacity wide),
+    from which a flush corrects the buffered updates."""
+    if getattr(shape, "op", None) != "gdn" or rd is None:
+        return s
+    return replace(s, entry=s.entry + s.heads * (1 + capacity) * _F32)
 
 
 class _Mamba2Flops:
@@ -441,8 +449,10 @@ def step_cost(
         return _conventional(s, fl, b, _check_draft(draft)).cost()
     W = _check_window(window)
     if variant in ("replay", "split"):
+        s = _with_capacity(s, shape, rd, W + _check_int(draft, 0, MAX_DRAFT, "draft"))
         return _replay(s, fl, b, W, phase, fill).cost()
     T = _check_draft(draft)
+    s = _with_capacity(s, shape, rd, W + T)
     return _spec_replay(s, fl, b, W, T, _check_accepted(accepted, T), phase, fill).cost()
 
 
@@ -450,7 +460,8 @@ def launches_per_step(variant: str, phase: str = "avg") -> float:
     """Kernel launches per decode step: 1 for every variant but spec-replay (verify, then accept: 2).
 
     The phase does not change it: a replay flush is a branch inside the one launch, and spec-conventional's
-    accept is a pointer move with no launch.
+    accept is a pointer move with no launch. (GDN's split-precision replay takes its flushes in a second launch on
+    grids of two or more programs per SM, where one launch's overhead is under 1% of the step; not counted.)
     """
     variant = _choice(variant, VARIANTS, "variant")
     _choice(phase, PHASES, "phase")
@@ -488,6 +499,7 @@ def memory_per_seq(
     elif not conventional:
         W = _check_window(window)
         T = _check_draft(draft) if variant == "spec-replay" else _check_int(draft, 0, MAX_DRAFT, "draft")
+        s = _with_capacity(s, shape, rd, W + T)
         parts.update(read_copy=s.copy, buffers=(W + T) * s.entry + T * s.draft_b, counters=s.counters)
     parts["total"] = sum(parts.values())
     return parts

@@ -41,6 +41,7 @@ GDN_INPUTS = (2 * 1 * 3 + 2 * 5 + 2 * 2) * 2  # q, k (H, K), v (HV, V), g, beta 
 GDN_OUT = 2 * 5 * 2  # o (HV, V)
 GDN_ENTRY = (2 * 5 + 1 * 3 + 2) * 4  # u (HV, V), k (H, K), G (HV) fp32
 GDN_COUNTERS = 2 * 4  # (HV) int32
+GDN_SPLIT_ENTRY = GDN_ENTRY + 2 * (1 + 4) * 4  # and, under split precision, beta and a row of T (HV, W) fp32
 
 NEMOTRON_SUPER = Mamba2Shape(H=128, P=64, N=128, G=8)
 
@@ -229,13 +230,13 @@ def test_step_cost_gdn():
     )
     fp8_copy = 2 * 5 * 3 + 2 * 5 * 4
     assert gdn("split", "nonflush", fill=1, read_dtype="fp8") == Cost(
-        B * (fp8_copy + 1 * GDN_ENTRY + GDN_INPUTS + GDN_COUNTERS),
-        B * (GDN_ENTRY + GDN_OUT + GDN_COUNTERS),
+        B * (fp8_copy + 1 * GDN_SPLIT_ENTRY + GDN_INPUTS + GDN_COUNTERS),
+        B * (GDN_SPLIT_ENTRY + GDN_OUT + GDN_COUNTERS),
         B * 2 * (nonflush_flops + 2 * 5),
     )
-    # The flush reads the copy too: it carries checkpoint - copy through the entries.
+    # The flush reads the copy too: it corrects the buffered updates for checkpoint - copy.
     assert gdn("split", "flush", read_dtype="fp8") == Cost(
-        B * (GDN_STATE + fp8_copy + 3 * GDN_ENTRY + GDN_INPUTS + GDN_COUNTERS),
+        B * (GDN_STATE + fp8_copy + 3 * GDN_SPLIT_ENTRY + GDN_INPUTS + GDN_COUNTERS),
         B * (GDN_STATE + fp8_copy + GDN_OUT + GDN_COUNTERS),
         B * 2 * (flush_flops + 15 + 5),
     )
@@ -347,6 +348,8 @@ def test_memory_per_seq():
     assert memory_per_seq(GDN, "replay", window=W, state_dtype="bf16")["total"] == (
         GDN_STATE // 2 + 4 * GDN_ENTRY + GDN_COUNTERS
     )
+    split = memory_per_seq(GDN, "split", window=W, read_dtype="bf16", draft=2)
+    assert split["buffers"] == (4 + 2) * (GDN_ENTRY + 2 * (1 + 4 + 2) * 4)
     with pytest.raises(ValueError, match="draft"):
         memory_per_seq(M2, "spec-replay", window=W)
 

@@ -32,7 +32,7 @@ def make_cache(shape, W, device, *, state="fp32", read=None, io="bf16", max_draf
 
 def poison(cache) -> None:
     """NaN in every buffer entry: an entry read before it is written (past the fill) turns outputs into NaN."""
-    for name in ("buf_u", "buf_k", "buf_g", "buf_beta"):
+    for name in ("buf_u", "buf_k", "buf_g", "buf_beta", "buf_t"):
         if getattr(cache, name) is not None:
             getattr(cache, name).fill_(NAN)
 
@@ -103,8 +103,12 @@ LAUNCH_CASES = [
     (None, {"VP": 16, "BV": 8, "VK": 8, "STAGES": 2}),
     ("bf16", {"VP": 16, "BV": 16, "VK": 8}),
     ("fp8", {"VP": 16, "BV": 16, "VK": 16}),
-    ("bf16", {"WY": 1, "VK": 8}),
-    ("fp8", {"WY": 1, "VP": 16, "BV": 16, "VK": 16}),
+    ("bf16", {"EARLY": 1, "VP": 16, "BV": 16, "VK": 16}),
+    ("bf16", {"PHASES": 1, "VK": 8}),
+    ("bf16", {"PHASES": 2, "VK": 8, "flush_BVF": 16, "flush_num_warps": 2, "flush_TF32": 0}),
+    ("fp8", {"PHASES": 1, "VP": 16, "BV": 16, "VK": 16}),
+    (None, {"PHASES": 2, "VK": 8}),
+    (None, {"PHASES": 2, "EARLY": 1, "VP": 16, "BV": 16, "VK": 8, "flush_VP": 8}),
     (None, {"EARLY": 1, "VP": 16, "BV": 16, "VK": 8}),
     (None, {"EARLY": 1, "BV": 8, "VK": 8}),
     ("bf16", {"EARLY": 1, "VP": 16, "BV": 8, "VK": 8}),
@@ -117,8 +121,10 @@ LAUNCH_CASES = [
 
 @pytest.mark.parametrize("read,launch", LAUNCH_CASES,
                          ids=[f"B3-H2-HV4-K24-V20-W3-fp32-{r or 'full'}-VP{l.get('VP', 'all')}-BV{l.get('BV', 32)}"
-                              f"-VK{l['VK']}" + ("-WY" if l.get("WY") else "") + ("-early" if l.get("EARLY") else "")
-                              + ("-tf32" if l.get("TF32") else "")
+                              f"-VK{l['VK']}" + ("-early" if l.get("EARLY") else "")
+                              + ("-tf32" if l.get("TF32") else "") + (f"-phases{l['PHASES']}" if "PHASES" in l else "")
+                              + ("-flush-" + "-".join(f"{k[6:]}{v}" for k, v in l.items() if k.startswith("flush_"))
+                                 if any(k.startswith("flush_") for k in l) else "")
                               for r, l in LAUNCH_CASES])
 def test_replay_launch_settings_match_reference(device, assert_close, read, launch):
     """Rows in several chunks (tile read after the fill), other K piece widths, each head's rows split over
@@ -272,6 +278,10 @@ BAD_REPLAY = {
     "launch-vk": (lambda i: i.update(launch={"VK": 12}), "power of two"),
     "launch-vp": (lambda i: i.update(launch={"VP": 12}), r"launch\['VP'\] must be a power of two"),
     "out-shape": (lambda i: i.update(out=torch.zeros(2, 4, 7, dtype=torch.bfloat16)), "out must be a"),
+    "launch-phases": (lambda i: i.update(launch={"PHASES": 3}), r"launch\['PHASES'\] must be 1 or 2"),
+    "launch-flush-one-launch": (lambda i: i.update(launch={"flush_BVF": 32}), "flush_BVF apply only with PHASES=2"),
+    "launch-flush-key": (lambda i: i.update(launch={"PHASES": 2, "flush_PHASES": 1}),
+                         r"unknown key 'PHASES' for replay(-small)?-flush"),
 }
 
 

@@ -24,7 +24,7 @@ def test_sweep_dry_run_plans_every_kernel_and_batch():
     done = _run("--dry-run")
     assert done.returncode == 0, done.stderr
     lines = done.stdout.strip().splitlines()
-    assert len(lines) == 7 * 4
+    assert len(lines) == 10 * 4  # 10 kernels (split-bf16 whole, non-flush and flush, split-fp8 among them), 4 batches
     assert all("layers" in line and "MiB/layer-step" in line for line in lines)
 
 

@@ -36,7 +36,9 @@ class ReplayCache:
     zero between steps.
     With a read copy, buf_beta (nslots, C, HV) fp32 keeps each entry's beta: a flush corrects the
     buffered updates, computed from the copy, to those of the full checkpoint, so the copy's rounding
-    never reaches the checkpoint. With max_draft > 0, arrivals (nslots, H) int32, zero between calls,
+    never reaches the checkpoint; buf_t (nslots, C, HV, C) fp32 keeps row j of the lower-triangular T with
+    t_j = beta_j (e_j - sum_{i<j} (k_i·k_j) t_i): entry j's correction key is y_j = sum_l t_jl k_l, and the
+    correction is one product with them. With max_draft > 0, arrivals (nslots, H) int32, zero between calls,
     lets `verify` elect the last value head of each key head to write the drafts' keys; last_draft is
     the T of the last `verify` (what `accept` may commit).
     """
@@ -53,6 +55,7 @@ class ReplayCache:
     read_copy: torch.Tensor | None = None
     read_scale: torch.Tensor | None = None
     buf_beta: torch.Tensor | None = None
+    buf_t: torch.Tensor | None = None
     arrivals: torch.Tensor | None = None
     last_draft: int = 0
 
@@ -115,6 +118,7 @@ class ReplayCache:
             read_copy=read_copy,
             read_scale=read_scale,
             buf_beta=None if read_copy is None else torch.zeros(nslots, C, HV, dtype=torch.float32, device=device),
+            buf_t=None if read_copy is None else torch.zeros(nslots, C, HV, C, dtype=torch.float32, device=device),
             arrivals=torch.zeros(nslots, H, dtype=torch.int32, device=device) if max_draft else None,
         )
 

@@ -109,9 +109,10 @@ def launch_settings(table: dict, name: str, launch: dict | None) -> dict:
         if key == "maxnreg" and value is None:
             settings[key] = None
             continue
-        if key in ("WY", "EARLY", "TF32"):
-            if value not in (0, 1) or isinstance(value, bool):
-                raise ValueError(f"launch[{key!r}] must be 0 or 1; got {value!r}")
+        if key in ("EARLY", "TF32", "PHASES"):
+            allowed = (1, 2) if key == "PHASES" else (0, 1)
+            if value not in allowed or isinstance(value, bool):
+                raise ValueError(f"launch[{key!r}] must be {' or '.join(map(str, allowed))}; got {value!r}")
             settings[key] = value
             continue
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:

@@ -140,10 +140,32 @@ def _read_value(cache: ReplayCache, slot: int) -> torch.Tensor:
     return dequantize_read(cache.read_copy[slot], scale)
 
 
+def _correction_row(cache: ReplayCache, slot: int, pos: torch.Tensor, k, beta) -> torch.Tensor:
+    """Row t (HV, C) of T for an entry with keys k (H, K) and beta (HV,) appended at per-head positions pos (HV,):
+    t = beta (e_pos - sum_{i<pos} (k_i·k) t_i) over the entries before it.
+
+    Entry j's correction key y_j = sum_l t_jl k_l then obeys y_j = beta_j (k_j - sum_{i<j} (k_i·k_j) y_i): carrying D
+    through entries 0..j-1 multiplies it on the K side by Q_0 ⋯ Q_{j-1} = I - sum_{i<j} y_i k_iᵀ
+    (Q_i = I - beta_i k_i k_iᵀ), so the correction of u_j is -e^{G_j} D y_j (`_exact_updates` carries D entry by
+    entry instead).
+    """
+    group = cache.HV // cache.H
+    ke = k.repeat_interleave(group, dim=0)
+    j = torch.arange(cache.capacity, device=pos.device)
+    used = j[:, None] < pos[None, :]
+    keys = cache.buf_k[slot].repeat_interleave(group, dim=1)
+    gram = torch.where(used, torch.einsum("jhk,hk->jh", keys, ke), 0.0)
+    rows = torch.where(used[..., None], cache.buf_t[slot], 0.0)
+    unit = (j[None, :] == pos[:, None]).float()
+    return beta[:, None] * (unit - torch.einsum("jh,jhl->hl", gram, rows))
+
+
 def _append(cache: ReplayCache, slot: int, pos: torch.Tensor, u, k, G, beta, heads: torch.Tensor) -> None:
     """Write u (HV, V), k (H, K), G and beta (HV,) at per-head positions pos (HV,) for the value heads in
     `heads` (bool); each key head's k goes with its first value head."""
     hv = torch.nonzero(heads).flatten()
+    if cache.buf_t is not None:
+        cache.buf_t[slot, pos[hv], hv] = _correction_row(cache, slot, pos, k, beta)[hv]
     cache.buf_u[slot, pos[hv], hv] = u[hv]
     cache.buf_g[slot, pos[hv], hv] = G[hv]
     if cache.buf_beta is not None:

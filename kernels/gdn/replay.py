@@ -26,46 +26,59 @@ from replayssm_kernels.gdn.common import (
 )
 
 # These kernels mutate the cache in place, so their settings are fixed here (an autotuner would rerun them on live
-# state); a read copy gets its own row because correcting the buffered updates at a flush holds a second tile.
+# state); a read copy gets its own rows because correcting the buffered updates at a flush holds a second tile.
 # A non-flush step reads its tile as [BV, BK / VK, VK]: with many programs per SM, BV rows at a time through a
 # pipelined loop in 2-warp programs with registers capped (more programs fit); a grid under two programs per SM is
 # latency-bound and splits each head's rows over programs of VP rows, each reading its rows up front and the buffer
-# before the fill ("replay-small"). A flush walks its rows BVF at a time (benchmarks/sweep_gdn.py, NOTES run 29:
-# BVF=16 took batch 256 from 325 to 303 µs, and a bf16 checkpoint's step from 346 to 201).
+# before the fill ("-small"). A flush walks its rows BVF at a time (benchmarks/sweep_gdn.py, NOTES run 29:
+# BVF=16 took batch 256 from 325 to 303 µs, and a bf16 checkpoint's step from 346 to 201). A row with PHASES=2
+# launches the non-flush steps and then the flushes, the latter with the settings of its "-flush" row.
+_ONE_CHUNK = {"EARLY": 0, "TF32": 0, "VP": 256, "BV": 128, "BVF": 16, "VK": 32, "STAGES": 2, "num_warps": 4,
+              "num_stages": 1, "maxnreg": None}
 LAUNCH = {
-    "replay": {"EARLY": 0, "TF32": 0, "VP": 256, "BV": 32, "BVF": 16, "JB": 4, "VK": 32, "STAGES": 3,
-               "num_warps": 2, "num_stages": 1, "maxnreg": 128},
-    "replay-small": {"EARLY": 1, "TF32": 0, "VP": 16, "BV": 16, "BVF": 16, "JB": 4, "VK": 32, "STAGES": 1,
-                     "num_warps": 1, "num_stages": 1, "maxnreg": None},
-    # A read copy's row held 222 registers, two programs per SM; capped at 168 (136 B of spills, in the flush's
-    # correction) three fit: batch 256's window 467 -> 418 µs, batch 64's 134 -> 129 (NOTES run 47).
-    "replay-split": {"EARLY": 0, "TF32": 0, "VP": 256, "BV": 128, "BVF": 32, "JB": 2, "WY": 0, "VK": 32, "STAGES": 2,
-                     "num_warps": 4, "num_stages": 1, "maxnreg": 168},
-    "replay-fp8": {"EARLY": 0, "TF32": 0, "VP": 256, "BV": 128, "BVF": 16, "JB": 2, "WY": 0, "VK": 32, "STAGES": 2,
-                   "num_warps": 4, "num_stages": 1, "maxnreg": None},
+    "replay": {"EARLY": 0, "TF32": 0, "VP": 256, "BV": 32, "BVF": 16, "VK": 32, "STAGES": 3,
+               "num_warps": 2, "num_stages": 1, "maxnreg": 128, "PHASES": 1},
+    "replay-small": {"EARLY": 1, "TF32": 0, "VP": 16, "BV": 16, "BVF": 16, "VK": 32, "STAGES": 1,
+                     "num_warps": 1, "num_stages": 1, "maxnreg": None, "PHASES": 1},
+    # Under split precision a flush also reads the copy and corrects the buffered updates with two more products;
+    # in one launch its 4-warp programs set the non-flush step's too (255 µs at batch 256). Apart, the non-flush
+    # step runs in the bf16-state replay's 2-warp programs (186 µs) and the flush through 3xTF32 products: batch
+    # 256's window 416 -> 342 µs, batch 64's 128 -> 108 (NOTES run 49). A small grid keeps one launch.
+    "replay-split": {"EARLY": 0, "TF32": 0, "VP": 256, "BV": 32, "BVF": 16, "VK": 32, "STAGES": 3,
+                     "num_warps": 2, "num_stages": 1, "maxnreg": 128, "PHASES": 2},
+    "replay-split-small": dict(_ONE_CHUNK, BVF=32, TF32=1, maxnreg=168, PHASES=1),
+    # An fp8 copy's non-flush step does better in the one launch's 4-warp programs (batch 256: 418 against 482 µs
+    # in two launches, NOTES run 49).
+    "replay-fp8": dict(_ONE_CHUNK, BVF=32, TF32=1, maxnreg=168, PHASES=1),
+}
+for _name in ("replay", "replay-small", "replay-split", "replay-split-small", "replay-fp8"):
+    # the settings of a second launch's flushes (PHASES=2); by default those of the one launch
+    LAUNCH[f"{_name}-flush"] = {key: value for key, value in LAUNCH[_name].items() if key != "PHASES"}
+LAUNCH["replay-split-flush"] = dict(_ONE_CHUNK, BVF=32, TF32=1, maxnreg=168)
+LAUNCH.update({
     # verify reads its tile BV rows at a time as a non-flush step does; a row that flushes first folds BVF at a time.
     # Each chunk takes every draft's k and q into the tile's layout through shared memory and sums its rows in
     # shuffles, so the work per chunk grows with the warps sharing it: 2-warp programs of 16-row chunks took batch 256
     # from 1467 to 1101 µs and batch 16 from 110 to 92 (NOTES runs 41-45); 4-warp, 32-row chunks stay on grids under
     # two programs per SM ("verify-small": 21.9 against 24.4 µs at batch 1).
-    "verify": {"BV": 16, "BVF": 16, "JB": 4, "VK": 32, "STAGES": 3,
+    "verify": {"BV": 16, "BVF": 16, "VK": 32, "STAGES": 3,
                "num_warps": 2, "num_stages": 1, "maxnreg": 168},
-    "verify-small": {"BV": 32, "BVF": 16, "JB": 4, "VK": 32, "STAGES": 2,
+    "verify-small": {"BV": 32, "BVF": 16, "VK": 32, "STAGES": 2,
                      "num_warps": 4, "num_stages": 1, "maxnreg": 128},
-    "verify-split": {"BV": 32, "BVF": 16, "JB": 2, "WY": 0, "VK": 32, "STAGES": 2,
+    "verify-split": {"BV": 32, "BVF": 16, "VK": 32, "STAGES": 2,
                      "num_warps": 4, "num_stages": 1, "maxnreg": None},
-    "verify-fp8": {"BV": 32, "BVF": 16, "JB": 1, "WY": 0, "VK": 32, "STAGES": 2,
+    "verify-fp8": {"BV": 32, "BVF": 16, "VK": 32, "STAGES": 2,
                    "num_warps": 4, "num_stages": 1, "maxnreg": None},
     "accept": {"num_warps": 1},
-}
+})
 
 
 def launch_name(kernel: str, cache: ReplayCache, batch: int | None = None) -> str:
     """The LAUNCH row of `kernel` ("replay" or "verify") for this cache's read copy, and, given the batch, its
-    small-grid row (a grid under two programs per SM) where a full-precision tile has one."""
+    small-grid row (a grid under two programs per SM) where it has one."""
     if cache.read_copy is not None:
-        return f"{kernel}-fp8" if cache.read_scale is not None else f"{kernel}-split"
-    if batch is not None and small_grid(batch * cache.HV, cache.device):
+        kernel += "-fp8" if cache.read_scale is not None else "-split"
+    if batch is not None and f"{kernel}-small" in LAUNCH and small_grid(batch * cache.HV, cache.device):
         return f"{kernel}-small"
     return kernel
 
@@ -97,62 +110,26 @@ def _store_read_copy(rcopy, rscale, o_s, o_r, b_s, m_s, m_v, IS_FP8: tl.constexp
 
 
 @triton.jit
-def _corrected(
-    b_uw, b_d, buf_k, buf_g, buf_b, i_s, i_h, i_hv, o_k, m_k, o_w, b_f,
-    C: tl.constexpr, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, JB: tl.constexpr,
-):
-    """b_uw [BW, BV] with each u_j corrected for b_d [BV, BK] = checkpoint - copy, carried through the entries."""
-    b_Gp = tl.zeros([], dtype=tl.float32)
-    for j0 in range(0, C, JB):
-        # Masked and unrolled within a group rather than branched per entry, so that a group's loads overlap.
-        if j0 < b_f:
-            for jj in tl.static_range(JB):
-                m_j = j0 + jj < b_f
-                p_j = i_s * C + j0 + jj
-                b_kj = tl.load(buf_k + (p_j * H + i_h) * K + o_k, mask=m_k & m_j, other=0.0)
-                b_Gj = tl.load(buf_g + p_j * HV + i_hv, mask=m_j, other=0.0)
-                b_bj = tl.load(buf_b + p_j * HV + i_hv, mask=m_j, other=0.0)
-                b_aj = tl.where(m_j, tl.exp(b_Gj - b_Gp), 1.0)
-                b_dj = -b_bj * b_aj * tl.sum(b_d * b_kj[None, :], 1)
-                b_d = b_aj * b_d + b_dj[:, None] * b_kj[None, :]
-                b_uw = tl.where(o_w[:, None] == j0 + jj, b_uw + b_dj[None, :], b_uw)
-                b_Gp = tl.where(m_j, b_Gj, b_Gp)
-    return b_uw
-
-
-@triton.jit
-def _correction_weights(b_kw, b_Gw, buf_b, i_s, i_hv, o_w, b_f, C: tl.constexpr, HV: tl.constexpr, BW: tl.constexpr):
-    """[BW, BK] rows w_j with u_j - û_j = (checkpoint - copy) · w_j for every row of a head (zero past the fill).
-
-    Carrying d = checkpoint - copy through the entries multiplies it by a_i (I - beta_i k_i k_iᵀ) per entry, so
-    w_j = -beta_j e^{G_j} (k_j - sum_{i<j} c_ji k_i), c_ji = beta_i (k_i·k_j - sum_{i<l<j} c_jl k_i·k_l).
-    """
+def _correction_weights(buf_t, b_kw, b_Gw, i_s, i_hv, o_w, b_f, C: tl.constexpr, HV: tl.constexpr,
+                        PRECISION: tl.constexpr):
+    """[BW, BK] rows w_j = -e^{G_j} y_j with u_j - û_j = (checkpoint - copy) · w_j for every row of a head: y_j =
+    sum_l t_jl k_l from the rows t_j of T the appends stored and the buffered keys b_kw [BW, BK] (zero past the
+    fill)."""
     m_w = o_w < b_f
-    b_bw = tl.load(buf_b + (i_s * C + o_w) * HV + i_hv, mask=m_w, other=0.0)
-    # [BW, BW] the keys' Gram matrix
-    b_gram = tl.dot(b_kw, tl.trans(b_kw), input_precision="ieee")
-    b_c = tl.zeros([BW, BW], dtype=tl.float32)
-    # Column i of c from the columns after it, last first (c is strictly lower triangular).
-    for t in tl.static_range(BW):
-        i = BW - 1 - t
-        b_gi = tl.sum(tl.where(o_w[:, None] == i, b_gram, 0.0), 0)
-        b_bi = tl.sum(tl.where(o_w == i, b_bw, 0.0))
-        b_ci = b_bi * (b_gi - tl.sum(b_c * b_gi[None, :], 1))
-        b_c = tl.where((o_w[None, :] == i) & (o_w[:, None] > i), b_ci[:, None], b_c)
-    b_y = b_kw - tl.dot(b_c, b_kw, input_precision="ieee")
-    return tl.where(m_w, -b_bw * tl.exp(b_Gw), 0.0)[:, None] * b_y
+    b_t = tl.load(buf_t + ((i_s * C + o_w[:, None]) * HV + i_hv) * C + o_w[None, :],
+                  mask=m_w[:, None] & (o_w < C)[None, :], other=0.0)
+    return tl.where(m_w, -tl.exp(b_Gw), 0.0)[:, None] * tl.dot(b_t, b_kw, input_precision=PRECISION)
 
 
 @triton.jit
 def _fold(
-    b_s, b_d, buf_u, buf_k, buf_g, buf_b, i_s, i_h, i_hv, o_v, m_v, o_k, m_k, o_w, b_f, b_G, b_Gw, b_kw, b_wc,
-    C: tl.constexpr, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, JB: tl.constexpr,
-    CORRECT: tl.constexpr, WY: tl.constexpr, PRECISION: tl.constexpr,
+    b_s, b_d, buf_u, i_s, i_hv, o_v, m_v, o_w, b_f, b_G, b_Gw, b_kw, b_wc,
+    C: tl.constexpr, HV: tl.constexpr, V: tl.constexpr, CORRECT: tl.constexpr, PRECISION: tl.constexpr,
 ):
-    """b_s [BV, BK] plus sum_{j<f} e^{G - G_j} u_j k_jᵀ; with CORRECT, u_j corrected for b_d = checkpoint - copy.
+    """b_s [BV, BK] plus sum_{j<f} e^{G - G_j} u_j k_jᵀ; with CORRECT, u_j corrected by b_d · w_j, b_d =
+    checkpoint - copy [BV, BK] and b_wc [BW, BK] the rows w_j (`_correction_weights`), one product.
 
-    b_Gw [BW] and b_kw [BW, BK] are the buffered log-decays and keys, zero past the fill. With WY the correction
-    is one product with b_wc [BW, BK] (`_correction_weights`); without, it is carried entry by entry.
+    b_Gw [BW] and b_kw [BW, BK] are the buffered log-decays and keys, zero past the fill.
     """
     m_w = o_w < b_f
     # [BW, BV]
@@ -160,10 +137,7 @@ def _fold(
         buf_u + ((i_s * C + o_w[:, None]) * HV + i_hv) * V + o_v[None, :], mask=m_w[:, None] & m_v[None, :], other=0.0,
     )
     if CORRECT:
-        if WY:
-            b_uw += tl.dot(b_wc, tl.trans(b_d), input_precision=PRECISION)
-        else:
-            b_uw = _corrected(b_uw, b_d, buf_k, buf_g, buf_b, i_s, i_h, i_hv, o_k, m_k, o_w, b_f, C, H, HV, K, JB)
+        b_uw += tl.dot(b_wc, tl.trans(b_d), input_precision=PRECISION)
     b_cw = tl.where(m_w, tl.exp(b_G - b_Gw), 0.0)
     # One product for the whole rank-f update: fp32 FMAs ("ieee") in a replay flush's small chunks unless its TF32
     # setting asks for 3xTF32 on the tensor cores, which verify's larger ones always use (benchmarks/NOTES.md).
@@ -172,9 +146,9 @@ def _fold(
 
 @triton.jit
 def _folded_rows(
-    ckpt, rcopy, rscale, buf_u, buf_k, buf_g, buf_b, i_s, i_h, i_hv, o_v, m_v, o_k, m_k, o_w, b_f, b_Gl, b_Gw, b_kw,
-    b_wc, C: tl.constexpr, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, JB: tl.constexpr,
-    HAS_COPY: tl.constexpr, IS_FP8: tl.constexpr, WY: tl.constexpr, PRECISION: tl.constexpr,
+    ckpt, rcopy, rscale, buf_u, i_s, i_hv, o_v, m_v, o_k, m_k, o_w, b_f, b_Gl, b_Gw, b_kw, b_wc,
+    C: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    HAS_COPY: tl.constexpr, IS_FP8: tl.constexpr, PRECISION: tl.constexpr,
 ):
     """Checkpoint rows o_v with the f buffered entries folded in (corrected under a read copy), and their offsets."""
     m_s = m_v[:, None] & m_k[None, :]
@@ -183,22 +157,22 @@ def _folded_rows(
     b_s = tl.load(ckpt + o_s, mask=m_s, other=0.0).to(tl.float32)
     if HAS_COPY:
         b_d = b_s - _read_copy(rcopy, rscale, o_s, o_r, m_s, m_v, IS_FP8)
-        b_s = _fold(b_s * tl.exp(b_Gl), b_d, buf_u, buf_k, buf_g, buf_b, i_s, i_h, i_hv, o_v, m_v, o_k, m_k, o_w, b_f,
-                    b_Gl, b_Gw, b_kw, b_wc, C, H, HV, K, V, JB, True, WY, PRECISION)
+        b_s = _fold(b_s * tl.exp(b_Gl), b_d, buf_u, i_s, i_hv, o_v, m_v, o_w, b_f, b_Gl, b_Gw, b_kw, b_wc,
+                    C, HV, V, True, PRECISION)
     else:
-        b_s = _fold(b_s * tl.exp(b_Gl), b_s, buf_u, buf_k, buf_g, buf_b, i_s, i_h, i_hv, o_v, m_v, o_k, m_k, o_w, b_f,
-                    b_Gl, b_Gw, b_kw, b_wc, C, H, HV, K, V, JB, False, WY, PRECISION)
+        b_s = _fold(b_s * tl.exp(b_Gl), b_s, buf_u, i_s, i_hv, o_v, m_v, o_w, b_f, b_Gl, b_Gw, b_kw, b_wc,
+                    C, HV, V, False, PRECISION)
     return b_s, o_s, o_r, m_s
 
 
 @triton.jit
 def _replay_flush(
-    ckpt, rcopy, rscale, buf_u, buf_k, buf_g, buf_b, v, o,
+    ckpt, rcopy, rscale, buf_u, buf_t, v, o,
     i_b, i_s, i_h, i_hv, v0, b_f, b_k, b_q, b_g, b_beta, b_Gl, b_Gw, b_kw, o_w,
     s_vb, s_vh, s_vv, s_ob, s_oh, s_ov,
     C: tl.constexpr, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-    BK: tl.constexpr, BW: tl.constexpr, VP: tl.constexpr, BVF: tl.constexpr, JB: tl.constexpr,
-    STAGES: tl.constexpr, HAS_COPY: tl.constexpr, IS_FP8: tl.constexpr, WY: tl.constexpr, PRECISION: tl.constexpr,
+    BK: tl.constexpr, VP: tl.constexpr, BVF: tl.constexpr,
+    STAGES: tl.constexpr, HAS_COPY: tl.constexpr, IS_FP8: tl.constexpr, PRECISION: tl.constexpr,
 ):
     """The step that fills the window for rows v0 .. v0 + VP: fold the buffer into the full checkpoint, take this
     step from it, store it."""
@@ -206,17 +180,17 @@ def _replay_flush(
     m_k = o_k < K
     b_wc = b_kw
     if HAS_COPY:
-        if WY:
-            b_wc = _correction_weights(b_kw, b_Gw, buf_b, i_s, i_hv, o_w, b_f, C, HV, BW)
-    # BVF rows at a time (a pipelined loop), so that this rare branch does not raise the register count of the common one.
+        b_wc = _correction_weights(buf_t, b_kw, b_Gw, i_s, i_hv, o_w, b_f, C, HV, PRECISION)
+    # BVF rows at a time (a pipelined loop), so that this rare branch does not raise the register count of the common
+    # one.
     for i_v in tl.range(0, VP, BVF, num_stages=STAGES):
         o_v = v0 + i_v + tl.arange(0, BVF)
         # A chunk is at least 16 rows (the fold is one product); with VP < 16 it is masked to this program's rows.
         m_v = (o_v < V) & (i_v + tl.arange(0, BVF) < VP)
         # [BVF, BK] the checkpoint, brought to the state after the buffered entries
         b_s, o_s, o_r, m_s = _folded_rows(
-            ckpt, rcopy, rscale, buf_u, buf_k, buf_g, buf_b, i_s, i_h, i_hv, o_v, m_v, o_k, m_k, o_w, b_f, b_Gl, b_Gw,
-            b_kw, b_wc, C, H, HV, K, V, JB, HAS_COPY, IS_FP8, WY, PRECISION,
+            ckpt, rcopy, rscale, buf_u, i_s, i_hv, o_v, m_v, o_k, m_k, o_w, b_f, b_Gl, b_Gw, b_kw, b_wc,
+            C, HV, K, V, HAS_COPY, IS_FP8, PRECISION,
         )
         b_v = tl.load(v + i_b * s_vb + i_hv * s_vh + o_v * s_vv, mask=m_v, other=0.0).to(tl.float32)
         b_s *= tl.exp(b_g)
@@ -256,7 +230,7 @@ def _step_inputs(q, k, g, beta, i_b, i_h, i_hv, o_k, m_k, o_k3, m_k3, s_qb, s_qh
 
 @triton.jit
 def _replay_kernel(
-    ckpt, rcopy, rscale, buf_u, buf_k, buf_g, buf_b, fill, arrive,
+    ckpt, rcopy, rscale, buf_u, buf_k, buf_g, buf_b, buf_t, fill, arrive,
     q, k, v, g, beta, o, slots,
     s_qb, s_qh, s_qk,
     s_kb, s_kh, s_kk,
@@ -267,10 +241,12 @@ def _replay_kernel(
     scale,
     W: tl.constexpr, C: tl.constexpr,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-    BK: tl.constexpr, VP: tl.constexpr, BV: tl.constexpr, BVF: tl.constexpr, BW: tl.constexpr, JB: tl.constexpr,
+    BK: tl.constexpr, VP: tl.constexpr, BV: tl.constexpr, BVF: tl.constexpr, BW: tl.constexpr,
     VK: tl.constexpr, STAGES: tl.constexpr, USE_QK_L2NORM: tl.constexpr, HAS_COPY: tl.constexpr,
-    IS_FP8: tl.constexpr, WY: tl.constexpr, EARLY: tl.constexpr, PRECISION: tl.constexpr,
+    IS_FP8: tl.constexpr, EARLY: tl.constexpr, PRECISION: tl.constexpr, PHASE: tl.constexpr,
 ):
+    # PHASE 0 takes every row's step; 1 only the non-flush steps, leaving the fill counters; 2 only the flushes, and
+    # advances every fill (`replay` launches 1 then 2 where a cache's row asks for two launches).
     # Each program takes VP rows of its (row, value head): NPB programs share the head's buffer and fill counter.
     NPB: tl.constexpr = (V + VP - 1) // VP
     i_b, i_hv, i_p = flat_program_ids(HV, NPB)
@@ -293,7 +269,7 @@ def _replay_kernel(
     o_h = (i_s * HV + i_hv) * V
     v0 = i_p * VP
     # The tile read bounds a non-flush step: when it is one chunk, it is issued before the fill it does not depend on.
-    if BV >= VP:
+    if BV >= VP and PHASE != 2:
         o_v = v0 + tl.arange(0, BV)
         o_r = (o_h + o_v[:, None, None]) * K + o_k3[None, :, :]
         m_r = (o_v < V)[:, None, None] & m_k3[None, :, :]
@@ -319,7 +295,7 @@ def _replay_kernel(
     m_w = o_w < b_f
     f_next = tl.where(b_f + 1 >= W, 0, b_f + 1)
     if EARLY:
-        if NPB > 1:
+        if NPB > 1 and PHASE != 1:
             # Arrive as soon as the fill is read (the increment is computed from it, so the read is complete).
             b_arrived = tl.atomic_add(p_a, tl.where(b_f >= 0, 1, 0), sem="relaxed")
         b_Gl = tl.sum(tl.where(o_w == b_f - 1, b_Gw, 0.0))
@@ -335,21 +311,22 @@ def _replay_kernel(
     b_rq, b_rk = qk_factors(b_q, b_k, scale, USE_QK_L2NORM)
     b_k = b_k * b_rk
     b_q = b_q * b_rq
-    if BV >= VP:
+    if BV >= VP and PHASE != 2:
         # Reduced before the branch, so that the tile is not held through the buffer's reads.
         b_sk, b_sq = _row_sums(b_r, b_k3, b_q3, b_rk, b_rq)
 
     if b_f + 1 >= W:
-        # [BW, BK] the buffered keys
-        b_kw = tl.load(buf_k + ((i_s * C + o_w[:, None]) * H + i_h) * K + o_k[None, :],
-                       mask=m_w[:, None] & m_k[None, :], other=0.0)
-        _replay_flush(
-            ckpt, rcopy, rscale, buf_u, buf_k, buf_g, buf_b, v, o,
-            i_b, i_s, i_h, i_hv, v0, b_f, b_k, b_q, b_g, b_beta, b_Gl, b_Gw, b_kw, o_w,
-            s_vb, s_vh, s_vv, s_ob, s_oh, s_ov,
-            C, H, HV, K, V, BK, BW, VP, BVF, JB, STAGES, HAS_COPY, IS_FP8, WY, PRECISION,
-        )
-    else:
+        if PHASE != 1:
+            # [BW, BK] the buffered keys
+            b_kw = tl.load(buf_k + ((i_s * C + o_w[:, None]) * H + i_h) * K + o_k[None, :],
+                           mask=m_w[:, None] & m_k[None, :], other=0.0)
+            _replay_flush(
+                ckpt, rcopy, rscale, buf_u, buf_t, v, o,
+                i_b, i_s, i_h, i_hv, v0, b_f, b_k, b_q, b_g, b_beta, b_Gl, b_Gw, b_kw, o_w,
+                s_vb, s_vh, s_vv, s_ob, s_oh, s_ov,
+                C, H, HV, K, V, BK, VP, BVF, STAGES, HAS_COPY, IS_FP8, PRECISION,
+            )
+    elif PHASE != 2:
         if not EARLY:
             # [BW, NC, VK] the buffered keys
             b_kw3 = tl.load(buf_k + ((i_s * C + o_w[:, None, None]) * H + i_h) * K + o_k3[None, :, :],
@@ -358,6 +335,12 @@ def _replay_kernel(
         # [BW] weights of the committed updates in S_{t-1} k_t and S_t q_t
         b_decay = tl.where(m_w, tl.exp(b_Gt - b_Gw), 0.0)
         b_wk, b_wq = _row_sums(b_kw3, b_k3, b_q3, b_rk, b_rq)
+        if HAS_COPY:
+            # This entry's row t of T (its correction key y = sum_l t_l k_l, for the flush's one product):
+            # t = beta (e_f - sum_{j<f} (k_j·k) t_j).
+            b_tw = tl.load(buf_t + ((i_s * C + o_w[:, None]) * HV + i_hv) * C + o_w[None, :],
+                           mask=m_w[:, None] & m_c[None, :], other=0.0)
+            b_t = b_beta * (tl.where(o_w == b_f, 1.0, 0.0) - tl.sum(tl.where(m_w, b_wk, 0.0)[:, None] * b_tw, 0))
         b_wk = tl.where(m_w, b_wk * b_decay, 0.0)
         b_wq = tl.where(m_w, b_wq * b_decay, 0.0)
         b_kq = tl.sum(b_k * b_q)
@@ -401,39 +384,39 @@ def _replay_kernel(
             tl.store(buf_g + (i_s * C + b_f) * HV + i_hv, b_Gt)
             if HAS_COPY:
                 tl.store(buf_b + (i_s * C + b_f) * HV + i_hv, b_beta)
+                tl.store(buf_t + ((i_s * C + b_f) * HV + i_hv) * C + o_w, b_t, mask=m_c)
 
-    if NPB == 1:
-        tl.store(p_f, f_next)
-    else:
-        # The row blocks of a (slot, head) all read its fill; the last to arrive advances it. Relaxed order
-        # suffices: every program has consumed the fill it read before it arrives.
-        if not EARLY:
-            b_arrived = tl.atomic_add(p_a, 1, sem="relaxed")
-        if b_arrived == NPB - 1:
+    if PHASE != 1:
+        if NPB == 1:
             tl.store(p_f, f_next)
-            tl.store(p_a, 0)
+        else:
+            # The row blocks of a (slot, head) all read its fill; the last to arrive advances it. Relaxed order
+            # suffices: every program has consumed the fill it read before it arrives.
+            if not EARLY:
+                b_arrived = tl.atomic_add(p_a, 1, sem="relaxed")
+            if b_arrived == NPB - 1:
+                tl.store(p_f, f_next)
+                tl.store(p_a, 0)
 
 
 @triton.jit
 def _verify_flush(
-    ckpt, rcopy, rscale, buf_u, buf_k, buf_g, buf_b, i_s, i_h, i_hv, b_f, b_Gl, b_Gw, b_kw, o_w,
-    C: tl.constexpr, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-    BK: tl.constexpr, BW: tl.constexpr, BVF: tl.constexpr, JB: tl.constexpr, HAS_COPY: tl.constexpr,
-    IS_FP8: tl.constexpr, WY: tl.constexpr,
+    ckpt, rcopy, rscale, buf_u, buf_t, i_s, i_hv, b_f, b_Gl, b_Gw, b_kw, o_w,
+    C: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    BK: tl.constexpr, BVF: tl.constexpr, HAS_COPY: tl.constexpr, IS_FP8: tl.constexpr,
 ):
     """Fold the buffer into a new checkpoint (updates corrected under a read copy) and store it, BVF rows at a time."""
     o_k = tl.arange(0, BK)
     m_k = o_k < K
     b_wc = b_kw
     if HAS_COPY:
-        if WY:
-            b_wc = _correction_weights(b_kw, b_Gw, buf_b, i_s, i_hv, o_w, b_f, C, HV, BW)
+        b_wc = _correction_weights(buf_t, b_kw, b_Gw, i_s, i_hv, o_w, b_f, C, HV, "tf32x3")
     for i_v in range(0, V, BVF):
         o_v = i_v + tl.arange(0, BVF)
         m_v = o_v < V
         b_s, o_s, o_r, m_s = _folded_rows(
-            ckpt, rcopy, rscale, buf_u, buf_k, buf_g, buf_b, i_s, i_h, i_hv, o_v, m_v, o_k, m_k, o_w, b_f, b_Gl, b_Gw,
-            b_kw, b_wc, C, H, HV, K, V, JB, HAS_COPY, IS_FP8, WY, "tf32x3",
+            ckpt, rcopy, rscale, buf_u, i_s, i_hv, o_v, m_v, o_k, m_k, o_w, b_f, b_Gl, b_Gw, b_kw, b_wc,
+            C, HV, K, V, HAS_COPY, IS_FP8, "tf32x3",
         )
         b_s = rounded(b_s, ckpt.dtype.element_ty)
         tl.store(ckpt + o_s, b_s.to(ckpt.dtype.element_ty), mask=m_s)
@@ -442,8 +425,32 @@ def _verify_flush(
 
 
 @triton.jit
+def _store_draft_rows(buf_t, b_KK, b_Wck, b_rk, b_bd, i_s, i_hv, b_fe, o_t, o_w, o_wc, m_t, m_wc,
+                      T: tl.constexpr, C: tl.constexpr, HV: tl.constexpr):
+    """Store the drafts' rows of T, t_i = beta_i (e_i - sum_j (k_j·k_i) t_j), j over the committed entries and the
+    drafts before i; b_KK [BT, BT] and b_Wck [BWC, BT] are the drafts' and committed keys' products with the
+    drafts' keys as given (b_rk their normalising factors)."""
+    m_c = o_w < C
+    # [BWC, BW] the committed entries' rows
+    b_tc = tl.load(buf_t + ((i_s * C + o_wc[:, None]) * HV + i_hv) * C + o_w[None, :],
+                   mask=m_wc[:, None] & m_c[None, :], other=0.0)
+    # [BT, BW]
+    b_r = tl.where(o_w[None, :] == b_fe + o_t[:, None], 1.0, 0.0)
+    b_r -= tl.sum((b_Wck * b_rk[None, :])[:, :, None] * b_tc[:, None, :], 0)
+    b_kk = b_KK * b_rk[:, None] * b_rk[None, :]
+    b_t = tl.zeros(b_r.shape, dtype=tl.float32)
+    for i in tl.static_range(T):
+        b_kki = tl.sum(tl.where((o_t[:, None] == i) & (o_t[None, :] < i), b_kk, 0.0), 0)
+        b_ri = tl.sum(tl.where(o_t[:, None] == i, b_r, 0.0), 0)
+        b_bi = tl.sum(tl.where(o_t == i, b_bd, 0.0))
+        b_t = tl.where(o_t[:, None] == i, (b_bi * (b_ri - tl.sum(b_kki[:, None] * b_t, 0)))[None, :], b_t)
+    tl.store(buf_t + ((i_s * C + b_fe + o_t[:, None]) * HV + i_hv) * C + o_w[None, :], b_t,
+             mask=m_t[:, None] & m_c[None, :])
+
+
+@triton.jit
 def _verify_kernel(
-    ckpt, rcopy, rscale, buf_u, buf_k, buf_g, buf_b, fill, arrivals,
+    ckpt, rcopy, rscale, buf_u, buf_k, buf_g, buf_b, buf_t, fill, arrivals,
     q, k, v, g, beta, o, slots,
     s_qb, s_qt, s_qh, s_qk,
     s_kb, s_kt, s_kh, s_kk,
@@ -455,8 +462,8 @@ def _verify_kernel(
     T: tl.constexpr, W: tl.constexpr, C: tl.constexpr,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, BVF: tl.constexpr, BT: tl.constexpr, BW: tl.constexpr, BWC: tl.constexpr,
-    JB: tl.constexpr, VK: tl.constexpr, STAGES: tl.constexpr, USE_QK_L2NORM: tl.constexpr, HAS_COPY: tl.constexpr,
-    IS_FP8: tl.constexpr, WY: tl.constexpr,
+    VK: tl.constexpr, STAGES: tl.constexpr, USE_QK_L2NORM: tl.constexpr, HAS_COPY: tl.constexpr,
+    IS_FP8: tl.constexpr,
 ):
     i_b, i_hv = tl.program_id(0), tl.program_id(1)
     i_s = tl.load(slots + i_b).to(tl.int64)
@@ -491,8 +498,8 @@ def _verify_kernel(
                        mask=m_w[:, None] & m_k[None, :], other=0.0)
         # Into a new checkpoint first, as a flush step would; the drafts then read it with no entries left.
         _verify_flush(
-            ckpt, rcopy, rscale, buf_u, buf_k, buf_g, buf_b, i_s, i_h, i_hv, b_f, b_Gl, b_Gw, b_kw, o_w,
-            C, H, HV, K, V, BK, BW, BVF, JB, HAS_COPY, IS_FP8, WY,
+            ckpt, rcopy, rscale, buf_u, buf_t, i_s, i_hv, b_f, b_Gl, b_Gw, b_kw, o_w,
+            C, HV, K, V, BK, BVF, HAS_COPY, IS_FP8,
         )
         # The tile reads below see this program's stores, and the drafts' updates overwrite entries it folded.
         tl.debug_barrier()
@@ -535,6 +542,8 @@ def _verify_kernel(
         b_wki, b_wqi = _row_sums(b_kw3, b_k3, b_q3, 1.0, 1.0)
         b_Wck = tl.where(o_t[None, :] == i, b_wki[:, None], b_Wck)
         b_Wcq = tl.where(o_t[None, :] == i, b_wqi[:, None], b_Wcq)
+    if HAS_COPY:
+        _store_draft_rows(buf_t, b_KK, b_Wck, b_rk, b_bd, i_s, i_hv, b_fe, o_t, o_w, o_wc, m_t, m_wc, T, C, HV)
     # [BT, BT] row i, column i': weight of draft i''s update in draft i's S k (i' < i) and S q (i' <= i)
     b_Ed = tl.exp(tl.where(m_upto, b_cum[:, None] - b_cum[None, :], 0.0)) * b_rk[None, :]
     b_Wk = tl.where(o_t[None, :] < o_t[:, None], b_Ed * b_KK * b_rk[:, None], 0.0)
@@ -631,6 +640,7 @@ def _cache_args(cache: ReplayCache) -> dict:
         "buf_k": cache.buf_k,
         "buf_g": cache.buf_g,
         "buf_b": cache.buf_g if cache.buf_beta is None else cache.buf_beta,
+        "buf_t": cache.buf_g if cache.buf_t is None else cache.buf_t,
         "fill": cache.fill,
     }
 
@@ -644,7 +654,21 @@ def _cache_constants(cache: ReplayCache) -> dict:
     }
 
 
-def _launch_replay(cache, q, k, v, g, beta, out, slots, scale, l2norm, settings):
+def _replay_settings(name: str, launch: dict | None) -> tuple[dict, dict | None]:
+    """The settings of LAUNCH row `name` and, where it takes its flushes in a second launch (PHASES=2), those of
+    that launch (row `name`-flush, overridden by the `launch` keys prefixed flush_)."""
+    launch = dict(launch or {})
+    flush_keys = {key[len("flush_"):]: launch.pop(key) for key in list(launch) if key.startswith("flush_")}
+    settings = launch_settings(LAUNCH, name, launch)
+    if settings.get("PHASES", 1) == 1:
+        if flush_keys:
+            raise ValueError(f"launch keys {', '.join('flush_' + key for key in flush_keys)} apply only with PHASES=2")
+        return settings, None
+    flush = launch_settings(LAUNCH, f"{name}-flush", flush_keys)
+    return settings, flush
+
+
+def _launch_replay(cache, q, k, v, g, beta, out, slots, scale, l2norm, settings, phase):
     VP = min(settings["VP"], next_pow2(cache.V))
     _replay_kernel[(q.shape[0] * cache.HV * triton.cdiv(cache.V, VP),)](
         **_cache_args(cache), arrive=cache.arrive,
@@ -660,13 +684,12 @@ def _launch_replay(cache, q, k, v, g, beta, out, slots, scale, l2norm, settings)
         VP=VP,
         BV=min(settings["BV"], VP),
         BVF=max(16, min(settings["BVF"], VP)),
-        JB=settings["JB"],
         VK=min(settings["VK"], max(16, next_pow2(cache.K))),
         STAGES=settings["STAGES"],
         USE_QK_L2NORM=l2norm,
-        WY=bool(settings.get("WY", 0)),
-        EARLY=bool(settings["EARLY"]),
+        EARLY=bool(settings["EARLY"]) and phase != 2,
         PRECISION="tf32x3" if settings["TF32"] else "ieee",
+        PHASE=phase,
         **compile_options(settings),
     )
 
@@ -687,11 +710,9 @@ def _launch_verify(cache, q, k, v, g, beta, out, slots, scale, l2norm, settings)
         **_cache_constants(cache),
         BV=max(16, min(settings["BV"], next_pow2(cache.V))),
         BVF=max(16, min(settings["BVF"], next_pow2(cache.V))),
-        JB=settings["JB"],
         VK=min(settings["VK"], max(16, next_pow2(cache.K))),
         STAGES=settings["STAGES"],
         USE_QK_L2NORM=l2norm,
-        WY=bool(settings.get("WY", 0)),
         **compile_options(settings),
     )
 
@@ -708,8 +729,8 @@ def _check_cache(cache, kernel) -> None:
     if not isinstance(cache, ReplayCache):
         raise ValueError(f"cache must be a ReplayCache; got {type(cache).__name__}")
     check_device(cache.device, kernel)
-    for name in ("checkpoint", "read_copy", "read_scale", "buf_u", "buf_k", "buf_g", "buf_beta", "fill", "arrive",
-                 "arrivals"):
+    for name in ("checkpoint", "read_copy", "read_scale", "buf_u", "buf_k", "buf_g", "buf_beta", "buf_t", "fill",
+                 "arrive", "arrivals"):
         value = getattr(cache, name)
         if value is not None and not value.is_contiguous():
             raise ValueError(f"cache.{name} must be contiguous, as ReplayCache.create makes it")
@@ -753,12 +774,12 @@ def replay(
     this step from it, stores it, refreshes the read copy and empties the buffer.
     Mutates the cache; returns o (batch, HV, V) in v's dtype (written into `out` when given).
     `launch` overrides VP (rows per program: the programs of a head share its fill counter), BV
-    (rows per chunk of a non-flush step), BVF (of a flush), WY (with a read copy: 1
-    corrects the buffered updates at a flush with one product, 0 entry by entry), JB (buffered
-    entries corrected per unrolled group under split precision), VK (width of the K pieces a
+    (rows per chunk of a non-flush step), BVF (of a flush), VK (width of the K pieces a
     non-flush step reduces its rows in), EARLY (1: a non-flush step reads the whole buffer before
     the fill counter), TF32 (1: a flush folds the buffer through 3xTF32 tensor-core products, 0 through
-    fp32 FMAs), num_warps, num_stages, maxnreg. `check` range-checks slots
+    fp32 FMAs), num_warps, num_stages, maxnreg, PHASES (2: the non-flush steps in one launch, then the flushes in
+    a second with their own settings, given by keys prefixed flush_, such as flush_num_warps; 1: one launch).
+    `check` range-checks slots
     on the host, a device sync: pass check=False for a step with no host synchronisation (it is
     skipped anyway while a CUDA graph is captured).
     """
@@ -766,9 +787,14 @@ def replay(
     scale = default_scale(cache.K, scale)
     slots = check_slots(slots, batch, cache.nslots, q.device, check)
     out = check_out(out, v.shape, v.dtype, q.device)
-    settings = launch_settings(LAUNCH, launch_name("replay", cache, batch), launch)
+    settings, flush = _replay_settings(launch_name("replay", cache, batch), launch)
     if batch:
-        _launch_replay(cache, q, k, v, g, beta, out, slots, scale, bool(use_qk_l2norm_in_kernel), settings)
+        args = (cache, q, k, v, g, beta, out, slots, scale, bool(use_qk_l2norm_in_kernel))
+        if flush is None:
+            _launch_replay(*args, settings, 0)
+        else:
+            _launch_replay(*args, settings, 1)
+            _launch_replay(*args, flush, 2)
     return out
 
 
@@ -797,7 +823,7 @@ def verify(
     the state after drafts 0..i-1. The drafts are appended at fill .. fill + T - 1 (0 .. T - 1
     after a flush) and fill is not advanced, so a later verify or step overwrites the rejected ones.
     Returns o (batch, T, HV, V) in v's dtype (written into `out` when given). `launch` overrides BV
-    (rows of the tile per pipelined chunk), BVF (rows per chunk of a flush-first fold), JB, VK, STAGES
+    (rows of the tile per pipelined chunk), BVF (rows per chunk of a flush-first fold), VK, STAGES
     (the chunks' pipeline depth), num_warps, num_stages, maxnreg; slots, check: as in `replay`.
     """
     batch, T = _check_against_cache(cache, _verify_kernel, q, k, v, g, beta, tokens=True)
