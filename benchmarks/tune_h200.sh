@@ -3,7 +3,7 @@
 # writes its table (.txt) and results (.json) under DIR (default runs/tune), and DIR.tar.gz holds them all for
 # machines that return one file; a sweep past its time limit leaves the ones before it.
 # Usage: benchmarks/tune_h200.sh [DIR] [SECTION ...]
-# Sections: tests, verify-tests, gdn-verify-mma, gdn-verify-3, gdn-verify-rows, gdn-verify-warps, gdn-verify-warps-2, mamba2-verify-warps, gdn-split-3, gdn-split-4, gdn-split-wy2, gdn-split-wy2-2, gdn-split-wy2-3, gdn-split-wy1, gdn-split-wy2-4, gdn-split-phases-5, two-phase, two-phase-2, regs-2byte, stalls, stalls-2, next, small-grid, small-grid-2, small-grid-3, medium-grid, direct, order, vk, gdn-decode, gdn-replay, gdn-early, gdn-replay-256, gdn-fp32-2, gdn-split, gdn-split-2,
+# Sections: tests, verify-tests, gdn-verify-mma, gdn-verify-3, gdn-verify-rows, gdn-verify-warps, gdn-verify-warps-2, mamba2-verify-warps, gdn-split-3, gdn-split-4, two-phase-2, mamba2-split-phases, regs-2byte, stalls, stalls-2, next, small-grid, small-grid-2, small-grid-3, medium-grid, direct, order, vk, gdn-decode, gdn-replay, gdn-early, gdn-replay-256, gdn-fp32-2, gdn-split, gdn-split-2,
 # gdn-bf16, gdn-bf16-2, gdn-verify, fla, mamba2-split, mamba2-split2, mamba2-vn, mamba2-bf16, mamba2-bf16-2,
 # mamba2-verify (default: tests gdn-decode gdn-replay gdn-verify mamba2-split mamba2-bf16 mamba2-verify).
 set -uo pipefail
@@ -342,104 +342,9 @@ for section in $SECTIONS; do
             --launch split-bf16:BV=128,BVF=32,num_warps=4,maxnreg=128 --launch split-bf16:BV=128,BVF=16,num_warps=4,maxnreg=128 \
             --launch split-bf16:BV=128,BVF=16,num_warps=4,maxnreg=168
         ;;
-    gdn-split-wy2)
-        # Each append stores its correction key y_j (WY=2), so a flush corrects its buffered updates with one product
-        # of stored rows instead of entry by entry (WY=0) or rebuilding them per program (WY=1, run 28).
-        gdn_tests
-        sweep gdn-split-wy2 240 sweep_gdn.py --kernel decode --kernel split-bf16 --batch 16 --batch 64 --batch 256 \
-            --launch decode:VP=4,BV=4,VK=128,num_warps=1 --launch split-bf16:WY=0 --launch split-bf16:WY=2 \
-            --launch split-bf16:WY=2,BVF=16 --launch split-bf16:WY=2,TF32=1 --launch split-bf16:WY=2,TF32=1,BVF=16 \
-            --launch split-bf16:WY=2,TF32=1,maxnreg=128 --launch split-bf16:WY=2,TF32=1,BV=64 \
-            --launch split-bf16:WY=2,TF32=1,BV=32,BVF=16,STAGES=3,num_warps=2,maxnreg=128 \
-            --launch split-bf16:WY=2,BV=32,BVF=16,STAGES=3,num_warps=2,maxnreg=128
-        ;;
-    gdn-split-wy2-2)
-        # Where WY=2 gains and loses: the split window's non-flush steps and its flush, timed apart.
-        sweep gdn-split-phases 240 sweep_gdn.py --kernel decode --kernel split-bf16-nonflush --kernel split-bf16-flush \
-            --batch 64 --batch 256 --launch decode:VP=4,BV=4,VK=128,num_warps=1 \
-            --launch split-bf16-nonflush:WY=0 --launch split-bf16-nonflush:WY=2 --launch split-bf16-nonflush:WY=2,TF32=1 \
-            --launch split-bf16-nonflush:WY=0,TF32=1 --launch split-bf16-flush:WY=0 --launch split-bf16-flush:WY=2 \
-            --launch split-bf16-flush:WY=2,TF32=1 --launch split-bf16-flush:WY=0,TF32=1
-        sweep mamba2-bf16-regs-2 150 sweep_mamba2.py --state-dtype bf16 --kernel decode --kernel replay --batch 64 \
-            --batch 256 --launch decode:BP=32,num_warps=4 --launch replay:maxnreg=128 --launch replay:maxnreg=96 \
-            --launch replay:maxnreg=80 --launch replay:maxnreg=96,STAGES=4 --launch replay:maxnreg=96,VN=32
-        ;;
-    gdn-split-wy2-3)
-        # WY=2 storing each entry's [C] row of T rather than its [K] correction key (the key cost the non-flush
-        # step 35% in gdn-split-wy2-2); the flush's keys times T is one product per program.
-        gdn_tests
-        sweep gdn-split-phases-2 240 sweep_gdn.py --kernel decode --kernel split-bf16-nonflush --kernel split-bf16-flush \
-            --batch 64 --batch 256 --launch decode:VP=4,BV=4,VK=128,num_warps=1 \
-            --launch split-bf16-nonflush:WY=0 --launch split-bf16-nonflush:WY=2,TF32=1 \
-            --launch split-bf16-flush:WY=0 --launch split-bf16-flush:WY=2,TF32=1 --launch split-bf16-flush:WY=2,TF32=1,BVF=16
-        sweep gdn-split-wy2-3 240 sweep_gdn.py --kernel decode --kernel split-bf16 --batch 1 --batch 16 --batch 64 \
-            --batch 256 --launch decode:VP=4,BV=4,VK=128,num_warps=1 --launch split-bf16:WY=0 \
-            --launch split-bf16:WY=2,TF32=1 --launch split-bf16:WY=2,TF32=1,BVF=16 \
-            --launch split-bf16:WY=2,TF32=1,maxnreg=128 --launch split-bf16:WY=2,TF32=1,BV=64
-        ;;
-    gdn-split-wy1)
-        # WY=1 (the correction's weights rebuilt per flushing program from the keys) through 3xTF32 products, never
-        # timed with them: its non-flush step is WY=0's.
-        sweep gdn-split-phases-3 240 sweep_gdn.py --kernel decode --kernel split-bf16-nonflush --kernel split-bf16-flush \
-            --batch 64 --batch 256 --launch decode:VP=4,BV=4,VK=128,num_warps=1 \
-            --launch split-bf16-nonflush:WY=0 --launch split-bf16-nonflush:WY=1,TF32=1 \
-            --launch split-bf16-flush:WY=1,TF32=1 --launch split-bf16-flush:WY=1,TF32=1,maxnreg=128
-        sweep gdn-split-wy1 240 sweep_gdn.py --kernel decode --kernel split-bf16 --batch 1 --batch 16 --batch 64 \
-            --batch 256 --launch decode:VP=4,BV=4,VK=128,num_warps=1 --launch split-bf16:WY=0 \
-            --launch split-bf16:WY=1,TF32=1 --launch split-bf16:WY=1,TF32=1,maxnreg=128 --launch split-bf16:WY=1,TF32=1,BV=64
-        ;;
-    gdn-split-wy2-4)
-        # WY=2 with the correction as D's products with the buffered keys (independent reductions, no chain)
-        # times the stored rows of T: the flush holds no product's operands in shared memory (the 3xTF32 ones took
-        # it to 52-68 KiB and the non-flush step 23-36% slower, gdn-split-wy1).
-        gdn_tests
-        sweep gdn-split-phases-4 240 sweep_gdn.py --kernel decode --kernel split-bf16-nonflush --kernel split-bf16-flush \
-            --batch 64 --batch 256 --launch decode:VP=4,BV=4,VK=128,num_warps=1 \
-            --launch split-bf16-nonflush:WY=0 --launch split-bf16-nonflush:WY=2 --launch split-bf16-nonflush:WY=2,TF32=1 \
-            --launch split-bf16-flush:WY=0 --launch split-bf16-flush:WY=2 --launch split-bf16-flush:WY=2,TF32=1 \
-            --launch split-bf16-flush:WY=2,JB=4 --launch split-bf16-flush:WY=2,TF32=1,JB=4 \
-            --launch split-bf16-flush:WY=2,BVF=16 --launch split-bf16-flush:WY=2,TF32=1,BVF=16
-        sweep gdn-split-wy2-4 240 sweep_gdn.py --kernel decode --kernel split-bf16 --batch 1 --batch 16 --batch 64 \
-            --batch 256 --launch decode:VP=4,BV=4,VK=128,num_warps=1 --launch split-bf16:WY=0 --launch split-bf16:WY=2 \
-            --launch split-bf16:WY=2,TF32=1 --launch split-bf16:WY=2,JB=4 --launch split-bf16:WY=2,TF32=1,JB=4 \
-            --launch split-bf16:WY=2,BVF=16 --launch split-bf16:WY=2,TF32=1,BVF=16
-        ;;
-    gdn-split-phases-5)
-        # Launch settings for each phase on its own: the non-flush step in the bf16-state replay's 2-warp programs,
-        # the flush in larger ones (the premise of launching the two phases apart).
-        sweep gdn-split-phases-5 240 sweep_gdn.py --kernel decode --kernel split-bf16-nonflush --kernel split-bf16-flush \
-            --batch 64 --batch 256 --launch decode:VP=4,BV=4,VK=128,num_warps=1 \
-            --launch split-bf16-nonflush:WY=0 \
-            --launch split-bf16-nonflush:BV=32,BVF=16,STAGES=3,num_warps=2,maxnreg=128 \
-            --launch split-bf16-nonflush:BV=32,BVF=16,STAGES=2,num_warps=2,maxnreg=128 \
-            --launch split-bf16-nonflush:BV=64,BVF=16,STAGES=2,num_warps=2,maxnreg=128 \
-            --launch split-bf16-nonflush:BV=32,BVF=16,STAGES=3,num_warps=4,maxnreg=128 \
-            --launch split-bf16-flush:WY=1,TF32=1 --launch split-bf16-flush:WY=1,TF32=1,BVF=64 \
-            --launch split-bf16-flush:WY=1,TF32=1,BVF=64,num_warps=8 --launch split-bf16-flush:WY=1,TF32=1,maxnreg=255 \
-            --launch split-bf16-flush:WY=1,TF32=1,BVF=64,num_warps=8,maxnreg=255 \
-            --launch split-bf16-flush:WY=0,BVF=64,num_warps=8,maxnreg=255
-        ;;
-    two-phase)
-        # The non-flush steps and the flushes in two launches with their own settings (PHASES=2): the split row's
-        # non-flush step in the bf16-state replay's 2-warp programs (186 against 255 µs at batch 256,
-        # gdn-split-phases-5), its flush in 4-warp programs through 3xTF32 products.
-        gdn_tests
-        sweep two-phase-split 300 sweep_gdn.py --kernel decode --kernel split-bf16 --batch 1 --batch 16 --batch 64 \
-            --batch 256 --batch 512 --launch decode:VP=4,BV=4,VK=128,num_warps=1 \
-            --launch split-bf16:PHASES=1,BV=128,BVF=32,STAGES=2,num_warps=4,maxnreg=168,WY=0 \
-            --launch split-bf16:WY=1 --launch split-bf16:WY=2 --launch split-bf16:WY=0 \
-            --launch split-bf16:WY=1,flush_maxnreg=255 --launch split-bf16:WY=2,flush_maxnreg=255 \
-            --launch split-bf16:WY=2,flush_BVF=16 --launch split-bf16:WY=1,BV=32,STAGES=2
-        sweep two-phase-split-phases 200 sweep_gdn.py --kernel split-bf16-nonflush --kernel split-bf16-flush \
-            --batch 64 --batch 256 --launch split-bf16-nonflush:WY=1 --launch split-bf16-nonflush:WY=2 \
-            --launch split-bf16-flush:WY=1 --launch split-bf16-flush:WY=2
-        sweep two-phase-replay 200 sweep_gdn.py --kernel decode --kernel replay --batch 64 --batch 256 \
-            --launch decode:VP=4,BV=4,VK=128,num_warps=1 --launch replay:PHASES=1 --launch replay:PHASES=2 \
-            --launch replay:PHASES=2,flush_num_warps=4 --launch replay:PHASES=2,flush_num_warps=4,flush_TF32=1 \
-            --launch replay:PHASES=2,flush_num_warps=4,flush_BVF=32,flush_maxnreg=168,flush_TF32=1
-        ;;
     two-phase-2)
-        # The T rows as the only correction (WY gone), two launches by default for bf16 and fp8 copies.
+        # GDN split precision with the rows of T and its flushes in a launch of their own (PHASES=2) against one
+        # launch, for bf16 and fp8 copies; the fp32 replay in two launches; the split window's phases.
         gdn_tests
         one=PHASES=1,BV=128,BVF=32,STAGES=2,num_warps=4,maxnreg=168
         sweep two-phase-2 300 sweep_gdn.py --kernel decode --kernel split-bf16 --kernel split-fp8 --batch 1 --batch 16 \
@@ -454,9 +359,16 @@ for section in $SECTIONS; do
             --launch replay:PHASES=2,flush_num_warps=4 --launch replay:PHASES=2,flush_num_warps=4,flush_TF32=1 \
             --launch replay:PHASES=2,flush_num_warps=4,flush_BVF=32,flush_maxnreg=168,flush_TF32=1
         ;;
+    mamba2-split-phases)
+        # Mamba-2's split window apart: its non-flush step and its flush (no correction: 10 B per element).
+        sweep mamba2-split-phases 200 sweep_mamba2.py --kernel decode --kernel split-bf16 --kernel split-bf16-nonflush \
+            --kernel split-bf16-flush --batch 64 --batch 256 --launch decode:BP=64,num_warps=8 --launch split-bf16: \
+            --launch split-bf16:BPF=32 --launch split-bf16:TF32=1 --launch split-bf16-nonflush: \
+            --launch split-bf16-flush: --launch split-bf16-flush:BPF=32 --launch split-bf16-flush:TF32=1
+        ;;
     regs-2byte)
         # The steps on 2-byte tiles wait on latency at 21-24% occupancy (NOTES run 42); capping their registers
-        # fits more programs per SM, as the cap on GDN's split row did (run 48). Prepared, not timed.
+        # fits more programs per SM, as the cap on GDN's split row did (run 48). Timed in run 49.
         sweep gdn-bf16-regs 150 sweep_gdn.py --state-dtype bf16 --kernel decode --kernel replay --batch 64 \
             --batch 256 --launch decode:VP=8,BV=8,VK=128,num_warps=1 --launch replay:maxnreg=128 \
             --launch replay:maxnreg=112 --launch replay:maxnreg=104 --launch replay:maxnreg=96
