@@ -3,7 +3,7 @@
 # writes its table (.txt) and results (.json) under DIR (default runs/tune), and DIR.tar.gz holds them all for
 # machines that return one file; a sweep past its time limit leaves the ones before it.
 # Usage: benchmarks/tune_h200.sh [DIR] [SECTION ...]
-# Sections: tests, verify-tests, gdn-verify-mma, gdn-verify-3, gdn-verify-rows, gdn-verify-warps, gdn-verify-warps-2, mamba2-verify-warps, gdn-split-3, gdn-split-4, two-phase-2, mamba2-split-phases, regs-2byte, stalls, stalls-2, next, small-grid, small-grid-2, small-grid-3, medium-grid, direct, order, vk, gdn-decode, gdn-replay, gdn-early, gdn-replay-256, gdn-fp32-2, gdn-split, gdn-split-2,
+# Sections: tests, verify-tests, gdn-verify-mma, gdn-verify-3, gdn-verify-rows, gdn-verify-warps, gdn-verify-warps-2, mamba2-verify-warps, gdn-split-3, gdn-split-4, two-phase-2, mamba2-split-phases, mamba2-two-phase, regs-2byte, stalls, stalls-2, next, small-grid, small-grid-2, small-grid-3, medium-grid, direct, order, vk, gdn-decode, gdn-replay, gdn-early, gdn-replay-256, gdn-fp32-2, gdn-split, gdn-split-2,
 # gdn-bf16, gdn-bf16-2, gdn-verify, fla, mamba2-split, mamba2-split2, mamba2-vn, mamba2-bf16, mamba2-bf16-2,
 # mamba2-verify (default: tests gdn-decode gdn-replay gdn-verify mamba2-split mamba2-bf16 mamba2-verify).
 set -uo pipefail
@@ -365,6 +365,25 @@ for section in $SECTIONS; do
             --kernel split-bf16-flush --batch 64 --batch 256 --launch decode:BP=64,num_warps=8 --launch split-bf16: \
             --launch split-bf16:BPF=32 --launch split-bf16:TF32=1 --launch split-bf16-nonflush: \
             --launch split-bf16-flush: --launch split-bf16-flush:BPF=32 --launch split-bf16-flush:TF32=1
+        ;;
+    mamba2-two-phase)
+        # Mamba-2's non-flush step in a launch of its own compiles to 1344 instructions and 117 registers (3104 and
+        # 128 with the flush): capped lower without spills, more programs fit (NOTES run 50).
+        start=$SECONDS
+        timeout 200 python -m pytest -q -n 8 --tb=short tests/test_mamba2_replay.py tests/test_mamba2_split.py \
+            >"$DIR/mamba2-tests.txt" 2>&1
+        echo "mamba2-tests: exit $?, $((SECONDS - start)) s: $(tail -n 1 "$DIR/mamba2-tests.txt")" >&2
+        f=flush_maxnreg=128
+        sweep mamba2-two-phase-split 200 sweep_mamba2.py --kernel decode --kernel split-bf16 --batch 16 --batch 64 \
+            --batch 256 --launch decode:BP=64,num_warps=8 --launch split-bf16: --launch split-bf16:PHASES=2 \
+            --launch split-bf16:PHASES=2,maxnreg=96,$f --launch split-bf16:PHASES=2,maxnreg=80,$f \
+            --launch split-bf16:PHASES=2,maxnreg=64,$f --launch split-bf16:PHASES=2,maxnreg=64,STAGES=2,$f,flush_STAGES=3
+        sweep mamba2-two-phase-bf16 200 sweep_mamba2.py --state-dtype bf16 --kernel decode --kernel replay --batch 64 \
+            --batch 256 --launch decode:BP=32,num_warps=4 --launch replay: --launch replay:PHASES=2,maxnreg=80,$f \
+            --launch replay:PHASES=2,maxnreg=64,$f --launch replay:PHASES=2,maxnreg=64,STAGES=2,$f,flush_STAGES=3
+        sweep mamba2-two-phase-fp32 200 sweep_mamba2.py --kernel decode --kernel replay --batch 64 --batch 256 \
+            --launch decode:BP=64,num_warps=8 --launch replay: --launch replay:PHASES=2 \
+            --launch replay:PHASES=2,maxnreg=80,flush_maxnreg=96 --launch replay:PHASES=2,maxnreg=64,flush_maxnreg=96
         ;;
     regs-2byte)
         # The steps on 2-byte tiles wait on latency at 21-24% occupancy (NOTES run 42); capping their registers

@@ -93,6 +93,9 @@ LAUNCH_CASES = [
     ({"RC": 16, "STAGES": 2, "EARLY": 1}, "bf16"),
     ({"BP": 16, "RC": 16, "num_warps": 1, "EARLY": 1, "TF32": 1}, "fp8"),
     ({"TF32": 1}, None),
+    ({"PHASES": 2}, None),
+    ({"PHASES": 2, "maxnreg": 64, "flush_maxnreg": 128, "flush_RC": 16}, "bf16"),
+    ({"PHASES": 2, "BP": 16, "RC": 16, "num_warps": 1, "EARLY": 1, "flush_BP": 32}, "fp8"),
 ]
 
 
@@ -102,7 +105,8 @@ LAUNCH_CASES = [
 def test_replay_launch_settings(device, assert_close, launch, read):
     """The streamed tile (RC rows at a time), the whole tile, P split over programs (under 16 rows each: the
     flush's 16-row chunk masked to the program's rows), the buffer read whole before the fill (EARLY: its NaN
-    entries past the fill weighted out) and the flush folded through 3xTF32 all match the reference."""
+    entries past the fill weighted out), the flush folded through 3xTF32 and the flushes in a launch of their own
+    (PHASES=2, with other settings, P split differently: their own arrival counts) all match the reference."""
     shape, W = (5, 2, 48, 20, 1), 4
     got = make_cache(shape, W, device, read=read)
     poison(got)
@@ -246,6 +250,10 @@ BAD_REPLAY = {
     "launch": (lambda c, i: i.update(launch={"num_warps": 3}), "power of two"),
     "launch-flag": (lambda c, i: i.update(launch={"EARLY": 2}), r"launch\[.EARLY.\] must be 0 or 1, got 2"),
     "out-shape": (lambda c, i: i.update(out=torch.zeros(2, 4, 7)), "out must have shape"),
+    "launch-phases": (lambda c, i: i.update(launch={"PHASES": 3}), r"launch\[.PHASES.\] must be 1 or 2, got 3"),
+    "launch-flush-flag": (lambda c, i: i.update(launch={"PHASES": 2, "flush_TF32": 2}),
+                          r"launch\[.flush_TF32.\] must be 0 or 1, got 2"),
+    "launch-flush-one-launch": (lambda c, i: i.update(launch={"flush_RC": 16}), "flush_RC apply only with PHASES=2"),
 }
 
 

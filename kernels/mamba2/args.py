@@ -163,13 +163,16 @@ def pick_launch(table: list, itemsize: int, P: int, N: int, launch: dict | None,
         if unknown:
             raise ValueError(f"launch has unknown key {unknown[0]!r}; expected some of {', '.join(keys)}")
         for key, value in launch.items():
-            if key in FLAG_KEYS:
-                if isinstance(value, bool) or value not in (0, 1):
-                    raise ValueError(f"launch[{key!r}] must be 0 or 1, got {value!r}")
+            # a flush_ key (the settings of a second launch's flushes) obeys its setting's rules
+            base = key[len("flush_"):] if key.startswith("flush_") else key
+            if base in FLAG_KEYS or base == "PHASES":
+                allowed = (1, 2) if base == "PHASES" else (0, 1)
+                if isinstance(value, bool) or value not in allowed:
+                    raise ValueError(f"launch[{key!r}] must be {' or '.join(map(str, allowed))}, got {value!r}")
                 continue
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"launch[{key!r}] must be a positive integer, got {value!r}")
-            if key in ("num_warps", "BP", "BPF") and value & (value - 1):
+            if base in ("num_warps", "BP", "BPF") and value & (value - 1):
                 raise ValueError(f"launch[{key!r}] must be a power of two, got {value}")
         settings.update(launch)
     return settings

@@ -39,7 +39,10 @@ def mamba2_replay_kernel(
     W: tl.constexpr, CAP: tl.constexpr, BP: tl.constexpr, BPF: tl.constexpr, BN: tl.constexpr, BW: tl.constexpr,
     VN: tl.constexpr, RC: tl.constexpr, STAGES: tl.constexpr, NPB: tl.constexpr, HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_DT_BIAS: tl.constexpr, USE_SOFTPLUS: tl.constexpr,
     HAS_SLOTS: tl.constexpr, USE_COPY: tl.constexpr, IS_FP8: tl.constexpr, EARLY: tl.constexpr, PRECISION: tl.constexpr,
+    PHASE: tl.constexpr,
 ):
+    # PHASE 0 takes every row's step; 1 only the non-flush steps, leaving the fill counters; 2 only the flushes, and
+    # advances every fill (`replay` launches 1 then 2 where the settings ask for two launches, PHASES=2).
     i_b, i_h, i_p = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     HPG = H // G
     i_g = i_h // HPG
@@ -64,7 +67,7 @@ def mamba2_replay_kernel(
     o_s = i_s * stride_ck_s + i_h * stride_ck_h
     # The tile read bounds the step, so it is issued before anything it does not depend on, unless the
     # non-flush step streams the tile RC rows at a time through shared memory (a pipelined loop, few registers).
-    if RC >= BP:
+    if RC >= BP and PHASE != 2:
         if USE_COPY:
             p_rc = read_copy + i_s * stride_rc_s + i_h * stride_rc_h + o_p[:, None, None] * stride_rc_p + o_n3[None, :, :]
             b_r = tl.load(p_rc, mask=m_s3, other=0.0)
@@ -88,7 +91,7 @@ def mamba2_replay_kernel(
     f = tl.load(fill + i_sh)
     m_w = o_w < f
     if EARLY:
-        if NPB > 1:
+        if NPB > 1 and PHASE != 1:
             # Arrive as soon as the fill is read (the increment is computed from it, so the read is complete).
             b_arrived = tl.atomic_add(arrive + i_sh, tl.where(f >= 0, 1, 0), sem="relaxed")
         b_lprev = tl.sum(tl.where(o_w == f - 1, b_lw, 0.0))
@@ -109,55 +112,56 @@ def mamba2_replay_kernel(
     p_y = y + i_b * stride_y_b + i_h * stride_y_h
 
     if f + 1 < W:
-        if not EARLY:
-            b_C3 = tl.load(C + i_b * stride_C_b + i_g * stride_C_g + o_n3, mask=m_n3, other=0.0).to(tl.float32)
-            # [BW, NC, VN]
-            b_bw = tl.load(p_bb + o_w[:, None, None] * N + o_n3[None, :, :],
-                           mask=m_w[:, None, None] & m_n3[None, :, :], other=0.0)
-        b_kw = tl.where(m_w, b_cw * tl.sum(tl.sum(b_bw.to(tl.float32) * b_C3[None, :, :], axis=1), axis=1), 0.0)
-        if RC >= BP:
-            if EARLY:
-                b_xw = tl.where(m_w[:, None], b_xw, 0.0)
-            else:
-                # [BW, BP]
-                b_xw = tl.load(p_xb + o_w[:, None] * P + o_p[None, :], mask=m_w[:, None] & m_p[None, :], other=0.0)
-            b_y = tl.sum(tl.sum(b_r.to(tl.float32) * b_C3[None, :, :], axis=1), axis=1)
-            if IS_FP8:
-                b_y = b_y * tl.load(read_scale + i_sh * P + o_p, mask=m_p, other=0.0)
-            b_y = tl.exp(b_lam) * b_y + tl.sum(b_kw[:, None] * b_xw.to(tl.float32), axis=0)
-            b_y += (b_dt * tl.sum(b_B * b_C, axis=0)) * b_x
-            b_y = finish_output(b_y, b_x, D, z, o_z + o_p, m_p, i_h, HAS_D, HAS_Z)
-            tl.store(p_y + o_p, b_y.to(p_y.dtype.element_ty), mask=m_p)
-        else:
-            b_decay = tl.exp(b_lam)
-            b_bc = b_dt * tl.sum(b_B * b_C, axis=0)
-            for i_r in tl.range(0, BP, RC, num_stages=STAGES):
-                o_r = i_p * BP + i_r + tl.arange(0, RC)
-                m_r = o_r < P
-                m_t = m_r[:, None, None] & m_n3[None, :, :]
-                # [RC, NC, VN] and [BW, RC]
-                if USE_COPY:
-                    p_t = read_copy + i_s * stride_rc_s + i_h * stride_rc_h + o_r[:, None, None] * stride_rc_p
+        if PHASE != 2:
+            if not EARLY:
+                b_C3 = tl.load(C + i_b * stride_C_b + i_g * stride_C_g + o_n3, mask=m_n3, other=0.0).to(tl.float32)
+                # [BW, NC, VN]
+                b_bw = tl.load(p_bb + o_w[:, None, None] * N + o_n3[None, :, :],
+                               mask=m_w[:, None, None] & m_n3[None, :, :], other=0.0)
+            b_kw = tl.where(m_w, b_cw * tl.sum(tl.sum(b_bw.to(tl.float32) * b_C3[None, :, :], axis=1), axis=1), 0.0)
+            if RC >= BP:
+                if EARLY:
+                    b_xw = tl.where(m_w[:, None], b_xw, 0.0)
                 else:
-                    p_t = checkpoint + o_s + o_r[:, None, None] * stride_ck_p
-                b_t = tl.load(p_t + o_n3[None, :, :], mask=m_t, other=0.0)
-                b_xw = tl.load(p_xb + o_w[:, None] * P + o_r[None, :], mask=m_w[:, None] & m_r[None, :], other=0.0)
-                b_xc = tl.load(x + i_b * stride_x_b + i_h * stride_x_h + o_r, mask=m_r, other=0.0)
-                b_yc = tl.sum(tl.sum(b_t.to(tl.float32) * b_C3[None, :, :], axis=1), axis=1)
+                    # [BW, BP]
+                    b_xw = tl.load(p_xb + o_w[:, None] * P + o_p[None, :], mask=m_w[:, None] & m_p[None, :], other=0.0)
+                b_y = tl.sum(tl.sum(b_r.to(tl.float32) * b_C3[None, :, :], axis=1), axis=1)
                 if IS_FP8:
-                    b_yc = b_yc * tl.load(read_scale + i_sh * P + o_r, mask=m_r, other=0.0)
-                b_yc = b_decay * b_yc + tl.sum(b_kw[:, None] * b_xw.to(tl.float32), axis=0)
-                b_yc += b_bc * b_xc.to(tl.float32)
-                b_yc = finish_output(b_yc, b_xc.to(tl.float32), D, z, o_z + o_r, m_r, i_h, HAS_D, HAS_Z)
-                tl.store(p_y + o_r, b_yc.to(p_y.dtype.element_ty), mask=m_r)
-        tl.store(p_xb + f * P + o_p, b_xr, mask=m_p)
-        if i_p == 0:
-            tl.store(p_db + f, b_dt)
-            tl.store(p_lb + f, b_lam)
-            if i_h % HPG == 0:
-                tl.store(p_bb + f * N + o_n, b_Br, mask=m_n)
+                    b_y = b_y * tl.load(read_scale + i_sh * P + o_p, mask=m_p, other=0.0)
+                b_y = tl.exp(b_lam) * b_y + tl.sum(b_kw[:, None] * b_xw.to(tl.float32), axis=0)
+                b_y += (b_dt * tl.sum(b_B * b_C, axis=0)) * b_x
+                b_y = finish_output(b_y, b_x, D, z, o_z + o_p, m_p, i_h, HAS_D, HAS_Z)
+                tl.store(p_y + o_p, b_y.to(p_y.dtype.element_ty), mask=m_p)
+            else:
+                b_decay = tl.exp(b_lam)
+                b_bc = b_dt * tl.sum(b_B * b_C, axis=0)
+                for i_r in tl.range(0, BP, RC, num_stages=STAGES):
+                    o_r = i_p * BP + i_r + tl.arange(0, RC)
+                    m_r = o_r < P
+                    m_t = m_r[:, None, None] & m_n3[None, :, :]
+                    # [RC, NC, VN] and [BW, RC]
+                    if USE_COPY:
+                        p_t = read_copy + i_s * stride_rc_s + i_h * stride_rc_h + o_r[:, None, None] * stride_rc_p
+                    else:
+                        p_t = checkpoint + o_s + o_r[:, None, None] * stride_ck_p
+                    b_t = tl.load(p_t + o_n3[None, :, :], mask=m_t, other=0.0)
+                    b_xw = tl.load(p_xb + o_w[:, None] * P + o_r[None, :], mask=m_w[:, None] & m_r[None, :], other=0.0)
+                    b_xc = tl.load(x + i_b * stride_x_b + i_h * stride_x_h + o_r, mask=m_r, other=0.0)
+                    b_yc = tl.sum(tl.sum(b_t.to(tl.float32) * b_C3[None, :, :], axis=1), axis=1)
+                    if IS_FP8:
+                        b_yc = b_yc * tl.load(read_scale + i_sh * P + o_r, mask=m_r, other=0.0)
+                    b_yc = b_decay * b_yc + tl.sum(b_kw[:, None] * b_xw.to(tl.float32), axis=0)
+                    b_yc += b_bc * b_xc.to(tl.float32)
+                    b_yc = finish_output(b_yc, b_xc.to(tl.float32), D, z, o_z + o_r, m_r, i_h, HAS_D, HAS_Z)
+                    tl.store(p_y + o_r, b_yc.to(p_y.dtype.element_ty), mask=m_r)
+            tl.store(p_xb + f * P + o_p, b_xr, mask=m_p)
+            if i_p == 0:
+                tl.store(p_db + f, b_dt)
+                tl.store(p_lb + f, b_lam)
+                if i_h % HPG == 0:
+                    tl.store(p_bb + f * N + o_n, b_Br, mask=m_n)
         f_next = f + 1
-    else:
+    elif PHASE != 1:
         # The flush walks its rows BPF at a time (a pipelined loop) so that this rare branch does not raise the
         # register count of the common one; each chunk's rank-f update is one [BPF, BW] x [BW, BN] fp32 product.
         b_bwf = tl.load(p_bb + o_w[:, None] * N + o_n[None, :], mask=m_w[:, None] & m_n[None, :], other=0.0)
@@ -183,17 +187,20 @@ def mamba2_replay_kernel(
             b_yc = finish_output(b_yc, b_xt, D, z, o_z + o_c, m_c, i_h, HAS_D, HAS_Z)
             tl.store(p_y + o_c, b_yc.to(p_y.dtype.element_ty), mask=m_c)
         f_next = f * 0
-
-    if NPB == 1:
-        tl.store(fill + i_sh, f_next)
     else:
-        # The P-blocks of a (slot, head) all read its fill; the last to arrive advances it. Relaxed order
-        # suffices: every program has consumed the fill it read before it arrives.
-        if not EARLY:
-            b_arrived = tl.atomic_add(arrive + i_sh, 1, sem="relaxed")
-        if b_arrived == NPB - 1:
+        f_next = f
+
+    if PHASE != 1:
+        if NPB == 1:
             tl.store(fill + i_sh, f_next)
-            tl.store(arrive + i_sh, 0)
+        else:
+            # The P-blocks of a (slot, head) all read its fill; the last to arrive advances it. Relaxed order
+            # suffices: every program has consumed the fill it read before it arrives.
+            if not EARLY:
+                b_arrived = tl.atomic_add(arrive + i_sh, 1, sem="relaxed")
+            if b_arrived == NPB - 1:
+                tl.store(fill + i_sh, f_next)
+                tl.store(arrive + i_sh, 0)
 
 
 @triton.jit
@@ -230,26 +237,28 @@ def mamba2_materialize_kernel(
 # tiles (a bf16 checkpoint, a read copy: SPLIT_LAUNCH) stream faster three chunks deep, reduced in 64-wide pieces.
 STEP_LAUNCH = [
     ((4, 1 << 30, 1 << 30), {"BP": 64, "BPF": 16, "VN": 32, "RC": 32, "STAGES": 2, "EARLY": 0, "TF32": 0,
-                             "num_warps": 2, "num_stages": 1, "maxnreg": 96}),
+                             "num_warps": 2, "num_stages": 1, "maxnreg": 96, "PHASES": 1}),
     ((2, 1 << 30, 1 << 30), {"BP": 64, "BPF": 16, "VN": 64, "RC": 32, "STAGES": 3, "EARLY": 0, "TF32": 0,
-                             "num_warps": 2, "num_stages": 1, "maxnreg": 128}),
+                             "num_warps": 2, "num_stages": 1, "maxnreg": 128, "PHASES": 1}),
 ]
 SPLIT_LAUNCH = [
     ((4, 1 << 30, 1 << 30), {"BP": 64, "BPF": 16, "VN": 64, "RC": 32, "STAGES": 3, "EARLY": 0, "TF32": 0,
-                             "num_warps": 2, "num_stages": 1, "maxnreg": 128}),
+                             "num_warps": 2, "num_stages": 1, "maxnreg": 128, "PHASES": 1}),
     ((2, 1 << 30, 1 << 30), {"BP": 64, "BPF": 16, "VN": 32, "RC": 32, "STAGES": 3, "EARLY": 0, "TF32": 0,
-                             "num_warps": 2, "num_stages": 1, "maxnreg": 128}),
+                             "num_warps": 2, "num_stages": 1, "maxnreg": 128, "PHASES": 1}),
 ]
 # A small grid's programs take 16 rows, read the buffer before the fill and fold the flush through 3xTF32 (batch 1,
 # fp32: 4.64 µs against 5.23 without the last two, 4.70 without TF32, 5.07 without EARLY, 4.97 in 8-row programs;
 # bf16: 4.09 against 4.60; NOTES runs 34–36).
 SMALL_GRID_LAUNCH = [
     ((4, 1 << 30, 1 << 30), {"BP": 16, "BPF": 16, "VN": 32, "RC": 16, "STAGES": 1, "EARLY": 1, "TF32": 1,
-                             "num_warps": 1, "num_stages": 1}),
+                             "num_warps": 1, "num_stages": 1, "PHASES": 1}),
     ((2, 1 << 30, 1 << 30), {"BP": 16, "BPF": 16, "VN": 32, "RC": 16, "STAGES": 1, "EARLY": 1, "TF32": 1,
-                             "num_warps": 1, "num_stages": 1}),
+                             "num_warps": 1, "num_stages": 1, "PHASES": 1}),
 ]
-STEP_KEYS = ("BP", "BPF", "VN", "RC", "STAGES", "EARLY", "TF32", "num_warps", "num_stages", "maxnreg")
+STEP_KEYS = ("BP", "BPF", "VN", "RC", "STAGES", "EARLY", "TF32", "num_warps", "num_stages", "maxnreg", "PHASES")
+# With PHASES=2 the flushes run in a second launch, with the row's settings overridden by these.
+FLUSH_KEYS = tuple(f"flush_{key}" for key in STEP_KEYS if key != "PHASES")
 # materialize folds a whole (P, N) tile per program, BPF rows at a time.
 REPLAY_LAUNCH = [
     ((4, 64, 64), {"num_warps": 4, "num_stages": 1, "JB": 4, "BPF": 8}),
@@ -286,7 +295,8 @@ def check_cache(cache, kernel) -> tuple[int, int, int, int, int]:
 
 def replay(cache: ReplayCache, x, dt, A, B, C, *, D=None, z=None, dt_bias=None, dt_softplus=False, slots=None,
            out=None, launch: dict | None = None, check: bool = True) -> torch.Tensor:
-    """One ReplaySSM decode step in one launch; same inputs and outputs as `decode`, state kept in `cache`.
+    """One ReplaySSM decode step (one launch, or two with PHASES=2); same inputs and outputs as `decode`, state kept
+    in `cache`.
 
     Each row at fill f appends (x, B, Δ, lam) to its slot's buffer and answers from the checkpoint (its
     read copy under split precision) plus the f buffered entries while f + 1 < W, writing no state. The
@@ -304,7 +314,8 @@ def replay(cache: ReplayCache, x, dt, A, B, C, *, D=None, z=None, dt_bias=None, 
         launch: overrides of the fixed launch settings: BP (rows of P per program), BPF (rows per flush
             chunk), VN (width of the row pieces a thread sums), RC (rows per streamed chunk), STAGES,
             EARLY (1: read the buffer before the fill), TF32 (1: fold the flush through 3xTF32),
-            num_warps, num_stages, maxnreg.
+            num_warps, num_stages, maxnreg, PHASES (2: the non-flush steps in one launch, then the flushes in a
+            second, with these settings overridden by the keys prefixed flush_, such as flush_maxnreg).
         check: range-check `slots` on the host (a device sync); skipped while a CUDA graph is captured.
 
     Returns:
@@ -319,7 +330,25 @@ def replay(cache: ReplayCache, x, dt, A, B, C, *, D=None, z=None, dt_bias=None, 
     args.check_out(out, (batch, H, P), "(batch, H, P)", cache.device)
     small = args.small_grid(batch * H * triton.cdiv(P, 64), cache.device)
     table = SMALL_GRID_LAUNCH if small else STEP_LAUNCH if cache.read_copy is None else SPLIT_LAUNCH
-    settings = args.pick_launch(table, cache.checkpoint.element_size(), P, N, launch, STEP_KEYS)
+    settings = args.pick_launch(table, cache.checkpoint.element_size(), P, N, launch, STEP_KEYS + FLUSH_KEYS)
+    flush = {key[len("flush_"):]: settings.pop(key) for key in FLUSH_KEYS if key in settings}
+    phases = settings.pop("PHASES")
+    if flush and phases == 1:
+        raise ValueError(f"launch keys {', '.join('flush_' + key for key in flush)} apply only with PHASES=2")
+    y = torch.empty_like(x) if out is None else out
+    step = dict(x=x, dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=dt_bias, slots=slots, y=y)
+    softplus = bool(dt_softplus)
+    if phases == 1:
+        _launch_replay(cache, step, batch, softplus, settings, 0)
+    else:
+        _launch_replay(cache, step, batch, softplus, settings, 1)
+        _launch_replay(cache, step, batch, softplus, {**settings, **flush}, 2)
+    return y
+
+
+def _launch_replay(cache: ReplayCache, step: dict, batch: int, softplus: bool, settings: dict, phase: int) -> None:
+    _, H, P, N, G = cache.shape
+    settings = dict(settings)
     # tl.dot needs every dimension of the fold's product to be at least 16: programs of fewer rows fold one masked chunk.
     BP = min(settings.pop("BP"), args.block(P))
     BPF = max(16, min(settings.pop("BPF"), BP))
@@ -328,14 +357,14 @@ def replay(cache: ReplayCache, x, dt, A, B, C, *, D=None, z=None, dt_bias=None, 
     VN = min(settings.pop("VN"), BN)
     RC = min(settings.pop("RC"), BP)
     STAGES = settings.pop("STAGES")
-    EARLY = settings.pop("EARLY")
+    EARLY = settings.pop("EARLY") and phase != 2
     PRECISION = "tf32x3" if settings.pop("TF32") else "ieee"
-    y = torch.empty_like(x) if out is None else out
+    x, dt, B, C, z, y = (step[name] for name in ("x", "dt", "B", "C", "z", "y"))
     ck, rc = cache.checkpoint, cache.read_copy
     rcs = rc.stride() if rc is not None else (0, 0, 0, 0)
     zs = z.stride() if z is not None else (0, 0, 0)
     mamba2_replay_kernel[(batch, H, NPB)](
-        x=x, dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=dt_bias, slots=slots, y=y,
+        **step,
         checkpoint=ck, read_copy=rc, read_scale=cache.read_scale, x_buf=cache.x_buf, b_buf=cache.b_buf,
         dt_buf=cache.dt_buf, lam_buf=cache.lam_buf, fill=cache.fill, arrive=cache.arrive,
         H=H, G=G, P=P, N=N,
@@ -349,11 +378,11 @@ def replay(cache: ReplayCache, x, dt, A, B, C, *, D=None, z=None, dt_bias=None, 
         stride_y_b=y.stride(0), stride_y_h=y.stride(1),
         W=cache.window, CAP=cache.capacity, BP=BP, BPF=BPF, BN=BN,
         BW=max(16, args.block(cache.capacity)), VN=VN, RC=RC, STAGES=STAGES, NPB=NPB,
-        HAS_D=D is not None, HAS_Z=z is not None, HAS_DT_BIAS=dt_bias is not None, USE_SOFTPLUS=bool(dt_softplus),
-        HAS_SLOTS=slots is not None, USE_COPY=rc is not None, IS_FP8=cache.read_scale is not None,
-        EARLY=EARLY, PRECISION=PRECISION, **settings,
+        HAS_D=step["D"] is not None, HAS_Z=z is not None, HAS_DT_BIAS=step["dt_bias"] is not None,
+        USE_SOFTPLUS=softplus,
+        HAS_SLOTS=step["slots"] is not None, USE_COPY=rc is not None, IS_FP8=cache.read_scale is not None,
+        EARLY=EARLY, PRECISION=PRECISION, PHASE=phase, **settings,
     )
-    return y
 
 
 def materialize(cache: ReplayCache, slots=None, *, launch: dict | None = None) -> torch.Tensor:
