@@ -81,13 +81,14 @@ def _row_bytes(kernel: str, fill: int, state_size: int, read_size: int | None) -
     """DRAM bytes one row moves in one step at this fill: state tiles, buffer entries, counters, inputs, outputs.
 
     Keys are read by every value head of a key head but counted once; a buffered entry is u (HV·V),
-    k (H·K), G and, under split precision, beta (HV) in fp32.
+    k (H·K), G and, under split precision, beta (HV) and its row of T (HV·W: the split caches here hold no
+    drafts) in fp32.
     """
     H, HV, K, V = SHAPE["H"], SHAPE["HV"], SHAPE["K"], SHAPE["V"]
     S = HV * V * K
     inputs = 2 * H * K * IO_BYTES + HV * V * IO_BYTES + HV * 4 + HV * IO_BYTES
     output = HV * V * IO_BYTES
-    entry = 4 * (HV * V + H * K + HV + (HV if read_size else 0))
+    entry = 4 * (HV * V + H * K + HV + (HV * (1 + WINDOW) if read_size else 0))
     counters = 2 * HV * 4
     if kernel in ("decode",) + EXTRA_KERNELS:
         return 2 * S * state_size + inputs + output

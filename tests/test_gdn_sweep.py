@@ -59,6 +59,11 @@ def test_sweep_byte_model(sweep):
     assert decode == 2 * S + io
     assert replay == pytest.approx(io + counters + (15 * S + sum(range(1, 16)) * entry + 15 * entry + 2 * S) / 16,
                                    rel=1e-12)
+    split_entry = entry + 4 * 64 * (1 + 16)  # and beta and a row of T per value head
+    split_io = io + counters
+    # split: the bf16 copy as the tile; the flush reads and writes the checkpoint and the copy
+    assert split == pytest.approx(split_io + (15 * S / 2 + sum(range(1, 16)) * split_entry + 15 * split_entry
+                                              + 2 * S + 2 * S / 2) / 16, rel=1e-12)
     assert 2.6 < decode / split < 2.8
     assert 5 * S < multi < 5.1 * S
     assert multi / verify > 3

@@ -34,11 +34,11 @@ class ReplayCache:
     checkpoint; fill (nslots, HV) int32, the entries in use. Entries at or past fill are never read.
     arrive (nslots, HV) int32 counts the row-block programs of a step that are done with a (slot, head),
     zero between steps.
-    With a read copy, buf_beta (nslots, C, HV) fp32 keeps each entry's beta: a flush corrects the
-    buffered updates, computed from the copy, to those of the full checkpoint, so the copy's rounding
-    never reaches the checkpoint; buf_t (nslots, C, HV, C) fp32 keeps row j of the lower-triangular T with
-    t_j = beta_j (e_j - sum_{i<j} (k_i·k_j) t_i): entry j's correction key is y_j = sum_l t_jl k_l, and the
-    correction is one product with them. With max_draft > 0, arrivals (nslots, H) int32, zero between calls,
+    With a read copy a flush corrects the buffered updates, computed from the copy, to those of the full
+    checkpoint, so the copy's rounding never reaches the checkpoint: buf_t (nslots, C, HV, C) fp32 keeps row
+    j of the lower-triangular T with t_j = beta_j (e_j - sum_{i<j} (k_i·k_j) t_i), entry j's correction key
+    being y_j = sum_l t_jl k_l, and the correction one product with them; buf_beta (nslots, C, HV) fp32
+    keeps each entry's beta, with which `materialize` carries the correction entry by entry. With max_draft > 0, arrivals (nslots, H) int32, zero between calls,
     lets `verify` elect the last value head of each key head to write the drafts' keys; last_draft is
     the T of the last `verify` (what `accept` may commit).
     """

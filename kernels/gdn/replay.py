@@ -32,7 +32,8 @@ from replayssm_kernels.gdn.common import (
 # latency-bound and splits each head's rows over programs of VP rows, each reading its rows up front and the buffer
 # before the fill ("-small"). A flush walks its rows BVF at a time (benchmarks/sweep_gdn.py, NOTES run 29:
 # BVF=16 took batch 256 from 325 to 303 µs, and a bf16 checkpoint's step from 346 to 201). A row with PHASES=2
-# launches the non-flush steps and then the flushes, the latter with the settings of its "-flush" row.
+# launches the non-flush steps and then the flushes, the latter with the settings of its "-flush" row (by default
+# the row's own).
 _ONE_CHUNK = {"EARLY": 0, "TF32": 0, "VP": 256, "BV": 128, "BVF": 16, "VK": 32, "STAGES": 2, "num_warps": 4,
               "num_stages": 1, "maxnreg": None}
 LAUNCH = {
@@ -46,16 +47,11 @@ LAUNCH = {
     # 256's window 416 -> 342 µs, batch 64's 128 -> 108 (NOTES run 49). A small grid keeps one launch.
     "replay-split": {"EARLY": 0, "TF32": 0, "VP": 256, "BV": 32, "BVF": 16, "VK": 32, "STAGES": 3,
                      "num_warps": 2, "num_stages": 1, "maxnreg": 128, "PHASES": 2},
+    "replay-split-flush": dict(_ONE_CHUNK, BVF=32, TF32=1, maxnreg=168),
     "replay-split-small": dict(_ONE_CHUNK, BVF=32, TF32=1, maxnreg=168, PHASES=1),
     # An fp8 copy's non-flush step does better in the one launch's 4-warp programs (batch 256: 418 against 482 µs
     # in two launches, NOTES run 49).
     "replay-fp8": dict(_ONE_CHUNK, BVF=32, TF32=1, maxnreg=168, PHASES=1),
-}
-for _name in ("replay", "replay-small", "replay-split", "replay-split-small", "replay-fp8"):
-    # the settings of a second launch's flushes (PHASES=2); by default those of the one launch
-    LAUNCH[f"{_name}-flush"] = {key: value for key, value in LAUNCH[_name].items() if key != "PHASES"}
-LAUNCH["replay-split-flush"] = dict(_ONE_CHUNK, BVF=32, TF32=1, maxnreg=168)
-LAUNCH.update({
     # verify reads its tile BV rows at a time as a non-flush step does; a row that flushes first folds BVF at a time.
     # Each chunk takes every draft's k and q into the tile's layout through shared memory and sums its rows in
     # shuffles, so the work per chunk grows with the warps sharing it: 2-warp programs of 16-row chunks took batch 256
@@ -70,7 +66,7 @@ LAUNCH.update({
     "verify-fp8": {"BV": 32, "BVF": 16, "VK": 32, "STAGES": 2,
                    "num_warps": 4, "num_stages": 1, "maxnreg": None},
     "accept": {"num_warps": 1},
-})
+}
 
 
 def launch_name(kernel: str, cache: ReplayCache, batch: int | None = None) -> str:
@@ -656,7 +652,7 @@ def _cache_constants(cache: ReplayCache) -> dict:
 
 def _replay_settings(name: str, launch: dict | None) -> tuple[dict, dict | None]:
     """The settings of LAUNCH row `name` and, where it takes its flushes in a second launch (PHASES=2), those of
-    that launch (row `name`-flush, overridden by the `launch` keys prefixed flush_)."""
+    that launch (row `name`-flush, else row `name`'s own, overridden by the `launch` keys prefixed flush_)."""
     launch = dict(launch or {})
     flush_keys = {key[len("flush_"):]: launch.pop(key) for key in list(launch) if key.startswith("flush_")}
     settings = launch_settings(LAUNCH, name, launch)
@@ -664,7 +660,8 @@ def _replay_settings(name: str, launch: dict | None) -> tuple[dict, dict | None]
         if flush_keys:
             raise ValueError(f"launch keys {', '.join('flush_' + key for key in flush_keys)} apply only with PHASES=2")
         return settings, None
-    flush = launch_settings(LAUNCH, f"{name}-flush", flush_keys)
+    own = {key: value for key, value in settings.items() if key != "PHASES"}
+    flush = launch_settings({f"{name}-flush": LAUNCH.get(f"{name}-flush", own)}, f"{name}-flush", flush_keys)
     return settings, flush
 
 
@@ -768,10 +765,11 @@ def replay(
 
     Inputs and output as in `decode` (q, k, v in the cache's io_dtype; slots index the cache's slots,
     -1 for padding rows). Each (row, value head) reads its checkpoint (the read copy when the cache
-    has one), replays its f buffered updates, appends (u_t, k_t, G_t, and beta_t under split
-    precision) and advances its fill counter; the step that fills the window (f + 1 >= W) instead
-    folds the buffer into the full-precision checkpoint (correcting the updates the copy gave), takes
-    this step from it, stores it, refreshes the read copy and empties the buffer.
+    has one), replays its f buffered updates, appends (u_t, k_t, G_t, and beta_t and its row of T
+    under split precision) and advances its fill counter; the step that fills the window (f + 1 >= W)
+    instead folds the buffer into the full-precision checkpoint (correcting the updates the copy gave),
+    takes this step from it, stores it, refreshes the read copy and empties the buffer. With PHASES=2
+    (split precision on grids of two or more programs per SM) the flushes take a second launch.
     Mutates the cache; returns o (batch, HV, V) in v's dtype (written into `out` when given).
     `launch` overrides VP (rows per program: the programs of a head share its fill counter), BV
     (rows per chunk of a non-flush step), BVF (of a flush), VK (width of the K pieces a
