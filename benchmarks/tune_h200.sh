@@ -3,7 +3,7 @@
 # writes its table (.txt) and results (.json) under DIR (default runs/tune), and DIR.tar.gz holds them all for
 # machines that return one file; a sweep past its time limit leaves the ones before it.
 # Usage: benchmarks/tune_h200.sh [DIR] [SECTION ...]
-# Sections: tests, verify-tests, gdn-verify-mma, gdn-verify-3, gdn-verify-rows, gdn-verify-warps, gdn-verify-warps-2, mamba2-verify-warps, gdn-split-3, gdn-split-4, two-phase-2, mamba2-split-phases, mamba2-two-phase, regs-2byte, stalls, stalls-2, next, small-grid, small-grid-2, small-grid-3, medium-grid, direct, order, vk, gdn-decode, gdn-replay, gdn-early, gdn-replay-256, gdn-fp32-2, gdn-split, gdn-split-2,
+# Sections: tests, verify-tests, gdn-verify-mma, gdn-verify-3, gdn-verify-rows, gdn-verify-warps, gdn-verify-warps-2, mamba2-verify-warps, gdn-split-3, gdn-split-4, two-phase-2, mamba2-split-phases, mamba2-two-phase, gdn-split-flush-vp, regs-2byte, stalls, stalls-2, next, small-grid, small-grid-2, small-grid-3, medium-grid, direct, order, vk, gdn-decode, gdn-replay, gdn-early, gdn-replay-256, gdn-fp32-2, gdn-split, gdn-split-2,
 # gdn-bf16, gdn-bf16-2, gdn-verify, fla, mamba2-split, mamba2-split2, mamba2-vn, mamba2-bf16, mamba2-bf16-2,
 # mamba2-verify (default: tests gdn-decode gdn-replay gdn-verify mamba2-split mamba2-bf16 mamba2-verify).
 set -uo pipefail
@@ -384,6 +384,15 @@ for section in $SECTIONS; do
         sweep mamba2-two-phase-fp32 200 sweep_mamba2.py --kernel decode --kernel replay --batch 64 --batch 256 \
             --launch decode:BP=64,num_warps=8 --launch replay: --launch replay:PHASES=2 \
             --launch replay:PHASES=2,maxnreg=80,flush_maxnreg=96 --launch replay:PHASES=2,maxnreg=64,flush_maxnreg=96
+        ;;
+    gdn-split-flush-vp)
+        # The split flushes' launch runs one program in 16 busy (the rows that flush); splitting each flushing
+        # head's rows over 2-4 programs spreads that launch's work over more of the GPU.
+        sweep gdn-split-flush-vp 200 sweep_gdn.py --kernel decode --kernel split-bf16 --batch 64 --batch 256 \
+            --batch 512 --launch decode:VP=4,BV=4,VK=128,num_warps=1 --launch split-bf16: \
+            --launch split-bf16:flush_VP=64 --launch split-bf16:flush_VP=32 \
+            --launch split-bf16:flush_VP=64,flush_maxnreg=128 --launch split-bf16:flush_VP=32,flush_num_warps=2 \
+            --launch split-bf16:flush_VP=64,flush_BVF=16
         ;;
     regs-2byte)
         # The steps on 2-byte tiles wait on latency at 21-24% occupancy (NOTES run 42); capping their registers

@@ -107,6 +107,7 @@ LAUNCH_CASES = [
     ("bf16", {"PHASES": 1, "VK": 8}),
     ("bf16", {"PHASES": 2, "VK": 8, "flush_BVF": 16, "flush_num_warps": 2, "flush_TF32": 0}),
     ("fp8", {"PHASES": 1, "VP": 16, "BV": 16, "VK": 16}),
+    ("bf16", {"PHASES": 2, "VK": 8, "flush_VP": 16}),
     (None, {"PHASES": 2, "VK": 8}),
     (None, {"PHASES": 2, "EARLY": 1, "VP": 16, "BV": 16, "VK": 8, "flush_VP": 8}),
     (None, {"EARLY": 1, "VP": 16, "BV": 16, "VK": 8}),
