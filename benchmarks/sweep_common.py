@@ -109,7 +109,8 @@ def state_torch_dtype():
 
 def sizes(kernel: str) -> tuple[int, int | None]:
     state_size = {"fp32": 4, "bf16": 2, "fp16": 2}[STATE["dtype"]]
-    return state_size, ({"bf16": 2, "fp8": 1}[read_dtype(kernel)] if read_dtype(kernel) else None)
+    read = read_dtype(kernel)
+    return state_size, ({"bf16": 2, "fp8": 1}[read] if read else None)
 
 
 def read_dtype(kernel: str) -> str | None:

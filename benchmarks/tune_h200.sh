@@ -21,19 +21,17 @@ sweep() {  # NAME LIMIT_S SCRIPT ARGS...
     echo "$name: exit $?, $((SECONDS - start)) s" >&2
 }
 
-gdn_tests() {  # GDN's replay, split-precision and verify tests, on the GPU
-    local start=$SECONDS
-    timeout 200 python -m pytest -q -n 8 --tb=short tests/test_gdn_replay.py tests/test_gdn_split.py \
-        tests/test_gdn_verify.py >"$DIR/split-tests.txt" 2>&1
-    echo "split-tests: exit $?, $((SECONDS - start)) s: $(tail -n 1 "$DIR/split-tests.txt")" >&2
+gpu_tests() {  # NAME LIMIT_S TEST_PATHS...: the tests on the GPU, their output in $DIR/NAME.txt
+    local name=$1 limit=$2 start=$SECONDS
+    shift 2
+    timeout "$limit" python -m pytest -q -n 8 --tb=short "$@" >"$DIR/$name.txt" 2>&1
+    echo "$name: exit $?, $((SECONDS - start)) s: $(tail -n 1 "$DIR/$name.txt")" >&2
 }
 
 for section in $SECTIONS; do
     case $section in
     tests)
-        start=$SECONDS
-        timeout 300 python -m pytest -q -n 8 --tb=short tests >"$DIR/tests.txt" 2>&1
-        echo "tests: exit $?, $((SECONDS - start)) s: $(tail -n 1 "$DIR/tests.txt")" >&2
+        gpu_tests tests 300 tests
         ;;
     gdn-decode)
         sweep gdn-decode 150 sweep_gdn.py --kernel decode --batch 1 --batch 16 --batch 256
@@ -345,7 +343,7 @@ for section in $SECTIONS; do
     two-phase-2)
         # GDN split precision with the rows of T and its flushes in a launch of their own (PHASES=2) against one
         # launch, for bf16 and fp8 copies; the fp32 replay in two launches; the split window's phases.
-        gdn_tests
+        gpu_tests split-tests 200 tests/test_gdn_replay.py tests/test_gdn_split.py tests/test_gdn_verify.py
         one=PHASES=1,BV=128,BVF=32,STAGES=2,num_warps=4,maxnreg=168
         sweep two-phase-2 300 sweep_gdn.py --kernel decode --kernel split-bf16 --kernel split-fp8 --batch 1 --batch 16 \
             --batch 64 --batch 256 --batch 512 --launch decode:VP=4,BV=4,VK=128,num_warps=1 \
@@ -369,10 +367,7 @@ for section in $SECTIONS; do
     mamba2-two-phase)
         # Mamba-2's non-flush step in a launch of its own compiles to 1344 instructions and 117 registers (3104 and
         # 128 with the flush): capped lower without spills, more programs fit (NOTES run 50).
-        start=$SECONDS
-        timeout 200 python -m pytest -q -n 8 --tb=short tests/test_mamba2_replay.py tests/test_mamba2_split.py \
-            >"$DIR/mamba2-tests.txt" 2>&1
-        echo "mamba2-tests: exit $?, $((SECONDS - start)) s: $(tail -n 1 "$DIR/mamba2-tests.txt")" >&2
+        gpu_tests mamba2-tests 200 tests/test_mamba2_replay.py tests/test_mamba2_split.py
         f=flush_maxnreg=128
         sweep mamba2-two-phase-split 200 sweep_mamba2.py --kernel decode --kernel split-bf16 --batch 16 --batch 64 \
             --batch 256 --launch decode:BP=64,num_warps=8 --launch split-bf16: --launch split-bf16:PHASES=2 \
@@ -436,10 +431,8 @@ for section in $SECTIONS; do
         ;;
     verify-tests)
         # The speculative kernels' tests alone: GDN's verify takes its row sums on the tensor cores.
-        start=$SECONDS
-        timeout 300 python -m pytest -q -n 8 --tb=short tests/test_gdn_verify.py tests/test_mamba2_verify.py \
-            tests/test_gdn_replay.py tests/test_gdn_split.py >"$DIR/verify-tests.txt" 2>&1
-        echo "verify-tests: exit $?, $((SECONDS - start)) s: $(tail -n 1 "$DIR/verify-tests.txt")" >&2
+        gpu_tests verify-tests 300 tests/test_gdn_verify.py tests/test_mamba2_verify.py tests/test_gdn_replay.py \
+            tests/test_gdn_split.py
         ;;
     gdn-verify-mma)
         # GDN verify as one [rows, K] x [K, 2 BT] tensor-core product per chunk, the kernel of commit 1c31e83 (NOTES

@@ -38,9 +38,9 @@ class ReplayCache:
     checkpoint, so the copy's rounding never reaches the checkpoint: buf_t (nslots, C, HV, C) fp32 keeps row
     j of the lower-triangular T with t_j = beta_j (e_j - sum_{i<j} (k_i·k_j) t_i), entry j's correction key
     being y_j = sum_l t_jl k_l, and the correction one product with them; buf_beta (nslots, C, HV) fp32
-    keeps each entry's beta, with which `materialize` carries the correction entry by entry. With max_draft > 0, arrivals (nslots, H) int32, zero between calls,
-    lets `verify` elect the last value head of each key head to write the drafts' keys; last_draft is
-    the T of the last `verify` (what `accept` may commit).
+    keeps each entry's beta, with which `materialize` carries the correction entry by entry. With max_draft > 0,
+    arrivals (nslots, H) int32, zero between calls, lets `verify` elect the last value head of each key head to
+    write the drafts' keys; last_draft is the T of the last `verify` (what `accept` may commit).
     """
 
     checkpoint: torch.Tensor

@@ -8,7 +8,8 @@ import torch
 import triton
 import triton.language as tl
 
-from replayssm_kernels.mamba2.args import small_grid  # noqa: F401  (one definition for both ops)
+# One definition of each for both ops.
+from replayssm_kernels.mamba2.args import CHOICE_KEYS, check_flush_keys, pop_flush_keys, small_grid  # noqa: F401
 from replayssm_kernels.mamba2.common import flat_program_ids, slot_of  # noqa: F401
 
 FP8_MAX = 448.0
@@ -109,8 +110,8 @@ def launch_settings(table: dict, name: str, launch: dict | None) -> dict:
         if key == "maxnreg" and value is None:
             settings[key] = None
             continue
-        if key in ("EARLY", "TF32", "PHASES"):
-            allowed = (1, 2) if key == "PHASES" else (0, 1)
+        if key in CHOICE_KEYS:
+            allowed = CHOICE_KEYS[key]
             if value not in allowed or isinstance(value, bool):
                 raise ValueError(f"launch[{key!r}] must be {' or '.join(map(str, allowed))}; got {value!r}")
             settings[key] = value

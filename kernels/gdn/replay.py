@@ -11,6 +11,7 @@ from replayssm_kernels.gdn.common import (
     cast,
     check_accepted,
     check_device,
+    check_flush_keys,
     check_out,
     check_slots,
     check_step,
@@ -20,6 +21,7 @@ from replayssm_kernels.gdn.common import (
     qk_factors,
     launch_settings,
     next_pow2,
+    pop_flush_keys,
     quantize_e4m3,
     rounded,
     small_grid,
@@ -654,11 +656,11 @@ def _replay_settings(name: str, launch: dict | None) -> tuple[dict, dict | None]
     """The settings of LAUNCH row `name` and, where it takes its flushes in a second launch (PHASES=2), those of
     that launch (row `name`-flush, else row `name`'s own, overridden by the `launch` keys prefixed flush_)."""
     launch = dict(launch or {})
-    flush_keys = {key[len("flush_"):]: launch.pop(key) for key in list(launch) if key.startswith("flush_")}
+    flush_keys = pop_flush_keys(launch)
     settings = launch_settings(LAUNCH, name, launch)
-    if settings.get("PHASES", 1) == 1:
-        if flush_keys:
-            raise ValueError(f"launch keys {', '.join('flush_' + key for key in flush_keys)} apply only with PHASES=2")
+    phases = settings.get("PHASES", 1)
+    check_flush_keys(flush_keys, phases)
+    if phases == 1:
         return settings, None
     own = {key: value for key, value in settings.items() if key != "PHASES"}
     flush = launch_settings({f"{name}-flush": LAUNCH.get(f"{name}-flush", own)}, f"{name}-flush", flush_keys)

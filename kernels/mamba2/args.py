@@ -61,7 +61,8 @@ def sm_count(device: torch.device) -> int:
 
 
 def small_grid(programs: int, device: torch.device) -> bool:
-    """A grid of under two programs per SM: latency-bound, so the kernels take their small-grid rows (never on the CPU)."""
+    """A grid of under two programs per SM: latency-bound, so the kernels take their small-grid rows (never on the
+    CPU)."""
     return programs < 2 * sm_count(device)
 
 
@@ -145,8 +146,21 @@ def check_draft(T: int, max_draft: int, name: str = "x") -> None:
         raise ValueError(f"{name} carries T = {T} drafts but the cache was created with max_draft = {max_draft}")
 
 
-# Launch keys that switch a kernel's variant on (1) or off (0) rather than size it.
-FLAG_KEYS = ("EARLY", "TF32")
+# Launch keys that choose a kernel's variant rather than size it, and their values: EARLY and TF32 switch a variant
+# on (1) or off (0); PHASES is the number of launches a replay step takes (2: the flushes in a launch of their own).
+CHOICE_KEYS = {"EARLY": (0, 1), "TF32": (0, 1), "PHASES": (1, 2)}
+FLUSH_PREFIX = "flush_"
+
+
+def pop_flush_keys(launch: dict) -> dict:
+    """Remove the keys prefixed flush_ (the settings of a replay's second launch, for its flushes) from `launch`;
+    return them without the prefix."""
+    return {key[len(FLUSH_PREFIX):]: launch.pop(key) for key in list(launch) if key.startswith(FLUSH_PREFIX)}
+
+
+def check_flush_keys(flush: dict, phases: int) -> None:
+    if flush and phases == 1:
+        raise ValueError(f"launch keys {', '.join(FLUSH_PREFIX + key for key in flush)} apply only with PHASES=2")
 
 
 def pick_launch(table: list, itemsize: int, P: int, N: int, launch: dict | None, keys: tuple) -> dict:
@@ -164,9 +178,9 @@ def pick_launch(table: list, itemsize: int, P: int, N: int, launch: dict | None,
             raise ValueError(f"launch has unknown key {unknown[0]!r}; expected some of {', '.join(keys)}")
         for key, value in launch.items():
             # a flush_ key (the settings of a second launch's flushes) obeys its setting's rules
-            base = key[len("flush_"):] if key.startswith("flush_") else key
-            if base in FLAG_KEYS or base == "PHASES":
-                allowed = (1, 2) if base == "PHASES" else (0, 1)
+            base = key[len(FLUSH_PREFIX):] if key.startswith(FLUSH_PREFIX) else key
+            if base in CHOICE_KEYS:
+                allowed = CHOICE_KEYS[base]
                 if isinstance(value, bool) or value not in allowed:
                     raise ValueError(f"launch[{key!r}] must be {' or '.join(map(str, allowed))}, got {value!r}")
                 continue

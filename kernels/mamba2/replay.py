@@ -258,7 +258,7 @@ SMALL_GRID_LAUNCH = [
 ]
 STEP_KEYS = ("BP", "BPF", "VN", "RC", "STAGES", "EARLY", "TF32", "num_warps", "num_stages", "maxnreg", "PHASES")
 # With PHASES=2 the flushes run in a second launch, with the row's settings overridden by these.
-FLUSH_KEYS = tuple(f"flush_{key}" for key in STEP_KEYS if key != "PHASES")
+FLUSH_KEYS = tuple(args.FLUSH_PREFIX + key for key in STEP_KEYS if key != "PHASES")
 # materialize folds a whole (P, N) tile per program, BPF rows at a time.
 REPLAY_LAUNCH = [
     ((4, 64, 64), {"num_warps": 4, "num_stages": 1, "JB": 4, "BPF": 8}),
@@ -331,10 +331,9 @@ def replay(cache: ReplayCache, x, dt, A, B, C, *, D=None, z=None, dt_bias=None, 
     small = args.small_grid(batch * H * triton.cdiv(P, 64), cache.device)
     table = SMALL_GRID_LAUNCH if small else STEP_LAUNCH if cache.read_copy is None else SPLIT_LAUNCH
     settings = args.pick_launch(table, cache.checkpoint.element_size(), P, N, launch, STEP_KEYS + FLUSH_KEYS)
-    flush = {key[len("flush_"):]: settings.pop(key) for key in FLUSH_KEYS if key in settings}
+    flush = args.pop_flush_keys(settings)
     phases = settings.pop("PHASES")
-    if flush and phases == 1:
-        raise ValueError(f"launch keys {', '.join('flush_' + key for key in flush)} apply only with PHASES=2")
+    args.check_flush_keys(flush, phases)
     y = torch.empty_like(x) if out is None else out
     step = dict(x=x, dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=dt_bias, slots=slots, y=y)
     softplus = bool(dt_softplus)
