@@ -3,7 +3,7 @@
 # writes its table (.txt) and results (.json) under DIR (default runs/tune), and DIR.tar.gz holds them all for
 # machines that return one file; a sweep past its time limit leaves the ones before it.
 # Usage: benchmarks/tune_h200.sh [DIR] [SECTION ...]
-# Sections: tests, verify-tests, gdn-verify-mma, gdn-verify-3, gdn-verify-rows, gdn-verify-warps, gdn-verify-warps-2, mamba2-verify-warps, gdn-split-3, gdn-split-4, two-phase-2, mamba2-split-phases, mamba2-two-phase, gdn-split-flush-vp, regs-2byte, stalls, stalls-2, next, small-grid, small-grid-2, small-grid-3, medium-grid, direct, order, vk, gdn-decode, gdn-replay, gdn-early, gdn-replay-256, gdn-fp32-2, gdn-split, gdn-split-2,
+# Sections: tests, verify-tests, gdn-verify-mma, gdn-verify-3, gdn-verify-rows, gdn-verify-warps, gdn-verify-warps-2, mamba2-verify-warps, gdn-split-3, gdn-split-4, two-phase-2, mamba2-split-phases, mamba2-two-phase, gdn-split-flush-vp, gdn-mma, regs-2byte, stalls, stalls-2, next, small-grid, small-grid-2, small-grid-3, medium-grid, direct, order, vk, gdn-decode, gdn-replay, gdn-early, gdn-replay-256, gdn-fp32-2, gdn-split, gdn-split-2,
 # gdn-bf16, gdn-bf16-2, gdn-verify, fla, mamba2-split, mamba2-split2, mamba2-vn, mamba2-bf16, mamba2-bf16-2,
 # mamba2-verify (default: tests gdn-decode gdn-replay gdn-verify mamba2-split mamba2-bf16 mamba2-verify).
 set -uo pipefail
@@ -388,6 +388,19 @@ for section in $SECTIONS; do
             --launch split-bf16:flush_VP=64 --launch split-bf16:flush_VP=32 \
             --launch split-bf16:flush_VP=64,flush_maxnreg=128 --launch split-bf16:flush_VP=32,flush_num_warps=2 \
             --launch split-bf16:flush_VP=64,flush_BVF=16
+        ;;
+    gdn-mma)
+        # A non-flush step's row sums of a 2-byte tile as one tensor-core product (MMA=1): the steps on 2-byte
+        # tiles saturate no unit and their shuffled row sums are most of their instructions (NOTES run 42).
+        gpu_tests gdn-mma-tests 200 tests/test_gdn_replay.py tests/test_gdn_split.py
+        sweep gdn-mma-split 300 sweep_gdn.py --kernel decode --kernel split-bf16 --kernel split-bf16-nonflush \
+            --batch 64 --batch 256 --launch decode:VP=4,BV=4,VK=128,num_warps=1 --launch split-bf16: \
+            --launch split-bf16:MMA=1 --launch split-bf16:MMA=1,BV=64 --launch split-bf16:MMA=1,STAGES=4 \
+            --launch split-bf16:MMA=1,maxnreg=112 --launch split-bf16-nonflush: --launch split-bf16-nonflush:MMA=1 \
+            --launch split-bf16-nonflush:MMA=1,BV=64
+        sweep gdn-mma-bf16 200 sweep_gdn.py --state-dtype bf16 --kernel decode --kernel replay --batch 64 \
+            --batch 256 --launch decode:VP=8,BV=8,VK=128,num_warps=1 --launch replay: --launch replay:MMA=1 \
+            --launch replay:MMA=1,BV=64 --launch replay:MMA=1,maxnreg=112 --launch replay:MMA=1,STAGES=4
         ;;
     regs-2byte)
         # The steps on 2-byte tiles wait on latency at 21-24% occupancy (NOTES run 42); capping their registers

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import random
 
+import numpy as np
 import pytest
 import torch
 
@@ -22,6 +23,32 @@ ROUNDOFF = {
 # casts where the GPU rounds to nearest, within a unit. A missing or wrong term is off by far more.
 ULPS = 8
 FLOOR = 2.0**-16
+
+
+def _interpreter_bf16_dot() -> None:
+    """Make the CPU interpreter's tl.dot take bf16 operands by value: it holds bf16 as raw uint16 and multiplies
+    the bit patterns (triton-lang/triton#11584, unsupported upstream). The GPU's bf16 product is exact per term
+    with fp32 accumulation, as the fp32 matmul of the converted operands is here."""
+    import triton.language as tl
+    from triton.runtime import interpreter
+
+    builder = interpreter.InterpreterBuilder
+    create_dot = builder.create_dot
+
+    def value(t):
+        if t.dtype.scalar != tl.bfloat16:
+            return t
+        data = interpreter._convert_float(t.data, tl.bfloat16, tl.float32, None).view(np.float32)
+        return interpreter.TensorHandle(data, tl.float32)
+
+    def dot(self, a, b, d, input_precision, max_num_imprecise_acc):
+        return create_dot(self, value(a), value(b), d, input_precision, max_num_imprecise_acc)
+
+    builder.create_dot = dot
+
+
+if os.environ.get("TRITON_INTERPRET") == "1":
+    _interpreter_bf16_dot()
 
 
 def kernel_device() -> str | None:

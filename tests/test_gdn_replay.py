@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib
+
 import pytest
 import torch
 
@@ -10,6 +12,7 @@ from replayssm_kernels.gdn.cache import dequantize_read
 
 DT = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "fp8": torch.float8_e4m3fn, None: None}
 NAN = float("nan")
+gdn_replay = importlib.import_module("replayssm_kernels.gdn.replay")
 
 
 @pytest.fixture(autouse=True)
@@ -144,6 +147,44 @@ def test_replay_launch_settings_match_reference(device, assert_close, read, laun
         y_ref = gdn.replay_ref(want, **inp, use_qk_l2norm_in_kernel=True, slots=rows)
         assert_close(y, y_ref, torch.bfloat16, torch.float32, *([DT[read]] if read else []), what=f"o at step {step}")
     assert_caches_close(got, want, assert_close)
+
+
+MMA_CASES = [
+    ("bf16", None, "bf16", {"BV": 16}),
+    ("fp32", "bf16", "bf16", {"BV": 16}),
+    ("fp32", "fp16", "fp16", {"BV": 16, "PHASES": 1}),
+    ("fp32", "bf16", "bf16", {"EARLY": 1, "VP": 16, "BV": 16}),
+]
+
+
+@pytest.mark.parametrize("state,read,io,launch", MMA_CASES,
+                         ids=[f"B3-H2-HV4-K24-V20-W3-{s}-{r or 'full'}-{i}-BV16" + ("-early" if l.get("EARLY") else "")
+                              for s, r, i, l in MMA_CASES])
+def test_replay_tensor_core_row_sums_match_reference(device, assert_close, state, read, io, launch):
+    """MMA=1: a 2-byte tile in the inputs' dtype sums its rows times k and q in one tensor-core product, in the
+    pipelined loop (BV = 16 of 32 rows) and in the one-chunk program that reads its tile before the fill."""
+    shape = (4, 2, 4, 24, 20)
+    got = make_cache(shape, 3, device, state=state, read=read, io=io)
+    assert gdn_replay._mma_tile(got)
+    poison(got)
+    want = got.clone()
+    slots = [2, 0, 3]
+    for step in range(5):
+        inp = gdn.random_inputs(3, 2, 4, 24, 20, io_dtype=DT[io], device=device)
+        rows = staggered(slots, step, device)
+        out = torch.full((3, 4, 20), NAN, dtype=DT[io], device=device)
+        y = gdn.replay(got, **inp, use_qk_l2norm_in_kernel=True, slots=rows, out=out, launch=dict(launch, MMA=1))
+        y_ref = gdn.replay_ref(want, **inp, use_qk_l2norm_in_kernel=True, slots=rows)
+        assert_close(y, y_ref, DT[io], DT[state], *([DT[read]] if read else []), what=f"o at step {step}")
+    assert_caches_close(got, want, assert_close)
+
+
+@pytest.mark.parametrize("state,read,io,exact", [("bf16", None, "bf16", True), ("fp32", "bf16", "bf16", True),
+                                                  ("fp32", None, "bf16", False), ("bf16", None, "fp32", False),
+                                                  ("fp32", "fp8", "bf16", False), ("fp32", "bf16", "fp16", False)])
+def test_tensor_core_row_sums_only_where_exact(device, state, read, io, exact):
+    """MMA applies to a 2-byte tile in the inputs' own dtype; fp32 and fp8 tiles, or other inputs, keep row sums."""
+    assert gdn_replay._mma_tile(make_cache((1, 1, 1, 16, 16), 2, device, state=state, read=read, io=io)) == exact
 
 
 @pytest.mark.parametrize("W", [1, 4, 7], ids=[f"B3-H1-HV2-K12-V10-W{w}-fp32-fp32" for w in (1, 4, 7)])

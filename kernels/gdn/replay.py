@@ -36,18 +36,18 @@ from replayssm_kernels.gdn.common import (
 # BVF=16 took batch 256 from 325 to 303 µs, and a bf16 checkpoint's step from 346 to 201). A row with PHASES=2
 # launches the non-flush steps and then the flushes, the latter with the settings of its "-flush" row (by default
 # the row's own).
-_ONE_CHUNK = {"EARLY": 0, "TF32": 0, "VP": 256, "BV": 128, "BVF": 16, "VK": 32, "STAGES": 2, "num_warps": 4,
+_ONE_CHUNK = {"EARLY": 0, "TF32": 0, "MMA": 0, "VP": 256, "BV": 128, "BVF": 16, "VK": 32, "STAGES": 2, "num_warps": 4,
               "num_stages": 1, "maxnreg": None}
 LAUNCH = {
-    "replay": {"EARLY": 0, "TF32": 0, "VP": 256, "BV": 32, "BVF": 16, "VK": 32, "STAGES": 3,
+    "replay": {"EARLY": 0, "TF32": 0, "MMA": 0, "VP": 256, "BV": 32, "BVF": 16, "VK": 32, "STAGES": 3,
                "num_warps": 2, "num_stages": 1, "maxnreg": 128, "PHASES": 1},
-    "replay-small": {"EARLY": 1, "TF32": 0, "VP": 16, "BV": 16, "BVF": 16, "VK": 32, "STAGES": 1,
+    "replay-small": {"EARLY": 1, "TF32": 0, "MMA": 0, "VP": 16, "BV": 16, "BVF": 16, "VK": 32, "STAGES": 1,
                      "num_warps": 1, "num_stages": 1, "maxnreg": None, "PHASES": 1},
     # Under split precision a flush also reads the copy and corrects the buffered updates with two more products;
     # in one launch its 4-warp programs set the non-flush step's too (255 µs at batch 256). Apart, the non-flush
     # step runs in the bf16-state replay's 2-warp programs (186 µs) and the flush through 3xTF32 products: batch
     # 256's window 416 -> 342 µs, batch 64's 128 -> 108 (NOTES run 49). A small grid keeps one launch.
-    "replay-split": {"EARLY": 0, "TF32": 0, "VP": 256, "BV": 32, "BVF": 16, "VK": 32, "STAGES": 3,
+    "replay-split": {"EARLY": 0, "TF32": 0, "MMA": 0, "VP": 256, "BV": 32, "BVF": 16, "VK": 32, "STAGES": 3,
                      "num_warps": 2, "num_stages": 1, "maxnreg": 128, "PHASES": 2},
     "replay-split-flush": dict(_ONE_CHUNK, BVF=32, TF32=1, maxnreg=168),
     "replay-split-small": dict(_ONE_CHUNK, BVF=32, TF32=1, maxnreg=168, PHASES=1),
@@ -79,6 +79,13 @@ def launch_name(kernel: str, cache: ReplayCache, batch: int | None = None) -> st
     if batch is not None and f"{kernel}-small" in LAUNCH and small_grid(batch * cache.HV, cache.device):
         return f"{kernel}-small"
     return kernel
+
+
+def _mma_tile(cache: ReplayCache) -> bool:
+    """Whether a non-flush step's tile can take its row sums as a tensor-core product exactly: a 2-byte tile in the
+    dtype of q and k (their products are exact in the fp32 accumulator)."""
+    tile = cache.checkpoint.dtype if cache.read_copy is None else cache.read_copy.dtype
+    return tile in (torch.bfloat16, torch.float16) and cache.io_dtype == tile
 
 
 @triton.jit
@@ -213,6 +220,29 @@ def _row_sums(b_s, b_k3, b_q3, b_rk, b_rq):
 
 
 @triton.jit
+def _tile(rcopy, o_h, o_v, m_v, o_k, m_k, o_k3, m_k3, K: tl.constexpr, MMA: tl.constexpr):
+    """Rows o_v of the tile a non-flush step reads: [BV, BK] for a tensor-core product, else [BV, NC, VK]."""
+    if MMA:
+        return tl.load(rcopy + (o_h + o_v[:, None]) * K + o_k[None, :], mask=m_v[:, None] & m_k[None, :], other=0.0)
+    else:
+        return tl.load(rcopy + (o_h + o_v[:, None, None]) * K + o_k3[None, :, :],
+                       mask=m_v[:, None, None] & m_k3[None, :, :], other=0.0)
+
+
+@triton.jit
+def _tile_sums(b_s, b_k3, b_q3, b_kqm, b_rk, b_rq, MMA: tl.constexpr):
+    """[BV] sums of the tile's rows times k and q, scaled by b_rk and b_rq: with MMA one product of the 2-byte tile
+    [BV, BK] with b_kqm [BK, 16] (k in column 0, q in column 1, both in the tile's dtype; fp32 accumulation), else
+    `_row_sums` over [BV, NC, VK]."""
+    if MMA:
+        b_acc = tl.dot(b_s, b_kqm)
+        o_n = tl.arange(0, 16)[None, :]
+        return tl.sum(tl.where(o_n == 0, b_acc, 0.0), 1) * b_rk, tl.sum(tl.where(o_n == 1, b_acc, 0.0), 1) * b_rq
+    else:
+        return _row_sums(b_s, b_k3, b_q3, b_rk, b_rq)
+
+
+@triton.jit
 def _step_inputs(q, k, g, beta, i_b, i_h, i_hv, o_k, m_k, o_k3, m_k3, s_qb, s_qh, s_qk, s_kb, s_kh, s_kk, s_gb, s_gh,
                  s_bb, s_bh):
     """The step's g, beta, q and k [BK], and q and k [NC, VK] as given, in the shape of the tiles (their factors go
@@ -241,7 +271,7 @@ def _replay_kernel(
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BK: tl.constexpr, VP: tl.constexpr, BV: tl.constexpr, BVF: tl.constexpr, BW: tl.constexpr,
     VK: tl.constexpr, STAGES: tl.constexpr, USE_QK_L2NORM: tl.constexpr, HAS_COPY: tl.constexpr,
-    IS_FP8: tl.constexpr, EARLY: tl.constexpr, PRECISION: tl.constexpr, PHASE: tl.constexpr,
+    IS_FP8: tl.constexpr, EARLY: tl.constexpr, PRECISION: tl.constexpr, PHASE: tl.constexpr, MMA: tl.constexpr,
 ):
     # PHASE 0 takes every row's step; 1 only the non-flush steps, leaving the fill counters; 2 only the flushes, and
     # advances every fill (`replay` launches 1 then 2 where a cache's row asks for two launches).
@@ -269,10 +299,8 @@ def _replay_kernel(
     # The tile read bounds a non-flush step: when it is one chunk, it is issued before the fill it does not depend on.
     if BV >= VP and PHASE != 2:
         o_v = v0 + tl.arange(0, BV)
-        o_r = (o_h + o_v[:, None, None]) * K + o_k3[None, :, :]
-        m_r = (o_v < V)[:, None, None] & m_k3[None, :, :]
         # rcopy is the checkpoint itself when the cache has no read copy (`_cache_args`).
-        b_r = tl.load(rcopy + o_r, mask=m_r, other=0.0)
+        b_r = _tile(rcopy, o_h, o_v, o_v < V, o_k, m_k, o_k3, m_k3, K, MMA)
     m_c = o_w < C
     if EARLY:
         # The buffer is read whole, before the fill it is masked by: the fill then leaves the chain of dependent
@@ -307,11 +335,16 @@ def _replay_kernel(
         b_g, b_beta, b_q, b_k, b_q3, b_k3 = _step_inputs(q, k, g, beta, i_b, i_h, i_hv, o_k, m_k, o_k3, m_k3,
                                                          s_qb, s_qh, s_qk, s_kb, s_kh, s_kk, s_gb, s_gh, s_bb, s_bh)
     b_rq, b_rk = qk_factors(b_q, b_k, scale, USE_QK_L2NORM)
+    b_kqm = b_k
+    if MMA:
+        # [BK, 16] k and q as given (in the tile's dtype, which is theirs) for the tile's one product
+        o_n = tl.arange(0, 16)[None, :]
+        b_kqm = tl.where(o_n == 0, b_k[:, None], tl.where(o_n == 1, b_q[:, None], 0.0)).to(rcopy.dtype.element_ty)
     b_k = b_k * b_rk
     b_q = b_q * b_rq
     if BV >= VP and PHASE != 2:
         # Reduced before the branch, so that the tile is not held through the buffer's reads.
-        b_sk, b_sq = _row_sums(b_r, b_k3, b_q3, b_rk, b_rq)
+        b_sk, b_sq = _tile_sums(b_r, b_k3, b_q3, b_kqm, b_rk, b_rq, MMA)
 
     if b_f + 1 >= W:
         if PHASE != 1:
@@ -349,11 +382,9 @@ def _replay_kernel(
             o_v = v0 + i_v + tl.arange(0, BV)
             m_v = o_v < V
             if BV < VP:
-                o_r = (o_h + o_v[:, None, None]) * K + o_k3[None, :, :]
-                m_r = m_v[:, None, None] & m_k3[None, :, :]
-                # [BV, NC, VK] the read copy, or the checkpoint without one
-                b_s = tl.load(rcopy + o_r, mask=m_r, other=0.0)
-                b_sk, b_sq = _row_sums(b_s, b_k3, b_q3, b_rk, b_rq)
+                # the read copy, or the checkpoint without one
+                b_s = _tile(rcopy, o_h, o_v, m_v, o_k, m_k, o_k3, m_k3, K, MMA)
+                b_sk, b_sq = _tile_sums(b_s, b_k3, b_q3, b_kqm, b_rk, b_rq, MMA)
             # [BW, BV]
             if EARLY:
                 if BV >= VP:
@@ -689,6 +720,7 @@ def _launch_replay(cache, q, k, v, g, beta, out, slots, scale, l2norm, settings,
         EARLY=bool(settings["EARLY"]) and phase != 2,
         PRECISION="tf32x3" if settings["TF32"] else "ieee",
         PHASE=phase,
+        MMA=bool(settings["MMA"]) and phase != 2 and min(settings["BV"], VP) >= 16 and _mma_tile(cache),
         **compile_options(settings),
     )
 
@@ -777,11 +809,12 @@ def replay(
     (rows per chunk of a non-flush step), BVF (of a flush), VK (width of the K pieces a
     non-flush step reduces its rows in), EARLY (1: a non-flush step reads the whole buffer before
     the fill counter), TF32 (1: a flush folds the buffer through 3xTF32 tensor-core products, 0 through
-    fp32 FMAs), num_warps, num_stages, maxnreg, PHASES (2: the non-flush steps in one launch, then the flushes in
-    a second with their own settings, given by keys prefixed flush_, such as flush_num_warps; 1: one launch).
-    `check` range-checks slots
-    on the host, a device sync: pass check=False for a step with no host synchronisation (it is
-    skipped anyway while a CUDA graph is captured).
+    fp32 FMAs), MMA (1: a non-flush step sums its tile's rows times k and q as one tensor-core product where
+    the tile is 2-byte and in q's and k's dtype, a bf16 state or copy with bf16 inputs, and its chunks are of
+    16 rows or more; other tiles keep their fp32 row sums), num_warps, num_stages, maxnreg, PHASES (2: the non-flush steps in one launch, then the
+    flushes in a second with their own settings, given by keys prefixed flush_, such as flush_num_warps; 1: one
+    launch). `check` range-checks slots on the host, a device sync: pass check=False for a step with no host
+    synchronisation (it is skipped anyway while a CUDA graph is captured).
     """
     batch, _ = _check_against_cache(cache, _replay_kernel, q, k, v, g, beta, tokens=False)
     scale = default_scale(cache.K, scale)
