@@ -3,7 +3,7 @@
 # writes its table (.txt) and results (.json) under DIR (default runs/tune), and DIR.tar.gz holds them all for
 # machines that return one file; a sweep past its time limit leaves the ones before it.
 # Usage: benchmarks/tune_h200.sh [DIR] [SECTION ...]
-# Sections: tests, verify-tests, gdn-verify-mma, gdn-verify-3, gdn-verify-rows, gdn-verify-warps, gdn-verify-warps-2, mamba2-verify-warps, gdn-split-3, gdn-split-4, two-phase-2, mamba2-split-phases, mamba2-two-phase, gdn-split-flush-vp, gdn-mma, regs-2byte, stalls, stalls-2, next, small-grid, small-grid-2, small-grid-3, medium-grid, direct, order, vk, gdn-decode, gdn-replay, gdn-early, gdn-replay-256, gdn-fp32-2, gdn-split, gdn-split-2,
+# Sections: tests, verify-tests, gdn-verify-mma, gdn-verify-3, gdn-verify-rows, gdn-verify-warps, gdn-verify-warps-2, mamba2-verify-warps, gdn-split-3, gdn-split-4, two-phase-2, mamba2-split-phases, mamba2-two-phase, gdn-split-flush-vp, gdn-mma, split-launch-cost, regs-2byte, stalls, stalls-2, next, small-grid, small-grid-2, small-grid-3, medium-grid, direct, order, vk, gdn-decode, gdn-replay, gdn-early, gdn-replay-256, gdn-fp32-2, gdn-split, gdn-split-2,
 # gdn-bf16, gdn-bf16-2, gdn-verify, fla, mamba2-split, mamba2-split2, mamba2-vn, mamba2-bf16, mamba2-bf16-2,
 # mamba2-verify (default: tests gdn-decode gdn-replay gdn-verify mamba2-split mamba2-bf16 mamba2-verify).
 set -uo pipefail
@@ -401,6 +401,17 @@ for section in $SECTIONS; do
         sweep gdn-mma-bf16 200 sweep_gdn.py --state-dtype bf16 --kernel decode --kernel replay --batch 64 \
             --batch 256 --launch decode:VP=8,BV=8,VK=128,num_warps=1 --launch replay: --launch replay:MMA=1 \
             --launch replay:MMA=1,BV=64 --launch replay:MMA=1,maxnreg=112 --launch replay:MMA=1,STAGES=4
+        ;;
+    split-launch-cost)
+        # The split non-flush step runs 24% slower than the bf16-state replay's on the same tile and settings
+        # (NOTES run 51); its flushes' launch starts a 4-warp, 168-register program for every (row, head), flushing
+        # or not. PHASES=1 with the row's 2-warp settings times the non-flush steps without that launch.
+        sweep split-launch-cost 200 sweep_gdn.py --kernel decode --kernel split-bf16-nonflush \
+            --kernel split-bf16-flush --batch 64 --batch 256 --launch decode:VP=4,BV=4,VK=128,num_warps=1 \
+            --launch split-bf16-nonflush: --launch split-bf16-nonflush:PHASES=1 \
+            --launch split-bf16-nonflush:flush_num_warps=2,flush_maxnreg=128 --launch split-bf16-flush:
+        sweep bf16-nonflush 100 sweep_gdn.py --state-dtype bf16 --kernel decode --kernel replay-nonflush \
+            --batch 64 --batch 256 --launch decode:VP=8,BV=8,VK=128,num_warps=1 --launch replay-nonflush:
         ;;
     regs-2byte)
         # The steps on 2-byte tiles wait on latency at 21-24% occupancy (NOTES run 42); capping their registers
