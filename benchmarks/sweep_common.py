@@ -138,21 +138,35 @@ def layer_count(kernel: str, batch: int, l2_bytes: int, state_elements: int) -> 
     return max(1, min(MAX_LAYERS, L2_MULTIPLE * l2_bytes // pool + 1))
 
 
+CHECK_ROWS = 8
+
+
+def check_rows(batch: int) -> list[int]:
+    """The slots of a check's rows for a timed batch: as many rows as the batch, up to CHECK_ROWS, so that a grid
+    small at the timed batch is small in the check and a large one large (the kernels pick their launch rows by
+    grid size); from 3 rows on, row 1 is padding (-1) and the rest are out of order."""
+    n = min(batch, CHECK_ROWS)
+    if n < 3:
+        return list(range(n))[::-1]
+    return [2, -1, 0] + list(range(3, n))
+
+
 def time_config(op, kernel: str, batch: int, launch: dict, device: str, l2_bytes: int, replays: int,
                 checked: dict | None) -> Result:
-    """Check the config against the reference (once per kernel and settings when `checked` is a dict, else every
-    time), then time a graph of its steps. `op` is the sweep script's module (see `main`)."""
+    """Check the config against the reference on rows that take the timed batch's launch row (`check_rows`; once
+    per kernel, settings and row count when `checked` is a dict, else every time), then time a graph of its steps. `op` is the sweep script's module (see `main`)."""
     import torch
 
     layers = op.layer_count(kernel, batch, l2_bytes)
     steps = op.graph_steps(kernel)
     result = Result(kernel, batch, launch, layers, steps, op.bytes_per_layer_step(kernel, batch), check_ok=False)
+    rows = check_rows(batch)
     if checked is None:
-        result.check_error = op.check_config(kernel, launch, device)
+        result.check_error = op.check_config(kernel, launch, device, rows)
     else:
-        key = (kernel, tuple(sorted(launch.items())))
+        key = (kernel, tuple(sorted(launch.items())), len(rows))
         if key not in checked:
-            checked[key] = op.check_config(kernel, launch, device)
+            checked[key] = op.check_config(kernel, launch, device, rows)
         result.check_error = checked[key]
     # bf16 inputs and outputs: a few bf16 units of roundoff is agreement, anything larger is a wrong kernel.
     result.check_ok = result.check_error < 2e-2

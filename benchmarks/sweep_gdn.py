@@ -233,14 +233,16 @@ def unavailable(kernel: str) -> str | None:
     return None
 
 
-def check_config(kernel: str, launch: dict, device: str) -> float:
-    """Max relative error of the kernel with these settings against its reference over a window (3 rows)."""
+def check_config(kernel: str, launch: dict, device: str, slots: list[int] = (2, -1, 0)) -> float:
+    """Max relative error of the kernel with these settings against its reference over a window, one row per
+    entry of `slots` (its slot, -1 for padding)."""
     import torch
 
     from replayssm_kernels import gdn
 
     H, HV, K, V = SHAPE["H"], SHAPE["HV"], SHAPE["K"], SHAPE["V"]
-    rows = torch.tensor([2, -1, 0], dtype=torch.int32, device=device)
+    rows = torch.tensor(list(slots), dtype=torch.int32, device=device)
+    n = len(rows)
     live = rows >= 0
     kw = dict(use_qk_l2norm_in_kernel=True, slots=rows)
     err = 0.0
@@ -250,13 +252,13 @@ def check_config(kernel: str, launch: dict, device: str) -> float:
 
     if kernel in EXTRA_KERNELS:
         # Dense states (no slot table): every row live, row b in slot b, the state as fla or ours holds it.
-        live = torch.ones(3, dtype=torch.bool, device=device)
+        live = torch.ones(n, dtype=torch.bool, device=device)
         direct = kernel == "decode-direct"
         v_first = direct or bool(launch["V_FIRST"])
-        want = (torch.randn(3, HV, V, K, device=device) * 0.5).to(common.state_torch_dtype() if direct else torch.float32)
+        want = (torch.randn(n, HV, V, K, device=device) * 0.5).to(common.state_torch_dtype() if direct else torch.float32)
         state = want.clone() if v_first else want.transpose(-1, -2).contiguous()
         for _ in range(3):
-            inp = gdn.random_inputs(3, H, HV, K, V, device=device)
+            inp = gdn.random_inputs(n, H, HV, K, V, device=device)
             if direct:
                 y = gdn.decode(state, **inp, use_qk_l2norm_in_kernel=True, launch=launch)
             else:
@@ -266,33 +268,33 @@ def check_config(kernel: str, launch: dict, device: str) -> float:
         return err
 
     if kernel in ("decode", "decode-multi"):
-        state = (torch.randn(3, HV, V, K, device=device) * 0.5).to(common.state_torch_dtype())
+        state = (torch.randn(n, HV, V, K, device=device) * 0.5).to(common.state_torch_dtype())
         want = state.clone()
         for _ in range(3):
             if kernel == "decode":
-                inp = gdn.random_inputs(3, H, HV, K, V, device=device)
+                inp = gdn.random_inputs(n, H, HV, K, V, device=device)
                 y = gdn.decode(state, **inp, **kw, launch=launch)
                 err = max(err, rel(y, gdn.decode_ref(want, **inp, **kw)), rel(state, want))
             else:
-                inp = gdn.random_inputs(3, H, HV, K, V, T=DRAFT, device=device)
-                snaps, want_snaps = (torch.zeros(3, DRAFT, HV, V, K, device=device) for _ in range(2))
+                inp = gdn.random_inputs(n, H, HV, K, V, T=DRAFT, device=device)
+                snaps, want_snaps = (torch.zeros(n, DRAFT, HV, V, K, device=device) for _ in range(2))
                 y = gdn.decode_multi(state, snaps, **inp, **kw, launch=launch)
                 y_ref = gdn.decode_multi_ref(state, want_snaps, **inp, **kw)
                 err = max(err, rel(y, y_ref), rel(snaps, want_snaps))
         return err
-    cache = _cache(gdn, kernel, 3, device)
-    cache.load(torch.randn(3, HV, V, K, device=device) * 0.5)
+    cache = _cache(gdn, kernel, n, device)
+    cache.load(torch.randn(n, HV, V, K, device=device) * 0.5)
     want = cache.clone()
     for step in range(WINDOW + 2):
         if kernel == "verify":
-            inp = gdn.random_inputs(3, H, HV, K, V, T=DRAFT, device=device)
+            inp = gdn.random_inputs(n, H, HV, K, V, T=DRAFT, device=device)
             y = gdn.verify(cache, **inp, **kw, launch=launch)
             err = max(err, rel(y, gdn.verify_ref(want, **inp, **kw)))
-            n = torch.randint(0, DRAFT + 1, (3,), dtype=torch.int32, device=device)
-            gdn.accept(cache, n, rows)
-            gdn.accept_ref(want, n, rows)
+            n_acc = torch.randint(0, DRAFT + 1, (n,), dtype=torch.int32, device=device)
+            gdn.accept(cache, n_acc, rows)
+            gdn.accept_ref(want, n_acc, rows)
         else:
-            inp = gdn.random_inputs(3, H, HV, K, V, device=device)
+            inp = gdn.random_inputs(n, H, HV, K, V, device=device)
             y = gdn.replay(cache, **inp, **kw, launch=launch)
             err = max(err, rel(y, gdn.replay_ref(want, **inp, **kw)))
     got, ref = gdn.materialize(cache), gdn.materialize_ref(want)

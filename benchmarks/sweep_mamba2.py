@@ -152,14 +152,16 @@ class Stack:
                 m.replay(layer, **self.inp, **kw)
 
 
-def check_config(kernel: str, launch: dict, device: str) -> float:
-    """Max relative error of the kernel with these settings against its reference over a window (3 rows)."""
+def check_config(kernel: str, launch: dict, device: str, slots: list[int] = (2, -1, 0)) -> float:
+    """Max relative error of the kernel with these settings against its reference over a window, one row per
+    entry of `slots` (its slot, -1 for padding)."""
     import torch
 
     from replayssm_kernels import mamba2
 
     H, P, N, G = SHAPE["H"], SHAPE["P"], SHAPE["N"], SHAPE["G"]
-    rows = torch.tensor([2, -1, 0], dtype=torch.int32, device=device)
+    rows = torch.tensor(list(slots), dtype=torch.int32, device=device)
+    n = len(rows)
     live = rows >= 0
     err = 0.0
 
@@ -167,35 +169,35 @@ def check_config(kernel: str, launch: dict, device: str) -> float:
         return ((a[live].float() - b[live].float()).abs().max() / b[live].float().abs().max()).item()
 
     if kernel in ("decode", "decode-multi"):
-        state = (torch.randn(3, H, P, N, device=device) * 0.5).to(common.state_torch_dtype())
+        state = (torch.randn(n, H, P, N, device=device) * 0.5).to(common.state_torch_dtype())
         want = state.clone()
         for _ in range(3):
             if kernel == "decode":
-                inp = mamba2.random_inputs(3, H, P, N, G, device=device)
+                inp = mamba2.random_inputs(n, H, P, N, G, device=device)
                 y = mamba2.decode(state, **inp, dt_softplus=True, slots=rows, launch=launch)
                 err = max(err, rel(y, mamba2.decode_ref(want, **inp, dt_softplus=True, slots=rows)), rel(state, want))
             else:
-                inp = mamba2.random_inputs(3, H, P, N, G, T=DRAFT, device=device)
-                snaps, want_snaps = (torch.zeros(3, DRAFT, H, P, N, device=device) for _ in range(2))
+                inp = mamba2.random_inputs(n, H, P, N, G, T=DRAFT, device=device)
+                snaps, want_snaps = (torch.zeros(n, DRAFT, H, P, N, device=device) for _ in range(2))
                 y = mamba2.decode_multi(state, snaps, **inp, dt_softplus=True, slots=rows, launch=launch)
                 y_ref = mamba2.decode_multi_ref(state, want_snaps, **inp, dt_softplus=True, slots=rows)
                 err = max(err, rel(y, y_ref), rel(snaps, want_snaps))
         return err
-    cache = mamba2.ReplayCache.create(3, H, P, N, G, WINDOW, state_dtype=common.STATE["dtype"],
+    cache = mamba2.ReplayCache.create(n, H, P, N, G, WINDOW, state_dtype=common.STATE["dtype"],
                                       read_dtype=common.read_dtype(kernel),
                                       io_dtype="bf16", max_draft=DRAFT if kernel == "verify" else 0, device=device)
-    cache.load(torch.randn(3, H, P, N, device=device) * 0.5)
+    cache.load(torch.randn(n, H, P, N, device=device) * 0.5)
     want = cache.clone()
     for step in range(WINDOW + 2):
         if kernel == "verify":
-            inp = mamba2.random_inputs(3, H, P, N, G, T=DRAFT, device=device)
+            inp = mamba2.random_inputs(n, H, P, N, G, T=DRAFT, device=device)
             y = mamba2.verify(cache, **inp, dt_softplus=True, slots=rows, launch=launch)
             err = max(err, rel(y, mamba2.verify_ref(want, **inp, dt_softplus=True, slots=rows)))
-            n = torch.randint(0, DRAFT + 1, (3,), dtype=torch.int32, device=device)
-            mamba2.accept(cache, n, rows)
-            mamba2.accept_ref(want, n, rows)
+            n_acc = torch.randint(0, DRAFT + 1, (n,), dtype=torch.int32, device=device)
+            mamba2.accept(cache, n_acc, rows)
+            mamba2.accept_ref(want, n_acc, rows)
         else:
-            inp = mamba2.random_inputs(3, H, P, N, G, device=device)
+            inp = mamba2.random_inputs(n, H, P, N, G, device=device)
             y = mamba2.replay(cache, **inp, dt_softplus=True, slots=rows, launch=launch)
             err = max(err, rel(y, mamba2.replay_ref(want, **inp, dt_softplus=True, slots=rows)))
     got, ref = mamba2.materialize(cache), mamba2.materialize_ref(want)

@@ -98,6 +98,20 @@ def test_sweep_check_and_step_at_a_tiny_shape(sweep, device, monkeypatch, kernel
         assert all(not torch.equal(layer[0], old) for layer, old in zip(stack.layers, before)), "no state was stepped"
 
 
+def test_sweep_checks_on_rows_of_the_timed_grid_class(sweep, device, monkeypatch):
+    """The check runs the launch row the timed batch takes: as many rows as the batch up to 8, so on the H200 (132
+    SMs, a grid small under 264 programs) the check's grid is small exactly when the timed one is; a split row's
+    flush_ keys (which only its large-grid row takes) then pass the check at a large batch."""
+    common = sweep.common
+    assert common.check_rows(1) == [0] and common.check_rows(3) == [2, -1, 0]
+    assert common.check_rows(512) == [2, -1, 0, 3, 4, 5, 6, 7]
+    for batch in range(1, 600):
+        assert (len(common.check_rows(batch)) * 64 < 264) == (batch * 64 < 264), batch
+    monkeypatch.setattr(sweep, "SHAPE", {"H": 1, "HV": 2, "K": 16, "V": 8})
+    monkeypatch.setattr(sweep, "WINDOW", 3)
+    assert sweep.check_config("split-bf16", {"flush_BVF": 16}, device, common.check_rows(256)) < 2e-2
+
+
 @pytest.mark.parametrize("kernel,v_first", [("fla", 1), ("fla-inplace", 1), ("fla-inplace", 0)])
 def test_sweep_fla_kernels_at_a_tiny_shape(sweep, device, monkeypatch, kernel, v_first):
     """fla's decode as the sweep runs it, out of place and written over its initial state, against our reference."""
