@@ -3,7 +3,7 @@
 # writes its table (.txt) and results (.json) under DIR (default runs/tune), and DIR.tar.gz holds them all for
 # machines that return one file; a sweep past its time limit leaves the ones before it.
 # Usage: benchmarks/tune_h200.sh [DIR] [SECTION ...]
-# Sections: tests, verify-tests, gdn-verify-mma, gdn-verify-3, gdn-verify-rows, gdn-verify-warps, gdn-verify-warps-2, mamba2-verify-warps, gdn-split-3, gdn-split-4, two-phase-2, mamba2-split-phases, mamba2-two-phase, gdn-split-flush-vp, gdn-mma, split-launch-cost, split-launch-cost-2, regs-2byte, stalls, stalls-2, next, small-grid, small-grid-2, small-grid-3, medium-grid, direct, order, vk, gdn-decode, gdn-replay, gdn-early, gdn-replay-256, gdn-fp32-2, gdn-split, gdn-split-2,
+# Sections: tests, verify-tests, gdn-verify-mma, gdn-verify-3, gdn-verify-rows, gdn-verify-warps, gdn-verify-warps-2, mamba2-verify-warps, gdn-split-3, gdn-split-4, two-phase-2, mamba2-split-phases, mamba2-two-phase, gdn-split-flush-vp, gdn-mma, split-launch-cost, split-launch-cost-2, gdn-flush-list, regs-2byte, stalls, stalls-2, next, small-grid, small-grid-2, small-grid-3, medium-grid, direct, order, vk, gdn-decode, gdn-replay, gdn-early, gdn-replay-256, gdn-fp32-2, gdn-split, gdn-split-2,
 # gdn-bf16, gdn-bf16-2, gdn-verify, fla, mamba2-split, mamba2-split2, mamba2-vn, mamba2-bf16, mamba2-bf16-2,
 # mamba2-verify (default: tests gdn-decode gdn-replay gdn-verify mamba2-split mamba2-bf16 mamba2-verify).
 set -uo pipefail
@@ -424,6 +424,23 @@ for section in $SECTIONS; do
             --launch split-bf16: --launch split-bf16:flush_num_warps=2,flush_maxnreg=128 \
             --launch split-bf16:flush_num_warps=1,flush_BVF=16,flush_maxnreg=255 \
             --launch split-bf16:flush_VP=64 --launch split-bf16:flush_VP=32
+        ;;
+    gdn-flush-list)
+        # The flushes' launch over a list of the heads that flush (PPS programs per SM looping over it) instead
+        # of a program per (row, head): its empty programs cost the split non-flush step 41 µs at 256 (run 51).
+        gpu_tests gdn-flush-list-tests 200 tests/test_gdn_replay.py tests/test_gdn_split.py tests/test_gdn_verify.py
+        sweep gdn-flush-list 300 sweep_gdn.py --kernel decode --kernel split-bf16 --kernel split-bf16-nonflush \
+            --kernel split-bf16-flush --kernel split-fp8 --batch 16 --batch 64 --batch 256 --batch 512 \
+            --launch decode:VP=4,BV=4,VK=128,num_warps=1 --launch split-bf16: --launch split-bf16:flush_PPS=3 \
+            --launch split-bf16:flush_PPS=12 --launch split-bf16:flush_PPS=24 --launch split-bf16-nonflush: \
+            --launch split-bf16-flush: --launch split-bf16-flush:flush_PPS=3 --launch split-fp8: \
+            --launch split-fp8:PHASES=2 --launch split-fp8:PHASES=2,BV=32,STAGES=3,num_warps=2,maxnreg=128
+        sweep gdn-flush-list-fp32 200 sweep_gdn.py --kernel decode --kernel replay --batch 64 --batch 256 \
+            --launch decode:VP=4,BV=4,VK=128,num_warps=1 --launch replay: --launch replay:PHASES=2 \
+            --launch replay:PHASES=2,flush_num_warps=4,flush_maxnreg=255
+        sweep gdn-flush-list-bf16 200 sweep_gdn.py --state-dtype bf16 --kernel decode --kernel replay --batch 64 \
+            --batch 256 --launch decode:VP=8,BV=8,VK=128,num_warps=1 --launch replay: --launch replay:PHASES=2 \
+            --launch replay:PHASES=2,flush_num_warps=4,flush_maxnreg=255
         ;;
     regs-2byte)
         # The steps on 2-byte tiles wait on latency at 21-24% occupancy (NOTES run 42); capping their registers

@@ -60,6 +60,7 @@ def assert_caches_close(got, want, assert_close):
         if getattr(got, name) is not None:
             assert_close(getattr(got, name), getattr(want, name), *dtypes, what=name)
     assert not got.arrive.any(), "row-block arrival counters not back to zero"
+    assert not got.work[:2].any(), "the flush list's counters not back to zero"
     if got.arrivals is not None:
         assert not got.arrivals.any(), "arrival counters not back to zero"
 
@@ -111,6 +112,8 @@ LAUNCH_CASES = [
     ("bf16", {"PHASES": 2, "VK": 8, "flush_BVF": 16, "flush_num_warps": 2, "flush_TF32": 0}),
     ("fp8", {"PHASES": 1, "VP": 16, "BV": 16, "VK": 16}),
     ("bf16", {"PHASES": 2, "VK": 8, "flush_VP": 16}),
+    ("bf16", {"PHASES": 2, "VK": 8, "flush_PPS": 1}),
+    ("fp16", {"PHASES": 2, "VP": 16, "BV": 16, "VK": 8, "flush_VP": 8, "flush_PPS": 1}),
     (None, {"PHASES": 2, "VK": 8}),
     (None, {"PHASES": 2, "EARLY": 1, "VP": 16, "BV": 16, "VK": 8, "flush_VP": 8}),
     (None, {"EARLY": 1, "VP": 16, "BV": 16, "VK": 8}),

@@ -41,6 +41,9 @@ class ReplayCache:
     keeps each entry's beta, with which `materialize` carries the correction entry by entry. With max_draft > 0,
     arrivals (nslots, H) int32, zero between calls, lets `verify` elect the last value head of each key head to
     write the drafts' keys; last_draft is the T of the last `verify` (what `accept` may commit).
+    work (2 + 3·nslots·HV) int32 is the list a replay in two launches passes from its non-flush launch to its
+    flushes' launch (a count and a done counter, zero between steps, then (row, head, fill) per flushing head);
+    it belongs to no slot.
     """
 
     checkpoint: torch.Tensor
@@ -58,6 +61,11 @@ class ReplayCache:
     buf_t: torch.Tensor | None = None
     arrivals: torch.Tensor | None = None
     last_draft: int = 0
+    work: torch.Tensor | None = None
+
+    def __post_init__(self):
+        if self.work is None:
+            self.work = torch.zeros(2 + 3 * self.nslots * self.HV, dtype=torch.int32, device=self.device)
 
     @classmethod
     def create(
@@ -159,7 +167,9 @@ class ReplayCache:
         return self.checkpoint.device
 
     def tensors(self) -> dict[str, torch.Tensor]:
-        return {f.name: getattr(self, f.name) for f in fields(self) if isinstance(getattr(self, f.name), torch.Tensor)}
+        """The per-slot tensors (every one but `work`), by field name."""
+        return {f.name: getattr(self, f.name) for f in fields(self)
+                if f.name != "work" and isinstance(getattr(self, f.name), torch.Tensor)}
 
     def _index(self, slots, what: str) -> torch.Tensor:
         if slots is None:
@@ -212,7 +222,7 @@ class ReplayCache:
         self.reset(s)
 
     def clone(self) -> "ReplayCache":
-        return replace(self, **{name: value.clone() for name, value in self.tensors().items()})
+        return replace(self, **{name: value.clone() for name, value in self.tensors().items()}, work=self.work.clone())
 
 
 def _raw(t: torch.Tensor) -> torch.Tensor:

@@ -9,7 +9,13 @@ import triton
 import triton.language as tl
 
 # One definition of each for both ops.
-from replayssm_kernels.mamba2.args import CHOICE_KEYS, check_flush_keys, pop_flush_keys, small_grid  # noqa: F401
+from replayssm_kernels.mamba2.args import (  # noqa: F401
+    CHOICE_KEYS,
+    check_flush_keys,
+    pop_flush_keys,
+    small_grid,
+    sm_count,
+)
 from replayssm_kernels.mamba2.common import flat_program_ids, slot_of  # noqa: F401
 
 FP8_MAX = 448.0

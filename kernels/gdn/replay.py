@@ -25,6 +25,7 @@ from replayssm_kernels.gdn.common import (
     quantize_e4m3,
     rounded,
     small_grid,
+    sm_count,
 )
 
 # These kernels mutate the cache in place, so their settings are fixed here (an autotuner would rerun them on live
@@ -34,21 +35,21 @@ from replayssm_kernels.gdn.common import (
 # latency-bound and splits each head's rows over programs of VP rows, each reading its rows up front and the buffer
 # before the fill ("-small"). A flush walks its rows BVF at a time (benchmarks/sweep_gdn.py, NOTES run 29:
 # BVF=16 took batch 256 from 325 to 303 µs, and a bf16 checkpoint's step from 346 to 201). A row with PHASES=2
-# launches the non-flush steps and then the flushes, the latter with the settings of its "-flush" row (by default
-# the row's own).
+# launches the non-flush steps, which list the heads that flush, and then the flushes with the settings of its
+# "-flush" row (by default the row's own) in PPS programs per SM that loop over the list.
 _ONE_CHUNK = {"EARLY": 0, "TF32": 0, "MMA": 0, "VP": 256, "BV": 128, "BVF": 16, "VK": 32, "STAGES": 2, "num_warps": 4,
-              "num_stages": 1, "maxnreg": None}
+              "num_stages": 1, "maxnreg": None, "PPS": 6}
 LAUNCH = {
     "replay": {"EARLY": 0, "TF32": 0, "MMA": 0, "VP": 256, "BV": 32, "BVF": 16, "VK": 32, "STAGES": 3,
-               "num_warps": 2, "num_stages": 1, "maxnreg": 128, "PHASES": 1},
+               "num_warps": 2, "num_stages": 1, "maxnreg": 128, "PHASES": 1, "PPS": 6},
     "replay-small": {"EARLY": 1, "TF32": 0, "MMA": 0, "VP": 16, "BV": 16, "BVF": 16, "VK": 32, "STAGES": 1,
-                     "num_warps": 1, "num_stages": 1, "maxnreg": None, "PHASES": 1},
+                     "num_warps": 1, "num_stages": 1, "maxnreg": None, "PHASES": 1, "PPS": 6},
     # Under split precision a flush also reads the copy and corrects the buffered updates with two more products;
     # in one launch its 4-warp programs set the non-flush step's too (255 µs at batch 256). Apart, the non-flush
     # step runs in the bf16-state replay's 2-warp programs (186 µs) and the flush through 3xTF32 products: batch
     # 256's window 416 -> 342 µs, batch 64's 128 -> 108 (NOTES run 49). A small grid keeps one launch.
     "replay-split": {"EARLY": 0, "TF32": 0, "MMA": 0, "VP": 256, "BV": 32, "BVF": 16, "VK": 32, "STAGES": 3,
-                     "num_warps": 2, "num_stages": 1, "maxnreg": 128, "PHASES": 2},
+                     "num_warps": 2, "num_stages": 1, "maxnreg": 128, "PHASES": 2, "PPS": 6},
     "replay-split-flush": dict(_ONE_CHUNK, BVF=32, TF32=1, maxnreg=168),
     "replay-split-small": dict(_ONE_CHUNK, BVF=32, TF32=1, maxnreg=168, PHASES=1),
     # An fp8 copy's non-flush step does better in the one launch's 4-warp programs (batch 256: 418 against 482 µs
@@ -258,7 +259,7 @@ def _step_inputs(q, k, g, beta, i_b, i_h, i_hv, o_k, m_k, o_k3, m_k3, s_qb, s_qh
 
 @triton.jit
 def _replay_kernel(
-    ckpt, rcopy, rscale, buf_u, buf_k, buf_g, buf_b, buf_t, fill, arrive,
+    ckpt, rcopy, rscale, buf_u, buf_k, buf_g, buf_b, buf_t, fill, arrive, work,
     q, k, v, g, beta, o, slots,
     s_qb, s_qh, s_qk,
     s_kb, s_kh, s_kk,
@@ -273,8 +274,9 @@ def _replay_kernel(
     VK: tl.constexpr, STAGES: tl.constexpr, USE_QK_L2NORM: tl.constexpr, HAS_COPY: tl.constexpr,
     IS_FP8: tl.constexpr, EARLY: tl.constexpr, PRECISION: tl.constexpr, PHASE: tl.constexpr, MMA: tl.constexpr,
 ):
-    # PHASE 0 takes every row's step; 1 only the non-flush steps, leaving the fill counters; 2 only the flushes, and
-    # advances every fill (`replay` launches 1 then 2 where a cache's row asks for two launches).
+    # PHASE 0 takes every row's step; 1 only the non-flush steps, and lists the (row, head, fill) of each head that
+    # flushes in `work` for `_flush_kernel` (`replay` launches the two where a cache's row asks for two launches).
+    # Both advance every fill.
     # Each program takes VP rows of its (row, value head): NPB programs share the head's buffer and fill counter.
     NPB: tl.constexpr = (V + VP - 1) // VP
     i_b, i_hv, i_p = flat_program_ids(HV, NPB)
@@ -297,7 +299,7 @@ def _replay_kernel(
     o_h = (i_s * HV + i_hv) * V
     v0 = i_p * VP
     # The tile read bounds a non-flush step: when it is one chunk, it is issued before the fill it does not depend on.
-    if BV >= VP and PHASE != 2:
+    if BV >= VP:
         o_v = v0 + tl.arange(0, BV)
         # rcopy is the checkpoint itself when the cache has no read copy (`_cache_args`).
         b_r = _tile(rcopy, o_h, o_v, o_v < V, o_k, m_k, o_k3, m_k3, K, MMA)
@@ -321,7 +323,7 @@ def _replay_kernel(
     m_w = o_w < b_f
     f_next = tl.where(b_f + 1 >= W, 0, b_f + 1)
     if EARLY:
-        if NPB > 1 and PHASE != 1:
+        if NPB > 1:
             # Arrive as soon as the fill is read (the increment is computed from it, so the read is complete).
             b_arrived = tl.atomic_add(p_a, tl.where(b_f >= 0, 1, 0), sem="relaxed")
         b_Gl = tl.sum(tl.where(o_w == b_f - 1, b_Gw, 0.0))
@@ -342,12 +344,12 @@ def _replay_kernel(
         b_kqm = tl.where(o_n == 0, b_k[:, None], tl.where(o_n == 1, b_q[:, None], 0.0)).to(rcopy.dtype.element_ty)
     b_k = b_k * b_rk
     b_q = b_q * b_rq
-    if BV >= VP and PHASE != 2:
+    if BV >= VP:
         # Reduced before the branch, so that the tile is not held through the buffer's reads.
         b_sk, b_sq = _tile_sums(b_r, b_k3, b_q3, b_kqm, b_rk, b_rq, MMA)
 
     if b_f + 1 >= W:
-        if PHASE != 1:
+        if PHASE == 0:
             # [BW, BK] the buffered keys
             b_kw = tl.load(buf_k + ((i_s * C + o_w[:, None]) * H + i_h) * K + o_k[None, :],
                            mask=m_w[:, None] & m_k[None, :], other=0.0)
@@ -357,7 +359,7 @@ def _replay_kernel(
                 s_vb, s_vh, s_vv, s_ob, s_oh, s_ov,
                 C, H, HV, K, V, BK, VP, BVF, STAGES, HAS_COPY, IS_FP8, PRECISION,
             )
-    elif PHASE != 2:
+    else:
         if not EARLY:
             # [BW, NC, VK] the buffered keys
             b_kw3 = tl.load(buf_k + ((i_s * C + o_w[:, None, None]) * H + i_h) * K + o_k3[None, :, :],
@@ -415,17 +417,80 @@ def _replay_kernel(
                 tl.store(buf_b + (i_s * C + b_f) * HV + i_hv, b_beta)
                 tl.store(buf_t + ((i_s * C + b_f) * HV + i_hv) * C + o_w, b_t, mask=m_c)
 
-    if PHASE != 1:
-        if NPB == 1:
+    if NPB == 1:
+        tl.store(p_f, f_next)
+        b_last = b_f >= 0
+    else:
+        # The row blocks of a (slot, head) all read its fill; the last to arrive advances it. Relaxed order
+        # suffices: every program has consumed the fill it read before it arrives.
+        if not EARLY:
+            b_arrived = tl.atomic_add(p_a, 1, sem="relaxed")
+        b_last = b_arrived == NPB - 1
+        if b_last:
             tl.store(p_f, f_next)
-        else:
-            # The row blocks of a (slot, head) all read its fill; the last to arrive advances it. Relaxed order
-            # suffices: every program has consumed the fill it read before it arrives.
-            if not EARLY:
-                b_arrived = tl.atomic_add(p_a, 1, sem="relaxed")
-            if b_arrived == NPB - 1:
-                tl.store(p_f, f_next)
-                tl.store(p_a, 0)
+            tl.store(p_a, 0)
+    if PHASE == 1:
+        if b_last & (b_f + 1 >= W):
+            # The flush launch reads the buffer, which no step of this launch overwrites, and this fill.
+            i_e = tl.atomic_add(work, 1, sem="relaxed")
+            tl.store(work + 2 + 3 * i_e, i_b)
+            tl.store(work + 3 + 3 * i_e, i_hv)
+            tl.store(work + 4 + 3 * i_e, b_f)
+
+@triton.jit
+def _flush_kernel(
+    ckpt, rcopy, rscale, buf_u, buf_k, buf_g, buf_t, work,
+    q, k, v, g, beta, o, slots,
+    s_qb, s_qh, s_qk,
+    s_kb, s_kh, s_kk,
+    s_vb, s_vh, s_vv,
+    s_gb, s_gh,
+    s_bb, s_bh,
+    s_ob, s_oh, s_ov,
+    scale,
+    C: tl.constexpr, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    BK: tl.constexpr, VP: tl.constexpr, BVF: tl.constexpr, BW: tl.constexpr, STAGES: tl.constexpr,
+    USE_QK_L2NORM: tl.constexpr, HAS_COPY: tl.constexpr, IS_FP8: tl.constexpr, PRECISION: tl.constexpr,
+):
+    """The flushes the non-flush launch listed in `work` (a count, a done counter, then (row, head, fill) per
+    flushing head), VP rows of a head per item: each program loops over the items, so the launch's programs are a
+    few per SM however few rows flush. The last program to finish zeroes the counters for the next step."""
+    NPB: tl.constexpr = (V + VP - 1) // VP
+    n_items = tl.load(work) * NPB
+    n_programs = tl.num_programs(0)
+    o_k = tl.arange(0, BK)
+    o_w = tl.arange(0, BW)
+    m_k = o_k < K
+    # A while loop: its bounds are device values (the interpreter's range takes only Python integers).
+    i_j = tl.program_id(0)
+    while i_j < n_items:
+        i_e = i_j // NPB
+        i_b = tl.load(work + 2 + 3 * i_e)
+        i_hv = tl.load(work + 3 + 3 * i_e)
+        b_f = tl.load(work + 4 + 3 * i_e)
+        i_h = i_hv // (HV // H)
+        i_s = tl.load(slots + i_b).to(tl.int64)
+        m_w = o_w < b_f
+        b_g = tl.load(g + i_b * s_gb + i_hv * s_gh).to(tl.float32)
+        b_beta = tl.load(beta + i_b * s_bb + i_hv * s_bh).to(tl.float32)
+        b_q = tl.load(q + i_b * s_qb + i_h * s_qh + o_k * s_qk, mask=m_k, other=0.0).to(tl.float32)
+        b_k = tl.load(k + i_b * s_kb + i_h * s_kh + o_k * s_kk, mask=m_k, other=0.0).to(tl.float32)
+        b_rq, b_rk = qk_factors(b_q, b_k, scale, USE_QK_L2NORM)
+        b_Gw = tl.load(buf_g + (i_s * C + o_w) * HV + i_hv, mask=m_w, other=0.0)
+        b_Gl = tl.load(buf_g + (i_s * C + tl.maximum(b_f - 1, 0)) * HV + i_hv, mask=b_f > 0, other=0.0)
+        # [BW, BK] the buffered keys
+        b_kw = tl.load(buf_k + ((i_s * C + o_w[:, None]) * H + i_h) * K + o_k[None, :],
+                       mask=m_w[:, None] & m_k[None, :], other=0.0)
+        _replay_flush(
+            ckpt, rcopy, rscale, buf_u, buf_t, v, o,
+            i_b, i_s, i_h, i_hv, (i_j % NPB) * VP, b_f, b_k * b_rk, b_q * b_rq, b_g, b_beta, b_Gl, b_Gw, b_kw, o_w,
+            s_vb, s_vh, s_vv, s_ob, s_oh, s_ov,
+            C, H, HV, K, V, BK, VP, BVF, STAGES, HAS_COPY, IS_FP8, PRECISION,
+        )
+        i_j += n_programs
+    if tl.atomic_add(work + 1, 1, sem="acq_rel") == n_programs - 1:
+        tl.store(work, 0)
+        tl.store(work + 1, 0)
 
 
 @triton.jit
@@ -698,17 +763,43 @@ def _replay_settings(name: str, launch: dict | None) -> tuple[dict, dict | None]
     return settings, flush
 
 
-def _launch_replay(cache, q, k, v, g, beta, out, slots, scale, l2norm, settings, phase):
-    VP = min(settings["VP"], next_pow2(cache.V))
-    _replay_kernel[(q.shape[0] * cache.HV * triton.cdiv(cache.V, VP),)](
-        **_cache_args(cache), arrive=cache.arrive,
-        q=q, k=k, v=v, g=g, beta=beta, o=out, slots=slots,
+def _step_strides(q, k, v, g, beta, out) -> dict:
+    return dict(
         s_qb=q.stride(0), s_qh=q.stride(1), s_qk=q.stride(2),
         s_kb=k.stride(0), s_kh=k.stride(1), s_kk=k.stride(2),
         s_vb=v.stride(0), s_vh=v.stride(1), s_vv=v.stride(2),
         s_gb=g.stride(0), s_gh=g.stride(1),
         s_bb=beta.stride(0), s_bh=beta.stride(1),
         s_ob=out.stride(0), s_oh=out.stride(1), s_ov=out.stride(2),
+    )
+
+
+def _launch_flushes(cache, q, k, v, g, beta, out, slots, scale, l2norm, settings):
+    """The flushes a PHASE 1 launch listed: PPS programs per SM (PPS in all on the CPU), at most one per item."""
+    VP = min(settings["VP"], next_pow2(cache.V))
+    items = q.shape[0] * cache.HV * triton.cdiv(cache.V, VP)
+    constants = _cache_constants(cache)
+    _flush_kernel[(min(items, settings["PPS"] * max(1, sm_count(cache.device))),)](
+        **{key: value for key, value in _cache_args(cache).items() if key not in ("buf_b", "fill")}, work=cache.work,
+        q=q, k=k, v=v, g=g, beta=beta, o=out, slots=slots,
+        **_step_strides(q, k, v, g, beta, out),
+        scale=scale,
+        **{key: constants[key] for key in ("C", "H", "HV", "K", "V", "BK", "BW", "HAS_COPY", "IS_FP8")},
+        VP=VP,
+        BVF=max(16, min(settings["BVF"], VP)),
+        STAGES=settings["STAGES"],
+        USE_QK_L2NORM=l2norm,
+        PRECISION="tf32x3" if settings["TF32"] else "ieee",
+        **compile_options(settings),
+    )
+
+
+def _launch_replay(cache, q, k, v, g, beta, out, slots, scale, l2norm, settings, phase):
+    VP = min(settings["VP"], next_pow2(cache.V))
+    _replay_kernel[(q.shape[0] * cache.HV * triton.cdiv(cache.V, VP),)](
+        **_cache_args(cache), arrive=cache.arrive, work=cache.work,
+        q=q, k=k, v=v, g=g, beta=beta, o=out, slots=slots,
+        **_step_strides(q, k, v, g, beta, out),
         scale=scale,
         **_cache_constants(cache),
         VP=VP,
@@ -717,10 +808,10 @@ def _launch_replay(cache, q, k, v, g, beta, out, slots, scale, l2norm, settings,
         VK=min(settings["VK"], max(16, next_pow2(cache.K))),
         STAGES=settings["STAGES"],
         USE_QK_L2NORM=l2norm,
-        EARLY=bool(settings["EARLY"]) and phase != 2,
+        EARLY=bool(settings["EARLY"]),
         PRECISION="tf32x3" if settings["TF32"] else "ieee",
         PHASE=phase,
-        MMA=bool(settings["MMA"]) and phase != 2 and min(settings["BV"], VP) >= 16 and _mma_tile(cache),
+        MMA=bool(settings["MMA"]) and min(settings["BV"], VP) >= 16 and _mma_tile(cache),
         **compile_options(settings),
     )
 
@@ -803,7 +894,8 @@ def replay(
     under split precision) and advances its fill counter; the step that fills the window (f + 1 >= W)
     instead folds the buffer into the full-precision checkpoint (correcting the updates the copy gave),
     takes this step from it, stores it, refreshes the read copy and empties the buffer. With PHASES=2
-    (split precision on grids of two or more programs per SM) the flushes take a second launch.
+    (split precision on grids of two or more programs per SM) the flushes take a second launch, over the
+    heads the first listed in cache.work.
     Mutates the cache; returns o (batch, HV, V) in v's dtype (written into `out` when given).
     `launch` overrides VP (rows per program: the programs of a head share its fill counter), BV
     (rows per chunk of a non-flush step), BVF (of a flush), VK (width of the K pieces a
@@ -811,9 +903,9 @@ def replay(
     the fill counter), TF32 (1: a flush folds the buffer through 3xTF32 tensor-core products, 0 through
     fp32 FMAs), MMA (1: a non-flush step sums its tile's rows times k and q as one tensor-core product where
     the tile is 2-byte and in q's and k's dtype, a bf16 state or copy with bf16 inputs, and its chunks are of
-    16 rows or more; other tiles keep their fp32 row sums), num_warps, num_stages, maxnreg, PHASES (2: the non-flush steps in one launch, then the
-    flushes in a second with their own settings, given by keys prefixed flush_, such as flush_num_warps; 1: one
-    launch). `check` range-checks slots on the host, a device sync: pass check=False for a step with no host
+    16 rows or more; other tiles keep their fp32 row sums), num_warps, num_stages, maxnreg, PHASES (2: the
+    non-flush steps in one launch, then the flushes in a second with their own settings, given by keys prefixed
+    flush_, such as flush_num_warps and flush_PPS, the second launch's programs per SM; 1: one launch). `check` range-checks slots on the host, a device sync: pass check=False for a step with no host
     synchronisation (it is skipped anyway while a CUDA graph is captured).
     """
     batch, _ = _check_against_cache(cache, _replay_kernel, q, k, v, g, beta, tokens=False)
@@ -827,7 +919,7 @@ def replay(
             _launch_replay(*args, settings, 0)
         else:
             _launch_replay(*args, settings, 1)
-            _launch_replay(*args, flush, 2)
+            _launch_flushes(*args, flush)
     return out
 
 
