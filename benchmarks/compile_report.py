@@ -68,9 +68,8 @@ def compile_kernels(op: str, launches: dict[str, dict], arch: int,
 
     def run(self, *a, grid, warmup, **kw):
         kernel = real_run(self, *a, grid=grid, warmup=True, **kw)
-        # a replay that takes its flushes in a second launch (PHASES=2) compiles a second kernel (GDN's is
-        # _flush_kernel; Mamba-2's is its replay kernel with PHASE=2)
-        compiled.append((case, self.fn.__name__ + ("/flushes" if kw.get("PHASE") == 2 else ""), kernel))
+        # a replay that takes its flushes in a second launch (PHASES=2) compiles a second kernel, its flush kernel
+        compiled.append((case, self.fn.__name__, kernel))
         return kernel
 
     # The decode's and the replay's state (checkpoint) dtype; split precision and verify keep fp32 checkpoints.

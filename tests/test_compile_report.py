@@ -15,9 +15,8 @@ def _table(done) -> dict[tuple[str, str], dict[str, int]]:
     rows = {}
     for line in lines[1:]:
         cells = line.split()
-        # a replay that takes its flushes in a second launch has a second kernel: GDN's _flush_kernel, Mamba-2's
-        # named .../flushes
-        case = cells[1] + (" flushes" if cells[2].endswith("/flushes") or cells[2] == "_flush_kernel" else "")
+        # a replay that takes its flushes in a second launch has a second kernel, its flush kernel
+        case = cells[1] + (" flushes" if cells[2].endswith("flush_kernel") else "")
         rows[cells[0], case] = dict(zip(names[3:], map(int, cells[3:])))
     return rows
 

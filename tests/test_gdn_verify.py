@@ -191,6 +191,10 @@ def test_verify_and_replay_take_their_small_grid_rows_under_two_programs_per_sm(
     assert gdn_replay.launch_name("verify", split, 1) == "verify-split"
     assert gdn_replay.launch_name("replay", split, 4) == "replay-split-small"
     assert gdn_replay.launch_name("replay", split, 5) == "replay-split"
+    fp8 = gdn.ReplayCache.create(64, 1, 64, 8, 8, 4, state_dtype="fp32", read_dtype="fp8", io_dtype="bf16",
+                                 device="cpu")
+    assert gdn_replay.launch_name("replay", fp8, 4) == "replay-fp8-small"
+    assert gdn_replay.launch_name("replay", fp8, 5) == "replay-fp8"
     assert gdn_replay.LAUNCH["verify-small"]["num_warps"] > gdn_replay.LAUNCH["verify"]["num_warps"]
 
 

@@ -33,6 +33,8 @@ def staggered(slots: list[int], step: int, device) -> torch.Tensor:
 
 def assert_caches_close(got, want, assert_close):
     assert torch.equal(got.fill, want.fill), "fill counters differ"
+    assert not got.arrive.any(), "P-block arrival counters not back to zero"
+    assert not got.work[:2].any(), "the flush list's counters not back to zero"
     assert_close(got.checkpoint, want.checkpoint, got.state_dtype, what="checkpoint")
     if got.read_copy is not None:
         scale_g = None if got.read_scale is None else got.read_scale
@@ -96,6 +98,8 @@ LAUNCH_CASES = [
     ({"PHASES": 2}, None),
     ({"PHASES": 2, "maxnreg": 64, "flush_maxnreg": 128, "flush_RC": 16}, "bf16"),
     ({"PHASES": 2, "BP": 16, "RC": 16, "num_warps": 1, "EARLY": 1, "flush_BP": 32}, "fp8"),
+    ({"PHASES": 2, "flush_PPS": 1}, "bf16"),
+    ({"PHASES": 2, "BP": 32, "RC": 16, "flush_BP": 16, "flush_PPS": 1}, None),
 ]
 
 

@@ -21,7 +21,9 @@ class ReplayCache:
     and lam_buf (cumulative A·Δ since the checkpoint) (nslots, H, CAP) fp32; b_draft (nslots, G, max_draft, N)
     holds the drafts' B between `verify` and `accept`; fill (nslots, H) int32, equal across the heads of a slot;
     arrive (nslots, H) int32 counts the P-block programs of a step that are done with a (slot, head), zero between steps;
-    last_draft is the T of the last `verify` (what `accept` may commit).
+    last_draft is the T of the last `verify` (what `accept` may commit). work (2 + 3·nslots·H) int32, the one
+    tensor that belongs to no slot, is the list a replay in two launches passes from its non-flush launch to its
+    flushes' launch (a count and a done counter, zero between steps, then (row, head, fill) per flushing head).
     """
 
     checkpoint: torch.Tensor
@@ -37,6 +39,12 @@ class ReplayCache:
     window: int
     max_draft: int
     last_draft: int = 0
+    work: torch.Tensor | None = None
+
+    def __post_init__(self):
+        if self.work is None:
+            nslots, H = self.fill.shape
+            self.work = torch.zeros(2 + 3 * nslots * H, dtype=torch.int32, device=self.fill.device)
 
     @classmethod
     def create(cls, nslots: int, H: int, P: int, N: int, G: int, window: int, *, state_dtype=torch.float32,
@@ -110,17 +118,19 @@ class ReplayCache:
         return self.x_buf.dtype
 
     def tensors(self) -> dict[str, torch.Tensor]:
-        """Every tensor of the cache by field name (the read copy and scales only when present)."""
+        """Every per-slot tensor of the cache by field name (the read copy and scales only when present; not
+        `work`)."""
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
-                if isinstance(getattr(self, f.name), torch.Tensor)}
+                if f.name != "work" and isinstance(getattr(self, f.name), torch.Tensor)}
 
     def nbytes(self) -> int:
         """Bytes the cache holds on its device."""
-        return sum(t.numel() * t.element_size() for t in self.tensors().values())
+        return sum(t.numel() * t.element_size() for t in (*self.tensors().values(), self.work))
 
     def clone(self) -> "ReplayCache":
         """A deep copy: every tensor cloned."""
-        return dataclasses.replace(self, **{name: t.clone() for name, t in self.tensors().items()})
+        return dataclasses.replace(self, **{name: t.clone() for name, t in self.tensors().items()},
+                                   work=self.work.clone())
 
     def slot_index(self, slots, what: str = "slots") -> torch.Tensor:
         """Slots (None for all, a list, or a 1-D integer tensor) as a checked int64 index on the cache's device."""

@@ -24,9 +24,46 @@ def _step_inputs(x, dt, B, C, dt_bias, i_b, i_h, i_g, o_p, m_p, o_n, m_n, stride
 
 
 @triton.jit
+def _flush_rows(
+    checkpoint, read_copy, read_scale, x, D, z, p_y, p_xb, p_bb,
+    i_b, i_h, i_p, i_s, i_sh, f, b_lam, b_cw, b_dt, b_B, b_C, o_s, o_z, o_n, m_n, o_w,
+    P, N, stride_x_b, stride_x_h, stride_ck_p, stride_rc_s, stride_rc_h, stride_rc_p,
+    BP: tl.constexpr, BPF: tl.constexpr, STAGES: tl.constexpr, HAS_D: tl.constexpr, HAS_Z: tl.constexpr,
+    USE_COPY: tl.constexpr, IS_FP8: tl.constexpr, PRECISION: tl.constexpr,
+):
+    """The step that fills the window for rows i_p·BP .. of a (slot, head): fold the f buffered entries (weights b_cw
+    [BW]) and this token into a new checkpoint (and read copy), answer from it."""
+    m_w = o_w < f
+    # The flush walks its rows BPF at a time (a pipelined loop) so that this rare branch does not raise the
+    # register count of the common one; each chunk's rank-f update is one [BPF, BW] x [BW, BN] fp32 product.
+    b_bwf = tl.load(p_bb + o_w[:, None] * N + o_n[None, :], mask=m_w[:, None] & m_n[None, :], other=0.0)
+    b_bwf = b_bwf.to(tl.float32)
+    b_decay = tl.exp(b_lam)
+    b_sB = b_dt * b_B
+    for i_c in tl.range(0, BP, BPF, num_stages=STAGES):
+        o_c = i_p * BP + i_c + tl.arange(0, BPF)
+        # A chunk is at least 16 rows (the fold is one product); with BP < 16 it is masked to this program's rows.
+        m_c = (o_c < P) & (i_c + tl.arange(0, BPF) < BP)
+        m_sc = m_c[:, None] & m_n[None, :]
+        p_ckc = checkpoint + o_s + o_c[:, None] * stride_ck_p + o_n[None, :]
+        b_s = tl.load(p_ckc, mask=m_sc, other=0.0).to(tl.float32)
+        b_xc = tl.load(p_xb + o_w[:, None] * P + o_c[None, :], mask=m_w[:, None] & m_c[None, :], other=0.0)
+        b_xt = tl.load(x + i_b * stride_x_b + i_h * stride_x_h + o_c, mask=m_c, other=0.0).to(tl.float32)
+        b_u = tl.dot(tl.trans(b_xc.to(tl.float32) * b_cw[:, None]), b_bwf, input_precision=PRECISION)
+        b_s = b_s * b_decay + b_u + b_xt[:, None] * b_sB[None, :]
+        tl.store(p_ckc, b_s.to(p_ckc.dtype.element_ty), mask=m_sc)
+        if USE_COPY:
+            p_rcc = read_copy + i_s * stride_rc_s + i_h * stride_rc_h + o_c[:, None] * stride_rc_p + o_n[None, :]
+            store_read_copy(b_s, p_rcc, read_scale, i_sh * P + o_c, m_sc, m_c, IS_FP8)
+        b_yc = tl.sum(b_s * b_C[None, :], axis=1)
+        b_yc = finish_output(b_yc, b_xt, D, z, o_z + o_c, m_c, i_h, HAS_D, HAS_Z)
+        tl.store(p_y + o_c, b_yc.to(p_y.dtype.element_ty), mask=m_c)
+
+
+@triton.jit
 def mamba2_replay_kernel(
     x, dt, A, B, C, D, z, dt_bias, slots, y,
-    checkpoint, read_copy, read_scale, x_buf, b_buf, dt_buf, lam_buf, fill, arrive,
+    checkpoint, read_copy, read_scale, x_buf, b_buf, dt_buf, lam_buf, fill, arrive, work,
     H, G, P, N,
     stride_ck_s, stride_ck_h, stride_ck_p,
     stride_rc_s, stride_rc_h, stride_rc_p,
@@ -41,8 +78,9 @@ def mamba2_replay_kernel(
     HAS_SLOTS: tl.constexpr, USE_COPY: tl.constexpr, IS_FP8: tl.constexpr, EARLY: tl.constexpr, PRECISION: tl.constexpr,
     PHASE: tl.constexpr,
 ):
-    # PHASE 0 takes every row's step; 1 only the non-flush steps, leaving the fill counters; 2 only the flushes, and
-    # advances every fill (`replay` launches 1 then 2 where the settings ask for two launches, PHASES=2).
+    # PHASE 0 takes every row's step; 1 only the non-flush steps, and lists the (row, head, fill) of each head that
+    # flushes in `work` for `mamba2_flush_kernel` (`replay` launches the two where the settings ask for two
+    # launches, PHASES=2). Both advance every fill.
     i_b, i_h, i_p = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     HPG = H // G
     i_g = i_h // HPG
@@ -67,7 +105,7 @@ def mamba2_replay_kernel(
     o_s = i_s * stride_ck_s + i_h * stride_ck_h
     # The tile read bounds the step, so it is issued before anything it does not depend on, unless the
     # non-flush step streams the tile RC rows at a time through shared memory (a pipelined loop, few registers).
-    if RC >= BP and PHASE != 2:
+    if RC >= BP:
         if USE_COPY:
             p_rc = read_copy + i_s * stride_rc_s + i_h * stride_rc_h + o_p[:, None, None] * stride_rc_p + o_n3[None, :, :]
             b_r = tl.load(p_rc, mask=m_s3, other=0.0)
@@ -91,7 +129,7 @@ def mamba2_replay_kernel(
     f = tl.load(fill + i_sh)
     m_w = o_w < f
     if EARLY:
-        if NPB > 1 and PHASE != 1:
+        if NPB > 1:
             # Arrive as soon as the fill is read (the increment is computed from it, so the read is complete).
             b_arrived = tl.atomic_add(arrive + i_sh, tl.where(f >= 0, 1, 0), sem="relaxed")
         b_lprev = tl.sum(tl.where(o_w == f - 1, b_lw, 0.0))
@@ -112,95 +150,143 @@ def mamba2_replay_kernel(
     p_y = y + i_b * stride_y_b + i_h * stride_y_h
 
     if f + 1 < W:
-        if PHASE != 2:
-            if not EARLY:
-                b_C3 = tl.load(C + i_b * stride_C_b + i_g * stride_C_g + o_n3, mask=m_n3, other=0.0).to(tl.float32)
-                # [BW, NC, VN]
-                b_bw = tl.load(p_bb + o_w[:, None, None] * N + o_n3[None, :, :],
-                               mask=m_w[:, None, None] & m_n3[None, :, :], other=0.0)
-            b_kw = tl.where(m_w, b_cw * tl.sum(tl.sum(b_bw.to(tl.float32) * b_C3[None, :, :], axis=1), axis=1), 0.0)
-            if RC >= BP:
-                if EARLY:
-                    b_xw = tl.where(m_w[:, None], b_xw, 0.0)
-                else:
-                    # [BW, BP]
-                    b_xw = tl.load(p_xb + o_w[:, None] * P + o_p[None, :], mask=m_w[:, None] & m_p[None, :], other=0.0)
-                b_y = tl.sum(tl.sum(b_r.to(tl.float32) * b_C3[None, :, :], axis=1), axis=1)
-                if IS_FP8:
-                    b_y = b_y * tl.load(read_scale + i_sh * P + o_p, mask=m_p, other=0.0)
-                b_y = tl.exp(b_lam) * b_y + tl.sum(b_kw[:, None] * b_xw.to(tl.float32), axis=0)
-                b_y += (b_dt * tl.sum(b_B * b_C, axis=0)) * b_x
-                b_y = finish_output(b_y, b_x, D, z, o_z + o_p, m_p, i_h, HAS_D, HAS_Z)
-                tl.store(p_y + o_p, b_y.to(p_y.dtype.element_ty), mask=m_p)
+        if not EARLY:
+            b_C3 = tl.load(C + i_b * stride_C_b + i_g * stride_C_g + o_n3, mask=m_n3, other=0.0).to(tl.float32)
+            # [BW, NC, VN]
+            b_bw = tl.load(p_bb + o_w[:, None, None] * N + o_n3[None, :, :],
+                           mask=m_w[:, None, None] & m_n3[None, :, :], other=0.0)
+        b_kw = tl.where(m_w, b_cw * tl.sum(tl.sum(b_bw.to(tl.float32) * b_C3[None, :, :], axis=1), axis=1), 0.0)
+        if RC >= BP:
+            if EARLY:
+                b_xw = tl.where(m_w[:, None], b_xw, 0.0)
             else:
-                b_decay = tl.exp(b_lam)
-                b_bc = b_dt * tl.sum(b_B * b_C, axis=0)
-                for i_r in tl.range(0, BP, RC, num_stages=STAGES):
-                    o_r = i_p * BP + i_r + tl.arange(0, RC)
-                    m_r = o_r < P
-                    m_t = m_r[:, None, None] & m_n3[None, :, :]
-                    # [RC, NC, VN] and [BW, RC]
-                    if USE_COPY:
-                        p_t = read_copy + i_s * stride_rc_s + i_h * stride_rc_h + o_r[:, None, None] * stride_rc_p
-                    else:
-                        p_t = checkpoint + o_s + o_r[:, None, None] * stride_ck_p
-                    b_t = tl.load(p_t + o_n3[None, :, :], mask=m_t, other=0.0)
-                    b_xw = tl.load(p_xb + o_w[:, None] * P + o_r[None, :], mask=m_w[:, None] & m_r[None, :], other=0.0)
-                    b_xc = tl.load(x + i_b * stride_x_b + i_h * stride_x_h + o_r, mask=m_r, other=0.0)
-                    b_yc = tl.sum(tl.sum(b_t.to(tl.float32) * b_C3[None, :, :], axis=1), axis=1)
-                    if IS_FP8:
-                        b_yc = b_yc * tl.load(read_scale + i_sh * P + o_r, mask=m_r, other=0.0)
-                    b_yc = b_decay * b_yc + tl.sum(b_kw[:, None] * b_xw.to(tl.float32), axis=0)
-                    b_yc += b_bc * b_xc.to(tl.float32)
-                    b_yc = finish_output(b_yc, b_xc.to(tl.float32), D, z, o_z + o_r, m_r, i_h, HAS_D, HAS_Z)
-                    tl.store(p_y + o_r, b_yc.to(p_y.dtype.element_ty), mask=m_r)
-            tl.store(p_xb + f * P + o_p, b_xr, mask=m_p)
-            if i_p == 0:
-                tl.store(p_db + f, b_dt)
-                tl.store(p_lb + f, b_lam)
-                if i_h % HPG == 0:
-                    tl.store(p_bb + f * N + o_n, b_Br, mask=m_n)
-        f_next = f + 1
-    elif PHASE != 1:
-        # The flush walks its rows BPF at a time (a pipelined loop) so that this rare branch does not raise the
-        # register count of the common one; each chunk's rank-f update is one [BPF, BW] x [BW, BN] fp32 product.
-        b_bwf = tl.load(p_bb + o_w[:, None] * N + o_n[None, :], mask=m_w[:, None] & m_n[None, :], other=0.0)
-        b_bwf = b_bwf.to(tl.float32)
-        b_decay = tl.exp(b_lam)
-        b_sB = b_dt * b_B
-        for i_c in tl.range(0, BP, BPF, num_stages=STAGES):
-            o_c = i_p * BP + i_c + tl.arange(0, BPF)
-            # A chunk is at least 16 rows (the fold is one product); with BP < 16 it is masked to this program's rows.
-            m_c = (o_c < P) & (i_c + tl.arange(0, BPF) < BP)
-            m_sc = m_c[:, None] & m_n[None, :]
-            p_ckc = checkpoint + o_s + o_c[:, None] * stride_ck_p + o_n[None, :]
-            b_s = tl.load(p_ckc, mask=m_sc, other=0.0).to(tl.float32)
-            b_xc = tl.load(p_xb + o_w[:, None] * P + o_c[None, :], mask=m_w[:, None] & m_c[None, :], other=0.0)
-            b_xt = tl.load(x + i_b * stride_x_b + i_h * stride_x_h + o_c, mask=m_c, other=0.0).to(tl.float32)
-            b_u = tl.dot(tl.trans(b_xc.to(tl.float32) * b_cw[:, None]), b_bwf, input_precision=PRECISION)
-            b_s = b_s * b_decay + b_u + b_xt[:, None] * b_sB[None, :]
-            tl.store(p_ckc, b_s.to(p_ckc.dtype.element_ty), mask=m_sc)
-            if USE_COPY:
-                p_rcc = read_copy + i_s * stride_rc_s + i_h * stride_rc_h + o_c[:, None] * stride_rc_p + o_n[None, :]
-                store_read_copy(b_s, p_rcc, read_scale, i_sh * P + o_c, m_sc, m_c, IS_FP8)
-            b_yc = tl.sum(b_s * b_C[None, :], axis=1)
-            b_yc = finish_output(b_yc, b_xt, D, z, o_z + o_c, m_c, i_h, HAS_D, HAS_Z)
-            tl.store(p_y + o_c, b_yc.to(p_y.dtype.element_ty), mask=m_c)
-        f_next = f * 0
-    else:
-        f_next = f
-
-    if PHASE != 1:
-        if NPB == 1:
-            tl.store(fill + i_sh, f_next)
+                # [BW, BP]
+                b_xw = tl.load(p_xb + o_w[:, None] * P + o_p[None, :], mask=m_w[:, None] & m_p[None, :], other=0.0)
+            b_y = tl.sum(tl.sum(b_r.to(tl.float32) * b_C3[None, :, :], axis=1), axis=1)
+            if IS_FP8:
+                b_y = b_y * tl.load(read_scale + i_sh * P + o_p, mask=m_p, other=0.0)
+            b_y = tl.exp(b_lam) * b_y + tl.sum(b_kw[:, None] * b_xw.to(tl.float32), axis=0)
+            b_y += (b_dt * tl.sum(b_B * b_C, axis=0)) * b_x
+            b_y = finish_output(b_y, b_x, D, z, o_z + o_p, m_p, i_h, HAS_D, HAS_Z)
+            tl.store(p_y + o_p, b_y.to(p_y.dtype.element_ty), mask=m_p)
         else:
-            # The P-blocks of a (slot, head) all read its fill; the last to arrive advances it. Relaxed order
-            # suffices: every program has consumed the fill it read before it arrives.
-            if not EARLY:
-                b_arrived = tl.atomic_add(arrive + i_sh, 1, sem="relaxed")
-            if b_arrived == NPB - 1:
-                tl.store(fill + i_sh, f_next)
-                tl.store(arrive + i_sh, 0)
+            b_decay = tl.exp(b_lam)
+            b_bc = b_dt * tl.sum(b_B * b_C, axis=0)
+            for i_r in tl.range(0, BP, RC, num_stages=STAGES):
+                o_r = i_p * BP + i_r + tl.arange(0, RC)
+                m_r = o_r < P
+                m_t = m_r[:, None, None] & m_n3[None, :, :]
+                # [RC, NC, VN] and [BW, RC]
+                if USE_COPY:
+                    p_t = read_copy + i_s * stride_rc_s + i_h * stride_rc_h + o_r[:, None, None] * stride_rc_p
+                else:
+                    p_t = checkpoint + o_s + o_r[:, None, None] * stride_ck_p
+                b_t = tl.load(p_t + o_n3[None, :, :], mask=m_t, other=0.0)
+                b_xw = tl.load(p_xb + o_w[:, None] * P + o_r[None, :], mask=m_w[:, None] & m_r[None, :], other=0.0)
+                b_xc = tl.load(x + i_b * stride_x_b + i_h * stride_x_h + o_r, mask=m_r, other=0.0)
+                b_yc = tl.sum(tl.sum(b_t.to(tl.float32) * b_C3[None, :, :], axis=1), axis=1)
+                if IS_FP8:
+                    b_yc = b_yc * tl.load(read_scale + i_sh * P + o_r, mask=m_r, other=0.0)
+                b_yc = b_decay * b_yc + tl.sum(b_kw[:, None] * b_xw.to(tl.float32), axis=0)
+                b_yc += b_bc * b_xc.to(tl.float32)
+                b_yc = finish_output(b_yc, b_xc.to(tl.float32), D, z, o_z + o_r, m_r, i_h, HAS_D, HAS_Z)
+                tl.store(p_y + o_r, b_yc.to(p_y.dtype.element_ty), mask=m_r)
+        tl.store(p_xb + f * P + o_p, b_xr, mask=m_p)
+        if i_p == 0:
+            tl.store(p_db + f, b_dt)
+            tl.store(p_lb + f, b_lam)
+            if i_h % HPG == 0:
+                tl.store(p_bb + f * N + o_n, b_Br, mask=m_n)
+        f_next = f + 1
+    else:
+        if PHASE == 0:
+            _flush_rows(
+                checkpoint, read_copy, read_scale, x, D, z, p_y, p_xb, p_bb,
+                i_b, i_h, i_p, i_s, i_sh, f, b_lam, b_cw, b_dt, b_B, b_C, o_s, o_z, o_n, m_n, o_w,
+                P, N, stride_x_b, stride_x_h, stride_ck_p, stride_rc_s, stride_rc_h, stride_rc_p,
+                BP, BPF, STAGES, HAS_D, HAS_Z, USE_COPY, IS_FP8, PRECISION,
+            )
+        f_next = f * 0
+
+    if NPB == 1:
+        tl.store(fill + i_sh, f_next)
+        b_last = f >= 0
+    else:
+        # The P-blocks of a (slot, head) all read its fill; the last to arrive advances it. Relaxed order
+        # suffices: every program has consumed the fill it read before it arrives.
+        if not EARLY:
+            b_arrived = tl.atomic_add(arrive + i_sh, 1, sem="relaxed")
+        b_last = b_arrived == NPB - 1
+        if b_last:
+            tl.store(fill + i_sh, f_next)
+            tl.store(arrive + i_sh, 0)
+    if PHASE == 1:
+        if b_last & (f + 1 >= W):
+            # The flush launch reads the buffer, which no step of this launch overwrites, and this fill.
+            i_e = tl.atomic_add(work, 1, sem="relaxed")
+            tl.store(work + 2 + 3 * i_e, i_b)
+            tl.store(work + 3 + 3 * i_e, i_h)
+            tl.store(work + 4 + 3 * i_e, f)
+
+
+@triton.jit
+def mamba2_flush_kernel(
+    x, dt, A, B, C, D, z, dt_bias, slots, y,
+    checkpoint, read_copy, read_scale, x_buf, b_buf, dt_buf, lam_buf, work,
+    H, G, P, N,
+    stride_ck_s, stride_ck_h, stride_ck_p,
+    stride_rc_s, stride_rc_h, stride_rc_p,
+    stride_x_b, stride_x_h,
+    stride_dt_b, stride_dt_h,
+    stride_B_b, stride_B_g,
+    stride_C_b, stride_C_g,
+    stride_z_b, stride_z_h,
+    stride_y_b, stride_y_h,
+    CAP: tl.constexpr, BP: tl.constexpr, BPF: tl.constexpr, BN: tl.constexpr, BW: tl.constexpr,
+    STAGES: tl.constexpr, NPB: tl.constexpr, HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_DT_BIAS: tl.constexpr,
+    USE_SOFTPLUS: tl.constexpr, HAS_SLOTS: tl.constexpr, USE_COPY: tl.constexpr, IS_FP8: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
+    """The flushes the non-flush launch listed in `work` (a count, a done counter, then (row, head, fill) per
+    flushing head), BP rows of a head per item: each program loops over the items, so the launch's programs are a
+    few per SM however few rows flush. The last program to finish zeroes the counters for the next step."""
+    HPG = H // G
+    n_items = tl.load(work) * NPB
+    n_programs = tl.num_programs(0)
+    o_n, o_w = tl.arange(0, BN), tl.arange(0, BW)
+    m_n = o_n < N
+    # A while loop: its bounds are device values (the interpreter's range takes only Python integers).
+    i_j = tl.program_id(0)
+    while i_j < n_items:
+        i_e = i_j // NPB
+        i_p = i_j % NPB
+        i_b = tl.load(work + 2 + 3 * i_e)
+        i_h = tl.load(work + 3 + 3 * i_e)
+        f = tl.load(work + 4 + 3 * i_e)
+        i_g = i_h // HPG
+        i_s = slot_of(slots, i_b, HAS_SLOTS)
+        i_sh = i_s * H + i_h
+        o_p = i_p * BP + tl.arange(0, BP)
+        b_xr, b_Br, b_C, b_dt = _step_inputs(
+            x, dt, B, C, dt_bias, i_b, i_h, i_g, o_p, o_p < P, o_n, m_n, stride_x_b, stride_x_h, stride_dt_b,
+            stride_dt_h, stride_B_b, stride_B_g, stride_C_b, stride_C_g, HAS_DT_BIAS, USE_SOFTPLUS)
+        p_lb = lam_buf + i_sh * CAP
+        m_w = o_w < f
+        b_lam = tl.load(p_lb + f - 1, mask=f > 0, other=0.0) + tl.load(A + i_h).to(tl.float32) * b_dt
+        b_cw = tl.where(m_w, tl.exp(b_lam - tl.load(p_lb + o_w, mask=m_w, other=0.0))
+                        * tl.load(dt_buf + i_sh * CAP + o_w, mask=m_w, other=0.0), 0.0)
+        _flush_rows(
+            checkpoint, read_copy, read_scale, x, D, z, y + i_b * stride_y_b + i_h * stride_y_h,
+            x_buf + i_sh * CAP * P, b_buf + (i_s * G + i_g) * CAP * N,
+            i_b, i_h, i_p, i_s, i_sh, f, b_lam, b_cw, b_dt, b_Br.to(tl.float32), b_C,
+            i_s * stride_ck_s + i_h * stride_ck_h, i_b * stride_z_b + i_h * stride_z_h, o_n, m_n, o_w,
+            P, N, stride_x_b, stride_x_h, stride_ck_p, stride_rc_s, stride_rc_h, stride_rc_p,
+            BP, BPF, STAGES, HAS_D, HAS_Z, USE_COPY, IS_FP8, PRECISION,
+        )
+        i_j += n_programs
+    if tl.atomic_add(work + 1, 1, sem="acq_rel") == n_programs - 1:
+        tl.store(work, 0)
+        tl.store(work + 1, 0)
 
 
 @triton.jit
@@ -237,27 +323,29 @@ def mamba2_materialize_kernel(
 # tiles (a bf16 checkpoint, a read copy: SPLIT_LAUNCH) stream faster three chunks deep, reduced in 64-wide pieces.
 STEP_LAUNCH = [
     ((4, 1 << 30, 1 << 30), {"BP": 64, "BPF": 16, "VN": 32, "RC": 32, "STAGES": 2, "EARLY": 0, "TF32": 0,
-                             "num_warps": 2, "num_stages": 1, "maxnreg": 96, "PHASES": 1}),
+                             "num_warps": 2, "num_stages": 1, "maxnreg": 96, "PHASES": 1, "PPS": 6}),
     ((2, 1 << 30, 1 << 30), {"BP": 64, "BPF": 16, "VN": 64, "RC": 32, "STAGES": 3, "EARLY": 0, "TF32": 0,
-                             "num_warps": 2, "num_stages": 1, "maxnreg": 128, "PHASES": 1}),
+                             "num_warps": 2, "num_stages": 1, "maxnreg": 128, "PHASES": 1, "PPS": 6}),
 ]
 SPLIT_LAUNCH = [
     ((4, 1 << 30, 1 << 30), {"BP": 64, "BPF": 16, "VN": 64, "RC": 32, "STAGES": 3, "EARLY": 0, "TF32": 0,
-                             "num_warps": 2, "num_stages": 1, "maxnreg": 128, "PHASES": 1}),
+                             "num_warps": 2, "num_stages": 1, "maxnreg": 128, "PHASES": 1, "PPS": 6}),
     ((2, 1 << 30, 1 << 30), {"BP": 64, "BPF": 16, "VN": 32, "RC": 32, "STAGES": 3, "EARLY": 0, "TF32": 0,
-                             "num_warps": 2, "num_stages": 1, "maxnreg": 128, "PHASES": 1}),
+                             "num_warps": 2, "num_stages": 1, "maxnreg": 128, "PHASES": 1, "PPS": 6}),
 ]
 # A small grid's programs take 16 rows, read the buffer before the fill and fold the flush through 3xTF32 (batch 1,
 # fp32: 4.64 µs against 5.23 without the last two, 4.70 without TF32, 5.07 without EARLY, 4.97 in 8-row programs;
 # bf16: 4.09 against 4.60; NOTES runs 34–36).
 SMALL_GRID_LAUNCH = [
     ((4, 1 << 30, 1 << 30), {"BP": 16, "BPF": 16, "VN": 32, "RC": 16, "STAGES": 1, "EARLY": 1, "TF32": 1,
-                             "num_warps": 1, "num_stages": 1, "PHASES": 1}),
+                             "num_warps": 1, "num_stages": 1, "PHASES": 1, "PPS": 6}),
     ((2, 1 << 30, 1 << 30), {"BP": 16, "BPF": 16, "VN": 32, "RC": 16, "STAGES": 1, "EARLY": 1, "TF32": 1,
-                             "num_warps": 1, "num_stages": 1, "PHASES": 1}),
+                             "num_warps": 1, "num_stages": 1, "PHASES": 1, "PPS": 6}),
 ]
-STEP_KEYS = ("BP", "BPF", "VN", "RC", "STAGES", "EARLY", "TF32", "num_warps", "num_stages", "maxnreg", "PHASES")
-# With PHASES=2 the flushes run in a second launch, with the row's settings overridden by these.
+STEP_KEYS = ("BP", "BPF", "VN", "RC", "STAGES", "EARLY", "TF32", "num_warps", "num_stages", "maxnreg", "PHASES",
+             "PPS")
+# With PHASES=2 the flushes run in a second launch, with the row's settings overridden by these, in PPS programs per
+# SM that loop over the heads the first launch listed as flushing.
 FLUSH_KEYS = tuple(args.FLUSH_PREFIX + key for key in STEP_KEYS if key != "PHASES")
 # materialize folds a whole (P, N) tile per program, BPF rows at a time.
 REPLAY_LAUNCH = [
@@ -341,32 +429,16 @@ def replay(cache: ReplayCache, x, dt, A, B, C, *, D=None, z=None, dt_bias=None, 
         _launch_replay(cache, step, batch, softplus, settings, 0)
     else:
         _launch_replay(cache, step, batch, softplus, settings, 1)
-        _launch_replay(cache, step, batch, softplus, {**settings, **flush}, 2)
+        _launch_flushes(cache, step, batch, softplus, {**settings, **flush})
     return y
 
 
-def _launch_replay(cache: ReplayCache, step: dict, batch: int, softplus: bool, settings: dict, phase: int) -> None:
-    _, H, P, N, G = cache.shape
-    settings = dict(settings)
-    # tl.dot needs every dimension of the fold's product to be at least 16: programs of fewer rows fold one masked chunk.
-    BP = min(settings.pop("BP"), args.block(P))
-    BPF = max(16, min(settings.pop("BPF"), BP))
-    NPB = triton.cdiv(P, BP)
-    BN = max(16, args.block(N))
-    VN = min(settings.pop("VN"), BN)
-    RC = min(settings.pop("RC"), BP)
-    STAGES = settings.pop("STAGES")
-    EARLY = settings.pop("EARLY") and phase != 2
-    PRECISION = "tf32x3" if settings.pop("TF32") else "ieee"
+def _strides(cache: ReplayCache, step: dict) -> dict:
     x, dt, B, C, z, y = (step[name] for name in ("x", "dt", "B", "C", "z", "y"))
     ck, rc = cache.checkpoint, cache.read_copy
     rcs = rc.stride() if rc is not None else (0, 0, 0, 0)
     zs = z.stride() if z is not None else (0, 0, 0)
-    mamba2_replay_kernel[(batch, H, NPB)](
-        **step,
-        checkpoint=ck, read_copy=rc, read_scale=cache.read_scale, x_buf=cache.x_buf, b_buf=cache.b_buf,
-        dt_buf=cache.dt_buf, lam_buf=cache.lam_buf, fill=cache.fill, arrive=cache.arrive,
-        H=H, G=G, P=P, N=N,
+    return dict(
         stride_ck_s=ck.stride(0), stride_ck_h=ck.stride(1), stride_ck_p=ck.stride(2),
         stride_rc_s=rcs[0], stride_rc_h=rcs[1], stride_rc_p=rcs[2],
         stride_x_b=x.stride(0), stride_x_h=x.stride(1),
@@ -375,9 +447,55 @@ def _launch_replay(cache: ReplayCache, step: dict, batch: int, softplus: bool, s
         stride_C_b=C.stride(0), stride_C_g=C.stride(1),
         stride_z_b=zs[0], stride_z_h=zs[1],
         stride_y_b=y.stride(0), stride_y_h=y.stride(1),
+    )
+
+
+def _launch_flushes(cache: ReplayCache, step: dict, batch: int, softplus: bool, settings: dict) -> None:
+    """The flushes a PHASE 1 launch listed: PPS programs per SM (PPS in all on the CPU), at most one per item."""
+    _, H, P, N, G = cache.shape
+    BP = min(settings["BP"], args.block(P))
+    NPB = triton.cdiv(P, BP)
+    items = batch * H * NPB
+    mamba2_flush_kernel[(min(items, settings["PPS"] * max(1, args.sm_count(cache.device))),)](
+        **step,
+        checkpoint=cache.checkpoint, read_copy=cache.read_copy, read_scale=cache.read_scale, x_buf=cache.x_buf,
+        b_buf=cache.b_buf, dt_buf=cache.dt_buf, lam_buf=cache.lam_buf, work=cache.work,
+        H=H, G=G, P=P, N=N,
+        **_strides(cache, step),
+        CAP=cache.capacity, BP=BP, BPF=max(16, min(settings["BPF"], BP)), BN=max(16, args.block(N)),
+        BW=max(16, args.block(cache.capacity)), STAGES=settings["STAGES"], NPB=NPB,
+        HAS_D=step["D"] is not None, HAS_Z=step["z"] is not None, HAS_DT_BIAS=step["dt_bias"] is not None,
+        USE_SOFTPLUS=softplus, HAS_SLOTS=step["slots"] is not None, USE_COPY=cache.read_copy is not None,
+        IS_FP8=cache.read_scale is not None, PRECISION="tf32x3" if settings["TF32"] else "ieee",
+        **{key: settings[key] for key in ("num_warps", "num_stages", "maxnreg") if settings.get(key) is not None},
+    )
+
+
+def _launch_replay(cache: ReplayCache, step: dict, batch: int, softplus: bool, settings: dict, phase: int) -> None:
+    _, H, P, N, G = cache.shape
+    settings = dict(settings)
+    settings.pop("PPS")
+    # tl.dot needs every dimension of the fold's product to be at least 16: programs of fewer rows fold one masked chunk.
+    BP = min(settings.pop("BP"), args.block(P))
+    BPF = max(16, min(settings.pop("BPF"), BP))
+    NPB = triton.cdiv(P, BP)
+    BN = max(16, args.block(N))
+    VN = min(settings.pop("VN"), BN)
+    RC = min(settings.pop("RC"), BP)
+    STAGES = settings.pop("STAGES")
+    EARLY = settings.pop("EARLY")
+    PRECISION = "tf32x3" if settings.pop("TF32") else "ieee"
+    rc = cache.read_copy
+    mamba2_replay_kernel[(batch, H, NPB)](
+        **step,
+        checkpoint=cache.checkpoint, read_copy=rc, read_scale=cache.read_scale, x_buf=cache.x_buf,
+        b_buf=cache.b_buf, dt_buf=cache.dt_buf, lam_buf=cache.lam_buf, fill=cache.fill, arrive=cache.arrive,
+        work=cache.work,
+        H=H, G=G, P=P, N=N,
+        **_strides(cache, step),
         W=cache.window, CAP=cache.capacity, BP=BP, BPF=BPF, BN=BN,
         BW=max(16, args.block(cache.capacity)), VN=VN, RC=RC, STAGES=STAGES, NPB=NPB,
-        HAS_D=step["D"] is not None, HAS_Z=z is not None, HAS_DT_BIAS=step["dt_bias"] is not None,
+        HAS_D=step["D"] is not None, HAS_Z=step["z"] is not None, HAS_DT_BIAS=step["dt_bias"] is not None,
         USE_SOFTPLUS=softplus,
         HAS_SLOTS=step["slots"] is not None, USE_COPY=rc is not None, IS_FP8=cache.read_scale is not None,
         EARLY=EARLY, PRECISION=PRECISION, PHASE=phase, **settings,
