@@ -3,7 +3,7 @@
 # writes its table (.txt) and results (.json) under DIR (default runs/tune), and DIR.tar.gz holds them all for
 # machines that return one file; a sweep past its time limit leaves the ones before it.
 # Usage: benchmarks/tune_h200.sh [DIR] [SECTION ...]
-# Sections: tests, verify-tests, gdn-verify-mma, gdn-verify-3, gdn-verify-rows, gdn-verify-warps, gdn-verify-warps-2, mamba2-verify-warps, gdn-split-3, gdn-split-4, two-phase-2, mamba2-split-phases, mamba2-two-phase, gdn-split-flush-vp, gdn-mma, split-launch-cost, split-launch-cost-2, gdn-flush-list, mamba2-flush-list, regs-2byte, stalls, stalls-2, next, small-grid, small-grid-2, small-grid-3, medium-grid, direct, order, vk, gdn-decode, gdn-replay, gdn-early, gdn-replay-256, gdn-fp32-2, gdn-split, gdn-split-2,
+# Sections: tests, verify-tests, gdn-verify-mma, gdn-verify-3, gdn-verify-rows, gdn-verify-warps, gdn-verify-warps-2, mamba2-verify-warps, gdn-split-3, gdn-split-4, two-phase-2, mamba2-split-phases, mamba2-two-phase, gdn-split-flush-vp, gdn-mma, split-launch-cost, split-launch-cost-2, gdn-flush-list, mamba2-flush-list, gdn-split-nonflush, regs-2byte, stalls, stalls-2, next, small-grid, small-grid-2, small-grid-3, medium-grid, direct, order, vk, gdn-decode, gdn-replay, gdn-early, gdn-replay-256, gdn-fp32-2, gdn-split, gdn-split-2,
 # gdn-bf16, gdn-bf16-2, gdn-verify, fla, mamba2-split, mamba2-split2, mamba2-vn, mamba2-bf16, mamba2-bf16-2,
 # mamba2-verify (default: tests gdn-decode gdn-replay gdn-verify mamba2-split mamba2-bf16 mamba2-verify).
 set -uo pipefail
@@ -457,6 +457,17 @@ for section in $SECTIONS; do
         sweep mamba2-flush-list-fp32 200 sweep_mamba2.py --kernel decode --kernel replay --batch 64 --batch 256 \
             --launch decode:BP=64,num_warps=8 --launch replay: --launch replay:PHASES=2 \
             --launch replay:PHASES=2,flush_maxnreg=255
+        ;;
+    gdn-split-nonflush)
+        # The split non-flush launch's own settings, now that the flushes' launch costs it little (run 51).
+        sweep gdn-split-nonflush 250 sweep_gdn.py --kernel decode --kernel split-bf16-nonflush --batch 64 \
+            --batch 256 --launch decode:VP=4,BV=4,VK=128,num_warps=1 --launch split-bf16-nonflush: \
+            --launch split-bf16-nonflush:BV=16 --launch split-bf16-nonflush:BV=64 \
+            --launch split-bf16-nonflush:STAGES=2 --launch split-bf16-nonflush:STAGES=4 \
+            --launch split-bf16-nonflush:maxnreg=112 --launch split-bf16-nonflush:maxnreg=96 \
+            --launch split-bf16-nonflush:MMA=1 --launch split-bf16-nonflush:VK=64 \
+            --launch split-bf16-nonflush:VK=16 --launch split-bf16-nonflush:EARLY=1 \
+            --launch split-bf16-nonflush:num_warps=4,BV=64 --launch split-bf16-nonflush:BV=16,num_warps=1
         ;;
     regs-2byte)
         # The steps on 2-byte tiles wait on latency at 21-24% occupancy (NOTES run 42); capping their registers
