@@ -48,9 +48,10 @@ LAUNCH = {
     # in one launch its 4-warp programs set the non-flush step's too (255 µs at batch 256). Apart, the non-flush
     # step runs in the bf16-state replay's 2-warp programs and the flush through 3xTF32 products: batch 256's window
     # 416 -> 342 µs, batch 64's 128 -> 108 (NOTES run 49); with the flushes' launch over a list of the heads that
-    # flush rather than a program per head, 285 and 92 (run 51). A small grid keeps one launch.
-    "replay-split": {"EARLY": 0, "TF32": 0, "MMA": 0, "VP": 256, "BV": 32, "BVF": 16, "VK": 32, "STAGES": 3,
-                     "num_warps": 2, "num_stages": 1, "maxnreg": 128, "PHASES": 2, "PPS": 6},
+    # flush rather than a program per head, 285 and 92, and the non-flush step in 1-warp programs of 16-row chunks
+    # (non-flush 189 -> 187 µs at 256, 58 -> 55 at 64; run 51). A small grid keeps one launch.
+    "replay-split": {"EARLY": 0, "TF32": 0, "MMA": 0, "VP": 256, "BV": 16, "BVF": 16, "VK": 32, "STAGES": 3,
+                     "num_warps": 1, "num_stages": 1, "maxnreg": 128, "PHASES": 2, "PPS": 6},
     "replay-split-flush": dict(_ONE_CHUNK, BVF=32, TF32=1, maxnreg=168),
     "replay-split-small": dict(_ONE_CHUNK, BVF=32, TF32=1, maxnreg=168, PHASES=1),
     # An fp8 copy's non-flush step does better in 4-warp programs (batch 256: 395 µs against 568 in 2-warp ones),
