@@ -3,7 +3,7 @@
 # writes its table (.txt) and results (.json) under DIR (default runs/tune), and DIR.tar.gz holds them all for
 # machines that return one file; a sweep past its time limit leaves the ones before it.
 # Usage: benchmarks/tune_h200.sh [DIR] [SECTION ...]
-# Sections: tests, verify-tests, gdn-verify-mma, gdn-verify-3, gdn-verify-rows, gdn-verify-warps, gdn-verify-warps-2, mamba2-verify-warps, gdn-split-3, gdn-split-4, two-phase-2, mamba2-split-phases, mamba2-two-phase, gdn-split-flush-vp, gdn-mma, split-launch-cost, split-launch-cost-2, gdn-flush-list, mamba2-flush-list, gdn-split-nonflush, regs-2byte, stalls, stalls-2, next, small-grid, small-grid-2, small-grid-3, medium-grid, direct, order, vk, gdn-decode, gdn-replay, gdn-early, gdn-replay-256, gdn-fp32-2, gdn-split, gdn-split-2,
+# Sections: tests, verify-tests, gdn-verify-mma, gdn-verify-3, gdn-verify-rows, gdn-verify-warps, gdn-verify-warps-2, mamba2-verify-warps, gdn-split-3, gdn-split-4, two-phase-2, mamba2-split-phases, mamba2-two-phase, gdn-split-flush-vp, gdn-mma, split-launch-cost, split-launch-cost-2, gdn-flush-list, mamba2-flush-list, gdn-split-nonflush, gdn-split-flush-2, regs-2byte, stalls, stalls-2, next, small-grid, small-grid-2, small-grid-3, medium-grid, direct, order, vk, gdn-decode, gdn-replay, gdn-early, gdn-replay-256, gdn-fp32-2, gdn-split, gdn-split-2,
 # gdn-bf16, gdn-bf16-2, gdn-verify, fla, mamba2-split, mamba2-split2, mamba2-vn, mamba2-bf16, mamba2-bf16-2,
 # mamba2-verify (default: tests gdn-decode gdn-replay gdn-verify mamba2-split mamba2-bf16 mamba2-verify).
 set -uo pipefail
@@ -468,6 +468,17 @@ for section in $SECTIONS; do
             --launch split-bf16-nonflush:MMA=1 --launch split-bf16-nonflush:VK=64 \
             --launch split-bf16-nonflush:VK=16 --launch split-bf16-nonflush:EARLY=1 \
             --launch split-bf16-nonflush:num_warps=4,BV=64 --launch split-bf16-nonflush:BV=16,num_warps=1
+        ;;
+    gdn-split-flush-2)
+        # The split flushes' launch settings, chosen while the flushes shared the non-flush steps' launch (run 49);
+        # with a list, more programs per head (flush_VP) no longer start idle programs.
+        sweep gdn-split-flush-2 250 sweep_gdn.py --kernel decode --kernel split-bf16-flush --batch 64 --batch 256 \
+            --launch decode:VP=4,BV=4,VK=128,num_warps=1 --launch split-bf16-flush: \
+            --launch split-bf16-flush:flush_maxnreg=255 --launch split-bf16-flush:flush_num_warps=8 \
+            --launch split-bf16-flush:flush_BVF=16 --launch split-bf16-flush:flush_BVF=64 \
+            --launch split-bf16-flush:flush_STAGES=3 --launch split-bf16-flush:flush_STAGES=1 \
+            --launch split-bf16-flush:flush_VP=64 --launch split-bf16-flush:flush_VP=32 \
+            --launch split-bf16-flush:flush_VP=64,flush_num_warps=2 --launch split-bf16-flush:flush_TF32=0
         ;;
     regs-2byte)
         # The steps on 2-byte tiles wait on latency at 21-24% occupancy (NOTES run 42); capping their registers
