@@ -3,7 +3,7 @@
 # writes its table (.txt) and results (.json) under DIR (default runs/tune), and DIR.tar.gz holds them all for
 # machines that return one file; a sweep past its time limit leaves the ones before it.
 # Usage: benchmarks/tune_h200.sh [DIR] [SECTION ...]
-# Sections: tests, verify-tests, gdn-verify-mma, gdn-verify-3, gdn-verify-rows, gdn-verify-warps, gdn-verify-warps-2, mamba2-verify-warps, gdn-split-3, gdn-split-4, two-phase-2, mamba2-split-phases, mamba2-two-phase, gdn-split-flush-vp, gdn-mma, split-launch-cost, split-launch-cost-2, gdn-flush-list, mamba2-flush-list, gdn-split-nonflush, gdn-split-flush-2, regs-2byte, stalls, stalls-2, next, small-grid, small-grid-2, small-grid-3, medium-grid, direct, order, vk, gdn-decode, gdn-replay, gdn-early, gdn-replay-256, gdn-fp32-2, gdn-split, gdn-split-2,
+# Sections: tests, verify-tests, gdn-verify-mma, gdn-verify-3, gdn-verify-rows, gdn-verify-warps, gdn-verify-warps-2, mamba2-verify-warps, gdn-split-3, gdn-split-4, two-phase-2, mamba2-split-phases, mamba2-two-phase, gdn-split-flush-vp, gdn-mma, split-launch-cost, split-launch-cost-2, gdn-flush-list, mamba2-flush-list, gdn-split-nonflush, gdn-split-flush-2, one-warp, regs-2byte, stalls, stalls-2, next, small-grid, small-grid-2, small-grid-3, medium-grid, direct, order, vk, gdn-decode, gdn-replay, gdn-early, gdn-replay-256, gdn-fp32-2, gdn-split, gdn-split-2,
 # gdn-bf16, gdn-bf16-2, gdn-verify, fla, mamba2-split, mamba2-split2, mamba2-vn, mamba2-bf16, mamba2-bf16-2,
 # mamba2-verify (default: tests gdn-decode gdn-replay gdn-verify mamba2-split mamba2-bf16 mamba2-verify).
 set -uo pipefail
@@ -479,6 +479,23 @@ for section in $SECTIONS; do
             --launch split-bf16-flush:flush_STAGES=3 --launch split-bf16-flush:flush_STAGES=1 \
             --launch split-bf16-flush:flush_VP=64 --launch split-bf16-flush:flush_VP=32 \
             --launch split-bf16-flush:flush_VP=64,flush_num_warps=2 --launch split-bf16-flush:flush_TF32=0
+        ;;
+    one-warp)
+        # 1-warp programs of 16-row chunks took GDN's split non-flush step 1.4-4% faster (run 51): the same for the
+        # replays on bf16 and fp32 states, in one launch and in two (their flushes in the split flush row's 4-warp
+        # settings).
+        f=flush_num_warps=4,flush_BV=128,flush_BVF=32,flush_STAGES=2,flush_TF32=1,flush_maxnreg=168
+        sweep one-warp-gdn-bf16 200 sweep_gdn.py --state-dtype bf16 --kernel decode --kernel replay --batch 64 \
+            --batch 256 --launch decode:VP=8,BV=8,VK=128,num_warps=1 --launch replay: \
+            --launch replay:BV=16,num_warps=1 --launch replay:PHASES=2,BV=16,num_warps=1,$f \
+            --launch replay:PHASES=2,$f
+        sweep one-warp-gdn-fp32 200 sweep_gdn.py --kernel decode --kernel replay --batch 64 --batch 256 \
+            --launch decode:VP=4,BV=4,VK=128,num_warps=1 --launch replay: --launch replay:BV=16,num_warps=1 \
+            --launch replay:PHASES=2,BV=16,num_warps=1,$f
+        sweep one-warp-mamba2-bf16 200 sweep_mamba2.py --state-dtype bf16 --kernel decode --kernel replay \
+            --kernel split-bf16 --batch 64 --batch 256 --launch decode:BP=32,num_warps=4 --launch replay: \
+            --launch replay:RC=16,num_warps=1 --launch replay:BP=32,RC=16,num_warps=1 --launch split-bf16: \
+            --launch split-bf16:RC=16,num_warps=1
         ;;
     regs-2byte)
         # The steps on 2-byte tiles wait on latency at 21-24% occupancy (NOTES run 42); capping their registers
