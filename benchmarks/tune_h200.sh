@@ -493,9 +493,11 @@ for section in $SECTIONS; do
             --launch decode:VP=4,BV=4,VK=128,num_warps=1 --launch replay: --launch replay:BV=16,num_warps=1 \
             --launch replay:PHASES=2,BV=16,num_warps=1,$f
         sweep one-warp-mamba2-bf16 200 sweep_mamba2.py --state-dtype bf16 --kernel decode --kernel replay \
-            --kernel split-bf16 --batch 64 --batch 256 --launch decode:BP=32,num_warps=4 --launch replay: \
-            --launch replay:RC=16,num_warps=1 --launch replay:BP=32,RC=16,num_warps=1 --launch split-bf16: \
-            --launch split-bf16:RC=16,num_warps=1
+            --batch 64 --batch 256 --launch decode:BP=32,num_warps=4 --launch replay: \
+            --launch replay:RC=16,num_warps=1 --launch replay:BP=32,RC=16,num_warps=1
+        sweep one-warp-mamba2-split 200 sweep_mamba2.py --kernel decode --kernel split-bf16 --batch 64 --batch 256 \
+            --launch decode:BP=64,num_warps=8 --launch split-bf16: --launch split-bf16:RC=16,num_warps=1 \
+            --launch split-bf16:BP=32,RC=16,num_warps=1
         ;;
     regs-2byte)
         # The steps on 2-byte tiles wait on latency at 21-24% occupancy (NOTES run 42); capping their registers
