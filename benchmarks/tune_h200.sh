@@ -382,7 +382,7 @@ for section in $SECTIONS; do
         ;;
     gdn-split-flush-vp)
         # The split flushes' launch runs one program in 16 busy (the rows that flush); splitting each flushing
-        # head's rows over 2-4 programs spreads that launch's work over more of the GPU. Prepared, not timed.
+        # head's rows over 2-4 programs spreads that launch's work over more of the GPU. Timed in run 51 (slower).
         sweep gdn-split-flush-vp 200 sweep_gdn.py --kernel decode --kernel split-bf16 --batch 64 --batch 256 \
             --batch 512 --launch decode:VP=4,BV=4,VK=128,num_warps=1 --launch split-bf16: \
             --launch split-bf16:flush_VP=64 --launch split-bf16:flush_VP=32 \
