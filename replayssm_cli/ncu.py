@@ -68,6 +68,7 @@ class KernelKind:
 KERNELS: tuple[KernelKind, ...] = (
     KernelKind("mamba2_decode_kernel", "mamba2", ("conventional",), None),
     KernelKind("mamba2_replay_kernel", "mamba2", ("replay", "split"), None),
+    KernelKind("mamba2_flush_kernel", "mamba2", (), None),
     KernelKind("mamba2_decode_multi_kernel", "mamba2", ("spec-conventional",), None),
     KernelKind("mamba2_verify_kernel", "mamba2", ("spec-replay",), None),
     KernelKind("mamba2_accept_kernel", "mamba2", ("spec-replay",), None),
@@ -75,6 +76,7 @@ KERNELS: tuple[KernelKind, ...] = (
     KernelKind("mamba2_materialize_kernel", "mamba2", (), None),
     KernelKind("_decode_kernel", "gdn", ("conventional",), None),
     KernelKind("_replay_kernel", "gdn", ("replay", "split"), None),
+    KernelKind("_flush_kernel", "gdn", ("split",), None),
     KernelKind("_decode_multi_kernel", "gdn", ("spec-conventional",), None),
     KernelKind("_verify_kernel", "gdn", ("spec-replay",), None),
     KernelKind("_accept_kernel", "gdn", ("spec-replay",), None),

@@ -6,7 +6,15 @@ from dataclasses import dataclass, fields, replace
 
 import torch
 
-from replayssm_kernels.gdn.common import FP8_MAX, IO_DTYPES, READ_DTYPES, STATE_DTYPES, host_checks, resolve_dtype
+from replayssm_kernels.gdn.common import (
+    FP8_MAX,
+    IO_DTYPES,
+    READ_DTYPES,
+    STATE_DTYPES,
+    flush_list,
+    host_checks,
+    resolve_dtype,
+)
 
 
 def quantize_read(state: torch.Tensor, read_dtype: torch.dtype):
@@ -65,7 +73,7 @@ class ReplayCache:
 
     def __post_init__(self):
         if self.work is None:
-            self.work = torch.zeros(2 + 3 * self.nslots * self.HV, dtype=torch.int32, device=self.device)
+            self.work = flush_list(self.nslots, self.HV, self.device)
 
     @classmethod
     def create(

@@ -12,11 +12,12 @@ import triton.language as tl
 from replayssm_kernels.mamba2.args import (  # noqa: F401
     CHOICE_KEYS,
     check_flush_keys,
+    flush_grid,
+    flush_list,
     pop_flush_keys,
     small_grid,
-    sm_count,
 )
-from replayssm_kernels.mamba2.common import flat_program_ids, slot_of  # noqa: F401
+from replayssm_kernels.mamba2.common import flat_program_ids, list_done, list_flush, listed_flush, slot_of  # noqa: F401
 
 FP8_MAX = 448.0
 L2NORM_EPS = 1e-6

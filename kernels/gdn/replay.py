@@ -18,6 +18,10 @@ from replayssm_kernels.gdn.common import (
     compile_options,
     default_scale,
     flat_program_ids,
+    flush_grid,
+    list_done,
+    list_flush,
+    listed_flush,
     qk_factors,
     launch_settings,
     next_pow2,
@@ -25,7 +29,6 @@ from replayssm_kernels.gdn.common import (
     quantize_e4m3,
     rounded,
     small_grid,
-    sm_count,
 )
 
 # These kernels mutate the cache in place, so their settings are fixed here (an autotuner would rerun them on live
@@ -436,10 +439,8 @@ def _replay_kernel(
     if PHASE == 1:
         if b_last & (b_f + 1 >= W):
             # The flush launch reads the buffer, which no step of this launch overwrites, and this fill.
-            i_e = tl.atomic_add(work, 1, sem="relaxed")
-            tl.store(work + 2 + 3 * i_e, i_b)
-            tl.store(work + 3 + 3 * i_e, i_hv)
-            tl.store(work + 4 + 3 * i_e, b_f)
+            list_flush(work, i_b, i_hv, b_f)
+
 
 @triton.jit
 def _flush_kernel(
@@ -468,10 +469,7 @@ def _flush_kernel(
     # A while loop: its bounds are device values (the interpreter's range takes only Python integers).
     i_j = tl.program_id(0)
     while i_j < n_items:
-        i_e = i_j // NPB
-        i_b = tl.load(work + 2 + 3 * i_e)
-        i_hv = tl.load(work + 3 + 3 * i_e)
-        b_f = tl.load(work + 4 + 3 * i_e)
+        i_b, i_hv, b_f = listed_flush(work, i_j // NPB)
         i_h = i_hv // (HV // H)
         i_s = tl.load(slots + i_b).to(tl.int64)
         m_w = o_w < b_f
@@ -492,9 +490,7 @@ def _flush_kernel(
             C, H, HV, K, V, BK, VP, BVF, STAGES, HAS_COPY, IS_FP8, PRECISION,
         )
         i_j += n_programs
-    if tl.atomic_add(work + 1, 1, sem="acq_rel") == n_programs - 1:
-        tl.store(work, 0)
-        tl.store(work + 1, 0)
+    list_done(work)
 
 
 @triton.jit
@@ -783,7 +779,7 @@ def _launch_flushes(cache, q, k, v, g, beta, out, slots, scale, l2norm, settings
     VP = min(settings["VP"], next_pow2(cache.V))
     items = q.shape[0] * cache.HV * triton.cdiv(cache.V, VP)
     constants = _cache_constants(cache)
-    _flush_kernel[(min(items, settings["PPS"] * max(1, sm_count(cache.device))),)](
+    _flush_kernel[flush_grid(items, settings["PPS"], cache.device)](
         **{key: value for key, value in _cache_args(cache).items() if key not in ("buf_b", "fill")}, work=cache.work,
         q=q, k=k, v=v, g=g, beta=beta, o=out, slots=slots,
         **_step_strides(q, k, v, g, beta, out),
@@ -909,8 +905,9 @@ def replay(
     the tile is 2-byte and in q's and k's dtype, a bf16 state or copy with bf16 inputs, and its chunks are of
     16 rows or more; other tiles keep their fp32 row sums), num_warps, num_stages, maxnreg, PHASES (2: the
     non-flush steps in one launch, then the flushes in a second with their own settings, given by keys prefixed
-    flush_, such as flush_num_warps and flush_PPS, the second launch's programs per SM; 1: one launch). `check` range-checks slots on the host, a device sync: pass check=False for a step with no host
-    synchronisation (it is skipped anyway while a CUDA graph is captured).
+    flush_, such as flush_num_warps and flush_PPS, the second launch's programs per SM; 1: one launch). `check`
+    range-checks slots on the host, a device sync: pass check=False for a step with no host synchronisation (it
+    is skipped anyway while a CUDA graph is captured).
     """
     batch, _ = _check_against_cache(cache, _replay_kernel, q, k, v, g, beta, tokens=False)
     scale = default_scale(cache.K, scale)

@@ -159,6 +159,16 @@ def pop_flush_keys(launch: dict) -> dict:
     return {key[len(FLUSH_PREFIX):]: launch.pop(key) for key in list(launch) if key.startswith(FLUSH_PREFIX)}
 
 
+def flush_list(nslots: int, heads: int, device) -> torch.Tensor:
+    """The zeroed list a two-launch replay passes its flushing heads in (mamba2.common.list_flush)."""
+    return torch.zeros(2 + 3 * nslots * heads, dtype=torch.int32, device=device)
+
+
+def flush_grid(items: int, pps: int, device: torch.device) -> tuple[int]:
+    """The flush launch's grid: PPS programs per SM (PPS in all on the CPU), no more than the items it may get."""
+    return (min(items, pps * max(1, sm_count(device))),)
+
+
 def check_flush_keys(flush: dict, phases: int) -> None:
     if flush and phases == 1:
         raise ValueError(f"launch keys {', '.join(FLUSH_PREFIX + key for key in flush)} apply only with PHASES=2")

@@ -43,8 +43,7 @@ class ReplayCache:
 
     def __post_init__(self):
         if self.work is None:
-            nslots, H = self.fill.shape
-            self.work = torch.zeros(2 + 3 * nslots * H, dtype=torch.int32, device=self.fill.device)
+            self.work = args.flush_list(*self.fill.shape, self.fill.device)
 
     @classmethod
     def create(cls, nslots: int, H: int, P: int, N: int, G: int, window: int, *, state_dtype=torch.float32,

@@ -29,6 +29,31 @@ def slot_of(slots, i_b, HAS_SLOTS: tl.constexpr):
     return i_s
 
 
+# A replay in two launches passes the heads that flush from its first launch to its second in `work`, int32:
+# [0] the count, [1] the flush launch's done counter (both zero between steps), then (row, head, fill) per head.
+@triton.jit
+def list_flush(work, i_b, i_h, f):
+    """Append (row, head, fill) to the list of heads that flush (the non-flush launch)."""
+    i_e = tl.atomic_add(work, 1, sem="relaxed")
+    tl.store(work + 2 + 3 * i_e, i_b)
+    tl.store(work + 3 + 3 * i_e, i_h)
+    tl.store(work + 4 + 3 * i_e, f)
+
+
+@triton.jit
+def listed_flush(work, i_e):
+    """(row, head, fill) of the list's entry i_e (the flush launch)."""
+    return tl.load(work + 2 + 3 * i_e), tl.load(work + 3 + 3 * i_e), tl.load(work + 4 + 3 * i_e)
+
+
+@triton.jit
+def list_done(work):
+    """Every program of the flush launch calls this after its last entry; the last of them zeroes the counters."""
+    if tl.atomic_add(work + 1, 1, sem="acq_rel") == tl.num_programs(0) - 1:
+        tl.store(work, 0)
+        tl.store(work + 1, 0)
+
+
 @triton.jit
 def step_delta(b_dt, dt_bias, i_h, HAS_DT_BIAS: tl.constexpr, USE_SOFTPLUS: tl.constexpr):
     b_dt = b_dt.to(tl.float32)

@@ -8,7 +8,16 @@ import triton.language as tl
 
 from replayssm_kernels.mamba2 import args
 from replayssm_kernels.mamba2.cache import ReplayCache
-from replayssm_kernels.mamba2.common import finish_output, fold_entries, slot_of, step_delta, store_read_copy
+from replayssm_kernels.mamba2.common import (
+    finish_output,
+    fold_entries,
+    list_done,
+    list_flush,
+    listed_flush,
+    slot_of,
+    step_delta,
+    store_read_copy,
+)
 
 
 @triton.jit
@@ -223,10 +232,7 @@ def mamba2_replay_kernel(
     if PHASE == 1:
         if b_last & (f + 1 >= W):
             # The flush launch reads the buffer, which no step of this launch overwrites, and this fill.
-            i_e = tl.atomic_add(work, 1, sem="relaxed")
-            tl.store(work + 2 + 3 * i_e, i_b)
-            tl.store(work + 3 + 3 * i_e, i_h)
-            tl.store(work + 4 + 3 * i_e, f)
+            list_flush(work, i_b, i_h, f)
 
 
 @triton.jit
@@ -258,11 +264,8 @@ def mamba2_flush_kernel(
     # A while loop: its bounds are device values (the interpreter's range takes only Python integers).
     i_j = tl.program_id(0)
     while i_j < n_items:
-        i_e = i_j // NPB
         i_p = i_j % NPB
-        i_b = tl.load(work + 2 + 3 * i_e)
-        i_h = tl.load(work + 3 + 3 * i_e)
-        f = tl.load(work + 4 + 3 * i_e)
+        i_b, i_h, f = listed_flush(work, i_j // NPB)
         i_g = i_h // HPG
         i_s = slot_of(slots, i_b, HAS_SLOTS)
         i_sh = i_s * H + i_h
@@ -284,9 +287,7 @@ def mamba2_flush_kernel(
             BP, BPF, STAGES, HAS_D, HAS_Z, USE_COPY, IS_FP8, PRECISION,
         )
         i_j += n_programs
-    if tl.atomic_add(work + 1, 1, sem="acq_rel") == n_programs - 1:
-        tl.store(work, 0)
-        tl.store(work + 1, 0)
+    list_done(work)
 
 
 @triton.jit
@@ -402,8 +403,9 @@ def replay(cache: ReplayCache, x, dt, A, B, C, *, D=None, z=None, dt_bias=None, 
         launch: overrides of the fixed launch settings: BP (rows of P per program), BPF (rows per flush
             chunk), VN (width of the row pieces a thread sums), RC (rows per streamed chunk), STAGES,
             EARLY (1: read the buffer before the fill), TF32 (1: fold the flush through 3xTF32),
-            num_warps, num_stages, maxnreg, PHASES (2: the non-flush steps in one launch, then the flushes in a
-            second, with these settings overridden by the keys prefixed flush_, such as flush_maxnreg).
+            num_warps, num_stages, maxnreg, PHASES (2: the non-flush steps in one launch, listing the heads that
+            flush in cache.work, then the flushes in a second, with these settings overridden by the keys
+            prefixed flush_, such as flush_maxnreg and flush_PPS, that launch's programs per SM).
         check: range-check `slots` on the host (a device sync); skipped while a CUDA graph is captured.
 
     Returns:
@@ -456,7 +458,7 @@ def _launch_flushes(cache: ReplayCache, step: dict, batch: int, softplus: bool, 
     BP = min(settings["BP"], args.block(P))
     NPB = triton.cdiv(P, BP)
     items = batch * H * NPB
-    mamba2_flush_kernel[(min(items, settings["PPS"] * max(1, args.sm_count(cache.device))),)](
+    mamba2_flush_kernel[args.flush_grid(items, settings["PPS"], cache.device)](
         **step,
         checkpoint=cache.checkpoint, read_copy=cache.read_copy, read_scale=cache.read_scale, x_buf=cache.x_buf,
         b_buf=cache.b_buf, dt_buf=cache.dt_buf, lam_buf=cache.lam_buf, work=cache.work,
