@@ -51,16 +51,19 @@ LAUNCH = {
     # in one launch its 4-warp programs set the non-flush step's too (255 µs at batch 256). Apart, the non-flush
     # step runs in the bf16-state replay's 2-warp programs and the flush through 3xTF32 products: batch 256's window
     # 416 -> 342 µs, batch 64's 128 -> 108 (NOTES run 49); with the flushes' launch over a list of the heads that
-    # flush rather than a program per head, 285 and 92, and the non-flush step in 1-warp programs of 16-row chunks
-    # (non-flush 189 -> 187 µs at 256, 58 -> 55 at 64; run 51). A small grid keeps one launch.
-    "replay-split": {"EARLY": 0, "TF32": 0, "MMA": 0, "VP": 256, "BV": 16, "BVF": 16, "VK": 32, "STAGES": 3,
+    # flush rather than a program per head, 285 and 92, and the non-flush step in 1-warp programs (16-row chunks:
+    # non-flush 189 -> 187 µs at 256, 58 -> 55 at 64; 32-row chunks in 64-wide pieces: window 284 -> 277 and 90 ->
+    # 89; run 51). A small grid keeps one launch.
+    "replay-split": {"EARLY": 0, "TF32": 0, "MMA": 0, "VP": 256, "BV": 32, "BVF": 16, "VK": 64, "STAGES": 3,
                      "num_warps": 1, "num_stages": 1, "maxnreg": 128, "PHASES": 2, "PPS": 6},
     "replay-split-flush": dict(_ONE_CHUNK, BVF=32, TF32=1, maxnreg=168),
     "replay-split-small": dict(_ONE_CHUNK, BVF=32, TF32=1, maxnreg=168, PHASES=1),
-    # An fp8 copy's non-flush step does better in 4-warp programs (batch 256: 395 µs against 568 in 2-warp ones),
-    # and in two launches since the flushes' launch takes a list (395 against 421 at 256, 115 against 122 at 64;
-    # 52 against 47 at 16; NOTES run 51).
-    "replay-fp8": dict(_ONE_CHUNK, BVF=32, TF32=1, maxnreg=168, PHASES=2),
+    # An fp8 copy's 1-byte rows are summed in 128-wide pieces (a thread's 16-byte loads): its non-flush launch in
+    # 1-warp programs of 32-row chunks, the flushes in the 4-warp row, took batch 256 from 421 µs (one launch) to
+    # 292, 64 from 122 to 91, 16 from 47 to 46 (NOTES run 51).
+    "replay-fp8": {"EARLY": 0, "TF32": 0, "MMA": 0, "VP": 256, "BV": 32, "BVF": 16, "VK": 128, "STAGES": 3,
+                   "num_warps": 1, "num_stages": 1, "maxnreg": 128, "PHASES": 2, "PPS": 6},
+    "replay-fp8-flush": dict(_ONE_CHUNK, BVF=32, TF32=1, maxnreg=168),
     "replay-fp8-small": dict(_ONE_CHUNK, BVF=32, TF32=1, maxnreg=168, PHASES=1),
     # verify reads its tile BV rows at a time as a non-flush step does; a row that flushes first folds BVF at a time.
     # Each chunk takes every draft's k and q into the tile's layout through shared memory and sums its rows in
