@@ -3,7 +3,7 @@
 # writes its table (.txt) and results (.json) under DIR (default runs/tune), and DIR.tar.gz holds them all for
 # machines that return one file; a sweep past its time limit leaves the ones before it.
 # Usage: benchmarks/tune_h200.sh [DIR] [SECTION ...]
-# Sections: tests, verify-tests, gdn-verify-mma, gdn-verify-3, gdn-verify-rows, gdn-verify-warps, gdn-verify-warps-2, mamba2-verify-warps, gdn-split-3, gdn-split-4, two-phase-2, mamba2-split-phases, mamba2-two-phase, gdn-split-flush-vp, gdn-mma, split-launch-cost, split-launch-cost-2, gdn-flush-list, mamba2-flush-list, gdn-split-nonflush, gdn-split-flush-2, one-warp, fp8-one-warp, fp8-one-warp-2, regs-2byte, stalls, stalls-2, next, small-grid, small-grid-2, small-grid-3, medium-grid, direct, order, vk, gdn-decode, gdn-replay, gdn-early, gdn-replay-256, gdn-fp32-2, gdn-split, gdn-split-2,
+# Sections: tests, verify-tests, gdn-verify-mma, gdn-verify-3, gdn-verify-rows, gdn-verify-warps, gdn-verify-warps-2, mamba2-verify-warps, gdn-split-3, gdn-split-4, two-phase-2, mamba2-split-phases, mamba2-two-phase, gdn-split-flush-vp, gdn-mma, split-launch-cost, split-launch-cost-2, gdn-flush-list, mamba2-flush-list, gdn-split-nonflush, gdn-split-flush-2, one-warp, fp8-one-warp, fp8-one-warp-2, copy-pieces, regs-2byte, stalls, stalls-2, next, small-grid, small-grid-2, small-grid-3, medium-grid, direct, order, vk, gdn-decode, gdn-replay, gdn-early, gdn-replay-256, gdn-fp32-2, gdn-split, gdn-split-2,
 # gdn-bf16, gdn-bf16-2, gdn-verify, fla, mamba2-split, mamba2-split2, mamba2-vn, mamba2-bf16, mamba2-bf16-2,
 # mamba2-verify (default: tests gdn-decode gdn-replay gdn-verify mamba2-split mamba2-bf16 mamba2-verify).
 set -uo pipefail
@@ -517,6 +517,15 @@ for section in $SECTIONS; do
             --launch split-fp8:BV=32,num_warps=1,STAGES=3,maxnreg=128,VK=128,$f \
             --launch split-fp8:BV=16,num_warps=1,STAGES=2,maxnreg=128,VK=64,$f \
             --launch split-fp8:BV=32,num_warps=2,STAGES=3,maxnreg=128,VK=128,$f
+        ;;
+    copy-pieces)
+        # A bf16 copy's and a bf16 state's non-flush rows summed in wider pieces (run 51, timed by hand at 3c8a8e9).
+        sweep copy-pieces-split 120 sweep_gdn.py --kernel decode --kernel split-bf16 --batch 64 --batch 256 \
+            --launch decode:VP=4,BV=4,VK=128,num_warps=1 --launch split-bf16:BV=16,VK=32 \
+            --launch split-bf16:BV=16,VK=128 --launch split-bf16:BV=32,VK=128 --launch split-bf16:BV=32,VK=64
+        sweep copy-pieces-bf16 120 sweep_gdn.py --state-dtype bf16 --kernel decode --kernel replay --batch 64 \
+            --batch 256 --launch decode:VP=8,BV=8,VK=128,num_warps=1 --launch replay: --launch replay:VK=64 \
+            --launch replay:VK=128 --launch replay:BV=32,VK=128,num_warps=1
         ;;
     regs-2byte)
         # The steps on 2-byte tiles wait on latency at 21-24% occupancy (NOTES run 42); capping their registers
