@@ -154,7 +154,8 @@ def check_rows(batch: int) -> list[int]:
 def time_config(op, kernel: str, batch: int, launch: dict, device: str, l2_bytes: int, replays: int,
                 checked: dict | None) -> Result:
     """Check the config against the reference on rows that take the timed batch's launch row (`check_rows`; once
-    per kernel, settings and row count when `checked` is a dict, else every time), then time a graph of its steps. `op` is the sweep script's module (see `main`)."""
+    per kernel, settings and row count when `checked` is a dict, else every time), then time a graph of its steps.
+    `op` is the sweep script's module (see `main`)."""
     import torch
 
     layers = op.layer_count(kernel, batch, l2_bytes)

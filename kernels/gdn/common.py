@@ -12,6 +12,7 @@ import triton.language as tl
 from replayssm_kernels.mamba2.args import (  # noqa: F401
     CHOICE_KEYS,
     check_flush_keys,
+    compile_options,
     flush_grid,
     flush_list,
     pop_flush_keys,
@@ -129,14 +130,6 @@ def launch_settings(table: dict, name: str, launch: dict | None) -> dict:
             raise ValueError(f"launch[{key!r}] must be a power of two; got {value}")
         settings[key] = value
     return settings
-
-
-def compile_options(settings: dict) -> dict:
-    """The settings that go to Triton as compile options rather than kernel constants."""
-    options = {key: settings[key] for key in ("num_warps", "num_stages") if key in settings}
-    if settings.get("maxnreg") is not None:
-        options["maxnreg"] = settings["maxnreg"]
-    return options
 
 
 def host_checks(check: bool) -> bool:

@@ -42,6 +42,10 @@ from replayssm_kernels.gdn.common import (
 # "-flush" row (by default the row's own) in PPS programs per SM that loop over the list.
 _ONE_CHUNK = {"EARLY": 0, "TF32": 0, "MMA": 0, "VP": 256, "BV": 128, "BVF": 16, "VK": 32, "STAGES": 2, "num_warps": 4,
               "num_stages": 1, "maxnreg": None, "PPS": 6}
+# A read copy's flushes (and its small grids' whole steps): 4-warp programs of whole heads, 3xTF32 products.
+_COPY_FLUSH = dict(_ONE_CHUNK, BVF=32, TF32=1, maxnreg=168)
+_SPLIT = {"EARLY": 0, "TF32": 0, "MMA": 0, "VP": 256, "BV": 32, "BVF": 16, "VK": 64, "STAGES": 3,
+          "num_warps": 1, "num_stages": 1, "maxnreg": 128, "PHASES": 2, "PPS": 6}
 LAUNCH = {
     "replay": {"EARLY": 0, "TF32": 0, "MMA": 0, "VP": 256, "BV": 32, "BVF": 16, "VK": 32, "STAGES": 3,
                "num_warps": 2, "num_stages": 1, "maxnreg": 128, "PHASES": 1, "PPS": 6},
@@ -54,17 +58,15 @@ LAUNCH = {
     # flush rather than a program per head, 285 and 92, and the non-flush step in 1-warp programs (16-row chunks:
     # non-flush 189 -> 187 µs at 256, 58 -> 55 at 64; 32-row chunks in 64-wide pieces: window 284 -> 277 and 90 ->
     # 89; run 51). A small grid keeps one launch.
-    "replay-split": {"EARLY": 0, "TF32": 0, "MMA": 0, "VP": 256, "BV": 32, "BVF": 16, "VK": 64, "STAGES": 3,
-                     "num_warps": 1, "num_stages": 1, "maxnreg": 128, "PHASES": 2, "PPS": 6},
-    "replay-split-flush": dict(_ONE_CHUNK, BVF=32, TF32=1, maxnreg=168),
-    "replay-split-small": dict(_ONE_CHUNK, BVF=32, TF32=1, maxnreg=168, PHASES=1),
+    "replay-split": _SPLIT,
+    "replay-split-flush": _COPY_FLUSH,
+    "replay-split-small": dict(_COPY_FLUSH, PHASES=1),
     # An fp8 copy's 1-byte rows are summed in 128-wide pieces (a thread's 16-byte loads): its non-flush launch in
     # 1-warp programs of 32-row chunks, the flushes in the 4-warp row, took batch 256 from 421 µs (one launch) to
     # 292, 64 from 122 to 91, 16 from 47 to 46 (NOTES run 51).
-    "replay-fp8": {"EARLY": 0, "TF32": 0, "MMA": 0, "VP": 256, "BV": 32, "BVF": 16, "VK": 128, "STAGES": 3,
-                   "num_warps": 1, "num_stages": 1, "maxnreg": 128, "PHASES": 2, "PPS": 6},
-    "replay-fp8-flush": dict(_ONE_CHUNK, BVF=32, TF32=1, maxnreg=168),
-    "replay-fp8-small": dict(_ONE_CHUNK, BVF=32, TF32=1, maxnreg=168, PHASES=1),
+    "replay-fp8": dict(_SPLIT, VK=128),
+    "replay-fp8-flush": _COPY_FLUSH,
+    "replay-fp8-small": dict(_COPY_FLUSH, PHASES=1),
     # verify reads its tile BV rows at a time as a non-flush step does; a row that flushes first folds BVF at a time.
     # Each chunk takes every draft's k and q into the tile's layout through shared memory and sums its rows in
     # shuffles, so the work per chunk grows with the warps sharing it: 2-warp programs of 16-row chunks took batch 256
@@ -254,14 +256,22 @@ def _tile_sums(b_s, b_k3, b_q3, b_kqm, b_rk, b_rq, MMA: tl.constexpr):
 
 
 @triton.jit
-def _step_inputs(q, k, g, beta, i_b, i_h, i_hv, o_k, m_k, o_k3, m_k3, s_qb, s_qh, s_qk, s_kb, s_kh, s_kk, s_gb, s_gh,
-                 s_bb, s_bh):
-    """The step's g, beta, q and k [BK], and q and k [NC, VK] as given, in the shape of the tiles (their factors go
-    on the row sums instead), all as fp32."""
+def _step_vectors(q, k, g, beta, i_b, i_h, i_hv, o_k, m_k, s_qb, s_qh, s_qk, s_kb, s_kh, s_kk, s_gb, s_gh, s_bb, s_bh):
+    """The step's g, beta, q and k [BK] as given, as fp32."""
     b_g = tl.load(g + i_b * s_gb + i_hv * s_gh).to(tl.float32)
     b_beta = tl.load(beta + i_b * s_bb + i_hv * s_bh).to(tl.float32)
     b_q = tl.load(q + i_b * s_qb + i_h * s_qh + o_k * s_qk, mask=m_k, other=0.0).to(tl.float32)
     b_k = tl.load(k + i_b * s_kb + i_h * s_kh + o_k * s_kk, mask=m_k, other=0.0).to(tl.float32)
+    return b_g, b_beta, b_q, b_k
+
+
+@triton.jit
+def _step_inputs(q, k, g, beta, i_b, i_h, i_hv, o_k, m_k, o_k3, m_k3, s_qb, s_qh, s_qk, s_kb, s_kh, s_kk, s_gb, s_gh,
+                 s_bb, s_bh):
+    """The step's g, beta, q and k [BK], and q and k [NC, VK] as given, in the shape of the tiles (their factors go
+    on the row sums instead), all as fp32."""
+    b_g, b_beta, b_q, b_k = _step_vectors(q, k, g, beta, i_b, i_h, i_hv, o_k, m_k, s_qb, s_qh, s_qk, s_kb, s_kh, s_kk,
+                                          s_gb, s_gh, s_bb, s_bh)
     b_q3 = tl.load(q + i_b * s_qb + i_h * s_qh + o_k3 * s_qk, mask=m_k3, other=0.0).to(tl.float32)
     b_k3 = tl.load(k + i_b * s_kb + i_h * s_kh + o_k3 * s_kk, mask=m_k3, other=0.0).to(tl.float32)
     return b_g, b_beta, b_q, b_k, b_q3, b_k3
@@ -476,10 +486,8 @@ def _flush_kernel(
         i_h = i_hv // (HV // H)
         i_s = tl.load(slots + i_b).to(tl.int64)
         m_w = o_w < b_f
-        b_g = tl.load(g + i_b * s_gb + i_hv * s_gh).to(tl.float32)
-        b_beta = tl.load(beta + i_b * s_bb + i_hv * s_bh).to(tl.float32)
-        b_q = tl.load(q + i_b * s_qb + i_h * s_qh + o_k * s_qk, mask=m_k, other=0.0).to(tl.float32)
-        b_k = tl.load(k + i_b * s_kb + i_h * s_kh + o_k * s_kk, mask=m_k, other=0.0).to(tl.float32)
+        b_g, b_beta, b_q, b_k = _step_vectors(q, k, g, beta, i_b, i_h, i_hv, o_k, m_k, s_qb, s_qh, s_qk, s_kb, s_kh,
+                                              s_kk, s_gb, s_gh, s_bb, s_bh)
         b_rq, b_rk = qk_factors(b_q, b_k, scale, USE_QK_L2NORM)
         b_Gw = tl.load(buf_g + (i_s * C + o_w) * HV + i_hv, mask=m_w, other=0.0)
         b_Gl = tl.load(buf_g + (i_s * C + tl.maximum(b_f - 1, 0)) * HV + i_hv, mask=b_f > 0, other=0.0)

@@ -169,6 +169,14 @@ def flush_grid(items: int, pps: int, device: torch.device) -> tuple[int]:
     return (min(items, pps * max(1, sm_count(device))),)
 
 
+def compile_options(settings: dict) -> dict:
+    """The settings that go to Triton as compile options rather than kernel constants."""
+    options = {key: settings[key] for key in ("num_warps", "num_stages") if key in settings}
+    if settings.get("maxnreg") is not None:
+        options["maxnreg"] = settings["maxnreg"]
+    return options
+
+
 def check_flush_keys(flush: dict, phases: int) -> None:
     if flush and phases == 1:
         raise ValueError(f"launch keys {', '.join(FLUSH_PREFIX + key for key in flush)} apply only with PHASES=2")

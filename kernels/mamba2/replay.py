@@ -469,7 +469,7 @@ def _launch_flushes(cache: ReplayCache, step: dict, batch: int, softplus: bool, 
         HAS_D=step["D"] is not None, HAS_Z=step["z"] is not None, HAS_DT_BIAS=step["dt_bias"] is not None,
         USE_SOFTPLUS=softplus, HAS_SLOTS=step["slots"] is not None, USE_COPY=cache.read_copy is not None,
         IS_FP8=cache.read_scale is not None, PRECISION="tf32x3" if settings["TF32"] else "ieee",
-        **{key: settings[key] for key in ("num_warps", "num_stages", "maxnreg") if settings.get(key) is not None},
+        **args.compile_options(settings),
     )
 
 
