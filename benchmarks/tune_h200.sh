@@ -3,7 +3,7 @@
 # writes its table (.txt) and results (.json) under DIR (default runs/tune), and DIR.tar.gz holds them all for
 # machines that return one file; a sweep past its time limit leaves the ones before it.
 # Usage: benchmarks/tune_h200.sh [DIR] [SECTION ...]
-# Sections: tests, verify-tests, gdn-verify-mma, gdn-verify-3, gdn-verify-rows, gdn-verify-warps, gdn-verify-warps-2, mamba2-verify-warps, gdn-split-3, gdn-split-4, two-phase-2, mamba2-split-phases, mamba2-two-phase, gdn-split-flush-vp, gdn-mma, split-launch-cost, split-launch-cost-2, gdn-flush-list, mamba2-flush-list, gdn-split-nonflush, gdn-split-flush-2, one-warp, fp8-one-warp, fp8-one-warp-2, copy-pieces, regs-2byte, stalls, stalls-2, next, small-grid, small-grid-2, small-grid-3, medium-grid, direct, order, vk, gdn-decode, gdn-replay, gdn-early, gdn-replay-256, gdn-fp32-2, gdn-split, gdn-split-2,
+# Sections: tests, mamba2-heads, verify-tests, gdn-verify-mma, gdn-verify-3, gdn-verify-rows, gdn-verify-warps, gdn-verify-warps-2, mamba2-verify-warps, gdn-split-3, gdn-split-4, two-phase-2, mamba2-split-phases, mamba2-two-phase, gdn-split-flush-vp, gdn-mma, split-launch-cost, split-launch-cost-2, gdn-flush-list, mamba2-flush-list, gdn-split-nonflush, gdn-split-flush-2, one-warp, fp8-one-warp, fp8-one-warp-2, copy-pieces, regs-2byte, stalls, stalls-2, next, small-grid, small-grid-2, small-grid-3, medium-grid, direct, order, vk, gdn-decode, gdn-replay, gdn-early, gdn-replay-256, gdn-fp32-2, gdn-split, gdn-split-2,
 # gdn-bf16, gdn-bf16-2, gdn-verify, fla, mamba2-split, mamba2-split2, mamba2-vn, mamba2-bf16, mamba2-bf16-2,
 # mamba2-verify (default: tests gdn-decode gdn-replay gdn-verify mamba2-split mamba2-bf16 mamba2-verify).
 set -uo pipefail
@@ -457,6 +457,21 @@ for section in $SECTIONS; do
         sweep mamba2-flush-list-fp32 200 sweep_mamba2.py --kernel decode --kernel replay --batch 64 --batch 256 \
             --launch decode:BP=64,num_warps=8 --launch replay: --launch replay:PHASES=2 \
             --launch replay:PHASES=2,flush_maxnreg=255
+        ;;
+    mamba2-heads)
+        # The non-flush launch in programs of HPP whole heads of a group, which sum the group's buffered C·B once
+        # (run 42: a third of the split step's instructions are outside its tile loop).
+        gpu_tests mamba2-heads-tests 200 tests/test_mamba2_replay.py tests/test_mamba2_split.py
+        sweep mamba2-heads-split 300 sweep_mamba2.py --kernel decode --kernel split-bf16 --batch 16 --batch 64 \
+            --batch 256 --batch 512 --launch decode: --launch split-bf16: --launch split-bf16:PHASES=2 \
+            --launch split-bf16:PHASES=2,HPP=2 --launch split-bf16:PHASES=2,HPP=4 \
+            --launch split-bf16:PHASES=2,HPP=8 --launch split-bf16:PHASES=2,HPP=16
+        sweep mamba2-heads-bf16 200 sweep_mamba2.py --state-dtype bf16 --kernel decode --kernel replay --batch 64 \
+            --batch 256 --launch decode: --launch replay: --launch replay:PHASES=2,HPP=2 \
+            --launch replay:PHASES=2,HPP=4 --launch replay:PHASES=2,HPP=8
+        sweep mamba2-heads-fp32 200 sweep_mamba2.py --kernel decode --kernel replay --kernel split-fp8 --batch 16 \
+            --batch 64 --batch 256 --launch decode: --launch replay: --launch replay:PHASES=2,HPP=2 \
+            --launch replay:PHASES=2,HPP=4 --launch split-fp8: --launch split-fp8:PHASES=2,HPP=4
         ;;
     gdn-split-nonflush)
         # The split non-flush launch's own settings, now that the flushes' launch costs it little (run 51).

@@ -111,19 +111,42 @@ def test_replay_launch_settings(device, assert_close, launch, read):
     flush's 16-row chunk masked to the program's rows), the buffer read whole before the fill (EARLY: its NaN
     entries past the fill weighted out), the flush folded through 3xTF32 and the flushes in a launch of their own
     (PHASES=2, with other settings, P split differently: their own arrival counts) all match the reference."""
-    shape, W = (5, 2, 48, 20, 1), 4
-    got = make_cache(shape, W, device, read=read)
+    _replay_staggered((5, 2, 48, 20, 1), launch, "fp32", read, device, assert_close)
+
+
+def _replay_staggered(shape, launch, state, read, device, assert_close, W=4):
+    """2W + 2 steps of three staggered rows from NaN-poisoned buffers: every output, then every cache tensor."""
+    _, H, P, N, G = shape
+    got = make_cache(shape, W, device, state=state, read=read)
     poison(got)
     want = got.clone()
     slots = [3, 0, 4]
     for step in range(2 * W + 2):
-        inp = mamba2.random_inputs(3, 2, 48, 20, 1, io_dtype=torch.bfloat16, device=device)
+        inp = mamba2.random_inputs(3, H, P, N, G, io_dtype=torch.bfloat16, device=device)
         rows = staggered(slots, step, device)
         y = mamba2.replay(got, **inp, dt_softplus=True, slots=rows, launch=launch,
-                          out=torch.full((3, 2, 48), NAN, dtype=torch.bfloat16, device=device))
+                          out=torch.full((3, H, P), NAN, dtype=torch.bfloat16, device=device))
         y_ref = mamba2.replay_ref(want, **inp, dt_softplus=True, slots=rows)
-        assert_close(y, y_ref, torch.bfloat16, torch.float32, *([DT[read]] if read else []), what=f"y at step {step}")
+        assert_close(y, y_ref, torch.bfloat16, DT[state], *([DT[read]] if read else []), what=f"y at step {step}")
     assert_caches_close(got, want, assert_close)
+
+
+HEADS_CASES = [
+    ({"HPP": 2}, "fp32", None),
+    ({"HPP": 4, "RC": 16, "STAGES": 2}, "fp32", "bf16"),
+    ({"HPP": 8}, "fp32", "fp8"),
+    ({"HPP": 2, "RC": 64, "flush_PPS": 1}, "bf16", None),
+    ({"HPP": 4, "VN": 16}, "fp32", "fp16"),
+]
+
+
+@pytest.mark.parametrize("launch,state,read", HEADS_CASES,
+                         ids=[f"B3-H8-P48-N20-G2-W4-{s}-{r or 'full'}-" + ",".join(f"{k}={v}" for k, v in l.items())
+                              for l, s, r in HEADS_CASES])
+def test_replay_heads_per_program(device, assert_close, launch, state, read):
+    """The non-flush launch in programs of HPP heads of a group (PHASES=2; HPP=8 lowered to the group's 4 heads):
+    outputs every step of staggered rows, then every cache tensor, as the reference."""
+    _replay_staggered((5, 8, 48, 20, 2), {"PHASES": 2, **launch}, state, read, device, assert_close)
 
 
 @pytest.mark.parametrize("W", [1, 4, 7], ids=["B3-H2-P12-N12-G1-W1-fp32-fp32", "B3-H2-P12-N12-G1-W4-fp32-fp32",
@@ -258,6 +281,12 @@ BAD_REPLAY = {
     "launch-flush-flag": (lambda c, i: i.update(launch={"PHASES": 2, "flush_TF32": 2}),
                           r"launch\[.flush_TF32.\] must be 0 or 1, got 2"),
     "launch-flush-one-launch": (lambda c, i: i.update(launch={"flush_RC": 16}), "flush_RC apply only with PHASES=2"),
+    "launch-heads": (lambda c, i: i.update(launch={"PHASES": 2, "HPP": 3}), r"launch\[.HPP.\] must be a power of two"),
+    "launch-heads-one-launch": (lambda c, i: i.update(launch={"HPP": 2}), "HPP = 2 .* applies only with PHASES=2"),
+    "launch-heads-rows": (lambda c, i: i.update(launch={"PHASES": 2, "HPP": 2, "BP": 4}),
+                          "HPP = 2 takes whole heads: BP = 4 must cover P = 8"),
+    "launch-heads-early": (lambda c, i: i.update(launch={"PHASES": 2, "HPP": 2, "EARLY": 1}), "EARLY must be 0"),
+    "launch-heads-flush": (lambda c, i: i.update(launch={"PHASES": 2, "flush_HPP": 2}), "unknown key 'flush_HPP'"),
 }
 
 

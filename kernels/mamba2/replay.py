@@ -236,6 +236,92 @@ def mamba2_replay_kernel(
 
 
 @triton.jit
+def mamba2_heads_kernel(
+    x, dt, A, B, C, D, z, dt_bias, slots, y,
+    checkpoint, read_copy, read_scale, x_buf, b_buf, dt_buf, lam_buf, fill, work,
+    H, G, P, N,
+    stride_ck_s, stride_ck_h, stride_ck_p,
+    stride_rc_s, stride_rc_h, stride_rc_p,
+    stride_x_b, stride_x_h,
+    stride_dt_b, stride_dt_h,
+    stride_B_b, stride_B_g,
+    stride_C_b, stride_C_g,
+    stride_z_b, stride_z_h,
+    stride_y_b, stride_y_h,
+    W: tl.constexpr, CAP: tl.constexpr, BP: tl.constexpr, BN: tl.constexpr, BW: tl.constexpr, VN: tl.constexpr,
+    RC: tl.constexpr, STAGES: tl.constexpr, HPP: tl.constexpr, HAS_D: tl.constexpr, HAS_Z: tl.constexpr,
+    HAS_DT_BIAS: tl.constexpr, USE_SOFTPLUS: tl.constexpr, HAS_SLOTS: tl.constexpr, USE_COPY: tl.constexpr,
+    IS_FP8: tl.constexpr,
+):
+    """A two-launch step's non-flush launch with HPP heads of one group per program (whole heads, BP ≥ P): the
+    group's C·B of the buffered entries is summed once for all of them, and one pipelined loop streams their tiles
+    RC rows at a time, head after head. Heads that flush are listed in `work` for `mamba2_flush_kernel`."""
+    i_b, h0 = tl.program_id(0), tl.program_id(1) * HPP
+    HPG = H // G
+    i_g = h0 // HPG
+    o_n, o_w, o_hh = tl.arange(0, BN), tl.arange(0, BW), tl.arange(0, HPP)
+    m_n = o_n < N
+    NC: tl.constexpr = BN // VN
+    o_n3 = tl.arange(0, NC)[:, None] * VN + tl.arange(0, VN)[None, :]
+    m_n3 = o_n3 < N
+    i_s = slot_of(slots, i_b, HAS_SLOTS)
+    if i_s < 0:
+        return
+    # The heads of a slot share its fill (ReplayCache).
+    f = tl.load(fill + i_s * H + h0)
+    if f + 1 < W:
+        m_w = o_w < f
+        p_bb = b_buf + (i_s * G + i_g) * CAP * N
+        b_Br = tl.load(B + i_b * stride_B_b + i_g * stride_B_g + o_n, mask=m_n, other=0.0)
+        b_C = tl.load(C + i_b * stride_C_b + i_g * stride_C_g + o_n, mask=m_n, other=0.0).to(tl.float32)
+        b_C3 = tl.load(C + i_b * stride_C_b + i_g * stride_C_g + o_n3, mask=m_n3, other=0.0).to(tl.float32)
+        # [BW, NC, VN]: the group's buffered B, against this token's C once for every head of the program.
+        b_bw = tl.load(p_bb + o_w[:, None, None] * N + o_n3[None, :, :],
+                       mask=m_w[:, None, None] & m_n3[None, :, :], other=0.0)
+        b_cbw = tl.sum(tl.sum(b_bw.to(tl.float32) * b_C3[None, :, :], axis=1), axis=1)
+        b_cb = tl.sum(b_Br.to(tl.float32) * b_C, axis=0)
+        for i_t in tl.range(0, HPP * BP, RC, num_stages=STAGES):
+            i_h = h0 + i_t // BP
+            i_sh = i_s * H + i_h
+            o_r = i_t % BP + tl.arange(0, RC)
+            m_r = o_r < P
+            m_t = m_r[:, None, None] & m_n3[None, :, :]
+            b_dt = step_delta(tl.load(dt + i_b * stride_dt_b + i_h * stride_dt_h), dt_bias, i_h, HAS_DT_BIAS,
+                              USE_SOFTPLUS)
+            p_lb, p_db, p_xb = lam_buf + i_sh * CAP, dt_buf + i_sh * CAP, x_buf + i_sh * CAP * P
+            b_lam = tl.load(p_lb + f - 1, mask=f > 0, other=0.0) + tl.load(A + i_h).to(tl.float32) * b_dt
+            b_kw = tl.exp(b_lam - tl.load(p_lb + o_w, mask=m_w, other=0.0)) * tl.load(p_db + o_w, mask=m_w, other=0.0)
+            b_kw = tl.where(m_w, b_kw * b_cbw, 0.0)
+            # [RC, NC, VN] and [BW, RC]
+            if USE_COPY:
+                p_t = read_copy + i_s * stride_rc_s + i_h * stride_rc_h + o_r[:, None, None] * stride_rc_p
+            else:
+                p_t = checkpoint + i_s * stride_ck_s + i_h * stride_ck_h + o_r[:, None, None] * stride_ck_p
+            b_t = tl.load(p_t + o_n3[None, :, :], mask=m_t, other=0.0)
+            b_xw = tl.load(p_xb + o_w[:, None] * P + o_r[None, :], mask=m_w[:, None] & m_r[None, :], other=0.0)
+            b_xc = tl.load(x + i_b * stride_x_b + i_h * stride_x_h + o_r, mask=m_r, other=0.0)
+            b_yc = tl.sum(tl.sum(b_t.to(tl.float32) * b_C3[None, :, :], axis=1), axis=1)
+            if IS_FP8:
+                b_yc = b_yc * tl.load(read_scale + i_sh * P + o_r, mask=m_r, other=0.0)
+            b_yc = tl.exp(b_lam) * b_yc + tl.sum(b_kw[:, None] * b_xw.to(tl.float32), axis=0)
+            b_yc += (b_dt * b_cb) * b_xc.to(tl.float32)
+            b_yc = finish_output(b_yc, b_xc.to(tl.float32), D, z, i_b * stride_z_b + i_h * stride_z_h + o_r, m_r,
+                                 i_h, HAS_D, HAS_Z)
+            tl.store(y + i_b * stride_y_b + i_h * stride_y_h + o_r, b_yc.to(y.dtype.element_ty), mask=m_r)
+            # This token's entry: x's rows with each chunk, Δ and lam with each head's first.
+            tl.store(p_xb + f * P + o_r, b_xc, mask=m_r)
+            tl.store(p_db + f, b_dt, mask=i_t % BP == 0)
+            tl.store(p_lb + f, b_lam, mask=i_t % BP == 0)
+        if h0 % HPG == 0:
+            tl.store(p_bb + f * N + o_n, b_Br, mask=m_n)
+        tl.store(fill + i_s * H + h0 + o_hh, tl.zeros([HPP], dtype=tl.int32) + f + 1)
+    else:
+        tl.store(fill + i_s * H + h0 + o_hh, tl.zeros([HPP], dtype=tl.int32))
+        for hh in tl.static_range(HPP):
+            list_flush(work, i_b, h0 + hh, f)
+
+
+@triton.jit
 def mamba2_flush_kernel(
     x, dt, A, B, C, D, z, dt_bias, slots, y,
     checkpoint, read_copy, read_scale, x_buf, b_buf, dt_buf, lam_buf, work,
@@ -324,30 +410,31 @@ def mamba2_materialize_kernel(
 # tiles (a bf16 checkpoint, a read copy: SPLIT_LAUNCH) stream faster three chunks deep, reduced in 64-wide pieces.
 STEP_LAUNCH = [
     ((4, 1 << 30, 1 << 30), {"BP": 64, "BPF": 16, "VN": 32, "RC": 32, "STAGES": 2, "EARLY": 0, "TF32": 0,
-                             "num_warps": 2, "num_stages": 1, "maxnreg": 96, "PHASES": 1, "PPS": 6}),
+                             "num_warps": 2, "num_stages": 1, "maxnreg": 96, "PHASES": 1, "PPS": 6, "HPP": 1}),
     ((2, 1 << 30, 1 << 30), {"BP": 64, "BPF": 16, "VN": 64, "RC": 32, "STAGES": 3, "EARLY": 0, "TF32": 0,
-                             "num_warps": 2, "num_stages": 1, "maxnreg": 128, "PHASES": 1, "PPS": 6}),
+                             "num_warps": 2, "num_stages": 1, "maxnreg": 128, "PHASES": 1, "PPS": 6, "HPP": 1}),
 ]
 SPLIT_LAUNCH = [
     ((4, 1 << 30, 1 << 30), {"BP": 64, "BPF": 16, "VN": 64, "RC": 32, "STAGES": 3, "EARLY": 0, "TF32": 0,
-                             "num_warps": 2, "num_stages": 1, "maxnreg": 128, "PHASES": 1, "PPS": 6}),
+                             "num_warps": 2, "num_stages": 1, "maxnreg": 128, "PHASES": 1, "PPS": 6, "HPP": 1}),
     ((2, 1 << 30, 1 << 30), {"BP": 64, "BPF": 16, "VN": 32, "RC": 32, "STAGES": 3, "EARLY": 0, "TF32": 0,
-                             "num_warps": 2, "num_stages": 1, "maxnreg": 128, "PHASES": 1, "PPS": 6}),
+                             "num_warps": 2, "num_stages": 1, "maxnreg": 128, "PHASES": 1, "PPS": 6, "HPP": 1}),
 ]
 # A small grid's programs take 16 rows, read the buffer before the fill and fold the flush through 3xTF32 (batch 1,
 # fp32: 4.64 µs against 5.23 without the last two, 4.70 without TF32, 5.07 without EARLY, 4.97 in 8-row programs;
 # bf16: 4.09 against 4.60; NOTES runs 34–36).
 SMALL_GRID_LAUNCH = [
     ((4, 1 << 30, 1 << 30), {"BP": 16, "BPF": 16, "VN": 32, "RC": 16, "STAGES": 1, "EARLY": 1, "TF32": 1,
-                             "num_warps": 1, "num_stages": 1, "PHASES": 1, "PPS": 6}),
+                             "num_warps": 1, "num_stages": 1, "PHASES": 1, "PPS": 6, "HPP": 1}),
     ((2, 1 << 30, 1 << 30), {"BP": 16, "BPF": 16, "VN": 32, "RC": 16, "STAGES": 1, "EARLY": 1, "TF32": 1,
-                             "num_warps": 1, "num_stages": 1, "PHASES": 1, "PPS": 6}),
+                             "num_warps": 1, "num_stages": 1, "PHASES": 1, "PPS": 6, "HPP": 1}),
 ]
 STEP_KEYS = ("BP", "BPF", "VN", "RC", "STAGES", "EARLY", "TF32", "num_warps", "num_stages", "maxnreg", "PHASES",
-             "PPS")
+             "PPS", "HPP")
 # With PHASES=2 the flushes run in a second launch, with the row's settings overridden by these, in PPS programs per
-# SM that loop over the heads the first launch listed as flushing.
-FLUSH_KEYS = tuple(args.FLUSH_PREFIX + key for key in STEP_KEYS if key != "PHASES")
+# SM that loop over the heads the first launch listed as flushing. HPP > 1 (heads per program, PHASES=2 only) takes
+# that first launch in programs of whole heads, HPP of a group each (`mamba2_heads_kernel`).
+FLUSH_KEYS = tuple(args.FLUSH_PREFIX + key for key in STEP_KEYS if key not in ("PHASES", "HPP"))
 # materialize folds a whole (P, N) tile per program, BPF rows at a time.
 REPLAY_LAUNCH = [
     ((4, 64, 64), {"num_warps": 4, "num_stages": 1, "JB": 4, "BPF": 8}),
@@ -405,7 +492,9 @@ def replay(cache: ReplayCache, x, dt, A, B, C, *, D=None, z=None, dt_bias=None, 
             EARLY (1: read the buffer before the fill), TF32 (1: fold the flush through 3xTF32),
             num_warps, num_stages, maxnreg, PHASES (2: the non-flush steps in one launch, listing the heads that
             flush in cache.work, then the flushes in a second, with these settings overridden by the keys
-            prefixed flush_, such as flush_maxnreg and flush_PPS, that launch's programs per SM).
+            prefixed flush_, such as flush_maxnreg and flush_PPS, that launch's programs per SM), HPP (with
+            PHASES=2: the non-flush launch in programs of HPP whole heads of a group, which sum the group's buffered
+            C·B once; lowered to a power of two dividing H / G).
         check: range-check `slots` on the host (a device sync); skipped while a CUDA graph is captured.
 
     Returns:
@@ -424,15 +513,53 @@ def replay(cache: ReplayCache, x, dt, A, B, C, *, D=None, z=None, dt_bias=None, 
     flush = args.pop_flush_keys(settings)
     phases = settings.pop("PHASES")
     args.check_flush_keys(flush, phases)
+    hpp = _heads_per_program(settings, phases, H // G, P)
     y = torch.empty_like(x) if out is None else out
     step = dict(x=x, dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=dt_bias, slots=slots, y=y)
     softplus = bool(dt_softplus)
     if phases == 1:
         _launch_replay(cache, step, batch, softplus, settings, 0)
     else:
-        _launch_replay(cache, step, batch, softplus, settings, 1)
+        if hpp > 1:
+            _launch_heads(cache, step, batch, softplus, settings, hpp)
+        else:
+            _launch_replay(cache, step, batch, softplus, settings, 1)
         _launch_flushes(cache, step, batch, softplus, {**settings, **flush})
     return y
+
+
+def _heads_per_program(settings: dict, phases: int, heads_per_group: int, P: int) -> int:
+    """The launch's HPP (popped from `settings`) as run: the largest power of two no larger that divides the heads of
+    a group. HPP > 1 takes whole heads in a non-flush launch of its own."""
+    hpp = settings.pop("HPP")
+    if hpp > 1:
+        if phases != 2:
+            raise ValueError(f"launch HPP = {hpp} (heads per program) applies only with PHASES=2")
+        if min(settings["BP"], args.block(P)) < args.block(P):
+            raise ValueError(f"launch HPP = {hpp} takes whole heads: BP = {settings['BP']} must cover P = {P}")
+        if settings["EARLY"]:
+            raise ValueError(f"launch HPP = {hpp} reads the buffer after the fill: EARLY must be 0")
+    while heads_per_group % hpp:
+        hpp //= 2
+    return hpp
+
+
+def _launch_heads(cache: ReplayCache, step: dict, batch: int, softplus: bool, settings: dict, hpp: int) -> None:
+    _, H, P, N, G = cache.shape
+    BN = max(16, args.block(N))
+    rc = cache.read_copy
+    mamba2_heads_kernel[(batch, H // hpp)](
+        **step,
+        checkpoint=cache.checkpoint, read_copy=rc, read_scale=cache.read_scale, x_buf=cache.x_buf,
+        b_buf=cache.b_buf, dt_buf=cache.dt_buf, lam_buf=cache.lam_buf, fill=cache.fill, work=cache.work,
+        H=H, G=G, P=P, N=N,
+        **_strides(cache, step),
+        W=cache.window, CAP=cache.capacity, BP=args.block(P), BN=BN, BW=max(16, args.block(cache.capacity)),
+        VN=min(settings["VN"], BN), RC=min(settings["RC"], args.block(P)), STAGES=settings["STAGES"], HPP=hpp,
+        HAS_D=step["D"] is not None, HAS_Z=step["z"] is not None, HAS_DT_BIAS=step["dt_bias"] is not None,
+        USE_SOFTPLUS=softplus, HAS_SLOTS=step["slots"] is not None, USE_COPY=rc is not None,
+        IS_FP8=cache.read_scale is not None, **args.compile_options(settings),
+    )
 
 
 def _strides(cache: ReplayCache, step: dict) -> dict:
