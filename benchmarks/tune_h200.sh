@@ -3,7 +3,7 @@
 # writes its table (.txt) and results (.json) under DIR (default runs/tune), and DIR.tar.gz holds them all for
 # machines that return one file; a sweep past its time limit leaves the ones before it.
 # Usage: benchmarks/tune_h200.sh [DIR] [SECTION ...]
-# Sections: tests, mamba2-heads, verify-tests, gdn-verify-mma, gdn-verify-3, gdn-verify-rows, gdn-verify-warps, gdn-verify-warps-2, mamba2-verify-warps, gdn-split-3, gdn-split-4, two-phase-2, mamba2-split-phases, mamba2-two-phase, gdn-split-flush-vp, gdn-mma, split-launch-cost, split-launch-cost-2, gdn-flush-list, mamba2-flush-list, gdn-split-nonflush, gdn-split-flush-2, one-warp, fp8-one-warp, fp8-one-warp-2, copy-pieces, regs-2byte, stalls, stalls-2, next, small-grid, small-grid-2, small-grid-3, medium-grid, direct, order, vk, gdn-decode, gdn-replay, gdn-early, gdn-replay-256, gdn-fp32-2, gdn-split, gdn-split-2,
+# Sections: tests, mamba2-heads, mamba2-heads-2, verify-tests, gdn-verify-mma, gdn-verify-3, gdn-verify-rows, gdn-verify-warps, gdn-verify-warps-2, mamba2-verify-warps, gdn-split-3, gdn-split-4, two-phase-2, mamba2-split-phases, mamba2-two-phase, gdn-split-flush-vp, gdn-mma, split-launch-cost, split-launch-cost-2, gdn-flush-list, mamba2-flush-list, gdn-split-nonflush, gdn-split-flush-2, one-warp, fp8-one-warp, fp8-one-warp-2, copy-pieces, regs-2byte, stalls, stalls-2, next, small-grid, small-grid-2, small-grid-3, medium-grid, direct, order, vk, gdn-decode, gdn-replay, gdn-early, gdn-replay-256, gdn-fp32-2, gdn-split, gdn-split-2,
 # gdn-bf16, gdn-bf16-2, gdn-verify, fla, mamba2-split, mamba2-split2, mamba2-vn, mamba2-bf16, mamba2-bf16-2,
 # mamba2-verify (default: tests gdn-decode gdn-replay gdn-verify mamba2-split mamba2-bf16 mamba2-verify).
 set -uo pipefail
@@ -472,6 +472,21 @@ for section in $SECTIONS; do
         sweep mamba2-heads-fp32 200 sweep_mamba2.py --kernel decode --kernel replay --kernel split-fp8 --batch 16 \
             --batch 64 --batch 256 --launch decode: --launch replay: --launch replay:PHASES=2,HPP=2 \
             --launch replay:PHASES=2,HPP=4 --launch split-fp8: --launch split-fp8:PHASES=2,HPP=4
+        ;;
+    mamba2-heads-2)
+        # HPP=4 took the fp8 copy's window from 246 to 219 µs at batch 256 (mamba2-heads); its own settings, and the
+        # fp32 replay at batch 16 (5% behind FlashInfer's checkpointing_ssu, run 37).
+        gpu_tests mamba2-heads-tests 200 tests/test_mamba2_replay.py -k "heads or launch"
+        sweep mamba2-heads-fp8 300 sweep_mamba2.py --kernel decode --kernel split-fp8 --batch 16 --batch 64 \
+            --batch 256 --batch 512 --launch decode: --launch split-fp8: --launch split-fp8:PHASES=2 \
+            --launch split-fp8:PHASES=2,HPP=2 --launch split-fp8:PHASES=2,HPP=4 --launch split-fp8:PHASES=2,HPP=8 \
+            --launch split-fp8:PHASES=2,HPP=16 --launch split-fp8:PHASES=2,HPP=4,VN=128 \
+            --launch split-fp8:PHASES=2,HPP=4,RC=64 --launch split-fp8:PHASES=2,HPP=8,RC=64,VN=128 \
+            --launch split-fp8:PHASES=2,HPP=4,num_warps=4,RC=64
+        sweep mamba2-medium-fp32 200 sweep_mamba2.py --kernel decode --kernel replay --batch 16 --launch decode: \
+            --launch replay: --launch replay:maxnreg=128 --launch replay:STAGES=3 --launch replay:VN=64 \
+            --launch replay:num_warps=4 --launch replay:RC=16,STAGES=4 --launch replay:RC=64 \
+            --launch replay:BPF=32 --launch replay:TF32=1 --launch replay:BP=32,RC=32,num_warps=1
         ;;
     gdn-split-nonflush)
         # The split non-flush launch's own settings, now that the flushes' launch costs it little (run 51).
