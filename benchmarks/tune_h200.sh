@@ -3,7 +3,7 @@
 # writes its table (.txt) and results (.json) under DIR (default runs/tune), and DIR.tar.gz holds them all for
 # machines that return one file; a sweep past its time limit leaves the ones before it.
 # Usage: benchmarks/tune_h200.sh [DIR] [SECTION ...]
-# Sections: tests, mamba2-heads, mamba2-heads-2, verify-tests, gdn-verify-mma, gdn-verify-3, gdn-verify-rows, gdn-verify-warps, gdn-verify-warps-2, mamba2-verify-warps, gdn-split-3, gdn-split-4, two-phase-2, mamba2-split-phases, mamba2-two-phase, gdn-split-flush-vp, gdn-mma, split-launch-cost, split-launch-cost-2, gdn-flush-list, mamba2-flush-list, gdn-split-nonflush, gdn-split-flush-2, one-warp, fp8-one-warp, fp8-one-warp-2, copy-pieces, regs-2byte, stalls, stalls-2, next, small-grid, small-grid-2, small-grid-3, medium-grid, direct, order, vk, gdn-decode, gdn-replay, gdn-early, gdn-replay-256, gdn-fp32-2, gdn-split, gdn-split-2,
+# Sections: tests, mamba2-heads, mamba2-heads-2, mamba2-heads-3, verify-tests, gdn-verify-mma, gdn-verify-3, gdn-verify-rows, gdn-verify-warps, gdn-verify-warps-2, mamba2-verify-warps, gdn-split-3, gdn-split-4, two-phase-2, mamba2-split-phases, mamba2-two-phase, gdn-split-flush-vp, gdn-mma, split-launch-cost, split-launch-cost-2, gdn-flush-list, mamba2-flush-list, gdn-split-nonflush, gdn-split-flush-2, one-warp, fp8-one-warp, fp8-one-warp-2, copy-pieces, regs-2byte, stalls, stalls-2, next, small-grid, small-grid-2, small-grid-3, medium-grid, direct, order, vk, gdn-decode, gdn-replay, gdn-early, gdn-replay-256, gdn-fp32-2, gdn-split, gdn-split-2,
 # gdn-bf16, gdn-bf16-2, gdn-verify, fla, mamba2-split, mamba2-split2, mamba2-vn, mamba2-bf16, mamba2-bf16-2,
 # mamba2-verify (default: tests gdn-decode gdn-replay gdn-verify mamba2-split mamba2-bf16 mamba2-verify).
 set -uo pipefail
@@ -487,6 +487,26 @@ for section in $SECTIONS; do
             --launch replay: --launch replay:maxnreg=128 --launch replay:STAGES=3 --launch replay:VN=64 \
             --launch replay:num_warps=4 --launch replay:RC=16,STAGES=4 --launch replay:RC=64 \
             --launch replay:BPF=32 --launch replay:TF32=1 --launch replay:BP=32,RC=32,num_warps=1
+        ;;
+    mamba2-heads-3)
+        # Whole 64-row chunks in the heads kernel took the fp8 copy's window from 246 to 189 µs at batch 256; the
+        # same for the bf16 copy and state. Then which launch of a 4-warp row hit an illegal address at 256.
+        sweep mamba2-heads-rc 300 sweep_mamba2.py --kernel decode --kernel split-bf16 --kernel split-fp8 --batch 16 \
+            --batch 64 --batch 256 --batch 512 --launch decode: --launch split-bf16: --launch split-bf16:PHASES=2,RC=64 \
+            --launch split-bf16:PHASES=2,HPP=4,RC=64 --launch split-bf16:PHASES=2,HPP=8,RC=64 \
+            --launch split-bf16:PHASES=2,HPP=16,RC=64 --launch split-bf16:PHASES=2,HPP=8,RC=64,VN=32 \
+            --launch split-fp8:PHASES=2,RC=64 --launch split-fp8:PHASES=2,HPP=2,RC=64 \
+            --launch split-fp8:PHASES=2,HPP=4,RC=64 --launch split-fp8:PHASES=2,HPP=8,RC=64 \
+            --launch split-fp8:PHASES=2,HPP=4,RC=64,STAGES=2 --launch split-fp8:PHASES=2,HPP=4,RC=64,maxnreg=96
+        sweep mamba2-heads-rc-bf16 200 sweep_mamba2.py --state-dtype bf16 --kernel decode --kernel replay --batch 64 \
+            --batch 256 --launch decode: --launch replay: --launch replay:PHASES=2,HPP=4,RC=64 \
+            --launch replay:PHASES=2,HPP=8,RC=64
+        for launch in PHASES=2,HPP=4,num_warps=4,RC=64 PHASES=2,HPP=4,num_warps=4,RC=64,flush_num_warps=2 \
+                      PHASES=2,HPP=4,num_warps=4 PHASES=2,num_warps=4,RC=64; do
+            CUDA_LAUNCH_BLOCKING=1 timeout 60 python benchmarks/sweep_mamba2.py --kernel split-fp8 --batch 256 \
+                --launch "split-fp8:$launch" >"$DIR/fault-$launch.txt" 2>&1
+            echo "fault $launch: exit $?; $(grep -o 'replay.py", line [0-9]*' "$DIR/fault-$launch.txt" | tail -n 1)" >&2
+        done
         ;;
     gdn-split-nonflush)
         # The split non-flush launch's own settings, now that the flushes' launch costs it little (run 51).
