@@ -3,7 +3,7 @@
 # writes its table (.txt) and results (.json) under DIR (default runs/tune), and DIR.tar.gz holds them all for
 # machines that return one file; a sweep past its time limit leaves the ones before it.
 # Usage: benchmarks/tune_h200.sh [DIR] [SECTION ...]
-# Sections: tests, mamba2-heads, mamba2-heads-2, mamba2-heads-3, verify-tests, gdn-verify-mma, gdn-verify-3, gdn-verify-rows, gdn-verify-warps, gdn-verify-warps-2, mamba2-verify-warps, gdn-split-3, gdn-split-4, two-phase-2, mamba2-split-phases, mamba2-two-phase, gdn-split-flush-vp, gdn-mma, split-launch-cost, split-launch-cost-2, gdn-flush-list, mamba2-flush-list, gdn-split-nonflush, gdn-split-flush-2, one-warp, fp8-one-warp, fp8-one-warp-2, copy-pieces, regs-2byte, stalls, stalls-2, next, small-grid, small-grid-2, small-grid-3, medium-grid, direct, order, vk, gdn-decode, gdn-replay, gdn-early, gdn-replay-256, gdn-fp32-2, gdn-split, gdn-split-2,
+# Sections: tests, mamba2-heads, mamba2-heads-2, mamba2-heads-3, mamba2-heads-4, verify-tests, gdn-verify-mma, gdn-verify-3, gdn-verify-rows, gdn-verify-warps, gdn-verify-warps-2, mamba2-verify-warps, gdn-split-3, gdn-split-4, two-phase-2, mamba2-split-phases, mamba2-two-phase, gdn-split-flush-vp, gdn-mma, split-launch-cost, split-launch-cost-2, gdn-flush-list, mamba2-flush-list, gdn-split-nonflush, gdn-split-flush-2, one-warp, fp8-one-warp, fp8-one-warp-2, copy-pieces, regs-2byte, stalls, stalls-2, next, small-grid, small-grid-2, small-grid-3, medium-grid, direct, order, vk, gdn-decode, gdn-replay, gdn-early, gdn-replay-256, gdn-fp32-2, gdn-split, gdn-split-2,
 # gdn-bf16, gdn-bf16-2, gdn-verify, fla, mamba2-split, mamba2-split2, mamba2-vn, mamba2-bf16, mamba2-bf16-2,
 # mamba2-verify (default: tests gdn-decode gdn-replay gdn-verify mamba2-split mamba2-bf16 mamba2-verify).
 set -uo pipefail
@@ -507,6 +507,20 @@ for section in $SECTIONS; do
                 --launch "split-fp8:$launch" >"$DIR/fault-$launch.txt" 2>&1
             echo "fault $launch: exit $?; $(grep -o 'replay.py", line [0-9]*' "$DIR/fault-$launch.txt" | tail -n 1)" >&2
         done
+        ;;
+    mamba2-heads-4)
+        # Where the heads rows start to pay (batch 64 lost, 256 gained: mamba2-heads-3), and the fp32 row's register
+        # cap on medium grids (batch 16: 27.45 µs with 128 against 28.43 with 96, mamba2-heads-2).
+        gpu_tests mamba2-heads-tests 200 tests/test_mamba2_replay.py tests/test_mamba2_split.py \
+            tests/test_mamba2_verify.py tests/test_ncu.py
+        sweep mamba2-heads-grid 200 sweep_mamba2.py --kernel decode --kernel split-bf16 --kernel split-fp8 --batch 96 \
+            --batch 128 --batch 192 --launch decode: --launch split-bf16:PHASES=1,HPP=1,RC=32 --launch split-bf16: \
+            --launch split-fp8:PHASES=1,HPP=1,RC=32 --launch split-fp8:
+        sweep mamba2-heads-grid-bf16 200 sweep_mamba2.py --state-dtype bf16 --kernel decode --kernel replay \
+            --batch 96 --batch 128 --batch 192 --launch decode: --launch replay:PHASES=1,HPP=1,RC=32 --launch replay:
+        sweep mamba2-fp32-cap 200 sweep_mamba2.py --kernel decode --kernel replay --batch 16 --batch 32 --batch 64 \
+            --batch 128 --batch 256 --launch decode: --launch replay: --launch replay:maxnreg=128 \
+            --launch replay:maxnreg=112
         ;;
     gdn-split-nonflush)
         # The split non-flush launch's own settings, now that the flushes' launch costs it little (run 51).

@@ -137,6 +137,9 @@ HEADS_CASES = [
     ({"HPP": 8}, "fp32", "fp8"),
     ({"HPP": 2, "RC": 64, "flush_PPS": 1}, "bf16", None),
     ({"HPP": 4, "VN": 16}, "fp32", "fp16"),
+    # the large-grid rows (LARGE_SPLIT_LAUNCH, LARGE_STEP_LAUNCH)
+    ({"HPP": 8, "RC": 64, "VN": 64, "STAGES": 3, "maxnreg": 128}, "fp32", "bf16"),
+    ({"HPP": 8, "RC": 64, "VN": 64, "STAGES": 3, "maxnreg": 128}, "bf16", None),
 ]
 
 
@@ -149,6 +152,36 @@ def test_replay_heads_per_program(device, assert_close, launch, state, read):
     # BP and EARLY pinned: on a GPU this small grid would take the small-grid row (16-row programs, EARLY).
     _replay_staggered((5, 8, 48, 20, 2), {"PHASES": 2, "BP": 64, "EARLY": 0, **launch}, state, read, device,
                       assert_close)
+
+
+def test_replay_rows_by_grid(monkeypatch):
+    """From 128 (row, head) pairs per SM a step on a 2-byte or 1-byte tile takes programs of 8 heads in two
+    launches; an fp32 state, a bf16 checkpoint with a read copy, smaller grids and the CPU keep their rows."""
+    import importlib
+    from types import SimpleNamespace
+
+    from replayssm_kernels.mamba2 import args
+
+    replay_mod = importlib.import_module("replayssm_kernels.mamba2.replay")
+    monkeypatch.setattr(args, "sm_count", lambda device: 132)
+
+    def cache(state, copy, device="cuda"):
+        return SimpleNamespace(shape=(600, 128, 64, 128, 8), device=torch.device(device),
+                               read_copy=object() if copy else None, checkpoint=torch.empty(0, dtype=DT[state]))
+
+    def row(c, batch):
+        settings = replay_mod.step_launch(c, batch)
+        return settings["HPP"], settings["PHASES"], settings["RC"]
+
+    assert row(cache("fp32", True), 132) == (8, 2, 64)
+    assert row(cache("bf16", False), 512) == (8, 2, 64)
+    assert row(cache("fp32", True), 131) == (1, 1, 32)
+    assert row(cache("bf16", False), 64)[0] == 1
+    assert row(cache("fp32", False), 512)[0] == 1
+    assert row(cache("bf16", True), 512)[0] == 1
+    assert row(cache("fp32", True, "cpu"), 512)[0] == 1
+    assert replay_mod.step_launch(cache("fp32", True), 1)["BP"] == 16
+    assert replay_mod.step_launch(cache("fp32", True), 256, {"HPP": 2})["HPP"] == 2
 
 
 @pytest.mark.parametrize("W", [1, 4, 7], ids=["B3-H2-P12-N12-G1-W1-fp32-fp32", "B3-H2-P12-N12-G1-W4-fp32-fp32",

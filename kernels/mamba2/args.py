@@ -66,6 +66,12 @@ def small_grid(programs: int, device: torch.device) -> bool:
     return programs < 2 * sm_count(device)
 
 
+def large_grid(heads: int, device: torch.device) -> bool:
+    """At least 128 (row, head) pairs per SM (batch 132 and up at H = 128), where the 2-byte and 1-byte tiles' steps
+    take their large-grid rows (never on the CPU)."""
+    return device.type == "cuda" and heads >= 128 * sm_count(device)
+
+
 def check_device(device: torch.device, kernel) -> None:
     if device.type == "cpu" and not is_interpreting(kernel):
         raise ValueError(

@@ -429,6 +429,15 @@ SMALL_GRID_LAUNCH = [
     ((2, 1 << 30, 1 << 30), {"BP": 16, "BPF": 16, "VN": 32, "RC": 16, "STAGES": 1, "EARLY": 1, "TF32": 1,
                              "num_warps": 1, "num_stages": 1, "PHASES": 1, "PPS": 6, "HPP": 1}),
 ]
+# On a large grid (args.large_grid) a step on a 2-byte or 1-byte tile takes its non-flush launch in programs of 8
+# whole heads of a group (their buffered C·B summed once) streamed in 64-row chunks, and its flushes in a launch of
+# their own: the bf16 copy's window 234.8 -> 210.8 µs at batch 256 and 461.1 -> 400.5 at 512, the fp8 copy's 246.1
+# -> 185.0 and 481.3 -> 339.6, a bf16 state's 213.0 -> 193.3 at 256; at batch 64 the bf16 copy and state lose 8-13%
+# (NOTES run 52). An fp32 state keeps its row (329.7 against 292.0 µs at 256 in programs of two heads).
+_HEADS = {"BP": 64, "BPF": 16, "VN": 64, "RC": 64, "STAGES": 3, "EARLY": 0, "TF32": 0, "num_warps": 2, "num_stages": 1,
+          "maxnreg": 128, "PHASES": 2, "PPS": 6, "HPP": 8}
+LARGE_STEP_LAUNCH = [STEP_LAUNCH[0], ((2, 1 << 30, 1 << 30), _HEADS)]
+LARGE_SPLIT_LAUNCH = [((4, 1 << 30, 1 << 30), _HEADS), SPLIT_LAUNCH[1]]
 STEP_KEYS = ("BP", "BPF", "VN", "RC", "STAGES", "EARLY", "TF32", "num_warps", "num_stages", "maxnreg", "PHASES",
              "PPS", "HPP")
 # With PHASES=2 the flushes run in a second launch, with the row's settings overridden by these, in PPS programs per
@@ -507,9 +516,7 @@ def replay(cache: ReplayCache, x, dt, A, B, C, *, D=None, z=None, dt_bias=None, 
         raise ValueError(f"B must have the cache's G = {G} groups, got {G_in}")
     args.check_slots(slots, batch, nslots, cache.device, check)
     args.check_out(out, (batch, H, P), "(batch, H, P)", cache.device)
-    small = args.small_grid(batch * H * triton.cdiv(P, 64), cache.device)
-    table = SMALL_GRID_LAUNCH if small else STEP_LAUNCH if cache.read_copy is None else SPLIT_LAUNCH
-    settings = args.pick_launch(table, cache.checkpoint.element_size(), P, N, launch, STEP_KEYS + FLUSH_KEYS)
+    settings = step_launch(cache, batch, launch)
     flush = args.pop_flush_keys(settings)
     phases = settings.pop("PHASES")
     args.check_flush_keys(flush, phases)
@@ -526,6 +533,19 @@ def replay(cache: ReplayCache, x, dt, A, B, C, *, D=None, z=None, dt_bias=None, 
             _launch_replay(cache, step, batch, softplus, settings, 1)
         _launch_flushes(cache, step, batch, softplus, {**settings, **flush})
     return y
+
+
+def step_launch(cache: ReplayCache, batch: int, launch: dict | None = None) -> dict:
+    """The settings a `replay` step of `batch` rows takes: its grid's row (small, large or neither) for the cache's
+    checkpoint itemsize and read copy, overridden by `launch`."""
+    _, H, P, N, _ = cache.shape
+    if args.small_grid(batch * H * triton.cdiv(P, 64), cache.device):
+        table = SMALL_GRID_LAUNCH
+    elif args.large_grid(batch * H, cache.device):
+        table = LARGE_STEP_LAUNCH if cache.read_copy is None else LARGE_SPLIT_LAUNCH
+    else:
+        table = STEP_LAUNCH if cache.read_copy is None else SPLIT_LAUNCH
+    return args.pick_launch(table, cache.checkpoint.element_size(), P, N, launch, STEP_KEYS + FLUSH_KEYS)
 
 
 def _heads_per_program(settings: dict, phases: int, heads_per_group: int, P: int) -> int:
