@@ -514,10 +514,12 @@ for section in $SECTIONS; do
         gpu_tests mamba2-heads-tests 200 tests/test_mamba2_replay.py tests/test_mamba2_split.py \
             tests/test_mamba2_verify.py tests/test_ncu.py
         sweep mamba2-heads-grid 200 sweep_mamba2.py --kernel decode --kernel split-bf16 --kernel split-fp8 --batch 96 \
-            --batch 128 --batch 192 --launch decode: --launch split-bf16:PHASES=1,HPP=1,RC=32 --launch split-bf16: \
-            --launch split-fp8:PHASES=1,HPP=1,RC=32 --launch split-fp8:
+            --batch 128 --batch 192 --launch decode: --launch split-bf16:PHASES=1,HPP=1,RC=32 \
+            --launch split-bf16:PHASES=2,HPP=8,RC=64 --launch split-fp8:PHASES=1,HPP=1,RC=32 \
+            --launch split-fp8:PHASES=2,HPP=8,RC=64
         sweep mamba2-heads-grid-bf16 200 sweep_mamba2.py --state-dtype bf16 --kernel decode --kernel replay \
-            --batch 96 --batch 128 --batch 192 --launch decode: --launch replay:PHASES=1,HPP=1,RC=32 --launch replay:
+            --batch 96 --batch 128 --batch 192 --launch decode: --launch replay:PHASES=1,HPP=1,RC=32 \
+            --launch replay:PHASES=2,HPP=8,RC=64
         sweep mamba2-fp32-cap 200 sweep_mamba2.py --kernel decode --kernel replay --batch 16 --batch 32 --batch 64 \
             --batch 128 --batch 256 --launch decode: --launch replay: --launch replay:maxnreg=128 \
             --launch replay:maxnreg=112
