@@ -410,7 +410,7 @@ def mamba2_materialize_kernel(
 # tiles (a bf16 checkpoint, a read copy: SPLIT_LAUNCH) stream faster three chunks deep, reduced in 64-wide pieces.
 STEP_LAUNCH = [
     ((4, 1 << 30, 1 << 30), {"BP": 64, "BPF": 16, "VN": 32, "RC": 32, "STAGES": 2, "EARLY": 0, "TF32": 0,
-                             "num_warps": 2, "num_stages": 1, "maxnreg": 96, "PHASES": 1, "PPS": 6, "HPP": 1}),
+                             "num_warps": 2, "num_stages": 1, "maxnreg": 112, "PHASES": 1, "PPS": 6, "HPP": 1}),
     ((2, 1 << 30, 1 << 30), {"BP": 64, "BPF": 16, "VN": 64, "RC": 32, "STAGES": 3, "EARLY": 0, "TF32": 0,
                              "num_warps": 2, "num_stages": 1, "maxnreg": 128, "PHASES": 1, "PPS": 6, "HPP": 1}),
 ]
@@ -432,11 +432,12 @@ SMALL_GRID_LAUNCH = [
 # On a large grid (args.large_grid) a step on a 2-byte or 1-byte tile takes its non-flush launch in programs of 8
 # whole heads of a group (their buffered C·B summed once) streamed in 64-row chunks, and its flushes in a launch of
 # their own: the bf16 copy's window 234.8 -> 210.8 µs at batch 256 and 461.1 -> 400.5 at 512, the fp8 copy's 246.1
-# -> 185.0 and 481.3 -> 339.6, a bf16 state's 213.0 -> 193.3 at 256; at batch 64 the bf16 copy and state lose 8-13%
-# (NOTES run 52). An fp32 state keeps its row (329.7 against 292.0 µs at 256 in programs of two heads).
+# -> 185.0 and 481.3 -> 339.6, a bf16 state's 213.0 -> 193.3 at 256; from batch 96 up all three gain, at 64 the bf16
+# copy and state lose 8-13% (NOTES run 52). An fp32 state keeps its row (329.7 against 292.0 µs at 256 in programs of
+# two heads), with registers capped at 96: 112 took 3.5% off batch 16 and 1.4% off 32, and cost 1.2% at 128 and 256.
 _HEADS = {"BP": 64, "BPF": 16, "VN": 64, "RC": 64, "STAGES": 3, "EARLY": 0, "TF32": 0, "num_warps": 2, "num_stages": 1,
           "maxnreg": 128, "PHASES": 2, "PPS": 6, "HPP": 8}
-LARGE_STEP_LAUNCH = [STEP_LAUNCH[0], ((2, 1 << 30, 1 << 30), _HEADS)]
+LARGE_STEP_LAUNCH = [((4, 1 << 30, 1 << 30), dict(STEP_LAUNCH[0][1], maxnreg=96)), ((2, 1 << 30, 1 << 30), _HEADS)]
 LARGE_SPLIT_LAUNCH = [((4, 1 << 30, 1 << 30), _HEADS), SPLIT_LAUNCH[1]]
 STEP_KEYS = ("BP", "BPF", "VN", "RC", "STAGES", "EARLY", "TF32", "num_warps", "num_stages", "maxnreg", "PHASES",
              "PPS", "HPP")
