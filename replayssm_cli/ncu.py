@@ -68,8 +68,8 @@ class KernelKind:
 KERNELS: tuple[KernelKind, ...] = (
     KernelKind("mamba2_decode_kernel", "mamba2", ("conventional",), None),
     KernelKind("mamba2_replay_kernel", "mamba2", ("replay", "split"), None),
-    KernelKind("mamba2_flush_kernel", "mamba2", (), None),
-    KernelKind("mamba2_heads_kernel", "mamba2", (), None),
+    KernelKind("mamba2_flush_kernel", "mamba2", ("replay", "split"), None),
+    KernelKind("mamba2_heads_kernel", "mamba2", ("replay", "split"), None),
     KernelKind("mamba2_decode_multi_kernel", "mamba2", ("spec-conventional",), None),
     KernelKind("mamba2_verify_kernel", "mamba2", ("spec-replay",), None),
     KernelKind("mamba2_accept_kernel", "mamba2", ("spec-replay",), None),

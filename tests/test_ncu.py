@@ -494,7 +494,10 @@ def _load_ncu_check():
 def test_ncu_check_script_end_to_end_with_a_fake_ncu(tmp_path, capsys):
     ncu._probe.cache_clear()
     check = _load_ncu_check()
-    exe, log = make_fake_ncu(tmp_path, {"layers": 1, "values": LAUNCH})
+    # What a step launches at batch 64: one kernel per variant (each call's filter also names the large grids' heads
+    # and flush kernels, which this grid does not launch).
+    exe, log = make_fake_ncu(tmp_path, {"layers": 1, "launches": [["mamba2_decode_kernel", LAUNCH],
+                                                                  ["mamba2_replay_kernel", LAUNCH]]})
     out = tmp_path / "check.json"
     rc = check.main(["--preset", "nemotron-3-super-120b-a12b", "--batch", "64", "--ncu", exe, "--out", str(out)])
     assert rc == 0
@@ -511,7 +514,8 @@ def test_ncu_check_script_end_to_end_with_a_fake_ncu(tmp_path, capsys):
     calls = [c for c in calls if "--metrics" in c]
     # The probe, then one run per configuration, each filtered to the kernel of its op and variant.
     assert len(calls) == 1 + len(check.CONFIGS)
-    assert {c[c.index("-k") + 1] for c in calls[1:]} == {"regex:mamba2_decode_kernel", "regex:mamba2_replay_kernel"}
+    assert {c[c.index("-k") + 1] for c in calls[1:]} == {
+        "regex:mamba2_decode_kernel", "regex:mamba2_flush_kernel|mamba2_heads_kernel|mamba2_replay_kernel"}
     printed = capsys.readouterr().out
     assert "Cost model vs Nsight Compute" in printed and "nonflush" in printed
 

@@ -435,6 +435,7 @@ SMALL_GRID_LAUNCH = [
 # -> 185.0 and 481.3 -> 339.6, a bf16 state's 213.0 -> 193.3 at 256; from batch 96 up all three gain, at 64 the bf16
 # copy and state lose 8-13% (NOTES run 52). An fp32 state keeps its row (329.7 against 292.0 µs at 256 in programs of
 # two heads), with registers capped at 96: 112 took 3.5% off batch 16 and 1.4% off 32, and cost 1.2% at 128 and 256.
+# A 2-byte checkpoint with a read copy (not measured) keeps its row.
 _HEADS = {"BP": 64, "BPF": 16, "VN": 64, "RC": 64, "STAGES": 3, "EARLY": 0, "TF32": 0, "num_warps": 2, "num_stages": 1,
           "maxnreg": 128, "PHASES": 2, "PPS": 6, "HPP": 8}
 LARGE_STEP_LAUNCH = [((4, 1 << 30, 1 << 30), dict(STEP_LAUNCH[0][1], maxnreg=96)), ((2, 1 << 30, 1 << 30), _HEADS)]
@@ -550,8 +551,8 @@ def step_launch(cache: ReplayCache, batch: int, launch: dict | None = None) -> d
 
 
 def _heads_per_program(settings: dict, phases: int, heads_per_group: int, P: int) -> int:
-    """The launch's HPP (popped from `settings`) as run: the largest power of two no larger that divides the heads of
-    a group. HPP > 1 takes whole heads in a non-flush launch of its own."""
+    """The launch's HPP (popped from `settings`) as run: the largest power of two, no larger than asked, that divides
+    the heads of a group. HPP > 1 takes whole heads in a non-flush launch of its own."""
     hpp = settings.pop("HPP")
     if hpp > 1:
         if phases != 2:
