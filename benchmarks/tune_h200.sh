@@ -3,7 +3,7 @@
 # writes its table (.txt) and results (.json) under DIR (default runs/tune), and DIR.tar.gz holds them all for
 # machines that return one file; a sweep past its time limit leaves the ones before it.
 # Usage: benchmarks/tune_h200.sh [DIR] [SECTION ...]
-# Sections: tests, mamba2-heads, mamba2-heads-2, mamba2-heads-3, mamba2-heads-4, verify-tests, gdn-verify-mma, gdn-verify-3, gdn-verify-rows, gdn-verify-warps, gdn-verify-warps-2, mamba2-verify-warps, gdn-split-3, gdn-split-4, two-phase-2, mamba2-split-phases, mamba2-two-phase, gdn-split-flush-vp, gdn-mma, split-launch-cost, split-launch-cost-2, gdn-flush-list, mamba2-flush-list, gdn-split-nonflush, gdn-split-flush-2, one-warp, fp8-one-warp, fp8-one-warp-2, copy-pieces, regs-2byte, stalls, stalls-2, next, small-grid, small-grid-2, small-grid-3, medium-grid, direct, order, vk, gdn-decode, gdn-replay, gdn-early, gdn-replay-256, gdn-fp32-2, gdn-split, gdn-split-2,
+# Sections: tests, gdn-heads, mamba2-heads, mamba2-heads-2, mamba2-heads-3, mamba2-heads-4, verify-tests, gdn-verify-mma, gdn-verify-3, gdn-verify-rows, gdn-verify-warps, gdn-verify-warps-2, mamba2-verify-warps, gdn-split-3, gdn-split-4, two-phase-2, mamba2-split-phases, mamba2-two-phase, gdn-split-flush-vp, gdn-mma, split-launch-cost, split-launch-cost-2, gdn-flush-list, mamba2-flush-list, gdn-split-nonflush, gdn-split-flush-2, one-warp, fp8-one-warp, fp8-one-warp-2, copy-pieces, regs-2byte, stalls, stalls-2, next, small-grid, small-grid-2, small-grid-3, medium-grid, direct, order, vk, gdn-decode, gdn-replay, gdn-early, gdn-replay-256, gdn-fp32-2, gdn-split, gdn-split-2,
 # gdn-bf16, gdn-bf16-2, gdn-verify, fla, mamba2-split, mamba2-split2, mamba2-vn, mamba2-bf16, mamba2-bf16-2,
 # mamba2-verify (default: tests gdn-decode gdn-replay gdn-verify mamba2-split mamba2-bf16 mamba2-verify).
 set -uo pipefail
@@ -523,6 +523,19 @@ for section in $SECTIONS; do
         sweep mamba2-fp32-cap 200 sweep_mamba2.py --kernel decode --kernel replay --batch 16 --batch 32 --batch 64 \
             --batch 128 --batch 256 --launch decode: --launch replay: --launch replay:maxnreg=128 \
             --launch replay:maxnreg=112
+        ;;
+    gdn-heads)
+        # GDN's value heads of a k-head in one program (run 52's Mamba-2 form; compiled and tested on the CPU, not
+        # yet timed): the split non-flush launch and the bf16-state replay.
+        gpu_tests gdn-heads-tests 200 tests/test_gdn_replay.py tests/test_gdn_split.py
+        sweep gdn-heads-split 300 sweep_gdn.py --kernel decode --kernel split-bf16 --kernel split-fp8 --batch 64 \
+            --batch 256 --batch 512 --launch decode: --launch split-bf16: --launch split-bf16:HPP=2 \
+            --launch split-bf16:HPP=4 --launch split-bf16:HPP=4,maxnreg=168 --launch split-bf16:HPP=4,BV=64,num_warps=2 \
+            --launch split-bf16:HPP=4,BV=128,num_warps=4,maxnreg=168 --launch split-fp8: --launch split-fp8:HPP=4 \
+            --launch split-fp8:HPP=4,maxnreg=168
+        sweep gdn-heads-bf16 200 sweep_gdn.py --state-dtype bf16 --kernel decode --kernel replay --batch 64 \
+            --batch 256 --launch decode: --launch replay: --launch replay:PHASES=2,HPP=2 \
+            --launch replay:PHASES=2,HPP=4 --launch replay:PHASES=2,HPP=4,BV=64
         ;;
     gdn-split-nonflush)
         # The split non-flush launch's own settings, now that the flushes' launch costs it little (run 51).

@@ -137,19 +137,45 @@ def test_replay_launch_settings_match_reference(device, assert_close, read, laun
     """Rows in several chunks (tile read after the fill), other K piece widths, each head's rows split over
     programs (VP = 16 of V = 20: two programs share a fill counter), the buffer read whole before the fill
     (EARLY: its NaN entries past the fill weighted out) and the flush folded through 3xTF32, through flushes."""
-    shape = (4, 2, 4, 24, 20)
-    got = make_cache(shape, 3, device, read=read)
+    _replay_staggered((4, 2, 4, 24, 20), 5, "fp32", read, launch, device, assert_close)
+
+
+def _replay_staggered(shape, steps, state, read, launch, device, assert_close):
+    """`steps` steps (W = 3) of three staggered rows from NaN-poisoned buffers: every output, then every cache
+    tensor, against the reference."""
+    _, H, HV, K, V = shape
+    got = make_cache(shape, 3, device, state=state, read=read)
     poison(got)
     want = got.clone()
     slots = [2, 0, 3]
-    for step in range(5):
-        inp = gdn.random_inputs(3, 2, 4, 24, 20, device=device)
+    for step in range(steps):
+        inp = gdn.random_inputs(3, H, HV, K, V, device=device)
         rows = staggered(slots, step, device)
-        out = torch.full((3, 4, 20), NAN, dtype=torch.bfloat16, device=device)
+        out = torch.full((3, HV, V), NAN, dtype=torch.bfloat16, device=device)
         y = gdn.replay(got, **inp, use_qk_l2norm_in_kernel=True, slots=rows, out=out, launch=launch)
         y_ref = gdn.replay_ref(want, **inp, use_qk_l2norm_in_kernel=True, slots=rows)
-        assert_close(y, y_ref, torch.bfloat16, torch.float32, *([DT[read]] if read else []), what=f"o at step {step}")
+        assert_close(y, y_ref, torch.bfloat16, DT[state], *([DT[read]] if read else []), what=f"o at step {step}")
     assert_caches_close(got, want, assert_close)
+
+
+HEADS_CASES = [
+    ("fp32", None, {"HPP": 2}),
+    ("fp32", "bf16", {"HPP": 4, "BV": 8, "VK": 8}),
+    ("fp32", "fp8", {"HPP": 8, "BV": 16, "VK": 16}),
+    ("fp32", "fp16", {"HPP": 2, "BV": 32, "STAGES": 2, "flush_PPS": 1}),
+    ("bf16", None, {"HPP": 4, "BV": 16, "VK": 8}),
+]
+
+
+@pytest.mark.parametrize("state,read,launch", HEADS_CASES,
+                         ids=[f"B3-H2-HV8-K24-V20-W3-{s}-{r or 'full'}-" + ",".join(f"{k}={v}" for k, v in l.items())
+                              for s, r, l in HEADS_CASES])
+def test_replay_heads_per_program_match_reference(device, assert_close, state, read, launch):
+    """The non-flush launch in programs of HPP value heads of a k-head (PHASES=2; HPP=8 lowered to the k-head's 4),
+    through flushes, from NaN-poisoned buffers: outputs every step and every cache tensor, as the reference."""
+    # VP, EARLY and MMA pinned: on a GPU this small grid takes the small-grid row.
+    launch = {"PHASES": 2, "VP": 256, "EARLY": 0, "MMA": 0, **launch}
+    _replay_staggered((4, 2, 8, 24, 20), 7, state, read, launch, device, assert_close)
 
 
 MMA_CASES = [
@@ -327,6 +353,15 @@ BAD_REPLAY = {
     "launch-flush-one-launch": (lambda i: i.update(launch={"flush_BVF": 32}), "flush_BVF apply only with PHASES=2"),
     "launch-flush-key": (lambda i: i.update(launch={"PHASES": 2, "flush_PHASES": 1}),
                          r"unknown key 'PHASES' for replay(-small)?-flush"),
+    "launch-heads": (lambda i: i.update(launch={"PHASES": 2, "VP": 256, "EARLY": 0, "HPP": 3}),
+                     r"launch\['HPP'\] must be a power of two"),
+    "launch-heads-one-launch": (lambda i: i.update(launch={"PHASES": 1, "HPP": 2}), "HPP = 2 .* only with PHASES=2"),
+    "launch-heads-rows": (lambda i: i.update(launch={"PHASES": 2, "VP": 4, "EARLY": 0, "HPP": 2}),
+                          "HPP = 2 takes whole heads: VP = 4 must cover V = 8"),
+    "launch-heads-early": (lambda i: i.update(launch={"PHASES": 2, "VP": 256, "EARLY": 1, "HPP": 2}),
+                           "EARLY and MMA must be 0"),
+    "launch-heads-flush": (lambda i: i.update(launch={"PHASES": 2, "flush_HPP": 2}),
+                           r"unknown key 'HPP' for replay(-small)?-flush"),
 }
 
 

@@ -45,12 +45,12 @@ _ONE_CHUNK = {"EARLY": 0, "TF32": 0, "MMA": 0, "VP": 256, "BV": 128, "BVF": 16, 
 # A read copy's flushes (and its small grids' whole steps): 4-warp programs of whole heads, 3xTF32 products.
 _COPY_FLUSH = dict(_ONE_CHUNK, BVF=32, TF32=1, maxnreg=168)
 _SPLIT = {"EARLY": 0, "TF32": 0, "MMA": 0, "VP": 256, "BV": 32, "BVF": 16, "VK": 64, "STAGES": 3,
-          "num_warps": 1, "num_stages": 1, "maxnreg": 128, "PHASES": 2, "PPS": 6}
+          "num_warps": 1, "num_stages": 1, "maxnreg": 128, "PHASES": 2, "PPS": 6, "HPP": 1}
 LAUNCH = {
     "replay": {"EARLY": 0, "TF32": 0, "MMA": 0, "VP": 256, "BV": 32, "BVF": 16, "VK": 32, "STAGES": 3,
-               "num_warps": 2, "num_stages": 1, "maxnreg": 128, "PHASES": 1, "PPS": 6},
+               "num_warps": 2, "num_stages": 1, "maxnreg": 128, "PHASES": 1, "PPS": 6, "HPP": 1},
     "replay-small": {"EARLY": 1, "TF32": 0, "MMA": 0, "VP": 16, "BV": 16, "BVF": 16, "VK": 32, "STAGES": 1,
-                     "num_warps": 1, "num_stages": 1, "maxnreg": None, "PHASES": 1, "PPS": 6},
+                     "num_warps": 1, "num_stages": 1, "maxnreg": None, "PHASES": 1, "PPS": 6, "HPP": 1},
     # Under split precision a flush also reads the copy and corrects the buffered updates with two more products;
     # in one launch its 4-warp programs set the non-flush step's too (255 µs at batch 256). Apart, the non-flush
     # step runs in the bf16-state replay's 2-warp programs and the flush through 3xTF32 products: batch 256's window
@@ -60,13 +60,13 @@ LAUNCH = {
     # 89; run 51). A small grid keeps one launch.
     "replay-split": _SPLIT,
     "replay-split-flush": _COPY_FLUSH,
-    "replay-split-small": dict(_COPY_FLUSH, PHASES=1),
+    "replay-split-small": dict(_COPY_FLUSH, PHASES=1, HPP=1),
     # An fp8 copy's 1-byte rows are summed in 128-wide pieces (a thread's 16-byte loads): its non-flush launch in
     # 1-warp programs of 32-row chunks, the flushes in the 4-warp row, took batch 256 from 421 µs (one launch) to
     # 292, 64 from 122 to 91, 16 from 47 to 46 (NOTES run 51).
     "replay-fp8": dict(_SPLIT, VK=128),
     "replay-fp8-flush": _COPY_FLUSH,
-    "replay-fp8-small": dict(_COPY_FLUSH, PHASES=1),
+    "replay-fp8-small": dict(_COPY_FLUSH, PHASES=1, HPP=1),
     # verify reads its tile BV rows at a time as a non-flush step does; a row that flushes first folds BVF at a time.
     # Each chunk takes every draft's k and q into the tile's layout through shared memory and sums its rows in
     # shuffles, so the work per chunk grows with the warps sharing it: 2-warp programs of 16-row chunks took batch 256
@@ -456,6 +456,102 @@ def _replay_kernel(
 
 
 @triton.jit
+def _heads_kernel(
+    rcopy, rscale, buf_u, buf_k, buf_g, buf_b, buf_t, fill, work,
+    q, k, v, g, beta, o, slots,
+    s_qb, s_qh, s_qk,
+    s_kb, s_kh, s_kk,
+    s_vb, s_vh, s_vv,
+    s_gb, s_gh,
+    s_bb, s_bh,
+    s_ob, s_oh, s_ov,
+    scale,
+    W: tl.constexpr, C: tl.constexpr,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    BK: tl.constexpr, BVH: tl.constexpr, BV: tl.constexpr, BW: tl.constexpr, VK: tl.constexpr, STAGES: tl.constexpr,
+    HPP: tl.constexpr, USE_QK_L2NORM: tl.constexpr, HAS_COPY: tl.constexpr, IS_FP8: tl.constexpr,
+):
+    """A two-launch step's non-flush launch with HPP value heads of one k-head per program (whole heads, BVH ≥ V
+    rows each): the buffered keys' sums against this step's k and q are taken once for all of them, and one
+    pipelined loop streams their tiles BV rows at a time, head after head. Heads that flush are listed in `work`
+    for `_flush_kernel`."""
+    i_b, i_hp, _ = flat_program_ids(HV // HPP, 1)
+    hv0 = i_hp * HPP
+    i_h = hv0 // (HV // H)
+    o_k, o_w, o_hh = tl.arange(0, BK), tl.arange(0, BW), tl.arange(0, HPP)
+    m_k = o_k < K
+    NC: tl.constexpr = BK // VK
+    o_k3 = tl.arange(0, NC)[:, None] * VK + tl.arange(0, VK)[None, :]
+    m_k3 = o_k3 < K
+    i_s = tl.load(slots + i_b).to(tl.int64)
+    if i_s < 0:
+        return
+    # The heads of a slot share its fill (ReplayCache).
+    b_f = tl.load(fill + i_s * HV + hv0)
+    if b_f + 1 < W:
+        m_w = o_w < b_f
+        m_c = o_w < C
+        b_q = tl.load(q + i_b * s_qb + i_h * s_qh + o_k * s_qk, mask=m_k, other=0.0).to(tl.float32)
+        b_k = tl.load(k + i_b * s_kb + i_h * s_kh + o_k * s_kk, mask=m_k, other=0.0).to(tl.float32)
+        b_q3 = tl.load(q + i_b * s_qb + i_h * s_qh + o_k3 * s_qk, mask=m_k3, other=0.0).to(tl.float32)
+        b_k3 = tl.load(k + i_b * s_kb + i_h * s_kh + o_k3 * s_kk, mask=m_k3, other=0.0).to(tl.float32)
+        b_rq, b_rk = qk_factors(b_q, b_k, scale, USE_QK_L2NORM)
+        b_k = b_k * b_rk
+        b_kq = tl.sum(b_k * (b_q * b_rq))
+        # [BW, NC, VK] the k-head's buffered keys, against k and q once for every value head of the program
+        b_kw3 = tl.load(buf_k + ((i_s * C + o_w[:, None, None]) * H + i_h) * K + o_k3[None, :, :],
+                        mask=m_w[:, None, None] & m_k3[None, :, :], other=0.0)
+        b_wk0, b_wq0 = _row_sums(b_kw3, b_k3, b_q3, b_rk, b_rq)
+        b_wk0 = tl.where(m_w, b_wk0, 0.0)
+        for i_t in tl.range(0, HPP * BVH, BV, num_stages=STAGES):
+            i_hv = hv0 + i_t // BVH
+            o_v = i_t % BVH + tl.arange(0, BV)
+            m_v = o_v < V
+            o_h = (i_s * HV + i_hv) * V
+            b_g = tl.load(g + i_b * s_gb + i_hv * s_gh).to(tl.float32)
+            b_beta = tl.load(beta + i_b * s_bb + i_hv * s_bh).to(tl.float32)
+            b_Gw = tl.load(buf_g + (i_s * C + o_w) * HV + i_hv, mask=m_w, other=0.0)
+            b_Gt = tl.load(buf_g + (i_s * C + tl.maximum(b_f - 1, 0)) * HV + i_hv, mask=b_f > 0, other=0.0) + b_g
+            b_decay = tl.where(m_w, tl.exp(b_Gt - b_Gw), 0.0)
+            b_eG = tl.exp(b_Gt)
+            b_s = _tile(rcopy, o_h, o_v, m_v, o_k, m_k, o_k3, m_k3, K, False)
+            b_sk, b_sq = _row_sums(b_s, b_k3, b_q3, b_rk, b_rq)
+            b_uw = tl.load(buf_u + ((i_s * C + o_w[:, None]) * HV + i_hv) * V + o_v[None, :],
+                           mask=m_w[:, None] & m_v[None, :], other=0.0)
+            b_v = tl.load(v + i_b * s_vb + i_hv * s_vh + o_v * s_vv, mask=m_v, other=0.0).to(tl.float32)
+            b_bk = tl.sum((b_wk0 * b_decay)[:, None] * b_uw, 0)
+            b_bq = tl.sum((b_wq0 * b_decay)[:, None] * b_uw, 0)
+            if IS_FP8:
+                b_sc = tl.load(rscale + o_h + o_v, mask=m_v, other=0.0)
+                b_sk *= b_sc
+                b_sq *= b_sc
+            b_u = b_beta * (b_v - b_eG * b_sk - b_bk)
+            b_o = b_eG * b_sq + b_bq + b_kq * b_u
+            tl.store(o + i_b * s_ob + i_hv * s_oh + o_v * s_ov, cast(b_o, o.dtype.element_ty), mask=m_v)
+            # This token's entry: the update's rows with each chunk, G with each head's first.
+            tl.store(buf_u + ((i_s * C + b_f) * HV + i_hv) * V + o_v, b_u, mask=m_v)
+            tl.store(buf_g + (i_s * C + b_f) * HV + i_hv, b_Gt, mask=i_t % BVH == 0)
+        if HAS_COPY:
+            # Each head's beta and row of T, t = beta (e_f - sum_{j<f} (k_j·k) t_j), after the tiles' loop (its [BW,
+            # BW] read would add to the loop's registers).
+            for hh in range(HPP):
+                i_hv = hv0 + hh
+                b_beta = tl.load(beta + i_b * s_bb + i_hv * s_bh).to(tl.float32)
+                b_tw = tl.load(buf_t + ((i_s * C + o_w[:, None]) * HV + i_hv) * C + o_w[None, :],
+                               mask=m_w[:, None] & m_c[None, :], other=0.0)
+                b_t = b_beta * (tl.where(o_w == b_f, 1.0, 0.0) - tl.sum(b_wk0[:, None] * b_tw, 0))
+                tl.store(buf_b + (i_s * C + b_f) * HV + i_hv, b_beta)
+                tl.store(buf_t + ((i_s * C + b_f) * HV + i_hv) * C + o_w, b_t, mask=m_c)
+        if hv0 % (HV // H) == 0:
+            tl.store(buf_k + ((i_s * C + b_f) * H + i_h) * K + o_k, b_k, mask=m_k)
+        tl.store(fill + i_s * HV + hv0 + o_hh, tl.zeros([HPP], dtype=tl.int32) + b_f + 1)
+    else:
+        tl.store(fill + i_s * HV + hv0 + o_hh, tl.zeros([HPP], dtype=tl.int32))
+        for hh in tl.static_range(HPP):
+            list_flush(work, i_b, hv0 + hh, b_f)
+
+
+@triton.jit
 def _flush_kernel(
     ckpt, rcopy, rscale, buf_u, buf_k, buf_g, buf_t, work,
     q, k, v, g, beta, o, slots,
@@ -769,7 +865,7 @@ def _replay_settings(name: str, launch: dict | None) -> tuple[dict, dict | None]
     check_flush_keys(flush_keys, phases)
     if phases == 1:
         return settings, None
-    own = {key: value for key, value in settings.items() if key != "PHASES"}
+    own = {key: value for key, value in settings.items() if key not in ("PHASES", "HPP")}
     flush = launch_settings({f"{name}-flush": LAUNCH.get(f"{name}-flush", own)}, f"{name}-flush", flush_keys)
     return settings, flush
 
@@ -801,6 +897,41 @@ def _launch_flushes(cache, q, k, v, g, beta, out, slots, scale, l2norm, settings
         STAGES=settings["STAGES"],
         USE_QK_L2NORM=l2norm,
         PRECISION="tf32x3" if settings["TF32"] else "ieee",
+        **compile_options(settings),
+    )
+
+
+def _heads_per_program(cache: ReplayCache, settings: dict, flush: dict | None) -> int:
+    """The row's HPP (value heads per program of a two-launch step's non-flush launch) as run: the largest power of
+    two, no larger than asked, that divides the value heads of a k-head."""
+    hpp = settings.get("HPP", 1)
+    if hpp > 1:
+        if flush is None:
+            raise ValueError(f"launch HPP = {hpp} (value heads per program) applies only with PHASES=2")
+        if min(settings["VP"], next_pow2(cache.V)) < next_pow2(cache.V):
+            raise ValueError(f"launch HPP = {hpp} takes whole heads: VP = {settings['VP']} must cover V = {cache.V}")
+        if settings["EARLY"] or settings["MMA"]:
+            raise ValueError(f"launch HPP = {hpp} reads the buffer after the fill, in fp32 row sums: EARLY and MMA "
+                             "must be 0")
+    while (cache.HV // cache.H) % hpp:
+        hpp //= 2
+    return hpp
+
+
+def _launch_heads(cache, q, k, v, g, beta, out, slots, scale, l2norm, settings, hpp):
+    BVH = next_pow2(cache.V)
+    _heads_kernel[(q.shape[0] * (cache.HV // hpp),)](
+        **{key: value for key, value in _cache_args(cache).items() if key != "ckpt"}, work=cache.work,
+        q=q, k=k, v=v, g=g, beta=beta, o=out, slots=slots,
+        **_step_strides(q, k, v, g, beta, out),
+        scale=scale,
+        **_cache_constants(cache),
+        BVH=BVH,
+        BV=min(settings["BV"], BVH),
+        VK=min(settings["VK"], max(16, next_pow2(cache.K))),
+        STAGES=settings["STAGES"],
+        HPP=hpp,
+        USE_QK_L2NORM=l2norm,
         **compile_options(settings),
     )
 
@@ -916,7 +1047,9 @@ def replay(
     the tile is 2-byte and in q's and k's dtype, a bf16 state or copy with bf16 inputs, and its chunks are of
     16 rows or more; other tiles keep their fp32 row sums), num_warps, num_stages, maxnreg, PHASES (2: the
     non-flush steps in one launch, then the flushes in a second with their own settings, given by keys prefixed
-    flush_, such as flush_num_warps and flush_PPS, the second launch's programs per SM; 1: one launch). `check`
+    flush_, such as flush_num_warps and flush_PPS, the second launch's programs per SM; 1: one launch), HPP (with
+    PHASES=2: the non-flush launch in programs of HPP whole value heads of a k-head, which sum the buffered keys
+    against k and q once; lowered to a power of two dividing HV / H). `check`
     range-checks slots on the host, a device sync: pass check=False for a step with no host synchronisation (it
     is skipped anyway while a CUDA graph is captured).
     """
@@ -927,10 +1060,14 @@ def replay(
     settings, flush = _replay_settings(launch_name("replay", cache, batch), launch)
     if batch:
         args = (cache, q, k, v, g, beta, out, slots, scale, bool(use_qk_l2norm_in_kernel))
+        hpp = _heads_per_program(cache, settings, flush)
         if flush is None:
             _launch_replay(*args, settings, 0)
         else:
-            _launch_replay(*args, settings, 1)
+            if hpp > 1:
+                _launch_heads(*args, settings, hpp)
+            else:
+                _launch_replay(*args, settings, 1)
             _launch_flushes(*args, flush)
     return out
 
