@@ -3,7 +3,7 @@
 # writes its table (.txt) and results (.json) under DIR (default runs/tune), and DIR.tar.gz holds them all for
 # machines that return one file; a sweep past its time limit leaves the ones before it.
 # Usage: benchmarks/tune_h200.sh [DIR] [SECTION ...]
-# Sections: tests, gdn-heads, mamba2-heads, mamba2-heads-2, mamba2-heads-3, mamba2-heads-4, verify-tests, gdn-verify-mma, gdn-verify-3, gdn-verify-rows, gdn-verify-warps, gdn-verify-warps-2, mamba2-verify-warps, gdn-split-3, gdn-split-4, two-phase-2, mamba2-split-phases, mamba2-two-phase, gdn-split-flush-vp, gdn-mma, split-launch-cost, split-launch-cost-2, gdn-flush-list, mamba2-flush-list, gdn-split-nonflush, gdn-split-flush-2, one-warp, fp8-one-warp, fp8-one-warp-2, copy-pieces, regs-2byte, stalls, stalls-2, next, small-grid, small-grid-2, small-grid-3, medium-grid, direct, order, vk, gdn-decode, gdn-replay, gdn-early, gdn-replay-256, gdn-fp32-2, gdn-split, gdn-split-2,
+# Sections: tests, gdn-heads, mamba2-heads-flush, mamba2-heads, mamba2-heads-2, mamba2-heads-3, mamba2-heads-4, verify-tests, gdn-verify-mma, gdn-verify-3, gdn-verify-rows, gdn-verify-warps, gdn-verify-warps-2, mamba2-verify-warps, gdn-split-3, gdn-split-4, two-phase-2, mamba2-split-phases, mamba2-two-phase, gdn-split-flush-vp, gdn-mma, split-launch-cost, split-launch-cost-2, gdn-flush-list, mamba2-flush-list, gdn-split-nonflush, gdn-split-flush-2, one-warp, fp8-one-warp, fp8-one-warp-2, copy-pieces, regs-2byte, stalls, stalls-2, next, small-grid, small-grid-2, small-grid-3, medium-grid, direct, order, vk, gdn-decode, gdn-replay, gdn-early, gdn-replay-256, gdn-fp32-2, gdn-split, gdn-split-2,
 # gdn-bf16, gdn-bf16-2, gdn-verify, fla, mamba2-split, mamba2-split2, mamba2-vn, mamba2-bf16, mamba2-bf16-2,
 # mamba2-verify (default: tests gdn-decode gdn-replay gdn-verify mamba2-split mamba2-bf16 mamba2-verify).
 set -uo pipefail
@@ -523,6 +523,19 @@ for section in $SECTIONS; do
         sweep mamba2-fp32-cap 200 sweep_mamba2.py --kernel decode --kernel replay --batch 16 --batch 32 --batch 64 \
             --batch 128 --batch 256 --launch decode: --launch replay: --launch replay:maxnreg=128 \
             --launch replay:maxnreg=112
+        ;;
+    mamba2-heads-flush)
+        # The flushes' launch after the heads rows (846 µs at batch 256, 77% of copy, against the one-launch flush's
+        # 85%; about 4 µs of the window would take the bf16 copy to 2.6x): its own settings. Each setting names the
+        # row's keys (R), so that the sweep's check on 8 rows (a medium grid, one launch) runs the same launches.
+        R=PHASES=2,HPP=8,RC=64
+        sweep mamba2-heads-flush 300 sweep_mamba2.py --kernel decode --kernel split-bf16 --kernel split-bf16-flush \
+            --batch 256 --batch 512 --launch decode: --launch split-bf16: --launch "split-bf16:$R,flush_num_warps=4" \
+            --launch "split-bf16:$R,flush_maxnreg=168" --launch "split-bf16:$R,flush_maxnreg=255" \
+            --launch "split-bf16:$R,flush_BPF=32" --launch "split-bf16:$R,flush_STAGES=2" \
+            --launch "split-bf16:$R,flush_PPS=3" --launch "split-bf16:$R,flush_PPS=12" \
+            --launch "split-bf16:$R,flush_TF32=1" --launch split-bf16-flush: \
+            --launch "split-bf16-flush:$R,flush_num_warps=4" --launch "split-bf16-flush:$R,flush_maxnreg=255"
         ;;
     gdn-heads)
         # GDN's value heads of a k-head in one program (run 52's Mamba-2 form; compiled and tested on the CPU, not
