@@ -18,7 +18,14 @@ from replayssm_kernels.mamba2.args import (  # noqa: F401
     pop_flush_keys,
     small_grid,
 )
-from replayssm_kernels.mamba2.common import flat_program_ids, list_done, list_flush, listed_flush, slot_of  # noqa: F401
+from replayssm_kernels.mamba2.common import (  # noqa: F401
+    advance_heads,
+    flat_program_ids,
+    list_done,
+    list_flush,
+    listed_flush,
+    slot_of,
+)
 
 FP8_MAX = 448.0
 L2NORM_EPS = 1e-6

@@ -8,6 +8,7 @@ import triton.language as tl
 
 from replayssm_kernels.gdn.cache import ReplayCache, dequantize_read
 from replayssm_kernels.gdn.common import (
+    advance_heads,
     cast,
     check_accepted,
     check_device,
@@ -256,6 +257,26 @@ def _tile_sums(b_s, b_k3, b_q3, b_kqm, b_rk, b_rq, MMA: tl.constexpr):
 
 
 @triton.jit
+def _nonflush_rows(
+    o, buf_u, rscale, b_sk, b_sq, b_uw, b_v, b_wk, b_wq, b_beta, b_eG, b_kq, i_b, i_s, i_hv, b_f, o_h, o_v, m_v,
+    s_ob, s_oh, s_ov, C: tl.constexpr, HV: tl.constexpr, V: tl.constexpr, IS_FP8: tl.constexpr,
+):
+    """A non-flush step's rows o_v: from the tile's row sums times k and q (b_sk, b_sq), the buffered updates b_uw
+    [BW, BV] with their weights in S_{t-1} k_t and S_t q_t (b_wk, b_wq) and v, this token's update u, appended to
+    the buffer, and its output o."""
+    b_bk = tl.sum(b_wk[:, None] * b_uw, 0)
+    b_bq = tl.sum(b_wq[:, None] * b_uw, 0)
+    if IS_FP8:
+        b_sc = tl.load(rscale + o_h + o_v, mask=m_v, other=0.0)
+        b_sk *= b_sc
+        b_sq *= b_sc
+    b_u = b_beta * (b_v - b_eG * b_sk - b_bk)
+    b_o = b_eG * b_sq + b_bq + b_kq * b_u
+    tl.store(o + i_b * s_ob + i_hv * s_oh + o_v * s_ov, cast(b_o, o.dtype.element_ty), mask=m_v)
+    tl.store(buf_u + ((i_s * C + b_f) * HV + i_hv) * V + o_v, b_u, mask=m_v)
+
+
+@triton.jit
 def _step_vectors(q, k, g, beta, i_b, i_h, i_hv, o_k, m_k, s_qb, s_qh, s_qk, s_kb, s_kh, s_kk, s_gb, s_gh, s_bb, s_bh):
     """The step's g, beta, q and k [BK] as given, as fp32."""
     b_g = tl.load(g + i_b * s_gb + i_hv * s_gh).to(tl.float32)
@@ -418,17 +439,8 @@ def _replay_kernel(
             else:
                 b_uw = tl.load(buf_u + o_u[:, None] + o_v[None, :], mask=m_w[:, None] & m_v[None, :], other=0.0)
                 b_v = tl.load(v + i_b * s_vb + i_hv * s_vh + o_v * s_vv, mask=m_v, other=0.0).to(tl.float32)
-            # [BV] the committed updates' parts of S_{t-1} k_t and S_t q_t
-            b_bk = tl.sum(b_wk[:, None] * b_uw, 0)
-            b_bq = tl.sum(b_wq[:, None] * b_uw, 0)
-            if IS_FP8:
-                b_sc = tl.load(rscale + o_h + o_v, mask=m_v, other=0.0)
-                b_sk *= b_sc
-                b_sq *= b_sc
-            b_u = b_beta * (b_v - b_eG * b_sk - b_bk)
-            b_o = b_eG * b_sq + b_bq + b_kq * b_u
-            tl.store(o + i_b * s_ob + i_hv * s_oh + o_v * s_ov, cast(b_o, o.dtype.element_ty), mask=m_v)
-            tl.store(buf_u + ((i_s * C + b_f) * HV + i_hv) * V + o_v, b_u, mask=m_v)
+            _nonflush_rows(o, buf_u, rscale, b_sk, b_sq, b_uw, b_v, b_wk, b_wq, b_beta, b_eG, b_kq, i_b, i_s, i_hv,
+                           b_f, o_h, o_v, m_v, s_ob, s_oh, s_ov, C, HV, V, IS_FP8)
         if i_p == 0:
             if i_hv % (HV // H) == 0:
                 tl.store(buf_k + ((i_s * C + b_f) * H + i_h) * K + o_k, b_k, mask=m_k)
@@ -478,7 +490,7 @@ def _heads_kernel(
     i_b, i_hp, _ = flat_program_ids(HV // HPP, 1)
     hv0 = i_hp * HPP
     i_h = hv0 // (HV // H)
-    o_k, o_w, o_hh = tl.arange(0, BK), tl.arange(0, BW), tl.arange(0, HPP)
+    o_k, o_w = tl.arange(0, BK), tl.arange(0, BW)
     m_k = o_k < K
     NC: tl.constexpr = BK // VK
     o_k3 = tl.arange(0, NC)[:, None] * VK + tl.arange(0, VK)[None, :]
@@ -519,17 +531,9 @@ def _heads_kernel(
             b_uw = tl.load(buf_u + ((i_s * C + o_w[:, None]) * HV + i_hv) * V + o_v[None, :],
                            mask=m_w[:, None] & m_v[None, :], other=0.0)
             b_v = tl.load(v + i_b * s_vb + i_hv * s_vh + o_v * s_vv, mask=m_v, other=0.0).to(tl.float32)
-            b_bk = tl.sum((b_wk0 * b_decay)[:, None] * b_uw, 0)
-            b_bq = tl.sum((b_wq0 * b_decay)[:, None] * b_uw, 0)
-            if IS_FP8:
-                b_sc = tl.load(rscale + o_h + o_v, mask=m_v, other=0.0)
-                b_sk *= b_sc
-                b_sq *= b_sc
-            b_u = b_beta * (b_v - b_eG * b_sk - b_bk)
-            b_o = b_eG * b_sq + b_bq + b_kq * b_u
-            tl.store(o + i_b * s_ob + i_hv * s_oh + o_v * s_ov, cast(b_o, o.dtype.element_ty), mask=m_v)
-            # This token's entry: the update's rows with each chunk, G with each head's first.
-            tl.store(buf_u + ((i_s * C + b_f) * HV + i_hv) * V + o_v, b_u, mask=m_v)
+            # This token's update rows with each chunk, G with each head's first.
+            _nonflush_rows(o, buf_u, rscale, b_sk, b_sq, b_uw, b_v, b_wk0 * b_decay, b_wq0 * b_decay, b_beta, b_eG,
+                           b_kq, i_b, i_s, i_hv, b_f, o_h, o_v, m_v, s_ob, s_oh, s_ov, C, HV, V, IS_FP8)
             tl.store(buf_g + (i_s * C + b_f) * HV + i_hv, b_Gt, mask=i_t % BVH == 0)
         if HAS_COPY:
             # Each head's beta and row of T, t = beta (e_f - sum_{j<f} (k_j·k) t_j), after the tiles' loop (its [BW,
@@ -544,11 +548,7 @@ def _heads_kernel(
                 tl.store(buf_t + ((i_s * C + b_f) * HV + i_hv) * C + o_w, b_t, mask=m_c)
         if hv0 % (HV // H) == 0:
             tl.store(buf_k + ((i_s * C + b_f) * H + i_h) * K + o_k, b_k, mask=m_k)
-        tl.store(fill + i_s * HV + hv0 + o_hh, tl.zeros([HPP], dtype=tl.int32) + b_f + 1)
-    else:
-        tl.store(fill + i_s * HV + hv0 + o_hh, tl.zeros([HPP], dtype=tl.int32))
-        for hh in tl.static_range(HPP):
-            list_flush(work, i_b, hv0 + hh, b_f)
+    advance_heads(fill + i_s * HV, work, i_b, hv0, b_f, W, HPP)
 
 
 @triton.jit

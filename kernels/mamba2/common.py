@@ -41,6 +41,19 @@ def list_flush(work, i_b, i_h, f):
 
 
 @triton.jit
+def advance_heads(p_fill, work, i_b, h0, f, W: tl.constexpr, HPP: tl.constexpr):
+    """After a non-flush launch's step of heads h0 .. h0 + HPP of row i_b at fill f (p_fill: the slot's fills): their
+    fills to f + 1, or, where the step fills the window, to 0 with each head listed for the flush launch."""
+    o_hh = tl.arange(0, HPP)
+    if f + 1 < W:
+        tl.store(p_fill + h0 + o_hh, tl.zeros([HPP], dtype=tl.int32) + f + 1)
+    else:
+        tl.store(p_fill + h0 + o_hh, tl.zeros([HPP], dtype=tl.int32))
+        for hh in tl.static_range(HPP):
+            list_flush(work, i_b, h0 + hh, f)
+
+
+@triton.jit
 def listed_flush(work, i_e):
     """(row, head, fill) of the list's entry i_e (the flush launch)."""
     return tl.load(work + 2 + 3 * i_e), tl.load(work + 3 + 3 * i_e), tl.load(work + 4 + 3 * i_e)

@@ -9,6 +9,7 @@ import triton.language as tl
 from replayssm_kernels.mamba2 import args
 from replayssm_kernels.mamba2.cache import ReplayCache
 from replayssm_kernels.mamba2.common import (
+    advance_heads,
     finish_output,
     fold_entries,
     list_done,
@@ -30,6 +31,33 @@ def _step_inputs(x, dt, B, C, dt_bias, i_b, i_h, i_g, o_p, m_p, o_n, m_n, stride
     b_C = tl.load(C + i_b * stride_C_b + i_g * stride_C_g + o_n, mask=m_n, other=0.0).to(tl.float32)
     b_dt = step_delta(tl.load(dt + i_b * stride_dt_b + i_h * stride_dt_h), dt_bias, i_h, HAS_DT_BIAS, USE_SOFTPLUS)
     return b_xr, b_Br, b_C, b_dt
+
+
+@triton.jit
+def _chunk_output(
+    checkpoint, read_copy, read_scale, x, D, z, p_y, p_xb, i_b, i_h, i_s, i_sh, o_r, b_C3, b_kw, b_decay, b_bc, o_z,
+    o_n3, m_n3, o_w, m_w, P, stride_ck_s, stride_ck_h, stride_ck_p, stride_rc_s, stride_rc_h, stride_rc_p,
+    stride_x_b, stride_x_h, HAS_D: tl.constexpr, HAS_Z: tl.constexpr, USE_COPY: tl.constexpr, IS_FP8: tl.constexpr,
+):
+    """A non-flush step's outputs for rows o_r of a head: y = e^{Λ_t}(S₀C) + Σ_j w_j x_j + ΔB·C x from the tile (the
+    read copy, else the checkpoint) [RC, NC, VN], the buffered x [BW, RC] with weights b_kw, and this token's x,
+    which it returns as given."""
+    m_r = o_r < P
+    if USE_COPY:
+        p_t = read_copy + i_s * stride_rc_s + i_h * stride_rc_h + o_r[:, None, None] * stride_rc_p
+    else:
+        p_t = checkpoint + i_s * stride_ck_s + i_h * stride_ck_h + o_r[:, None, None] * stride_ck_p
+    b_t = tl.load(p_t + o_n3[None, :, :], mask=m_r[:, None, None] & m_n3[None, :, :], other=0.0)
+    b_xw = tl.load(p_xb + o_w[:, None] * P + o_r[None, :], mask=m_w[:, None] & m_r[None, :], other=0.0)
+    b_xc = tl.load(x + i_b * stride_x_b + i_h * stride_x_h + o_r, mask=m_r, other=0.0)
+    b_yc = tl.sum(tl.sum(b_t.to(tl.float32) * b_C3[None, :, :], axis=1), axis=1)
+    if IS_FP8:
+        b_yc = b_yc * tl.load(read_scale + i_sh * P + o_r, mask=m_r, other=0.0)
+    b_yc = b_decay * b_yc + tl.sum(b_kw[:, None] * b_xw.to(tl.float32), axis=0)
+    b_yc += b_bc * b_xc.to(tl.float32)
+    b_yc = finish_output(b_yc, b_xc.to(tl.float32), D, z, o_z + o_r, m_r, i_h, HAS_D, HAS_Z)
+    tl.store(p_y + o_r, b_yc.to(p_y.dtype.element_ty), mask=m_r)
+    return b_xc
 
 
 @triton.jit
@@ -182,24 +210,12 @@ def mamba2_replay_kernel(
             b_decay = tl.exp(b_lam)
             b_bc = b_dt * tl.sum(b_B * b_C, axis=0)
             for i_r in tl.range(0, BP, RC, num_stages=STAGES):
-                o_r = i_p * BP + i_r + tl.arange(0, RC)
-                m_r = o_r < P
-                m_t = m_r[:, None, None] & m_n3[None, :, :]
-                # [RC, NC, VN] and [BW, RC]
-                if USE_COPY:
-                    p_t = read_copy + i_s * stride_rc_s + i_h * stride_rc_h + o_r[:, None, None] * stride_rc_p
-                else:
-                    p_t = checkpoint + o_s + o_r[:, None, None] * stride_ck_p
-                b_t = tl.load(p_t + o_n3[None, :, :], mask=m_t, other=0.0)
-                b_xw = tl.load(p_xb + o_w[:, None] * P + o_r[None, :], mask=m_w[:, None] & m_r[None, :], other=0.0)
-                b_xc = tl.load(x + i_b * stride_x_b + i_h * stride_x_h + o_r, mask=m_r, other=0.0)
-                b_yc = tl.sum(tl.sum(b_t.to(tl.float32) * b_C3[None, :, :], axis=1), axis=1)
-                if IS_FP8:
-                    b_yc = b_yc * tl.load(read_scale + i_sh * P + o_r, mask=m_r, other=0.0)
-                b_yc = b_decay * b_yc + tl.sum(b_kw[:, None] * b_xw.to(tl.float32), axis=0)
-                b_yc += b_bc * b_xc.to(tl.float32)
-                b_yc = finish_output(b_yc, b_xc.to(tl.float32), D, z, o_z + o_r, m_r, i_h, HAS_D, HAS_Z)
-                tl.store(p_y + o_r, b_yc.to(p_y.dtype.element_ty), mask=m_r)
+                _chunk_output(
+                    checkpoint, read_copy, read_scale, x, D, z, p_y, p_xb, i_b, i_h, i_s, i_sh,
+                    i_p * BP + i_r + tl.arange(0, RC), b_C3, b_kw, b_decay, b_bc, o_z, o_n3, m_n3, o_w, m_w, P,
+                    stride_ck_s, stride_ck_h, stride_ck_p, stride_rc_s, stride_rc_h, stride_rc_p, stride_x_b,
+                    stride_x_h, HAS_D, HAS_Z, USE_COPY, IS_FP8,
+                )
         tl.store(p_xb + f * P + o_p, b_xr, mask=m_p)
         if i_p == 0:
             tl.store(p_db + f, b_dt)
@@ -259,7 +275,7 @@ def mamba2_heads_kernel(
     i_b, h0 = tl.program_id(0), tl.program_id(1) * HPP
     HPG = H // G
     i_g = h0 // HPG
-    o_n, o_w, o_hh = tl.arange(0, BN), tl.arange(0, BW), tl.arange(0, HPP)
+    o_n, o_w = tl.arange(0, BN), tl.arange(0, BW)
     m_n = o_n < N
     NC: tl.constexpr = BN // VN
     o_n3 = tl.arange(0, NC)[:, None] * VN + tl.arange(0, VN)[None, :]
@@ -284,41 +300,25 @@ def mamba2_heads_kernel(
             i_h = h0 + i_t // BP
             i_sh = i_s * H + i_h
             o_r = i_t % BP + tl.arange(0, RC)
-            m_r = o_r < P
-            m_t = m_r[:, None, None] & m_n3[None, :, :]
             b_dt = step_delta(tl.load(dt + i_b * stride_dt_b + i_h * stride_dt_h), dt_bias, i_h, HAS_DT_BIAS,
                               USE_SOFTPLUS)
             p_lb, p_db, p_xb = lam_buf + i_sh * CAP, dt_buf + i_sh * CAP, x_buf + i_sh * CAP * P
             b_lam = tl.load(p_lb + f - 1, mask=f > 0, other=0.0) + tl.load(A + i_h).to(tl.float32) * b_dt
             b_kw = tl.exp(b_lam - tl.load(p_lb + o_w, mask=m_w, other=0.0)) * tl.load(p_db + o_w, mask=m_w, other=0.0)
             b_kw = tl.where(m_w, b_kw * b_cbw, 0.0)
-            # [RC, NC, VN] and [BW, RC]
-            if USE_COPY:
-                p_t = read_copy + i_s * stride_rc_s + i_h * stride_rc_h + o_r[:, None, None] * stride_rc_p
-            else:
-                p_t = checkpoint + i_s * stride_ck_s + i_h * stride_ck_h + o_r[:, None, None] * stride_ck_p
-            b_t = tl.load(p_t + o_n3[None, :, :], mask=m_t, other=0.0)
-            b_xw = tl.load(p_xb + o_w[:, None] * P + o_r[None, :], mask=m_w[:, None] & m_r[None, :], other=0.0)
-            b_xc = tl.load(x + i_b * stride_x_b + i_h * stride_x_h + o_r, mask=m_r, other=0.0)
-            b_yc = tl.sum(tl.sum(b_t.to(tl.float32) * b_C3[None, :, :], axis=1), axis=1)
-            if IS_FP8:
-                b_yc = b_yc * tl.load(read_scale + i_sh * P + o_r, mask=m_r, other=0.0)
-            b_yc = tl.exp(b_lam) * b_yc + tl.sum(b_kw[:, None] * b_xw.to(tl.float32), axis=0)
-            b_yc += (b_dt * b_cb) * b_xc.to(tl.float32)
-            b_yc = finish_output(b_yc, b_xc.to(tl.float32), D, z, i_b * stride_z_b + i_h * stride_z_h + o_r, m_r,
-                                 i_h, HAS_D, HAS_Z)
-            tl.store(y + i_b * stride_y_b + i_h * stride_y_h + o_r, b_yc.to(y.dtype.element_ty), mask=m_r)
+            b_xc = _chunk_output(
+                checkpoint, read_copy, read_scale, x, D, z, y + i_b * stride_y_b + i_h * stride_y_h, p_xb, i_b, i_h,
+                i_s, i_sh, o_r, b_C3, b_kw, tl.exp(b_lam), b_dt * b_cb, i_b * stride_z_b + i_h * stride_z_h, o_n3,
+                m_n3, o_w, m_w, P, stride_ck_s, stride_ck_h, stride_ck_p, stride_rc_s, stride_rc_h, stride_rc_p,
+                stride_x_b, stride_x_h, HAS_D, HAS_Z, USE_COPY, IS_FP8,
+            )
             # This token's entry: x's rows with each chunk, Δ and lam with each head's first.
-            tl.store(p_xb + f * P + o_r, b_xc, mask=m_r)
+            tl.store(p_xb + f * P + o_r, b_xc, mask=o_r < P)
             tl.store(p_db + f, b_dt, mask=i_t % BP == 0)
             tl.store(p_lb + f, b_lam, mask=i_t % BP == 0)
         if h0 % HPG == 0:
             tl.store(p_bb + f * N + o_n, b_Br, mask=m_n)
-        tl.store(fill + i_s * H + h0 + o_hh, tl.zeros([HPP], dtype=tl.int32) + f + 1)
-    else:
-        tl.store(fill + i_s * H + h0 + o_hh, tl.zeros([HPP], dtype=tl.int32))
-        for hh in tl.static_range(HPP):
-            list_flush(work, i_b, h0 + hh, f)
+    advance_heads(fill + i_s * H, work, i_b, h0, f, W, HPP)
 
 
 @triton.jit
