@@ -535,7 +535,15 @@ for section in $SECTIONS; do
             --launch "split-bf16:$R,flush_BPF=32" --launch "split-bf16:$R,flush_STAGES=2" \
             --launch "split-bf16:$R,flush_PPS=3" --launch "split-bf16:$R,flush_PPS=12" \
             --launch "split-bf16:$R,flush_TF32=1" --launch split-bf16-flush: \
-            --launch "split-bf16-flush:$R,flush_num_warps=4" --launch "split-bf16-flush:$R,flush_maxnreg=255"
+            --launch "split-bf16-flush:$R,flush_num_warps=4" --launch "split-bf16-flush:$R,flush_maxnreg=255" \
+            --launch "split-bf16-flush:$R,flush_num_warps=4,flush_BPF=32" \
+            --launch "split-bf16-flush:$R,flush_num_warps=4,flush_PPS=3"
+        # A bf16 state's flushes after the same rows (its step: 193.3 µs at 256, 1.49x).
+        sweep mamba2-heads-flush-bf16 200 sweep_mamba2.py --state-dtype bf16 --kernel decode --kernel replay \
+            --kernel replay-flush --batch 256 --launch decode: --launch replay: --launch replay-flush: \
+            --launch "replay-flush:$R,flush_num_warps=4" --launch "replay-flush:$R,flush_maxnreg=255" \
+            --launch "replay-flush:$R,flush_BPF=32" --launch "replay-flush:$R,flush_STAGES=2" \
+            --launch "replay-flush:$R,flush_PPS=12" --launch "replay-flush:$R,flush_TF32=1"
         ;;
     gdn-heads)
         # GDN's value heads of a k-head in one program (run 52's Mamba-2 form; compiled and tested on the CPU, not
