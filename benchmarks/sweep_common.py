@@ -305,24 +305,32 @@ def main(op, argv: list[str] | None, reuse_checks: bool) -> int:
     checked = {} if reuse_checks else None
     started = time.time()
     jobs = [(k, b, s) for k in kernels for b in batches for s in grid[k]]
+    stopped = None  # a fault (a CUDA error leaves the context unusable) or an interrupt ends the sweep there
     with Progress(transient=True) as progress:
         task = progress.add_task("sweeping", total=len(jobs))
-        for kernel, batch, settings in jobs:
+        for index, (kernel, batch, settings) in enumerate(jobs):
             progress.update(task, description=f"{kernel} b{batch} {settings}")
             try:
                 results.append(time_config(op, kernel, batch, settings, device, l2, args.replays, checked))
             except ValueError as exc:
                 print(f"{name}: {kernel} batch {batch} {settings}: {exc}", file=sys.stderr)
+            except (Exception, KeyboardInterrupt) as exc:
+                why = str(exc).splitlines()[0] if str(exc) else ""
+                stopped = (f"{kernel} batch {batch} {settings}: {type(exc).__name__}: {why}; "
+                           f"{len(jobs) - index - 1} configs after it not run")
+                break
             progress.advance(task)
     add_ratios(results)
     op.print_table(results, sys.stdout)
     print(f"{len(results)} configs in {time.time() - started:.0f} s", file=sys.stderr)
+    if stopped:
+        print(f"{name}: stopped at {stopped}", file=sys.stderr)
     if args.out:
         import triton
 
         env = {"gpu": props.name, "torch": torch.__version__, "triton": triton.__version__, "l2_bytes": l2}
         payload = {"shape": op.SHAPE, "window": op.WINDOW, "draft": op.DRAFT, "accepted": op.ACCEPTED,
-                   "environment": env, "results": [asdict(r) for r in results]}
+                   "environment": env, "results": [asdict(r) for r in results], "stopped_at": stopped}
         with open(args.out, "w") as fh:
             json.dump(payload, fh, indent=2)
-    return 0
+    return 1 if stopped else 0

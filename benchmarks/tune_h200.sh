@@ -3,7 +3,7 @@
 # writes its table (.txt) and results (.json) under DIR (default runs/tune), and DIR.tar.gz holds them all for
 # machines that return one file; a sweep past its time limit leaves the ones before it.
 # Usage: benchmarks/tune_h200.sh [DIR] [SECTION ...]
-# Sections: tests, gdn-heads, mamba2-heads-flush, mamba2-heads, mamba2-heads-2, mamba2-heads-3, mamba2-heads-4, verify-tests, gdn-verify-mma, gdn-verify-3, gdn-verify-rows, gdn-verify-warps, gdn-verify-warps-2, mamba2-verify-warps, gdn-split-3, gdn-split-4, two-phase-2, mamba2-split-phases, mamba2-two-phase, gdn-split-flush-vp, gdn-mma, split-launch-cost, split-launch-cost-2, gdn-flush-list, mamba2-flush-list, gdn-split-nonflush, gdn-split-flush-2, one-warp, fp8-one-warp, fp8-one-warp-2, copy-pieces, regs-2byte, stalls, stalls-2, next, small-grid, small-grid-2, small-grid-3, medium-grid, direct, order, vk, gdn-decode, gdn-replay, gdn-early, gdn-replay-256, gdn-fp32-2, gdn-split, gdn-split-2,
+# Sections: tests, mamba2-heads-flush-2, gdn-heads-fault, gdn-heads, mamba2-heads-flush, mamba2-heads, mamba2-heads-2, mamba2-heads-3, mamba2-heads-4, verify-tests, gdn-verify-mma, gdn-verify-3, gdn-verify-rows, gdn-verify-warps, gdn-verify-warps-2, mamba2-verify-warps, gdn-split-3, gdn-split-4, two-phase-2, mamba2-split-phases, mamba2-two-phase, gdn-split-flush-vp, gdn-mma, split-launch-cost, split-launch-cost-2, gdn-flush-list, mamba2-flush-list, gdn-split-nonflush, gdn-split-flush-2, one-warp, fp8-one-warp, fp8-one-warp-2, copy-pieces, regs-2byte, stalls, stalls-2, next, small-grid, small-grid-2, small-grid-3, medium-grid, direct, order, vk, gdn-decode, gdn-replay, gdn-early, gdn-replay-256, gdn-fp32-2, gdn-split, gdn-split-2,
 # gdn-bf16, gdn-bf16-2, gdn-verify, fla, mamba2-split, mamba2-split2, mamba2-vn, mamba2-bf16, mamba2-bf16-2,
 # mamba2-verify (default: tests gdn-decode gdn-replay gdn-verify mamba2-split mamba2-bf16 mamba2-verify).
 set -uo pipefail
@@ -544,6 +544,29 @@ for section in $SECTIONS; do
             --launch "replay-flush:$R,flush_num_warps=4" --launch "replay-flush:$R,flush_maxnreg=255" \
             --launch "replay-flush:$R,flush_BPF=32" --launch "replay-flush:$R,flush_STAGES=2" \
             --launch "replay-flush:$R,flush_PPS=12" --launch "replay-flush:$R,flush_TF32=1"
+        ;;
+    mamba2-heads-flush-2)
+        # mamba2-heads-flush: flush_maxnreg=168 took the split window to 208.6 µs at 256 (212.2 shipped) and 393.0 at
+        # 512 (401.6), flush_STAGES=2 210.9; a bf16 state's flushes alone 531.4 µs with 255 registers (559.9). Those
+        # in the window, together, and on the fp8 copy.
+        R=PHASES=2,HPP=8,RC=64
+        sweep mamba2-heads-flush-2 250 sweep_mamba2.py --kernel decode --kernel split-bf16 --kernel split-fp8 \
+            --batch 256 --batch 512 --launch decode: --launch split-bf16: --launch "split-bf16:$R,flush_maxnreg=168" \
+            --launch "split-bf16:$R,flush_maxnreg=168,flush_STAGES=2" --launch "split-bf16:$R,flush_maxnreg=144" \
+            --launch "split-bf16:$R,flush_maxnreg=192" --launch "split-bf16:$R,flush_maxnreg=168,flush_PPS=8" \
+            --launch split-fp8: --launch "split-fp8:$R,flush_maxnreg=168" \
+            --launch "split-fp8:$R,flush_maxnreg=168,flush_STAGES=2"
+        sweep mamba2-heads-flush-2-bf16 200 sweep_mamba2.py --state-dtype bf16 --kernel decode --kernel replay \
+            --batch 256 --batch 512 --launch decode: --launch replay: --launch "replay:$R,flush_maxnreg=255" \
+            --launch "replay:$R,flush_maxnreg=168" --launch "replay:$R,flush_maxnreg=192"
+        ;;
+    gdn-heads-fault)
+        # gdn-heads: an illegal address in the split sweep (which config, unknown: the sweep then printed nothing).
+        # Each heads setting on its own, launches blocking, so that a fault names its kernel and leaves the others.
+        for launch in HPP=2 HPP=4 HPP=4,maxnreg=168 HPP=4,BV=64,num_warps=2 HPP=4,BV=128,num_warps=4,maxnreg=168; do
+            CUDA_LAUNCH_BLOCKING=1 sweep "gdn-heads-fault-$launch" 60 sweep_gdn.py --kernel decode \
+                --kernel split-bf16 --batch 64 --batch 256 --launch decode: --launch "split-bf16:$launch"
+        done
         ;;
     gdn-heads)
         # GDN's value heads of a k-head in one program (run 52's Mamba-2 form; compiled and tested on the CPU, not

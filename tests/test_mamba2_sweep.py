@@ -120,3 +120,34 @@ def test_sweep_row_slots(sweep, monkeypatch):
     assert got.dtype == torch.int32 and sorted(got.tolist()) == list(range(64)) and got.tolist() != list(range(64))
     done = _run("--slots", "sideways", "--dry-run")
     assert done.returncode == 2 and "--slots" in done.stderr
+
+
+def test_sweep_stops_at_a_fault_and_keeps_the_rows_before_it(sweep, monkeypatch, tmp_path, capsys):
+    """A fault (a CUDA error leaves the context unusable) ends the sweep: the rows timed before it are printed and
+    written, the config that faulted is named with how many were not run, and the exit code is 1."""
+    import json
+    from types import SimpleNamespace
+
+    import torch
+
+    timed = []
+
+    def fake_time(op, kernel, batch, settings, *rest):
+        if len(timed) == 1:
+            raise RuntimeError("CUDA error: an illegal memory access was encountered\nmore")
+        timed.append(kernel)
+        return sweep.Result(kernel, batch, settings, 1, 16, 2e9, True, 1e-3, us_per_layer_step=500.0, gbps=4000.0)
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: SimpleNamespace(name="fake", L2_cache_size=0))
+    monkeypatch.setattr(sweep.common, "time_config", fake_time)
+    out = tmp_path / "sweep.json"
+    code = sweep.main(["--kernel", "decode", "--kernel", "replay", "--batch", "16", "--launch", "decode:",
+                       "--launch", "replay:RC=16", "--launch", "replay:RC=32", "--out", str(out)])
+    err = capsys.readouterr()
+    assert code == 1
+    assert "stopped at replay batch 16 {'RC': 16}: RuntimeError: CUDA error: an illegal memory access" in err.err
+    assert "1 configs after it not run" in err.err and "more" not in err.err
+    assert "decode" in err.out
+    saved = json.loads(out.read_text())
+    assert [r["kernel"] for r in saved["results"]] == ["decode"] and "replay batch 16" in saved["stopped_at"]
