@@ -138,8 +138,8 @@ HEADS_CASES = [
     ({"HPP": 2, "RC": 64, "flush_PPS": 1}, "bf16", None),
     ({"HPP": 4, "VN": 16}, "fp32", "fp16"),
     # the large-grid rows (LARGE_SPLIT_LAUNCH, LARGE_STEP_LAUNCH)
-    ({"HPP": 8, "RC": 64, "VN": 64, "STAGES": 3, "maxnreg": 128}, "fp32", "bf16"),
-    ({"HPP": 8, "RC": 64, "VN": 64, "STAGES": 3, "maxnreg": 128}, "bf16", None),
+    ({"HPP": 8, "RC": 64, "VN": 64, "STAGES": 3, "maxnreg": 128, "flush_maxnreg": 168}, "fp32", "bf16"),
+    ({"HPP": 8, "RC": 64, "VN": 64, "STAGES": 3, "maxnreg": 128, "flush_maxnreg": 168}, "bf16", None),
 ]
 
 
@@ -156,7 +156,7 @@ def test_replay_heads_per_program(device, assert_close, launch, state, read):
 
 def test_replay_rows_by_grid(monkeypatch):
     """From 80 (row, head) pairs per SM a step on a 2-byte or 1-byte tile takes programs of 8 heads in two
-    launches and an fp32 state's registers are capped at 96 rather than 112; a bf16 checkpoint with a read copy,
+    launches (the flushes' capped at 168 registers) and an fp32 state's registers are capped at 96 rather than 112; a bf16 checkpoint with a read copy,
     smaller grids and the CPU keep their rows."""
     import importlib
     from types import SimpleNamespace
@@ -176,6 +176,9 @@ def test_replay_rows_by_grid(monkeypatch):
 
     assert row(cache("fp32", True), 83) == (8, 2, 64)
     assert row(cache("bf16", False), 512) == (8, 2, 64)
+    assert replay_mod.step_launch(cache("fp32", True), 256)["flush_maxnreg"] == 168
+    assert "flush_maxnreg" not in replay_mod.step_launch(cache("fp32", True), 64)
+    assert "flush_maxnreg" not in replay_mod.step_launch(cache("fp32", True), 256, {"PHASES": 1, "HPP": 1})
     assert row(cache("fp32", True), 82) == (1, 1, 32)
     assert row(cache("bf16", False), 64)[0] == 1
     assert row(cache("fp32", False), 512)[0] == 1

@@ -214,6 +214,11 @@ def pick_launch(table: list, itemsize: int, P: int, N: int, launch: dict | None,
             if base in ("num_warps", "BP", "BPF", "HPP") and value & (value - 1):
                 raise ValueError(f"launch[{key!r}] must be a power of two, got {value}")
         settings.update(launch)
+        if settings.get("PHASES") == 1:
+            # a row's flush_ settings are its second launch's: asked for one launch, the row's go (a caller's stay, and
+            # are refused)
+            for key in [key for key in settings if key.startswith(FLUSH_PREFIX) and key not in launch]:
+                del settings[key]
     return settings
 
 

@@ -435,9 +435,11 @@ SMALL_GRID_LAUNCH = [
 # -> 185.0 and 481.3 -> 339.6, a bf16 state's 213.0 -> 193.3 at 256; from batch 96 up all three gain, at 64 the bf16
 # copy and state lose 8-13% (NOTES run 52). An fp32 state keeps its row (329.7 against 292.0 µs at 256 in programs of
 # two heads), with registers capped at 96: 112 took 3.5% off batch 16 and 1.4% off 32, and cost 1.2% at 128 and 256.
-# A 2-byte checkpoint with a read copy (not measured) keeps its row.
+# A 2-byte checkpoint with a read copy (not measured) keeps its row. The flushes' launch caps its registers at 168
+# (the window at 256: bf16 copy 212.96 -> 209.43 µs, fp8 copy 184.86 -> 181.98, bf16 state 194.94 -> 193.02; 144
+# and 192 registers, 8 programs per SM, 4 warps, 32-row flush chunks, 2 stages and TF32 no better: NOTES run 53).
 _HEADS = {"BP": 64, "BPF": 16, "VN": 64, "RC": 64, "STAGES": 3, "EARLY": 0, "TF32": 0, "num_warps": 2, "num_stages": 1,
-          "maxnreg": 128, "PHASES": 2, "PPS": 6, "HPP": 8}
+          "maxnreg": 128, "PHASES": 2, "PPS": 6, "HPP": 8, "flush_maxnreg": 168}
 LARGE_STEP_LAUNCH = [((4, 1 << 30, 1 << 30), dict(STEP_LAUNCH[0][1], maxnreg=96)), ((2, 1 << 30, 1 << 30), _HEADS)]
 LARGE_SPLIT_LAUNCH = [((4, 1 << 30, 1 << 30), _HEADS), SPLIT_LAUNCH[1]]
 STEP_KEYS = ("BP", "BPF", "VN", "RC", "STAGES", "EARLY", "TF32", "num_warps", "num_stages", "maxnreg", "PHASES",
