@@ -3,7 +3,7 @@
 # writes its table (.txt) and results (.json) under DIR (default runs/tune), and DIR.tar.gz holds them all for
 # machines that return one file; a sweep past its time limit leaves the ones before it.
 # Usage: benchmarks/tune_h200.sh [DIR] [SECTION ...]
-# Sections: tests, mamba2-heads-flush-2, gdn-heads-fault, gdn-heads, mamba2-heads-flush, mamba2-heads, mamba2-heads-2, mamba2-heads-3, mamba2-heads-4, verify-tests, gdn-verify-mma, gdn-verify-3, gdn-verify-rows, gdn-verify-warps, gdn-verify-warps-2, mamba2-verify-warps, gdn-split-3, gdn-split-4, two-phase-2, mamba2-split-phases, mamba2-two-phase, gdn-split-flush-vp, gdn-mma, split-launch-cost, split-launch-cost-2, gdn-flush-list, mamba2-flush-list, gdn-split-nonflush, gdn-split-flush-2, one-warp, fp8-one-warp, fp8-one-warp-2, copy-pieces, regs-2byte, stalls, stalls-2, next, small-grid, small-grid-2, small-grid-3, medium-grid, direct, order, vk, gdn-decode, gdn-replay, gdn-early, gdn-replay-256, gdn-fp32-2, gdn-split, gdn-split-2,
+# Sections: tests, heads-sanitizer, mamba2-heads-flush-2, gdn-heads-fault, gdn-heads, mamba2-heads-flush, mamba2-heads, mamba2-heads-2, mamba2-heads-3, mamba2-heads-4, verify-tests, gdn-verify-mma, gdn-verify-3, gdn-verify-rows, gdn-verify-warps, gdn-verify-warps-2, mamba2-verify-warps, gdn-split-3, gdn-split-4, two-phase-2, mamba2-split-phases, mamba2-two-phase, gdn-split-flush-vp, gdn-mma, split-launch-cost, split-launch-cost-2, gdn-flush-list, mamba2-flush-list, gdn-split-nonflush, gdn-split-flush-2, one-warp, fp8-one-warp, fp8-one-warp-2, copy-pieces, regs-2byte, stalls, stalls-2, next, small-grid, small-grid-2, small-grid-3, medium-grid, direct, order, vk, gdn-decode, gdn-replay, gdn-early, gdn-replay-256, gdn-fp32-2, gdn-split, gdn-split-2,
 # gdn-bf16, gdn-bf16-2, gdn-verify, fla, mamba2-split, mamba2-split2, mamba2-vn, mamba2-bf16, mamba2-bf16-2,
 # mamba2-verify (default: tests gdn-decode gdn-replay gdn-verify mamba2-split mamba2-bf16 mamba2-verify).
 set -uo pipefail
@@ -567,6 +567,17 @@ for section in $SECTIONS; do
             CUDA_LAUNCH_BLOCKING=1 sweep "gdn-heads-fault-$launch" 60 sweep_gdn.py --kernel decode \
                 --kernel split-bf16 --batch 64 --batch 256 --launch decode: --launch "split-bf16:$launch"
         done
+        ;;
+    heads-sanitizer)
+        # The 4-warp heads programs' illegal address (Mamba-2 at batch 256 with 64-row chunks, run 52; GDN at batch 64
+        # with 128-row pieces, run 53) under compute-sanitizer's memcheck: the faulting access and its kernel.
+        cs=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -n 1)
+        timeout 150 "$cs" --tool memcheck --print-limit 4 python benchmarks/sweep_gdn.py --kernel split-bf16 --batch 64 \
+            --replays 1 --launch split-bf16:HPP=4,BV=128,num_warps=4,maxnreg=168 >"$DIR/sanitizer-gdn.txt" 2>&1
+        echo "sanitizer gdn: exit $?" >&2
+        timeout 150 "$cs" --tool memcheck --print-limit 4 python benchmarks/sweep_mamba2.py --kernel split-fp8 \
+            --batch 256 --replays 1 --launch split-fp8:PHASES=2,HPP=4,num_warps=4,RC=64 >"$DIR/sanitizer-mamba2.txt" 2>&1
+        echo "sanitizer mamba2: exit $?" >&2
         ;;
     gdn-heads)
         # GDN's value heads of a k-head in one program (run 52's Mamba-2 form; compiled and tested on the CPU, not
