@@ -570,7 +570,8 @@ for section in $SECTIONS; do
         ;;
     heads-sanitizer)
         # The 4-warp heads programs' illegal address (Mamba-2 at batch 256 with 64-row chunks, run 52; GDN at batch 64
-        # with 128-row pieces, run 53) under compute-sanitizer's memcheck: the faulting access and its kernel.
+        # with 128-row pieces, run 53) under compute-sanitizer's memcheck: the faulting access and its kernel. Run at
+        # commit 5e0468a; since then the kernels refuse heads programs of more than 2 warps (check_heads_warps).
         cs=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -n 1)
         timeout 150 "$cs" --tool memcheck --print-limit 4 python benchmarks/sweep_gdn.py --kernel split-bf16 --batch 64 \
             --replays 1 --launch split-bf16:HPP=4,BV=128,num_warps=4,maxnreg=168 >"$DIR/sanitizer-gdn.txt" 2>&1

@@ -360,6 +360,9 @@ BAD_REPLAY = {
                           "HPP = 2 takes whole heads: VP = 4 must cover V = 8"),
     "launch-heads-early": (lambda i: i.update(launch={"PHASES": 2, "VP": 256, "EARLY": 1, "HPP": 2}),
                            "EARLY and MMA must be 0"),
+    "launch-heads-warps": (lambda i: i.update(launch={"PHASES": 2, "VP": 256, "EARLY": 0, "MMA": 0, "HPP": 2,
+                                                      "num_warps": 4}),
+                           "HPP = 2 runs in programs of 1 or 2 warps, got num_warps = 4"),
     "launch-heads-flush": (lambda i: i.update(launch={"PHASES": 2, "flush_HPP": 2}),
                            r"unknown key 'HPP' for replay(-small)?-flush"),
 }

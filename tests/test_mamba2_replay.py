@@ -326,6 +326,8 @@ BAD_REPLAY = {
     "launch-heads-rows": (lambda c, i: i.update(launch={"PHASES": 2, "HPP": 2, "BP": 4}),
                           "HPP = 2 takes whole heads: BP = 4 must cover P = 8"),
     "launch-heads-early": (lambda c, i: i.update(launch={"PHASES": 2, "HPP": 2, "EARLY": 1}), "EARLY must be 0"),
+    "launch-heads-warps": (lambda c, i: i.update(launch={"PHASES": 2, "HPP": 2, "EARLY": 0, "num_warps": 4}),
+                           "HPP = 2 runs in programs of 1 or 2 warps, got num_warps = 4"),
     "launch-heads-flush": (lambda c, i: i.update(launch={"PHASES": 2, "flush_HPP": 2}), "unknown key 'flush_HPP'"),
 }
 

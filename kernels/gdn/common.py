@@ -12,6 +12,7 @@ import triton.language as tl
 from replayssm_kernels.mamba2.args import (  # noqa: F401
     CHOICE_KEYS,
     check_flush_keys,
+    check_heads_warps,
     compile_options,
     flush_grid,
     flush_list,

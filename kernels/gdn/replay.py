@@ -13,6 +13,7 @@ from replayssm_kernels.gdn.common import (
     check_accepted,
     check_device,
     check_flush_keys,
+    check_heads_warps,
     check_out,
     check_slots,
     check_step,
@@ -913,6 +914,7 @@ def _heads_per_program(cache: ReplayCache, settings: dict, flush: dict | None) -
         if settings["EARLY"] or settings["MMA"]:
             raise ValueError(f"launch HPP = {hpp} reads the buffer after the fill, in fp32 row sums: EARLY and MMA "
                              "must be 0")
+        check_heads_warps(hpp, settings["num_warps"])
     while (cache.HV // cache.H) % hpp:
         hpp //= 2
     return hpp

@@ -563,6 +563,7 @@ def _heads_per_program(settings: dict, phases: int, heads_per_group: int, P: int
             raise ValueError(f"launch HPP = {hpp} takes whole heads: BP = {settings['BP']} must cover P = {P}")
         if settings["EARLY"]:
             raise ValueError(f"launch HPP = {hpp} reads the buffer after the fill: EARLY must be 0")
+        args.check_heads_warps(hpp, settings["num_warps"])
     while heads_per_group % hpp:
         hpp //= 2
     return hpp
