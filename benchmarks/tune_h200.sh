@@ -3,7 +3,7 @@
 # writes its table (.txt) and results (.json) under DIR (default runs/tune), and DIR.tar.gz holds them all for
 # machines that return one file; a sweep past its time limit leaves the ones before it.
 # Usage: benchmarks/tune_h200.sh [DIR] [SECTION ...]
-# Sections: tests, heads-sanitizer, mamba2-heads-flush-2, gdn-heads-fault, gdn-heads, mamba2-heads-flush, mamba2-heads, mamba2-heads-2, mamba2-heads-3, mamba2-heads-4, verify-tests, gdn-verify-mma, gdn-verify-3, gdn-verify-rows, gdn-verify-warps, gdn-verify-warps-2, mamba2-verify-warps, gdn-split-3, gdn-split-4, two-phase-2, mamba2-split-phases, mamba2-two-phase, gdn-split-flush-vp, gdn-mma, split-launch-cost, split-launch-cost-2, gdn-flush-list, mamba2-flush-list, gdn-split-nonflush, gdn-split-flush-2, one-warp, fp8-one-warp, fp8-one-warp-2, copy-pieces, regs-2byte, stalls, stalls-2, next, small-grid, small-grid-2, small-grid-3, medium-grid, direct, order, vk, gdn-decode, gdn-replay, gdn-early, gdn-replay-256, gdn-fp32-2, gdn-split, gdn-split-2,
+# Sections: tests, mamba2-bf16-tf32, heads-sanitizer, mamba2-heads-flush-2, gdn-heads-fault, gdn-heads, mamba2-heads-flush, mamba2-heads, mamba2-heads-2, mamba2-heads-3, mamba2-heads-4, verify-tests, gdn-verify-mma, gdn-verify-3, gdn-verify-rows, gdn-verify-warps, gdn-verify-warps-2, mamba2-verify-warps, gdn-split-3, gdn-split-4, two-phase-2, mamba2-split-phases, mamba2-two-phase, gdn-split-flush-vp, gdn-mma, split-launch-cost, split-launch-cost-2, gdn-flush-list, mamba2-flush-list, gdn-split-nonflush, gdn-split-flush-2, one-warp, fp8-one-warp, fp8-one-warp-2, copy-pieces, regs-2byte, stalls, stalls-2, next, small-grid, small-grid-2, small-grid-3, medium-grid, direct, order, vk, gdn-decode, gdn-replay, gdn-early, gdn-replay-256, gdn-fp32-2, gdn-split, gdn-split-2,
 # gdn-bf16, gdn-bf16-2, gdn-verify, fla, mamba2-split, mamba2-split2, mamba2-vn, mamba2-bf16, mamba2-bf16-2,
 # mamba2-verify (default: tests gdn-decode gdn-replay gdn-verify mamba2-split mamba2-bf16 mamba2-verify).
 set -uo pipefail
@@ -567,6 +567,21 @@ for section in $SECTIONS; do
             CUDA_LAUNCH_BLOCKING=1 sweep "gdn-heads-fault-$launch" 60 sweep_gdn.py --kernel decode \
                 --kernel split-bf16 --batch 64 --batch 256 --launch decode: --launch "split-bf16:$launch"
         done
+        ;;
+    mamba2-bf16-tf32)
+        # A bf16 state's flushes alone take 531-560 µs at batch 256 against its conventional step's 287 for the same
+        # state bytes: the rank-16 fold's fp32 FMAs (4 per byte moved) bound it. One TF32 product (TF32=2, 2-byte
+        # checkpoints only) instead, on every grid, and with the flushes' launch in larger programs.
+        gpu_tests mamba2-tf32-tests 200 tests/test_mamba2_replay.py
+        R=PHASES=2,HPP=8,RC=64
+        sweep mamba2-bf16-tf32 200 sweep_mamba2.py --state-dtype bf16 --kernel decode --kernel replay \
+            --kernel replay-flush --batch 1 --batch 16 --batch 64 --batch 256 --batch 512 --launch decode: \
+            --launch replay: --launch replay:TF32=2 --launch replay-flush: --launch replay-flush:TF32=2
+        sweep mamba2-bf16-tf32-flush 200 sweep_mamba2.py --state-dtype bf16 --kernel decode --kernel replay \
+            --kernel replay-flush --batch 256 --batch 512 --launch decode: \
+            --launch "replay:$R,TF32=2,flush_BPF=32" --launch "replay:$R,TF32=2,flush_num_warps=4" \
+            --launch "replay:$R,TF32=2,flush_maxnreg=128" --launch "replay:$R,TF32=2,flush_STAGES=2" \
+            --launch "replay-flush:$R,TF32=2,flush_BPF=32" --launch "replay-flush:$R,TF32=2,flush_num_warps=4"
         ;;
     heads-sanitizer)
         # The 4-warp heads programs' illegal address (Mamba-2 at batch 256 with 64-row chunks, run 52; GDN at batch 64

@@ -140,6 +140,9 @@ HEADS_CASES = [
     # the large-grid rows (LARGE_SPLIT_LAUNCH, LARGE_STEP_LAUNCH)
     ({"HPP": 8, "RC": 64, "VN": 64, "STAGES": 3, "maxnreg": 128, "flush_maxnreg": 168}, "fp32", "bf16"),
     ({"HPP": 8, "RC": 64, "VN": 64, "STAGES": 3, "maxnreg": 128, "flush_maxnreg": 168}, "bf16", None),
+    # a 2-byte checkpoint's flushes in one TF32 product (TF32=2)
+    ({"HPP": 4, "RC": 64, "flush_TF32": 2}, "bf16", None),
+    ({"HPP": 2, "TF32": 2}, "fp16", None),
 ]
 
 
@@ -318,14 +321,19 @@ BAD_REPLAY = {
     "launch-flag": (lambda c, i: i.update(launch={"EARLY": 2}), r"launch\[.EARLY.\] must be 0 or 1, got 2"),
     "out-shape": (lambda c, i: i.update(out=torch.zeros(2, 4, 7)), "out must have shape"),
     "launch-phases": (lambda c, i: i.update(launch={"PHASES": 3}), r"launch\[.PHASES.\] must be 1 or 2, got 3"),
-    "launch-flush-flag": (lambda c, i: i.update(launch={"PHASES": 2, "flush_TF32": 2}),
-                          r"launch\[.flush_TF32.\] must be 0 or 1, got 2"),
+    "launch-flush-flag": (lambda c, i: i.update(launch={"PHASES": 2, "flush_TF32": 5}),
+                          r"launch\[.flush_TF32.\] must be 0 or 1 or 2, got 5"),
     "launch-flush-one-launch": (lambda c, i: i.update(launch={"flush_RC": 16}), "flush_RC apply only with PHASES=2"),
     "launch-heads": (lambda c, i: i.update(launch={"PHASES": 2, "HPP": 3}), r"launch\[.HPP.\] must be a power of two"),
     "launch-heads-one-launch": (lambda c, i: i.update(launch={"HPP": 2}), "HPP = 2 .* applies only with PHASES=2"),
     "launch-heads-rows": (lambda c, i: i.update(launch={"PHASES": 2, "HPP": 2, "BP": 4}),
                           "HPP = 2 takes whole heads: BP = 4 must cover P = 8"),
     "launch-heads-early": (lambda c, i: i.update(launch={"PHASES": 2, "HPP": 2, "EARLY": 1}), "EARLY must be 0"),
+    "launch-one-tf32-fp32": (lambda c, i: i.update(launch={"TF32": 2}),
+                             "TF32 = 2 .* applies only to a 2-byte checkpoint"),
+    "launch-one-tf32-flush-fp32": (lambda c, i: i.update(launch={"PHASES": 2, "flush_TF32": 2}),
+                                   "TF32 = 2 .* applies only to a 2-byte checkpoint"),
+    "launch-tf32-value": (lambda c, i: i.update(launch={"TF32": 3}), r"launch\[.TF32.\] must be 0 or 1 or 2, got 3"),
     "launch-heads-warps": (lambda c, i: i.update(launch={"PHASES": 2, "HPP": 2, "EARLY": 0, "num_warps": 4}),
                            "HPP = 2 runs in programs of 1 or 2 warps, got num_warps = 4"),
     "launch-heads-flush": (lambda c, i: i.update(launch={"PHASES": 2, "flush_HPP": 2}), "unknown key 'flush_HPP'"),

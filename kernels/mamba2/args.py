@@ -197,8 +197,11 @@ def check_flush_keys(flush: dict, phases: int) -> None:
         raise ValueError(f"launch keys {', '.join(FLUSH_PREFIX + key for key in flush)} apply only with PHASES=2")
 
 
-def pick_launch(table: list, itemsize: int, P: int, N: int, launch: dict | None, keys: tuple) -> dict:
-    """The first table row whose (itemsize, max N, max P) covers the shape, overridden by `launch`."""
+def pick_launch(table: list, itemsize: int, P: int, N: int, launch: dict | None, keys: tuple,
+                choices: dict | None = None) -> dict:
+    """The first table row whose (itemsize, max N, max P) covers the shape, overridden by `launch`; `choices` (default
+    CHOICE_KEYS) holds the allowed values of the variant keys."""
+    choices = CHOICE_KEYS if choices is None else choices
     settings = None
     for (size, max_n, max_p), row in table:
         if size == itemsize and N <= max_n and P <= max_p:
@@ -213,8 +216,8 @@ def pick_launch(table: list, itemsize: int, P: int, N: int, launch: dict | None,
         for key, value in launch.items():
             # a flush_ key (the settings of a second launch's flushes) obeys its setting's rules
             base = key[len(FLUSH_PREFIX):] if key.startswith(FLUSH_PREFIX) else key
-            if base in CHOICE_KEYS:
-                allowed = CHOICE_KEYS[base]
+            if base in choices:
+                allowed = choices[base]
                 if isinstance(value, bool) or value not in allowed:
                     raise ValueError(f"launch[{key!r}] must be {' or '.join(map(str, allowed))}, got {value!r}")
                 continue

@@ -448,6 +448,11 @@ STEP_KEYS = ("BP", "BPF", "VN", "RC", "STAGES", "EARLY", "TF32", "num_warps", "n
 # SM that loop over the heads the first launch listed as flushing. HPP > 1 (heads per program, PHASES=2 only) takes
 # that first launch in programs of whole heads, HPP of a group each (`mamba2_heads_kernel`).
 FLUSH_KEYS = tuple(args.FLUSH_PREFIX + key for key in STEP_KEYS if key not in ("PHASES", "HPP"))
+# TF32 is how a flush folds its buffered entries into the checkpoint: 0 in fp32 FMAs, 1 in three TF32 products
+# (about fp32's accuracy), 2 in one TF32 product, for a 2-byte checkpoint only (its error, about 2^-11 of the
+# update, is under the checkpoint's own rounding).
+STEP_CHOICES = {**args.CHOICE_KEYS, "TF32": (0, 1, 2)}
+_PRECISION = {0: "ieee", 1: "tf32x3", 2: "tf32"}
 # materialize folds a whole (P, N) tile per program, BPF rows at a time.
 REPLAY_LAUNCH = [
     ((4, 64, 64), {"num_warps": 4, "num_stages": 1, "JB": 4, "BPF": 8}),
@@ -502,7 +507,8 @@ def replay(cache: ReplayCache, x, dt, A, B, C, *, D=None, z=None, dt_bias=None, 
         out: optional (batch, H, P) output; padding rows keep what it held.
         launch: overrides of the fixed launch settings: BP (rows of P per program), BPF (rows per flush
             chunk), VN (width of the row pieces a thread sums), RC (rows per streamed chunk), STAGES,
-            EARLY (1: read the buffer before the fill), TF32 (1: fold the flush through 3xTF32),
+            EARLY (1: read the buffer before the fill), TF32 (1: fold the flush through 3xTF32; 2: one TF32
+            product, a 2-byte checkpoint only),
             num_warps, num_stages, maxnreg, PHASES (2: the non-flush steps in one launch, listing the heads that
             flush in cache.work, then the flushes in a second, with these settings overridden by the keys
             prefixed flush_, such as flush_maxnreg and flush_PPS, that launch's programs per SM), HPP (with
@@ -525,6 +531,8 @@ def replay(cache: ReplayCache, x, dt, A, B, C, *, D=None, z=None, dt_bias=None, 
     phases = settings.pop("PHASES")
     args.check_flush_keys(flush, phases)
     hpp = _heads_per_program(settings, phases, H // G, P)
+    for tf32 in (settings["TF32"], flush.get("TF32", settings["TF32"])):
+        _flush_precision(cache, tf32)  # before either launch, so that a refused setting leaves the cache as it was
     y = torch.empty_like(x) if out is None else out
     step = dict(x=x, dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=dt_bias, slots=slots, y=y)
     softplus = bool(dt_softplus)
@@ -549,7 +557,16 @@ def step_launch(cache: ReplayCache, batch: int, launch: dict | None = None) -> d
         table = LARGE_STEP_LAUNCH if cache.read_copy is None else LARGE_SPLIT_LAUNCH
     else:
         table = STEP_LAUNCH if cache.read_copy is None else SPLIT_LAUNCH
-    return args.pick_launch(table, cache.checkpoint.element_size(), P, N, launch, STEP_KEYS + FLUSH_KEYS)
+    return args.pick_launch(table, cache.checkpoint.element_size(), P, N, launch, STEP_KEYS + FLUSH_KEYS,
+                            STEP_CHOICES)
+
+
+def _flush_precision(cache: ReplayCache, tf32: int) -> str:
+    """The flush's tl.dot precision for launch key TF32 (STEP_CHOICES)."""
+    if tf32 == 2 and cache.checkpoint.element_size() > 2:
+        raise ValueError("launch TF32 = 2 (one TF32 product per flush) applies only to a 2-byte checkpoint; an fp32 "
+                         "checkpoint's flush takes TF32 = 0 or 1")
+    return _PRECISION[tf32]
 
 
 def _heads_per_program(settings: dict, phases: int, heads_per_group: int, P: int) -> int:
@@ -620,7 +637,7 @@ def _launch_flushes(cache: ReplayCache, step: dict, batch: int, softplus: bool, 
         BW=max(16, args.block(cache.capacity)), STAGES=settings["STAGES"], NPB=NPB,
         HAS_D=step["D"] is not None, HAS_Z=step["z"] is not None, HAS_DT_BIAS=step["dt_bias"] is not None,
         USE_SOFTPLUS=softplus, HAS_SLOTS=step["slots"] is not None, USE_COPY=cache.read_copy is not None,
-        IS_FP8=cache.read_scale is not None, PRECISION="tf32x3" if settings["TF32"] else "ieee",
+        IS_FP8=cache.read_scale is not None, PRECISION=_flush_precision(cache, settings["TF32"]),
         **args.compile_options(settings),
     )
 
@@ -638,7 +655,7 @@ def _launch_replay(cache: ReplayCache, step: dict, batch: int, softplus: bool, s
     RC = min(settings.pop("RC"), BP)
     STAGES = settings.pop("STAGES")
     EARLY = settings.pop("EARLY")
-    PRECISION = "tf32x3" if settings.pop("TF32") else "ieee"
+    PRECISION = _flush_precision(cache, settings.pop("TF32"))
     rc = cache.read_copy
     mamba2_replay_kernel[(batch, H, NPB)](
         **step,
