@@ -139,7 +139,7 @@ HEADS_CASES = [
     ({"HPP": 4, "VN": 16}, "fp32", "fp16"),
     # the large-grid rows (LARGE_SPLIT_LAUNCH, LARGE_STEP_LAUNCH)
     ({"HPP": 8, "RC": 64, "VN": 64, "STAGES": 3, "maxnreg": 128, "flush_maxnreg": 168}, "fp32", "bf16"),
-    ({"HPP": 8, "RC": 64, "VN": 64, "STAGES": 3, "maxnreg": 128, "flush_maxnreg": 168}, "bf16", None),
+    ({"HPP": 8, "RC": 64, "VN": 64, "STAGES": 3, "maxnreg": 128, "flush_maxnreg": 168, "TF32": 2}, "bf16", None),
     # a 2-byte checkpoint's flushes in one TF32 product (TF32=2)
     ({"HPP": 4, "RC": 64, "flush_TF32": 2}, "bf16", None),
     ({"HPP": 2, "TF32": 2}, "fp16", None),
@@ -159,8 +159,9 @@ def test_replay_heads_per_program(device, assert_close, launch, state, read):
 
 def test_replay_rows_by_grid(monkeypatch):
     """From 80 (row, head) pairs per SM a step on a 2-byte or 1-byte tile takes programs of 8 heads in two
-    launches (the flushes' capped at 168 registers) and an fp32 state's registers are capped at 96 rather than 112; a bf16 checkpoint with a read copy,
-    smaller grids and the CPU keep their rows."""
+    launches (the flushes' capped at 168 registers, a 2-byte state's in one TF32 product) and an fp32 state's
+    registers are capped at 96 rather than 112; a bf16 checkpoint with a read copy, smaller grids and the CPU keep
+    their rows."""
     import importlib
     from types import SimpleNamespace
 
@@ -180,6 +181,8 @@ def test_replay_rows_by_grid(monkeypatch):
     assert row(cache("fp32", True), 83) == (8, 2, 64)
     assert row(cache("bf16", False), 512) == (8, 2, 64)
     assert replay_mod.step_launch(cache("fp32", True), 256)["flush_maxnreg"] == 168
+    assert [replay_mod.step_launch(cache(s, False), 256)["TF32"] for s in ("bf16", "fp32")] == [2, 0]
+    assert replay_mod.step_launch(cache("bf16", False), 64)["TF32"] == 0
     assert "flush_maxnreg" not in replay_mod.step_launch(cache("fp32", True), 64)
     assert "flush_maxnreg" not in replay_mod.step_launch(cache("fp32", True), 256, {"PHASES": 1, "HPP": 1})
     assert row(cache("fp32", True), 82) == (1, 1, 32)

@@ -440,7 +440,11 @@ SMALL_GRID_LAUNCH = [
 # and 192 registers, 8 programs per SM, 4 warps, 32-row flush chunks, 2 stages and TF32 no better: NOTES run 53).
 _HEADS = {"BP": 64, "BPF": 16, "VN": 64, "RC": 64, "STAGES": 3, "EARLY": 0, "TF32": 0, "num_warps": 2, "num_stages": 1,
           "maxnreg": 128, "PHASES": 2, "PPS": 6, "HPP": 8, "flush_maxnreg": 168}
-LARGE_STEP_LAUNCH = [((4, 1 << 30, 1 << 30), dict(STEP_LAUNCH[0][1], maxnreg=96)), ((2, 1 << 30, 1 << 30), _HEADS)]
+# A 2-byte state's flushes there fold in one TF32 product (TF32=2): its window at 256 191.48 -> 186.22 µs, at 512
+# 358.25 -> 352.68 (its flushes alone 534.85 -> 496.22); on medium and small grids one product lost (59.53 -> 60.87
+# µs at batch 64, 4.10 -> 4.38 at 1; NOTES run 53).
+LARGE_STEP_LAUNCH = [((4, 1 << 30, 1 << 30), dict(STEP_LAUNCH[0][1], maxnreg=96)),
+                     ((2, 1 << 30, 1 << 30), dict(_HEADS, TF32=2))]
 LARGE_SPLIT_LAUNCH = [((4, 1 << 30, 1 << 30), _HEADS), SPLIT_LAUNCH[1]]
 STEP_KEYS = ("BP", "BPF", "VN", "RC", "STAGES", "EARLY", "TF32", "num_warps", "num_stages", "maxnreg", "PHASES",
              "PPS", "HPP")
