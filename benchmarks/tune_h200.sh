@@ -588,11 +588,13 @@ for section in $SECTIONS; do
         # with 128-row pieces, run 53) under compute-sanitizer's memcheck: the faulting access and its kernel. Run at
         # commit 5e0468a; since then the kernels refuse heads programs of more than 2 warps (check_heads_warps).
         cs=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -n 1)
-        timeout 150 "$cs" --tool memcheck --print-limit 4 python benchmarks/sweep_gdn.py --kernel split-bf16 --batch 64 \
-            --replays 1 --launch split-bf16:HPP=4,BV=128,num_warps=4,maxnreg=168 >"$DIR/sanitizer-gdn.txt" 2>&1
+        timeout 150 "$cs" --tool memcheck --print-limit 4 python benchmarks/sweep_gdn.py --kernel split-bf16 \
+            --batch 64 --replays 1 --launch split-bf16:HPP=4,BV=128,num_warps=4,maxnreg=168 \
+            >"$DIR/sanitizer-gdn.txt" 2>&1
         echo "sanitizer gdn: exit $?" >&2
         timeout 150 "$cs" --tool memcheck --print-limit 4 python benchmarks/sweep_mamba2.py --kernel split-fp8 \
-            --batch 256 --replays 1 --launch split-fp8:PHASES=2,HPP=4,num_warps=4,RC=64 >"$DIR/sanitizer-mamba2.txt" 2>&1
+            --batch 256 --replays 1 --launch split-fp8:PHASES=2,HPP=4,num_warps=4,RC=64 \
+            >"$DIR/sanitizer-mamba2.txt" 2>&1
         echo "sanitizer mamba2: exit $?" >&2
         ;;
     gdn-heads)
