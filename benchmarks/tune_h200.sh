@@ -3,7 +3,7 @@
 # writes its table (.txt) and results (.json) under DIR (default runs/tune), and DIR.tar.gz holds them all for
 # machines that return one file; a sweep past its time limit leaves the ones before it.
 # Usage: benchmarks/tune_h200.sh [DIR] [SECTION ...]
-# Sections: tests, mamba2-bf16-tf32, heads-sanitizer, mamba2-heads-flush-2, gdn-heads-fault, gdn-heads, mamba2-heads-flush, mamba2-heads, mamba2-heads-2, mamba2-heads-3, mamba2-heads-4, verify-tests, gdn-verify-mma, gdn-verify-3, gdn-verify-rows, gdn-verify-warps, gdn-verify-warps-2, mamba2-verify-warps, gdn-split-3, gdn-split-4, two-phase-2, mamba2-split-phases, mamba2-two-phase, gdn-split-flush-vp, gdn-mma, split-launch-cost, split-launch-cost-2, gdn-flush-list, mamba2-flush-list, gdn-split-nonflush, gdn-split-flush-2, one-warp, fp8-one-warp, fp8-one-warp-2, copy-pieces, regs-2byte, stalls, stalls-2, next, small-grid, small-grid-2, small-grid-3, medium-grid, direct, order, vk, gdn-decode, gdn-replay, gdn-early, gdn-replay-256, gdn-fp32-2, gdn-split, gdn-split-2,
+# Sections: tests, mamba2-bf16-heads, mamba2-bf16-tf32, heads-sanitizer, mamba2-heads-flush-2, gdn-heads-fault, gdn-heads, mamba2-heads-flush, mamba2-heads, mamba2-heads-2, mamba2-heads-3, mamba2-heads-4, verify-tests, gdn-verify-mma, gdn-verify-3, gdn-verify-rows, gdn-verify-warps, gdn-verify-warps-2, mamba2-verify-warps, gdn-split-3, gdn-split-4, two-phase-2, mamba2-split-phases, mamba2-two-phase, gdn-split-flush-vp, gdn-mma, split-launch-cost, split-launch-cost-2, gdn-flush-list, mamba2-flush-list, gdn-split-nonflush, gdn-split-flush-2, one-warp, fp8-one-warp, fp8-one-warp-2, copy-pieces, regs-2byte, stalls, stalls-2, next, small-grid, small-grid-2, small-grid-3, medium-grid, direct, order, vk, gdn-decode, gdn-replay, gdn-early, gdn-replay-256, gdn-fp32-2, gdn-split, gdn-split-2,
 # gdn-bf16, gdn-bf16-2, gdn-verify, fla, mamba2-split, mamba2-split2, mamba2-vn, mamba2-bf16, mamba2-bf16-2,
 # mamba2-verify (default: tests gdn-decode gdn-replay gdn-verify mamba2-split mamba2-bf16 mamba2-verify).
 set -uo pipefail
@@ -582,6 +582,17 @@ for section in $SECTIONS; do
             --launch "replay:$R,TF32=2,flush_BPF=32" --launch "replay:$R,TF32=2,flush_num_warps=4" \
             --launch "replay:$R,TF32=2,flush_maxnreg=128" --launch "replay:$R,TF32=2,flush_STAGES=2" \
             --launch "replay-flush:$R,TF32=2,flush_BPF=32" --launch "replay-flush:$R,TF32=2,flush_num_warps=4"
+        ;;
+    mamba2-bf16-heads)
+        # The bf16 state's large-grid row with its TF32 flushes (184.68 µs at 256 in the 8c0e4d7 reference, 1.57x;
+        # 1.6x is 181): the heads launch's and the flushes' other settings around it.
+        R=PHASES=2,HPP=8,RC=64,TF32=2
+        sweep mamba2-bf16-heads 200 sweep_mamba2.py --state-dtype bf16 --kernel decode --kernel replay --batch 256 \
+            --batch 512 --launch decode: --launch replay: --launch "replay:$R,HPP=16" --launch "replay:$R,VN=32" \
+            --launch "replay:$R,STAGES=4" --launch "replay:$R,STAGES=2" --launch "replay:$R,maxnreg=112" \
+            --launch "replay:$R,maxnreg=144" --launch "replay:$R,num_warps=1" --launch "replay:$R,flush_PPS=4" \
+            --launch "replay:$R,flush_PPS=12" --launch "replay:$R,flush_STAGES=1" --launch "replay:$R,flush_STAGES=4" \
+            --launch "replay:$R,flush_num_warps=1"
         ;;
     heads-sanitizer)
         # The 4-warp heads programs' illegal address (Mamba-2 at batch 256 with 64-row chunks, run 52; GDN at batch 64
