@@ -26,8 +26,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 SKIP = 3  # launches of the kernel before the profiled one (the stack's own first call, then warm steps)
+# The launch sampled by default: a step's first (on large grids a Mamba-2 step on a 2-byte or 1-byte tile runs its
+# non-flush launch as heads_kernel, its flushes as flush_kernel; --kernel-name picks another).
 KERNEL_NAMES = {"verify": "verify_kernel", "decode-multi": "decode_multi", "decode": "decode_kernel",
-                "replay": "replay_kernel", "split-bf16": "replay_kernel"}
+                "replay": "replay_kernel|heads_kernel", "split-bf16": "replay_kernel|heads_kernel"}
 
 
 def _child(op: str, kernel: str, batch: int, launch: dict, state_dtype: str) -> None:
@@ -149,6 +151,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--launch", default=None, help="KERNEL:key=value,... (default: the kernel's shipped row)")
     parser.add_argument("--state-dtype", default="fp32", choices=("fp32", "bf16", "fp16"),
                         help="state (checkpoint) dtype, as the sweeps' (default fp32)")
+    parser.add_argument("--kernel-name", default=None,
+                        help="which of the step's launches to sample, a regex over kernel names (default: its first; "
+                             "flush_kernel: a two-launch step's flushes)")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--resummarize", action="store_true",
                         help="recompute DIR's summaries from its stored CSVs (no GPU or ncu needed)")
@@ -192,13 +197,15 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     args.dir.mkdir(parents=True, exist_ok=True)
     name = f"{args.op}-{args.kernel}-{args.batch}" + ("" if args.state_dtype == "fp32" else f"-{args.state_dtype}")
+    if args.kernel_name:
+        name += "-" + re.sub(r"[^A-Za-z0-9_]+", "_", args.kernel_name)
     rep = args.dir / name
     child = [sys.executable, __file__, "--child", "--op", args.op, "--kernel", args.kernel, "--batch", str(args.batch),
              "--state-dtype", args.state_dtype]
     if args.launch:
         child += ["--launch", args.launch]
     cmd = [binary, "--section", "SourceCounters", "--section", "WarpStateStats", "--section", "LaunchStats",
-           "--section", "Occupancy", "--section", "SpeedOfLight", "-k", f"regex:{KERNEL_NAMES[args.kernel]}",
+           "--section", "Occupancy", "--section", "SpeedOfLight", "-k", f"regex:{args.kernel_name or KERNEL_NAMES[args.kernel]}",
            "--launch-skip", str(SKIP), "--launch-count", "1", "-f", "-o", str(rep), *child, str(args.dir)]
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0:

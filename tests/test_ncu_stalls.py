@@ -62,3 +62,31 @@ def test_bad_input_is_one_line_and_a_nonzero_exit(tmp_path):
     assert done.returncode == 2 and "is not key=integer" in done.stderr and "Traceback" not in done.stderr
     done = _run(str(tmp_path))
     assert done.returncode == 2 and "--op and --kernel are required" in done.stderr
+
+
+@pytest.mark.parametrize("extra,regex,suffix", [
+    ((), "regex:replay_kernel|heads_kernel", "mamba2-replay-256-bf16"),
+    (("--kernel-name", "flush_kernel"), "regex:flush_kernel", "mamba2-replay-256-bf16-flush_kernel"),
+])
+def test_the_sampled_launch_is_the_steps_first_or_the_one_named(stalls, monkeypatch, tmp_path, capsys, extra, regex,
+                                                                suffix):
+    """ncu samples a step's first launch by default (a two-launch Mamba-2 step's non-flush launch is heads_kernel),
+    or the launch --kernel-name names, into a capture named after it."""
+    import subprocess
+    from types import SimpleNamespace
+
+    from replayssm_cli import ncu
+
+    seen = []
+
+    def fake_run(cmd, **kw):
+        seen.append(cmd)
+        return SimpleNamespace(returncode=1, stdout="", stderr="fake ncu: stopped here")
+
+    monkeypatch.setattr(ncu, "ncu_binary", lambda: "/opt/ncu")
+    monkeypatch.setattr(subprocess, "run", fake_run)
+    code = stalls.main(["--op", "mamba2", "--kernel", "replay", "--state-dtype", "bf16", "--batch", "256", *extra,
+                        str(tmp_path)])
+    assert code == 1 and "fake ncu: stopped here" in capsys.readouterr().err
+    cmd = seen[0]
+    assert cmd[cmd.index("-k") + 1] == regex and cmd[cmd.index("-o") + 1] == str(tmp_path / suffix)
