@@ -3,7 +3,7 @@
 # writes its table (.txt) and results (.json) under DIR (default runs/tune), and DIR.tar.gz holds them all for
 # machines that return one file; a sweep past its time limit leaves the ones before it.
 # Usage: benchmarks/tune_h200.sh [DIR] [SECTION ...]
-# Sections: tests, mamba2-bf16-heads, mamba2-bf16-tf32, heads-sanitizer, mamba2-heads-flush-2, gdn-heads-fault, gdn-heads, mamba2-heads-flush, mamba2-heads, mamba2-heads-2, mamba2-heads-3, mamba2-heads-4, verify-tests, gdn-verify-mma, gdn-verify-3, gdn-verify-rows, gdn-verify-warps, gdn-verify-warps-2, mamba2-verify-warps, gdn-split-3, gdn-split-4, two-phase-2, mamba2-split-phases, mamba2-two-phase, gdn-split-flush-vp, gdn-mma, split-launch-cost, split-launch-cost-2, gdn-flush-list, mamba2-flush-list, gdn-split-nonflush, gdn-split-flush-2, one-warp, fp8-one-warp, fp8-one-warp-2, copy-pieces, regs-2byte, stalls, stalls-2, next, small-grid, small-grid-2, small-grid-3, medium-grid, direct, order, vk, gdn-decode, gdn-replay, gdn-early, gdn-replay-256, gdn-fp32-2, gdn-split, gdn-split-2,
+# Sections: tests, stalls-bf16, mamba2-bf16-heads, mamba2-bf16-tf32, heads-sanitizer, mamba2-heads-flush-2, gdn-heads-fault, gdn-heads, mamba2-heads-flush, mamba2-heads, mamba2-heads-2, mamba2-heads-3, mamba2-heads-4, verify-tests, gdn-verify-mma, gdn-verify-3, gdn-verify-rows, gdn-verify-warps, gdn-verify-warps-2, mamba2-verify-warps, gdn-split-3, gdn-split-4, two-phase-2, mamba2-split-phases, mamba2-two-phase, gdn-split-flush-vp, gdn-mma, split-launch-cost, split-launch-cost-2, gdn-flush-list, mamba2-flush-list, gdn-split-nonflush, gdn-split-flush-2, one-warp, fp8-one-warp, fp8-one-warp-2, copy-pieces, regs-2byte, stalls, stalls-2, next, small-grid, small-grid-2, small-grid-3, medium-grid, direct, order, vk, gdn-decode, gdn-replay, gdn-early, gdn-replay-256, gdn-fp32-2, gdn-split, gdn-split-2,
 # gdn-bf16, gdn-bf16-2, gdn-verify, fla, mamba2-split, mamba2-split2, mamba2-vn, mamba2-bf16, mamba2-bf16-2,
 # mamba2-verify (default: tests gdn-decode gdn-replay gdn-verify mamba2-split mamba2-bf16 mamba2-verify).
 set -uo pipefail
@@ -593,6 +593,19 @@ for section in $SECTIONS; do
             --launch "replay:$R,maxnreg=144" --launch "replay:$R,num_warps=1" --launch "replay:$R,flush_PPS=4" \
             --launch "replay:$R,flush_PPS=12" --launch "replay:$R,flush_STAGES=1" --launch "replay:$R,flush_STAGES=4" \
             --launch "replay:$R,flush_num_warps=1"
+        ;;
+    stalls-bf16)
+        # Where a bf16 state's two launches wait at batch 256 (its window 184.7 µs, 1.57x; 1.6x is 181.3): the
+        # non-flush heads launch, the flushes' launch (496 µs alone with one TF32 product), and the conventional step.
+        stalls() {  # NAME ARGS...
+            local name=$1
+            shift
+            timeout 200 python benchmarks/ncu_stalls.py "$@" "$DIR/stalls" >"$DIR/stalls-$name.txt" 2>&1
+            echo "stalls $name: exit $?" >&2
+        }
+        stalls mamba2-bf16-heads --op mamba2 --kernel replay --batch 256 --state-dtype bf16
+        stalls mamba2-bf16-flush --op mamba2 --kernel replay --batch 256 --state-dtype bf16 --kernel-name flush_kernel
+        stalls mamba2-bf16-decode --op mamba2 --kernel decode --batch 256 --state-dtype bf16
         ;;
     heads-sanitizer)
         # The 4-warp heads programs' illegal address (Mamba-2 at batch 256 with 64-row chunks, run 52; GDN at batch 64
