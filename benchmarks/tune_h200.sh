@@ -3,7 +3,7 @@
 # writes its table (.txt) and results (.json) under DIR (default runs/tune), and DIR.tar.gz holds them all for
 # machines that return one file; a sweep past its time limit leaves the ones before it.
 # Usage: benchmarks/tune_h200.sh [DIR] [SECTION ...]
-# Sections: tests, stalls-bf16, mamba2-bf16-heads, mamba2-bf16-tf32, heads-sanitizer, mamba2-heads-flush-2, gdn-heads-fault, gdn-heads, mamba2-heads-flush, mamba2-heads, mamba2-heads-2, mamba2-heads-3, mamba2-heads-4, verify-tests, gdn-verify-mma, gdn-verify-3, gdn-verify-rows, gdn-verify-warps, gdn-verify-warps-2, mamba2-verify-warps, gdn-split-3, gdn-split-4, two-phase-2, mamba2-split-phases, mamba2-two-phase, gdn-split-flush-vp, gdn-mma, split-launch-cost, split-launch-cost-2, gdn-flush-list, mamba2-flush-list, gdn-split-nonflush, gdn-split-flush-2, one-warp, fp8-one-warp, fp8-one-warp-2, copy-pieces, regs-2byte, stalls, stalls-2, next, small-grid, small-grid-2, small-grid-3, medium-grid, direct, order, vk, gdn-decode, gdn-replay, gdn-early, gdn-replay-256, gdn-fp32-2, gdn-split, gdn-split-2,
+# Sections: tests, mamba2-mma, stalls-bf16, mamba2-bf16-heads, mamba2-bf16-tf32, heads-sanitizer, mamba2-heads-flush-2, gdn-heads-fault, gdn-heads, mamba2-heads-flush, mamba2-heads, mamba2-heads-2, mamba2-heads-3, mamba2-heads-4, verify-tests, gdn-verify-mma, gdn-verify-3, gdn-verify-rows, gdn-verify-warps, gdn-verify-warps-2, mamba2-verify-warps, gdn-split-3, gdn-split-4, two-phase-2, mamba2-split-phases, mamba2-two-phase, gdn-split-flush-vp, gdn-mma, split-launch-cost, split-launch-cost-2, gdn-flush-list, mamba2-flush-list, gdn-split-nonflush, gdn-split-flush-2, one-warp, fp8-one-warp, fp8-one-warp-2, copy-pieces, regs-2byte, stalls, stalls-2, next, small-grid, small-grid-2, small-grid-3, medium-grid, direct, order, vk, gdn-decode, gdn-replay, gdn-early, gdn-replay-256, gdn-fp32-2, gdn-split, gdn-split-2,
 # gdn-bf16, gdn-bf16-2, gdn-verify, fla, mamba2-split, mamba2-split2, mamba2-vn, mamba2-bf16, mamba2-bf16-2,
 # mamba2-verify (default: tests gdn-decode gdn-replay gdn-verify mamba2-split mamba2-bf16 mamba2-verify).
 set -uo pipefail
@@ -606,6 +606,18 @@ for section in $SECTIONS; do
         stalls mamba2-bf16-heads --op mamba2 --kernel replay --batch 256 --state-dtype bf16
         stalls mamba2-bf16-flush --op mamba2 --kernel replay --batch 256 --state-dtype bf16 --kernel-name flush_kernel
         stalls mamba2-bf16-decode --op mamba2 --kernel decode --batch 256 --state-dtype bf16
+        ;;
+    mamba2-mma)
+        # stalls-bf16: the bf16 state's heads launch spends 40% of its samples on bf16-to-fp32 conversions (SHF, IMAD,
+        # PRMT) feeding the row sums' FMAs. MMA=1 takes S₀C on the tensor cores from the bf16 (or fp8) tile as it is.
+        gpu_tests mamba2-mma-tests 200 tests/test_mamba2_replay.py
+        R=PHASES=2,HPP=8,RC=64
+        sweep mamba2-mma-bf16 150 sweep_mamba2.py --state-dtype bf16 --kernel decode --kernel replay --batch 128 \
+            --batch 256 --batch 512 --launch decode: --launch "replay:$R,TF32=2" --launch "replay:$R,TF32=2,MMA=1" \
+            --launch "replay:$R,TF32=2,MMA=1,STAGES=2" --launch "replay:$R,TF32=2,MMA=1,maxnreg=96"
+        sweep mamba2-mma-split 150 sweep_mamba2.py --kernel decode --kernel split-bf16 --kernel split-fp8 --batch 128 \
+            --batch 256 --batch 512 --launch decode: --launch "split-bf16:$R" --launch "split-bf16:$R,MMA=1" \
+            --launch "split-fp8:$R" --launch "split-fp8:$R,MMA=1"
         ;;
     heads-sanitizer)
         # The 4-warp heads programs' illegal address (Mamba-2 at batch 256 with 64-row chunks, run 52; GDN at batch 64

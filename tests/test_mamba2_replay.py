@@ -143,6 +143,10 @@ HEADS_CASES = [
     # a 2-byte checkpoint's flushes in one TF32 product (TF32=2)
     ({"HPP": 4, "RC": 64, "flush_TF32": 2}, "bf16", None),
     ({"HPP": 2, "TF32": 2}, "fp16", None),
+    # the heads launch's row sums on the tensor cores (MMA=1: bf16 or fp8 tiles)
+    ({"HPP": 4, "RC": 16, "MMA": 1}, "bf16", None),
+    ({"HPP": 8, "RC": 64, "MMA": 1}, "fp32", "bf16"),
+    ({"HPP": 2, "RC": 32, "STAGES": 2, "MMA": 1}, "fp32", "fp8"),
 ]
 
 
@@ -337,6 +341,10 @@ BAD_REPLAY = {
     "launch-one-tf32-flush-fp32": (lambda c, i: i.update(launch={"PHASES": 2, "flush_TF32": 2}),
                                    "TF32 = 2 .* applies only to a 2-byte checkpoint"),
     "launch-tf32-value": (lambda c, i: i.update(launch={"TF32": 3}), r"launch\[.TF32.\] must be 0 or 1 or 2, got 3"),
+    "launch-mma-one-head": (lambda c, i: i.update(launch={"PHASES": 2, "MMA": 1}),
+                            "MMA = 1 .* applies only to the heads launch"),
+    "launch-mma-fp32-tile": (lambda c, i: i.update(launch={"PHASES": 2, "HPP": 2, "EARLY": 0, "MMA": 1}),
+                             "MMA = 1 takes a bf16 or fp8 tile and bf16 inputs .*, got a float32 tile and bfloat16"),
     "launch-heads-warps": (lambda c, i: i.update(launch={"PHASES": 2, "HPP": 2, "EARLY": 0, "num_warps": 4}),
                            "HPP = 2 runs in programs of 1 or 2 warps, got num_warps = 4"),
     "launch-heads-flush": (lambda c, i: i.update(launch={"PHASES": 2, "flush_HPP": 2}), "unknown key 'flush_HPP'"),

@@ -38,19 +38,26 @@ def _chunk_output(
     checkpoint, read_copy, read_scale, x, D, z, p_y, p_xb, i_b, i_h, i_s, i_sh, o_r, b_C3, b_kw, b_decay, b_bc, o_z,
     o_n3, m_n3, o_w, m_w, P, stride_ck_s, stride_ck_h, stride_ck_p, stride_rc_s, stride_rc_h, stride_rc_p,
     stride_x_b, stride_x_h, HAS_D: tl.constexpr, HAS_Z: tl.constexpr, USE_COPY: tl.constexpr, IS_FP8: tl.constexpr,
+    b_Cm, o_n, m_n, MMA: tl.constexpr,
 ):
     """A non-flush step's outputs for rows o_r of a head: y = e^{Λ_t}(S₀C) + Σ_j w_j x_j + ΔB·C x from the tile (the
     read copy, else the checkpoint) [RC, NC, VN], the buffered x [BW, RC] with weights b_kw, and this token's x,
-    which it returns as given."""
+    which it returns as given. With MMA the tile is [RC, BN] and S₀C one tensor-core product against b_Cm [BN, 16]
+    (C in bf16 in its first column, zeros after): a bf16 tile (an fp8 copy converted exactly) times a bf16 C is
+    exact in the fp32 accumulator, as the FMAs are."""
     m_r = o_r < P
     if USE_COPY:
-        p_t = read_copy + i_s * stride_rc_s + i_h * stride_rc_h + o_r[:, None, None] * stride_rc_p
+        p_t = read_copy + i_s * stride_rc_s + i_h * stride_rc_h + o_r * stride_rc_p
     else:
-        p_t = checkpoint + i_s * stride_ck_s + i_h * stride_ck_h + o_r[:, None, None] * stride_ck_p
-    b_t = tl.load(p_t + o_n3[None, :, :], mask=m_r[:, None, None] & m_n3[None, :, :], other=0.0)
+        p_t = checkpoint + i_s * stride_ck_s + i_h * stride_ck_h + o_r * stride_ck_p
+    if MMA:
+        b_t = tl.load(p_t[:, None] + o_n[None, :], mask=m_r[:, None] & m_n[None, :], other=0.0)
+        b_yc = tl.sum(tl.dot(b_t.to(tl.bfloat16), b_Cm), axis=1)
+    else:
+        b_t = tl.load(p_t[:, None, None] + o_n3[None, :, :], mask=m_r[:, None, None] & m_n3[None, :, :], other=0.0)
+        b_yc = tl.sum(tl.sum(b_t.to(tl.float32) * b_C3[None, :, :], axis=1), axis=1)
     b_xw = tl.load(p_xb + o_w[:, None] * P + o_r[None, :], mask=m_w[:, None] & m_r[None, :], other=0.0)
     b_xc = tl.load(x + i_b * stride_x_b + i_h * stride_x_h + o_r, mask=m_r, other=0.0)
-    b_yc = tl.sum(tl.sum(b_t.to(tl.float32) * b_C3[None, :, :], axis=1), axis=1)
     if IS_FP8:
         b_yc = b_yc * tl.load(read_scale + i_sh * P + o_r, mask=m_r, other=0.0)
     b_yc = b_decay * b_yc + tl.sum(b_kw[:, None] * b_xw.to(tl.float32), axis=0)
@@ -214,7 +221,7 @@ def mamba2_replay_kernel(
                     checkpoint, read_copy, read_scale, x, D, z, p_y, p_xb, i_b, i_h, i_s, i_sh,
                     i_p * BP + i_r + tl.arange(0, RC), b_C3, b_kw, b_decay, b_bc, o_z, o_n3, m_n3, o_w, m_w, P,
                     stride_ck_s, stride_ck_h, stride_ck_p, stride_rc_s, stride_rc_h, stride_rc_p, stride_x_b,
-                    stride_x_h, HAS_D, HAS_Z, USE_COPY, IS_FP8,
+                    stride_x_h, HAS_D, HAS_Z, USE_COPY, IS_FP8, None, None, None, 0,
                 )
         tl.store(p_xb + f * P + o_p, b_xr, mask=m_p)
         if i_p == 0:
@@ -267,11 +274,12 @@ def mamba2_heads_kernel(
     W: tl.constexpr, CAP: tl.constexpr, BP: tl.constexpr, BN: tl.constexpr, BW: tl.constexpr, VN: tl.constexpr,
     RC: tl.constexpr, STAGES: tl.constexpr, HPP: tl.constexpr, HAS_D: tl.constexpr, HAS_Z: tl.constexpr,
     HAS_DT_BIAS: tl.constexpr, USE_SOFTPLUS: tl.constexpr, HAS_SLOTS: tl.constexpr, USE_COPY: tl.constexpr,
-    IS_FP8: tl.constexpr,
+    IS_FP8: tl.constexpr, MMA: tl.constexpr,
 ):
     """A two-launch step's non-flush launch with HPP heads of one group per program (whole heads, BP ≥ P): the
     group's C·B of the buffered entries is summed once for all of them, and one pipelined loop streams their tiles
-    RC rows at a time, head after head. Heads that flush are listed in `work` for `mamba2_flush_kernel`."""
+    RC rows at a time, head after head (with MMA, each chunk's S₀C on the tensor cores). Heads that flush are
+    listed in `work` for `mamba2_flush_kernel`."""
     i_b, h0 = tl.program_id(0), tl.program_id(1) * HPP
     HPG = H // G
     i_g = h0 // HPG
@@ -296,6 +304,8 @@ def mamba2_heads_kernel(
                        mask=m_w[:, None, None] & m_n3[None, :, :], other=0.0)
         b_cbw = tl.sum(tl.sum(b_bw.to(tl.float32) * b_C3[None, :, :], axis=1), axis=1)
         b_cb = tl.sum(b_Br.to(tl.float32) * b_C, axis=0)
+        # [BN, 16]: C in bf16 in the first column (MMA)
+        b_Cm = tl.where(tl.arange(0, 16)[None, :] == 0, b_C.to(tl.bfloat16)[:, None], 0.0).to(tl.bfloat16)
         for i_t in tl.range(0, HPP * BP, RC, num_stages=STAGES):
             i_h = h0 + i_t // BP
             i_sh = i_s * H + i_h
@@ -310,7 +320,7 @@ def mamba2_heads_kernel(
                 checkpoint, read_copy, read_scale, x, D, z, y + i_b * stride_y_b + i_h * stride_y_h, p_xb, i_b, i_h,
                 i_s, i_sh, o_r, b_C3, b_kw, tl.exp(b_lam), b_dt * b_cb, i_b * stride_z_b + i_h * stride_z_h, o_n3,
                 m_n3, o_w, m_w, P, stride_ck_s, stride_ck_h, stride_ck_p, stride_rc_s, stride_rc_h, stride_rc_p,
-                stride_x_b, stride_x_h, HAS_D, HAS_Z, USE_COPY, IS_FP8,
+                stride_x_b, stride_x_h, HAS_D, HAS_Z, USE_COPY, IS_FP8, b_Cm, o_n, m_n, MMA,
             )
             # This token's entry: x's rows with each chunk, Δ and lam with each head's first.
             tl.store(p_xb + f * P + o_r, b_xc, mask=o_r < P)
@@ -410,24 +420,28 @@ def mamba2_materialize_kernel(
 # tiles (a bf16 checkpoint, a read copy: SPLIT_LAUNCH) stream faster three chunks deep, reduced in 64-wide pieces.
 STEP_LAUNCH = [
     ((4, 1 << 30, 1 << 30), {"BP": 64, "BPF": 16, "VN": 32, "RC": 32, "STAGES": 2, "EARLY": 0, "TF32": 0,
-                             "num_warps": 2, "num_stages": 1, "maxnreg": 112, "PHASES": 1, "PPS": 6, "HPP": 1}),
+                             "num_warps": 2, "num_stages": 1, "maxnreg": 112, "PHASES": 1, "PPS": 6, "HPP": 1,
+                             "MMA": 0}),
     ((2, 1 << 30, 1 << 30), {"BP": 64, "BPF": 16, "VN": 64, "RC": 32, "STAGES": 3, "EARLY": 0, "TF32": 0,
-                             "num_warps": 2, "num_stages": 1, "maxnreg": 128, "PHASES": 1, "PPS": 6, "HPP": 1}),
+                             "num_warps": 2, "num_stages": 1, "maxnreg": 128, "PHASES": 1, "PPS": 6, "HPP": 1,
+                             "MMA": 0}),
 ]
 SPLIT_LAUNCH = [
     ((4, 1 << 30, 1 << 30), {"BP": 64, "BPF": 16, "VN": 64, "RC": 32, "STAGES": 3, "EARLY": 0, "TF32": 0,
-                             "num_warps": 2, "num_stages": 1, "maxnreg": 128, "PHASES": 1, "PPS": 6, "HPP": 1}),
+                             "num_warps": 2, "num_stages": 1, "maxnreg": 128, "PHASES": 1, "PPS": 6, "HPP": 1,
+                             "MMA": 0}),
     ((2, 1 << 30, 1 << 30), {"BP": 64, "BPF": 16, "VN": 32, "RC": 32, "STAGES": 3, "EARLY": 0, "TF32": 0,
-                             "num_warps": 2, "num_stages": 1, "maxnreg": 128, "PHASES": 1, "PPS": 6, "HPP": 1}),
+                             "num_warps": 2, "num_stages": 1, "maxnreg": 128, "PHASES": 1, "PPS": 6, "HPP": 1,
+                             "MMA": 0}),
 ]
 # A small grid's programs take 16 rows, read the buffer before the fill and fold the flush through 3xTF32 (batch 1,
 # fp32: 4.64 µs against 5.23 without the last two, 4.70 without TF32, 5.07 without EARLY, 4.97 in 8-row programs;
 # bf16: 4.09 against 4.60; NOTES runs 34–36).
 SMALL_GRID_LAUNCH = [
     ((4, 1 << 30, 1 << 30), {"BP": 16, "BPF": 16, "VN": 32, "RC": 16, "STAGES": 1, "EARLY": 1, "TF32": 1,
-                             "num_warps": 1, "num_stages": 1, "PHASES": 1, "PPS": 6, "HPP": 1}),
+                             "num_warps": 1, "num_stages": 1, "PHASES": 1, "PPS": 6, "HPP": 1, "MMA": 0}),
     ((2, 1 << 30, 1 << 30), {"BP": 16, "BPF": 16, "VN": 32, "RC": 16, "STAGES": 1, "EARLY": 1, "TF32": 1,
-                             "num_warps": 1, "num_stages": 1, "PHASES": 1, "PPS": 6, "HPP": 1}),
+                             "num_warps": 1, "num_stages": 1, "PHASES": 1, "PPS": 6, "HPP": 1, "MMA": 0}),
 ]
 # On a large grid (args.large_grid) a step on a 2-byte or 1-byte tile takes its non-flush launch in programs of 8
 # whole heads of a group (their buffered C·B summed once) streamed in 64-row chunks, and its flushes in a launch of
@@ -439,7 +453,7 @@ SMALL_GRID_LAUNCH = [
 # (the window at 256: bf16 copy 212.96 -> 209.43 µs, fp8 copy 184.86 -> 181.98, bf16 state 194.94 -> 193.02; 144
 # and 192 registers, 8 programs per SM, 4 warps, 32-row flush chunks, 2 stages and TF32 no better: NOTES run 53).
 _HEADS = {"BP": 64, "BPF": 16, "VN": 64, "RC": 64, "STAGES": 3, "EARLY": 0, "TF32": 0, "num_warps": 2, "num_stages": 1,
-          "maxnreg": 128, "PHASES": 2, "PPS": 6, "HPP": 8, "flush_maxnreg": 168}
+          "maxnreg": 128, "PHASES": 2, "PPS": 6, "HPP": 8, "MMA": 0, "flush_maxnreg": 168}
 # A 2-byte state's flushes there fold in one TF32 product (TF32=2): its window at 256 191.48 -> 186.22 µs, at 512
 # 358.25 -> 352.68 (its flushes alone 534.85 -> 496.22); on medium and small grids one product lost (59.53 -> 60.87
 # µs at batch 64, 4.10 -> 4.38 at 1; NOTES run 53).
@@ -447,11 +461,11 @@ LARGE_STEP_LAUNCH = [((4, 1 << 30, 1 << 30), dict(STEP_LAUNCH[0][1], maxnreg=96)
                      ((2, 1 << 30, 1 << 30), dict(_HEADS, TF32=2))]
 LARGE_SPLIT_LAUNCH = [((4, 1 << 30, 1 << 30), _HEADS), SPLIT_LAUNCH[1]]
 STEP_KEYS = ("BP", "BPF", "VN", "RC", "STAGES", "EARLY", "TF32", "num_warps", "num_stages", "maxnreg", "PHASES",
-             "PPS", "HPP")
+             "PPS", "HPP", "MMA")
 # With PHASES=2 the flushes run in a second launch, with the row's settings overridden by these, in PPS programs per
 # SM that loop over the heads the first launch listed as flushing. HPP > 1 (heads per program, PHASES=2 only) takes
 # that first launch in programs of whole heads, HPP of a group each (`mamba2_heads_kernel`).
-FLUSH_KEYS = tuple(args.FLUSH_PREFIX + key for key in STEP_KEYS if key not in ("PHASES", "HPP"))
+FLUSH_KEYS = tuple(args.FLUSH_PREFIX + key for key in STEP_KEYS if key not in ("PHASES", "HPP", "MMA"))
 # TF32 is how a flush folds its buffered entries into the checkpoint: 0 in fp32 FMAs, 1 in three TF32 products
 # (about fp32's accuracy), 2 in one TF32 product, for a 2-byte checkpoint only (its error, about 2^-11 of the
 # update, is under the checkpoint's own rounding).
@@ -517,7 +531,8 @@ def replay(cache: ReplayCache, x, dt, A, B, C, *, D=None, z=None, dt_bias=None, 
             flush in cache.work, then the flushes in a second, with these settings overridden by the keys
             prefixed flush_, such as flush_maxnreg and flush_PPS, that launch's programs per SM), HPP (with
             PHASES=2: the non-flush launch in programs of HPP whole heads of a group, which sum the group's buffered
-            C·B once; lowered to a power of two dividing H / G).
+            C·B once; lowered to a power of two dividing H / G), MMA (1, with HPP > 1: that launch's row sums on the
+            tensor cores, for a bf16 or fp8 tile and bf16 inputs).
         check: range-check `slots` on the host (a device sync); skipped while a CUDA graph is captured.
 
     Returns:
@@ -537,6 +552,8 @@ def replay(cache: ReplayCache, x, dt, A, B, C, *, D=None, z=None, dt_bias=None, 
     hpp = _heads_per_program(settings, phases, H // G, P)
     for tf32 in (settings["TF32"], flush.get("TF32", settings["TF32"])):
         _flush_precision(cache, tf32)  # before either launch, so that a refused setting leaves the cache as it was
+    if settings["MMA"]:
+        _check_mma(cache, hpp, min(settings["RC"], args.block(P)))
     y = torch.empty_like(x) if out is None else out
     step = dict(x=x, dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=dt_bias, slots=slots, y=y)
     softplus = bool(dt_softplus)
@@ -573,6 +590,20 @@ def _flush_precision(cache: ReplayCache, tf32: int) -> str:
     return _PRECISION[tf32]
 
 
+def _check_mma(cache: ReplayCache, hpp: int, rc: int) -> None:
+    """MMA=1 (the heads launch's S₀C on the tensor cores) is exact only for a bf16 or fp8 tile against a bf16 C."""
+    tile = cache.checkpoint if cache.read_copy is None else cache.read_copy
+    if hpp < 2:
+        raise ValueError("launch MMA = 1 (tensor-core row sums) applies only to the heads launch: HPP > 1 with "
+                         "PHASES=2")
+    if tile.dtype not in (torch.bfloat16, torch.float8_e4m3fn) or cache.io_dtype != torch.bfloat16:
+        names = [str(t).removeprefix("torch.") for t in (tile.dtype, cache.io_dtype)]
+        raise ValueError(f"launch MMA = 1 takes a bf16 or fp8 tile and bf16 inputs (exact in bf16 products), got a "
+                         f"{names[0]} tile and {names[1]} inputs")
+    if rc < 16:
+        raise ValueError(f"launch MMA = 1 takes chunks of at least 16 rows (a tensor-core product), got RC = {rc}")
+
+
 def _heads_per_program(settings: dict, phases: int, heads_per_group: int, P: int) -> int:
     """The launch's HPP (popped from `settings`) as run: the largest power of two, no larger than asked, that divides
     the heads of a group. HPP > 1 takes whole heads in a non-flush launch of its own."""
@@ -604,7 +635,7 @@ def _launch_heads(cache: ReplayCache, step: dict, batch: int, softplus: bool, se
         VN=min(settings["VN"], BN), RC=min(settings["RC"], args.block(P)), STAGES=settings["STAGES"], HPP=hpp,
         HAS_D=step["D"] is not None, HAS_Z=step["z"] is not None, HAS_DT_BIAS=step["dt_bias"] is not None,
         USE_SOFTPLUS=softplus, HAS_SLOTS=step["slots"] is not None, USE_COPY=rc is not None,
-        IS_FP8=cache.read_scale is not None, **args.compile_options(settings),
+        IS_FP8=cache.read_scale is not None, MMA=settings["MMA"], **args.compile_options(settings),
     )
 
 
@@ -659,6 +690,7 @@ def _launch_replay(cache: ReplayCache, step: dict, batch: int, softplus: bool, s
     RC = min(settings.pop("RC"), BP)
     STAGES = settings.pop("STAGES")
     EARLY = settings.pop("EARLY")
+    settings.pop("MMA")
     PRECISION = _flush_precision(cache, settings.pop("TF32"))
     rc = cache.read_copy
     mamba2_replay_kernel[(batch, H, NPB)](
