@@ -204,8 +204,9 @@ def main(argv: list[str] | None = None) -> int:
              "--state-dtype", args.state_dtype]
     if args.launch:
         child += ["--launch", args.launch]
+    sampled = args.kernel_name or KERNEL_NAMES[args.kernel]
     cmd = [binary, "--section", "SourceCounters", "--section", "WarpStateStats", "--section", "LaunchStats",
-           "--section", "Occupancy", "--section", "SpeedOfLight", "-k", f"regex:{args.kernel_name or KERNEL_NAMES[args.kernel]}",
+           "--section", "Occupancy", "--section", "SpeedOfLight", "-k", f"regex:{sampled}",
            "--launch-skip", str(SKIP), "--launch-count", "1", "-f", "-o", str(rep), *child, str(args.dir)]
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0:
