@@ -461,8 +461,9 @@ def launches_per_step(variant: str, phase: str = "avg") -> float:
 
     The phase does not change it: a replay flush is a branch inside the one launch, and spec-conventional's
     accept is a pointer move with no launch. (GDN's split-precision replay takes its flushes in a second launch on
-    grids of two or more programs per SM, a few programs per SM over a list of the heads that flush, where one
-    launch's overhead is under 1% of the step; not counted.)
+    grids of two or more programs per SM, and Mamba-2's steps on 2-byte and 1-byte tiles from 80 (row, head) pairs
+    per SM, a few programs per SM over a list of the heads that flush, where one launch's overhead is under 1% of
+    the step; not counted.)
     """
     variant = _choice(variant, VARIANTS, "variant")
     _choice(phase, PHASES, "phase")
