@@ -267,8 +267,9 @@ def test_tune_without_a_gpu_reads_the_shipped_h200_reference(tmp_path):
     report = json.loads(out.read_text())
     assert report["timing"]["mode"] == "reference"
     ref = load_reference("h200")
-    rows = [r for r in ref.rows if r["preset"] == QWEN and r["variant"] == "replay" and r["batch"] == 256
-            and r["window"] == 16 and r["state_dtype"] == "fp32" and r["phase"] == "avg" and not r.get("draft")]
+    rows = [r for r in ref.rows if r["kind"] == "kernel" and r["preset"] == QWEN and r["variant"] == "replay"
+            and r["batch"] == 256 and r["window"] == 16 and r["state_dtype"] == "fp32" and r["phase"] == "avg"
+            and not r.get("draft")]
     replay = candidate(decision(report, 256), "replay W16 fp32")
     assert replay["source"] == "measured" and replay["us_per_token"] == pytest.approx(rows[0]["us_per_token"])
     fp16 = candidate(decision(report, 256), "replay W16 fp16")
