@@ -3,7 +3,7 @@
 # writes its table (.txt) and results (.json) under DIR (default runs/tune), and DIR.tar.gz holds them all for
 # machines that return one file; a sweep past its time limit leaves the ones before it.
 # Usage: benchmarks/tune_h200.sh [DIR] [SECTION ...]
-# Sections: tests, mamba2-mma, stalls-bf16, mamba2-bf16-heads, mamba2-bf16-tf32, heads-sanitizer, mamba2-heads-flush-2, gdn-heads-fault, gdn-heads, mamba2-heads-flush, mamba2-heads, mamba2-heads-2, mamba2-heads-3, mamba2-heads-4, verify-tests, gdn-verify-mma, gdn-verify-3, gdn-verify-rows, gdn-verify-warps, gdn-verify-warps-2, mamba2-verify-warps, gdn-split-3, gdn-split-4, two-phase-2, mamba2-split-phases, mamba2-two-phase, gdn-split-flush-vp, gdn-mma, split-launch-cost, split-launch-cost-2, gdn-flush-list, mamba2-flush-list, gdn-split-nonflush, gdn-split-flush-2, one-warp, fp8-one-warp, fp8-one-warp-2, copy-pieces, regs-2byte, stalls, stalls-2, next, small-grid, small-grid-2, small-grid-3, medium-grid, direct, order, vk, gdn-decode, gdn-replay, gdn-early, gdn-replay-256, gdn-fp32-2, gdn-split, gdn-split-2,
+# Sections: tests, gdn-decode-order, mamba2-mma, stalls-bf16, mamba2-bf16-heads, mamba2-bf16-tf32, heads-sanitizer, mamba2-heads-flush-2, gdn-heads-fault, gdn-heads, mamba2-heads-flush, mamba2-heads, mamba2-heads-2, mamba2-heads-3, mamba2-heads-4, verify-tests, gdn-verify-mma, gdn-verify-3, gdn-verify-rows, gdn-verify-warps, gdn-verify-warps-2, mamba2-verify-warps, gdn-split-3, gdn-split-4, two-phase-2, mamba2-split-phases, mamba2-two-phase, gdn-split-flush-vp, gdn-mma, split-launch-cost, split-launch-cost-2, gdn-flush-list, mamba2-flush-list, gdn-split-nonflush, gdn-split-flush-2, one-warp, fp8-one-warp, fp8-one-warp-2, copy-pieces, regs-2byte, stalls, stalls-2, next, small-grid, small-grid-2, small-grid-3, medium-grid, direct, order, vk, gdn-decode, gdn-replay, gdn-early, gdn-replay-256, gdn-fp32-2, gdn-split, gdn-split-2,
 # gdn-bf16, gdn-bf16-2, gdn-verify, fla, mamba2-split, mamba2-split2, mamba2-vn, mamba2-bf16, mamba2-bf16-2,
 # mamba2-verify (default: tests gdn-decode gdn-replay gdn-verify mamba2-split mamba2-bf16 mamba2-verify).
 set -uo pipefail
@@ -606,6 +606,23 @@ for section in $SECTIONS; do
         stalls mamba2-bf16-heads --op mamba2 --kernel replay --batch 256 --state-dtype bf16
         stalls mamba2-bf16-flush --op mamba2 --kernel replay --batch 256 --state-dtype bf16 --kernel-name flush_kernel
         stalls mamba2-bf16-decode --op mamba2 --kernel decode --batch 256 --state-dtype bf16
+        ;;
+    gdn-decode-order)
+        # fla's program issues its 8 rows' loads first (its q and k sit in a loop after them) from one base address;
+        # ours interleaves them with q and k and holds one address per row (compile_report): SFIRST puts the state's
+        # loads first behind a barrier, CSTRIDES compiles the state's strides in.
+        gpu_tests gdn-decode-order-tests 200 tests/test_gdn_decode.py
+        local_rows="--launch decode:VP=4,BV=4 --launch decode:VP=4,BV=4,CSTRIDES=1 --launch decode:VP=4,BV=4,SFIRST=1
+            --launch decode:VP=4,BV=4,SFIRST=1,CSTRIDES=1 --launch decode:VP=8,BV=8
+            --launch decode:VP=8,BV=8,SFIRST=1,CSTRIDES=1 --launch decode:VP=8,BV=8,SFIRST=1,CSTRIDES=1,maxnreg=64
+            --launch decode:VP=8,BV=8,CSTRIDES=1,maxnreg=64"
+        # shellcheck disable=SC2086
+        sweep gdn-decode-order 300 sweep_gdn.py --kernel decode --kernel decode-direct --kernel fla --batch 1 \
+            --batch 16 --batch 64 --batch 256 $local_rows --launch decode-direct:VP=4,BV=4 \
+            --launch decode-direct:VP=8,BV=8,SFIRST=1,CSTRIDES=1,maxnreg=64 --launch fla:V_FIRST=1
+        # shellcheck disable=SC2086
+        sweep gdn-decode-order-bf16 200 sweep_gdn.py --state-dtype bf16 --kernel decode --batch 1 --batch 16 \
+            --batch 64 --batch 256 $local_rows --launch decode:VP=16,BV=16,SFIRST=1,CSTRIDES=1
         ;;
     mamba2-mma)
         # stalls-bf16: the bf16 state's heads launch spends 40% of its samples on bf16-to-fp32 conversions (SHF, IMAD,

@@ -60,10 +60,15 @@ def test_decode_without_slots_updates_row_b_in_slot_b(device, assert_close):
     assert torch.equal(got[3:], want[3:])
 
 
-@pytest.mark.parametrize("l2norm", [False, True],
-                         ids=["B2-H1-HV4-K16-V32-fp32-fp32", "B2-H1-HV4-K16-V32-fp32-fp32-l2norm"])
-def test_decode_strided_pool_and_scale(device, assert_close, l2norm):
-    """A state pool that is a strided view, q/k/v views of one fused projection, and an explicit scale."""
+STRIDED_CASES = [(False, None), (True, None), (True, {"SFIRST": 1, "CSTRIDES": 1})]
+
+
+@pytest.mark.parametrize("l2norm,launch", STRIDED_CASES,
+                         ids=["B2-H1-HV4-K16-V32-fp32-fp32", "B2-H1-HV4-K16-V32-fp32-fp32-l2norm",
+                              "B2-H1-HV4-K16-V32-fp32-fp32-l2norm-SFIRST-CSTRIDES"])
+def test_decode_strided_pool_and_scale(device, assert_close, l2norm, launch):
+    """A state pool that is a strided view, q/k/v views of one fused projection, and an explicit scale; CSTRIDES
+    compiles strides in only for a contiguous (HV, V, K) block, which this view is not."""
     B, H, HV, K, V = 2, 1, 4, 16, 32
     pool = torch.randn(3, V, HV, K + 3, device=device)
     state = pool[..., :K].transpose(1, 2)
@@ -77,7 +82,7 @@ def test_decode_strided_pool_and_scale(device, assert_close, l2norm):
     g = -torch.rand(B, HV, device=device)
     beta = torch.rand(B, HV, device=device)
     kw = dict(scale=0.3, use_qk_l2norm_in_kernel=l2norm, slots=rows([2, 0], device))
-    y = gdn.decode(state, q, k, v, g, beta, **kw)
+    y = gdn.decode(state, q, k, v, g, beta, **kw, launch=launch)
     y_ref = gdn.decode_ref(want, q, k, v, g, beta, **kw)
     assert_close(y, y_ref, torch.float32, what="o")
     assert_close(pool[..., :K].transpose(1, 2), want, torch.float32, what="state, through the pool")
@@ -112,10 +117,13 @@ def test_decode_and_multi_k_pieces(device, assert_close, launch):
 
 
 ROW_CASES = [{"VP": 16, "BV": 4, "STAGES": 2}, {"VP": 8, "BV": 8, "num_warps": 1},
-             {"VP": 32, "BV": 8, "VK": 8, "STAGES": 3}]
+             {"VP": 32, "BV": 8, "VK": 8, "STAGES": 3}, {"VP": 8, "BV": 8, "SFIRST": 1, "CSTRIDES": 1, "maxnreg": 64},
+             {"VP": 16, "BV": 4, "STAGES": 2, "SFIRST": 1}, {"VP": 4, "BV": 4, "CSTRIDES": 1}]
 
 
-@pytest.mark.parametrize("launch", ROW_CASES, ids=[f"B3-H2-HV6-K24-V20-VP{l['VP']}-BV{l['BV']}-fp32-bf16" for l in ROW_CASES])
+@pytest.mark.parametrize("launch", ROW_CASES, ids=[f"B3-H2-HV6-K24-V20-VP{l['VP']}-BV{l['BV']}"
+                                                   f"{''.join(f'-{k}' for k in ('SFIRST', 'CSTRIDES') if l.get(k))}-fp32-bf16"
+                                                   for l in ROW_CASES])
 def test_decode_rows_per_program(device, assert_close, launch):
     """A head's rows over several programs (VP < V) and a program's rows in several chunks (BV < VP), masked past V."""
     B, H, HV, K, V = 3, 2, 6, 24, 20

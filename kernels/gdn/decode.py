@@ -33,14 +33,29 @@ from replayssm_kernels.gdn.common import (
 # for 64 rows in 8-row chunks, 4.14 against 4.34 at batch 1). 2-byte states read whole rows too, 8 per program above
 # two heads per SM (282.9 µs at batch 256 against 302.9 for 64 rows in 8-row chunks, 73.8 against 80.6 at 64) and 4
 # below ("decode-bf16-small", a latency-bound grid: 3.58 against 3.76 at batch 1; NOTES run 34).
+# SFIRST 1 reads each chunk of the state before q, k and the gates, behind a barrier that keeps the compiler from
+# interleaving them; CSTRIDES 1 compiles a state's strides in when its (HV, V, K) block is contiguous.
+_ROW = {"SFIRST": 0, "CSTRIDES": 0, "VK": 128, "STAGES": 1, "num_warps": 1, "num_stages": 1, "maxnreg": None}
 LAUNCH = {
-    "decode": {"VP": 4, "BV": 4, "VK": 128, "STAGES": 1, "num_warps": 1, "num_stages": 1, "maxnreg": None},
-    "decode-bf16": {"VP": 8, "BV": 8, "VK": 128, "STAGES": 1, "num_warps": 1, "num_stages": 1, "maxnreg": None},
-    "decode-bf16-small": {"VP": 4, "BV": 4, "VK": 128, "STAGES": 1, "num_warps": 1, "num_stages": 1,
-                          "maxnreg": None},
+    "decode": dict(_ROW, VP=4, BV=4),
+    "decode-bf16": dict(_ROW, VP=8, BV=8),
+    "decode-bf16-small": dict(_ROW, VP=4, BV=4),
     "decode-multi": {"BV": 8, "VK": 128, "num_warps": 1, "num_stages": 1, "maxnreg": None},
     "accept-snapshot": {"BV": 32, "num_warps": 4, "num_stages": 1, "maxnreg": None},
 }
+
+
+@triton.jit
+def _head_inputs(q, k, g, beta, i_b, i_h, i_hv, o_k3, m_k3, s_qb, s_qh, s_qk, s_kb, s_kh, s_kk, s_gb, s_gh, s_bb, s_bh,
+                 scale, USE_QK_L2NORM: tl.constexpr):
+    """A row's head inputs for one step: [NC, VK] q and k as given (each thread holds many copies of them, so their
+    factors go on the row sums), q's and k's factors, the decay exp(g) and beta."""
+    b_q = tl.load(q + i_b * s_qb + i_h * s_qh + o_k3 * s_qk, mask=m_k3, other=0.0).to(tl.float32)
+    b_k = tl.load(k + i_b * s_kb + i_h * s_kh + o_k3 * s_kk, mask=m_k3, other=0.0).to(tl.float32)
+    b_rq, b_rk = qk_factors(b_q, b_k, scale, USE_QK_L2NORM)
+    b_eg = tl.exp(tl.load(g + i_b * s_gb + i_hv * s_gh).to(tl.float32))
+    b_beta = tl.load(beta + i_b * s_bb + i_hv * s_bh).to(tl.float32)
+    return b_q, b_k, b_rq, b_rk, b_eg, b_beta
 
 
 @triton.jit
@@ -56,7 +71,7 @@ def _decode_kernel(
     scale,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BK: tl.constexpr, VP: tl.constexpr, BV: tl.constexpr, VK: tl.constexpr, STAGES: tl.constexpr,
-    USE_QK_L2NORM: tl.constexpr, HAS_SLOTS: tl.constexpr,
+    SFIRST: tl.constexpr, CSTRIDES: tl.constexpr, USE_QK_L2NORM: tl.constexpr, HAS_SLOTS: tl.constexpr,
 ):
     i_b, i_hv, i_p = flat_program_ids(HV, (V + VP - 1) // VP)
     i_s = slot_of(slots, i_b, HAS_SLOTS)
@@ -68,20 +83,29 @@ def _decode_kernel(
     NC: tl.constexpr = BK // VK
     o_k3 = tl.arange(0, NC)[:, None] * VK + tl.arange(0, VK)[None, :]
     m_k3 = o_k3 < K
-    # [NC, VK] q and k as given: each thread holds many copies of them, so their factors go on the row sums.
-    b_q = tl.load(q + i_b * s_qb + i_h * s_qh + o_k3 * s_qk, mask=m_k3, other=0.0).to(tl.float32)
-    b_k = tl.load(k + i_b * s_kb + i_h * s_kh + o_k3 * s_kk, mask=m_k3, other=0.0).to(tl.float32)
-    b_rq, b_rk = qk_factors(b_q, b_k, scale, USE_QK_L2NORM)
-    b_eg = tl.exp(tl.load(g + i_b * s_gb + i_hv * s_gh).to(tl.float32))
-    b_beta = tl.load(beta + i_b * s_bb + i_hv * s_bh).to(tl.float32)
+    if not SFIRST:
+        b_q, b_k, b_rq, b_rk, b_eg, b_beta = _head_inputs(q, k, g, beta, i_b, i_h, i_hv, o_k3, m_k3, s_qb, s_qh, s_qk,
+                                                          s_kb, s_kh, s_kk, s_gb, s_gh, s_bb, s_bh, scale,
+                                                          USE_QK_L2NORM)
     # The program's VP rows, BV at a time: rows are independent, and the loop's loads run STAGES chunks ahead.
     for i_v in tl.range(0, VP, BV, num_stages=STAGES):
         o_v = i_p * VP + i_v + tl.arange(0, BV)
         m_v = o_v < V
         m_s = m_v[:, None, None] & m_k3[None, :, :]
-        p_s = s + i_s * s_sn + i_hv * s_sh + o_v[:, None, None] * s_sv + o_k3[None, :, :] * s_sk
+        if CSTRIDES:
+            # One base address and constant offsets: fewer registers than the rows' runtime strides take.
+            p_s = s + i_s * s_sn + i_hv * (V * K) + o_v[:, None, None] * K + o_k3[None, :, :]
+        else:
+            p_s = s + i_s * s_sn + i_hv * s_sh + o_v[:, None, None] * s_sv + o_k3[None, :, :] * s_sk
         # [BV, NC, VK]
-        b_s = tl.load(p_s, mask=m_s, other=0.0).to(tl.float32) * b_eg
+        b_s = tl.load(p_s, mask=m_s, other=0.0)
+        if SFIRST:
+            # Every load of the chunk in flight before the head inputs' (L2) loads and their reductions.
+            tl.debug_barrier()
+            b_q, b_k, b_rq, b_rk, b_eg, b_beta = _head_inputs(q, k, g, beta, i_b, i_h, i_hv, o_k3, m_k3, s_qb, s_qh,
+                                                              s_qk, s_kb, s_kh, s_kk, s_gb, s_gh, s_bb, s_bh, scale,
+                                                              USE_QK_L2NORM)
+        b_s = b_s.to(tl.float32) * b_eg
         b_v = tl.load(v + i_b * s_vb + i_hv * s_vh + o_v * s_vv, mask=m_v, other=0.0).to(tl.float32)
         # The chunk axis first: it lies within each thread, and only the VK axis's lanes then shuffle.
         b_u = b_beta * (b_v - b_rk * tl.sum(tl.sum(b_s * b_k[None, :, :], 1), 1))
@@ -163,6 +187,12 @@ def _accept_snapshot_kernel(
     tl.store(p_s, tl.load(p_p, mask=m_s, other=0.0), mask=m_s)
 
 
+def _block_contiguous(state) -> bool:
+    """Whether each slot's (HV, V, K) block of the state is contiguous (its slots may lie at any stride)."""
+    _, HV, V, K = state.shape
+    return state.stride(3) == 1 and state.stride(2) == K and state.stride(1) == V * K
+
+
 def _launch_decode(state, q, k, v, g, beta, out, slots, scale, l2norm, settings):
     batch, H, K = q.shape
     HV, V = v.shape[1], v.shape[2]
@@ -178,7 +208,8 @@ def _launch_decode(state, q, k, v, g, beta, out, slots, scale, l2norm, settings)
         s_ob=out.stride(0), s_oh=out.stride(1), s_ov=out.stride(2),
         scale=scale,
         H=H, HV=HV, K=K, V=V, BK=next_pow2(K), VP=VP, BV=min(settings["BV"], VP),
-        VK=min(settings["VK"], next_pow2(K)), STAGES=settings["STAGES"],
+        VK=min(settings["VK"], next_pow2(K)), STAGES=settings["STAGES"], SFIRST=bool(settings["SFIRST"]),
+        CSTRIDES=bool(settings["CSTRIDES"]) and _block_contiguous(state),
         USE_QK_L2NORM=l2norm, HAS_SLOTS=slots is not None,
         **compile_options(settings),
     )
