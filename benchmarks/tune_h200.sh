@@ -3,7 +3,7 @@
 # writes its table (.txt) and results (.json) under DIR (default runs/tune), and DIR.tar.gz holds them all for
 # machines that return one file; a sweep past its time limit leaves the ones before it.
 # Usage: benchmarks/tune_h200.sh [DIR] [SECTION ...]
-# Sections: tests, gdn-decode-order, mamba2-mma, stalls-bf16, mamba2-bf16-heads, mamba2-bf16-tf32, heads-sanitizer, mamba2-heads-flush-2, gdn-heads-fault, gdn-heads, mamba2-heads-flush, mamba2-heads, mamba2-heads-2, mamba2-heads-3, mamba2-heads-4, verify-tests, gdn-verify-mma, gdn-verify-3, gdn-verify-rows, gdn-verify-warps, gdn-verify-warps-2, mamba2-verify-warps, gdn-split-3, gdn-split-4, two-phase-2, mamba2-split-phases, mamba2-two-phase, gdn-split-flush-vp, gdn-mma, split-launch-cost, split-launch-cost-2, gdn-flush-list, mamba2-flush-list, gdn-split-nonflush, gdn-split-flush-2, one-warp, fp8-one-warp, fp8-one-warp-2, copy-pieces, regs-2byte, stalls, stalls-2, next, small-grid, small-grid-2, small-grid-3, medium-grid, direct, order, vk, gdn-decode, gdn-replay, gdn-early, gdn-replay-256, gdn-fp32-2, gdn-split, gdn-split-2,
+# Sections: tests, gdn-decode-order, gdn-decode-order-2, mamba2-mma, stalls-bf16, mamba2-bf16-heads, mamba2-bf16-tf32, heads-sanitizer, mamba2-heads-flush-2, gdn-heads-fault, gdn-heads, mamba2-heads-flush, mamba2-heads, mamba2-heads-2, mamba2-heads-3, mamba2-heads-4, verify-tests, gdn-verify-mma, gdn-verify-3, gdn-verify-rows, gdn-verify-warps, gdn-verify-warps-2, mamba2-verify-warps, gdn-split-3, gdn-split-4, two-phase-2, mamba2-split-phases, mamba2-two-phase, gdn-split-flush-vp, gdn-mma, split-launch-cost, split-launch-cost-2, gdn-flush-list, mamba2-flush-list, gdn-split-nonflush, gdn-split-flush-2, one-warp, fp8-one-warp, fp8-one-warp-2, copy-pieces, regs-2byte, stalls, stalls-2, next, small-grid, small-grid-2, small-grid-3, medium-grid, direct, order, vk, gdn-decode, gdn-replay, gdn-early, gdn-replay-256, gdn-fp32-2, gdn-split, gdn-split-2,
 # gdn-bf16, gdn-bf16-2, gdn-verify, fla, mamba2-split, mamba2-split2, mamba2-vn, mamba2-bf16, mamba2-bf16-2,
 # mamba2-verify (default: tests gdn-decode gdn-replay gdn-verify mamba2-split mamba2-bf16 mamba2-verify).
 set -uo pipefail
@@ -623,6 +623,22 @@ for section in $SECTIONS; do
         # shellcheck disable=SC2086
         sweep gdn-decode-order-bf16 200 sweep_gdn.py --state-dtype bf16 --kernel decode --batch 1 --batch 16 \
             --batch 64 --batch 256 $local_rows --launch decode:VP=16,BV=16,SFIRST=1,CSTRIDES=1
+        ;;
+    gdn-decode-order-2)
+        # gdn-decode-order: SFIRST with CSTRIDES took 8-row programs within 2% of fla at 64 and 256 (524.7 against
+        # 514.2 µs), a 2-byte state's 16-row programs 3% faster than the shipped 8-row row. More rows per warp, and
+        # which of the two keys the 2-byte gain is from.
+        S=SFIRST=1,CSTRIDES=1
+        sweep gdn-decode-order-2 300 sweep_gdn.py --kernel decode --kernel fla --batch 16 --batch 64 --batch 256 \
+            --launch decode:VP=4,BV=4 --launch "decode:VP=8,BV=8,$S,maxnreg=64" --launch "decode:VP=16,BV=16,$S" \
+            --launch "decode:VP=16,BV=16,$S,maxnreg=96" --launch "decode:VP=16,BV=16,$S,num_warps=2" \
+            --launch "decode:VP=16,BV=8,STAGES=2,$S,maxnreg=64" --launch decode:VP=8,BV=8,SFIRST=1,maxnreg=64 \
+            --launch fla:V_FIRST=1
+        sweep gdn-decode-order-2-bf16 200 sweep_gdn.py --state-dtype bf16 --kernel decode --batch 16 --batch 64 \
+            --batch 256 --launch decode:VP=8,BV=8 --launch decode:VP=16,BV=16 --launch decode:VP=16,BV=16,SFIRST=1 \
+            --launch decode:VP=16,BV=16,CSTRIDES=1 --launch "decode:VP=16,BV=16,$S" \
+            --launch "decode:VP=16,BV=16,$S,maxnreg=64" --launch "decode:VP=16,BV=16,$S,num_warps=2" \
+            --launch "decode:VP=32,BV=32,$S,num_warps=2"
         ;;
     mamba2-mma)
         # stalls-bf16: the bf16 state's heads launch spends 40% of its samples on bf16-to-fp32 conversions (SHF, IMAD,
