@@ -34,8 +34,9 @@ from replayssm_kernels.gdn.common import (
 # two heads per SM (282.9 µs at batch 256 against 302.9 for 64 rows in 8-row chunks, 73.8 against 80.6 at 64) and 4
 # below ("decode-bf16-small", a latency-bound grid: 3.58 against 3.76 at batch 1; NOTES run 34).
 # SFIRST 1 reads each chunk of the state before q, k and the gates, behind a barrier that keeps the compiler from
-# interleaving them; CSTRIDES 1 compiles a state's strides in when its (HV, V, K) block is contiguous.
-_ROW = {"SFIRST": 0, "CSTRIDES": 0, "VK": 128, "STAGES": 1, "num_warps": 1, "num_stages": 1, "maxnreg": None}
+# interleaving them; CSTRIDES 1 compiles a state's strides in when its (HV, V, K) block is contiguous; CG 1 reads the
+# state past L1 (cached in L2 only), leaving L1 to the slot table and the head inputs that neighbouring programs share.
+_ROW = {"SFIRST": 0, "CSTRIDES": 0, "CG": 0, "VK": 128, "STAGES": 1, "num_warps": 1, "num_stages": 1, "maxnreg": None}
 LAUNCH = {
     "decode": dict(_ROW, VP=4, BV=4),
     "decode-bf16": dict(_ROW, VP=8, BV=8),
@@ -71,7 +72,7 @@ def _decode_kernel(
     scale,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BK: tl.constexpr, VP: tl.constexpr, BV: tl.constexpr, VK: tl.constexpr, STAGES: tl.constexpr,
-    SFIRST: tl.constexpr, CSTRIDES: tl.constexpr, USE_QK_L2NORM: tl.constexpr, HAS_SLOTS: tl.constexpr,
+    SFIRST: tl.constexpr, CSTRIDES: tl.constexpr, CG: tl.constexpr, USE_QK_L2NORM: tl.constexpr, HAS_SLOTS: tl.constexpr,
 ):
     i_b, i_hv, i_p = flat_program_ids(HV, (V + VP - 1) // VP)
     i_s = slot_of(slots, i_b, HAS_SLOTS)
@@ -98,7 +99,10 @@ def _decode_kernel(
         else:
             p_s = s + i_s * s_sn + i_hv * s_sh + o_v[:, None, None] * s_sv + o_k3[None, :, :] * s_sk
         # [BV, NC, VK]
-        b_s = tl.load(p_s, mask=m_s, other=0.0)
+        if CG:
+            b_s = tl.load(p_s, mask=m_s, other=0.0, cache_modifier=".cg")
+        else:
+            b_s = tl.load(p_s, mask=m_s, other=0.0)
         if SFIRST:
             # Every load of the chunk in flight before the head inputs' (L2) loads and their reductions.
             tl.debug_barrier()
@@ -209,7 +213,7 @@ def _launch_decode(state, q, k, v, g, beta, out, slots, scale, l2norm, settings)
         scale=scale,
         H=H, HV=HV, K=K, V=V, BK=next_pow2(K), VP=VP, BV=min(settings["BV"], VP),
         VK=min(settings["VK"], next_pow2(K)), STAGES=settings["STAGES"], SFIRST=bool(settings["SFIRST"]),
-        CSTRIDES=bool(settings["CSTRIDES"]) and _block_contiguous(state),
+        CSTRIDES=bool(settings["CSTRIDES"]) and _block_contiguous(state), CG=bool(settings["CG"]),
         USE_QK_L2NORM=l2norm, HAS_SLOTS=slots is not None,
         **compile_options(settings),
     )
