@@ -16,6 +16,7 @@ ACCEPTED = 3
 GRID = {
     # VP rows of a head per program, BV at a time through a loop pipelined STAGES deep.
     "decode": [{"VP": 4, "BV": 4, "num_warps": 1}, {"VP": 8, "BV": 8, "num_warps": 1},
+               {"VP": 8, "BV": 8, "SFIRST": 1, "CSTRIDES": 1, "num_warps": 1, "maxnreg": 64},
                {"VP": 16, "BV": 4, "STAGES": 2, "num_warps": 1}, {"VP": 32, "BV": 8, "STAGES": 2, "num_warps": 1},
                {"VP": 64, "BV": 8, "STAGES": 3, "num_warps": 1}, {"VP": 32, "BV": 32, "num_warps": 4},
                {"VP": 128, "BV": 32, "STAGES": 2, "num_warps": 4}, {"VP": 128, "BV": 32, "STAGES": 2, "num_warps": 4,

@@ -3,7 +3,7 @@
 # writes its table (.txt) and results (.json) under DIR (default runs/tune), and DIR.tar.gz holds them all for
 # machines that return one file; a sweep past its time limit leaves the ones before it.
 # Usage: benchmarks/tune_h200.sh [DIR] [SECTION ...]
-# Sections: tests, gdn-decode-order, gdn-decode-order-2, gdn-decode-order-3, mamba2-mma, stalls-bf16, mamba2-bf16-heads, mamba2-bf16-tf32, heads-sanitizer, mamba2-heads-flush-2, gdn-heads-fault, gdn-heads, mamba2-heads-flush, mamba2-heads, mamba2-heads-2, mamba2-heads-3, mamba2-heads-4, verify-tests, gdn-verify-mma, gdn-verify-3, gdn-verify-rows, gdn-verify-warps, gdn-verify-warps-2, mamba2-verify-warps, gdn-split-3, gdn-split-4, two-phase-2, mamba2-split-phases, mamba2-two-phase, gdn-split-flush-vp, gdn-mma, split-launch-cost, split-launch-cost-2, gdn-flush-list, mamba2-flush-list, gdn-split-nonflush, gdn-split-flush-2, one-warp, fp8-one-warp, fp8-one-warp-2, copy-pieces, regs-2byte, stalls, stalls-2, next, small-grid, small-grid-2, small-grid-3, medium-grid, direct, order, vk, gdn-decode, gdn-replay, gdn-early, gdn-replay-256, gdn-fp32-2, gdn-split, gdn-split-2,
+# Sections: tests, gdn-decode-chunks, gdn-decode-order, gdn-decode-order-2, mamba2-mma, stalls-bf16, mamba2-bf16-heads, mamba2-bf16-tf32, heads-sanitizer, mamba2-heads-flush-2, gdn-heads-fault, gdn-heads, mamba2-heads-flush, mamba2-heads, mamba2-heads-2, mamba2-heads-3, mamba2-heads-4, verify-tests, gdn-verify-mma, gdn-verify-3, gdn-verify-rows, gdn-verify-warps, gdn-verify-warps-2, mamba2-verify-warps, gdn-split-3, gdn-split-4, two-phase-2, mamba2-split-phases, mamba2-two-phase, gdn-split-flush-vp, gdn-mma, split-launch-cost, split-launch-cost-2, gdn-flush-list, mamba2-flush-list, gdn-split-nonflush, gdn-split-flush-2, one-warp, fp8-one-warp, fp8-one-warp-2, copy-pieces, regs-2byte, stalls, stalls-2, next, small-grid, small-grid-2, small-grid-3, medium-grid, direct, order, vk, gdn-decode, gdn-replay, gdn-early, gdn-replay-256, gdn-fp32-2, gdn-split, gdn-split-2,
 # gdn-bf16, gdn-bf16-2, gdn-verify, fla, mamba2-split, mamba2-split2, mamba2-vn, mamba2-bf16, mamba2-bf16-2,
 # mamba2-verify (default: tests gdn-decode gdn-replay gdn-verify mamba2-split mamba2-bf16 mamba2-verify).
 set -uo pipefail
@@ -640,16 +640,15 @@ for section in $SECTIONS; do
             --launch "decode:VP=16,BV=16,$S,maxnreg=64" --launch "decode:VP=16,BV=16,$S,num_warps=2" \
             --launch "decode:VP=32,BV=32,$S,num_warps=2"
         ;;
-    gdn-decode-order-3)
-        # gdn-decode-order-2: 8-row programs with SFIRST, CSTRIDES and 64 registers are best at 16, 64 and 256, 2%
-        # behind fla at 64 and 256; without a slot table 0.7%. CG=1 reads the state past L1, which then keeps the slot
-        # table and the head inputs that a row's programs share.
-        S=VP=8,BV=8,SFIRST=1,CSTRIDES=1,maxnreg=64
-        sweep gdn-decode-order-3 300 sweep_gdn.py --kernel decode --kernel decode-direct --kernel fla --batch 16 \
-            --batch 64 --batch 256 --launch decode:VP=4,BV=4 --launch decode:VP=4,BV=4,CG=1 --launch "decode:$S" \
-            --launch "decode:$S,CG=1" --launch "decode-direct:$S" --launch "decode-direct:$S,CG=1" --launch fla:V_FIRST=1
-        sweep gdn-decode-order-3-bf16 200 sweep_gdn.py --state-dtype bf16 --kernel decode --batch 16 --batch 64 \
-            --batch 256 --launch decode:VP=16,BV=16 --launch decode:VP=16,BV=16,CG=1
+    gdn-decode-chunks)
+        # gdn-decode-order-3 (0416ebe): the slot read is what is left between ours and fla (527.0 against 515.7 µs
+        # at 256, 517.6 without a slot table); CG (the state past L1) changed nothing. A program of several 8-row
+        # chunks reads its slot once for all of them.
+        S=SFIRST=1,CSTRIDES=1
+        sweep gdn-decode-chunks 300 sweep_gdn.py --kernel decode --kernel fla --batch 64 --batch 256 \
+            --launch decode: --launch decode:VP=16,BV=8,CSTRIDES=1,maxnreg=64 \
+            --launch decode:VP=32,BV=8,CSTRIDES=1,maxnreg=64 --launch "decode:VP=16,BV=8,$S,maxnreg=80" \
+            --launch "decode:VP=16,BV=8,$S,maxnreg=255" --launch "decode:VP=32,BV=8,$S,maxnreg=80" --launch fla:V_FIRST=1
         ;;
     mamba2-mma)
         # stalls-bf16: the bf16 state's heads launch spends 40% of its samples on bf16-to-fp32 conversions (SHF, IMAD,

@@ -28,18 +28,21 @@ from replayssm_kernels.gdn.common import (
 
 # These kernels mutate state in place, so their settings are fixed here (an autotuner would rerun them on live state).
 # VK is the width of the K pieces a row is reduced in: a thread sums its pieces in registers, then lanes shuffle.
-# decode's programs take VP rows of a head, BV at a time through a pipelined loop of STAGES. An fp32 state reads
-# fastest from one-warp programs of 4 whole rows at every batch (NOTES run 30: 531.8 µs at batch 256 against 550.7
-# for 64 rows in 8-row chunks, 4.14 against 4.34 at batch 1). 2-byte states read whole rows too, 8 per program above
-# two heads per SM (282.9 µs at batch 256 against 302.9 for 64 rows in 8-row chunks, 73.8 against 80.6 at 64) and 4
-# below ("decode-bf16-small", a latency-bound grid: 3.58 against 3.76 at batch 1; NOTES run 34).
-# SFIRST 1 reads each chunk of the state before q, k and the gates, behind a barrier that keeps the compiler from
-# interleaving them; CSTRIDES 1 compiles a state's strides in when its (HV, V, K) block is contiguous; CG 1 reads the
-# state past L1 (cached in L2 only), leaving L1 to the slot table and the head inputs that neighbouring programs share.
-_ROW = {"SFIRST": 0, "CSTRIDES": 0, "CG": 0, "VK": 128, "STAGES": 1, "num_warps": 1, "num_stages": 1, "maxnreg": None}
+# decode's programs take VP rows of a head, BV at a time through a pipelined loop of STAGES. SFIRST 1 reads each
+# chunk of the state before q, k and the gates, behind a barrier that keeps the compiler from interleaving them (as
+# fla's program does, whose q and k sit in a loop after its state's loads); CSTRIDES 1 compiles a state's strides in
+# when its (HV, V, K) block is contiguous: one base address and constant offsets instead of an address per row.
+# An fp32 state reads fastest from one-warp programs of 8 whole rows with both, capped at 64 registers (all 8 loads
+# in flight first, 32 programs per SM): 523.6-527.0 µs at batch 256 against 531.3-536.4 for 4-row programs, 134.1
+# against 135.8-136.6 at 64, 35.4-35.9 against 36.0-36.1 at 16 (NOTES run 54); a latency-bound grid keeps 4 rows
+# ("decode-small": 4.14 against 4.64 µs at batch 1). 2-byte states read 16 whole rows per program above two heads per
+# SM (270.1 µs at batch 256 against 280.6 for 8 rows, 70.3 against 73.2 at 64, 19.6 against 20.4 at 16; neither key
+# helps them) and 4 below ("decode-bf16-small": 3.58 against 3.76 at batch 1; NOTES run 34).
+_ROW = {"SFIRST": 0, "CSTRIDES": 0, "VK": 128, "STAGES": 1, "num_warps": 1, "num_stages": 1, "maxnreg": None}
 LAUNCH = {
-    "decode": dict(_ROW, VP=4, BV=4),
-    "decode-bf16": dict(_ROW, VP=8, BV=8),
+    "decode": dict(_ROW, VP=8, BV=8, SFIRST=1, CSTRIDES=1, maxnreg=64),
+    "decode-small": dict(_ROW, VP=4, BV=4),
+    "decode-bf16": dict(_ROW, VP=16, BV=16),
     "decode-bf16-small": dict(_ROW, VP=4, BV=4),
     "decode-multi": {"BV": 8, "VK": 128, "num_warps": 1, "num_stages": 1, "maxnreg": None},
     "accept-snapshot": {"BV": 32, "num_warps": 4, "num_stages": 1, "maxnreg": None},
@@ -72,7 +75,7 @@ def _decode_kernel(
     scale,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BK: tl.constexpr, VP: tl.constexpr, BV: tl.constexpr, VK: tl.constexpr, STAGES: tl.constexpr,
-    SFIRST: tl.constexpr, CSTRIDES: tl.constexpr, CG: tl.constexpr, USE_QK_L2NORM: tl.constexpr, HAS_SLOTS: tl.constexpr,
+    SFIRST: tl.constexpr, CSTRIDES: tl.constexpr, USE_QK_L2NORM: tl.constexpr, HAS_SLOTS: tl.constexpr,
 ):
     i_b, i_hv, i_p = flat_program_ids(HV, (V + VP - 1) // VP)
     i_s = slot_of(slots, i_b, HAS_SLOTS)
@@ -99,10 +102,7 @@ def _decode_kernel(
         else:
             p_s = s + i_s * s_sn + i_hv * s_sh + o_v[:, None, None] * s_sv + o_k3[None, :, :] * s_sk
         # [BV, NC, VK]
-        if CG:
-            b_s = tl.load(p_s, mask=m_s, other=0.0, cache_modifier=".cg")
-        else:
-            b_s = tl.load(p_s, mask=m_s, other=0.0)
+        b_s = tl.load(p_s, mask=m_s, other=0.0)
         if SFIRST:
             # Every load of the chunk in flight before the head inputs' (L2) loads and their reductions.
             tl.debug_barrier()
@@ -213,7 +213,7 @@ def _launch_decode(state, q, k, v, g, beta, out, slots, scale, l2norm, settings)
         scale=scale,
         H=H, HV=HV, K=K, V=V, BK=next_pow2(K), VP=VP, BV=min(settings["BV"], VP),
         VK=min(settings["VK"], next_pow2(K)), STAGES=settings["STAGES"], SFIRST=bool(settings["SFIRST"]),
-        CSTRIDES=bool(settings["CSTRIDES"]) and _block_contiguous(state), CG=bool(settings["CG"]),
+        CSTRIDES=bool(settings["CSTRIDES"]) and _block_contiguous(state),
         USE_QK_L2NORM=l2norm, HAS_SLOTS=slots is not None,
         **compile_options(settings),
     )
@@ -295,9 +295,9 @@ def decode(
     else:
         slots = check_slots(slots, batch, state.shape[0], q.device, check)
     out = check_out(out, v.shape, v.dtype, q.device)
-    name = "decode"
-    if state.element_size() == 2:
-        name = "decode-bf16-small" if small_grid(batch * HV, q.device) else "decode-bf16"
+    name = "decode" if state.element_size() == 4 else "decode-bf16"
+    if small_grid(batch * HV, q.device):
+        name += "-small"
     settings = launch_settings(LAUNCH, name, launch)
     if batch:
         _launch_decode(state, q, k, v, g, beta, out, slots, scale, bool(use_qk_l2norm_in_kernel), settings)
