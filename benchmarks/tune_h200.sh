@@ -608,6 +608,7 @@ for section in $SECTIONS; do
         stalls mamba2-bf16-decode --op mamba2 --kernel decode --batch 256 --state-dtype bf16
         ;;
     gdn-decode-order)
+        # Ran at df3a92c, before 3ae1abc changed the decode rows that these overrides start from.
         # fla's program issues its 8 rows' loads first (its q and k sit in a loop after them) from one base address;
         # ours interleaves them with q and k and holds one address per row (compile_report): SFIRST puts the state's
         # loads first behind a barrier, CSTRIDES compiles the state's strides in.
@@ -625,6 +626,7 @@ for section in $SECTIONS; do
             --batch 64 --batch 256 $local_rows --launch decode:VP=16,BV=16,SFIRST=1,CSTRIDES=1
         ;;
     gdn-decode-order-2)
+        # Ran at 4163212, before 3ae1abc changed the decode rows that these overrides start from.
         # gdn-decode-order: SFIRST with CSTRIDES took 8-row programs within 2% of fla at 64 and 256 (524.7 against
         # 514.2 µs), a 2-byte state's 16-row programs 3% faster than the shipped 8-row row. More rows per warp, and
         # which of the two keys the 2-byte gain is from.
