@@ -282,8 +282,9 @@ def decode(
     Returns o (batch, HV, V) in v's dtype (written into `out` when given; padding rows keep what it
     held). `launch` overrides the kernel's VP (rows of a head per program), BV (rows per chunk of
     its loop), VK (width of the K pieces rows are reduced in), STAGES (the loop's pipeline depth),
-    num_warps, num_stages, maxnreg. `check` range-checks slots on the host (a device sync), skipped
-    while a CUDA graph is captured.
+    SFIRST (1: each chunk's state loads before q, k and the gates), CSTRIDES (1: a contiguous (HV, V, K)
+    block's strides compiled in; other layouts keep runtime strides), num_warps, num_stages, maxnreg.
+    `check` range-checks slots on the host (a device sync), skipped while a CUDA graph is captured.
     """
     batch, _, H, HV, K, V = check_step(q, k, v, g, beta, tokens=False)
     check_state(state, "state", HV, V, K, q.device)
