@@ -613,17 +613,17 @@ for section in $SECTIONS; do
         # ours interleaves them with q and k and holds one address per row (compile_report): SFIRST puts the state's
         # loads first behind a barrier, CSTRIDES compiles the state's strides in.
         gpu_tests gdn-decode-order-tests 200 tests/test_gdn_decode.py
-        local_rows="--launch decode:VP=4,BV=4 --launch decode:VP=4,BV=4,CSTRIDES=1 --launch decode:VP=4,BV=4,SFIRST=1
+        rows="--launch decode:VP=4,BV=4 --launch decode:VP=4,BV=4,CSTRIDES=1 --launch decode:VP=4,BV=4,SFIRST=1
             --launch decode:VP=4,BV=4,SFIRST=1,CSTRIDES=1 --launch decode:VP=8,BV=8
             --launch decode:VP=8,BV=8,SFIRST=1,CSTRIDES=1 --launch decode:VP=8,BV=8,SFIRST=1,CSTRIDES=1,maxnreg=64
             --launch decode:VP=8,BV=8,CSTRIDES=1,maxnreg=64"
         # shellcheck disable=SC2086
         sweep gdn-decode-order 300 sweep_gdn.py --kernel decode --kernel decode-direct --kernel fla --batch 1 \
-            --batch 16 --batch 64 --batch 256 $local_rows --launch decode-direct:VP=4,BV=4 \
+            --batch 16 --batch 64 --batch 256 $rows --launch decode-direct:VP=4,BV=4 \
             --launch decode-direct:VP=8,BV=8,SFIRST=1,CSTRIDES=1,maxnreg=64 --launch fla:V_FIRST=1
         # shellcheck disable=SC2086
         sweep gdn-decode-order-bf16 200 sweep_gdn.py --state-dtype bf16 --kernel decode --batch 1 --batch 16 \
-            --batch 64 --batch 256 $local_rows --launch decode:VP=16,BV=16,SFIRST=1,CSTRIDES=1
+            --batch 64 --batch 256 $rows --launch decode:VP=16,BV=16,SFIRST=1,CSTRIDES=1
         ;;
     gdn-decode-order-2)
         # Ran at 4163212, before 3ae1abc changed the decode rows that these overrides start from.
