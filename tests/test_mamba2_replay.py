@@ -100,6 +100,10 @@ LAUNCH_CASES = [
     ({"PHASES": 2, "BP": 16, "RC": 16, "num_warps": 1, "EARLY": 1, "flush_BP": 32}, "fp8"),
     ({"PHASES": 2, "flush_PPS": 1}, "bf16"),
     ({"PHASES": 2, "BP": 32, "RC": 16, "flush_BP": 16, "flush_PPS": 1}, None),
+    # each chunk's x, buffered x and z read a chunk ahead (PREFETCH), the last chunks' rows past P masked
+    ({"RC": 16, "STAGES": 3, "PREFETCH": 1}, None),
+    ({"BP": 32, "RC": 16, "PREFETCH": 1}, "bf16"),
+    ({"PHASES": 2, "RC": 16, "maxnreg": 96, "PREFETCH": 1}, "fp8"),
 ]
 
 
@@ -147,6 +151,11 @@ HEADS_CASES = [
     ({"HPP": 4, "RC": 16, "MMA": 1}, "bf16", None),
     ({"HPP": 8, "RC": 64, "MMA": 1}, "fp32", "bf16"),
     ({"HPP": 2, "RC": 32, "STAGES": 2, "MMA": 1}, "fp32", "fp8"),
+    # each chunk's inputs read a chunk ahead (PREFETCH), across the program's heads
+    ({"HPP": 4, "RC": 16, "STAGES": 2, "PREFETCH": 1}, "fp32", "bf16"),
+    ({"HPP": 8, "RC": 64, "VN": 64, "STAGES": 3, "maxnreg": 128, "flush_maxnreg": 168, "TF32": 2, "PREFETCH": 1},
+     "bf16", None),
+    ({"HPP": 2, "RC": 64, "MMA": 1, "PREFETCH": 1}, "fp32", "fp8"),
 ]
 
 

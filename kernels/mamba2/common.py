@@ -82,9 +82,15 @@ def finish_output(b_y, b_x, D, z, o_z, m_p, i_h, HAS_D: tl.constexpr, HAS_Z: tl.
     if HAS_D:
         b_y += tl.load(D + i_h).to(tl.float32) * b_x
     if HAS_Z:
-        b_z = tl.load(z + o_z, mask=m_p, other=0.0).to(tl.float32)
-        b_y = b_y * b_z * tl.sigmoid(b_z)
+        b_y = z_gate(b_y, tl.load(z + o_z, mask=m_p, other=0.0))
     return b_y
+
+
+@triton.jit
+def z_gate(b_y, b_z):
+    """y gated by the SiLU of z (as loaded)."""
+    b_z = b_z.to(tl.float32)
+    return b_y * b_z * tl.sigmoid(b_z)
 
 
 @triton.jit

@@ -18,6 +18,7 @@ from replayssm_kernels.mamba2.common import (
     slot_of,
     step_delta,
     store_read_copy,
+    z_gate,
 )
 
 
@@ -34,17 +35,30 @@ def _step_inputs(x, dt, B, C, dt_bias, i_b, i_h, i_g, o_p, m_p, o_n, m_n, stride
 
 
 @triton.jit
+def _chunk_inputs(p_xb, p_x, z, o_z, o_r, m_r, o_w, m_w, P, HAS_Z: tl.constexpr):
+    """A chunk's buffered x [BW, RC] (the f entries of rows o_r), this token's x [RC] and z [RC] as given (z is
+    x without HAS_Z)."""
+    b_xw = tl.load(p_xb + o_w[:, None] * P + o_r[None, :], mask=m_w[:, None] & m_r[None, :], other=0.0)
+    b_xc = tl.load(p_x + o_r, mask=m_r, other=0.0)
+    b_z = b_xc
+    if HAS_Z:
+        b_z = tl.load(z + o_z + o_r, mask=m_r, other=0.0)
+    return b_xw, b_xc, b_z
+
+
+@triton.jit
 def _chunk_output(
-    checkpoint, read_copy, read_scale, x, D, z, p_y, p_xb, i_b, i_h, i_s, i_sh, o_r, b_C3, b_kw, b_decay, b_bc, o_z,
+    checkpoint, read_copy, read_scale, D, p_y, p_xb, p_x, z, o_z, i_h, i_s, i_sh, o_r, b_C3, b_kw, b_decay, b_bc,
     o_n3, m_n3, o_w, m_w, P, stride_ck_s, stride_ck_h, stride_ck_p, stride_rc_s, stride_rc_h, stride_rc_p,
-    stride_x_b, stride_x_h, HAS_D: tl.constexpr, HAS_Z: tl.constexpr, USE_COPY: tl.constexpr, IS_FP8: tl.constexpr,
-    b_Cm, o_n, m_n, MMA: tl.constexpr,
+    HAS_D: tl.constexpr, HAS_Z: tl.constexpr, USE_COPY: tl.constexpr, IS_FP8: tl.constexpr,
+    b_Cm, o_n, m_n, MMA: tl.constexpr, b_xw, b_xc, b_z, PREFETCH: tl.constexpr,
 ):
     """A non-flush step's outputs for rows o_r of a head: y = e^{Λ_t}(S₀C) + Σ_j w_j x_j + ΔB·C x from the tile (the
     read copy, else the checkpoint) [RC, NC, VN], the buffered x [BW, RC] with weights b_kw, and this token's x,
-    which it returns as given. With MMA the tile is [RC, BN] and S₀C one tensor-core product against b_Cm [BN, 16]
-    (C in bf16 in its first column, zeros after): a bf16 tile (an fp8 copy converted exactly) times a bf16 C is
-    exact in the fp32 accumulator, as the FMAs are."""
+    which it returns as given. With PREFETCH the caller has read the buffered x, x and z (b_xw, b_xc, b_z, from
+    `_chunk_inputs`); else they are read here, after the tile. With MMA the tile is [RC, BN] and S₀C one
+    tensor-core product against b_Cm [BN, 16] (C in bf16 in its first column, zeros after): a bf16 tile (an fp8
+    copy converted exactly) times a bf16 C is exact in the fp32 accumulator, as the FMAs are."""
     m_r = o_r < P
     if USE_COPY:
         p_t = read_copy + i_s * stride_rc_s + i_h * stride_rc_h + o_r * stride_rc_p
@@ -56,13 +70,19 @@ def _chunk_output(
     else:
         b_t = tl.load(p_t[:, None, None] + o_n3[None, :, :], mask=m_r[:, None, None] & m_n3[None, :, :], other=0.0)
         b_yc = tl.sum(tl.sum(b_t.to(tl.float32) * b_C3[None, :, :], axis=1), axis=1)
-    b_xw = tl.load(p_xb + o_w[:, None] * P + o_r[None, :], mask=m_w[:, None] & m_r[None, :], other=0.0)
-    b_xc = tl.load(x + i_b * stride_x_b + i_h * stride_x_h + o_r, mask=m_r, other=0.0)
+    if not PREFETCH:
+        b_xw = tl.load(p_xb + o_w[:, None] * P + o_r[None, :], mask=m_w[:, None] & m_r[None, :], other=0.0)
+        b_xc = tl.load(p_x + o_r, mask=m_r, other=0.0)
     if IS_FP8:
         b_yc = b_yc * tl.load(read_scale + i_sh * P + o_r, mask=m_r, other=0.0)
     b_yc = b_decay * b_yc + tl.sum(b_kw[:, None] * b_xw.to(tl.float32), axis=0)
     b_yc += b_bc * b_xc.to(tl.float32)
-    b_yc = finish_output(b_yc, b_xc.to(tl.float32), D, z, o_z + o_r, m_r, i_h, HAS_D, HAS_Z)
+    if PREFETCH:
+        b_yc = finish_output(b_yc, b_xc.to(tl.float32), D, z, o_z + o_r, m_r, i_h, HAS_D, False)
+        if HAS_Z:
+            b_yc = z_gate(b_yc, b_z)
+    else:
+        b_yc = finish_output(b_yc, b_xc.to(tl.float32), D, z, o_z + o_r, m_r, i_h, HAS_D, HAS_Z)
     tl.store(p_y + o_r, b_yc.to(p_y.dtype.element_ty), mask=m_r)
     return b_xc
 
@@ -120,7 +140,7 @@ def mamba2_replay_kernel(
     W: tl.constexpr, CAP: tl.constexpr, BP: tl.constexpr, BPF: tl.constexpr, BN: tl.constexpr, BW: tl.constexpr,
     VN: tl.constexpr, RC: tl.constexpr, STAGES: tl.constexpr, NPB: tl.constexpr, HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_DT_BIAS: tl.constexpr, USE_SOFTPLUS: tl.constexpr,
     HAS_SLOTS: tl.constexpr, USE_COPY: tl.constexpr, IS_FP8: tl.constexpr, EARLY: tl.constexpr, PRECISION: tl.constexpr,
-    PHASE: tl.constexpr,
+    PHASE: tl.constexpr, PREFETCH: tl.constexpr,
 ):
     # PHASE 0 takes every row's step; 1 only the non-flush steps, and lists the (row, head, fill) of each head that
     # flushes in `work` for `mamba2_flush_kernel` (`replay` launches the two where the settings ask for two
@@ -216,12 +236,26 @@ def mamba2_replay_kernel(
         else:
             b_decay = tl.exp(b_lam)
             b_bc = b_dt * tl.sum(b_B * b_C, axis=0)
+            p_x = x + i_b * stride_x_b + i_h * stride_x_h
+            if PREFETCH:
+                o_r = i_p * BP + tl.arange(0, RC)
+                b_xw_n, b_xc_n, b_z_n = _chunk_inputs(p_xb, p_x, z, o_z, o_r, o_r < P, o_w, m_w, P, HAS_Z)
             for i_r in tl.range(0, BP, RC, num_stages=STAGES):
+                o_r = i_p * BP + i_r + tl.arange(0, RC)
+                if PREFETCH:
+                    # This chunk's buffered x, x and z were read a chunk ahead, and the next chunk's are read now:
+                    # the pipelined loop does not prefetch these 2-byte loads, which the compiler otherwise issues
+                    # just before their use.
+                    b_xw, b_xc, b_z = b_xw_n, b_xc_n, b_z_n
+                    b_xw_n, b_xc_n, b_z_n = _chunk_inputs(p_xb, p_x, z, o_z, o_r + RC,
+                                                          (o_r + RC < P) & (i_r + RC < BP), o_w, m_w, P, HAS_Z)
+                else:
+                    b_xw, b_xc, b_z = None, None, None
                 _chunk_output(
-                    checkpoint, read_copy, read_scale, x, D, z, p_y, p_xb, i_b, i_h, i_s, i_sh,
-                    i_p * BP + i_r + tl.arange(0, RC), b_C3, b_kw, b_decay, b_bc, o_z, o_n3, m_n3, o_w, m_w, P,
-                    stride_ck_s, stride_ck_h, stride_ck_p, stride_rc_s, stride_rc_h, stride_rc_p, stride_x_b,
-                    stride_x_h, HAS_D, HAS_Z, USE_COPY, IS_FP8, None, None, None, 0,
+                    checkpoint, read_copy, read_scale, D, p_y, p_xb, p_x, z, o_z, i_h, i_s, i_sh, o_r, b_C3, b_kw,
+                    b_decay, b_bc, o_n3, m_n3, o_w, m_w, P, stride_ck_s, stride_ck_h, stride_ck_p, stride_rc_s,
+                    stride_rc_h, stride_rc_p, HAS_D, HAS_Z, USE_COPY, IS_FP8, None, None, None, 0, b_xw, b_xc, b_z,
+                    PREFETCH,
                 )
         tl.store(p_xb + f * P + o_p, b_xr, mask=m_p)
         if i_p == 0:
@@ -274,7 +308,7 @@ def mamba2_heads_kernel(
     W: tl.constexpr, CAP: tl.constexpr, BP: tl.constexpr, BN: tl.constexpr, BW: tl.constexpr, VN: tl.constexpr,
     RC: tl.constexpr, STAGES: tl.constexpr, HPP: tl.constexpr, HAS_D: tl.constexpr, HAS_Z: tl.constexpr,
     HAS_DT_BIAS: tl.constexpr, USE_SOFTPLUS: tl.constexpr, HAS_SLOTS: tl.constexpr, USE_COPY: tl.constexpr,
-    IS_FP8: tl.constexpr, MMA: tl.constexpr,
+    IS_FP8: tl.constexpr, MMA: tl.constexpr, PREFETCH: tl.constexpr,
 ):
     """A two-launch step's non-flush launch with HPP heads of one group per program (whole heads, BP ≥ P): the
     group's C·B of the buffered entries is summed once for all of them, and one pipelined loop streams their tiles
@@ -306,10 +340,26 @@ def mamba2_heads_kernel(
         b_cb = tl.sum(b_Br.to(tl.float32) * b_C, axis=0)
         # [BN, 16]: C in bf16 in the first column (MMA)
         b_Cm = tl.where(tl.arange(0, 16)[None, :] == 0, b_C.to(tl.bfloat16)[:, None], 0.0).to(tl.bfloat16)
+        p_x, o_z = x + i_b * stride_x_b, i_b * stride_z_b
+        if PREFETCH:
+            o_r = tl.arange(0, RC)
+            b_xw_n, b_xc_n, b_z_n = _chunk_inputs(x_buf + (i_s * H + h0) * CAP * P, p_x + h0 * stride_x_h, z,
+                                                  o_z + h0 * stride_z_h, o_r, o_r < P, o_w, m_w, P, HAS_Z)
         for i_t in tl.range(0, HPP * BP, RC, num_stages=STAGES):
             i_h = h0 + i_t // BP
             i_sh = i_s * H + i_h
             o_r = i_t % BP + tl.arange(0, RC)
+            if PREFETCH:
+                # As in mamba2_replay_kernel: this chunk's x, buffered x and z read a chunk ahead, the next
+                # chunk's (of this head or the next) now.
+                b_xw, b_xc, b_z = b_xw_n, b_xc_n, b_z_n
+                i_hn = h0 + (i_t + RC) // BP
+                o_rn = (i_t + RC) % BP + tl.arange(0, RC)
+                b_xw_n, b_xc_n, b_z_n = _chunk_inputs(x_buf + (i_s * H + i_hn) * CAP * P, p_x + i_hn * stride_x_h, z,
+                                                      o_z + i_hn * stride_z_h, o_rn,
+                                                      (o_rn < P) & (i_t + RC < HPP * BP), o_w, m_w, P, HAS_Z)
+            else:
+                b_xw, b_xc, b_z = None, None, None
             b_dt = step_delta(tl.load(dt + i_b * stride_dt_b + i_h * stride_dt_h), dt_bias, i_h, HAS_DT_BIAS,
                               USE_SOFTPLUS)
             p_lb, p_db, p_xb = lam_buf + i_sh * CAP, dt_buf + i_sh * CAP, x_buf + i_sh * CAP * P
@@ -317,10 +367,10 @@ def mamba2_heads_kernel(
             b_kw = tl.exp(b_lam - tl.load(p_lb + o_w, mask=m_w, other=0.0)) * tl.load(p_db + o_w, mask=m_w, other=0.0)
             b_kw = tl.where(m_w, b_kw * b_cbw, 0.0)
             b_xc = _chunk_output(
-                checkpoint, read_copy, read_scale, x, D, z, y + i_b * stride_y_b + i_h * stride_y_h, p_xb, i_b, i_h,
-                i_s, i_sh, o_r, b_C3, b_kw, tl.exp(b_lam), b_dt * b_cb, i_b * stride_z_b + i_h * stride_z_h, o_n3,
-                m_n3, o_w, m_w, P, stride_ck_s, stride_ck_h, stride_ck_p, stride_rc_s, stride_rc_h, stride_rc_p,
-                stride_x_b, stride_x_h, HAS_D, HAS_Z, USE_COPY, IS_FP8, b_Cm, o_n, m_n, MMA,
+                checkpoint, read_copy, read_scale, D, y + i_b * stride_y_b + i_h * stride_y_h, p_xb,
+                p_x + i_h * stride_x_h, z, o_z + i_h * stride_z_h, i_h, i_s, i_sh, o_r, b_C3, b_kw, tl.exp(b_lam),
+                b_dt * b_cb, o_n3, m_n3, o_w, m_w, P, stride_ck_s, stride_ck_h, stride_ck_p, stride_rc_s, stride_rc_h,
+                stride_rc_p, HAS_D, HAS_Z, USE_COPY, IS_FP8, b_Cm, o_n, m_n, MMA, b_xw, b_xc, b_z, PREFETCH,
             )
             # This token's entry: x's rows with each chunk, Δ and lam with each head's first.
             tl.store(p_xb + f * P + o_r, b_xc, mask=o_r < P)
@@ -421,27 +471,29 @@ def mamba2_materialize_kernel(
 STEP_LAUNCH = [
     ((4, 1 << 30, 1 << 30), {"BP": 64, "BPF": 16, "VN": 32, "RC": 32, "STAGES": 2, "EARLY": 0, "TF32": 0,
                              "num_warps": 2, "num_stages": 1, "maxnreg": 112, "PHASES": 1, "PPS": 6, "HPP": 1,
-                             "MMA": 0}),
+                             "MMA": 0, "PREFETCH": 0}),
     ((2, 1 << 30, 1 << 30), {"BP": 64, "BPF": 16, "VN": 64, "RC": 32, "STAGES": 3, "EARLY": 0, "TF32": 0,
                              "num_warps": 2, "num_stages": 1, "maxnreg": 128, "PHASES": 1, "PPS": 6, "HPP": 1,
-                             "MMA": 0}),
+                             "MMA": 0, "PREFETCH": 0}),
 ]
 SPLIT_LAUNCH = [
     ((4, 1 << 30, 1 << 30), {"BP": 64, "BPF": 16, "VN": 64, "RC": 32, "STAGES": 3, "EARLY": 0, "TF32": 0,
                              "num_warps": 2, "num_stages": 1, "maxnreg": 128, "PHASES": 1, "PPS": 6, "HPP": 1,
-                             "MMA": 0}),
+                             "MMA": 0, "PREFETCH": 0}),
     ((2, 1 << 30, 1 << 30), {"BP": 64, "BPF": 16, "VN": 32, "RC": 32, "STAGES": 3, "EARLY": 0, "TF32": 0,
                              "num_warps": 2, "num_stages": 1, "maxnreg": 128, "PHASES": 1, "PPS": 6, "HPP": 1,
-                             "MMA": 0}),
+                             "MMA": 0, "PREFETCH": 0}),
 ]
 # A small grid's programs take 16 rows, read the buffer before the fill and fold the flush through 3xTF32 (batch 1,
 # fp32: 4.64 µs against 5.23 without the last two, 4.70 without TF32, 5.07 without EARLY, 4.97 in 8-row programs;
 # bf16: 4.09 against 4.60; NOTES runs 34–36).
 SMALL_GRID_LAUNCH = [
     ((4, 1 << 30, 1 << 30), {"BP": 16, "BPF": 16, "VN": 32, "RC": 16, "STAGES": 1, "EARLY": 1, "TF32": 1,
-                             "num_warps": 1, "num_stages": 1, "PHASES": 1, "PPS": 6, "HPP": 1, "MMA": 0}),
+                             "num_warps": 1, "num_stages": 1, "PHASES": 1, "PPS": 6, "HPP": 1, "MMA": 0,
+                             "PREFETCH": 0}),
     ((2, 1 << 30, 1 << 30), {"BP": 16, "BPF": 16, "VN": 32, "RC": 16, "STAGES": 1, "EARLY": 1, "TF32": 1,
-                             "num_warps": 1, "num_stages": 1, "PHASES": 1, "PPS": 6, "HPP": 1, "MMA": 0}),
+                             "num_warps": 1, "num_stages": 1, "PHASES": 1, "PPS": 6, "HPP": 1, "MMA": 0,
+                             "PREFETCH": 0}),
 ]
 # On a large grid (args.large_grid) a step on a 2-byte or 1-byte tile takes its non-flush launch in programs of 8
 # whole heads of a group (their buffered C·B summed once) streamed in 64-row chunks, and its flushes in a launch of
@@ -454,7 +506,7 @@ SMALL_GRID_LAUNCH = [
 # and 192 registers, 8 programs per SM, 4 warps, 32-row flush chunks, 2 stages and TF32 no better: NOTES run 53).
 # The heads launch's row sums on the tensor cores (MMA) measured 2-13% slower than its FMAs.
 _HEADS = {"BP": 64, "BPF": 16, "VN": 64, "RC": 64, "STAGES": 3, "EARLY": 0, "TF32": 0, "num_warps": 2, "num_stages": 1,
-          "maxnreg": 128, "PHASES": 2, "PPS": 6, "HPP": 8, "MMA": 0, "flush_maxnreg": 168}
+          "maxnreg": 128, "PHASES": 2, "PPS": 6, "HPP": 8, "MMA": 0, "PREFETCH": 0, "flush_maxnreg": 168}
 # A 2-byte state's flushes there fold in one TF32 product (TF32=2): its window at 256 191.48 -> 186.22 µs, at 512
 # 358.25 -> 352.68 (its flushes alone 534.85 -> 496.22); on medium and small grids one product lost (59.53 -> 60.87
 # µs at batch 64, 4.10 -> 4.38 at 1; NOTES run 53).
@@ -462,11 +514,12 @@ LARGE_STEP_LAUNCH = [((4, 1 << 30, 1 << 30), dict(STEP_LAUNCH[0][1], maxnreg=96)
                      ((2, 1 << 30, 1 << 30), dict(_HEADS, TF32=2))]
 LARGE_SPLIT_LAUNCH = [((4, 1 << 30, 1 << 30), _HEADS), SPLIT_LAUNCH[1]]
 STEP_KEYS = ("BP", "BPF", "VN", "RC", "STAGES", "EARLY", "TF32", "num_warps", "num_stages", "maxnreg", "PHASES",
-             "PPS", "HPP", "MMA")
+             "PPS", "HPP", "MMA", "PREFETCH")
 # With PHASES=2 the flushes run in a second launch, with the row's settings overridden by these, in PPS programs per
 # SM that loop over the heads the first launch listed as flushing. HPP > 1 (heads per program, PHASES=2 only) takes
 # that first launch in programs of whole heads, HPP of a group each (`mamba2_heads_kernel`).
-FLUSH_KEYS = tuple(args.FLUSH_PREFIX + key for key in STEP_KEYS if key not in ("PHASES", "HPP", "MMA"))
+FLUSH_KEYS = tuple(args.FLUSH_PREFIX + key for key in STEP_KEYS
+                   if key not in ("PHASES", "HPP", "MMA", "PREFETCH"))
 # TF32 is how a flush folds its buffered entries into the checkpoint: 0 in fp32 FMAs, 1 in three TF32 products
 # (about fp32's accuracy), 2 in one TF32 product, for a 2-byte checkpoint only (its error, about 2^-11 of the
 # update, is under the checkpoint's own rounding).
@@ -533,7 +586,8 @@ def replay(cache: ReplayCache, x, dt, A, B, C, *, D=None, z=None, dt_bias=None, 
             prefixed flush_, such as flush_maxnreg and flush_PPS, that launch's programs per SM), HPP (with
             PHASES=2: the non-flush launch in programs of HPP whole heads of a group, which sum the group's buffered
             C·B once; lowered to a power of two dividing H / G), MMA (1, with HPP > 1: that launch's row sums on the
-            tensor cores, for a bf16 or fp8 tile and bf16 inputs).
+            tensor cores, for a bf16 or fp8 tile and bf16 inputs), PREFETCH (1: a streamed tile's chunks read their
+            x, buffered x and z one chunk ahead).
         check: range-check `slots` on the host (a device sync); skipped while a CUDA graph is captured.
 
     Returns:
@@ -636,7 +690,8 @@ def _launch_heads(cache: ReplayCache, step: dict, batch: int, softplus: bool, se
         VN=min(settings["VN"], BN), RC=min(settings["RC"], args.block(P)), STAGES=settings["STAGES"], HPP=hpp,
         HAS_D=step["D"] is not None, HAS_Z=step["z"] is not None, HAS_DT_BIAS=step["dt_bias"] is not None,
         USE_SOFTPLUS=softplus, HAS_SLOTS=step["slots"] is not None, USE_COPY=rc is not None,
-        IS_FP8=cache.read_scale is not None, MMA=settings["MMA"], **args.compile_options(settings),
+        IS_FP8=cache.read_scale is not None, MMA=settings["MMA"], PREFETCH=bool(settings["PREFETCH"]),
+        **args.compile_options(settings),
     )
 
 
@@ -691,6 +746,7 @@ def _launch_replay(cache: ReplayCache, step: dict, batch: int, softplus: bool, s
     RC = min(settings.pop("RC"), BP)
     STAGES = settings.pop("STAGES")
     EARLY = settings.pop("EARLY")
+    PREFETCH = bool(settings.pop("PREFETCH"))
     settings.pop("MMA")
     PRECISION = _flush_precision(cache, settings.pop("TF32"))
     rc = cache.read_copy
@@ -706,7 +762,7 @@ def _launch_replay(cache: ReplayCache, step: dict, batch: int, softplus: bool, s
         HAS_D=step["D"] is not None, HAS_Z=step["z"] is not None, HAS_DT_BIAS=step["dt_bias"] is not None,
         USE_SOFTPLUS=softplus,
         HAS_SLOTS=step["slots"] is not None, USE_COPY=rc is not None, IS_FP8=cache.read_scale is not None,
-        EARLY=EARLY, PRECISION=PRECISION, PHASE=phase, **settings,
+        EARLY=EARLY, PRECISION=PRECISION, PHASE=phase, PREFETCH=PREFETCH, **settings,
     )
 
 
