@@ -1,0 +1,56 @@
+"""benchmarks/profile_rows.py: kernel rows' settings overridden before `replayssm profile` runs."""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+
+import benchmark_scripts
+
+script = benchmark_scripts.fixture("profile_rows")
+
+
+@pytest.fixture
+def replay_rows():
+    """mamba2.replay's LARGE_STEP_LAUNCH and gdn.decode's LAUNCH, restored after the test."""
+    replay = importlib.import_module("replayssm_kernels.mamba2.replay")
+    decode = importlib.import_module("replayssm_kernels.gdn.decode")
+    saved = [dict(row) for _, row in replay.LARGE_STEP_LAUNCH], {k: dict(v) for k, v in decode.LAUNCH.items()}
+    yield replay, decode
+    for (_, row), old in zip(replay.LARGE_STEP_LAUNCH, saved[0]):
+        row.clear()
+        row.update(old)
+    for name, old in saved[1].items():
+        decode.LAUNCH[name].clear()
+        decode.LAUNCH[name].update(old)
+
+
+def test_set_changes_the_named_row_only(script, replay_rows):
+    replay, decode = replay_rows
+    before = dict(replay.LARGE_STEP_LAUNCH[0][1])
+    row = script.apply_set(*script.parse_set("mamba2.replay:LARGE_STEP_LAUNCH:1:PREFETCH=1,flush_STAGES=2"))
+    assert row is replay.LARGE_STEP_LAUNCH[1][1]
+    assert (row["PREFETCH"], row["flush_STAGES"], row["TF32"]) == (1, 2, 2)
+    assert replay.LARGE_STEP_LAUNCH[0][1] == before
+    script.apply_set(*script.parse_set("gdn.decode:LAUNCH:decode-small:VP=8,BV=8"))
+    assert (decode.LAUNCH["decode-small"]["VP"], decode.LAUNCH["decode"]["VP"]) == (8, 8)
+    assert decode.LAUNCH["decode-bf16-small"]["VP"] == 4
+
+
+@pytest.mark.parametrize("text,message", [
+    ("mamba2.replay:LARGE_STEP_LAUNCH", "expected MODULE:TABLE:ROW:key=value"),
+    ("mamba2.replay:LARGE_STEP_LAUNCH:1:PREFETCH", "'PREFETCH' is not key=value"),
+    ("mamba2.replay:LARGE_STEP_LAUNCH:1:PREFETCH=on", "PREFETCH='on' is not an integer"),
+    ("mamba2.replays:LARGE_STEP_LAUNCH:1:PREFETCH=1", "no module replayssm_kernels.mamba2.replays"),
+    ("mamba2.replay:LARGE_STEPS:1:PREFETCH=1", "has no table 'LARGE_STEPS'"),
+    ("mamba2.replay:LARGE_STEP_LAUNCH:2:PREFETCH=1", "has rows 0 to 1, not '2'"),
+    ("mamba2.replay:LARGE_STEP_LAUNCH:1:PREFECH=1", "takes no key 'PREFECH'"),
+    ("gdn.decode:LAUNCH:decode-large:VP=4", "has no row 'decode-large'; its rows: decode, decode-small"),
+])
+def test_bad_set_is_one_line_and_exit_2(script, replay_rows, capsys, text, message):
+    before = dict(replay_rows[0].LARGE_STEP_LAUNCH[1][1])
+    assert script.main(["--set", text, "--", "--help"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and "\n" not in err
+    assert replay_rows[0].LARGE_STEP_LAUNCH[1][1] == before
