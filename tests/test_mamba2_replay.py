@@ -172,9 +172,9 @@ def test_replay_heads_per_program(device, assert_close, launch, state, read):
 
 def test_replay_rows_by_grid(monkeypatch):
     """From 80 (row, head) pairs per SM a step on a 2-byte or 1-byte tile takes programs of 8 heads in two
-    launches (the flushes' capped at 168 registers, a 2-byte state's in one TF32 product) and an fp32 state's
-    registers are capped at 96 rather than 112; a bf16 checkpoint with a read copy, smaller grids and the CPU keep
-    their rows."""
+    launches (the flushes' capped at 168 registers; a 2-byte state's flushes in one TF32 product, its chunks' inputs
+    read a chunk ahead) and an fp32 state's registers are capped at 96 rather than 112; a bf16 checkpoint with a
+    read copy, smaller grids and the CPU keep their rows."""
     import importlib
     from types import SimpleNamespace
 
@@ -195,6 +195,10 @@ def test_replay_rows_by_grid(monkeypatch):
     assert row(cache("bf16", False), 512) == (8, 2, 64)
     assert replay_mod.step_launch(cache("fp32", True), 256)["flush_maxnreg"] == 168
     assert [replay_mod.step_launch(cache(s, False), 256)["TF32"] for s in ("bf16", "fp32")] == [2, 0]
+    prefetch = [replay_mod.step_launch(c, b)["PREFETCH"] for c, b in
+                ((cache("bf16", False), 256), (cache("bf16", False), 64), (cache("fp32", True), 256),
+                 (cache("fp32", False), 256))]
+    assert prefetch == [1, 0, 0, 0]
     assert replay_mod.step_launch(cache("bf16", False), 64)["TF32"] == 0
     assert "flush_maxnreg" not in replay_mod.step_launch(cache("fp32", True), 64)
     assert "flush_maxnreg" not in replay_mod.step_launch(cache("fp32", True), 256, {"PHASES": 1, "HPP": 1})
