@@ -60,13 +60,6 @@ def listed_flush(work, i_e):
 
 
 @triton.jit
-def listed_flush_if(work, i_e, m):
-    """listed_flush where m holds, else (0, 0, 0) with nothing read (an entry past the list)."""
-    return (tl.load(work + 2 + 3 * i_e, mask=m, other=0), tl.load(work + 3 + 3 * i_e, mask=m, other=0),
-            tl.load(work + 4 + 3 * i_e, mask=m, other=0))
-
-
-@triton.jit
 def list_done(work):
     """Every program of the flush launch calls this after its last entry; the last of them zeroes the counters."""
     if tl.atomic_add(work + 1, 1, sem="acq_rel") == tl.num_programs(0) - 1:

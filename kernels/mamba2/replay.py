@@ -15,7 +15,6 @@ from replayssm_kernels.mamba2.common import (
     list_done,
     list_flush,
     listed_flush,
-    listed_flush_if,
     slot_of,
     step_delta,
     store_read_copy,
@@ -398,12 +397,11 @@ def mamba2_flush_kernel(
     CAP: tl.constexpr, BP: tl.constexpr, BPF: tl.constexpr, BN: tl.constexpr, BW: tl.constexpr,
     STAGES: tl.constexpr, NPB: tl.constexpr, HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_DT_BIAS: tl.constexpr,
     USE_SOFTPLUS: tl.constexpr, HAS_SLOTS: tl.constexpr, USE_COPY: tl.constexpr, IS_FP8: tl.constexpr,
-    PRECISION: tl.constexpr, PREFETCH: tl.constexpr,
+    PRECISION: tl.constexpr,
 ):
     """The flushes the non-flush launch listed in `work` (a count, a done counter, then (row, head, fill) per
     flushing head), BP rows of a head per item: each program loops over the items, so the launch's programs are a
-    few per SM however few rows flush. With PREFETCH each item reads the next one's list entry and slot. The last
-    program to finish zeroes the counters for the next step."""
+    few per SM however few rows flush. The last program to finish zeroes the counters for the next step."""
     HPG = H // G
     n_items = tl.load(work) * NPB
     n_programs = tl.num_programs(0)
@@ -411,21 +409,11 @@ def mamba2_flush_kernel(
     m_n = o_n < N
     # A while loop: its bounds are device values (the interpreter's range takes only Python integers).
     i_j = tl.program_id(0)
-    if PREFETCH:
-        i_bn, i_hn, f_n = listed_flush_if(work, i_j // NPB, i_j < n_items)
-        i_sn = slot_of(slots, i_bn, HAS_SLOTS)
     while i_j < n_items:
         i_p = i_j % NPB
-        if PREFETCH:
-            # This item's entry and slot were read with the previous item; the next item's are read now, off the
-            # chain (entry, slot, then the tile) that each item otherwise starts with.
-            i_b, i_h, f, i_s = i_bn, i_hn, f_n, i_sn
-            i_bn, i_hn, f_n = listed_flush_if(work, (i_j + n_programs) // NPB, i_j + n_programs < n_items)
-            i_sn = slot_of(slots, i_bn, HAS_SLOTS)
-        else:
-            i_b, i_h, f = listed_flush(work, i_j // NPB)
-            i_s = slot_of(slots, i_b, HAS_SLOTS)
+        i_b, i_h, f = listed_flush(work, i_j // NPB)
         i_g = i_h // HPG
+        i_s = slot_of(slots, i_b, HAS_SLOTS)
         i_sh = i_s * H + i_h
         o_p = i_p * BP + tl.arange(0, BP)
         b_xr, b_Br, b_C, b_dt = _step_inputs(
@@ -518,8 +506,7 @@ SMALL_GRID_LAUNCH = [
 # and 192 registers, 8 programs per SM, 4 warps, 32-row flush chunks, 2 stages and TF32 no better: NOTES run 53).
 # The heads launch's row sums on the tensor cores (MMA) measured 2-13% slower than its FMAs.
 _HEADS = {"BP": 64, "BPF": 16, "VN": 64, "RC": 64, "STAGES": 3, "EARLY": 0, "TF32": 0, "num_warps": 2, "num_stages": 1,
-          "maxnreg": 128, "PHASES": 2, "PPS": 6, "HPP": 8, "MMA": 0, "PREFETCH": 0, "flush_maxnreg": 168,
-          "flush_PREFETCH": 0}
+          "maxnreg": 128, "PHASES": 2, "PPS": 6, "HPP": 8, "MMA": 0, "PREFETCH": 0, "flush_maxnreg": 168}
 # A 2-byte state's flushes there fold in one TF32 product (TF32=2): its window at 256 191.48 -> 186.22 µs, at 512
 # 358.25 -> 352.68 (its flushes alone 534.85 -> 496.22); on medium and small grids one product lost (59.53 -> 60.87
 # µs at batch 64, 4.10 -> 4.38 at 1; NOTES run 53). Its heads launch reads each chunk's x, buffered x and z a chunk
@@ -534,7 +521,8 @@ STEP_KEYS = ("BP", "BPF", "VN", "RC", "STAGES", "EARLY", "TF32", "num_warps", "n
 # With PHASES=2 the flushes run in a second launch, with the row's settings overridden by these, in PPS programs per
 # SM that loop over the heads the first launch listed as flushing. HPP > 1 (heads per program, PHASES=2 only) takes
 # that first launch in programs of whole heads, HPP of a group each (`mamba2_heads_kernel`).
-FLUSH_KEYS = tuple(args.FLUSH_PREFIX + key for key in STEP_KEYS if key not in ("PHASES", "HPP", "MMA"))
+FLUSH_KEYS = tuple(args.FLUSH_PREFIX + key for key in STEP_KEYS
+                   if key not in ("PHASES", "HPP", "MMA", "PREFETCH"))
 # TF32 is how a flush folds its buffered entries into the checkpoint: 0 in fp32 FMAs, 1 in three TF32 products
 # (about fp32's accuracy), 2 in one TF32 product, for a 2-byte checkpoint only (its error, about 2^-11 of the
 # update, is under the checkpoint's own rounding).
@@ -602,8 +590,7 @@ def replay(cache: ReplayCache, x, dt, A, B, C, *, D=None, z=None, dt_bias=None, 
             PHASES=2: the non-flush launch in programs of HPP whole heads of a group, which sum the group's buffered
             C·B once; lowered to a power of two dividing H / G), MMA (1, with HPP > 1: that launch's row sums on the
             tensor cores, for a bf16 or fp8 tile and bf16 inputs), PREFETCH (1: a streamed tile's chunks read their
-            x, buffered x and z one chunk ahead; flush_PREFETCH 1: each flush reads the next one's list entry and
-            slot).
+            x, buffered x and z one chunk ahead).
         check: range-check `slots` on the host (a device sync); skipped while a CUDA graph is captured.
 
     Returns:
@@ -745,7 +732,7 @@ def _launch_flushes(cache: ReplayCache, step: dict, batch: int, softplus: bool, 
         HAS_D=step["D"] is not None, HAS_Z=step["z"] is not None, HAS_DT_BIAS=step["dt_bias"] is not None,
         USE_SOFTPLUS=softplus, HAS_SLOTS=step["slots"] is not None, USE_COPY=cache.read_copy is not None,
         IS_FP8=cache.read_scale is not None, PRECISION=_flush_precision(cache, settings["TF32"]),
-        PREFETCH=bool(settings["PREFETCH"]), **args.compile_options(settings),
+        **args.compile_options(settings),
     )
 
 
