@@ -328,7 +328,10 @@ def main(op, argv: list[str] | None, reuse_checks: bool) -> int:
     if args.out:
         import triton
 
-        env = {"gpu": props.name, "torch": torch.__version__, "triton": triton.__version__, "l2_bytes": l2}
+        # The GPU's UUID: H200s differ from one another by a few percent (NOTES run 55), so runs compare on one GPU.
+        uuid = getattr(props, "uuid", None)
+        env = {"gpu": props.name, "uuid": f"GPU-{uuid}" if uuid is not None else None, "torch": torch.__version__,
+               "triton": triton.__version__, "l2_bytes": l2}
         payload = {"shape": op.SHAPE, "window": op.WINDOW, "draft": op.DRAFT, "accepted": op.ACCEPTED,
                    "environment": env, "results": [asdict(r) for r in results], "stopped_at": stopped}
         with open(args.out, "w") as fh:

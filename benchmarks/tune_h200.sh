@@ -3,7 +3,7 @@
 # writes its table (.txt) and results (.json) under DIR (default runs/tune), and DIR.tar.gz holds them all for
 # machines that return one file; a sweep past its time limit leaves the ones before it.
 # Usage: benchmarks/tune_h200.sh [DIR] [SECTION ...]
-# Sections: tests, prefetch, prefetch-2, gdn-decode-chunks, gdn-decode-order, gdn-decode-order-2, mamba2-mma, stalls-bf16, mamba2-bf16-heads, mamba2-bf16-tf32, heads-sanitizer, mamba2-heads-flush-2, gdn-heads-fault, gdn-heads, mamba2-heads-flush, mamba2-heads, mamba2-heads-2, mamba2-heads-3, mamba2-heads-4, verify-tests, gdn-verify-mma, gdn-verify-3, gdn-verify-rows, gdn-verify-warps, gdn-verify-warps-2, mamba2-verify-warps, gdn-split-3, gdn-split-4, two-phase-2, mamba2-split-phases, mamba2-two-phase, gdn-split-flush-vp, gdn-mma, split-launch-cost, split-launch-cost-2, gdn-flush-list, mamba2-flush-list, gdn-split-nonflush, gdn-split-flush-2, one-warp, fp8-one-warp, fp8-one-warp-2, copy-pieces, regs-2byte, stalls, stalls-2, next, small-grid, small-grid-2, small-grid-3, medium-grid, direct, order, vk, gdn-decode, gdn-replay, gdn-early, gdn-replay-256, gdn-fp32-2, gdn-split, gdn-split-2,
+# Sections: tests, prefetch, prefetch-2, loops, gdn-decode-chunks, gdn-decode-order, gdn-decode-order-2, mamba2-mma, stalls-bf16, mamba2-bf16-heads, mamba2-bf16-tf32, heads-sanitizer, mamba2-heads-flush-2, gdn-heads-fault, gdn-heads, mamba2-heads-flush, mamba2-heads, mamba2-heads-2, mamba2-heads-3, mamba2-heads-4, verify-tests, gdn-verify-mma, gdn-verify-3, gdn-verify-rows, gdn-verify-warps, gdn-verify-warps-2, mamba2-verify-warps, gdn-split-3, gdn-split-4, two-phase-2, mamba2-split-phases, mamba2-two-phase, gdn-split-flush-vp, gdn-mma, split-launch-cost, split-launch-cost-2, gdn-flush-list, mamba2-flush-list, gdn-split-nonflush, gdn-split-flush-2, one-warp, fp8-one-warp, fp8-one-warp-2, copy-pieces, regs-2byte, stalls, stalls-2, next, small-grid, small-grid-2, small-grid-3, medium-grid, direct, order, vk, gdn-decode, gdn-replay, gdn-early, gdn-replay-256, gdn-fp32-2, gdn-split, gdn-split-2,
 # gdn-bf16, gdn-bf16-2, gdn-verify, fla, mamba2-split, mamba2-split2, mamba2-vn, mamba2-bf16, mamba2-bf16-2,
 # mamba2-verify (default: tests gdn-decode gdn-replay gdn-verify mamba2-split mamba2-bf16 mamba2-verify).
 set -uo pipefail
@@ -664,6 +664,21 @@ for section in $SECTIONS; do
             sweep "prefetch-2$run" 200 sweep_mamba2.py --kernel decode --kernel split-bf16 --kernel split-fp8 \
                 --batch 96 --batch 128 --batch 256 --batch 512 --launch decode: --launch split-bf16: \
                 --launch split-bf16:PREFETCH=1 --launch split-fp8: --launch split-fp8:PREFETCH=1
+        done
+        ;;
+    loops)
+        # The sweep and the reference loop (`replayssm profile`) on one GPU, the bf16 state's row with and without
+        # PREFETCH, alternating: run 55's disagreement is the loops' or the GPUs'.
+        M=nemotron-3-super-120b-a12b
+        for run in a b; do
+            sweep "loops-sweep-$run" 120 sweep_mamba2.py --state-dtype bf16 --kernel decode --kernel replay \
+                --batch 256 --batch 512 --launch decode: --launch replay:PREFETCH=0 --launch replay:PREFETCH=1
+            for v in 0 1; do
+                timeout 120 python benchmarks/profile_rows.py --set "mamba2.replay:LARGE_STEP_LAUNCH:1:PREFETCH=$v" \
+                    -- -p $M --batch 256,512 --state-dtype bf16 --repeats 9 --no-phases \
+                    --out "$DIR/loops-profile-$run-$v.json" >"$DIR/loops-profile-$run-$v.txt" 2>&1
+                echo "loops-profile-$run-$v: exit $?" >&2
+            done
         done
         ;;
     gdn-decode-chunks)
