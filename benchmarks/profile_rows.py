@@ -80,7 +80,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from replayssm_cli.main import app
 
-    return app(["profile", *rest], standalone_mode=False) or 0
+    # The CLI's own handling: a bad option or value is reported as `replayssm profile` reports it.
+    try:
+        app(["profile", *rest], prog_name="replayssm")
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else 1
+    return 0
 
 
 if __name__ == "__main__":

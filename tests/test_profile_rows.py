@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import json
 
 import pytest
 
@@ -54,3 +55,19 @@ def test_bad_set_is_one_line_and_exit_2(script, replay_rows, capsys, text, messa
     err = capsys.readouterr().err.strip()
     assert message in err and "\n" not in err
     assert replay_rows[0].LARGE_STEP_LAUNCH[1][1] == before
+
+
+def test_profile_runs_after_the_set(script, replay_rows, tmp_path, capsys):
+    """The arguments after -- go to `replayssm profile` (predicted rows on a machine without a GPU), after the row is
+    set; a bad profile option is its one-line error and exit 2."""
+    out = tmp_path / "rows.json"
+    assert script.main(["--set", "mamba2.replay:LARGE_STEP_LAUNCH:1:PREFETCH=0", "--", "-p",
+                        "nemotron-3-super-120b-a12b", "--batch", "1", "--state-dtype", "bf16", "--no-phases",
+                        "--out", str(out)]) == 0
+    assert replay_rows[0].LARGE_STEP_LAUNCH[1][1]["PREFETCH"] == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert {r["variant"] for r in rows} == {"conventional", "replay"} and all(r["batch"] == 1 for r in rows)
+    capsys.readouterr()
+    assert script.main(["--set", "mamba2.replay:LARGE_STEP_LAUNCH:1:PREFETCH=1", "--", "--bogus"]) == 2
+    err = capsys.readouterr().err
+    assert "No such option: --bogus" in err
