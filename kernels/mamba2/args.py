@@ -152,9 +152,9 @@ def check_draft(T: int, max_draft: int, name: str = "x") -> None:
         raise ValueError(f"{name} carries T = {T} drafts but the cache was created with max_draft = {max_draft}")
 
 
-# Launch keys that choose a kernel's variant rather than size it, and their values: EARLY, TF32, MMA and the GDN
-# decode's SFIRST and CSTRIDES switch a variant on (1) or off (0); PHASES is the number of launches a replay step
-# takes (2: the flushes in a launch of their own).
+# Launch keys that choose a kernel's variant rather than size it, and their values: EARLY, TF32, MMA, PREFETCH and
+# the GDN decode's SFIRST and CSTRIDES switch a variant on (1) or off (0); PHASES is the number of launches a replay
+# step takes (2: the flushes in a launch of their own).
 CHOICE_KEYS = {"EARLY": (0, 1), "TF32": (0, 1), "MMA": (0, 1), "PHASES": (1, 2), "SFIRST": (0, 1), "CSTRIDES": (0, 1),
                "PREFETCH": (0, 1)}
 FLUSH_PREFIX = "flush_"

@@ -511,8 +511,9 @@ _HEADS = {"BP": 64, "BPF": 16, "VN": 64, "RC": 64, "STAGES": 3, "EARLY": 0, "TF3
 # 358.25 -> 352.68 (its flushes alone 534.85 -> 496.22); on medium and small grids one product lost (59.53 -> 60.87
 # µs at batch 64, 4.10 -> 4.38 at 1; NOTES run 53). Its heads launch reads each chunk's x, buffered x and z a chunk
 # ahead (PREFETCH): under `replayssm profile`, three runs each, 184.88-185.10 -> 181.34-181.43 µs at 256 and
-# 354.56-354.85 -> 343.92-344.02 at 512 (1.9% at 128); around it 144 registers, 2 stages, 2 flush stages, VN 32,
-# 32-row flush items and 32-row chunks were slower (NOTES run 55).
+# 354.56-354.85 -> 343.92-344.02 at 512 (1.9% at 128); around it 112 and 144 registers, 2 stages, VN 32, 32-row
+# chunks, and for its flushes 1, 2 and 4 stages, 4 and 12 programs per SM, 144 and 192 registers and 32-row items
+# were slower (NOTES run 55).
 LARGE_STEP_LAUNCH = [((4, 1 << 30, 1 << 30), dict(STEP_LAUNCH[0][1], maxnreg=96)),
                      ((2, 1 << 30, 1 << 30), dict(_HEADS, TF32=2, PREFETCH=1))]
 LARGE_SPLIT_LAUNCH = [((4, 1 << 30, 1 << 30), _HEADS), SPLIT_LAUNCH[1]]
