@@ -158,6 +158,22 @@ def _replay_staggered(shape, steps, state, read, launch, device, assert_close):
     assert_caches_close(got, want, assert_close)
 
 
+TF32_CASES = [
+    ("bf16", {"TF32": 2, "VK": 8}),
+    ("fp16", {"TF32": 2, "VP": 16, "BV": 16, "VK": 8}),
+    ("bf16", {"PHASES": 2, "VK": 8, "flush_TF32": 2, "flush_PPS": 1}),
+]
+
+
+@pytest.mark.parametrize("state,launch", TF32_CASES,
+                         ids=[f"B3-H2-HV4-K24-V20-W3-{s}-full-" + ",".join(f"{k}={v}" for k, v in l.items())
+                              for s, l in TF32_CASES])
+def test_replay_one_tf32_product_on_a_2_byte_state(device, assert_close, state, launch):
+    """A 2-byte checkpoint's flushes folded in one TF32 product (TF32=2, in one launch or in the flushes' own):
+    outputs every step and every cache tensor as the reference, through flushes, from NaN-poisoned buffers."""
+    _replay_staggered((4, 2, 4, 24, 20), 7, state, None, launch, device, assert_close)
+
+
 HEADS_CASES = [
     ("fp32", None, {"HPP": 2}),
     ("fp32", "bf16", {"HPP": 4, "BV": 8, "VK": 8}),
@@ -365,6 +381,10 @@ BAD_REPLAY = {
                            "HPP = 2 runs in programs of 1 or 2 warps, got num_warps = 4"),
     "launch-heads-flush": (lambda i: i.update(launch={"PHASES": 2, "flush_HPP": 2}),
                            r"unknown key 'HPP' for replay(-small)?-flush"),
+    "launch-tf32": (lambda i: i.update(launch={"TF32": 3}), r"launch\['TF32'\] must be 0 or 1 or 2"),
+    "launch-tf32-fp32": (lambda i: i.update(launch={"TF32": 2}), "TF32 = 2 .* applies only to a 2-byte checkpoint"),
+    "launch-flush-tf32-fp32": (lambda i: i.update(launch={"PHASES": 2, "flush_TF32": 2}),
+                               "TF32 = 2 .* applies only to a 2-byte checkpoint"),
 }
 
 

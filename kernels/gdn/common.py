@@ -117,8 +117,10 @@ def default_scale(K: int, scale: float | None) -> float:
     return float(scale)
 
 
-def launch_settings(table: dict, name: str, launch: dict | None) -> dict:
-    """The fixed settings of kernel `name` with the caller's overrides; unknown keys are an error."""
+def launch_settings(table: dict, name: str, launch: dict | None, choices: dict | None = None) -> dict:
+    """The fixed settings of kernel `name` with the caller's overrides; unknown keys are an error. `choices` (default
+    CHOICE_KEYS) holds the allowed values of the variant keys."""
+    choices = CHOICE_KEYS if choices is None else choices
     settings = dict(table[name])
     for key, value in (launch or {}).items():
         if key not in settings:
@@ -126,8 +128,8 @@ def launch_settings(table: dict, name: str, launch: dict | None) -> dict:
         if key == "maxnreg" and value is None:
             settings[key] = None
             continue
-        if key in CHOICE_KEYS:
-            allowed = CHOICE_KEYS[key]
+        if key in choices:
+            allowed = choices[key]
             if value not in allowed or isinstance(value, bool):
                 raise ValueError(f"launch[{key!r}] must be {' or '.join(map(str, allowed))}; got {value!r}")
             settings[key] = value

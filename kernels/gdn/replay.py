@@ -8,6 +8,7 @@ import triton.language as tl
 
 from replayssm_kernels.gdn.cache import ReplayCache, dequantize_read
 from replayssm_kernels.gdn.common import (
+    CHOICE_KEYS,
     advance_heads,
     cast,
     check_accepted,
@@ -856,18 +857,34 @@ def _cache_constants(cache: ReplayCache) -> dict:
     }
 
 
+# TF32 is how a flush folds its buffered entries into the checkpoint: 0 in fp32 FMAs, 1 in three TF32 products
+# (about fp32's accuracy), 2 in one TF32 product, for a 2-byte checkpoint only (its error, about 2^-11 of the update,
+# is under the checkpoint's own rounding), as Mamba-2's.
+REPLAY_CHOICES = {**CHOICE_KEYS, "TF32": (0, 1, 2)}
+_PRECISION = {0: "ieee", 1: "tf32x3", 2: "tf32"}
+
+
+def _flush_precision(cache: ReplayCache, tf32: int) -> str:
+    """The flush's tl.dot precision for launch key TF32 (REPLAY_CHOICES)."""
+    if tf32 == 2 and cache.checkpoint.element_size() > 2:
+        raise ValueError("launch TF32 = 2 (one TF32 product per flush) applies only to a 2-byte checkpoint; an fp32 "
+                         "checkpoint's flush takes TF32 = 0 or 1")
+    return _PRECISION[tf32]
+
+
 def _replay_settings(name: str, launch: dict | None) -> tuple[dict, dict | None]:
     """The settings of LAUNCH row `name` and, where it takes its flushes in a second launch (PHASES=2), those of
     that launch (row `name`-flush, else row `name`'s own, overridden by the `launch` keys prefixed flush_)."""
     launch = dict(launch or {})
     flush_keys = pop_flush_keys(launch)
-    settings = launch_settings(LAUNCH, name, launch)
+    settings = launch_settings(LAUNCH, name, launch, REPLAY_CHOICES)
     phases = settings.get("PHASES", 1)
     check_flush_keys(flush_keys, phases)
     if phases == 1:
         return settings, None
     own = {key: value for key, value in settings.items() if key not in ("PHASES", "HPP")}
-    flush = launch_settings({f"{name}-flush": LAUNCH.get(f"{name}-flush", own)}, f"{name}-flush", flush_keys)
+    flush = launch_settings({f"{name}-flush": LAUNCH.get(f"{name}-flush", own)}, f"{name}-flush", flush_keys,
+                            REPLAY_CHOICES)
     return settings, flush
 
 
@@ -897,7 +914,7 @@ def _launch_flushes(cache, q, k, v, g, beta, out, slots, scale, l2norm, settings
         BVF=max(16, min(settings["BVF"], VP)),
         STAGES=settings["STAGES"],
         USE_QK_L2NORM=l2norm,
-        PRECISION="tf32x3" if settings["TF32"] else "ieee",
+        PRECISION=_flush_precision(cache, settings["TF32"]),
         **compile_options(settings),
     )
 
@@ -953,7 +970,7 @@ def _launch_replay(cache, q, k, v, g, beta, out, slots, scale, l2norm, settings,
         STAGES=settings["STAGES"],
         USE_QK_L2NORM=l2norm,
         EARLY=bool(settings["EARLY"]),
-        PRECISION="tf32x3" if settings["TF32"] else "ieee",
+        PRECISION=_flush_precision(cache, settings["TF32"]),
         PHASE=phase,
         MMA=bool(settings["MMA"]) and min(settings["BV"], VP) >= 16 and _mma_tile(cache),
         **compile_options(settings),
@@ -1044,8 +1061,8 @@ def replay(
     `launch` overrides VP (rows per program: the programs of a head share its fill counter), BV
     (rows per chunk of a non-flush step), BVF (of a flush), VK (width of the K pieces a
     non-flush step reduces its rows in), EARLY (1: a non-flush step reads the whole buffer before
-    the fill counter), TF32 (1: a flush folds the buffer through 3xTF32 tensor-core products, 0 through
-    fp32 FMAs), MMA (1: a non-flush step sums its tile's rows times k and q as one tensor-core product where
+    the fill counter), TF32 (1: a flush folds the buffer through 3xTF32 tensor-core products, 2 through one
+    TF32 product, a 2-byte checkpoint only, 0 through fp32 FMAs), MMA (1: a non-flush step sums its tile's rows times k and q as one tensor-core product where
     the tile is 2-byte and in q's and k's dtype, a bf16 state or copy with bf16 inputs, and its chunks are of
     16 rows or more; other tiles keep their fp32 row sums), num_warps, num_stages, maxnreg, PHASES (2: the
     non-flush steps in one launch, then the flushes in a second with their own settings, given by keys prefixed
@@ -1060,6 +1077,8 @@ def replay(
     slots = check_slots(slots, batch, cache.nslots, q.device, check)
     out = check_out(out, v.shape, v.dtype, q.device)
     settings, flush = _replay_settings(launch_name("replay", cache, batch), launch)
+    for tf32 in (settings["TF32"], (flush or settings)["TF32"]):
+        _flush_precision(cache, tf32)  # before either launch, so that a refused setting leaves the cache as it was
     if batch:
         args = (cache, q, k, v, g, beta, out, slots, scale, bool(use_qk_l2norm_in_kernel))
         hpp = _heads_per_program(cache, settings, flush)
