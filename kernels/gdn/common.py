@@ -11,11 +11,13 @@ import triton.language as tl
 # One definition of each for both ops.
 from replayssm_kernels.mamba2.args import (  # noqa: F401
     CHOICE_KEYS,
+    TF32_CHOICES,
     check_flush_keys,
     check_heads_warps,
     compile_options,
     flush_grid,
     flush_list,
+    flush_precision,
     pop_flush_keys,
     small_grid,
 )

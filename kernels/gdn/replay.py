@@ -9,6 +9,7 @@ import triton.language as tl
 from replayssm_kernels.gdn.cache import ReplayCache, dequantize_read
 from replayssm_kernels.gdn.common import (
     CHOICE_KEYS,
+    TF32_CHOICES,
     advance_heads,
     cast,
     check_accepted,
@@ -22,6 +23,7 @@ from replayssm_kernels.gdn.common import (
     default_scale,
     flat_program_ids,
     flush_grid,
+    flush_precision,
     list_done,
     list_flush,
     listed_flush,
@@ -857,19 +859,8 @@ def _cache_constants(cache: ReplayCache) -> dict:
     }
 
 
-# TF32 is how a flush folds its buffered entries into the checkpoint: 0 in fp32 FMAs, 1 in three TF32 products
-# (about fp32's accuracy), 2 in one TF32 product, for a 2-byte checkpoint only (its error, about 2^-11 of the update,
-# is under the checkpoint's own rounding), as Mamba-2's.
-REPLAY_CHOICES = {**CHOICE_KEYS, "TF32": (0, 1, 2)}
-_PRECISION = {0: "ieee", 1: "tf32x3", 2: "tf32"}
-
-
-def _flush_precision(cache: ReplayCache, tf32: int) -> str:
-    """The flush's tl.dot precision for launch key TF32 (REPLAY_CHOICES)."""
-    if tf32 == 2 and cache.checkpoint.element_size() > 2:
-        raise ValueError("launch TF32 = 2 (one TF32 product per flush) applies only to a 2-byte checkpoint; an fp32 "
-                         "checkpoint's flush takes TF32 = 0 or 1")
-    return _PRECISION[tf32]
+# TF32 takes 2 here (TF32_CHOICES): one TF32 product for a 2-byte checkpoint's flush, as Mamba-2's.
+REPLAY_CHOICES = {**CHOICE_KEYS, "TF32": TF32_CHOICES}
 
 
 def _replay_settings(name: str, launch: dict | None) -> tuple[dict, dict | None]:
@@ -914,7 +905,7 @@ def _launch_flushes(cache, q, k, v, g, beta, out, slots, scale, l2norm, settings
         BVF=max(16, min(settings["BVF"], VP)),
         STAGES=settings["STAGES"],
         USE_QK_L2NORM=l2norm,
-        PRECISION=_flush_precision(cache, settings["TF32"]),
+        PRECISION=flush_precision(cache.checkpoint, settings["TF32"]),
         **compile_options(settings),
     )
 
@@ -970,7 +961,7 @@ def _launch_replay(cache, q, k, v, g, beta, out, slots, scale, l2norm, settings,
         STAGES=settings["STAGES"],
         USE_QK_L2NORM=l2norm,
         EARLY=bool(settings["EARLY"]),
-        PRECISION=_flush_precision(cache, settings["TF32"]),
+        PRECISION=flush_precision(cache.checkpoint, settings["TF32"]),
         PHASE=phase,
         MMA=bool(settings["MMA"]) and min(settings["BV"], VP) >= 16 and _mma_tile(cache),
         **compile_options(settings),
@@ -1078,7 +1069,8 @@ def replay(
     out = check_out(out, v.shape, v.dtype, q.device)
     settings, flush = _replay_settings(launch_name("replay", cache, batch), launch)
     for tf32 in (settings["TF32"], (flush or settings)["TF32"]):
-        _flush_precision(cache, tf32)  # before either launch, so that a refused setting leaves the cache as it was
+        # before either launch, so that a refused setting leaves the cache as it was
+        flush_precision(cache.checkpoint, tf32)
     if batch:
         args = (cache, q, k, v, g, beta, out, slots, scale, bool(use_qk_l2norm_in_kernel))
         hpp = _heads_per_program(cache, settings, flush)

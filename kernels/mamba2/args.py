@@ -158,6 +158,19 @@ def check_draft(T: int, max_draft: int, name: str = "x") -> None:
 CHOICE_KEYS = {"EARLY": (0, 1), "TF32": (0, 1), "MMA": (0, 1), "PHASES": (1, 2), "SFIRST": (0, 1), "CSTRIDES": (0, 1),
                "PREFETCH": (0, 1)}
 FLUSH_PREFIX = "flush_"
+# TF32 is how a replay's flush folds its buffered entries into the checkpoint: 0 in fp32 FMAs, 1 in three TF32
+# products (about fp32's accuracy), 2 in one TF32 product, for a 2-byte checkpoint only (its error, about 2^-11 of
+# the update, is under the checkpoint's own rounding).
+TF32_CHOICES = (0, 1, 2)
+_PRECISION = {0: "ieee", 1: "tf32x3", 2: "tf32"}
+
+
+def flush_precision(checkpoint: torch.Tensor, tf32: int) -> str:
+    """A flush's tl.dot input precision for launch key TF32 (TF32_CHOICES) on this checkpoint."""
+    if tf32 == 2 and checkpoint.element_size() > 2:
+        raise ValueError("launch TF32 = 2 (one TF32 product per flush) applies only to a 2-byte checkpoint; an fp32 "
+                         "checkpoint's flush takes TF32 = 0 or 1")
+    return _PRECISION[tf32]
 
 
 def pop_flush_keys(launch: dict) -> dict:

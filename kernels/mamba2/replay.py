@@ -524,11 +524,8 @@ STEP_KEYS = ("BP", "BPF", "VN", "RC", "STAGES", "EARLY", "TF32", "num_warps", "n
 # that first launch in programs of whole heads, HPP of a group each (`mamba2_heads_kernel`).
 FLUSH_KEYS = tuple(args.FLUSH_PREFIX + key for key in STEP_KEYS
                    if key not in ("PHASES", "HPP", "MMA", "PREFETCH"))
-# TF32 is how a flush folds its buffered entries into the checkpoint: 0 in fp32 FMAs, 1 in three TF32 products
-# (about fp32's accuracy), 2 in one TF32 product, for a 2-byte checkpoint only (its error, about 2^-11 of the
-# update, is under the checkpoint's own rounding).
-STEP_CHOICES = {**args.CHOICE_KEYS, "TF32": (0, 1, 2)}
-_PRECISION = {0: "ieee", 1: "tf32x3", 2: "tf32"}
+# TF32 takes 2 here (args.TF32_CHOICES): one TF32 product for a 2-byte checkpoint's flush.
+STEP_CHOICES = {**args.CHOICE_KEYS, "TF32": args.TF32_CHOICES}
 # materialize folds a whole (P, N) tile per program, BPF rows at a time.
 REPLAY_LAUNCH = [
     ((4, 64, 64), {"num_warps": 4, "num_stages": 1, "JB": 4, "BPF": 8}),
@@ -610,7 +607,8 @@ def replay(cache: ReplayCache, x, dt, A, B, C, *, D=None, z=None, dt_bias=None, 
     args.check_flush_keys(flush, phases)
     hpp = _heads_per_program(settings, phases, H // G, P)
     for tf32 in (settings["TF32"], flush.get("TF32", settings["TF32"])):
-        _flush_precision(cache, tf32)  # before either launch, so that a refused setting leaves the cache as it was
+        # before either launch, so that a refused setting leaves the cache as it was
+        args.flush_precision(cache.checkpoint, tf32)
     if settings["MMA"]:
         _check_mma(cache, hpp, min(settings["RC"], args.block(P)))
     y = torch.empty_like(x) if out is None else out
@@ -639,14 +637,6 @@ def step_launch(cache: ReplayCache, batch: int, launch: dict | None = None) -> d
         table = STEP_LAUNCH if cache.read_copy is None else SPLIT_LAUNCH
     return args.pick_launch(table, cache.checkpoint.element_size(), P, N, launch, STEP_KEYS + FLUSH_KEYS,
                             STEP_CHOICES)
-
-
-def _flush_precision(cache: ReplayCache, tf32: int) -> str:
-    """The flush's tl.dot precision for launch key TF32 (STEP_CHOICES)."""
-    if tf32 == 2 and cache.checkpoint.element_size() > 2:
-        raise ValueError("launch TF32 = 2 (one TF32 product per flush) applies only to a 2-byte checkpoint; an fp32 "
-                         "checkpoint's flush takes TF32 = 0 or 1")
-    return _PRECISION[tf32]
 
 
 def _check_mma(cache: ReplayCache, hpp: int, rc: int) -> None:
@@ -732,7 +722,7 @@ def _launch_flushes(cache: ReplayCache, step: dict, batch: int, softplus: bool, 
         BW=max(16, args.block(cache.capacity)), STAGES=settings["STAGES"], NPB=NPB,
         HAS_D=step["D"] is not None, HAS_Z=step["z"] is not None, HAS_DT_BIAS=step["dt_bias"] is not None,
         USE_SOFTPLUS=softplus, HAS_SLOTS=step["slots"] is not None, USE_COPY=cache.read_copy is not None,
-        IS_FP8=cache.read_scale is not None, PRECISION=_flush_precision(cache, settings["TF32"]),
+        IS_FP8=cache.read_scale is not None, PRECISION=args.flush_precision(cache.checkpoint, settings["TF32"]),
         **args.compile_options(settings),
     )
 
@@ -752,7 +742,7 @@ def _launch_replay(cache: ReplayCache, step: dict, batch: int, softplus: bool, s
     EARLY = settings.pop("EARLY")
     PREFETCH = bool(settings.pop("PREFETCH"))
     settings.pop("MMA")
-    PRECISION = _flush_precision(cache, settings.pop("TF32"))
+    PRECISION = args.flush_precision(cache.checkpoint, settings.pop("TF32"))
     rc = cache.read_copy
     mamba2_replay_kernel[(batch, H, NPB)](
         **step,
