@@ -11,7 +11,6 @@ import triton.language as tl
 # One definition of each for both ops.
 from replayssm_kernels.mamba2.args import (  # noqa: F401
     CHOICE_KEYS,
-    TF32_CHOICES,
     check_flush_keys,
     check_heads_warps,
     compile_options,
@@ -119,10 +118,8 @@ def default_scale(K: int, scale: float | None) -> float:
     return float(scale)
 
 
-def launch_settings(table: dict, name: str, launch: dict | None, choices: dict | None = None) -> dict:
-    """The fixed settings of kernel `name` with the caller's overrides; unknown keys are an error. `choices` (default
-    CHOICE_KEYS) holds the allowed values of the variant keys."""
-    choices = CHOICE_KEYS if choices is None else choices
+def launch_settings(table: dict, name: str, launch: dict | None) -> dict:
+    """The fixed settings of kernel `name` with the caller's overrides; unknown keys are an error."""
     settings = dict(table[name])
     for key, value in (launch or {}).items():
         if key not in settings:
@@ -130,8 +127,8 @@ def launch_settings(table: dict, name: str, launch: dict | None, choices: dict |
         if key == "maxnreg" and value is None:
             settings[key] = None
             continue
-        if key in choices:
-            allowed = choices[key]
+        if key in CHOICE_KEYS:
+            allowed = CHOICE_KEYS[key]
             if value not in allowed or isinstance(value, bool):
                 raise ValueError(f"launch[{key!r}] must be {' or '.join(map(str, allowed))}; got {value!r}")
             settings[key] = value

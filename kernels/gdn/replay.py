@@ -8,8 +8,6 @@ import triton.language as tl
 
 from replayssm_kernels.gdn.cache import ReplayCache, dequantize_read
 from replayssm_kernels.gdn.common import (
-    CHOICE_KEYS,
-    TF32_CHOICES,
     advance_heads,
     cast,
     check_accepted,
@@ -859,23 +857,18 @@ def _cache_constants(cache: ReplayCache) -> dict:
     }
 
 
-# TF32 takes 2 here (TF32_CHOICES): one TF32 product for a 2-byte checkpoint's flush, as Mamba-2's.
-REPLAY_CHOICES = {**CHOICE_KEYS, "TF32": TF32_CHOICES}
-
-
 def _replay_settings(name: str, launch: dict | None) -> tuple[dict, dict | None]:
     """The settings of LAUNCH row `name` and, where it takes its flushes in a second launch (PHASES=2), those of
     that launch (row `name`-flush, else row `name`'s own, overridden by the `launch` keys prefixed flush_)."""
     launch = dict(launch or {})
     flush_keys = pop_flush_keys(launch)
-    settings = launch_settings(LAUNCH, name, launch, REPLAY_CHOICES)
+    settings = launch_settings(LAUNCH, name, launch)
     phases = settings.get("PHASES", 1)
     check_flush_keys(flush_keys, phases)
     if phases == 1:
         return settings, None
     own = {key: value for key, value in settings.items() if key not in ("PHASES", "HPP")}
-    flush = launch_settings({f"{name}-flush": LAUNCH.get(f"{name}-flush", own)}, f"{name}-flush", flush_keys,
-                            REPLAY_CHOICES)
+    flush = launch_settings({f"{name}-flush": LAUNCH.get(f"{name}-flush", own)}, f"{name}-flush", flush_keys)
     return settings, flush
 
 
@@ -1049,19 +1042,18 @@ def replay(
     (split precision on grids of two or more programs per SM) the flushes take a second launch, over the
     heads the first listed in cache.work.
     Mutates the cache; returns o (batch, HV, V) in v's dtype (written into `out` when given).
-    `launch` overrides VP (rows per program: the programs of a head share its fill counter), BV
-    (rows per chunk of a non-flush step), BVF (of a flush), VK (width of the K pieces a
-    non-flush step reduces its rows in), EARLY (1: a non-flush step reads the whole buffer before
-    the fill counter), TF32 (1: a flush folds the buffer through 3xTF32 tensor-core products, 2 through one
-    TF32 product, a 2-byte checkpoint only, 0 through fp32 FMAs), MMA (1: a non-flush step sums its tile's rows times k and q as one tensor-core product where
-    the tile is 2-byte and in q's and k's dtype, a bf16 state or copy with bf16 inputs, and its chunks are of
-    16 rows or more; other tiles keep their fp32 row sums), num_warps, num_stages, maxnreg, PHASES (2: the
-    non-flush steps in one launch, then the flushes in a second with their own settings, given by keys prefixed
-    flush_, such as flush_num_warps and flush_PPS, the second launch's programs per SM; 1: one launch), HPP (with
-    PHASES=2: the non-flush launch in programs of HPP whole value heads of a k-head, which sum the buffered keys
-    against k and q once; lowered to a power of two dividing HV / H). `check`
-    range-checks slots on the host, a device sync: pass check=False for a step with no host synchronisation (it
-    is skipped anyway while a CUDA graph is captured).
+    `launch` overrides VP (rows per program: the programs of a head share its fill counter), BV (rows per chunk of a
+    non-flush step), BVF (of a flush), VK (width of the K pieces a non-flush step reduces its rows in), EARLY (1: a
+    non-flush step reads the whole buffer before the fill counter), TF32 (1: a flush folds the buffer through 3xTF32
+    tensor-core products, 2 through one TF32 product, a 2-byte checkpoint only, 0 through fp32 FMAs), MMA (1: a
+    non-flush step sums its tile's rows times k and q as one tensor-core product where the tile is 2-byte and in q's
+    and k's dtype, a bf16 state or copy with bf16 inputs, and its chunks are of 16 rows or more; other tiles keep
+    their fp32 row sums), num_warps, num_stages, maxnreg, PHASES (2: the non-flush steps in one launch, then the
+    flushes in a second with their own settings, given by keys prefixed flush_, such as flush_num_warps and
+    flush_PPS, the second launch's programs per SM; 1: one launch), HPP (with PHASES=2: the non-flush launch in
+    programs of HPP whole value heads of a k-head, which sum the buffered keys against k and q once; lowered to a
+    power of two dividing HV / H). `check` range-checks slots on the host, a device sync: pass check=False for a
+    step with no host synchronisation (it is skipped anyway while a CUDA graph is captured).
     """
     batch, _ = _check_against_cache(cache, _replay_kernel, q, k, v, g, beta, tokens=False)
     scale = default_scale(cache.K, scale)

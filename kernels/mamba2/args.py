@@ -152,21 +152,19 @@ def check_draft(T: int, max_draft: int, name: str = "x") -> None:
         raise ValueError(f"{name} carries T = {T} drafts but the cache was created with max_draft = {max_draft}")
 
 
-# Launch keys that choose a kernel's variant rather than size it, and their values: EARLY, TF32, MMA, PREFETCH and
-# the GDN decode's SFIRST and CSTRIDES switch a variant on (1) or off (0); PHASES is the number of launches a replay
-# step takes (2: the flushes in a launch of their own).
-CHOICE_KEYS = {"EARLY": (0, 1), "TF32": (0, 1), "MMA": (0, 1), "PHASES": (1, 2), "SFIRST": (0, 1), "CSTRIDES": (0, 1),
-               "PREFETCH": (0, 1)}
+# Launch keys that choose a kernel's variant rather than size it, and their values: EARLY, MMA, PREFETCH and the GDN
+# decode's SFIRST and CSTRIDES switch a variant on (1) or off (0); PHASES is the number of launches a replay step
+# takes (2: the flushes in a launch of their own). TF32 is how a replay's flush folds its buffered entries into the
+# checkpoint: 0 in fp32 FMAs, 1 in three TF32 products (about fp32's accuracy), 2 in one TF32 product, for a 2-byte
+# checkpoint only (its error, about 2^-11 of the update, is under the checkpoint's own rounding; `flush_precision`).
+CHOICE_KEYS = {"EARLY": (0, 1), "TF32": (0, 1, 2), "MMA": (0, 1), "PHASES": (1, 2), "SFIRST": (0, 1),
+               "CSTRIDES": (0, 1), "PREFETCH": (0, 1)}
 FLUSH_PREFIX = "flush_"
-# TF32 is how a replay's flush folds its buffered entries into the checkpoint: 0 in fp32 FMAs, 1 in three TF32
-# products (about fp32's accuracy), 2 in one TF32 product, for a 2-byte checkpoint only (its error, about 2^-11 of
-# the update, is under the checkpoint's own rounding).
-TF32_CHOICES = (0, 1, 2)
 _PRECISION = {0: "ieee", 1: "tf32x3", 2: "tf32"}
 
 
 def flush_precision(checkpoint: torch.Tensor, tf32: int) -> str:
-    """A flush's tl.dot input precision for launch key TF32 (TF32_CHOICES) on this checkpoint."""
+    """A flush's tl.dot input precision for launch key TF32 (CHOICE_KEYS) on this checkpoint."""
     if tf32 == 2 and checkpoint.element_size() > 2:
         raise ValueError("launch TF32 = 2 (one TF32 product per flush) applies only to a 2-byte checkpoint; an fp32 "
                          "checkpoint's flush takes TF32 = 0 or 1")
@@ -211,11 +209,8 @@ def check_flush_keys(flush: dict, phases: int) -> None:
         raise ValueError(f"launch keys {', '.join(FLUSH_PREFIX + key for key in flush)} apply only with PHASES=2")
 
 
-def pick_launch(table: list, itemsize: int, P: int, N: int, launch: dict | None, keys: tuple,
-                choices: dict | None = None) -> dict:
-    """The first table row whose (itemsize, max N, max P) covers the shape, overridden by `launch`; `choices` (default
-    CHOICE_KEYS) holds the allowed values of the variant keys."""
-    choices = CHOICE_KEYS if choices is None else choices
+def pick_launch(table: list, itemsize: int, P: int, N: int, launch: dict | None, keys: tuple) -> dict:
+    """The first table row whose (itemsize, max N, max P) covers the shape, overridden by `launch`."""
     settings = None
     for (size, max_n, max_p), row in table:
         if size == itemsize and N <= max_n and P <= max_p:
@@ -230,8 +225,8 @@ def pick_launch(table: list, itemsize: int, P: int, N: int, launch: dict | None,
         for key, value in launch.items():
             # a flush_ key (the settings of a second launch's flushes) obeys its setting's rules
             base = key[len(FLUSH_PREFIX):] if key.startswith(FLUSH_PREFIX) else key
-            if base in choices:
-                allowed = choices[base]
+            if base in CHOICE_KEYS:
+                allowed = CHOICE_KEYS[base]
                 if isinstance(value, bool) or value not in allowed:
                     raise ValueError(f"launch[{key!r}] must be {' or '.join(map(str, allowed))}, got {value!r}")
                 continue

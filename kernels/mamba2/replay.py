@@ -71,8 +71,8 @@ def _chunk_output(
         b_t = tl.load(p_t[:, None, None] + o_n3[None, :, :], mask=m_r[:, None, None] & m_n3[None, :, :], other=0.0)
         b_yc = tl.sum(tl.sum(b_t.to(tl.float32) * b_C3[None, :, :], axis=1), axis=1)
     if not PREFETCH:
-        b_xw = tl.load(p_xb + o_w[:, None] * P + o_r[None, :], mask=m_w[:, None] & m_r[None, :], other=0.0)
-        b_xc = tl.load(p_x + o_r, mask=m_r, other=0.0)
+        # z is read with the output's gate below
+        b_xw, b_xc, _ = _chunk_inputs(p_xb, p_x, z, o_z, o_r, m_r, o_w, m_w, P, False)
     if IS_FP8:
         b_yc = b_yc * tl.load(read_scale + i_sh * P + o_r, mask=m_r, other=0.0)
     b_yc = b_decay * b_yc + tl.sum(b_kw[:, None] * b_xw.to(tl.float32), axis=0)
@@ -524,8 +524,6 @@ STEP_KEYS = ("BP", "BPF", "VN", "RC", "STAGES", "EARLY", "TF32", "num_warps", "n
 # that first launch in programs of whole heads, HPP of a group each (`mamba2_heads_kernel`).
 FLUSH_KEYS = tuple(args.FLUSH_PREFIX + key for key in STEP_KEYS
                    if key not in ("PHASES", "HPP", "MMA", "PREFETCH"))
-# TF32 takes 2 here (args.TF32_CHOICES): one TF32 product for a 2-byte checkpoint's flush.
-STEP_CHOICES = {**args.CHOICE_KEYS, "TF32": args.TF32_CHOICES}
 # materialize folds a whole (P, N) tile per program, BPF rows at a time.
 REPLAY_LAUNCH = [
     ((4, 64, 64), {"num_warps": 4, "num_stages": 1, "JB": 4, "BPF": 8}),
@@ -635,8 +633,7 @@ def step_launch(cache: ReplayCache, batch: int, launch: dict | None = None) -> d
         table = LARGE_STEP_LAUNCH if cache.read_copy is None else LARGE_SPLIT_LAUNCH
     else:
         table = STEP_LAUNCH if cache.read_copy is None else SPLIT_LAUNCH
-    return args.pick_launch(table, cache.checkpoint.element_size(), P, N, launch, STEP_KEYS + FLUSH_KEYS,
-                            STEP_CHOICES)
+    return args.pick_launch(table, cache.checkpoint.element_size(), P, N, launch, STEP_KEYS + FLUSH_KEYS)
 
 
 def _check_mma(cache: ReplayCache, hpp: int, rc: int) -> None:
