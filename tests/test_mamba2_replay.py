@@ -156,6 +156,11 @@ HEADS_CASES = [
     ({"HPP": 8, "RC": 64, "VN": 64, "STAGES": 3, "maxnreg": 128, "flush_maxnreg": 168, "TF32": 2, "PREFETCH": 1},
      "bf16", None),
     ({"HPP": 2, "RC": 64, "MMA": 1, "PREFETCH": 1}, "fp32", "fp8"),
+    # the flushes in the heads launch (TAIL), the large-grid 2-byte state's row among them
+    ({"HPP": 2, "TAIL": 1}, "fp32", None),
+    ({"HPP": 4, "RC": 16, "TAIL": 1, "flush_PPS": 1, "flush_STAGES": 2}, "fp32", "bf16"),
+    ({"HPP": 8, "RC": 64, "VN": 64, "STAGES": 3, "maxnreg": 168, "TF32": 2, "PREFETCH": 1, "TAIL": 1}, "bf16", None),
+    ({"HPP": 8, "RC": 32, "TAIL": 1, "flush_BPF": 32}, "fp32", "fp8"),
 ]
 
 
@@ -173,8 +178,10 @@ def test_replay_heads_per_program(device, assert_close, launch, state, read):
 @pytest.mark.parametrize("launch,state", [
     ({"PHASES": 2, "flush_PPS": 1}, "fp32"),
     ({"PHASES": 2, "HPP": 4, "RC": 16, "PREFETCH": 1, "flush_PPS": 1, "flush_BP": 32}, "bf16"),
+    ({"PHASES": 2, "HPP": 2, "TAIL": 1, "flush_PPS": 1}, "bf16"),
 ], ids=["B3-H8-P48-N20-G2-W4-fp32-full-PHASES=2,flush_PPS=1",
-        "B3-H8-P48-N20-G2-W4-bf16-full-HPP=4,RC=16,PREFETCH=1,flush_PPS=1,flush_BP=32"])
+        "B3-H8-P48-N20-G2-W4-bf16-full-HPP=4,RC=16,PREFETCH=1,flush_PPS=1,flush_BP=32",
+        "B3-H8-P48-N20-G2-W4-bf16-full-HPP=2,TAIL=1,flush_PPS=1"])
 def test_replay_flushes_of_many_rows_in_one_program(device, assert_close, launch, state):
     """Every row flushing on the same step, their heads in one list that one program of the flushes' launch walks
     (flush_PPS=1): items of different rows and slots follow one another. Outputs every step, then every cache
@@ -191,14 +198,18 @@ def test_replay_flushes_of_many_rows_in_one_program(device, assert_close, launch
                           out=torch.full((3, H, P), NAN, dtype=torch.bfloat16, device=device))
         y_ref = mamba2.replay_ref(want, **inp, dt_softplus=True, slots=rows)
         assert_close(y, y_ref, torch.bfloat16, DT[state], what=f"y at step {step}")
+        # the list ready for the next step: its header (counters) and its entries' flags (TAIL) zero
+        header, entries = got.work[:8].cpu(), got.work[8:].view(-1, 4).cpu()
+        assert not header.any() and not entries[:, 3].any(), (
+            f"list left header {header.tolist()}, {int(entries[:, 3].count_nonzero())} flags set after step {step}")
     assert_caches_close(got, want, assert_close)
 
 
 def test_replay_rows_by_grid(monkeypatch):
     """From 80 (row, head) pairs per SM a step on a 2-byte or 1-byte tile takes programs of 8 heads in two
-    launches (the flushes' capped at 168 registers; a 2-byte state's flushes in one TF32 product, its chunks' inputs
-    read a chunk ahead) and an fp32 state's registers are capped at 96 rather than 112; a bf16 checkpoint with a
-    read copy, smaller grids and the CPU keep their rows."""
+    launches (the flushes' capped at 168 registers; a 2-byte state's flushes in one TF32 product, in the heads
+    launch itself, its chunks' inputs read a chunk ahead) and an fp32 state's registers are capped at 96 rather
+    than 112; a bf16 checkpoint with a read copy, smaller grids and the CPU keep their rows."""
     import importlib
     from types import SimpleNamespace
 
@@ -223,6 +234,10 @@ def test_replay_rows_by_grid(monkeypatch):
                 ((cache("bf16", False), 256), (cache("bf16", False), 64), (cache("fp32", True), 256),
                  (cache("fp32", False), 256))]
     assert prefetch == [1, 0, 0, 0]
+    # the 2-byte state's flushes in its heads launch (TAIL), at 168 registers; the split copies' in their own launch
+    tail = [(replay_mod.step_launch(c, 256)["TAIL"], replay_mod.step_launch(c, 256)["maxnreg"])
+            for c in (cache("bf16", False), cache("fp32", True), cache("bf16", True))]
+    assert tail == [(1, 168), (0, 128), (0, 128)]
     assert replay_mod.step_launch(cache("bf16", False), 64)["TF32"] == 0
     assert "flush_maxnreg" not in replay_mod.step_launch(cache("fp32", True), 64)
     assert "flush_maxnreg" not in replay_mod.step_launch(cache("fp32", True), 256, {"PHASES": 1, "HPP": 1})
@@ -385,6 +400,13 @@ BAD_REPLAY = {
     "launch-heads-warps": (lambda c, i: i.update(launch={"PHASES": 2, "HPP": 2, "EARLY": 0, "num_warps": 4}),
                            "HPP = 2 runs in programs of 1 or 2 warps, got num_warps = 4"),
     "launch-heads-flush": (lambda c, i: i.update(launch={"PHASES": 2, "flush_HPP": 2}), "unknown key 'flush_HPP'"),
+    "launch-tail-one-head": (lambda c, i: i.update(launch={"PHASES": 2, "HPP": 1, "TAIL": 1}),
+                             "TAIL = 1 .* applies only to the heads launch: HPP > 1"),
+    "launch-tail-shape": (lambda c, i: i.update(launch={"PHASES": 2, "HPP": 2, "EARLY": 0, "TAIL": 1,
+                                                        "flush_maxnreg": 168}),
+                          "flush_maxnreg shape a second launch's programs; with TAIL = 1"),
+    "launch-tail-value": (lambda c, i: i.update(launch={"PHASES": 2, "HPP": 2, "TAIL": 2}),
+                          r"launch\['TAIL'\] must be 0 or 1, got 2"),
 }
 
 

@@ -49,7 +49,7 @@ class ReplayCache:
     keeps each entry's beta, with which `materialize` carries the correction entry by entry. With max_draft > 0,
     arrivals (nslots, H) int32, zero between calls, lets `verify` elect the last value head of each key head to
     write the drafts' keys; last_draft is the T of the last `verify` (what `accept` may commit).
-    work (2 + 3·nslots·HV) int32 is the list a replay in two launches passes from its non-flush launch to its
+    work (8 + 4·nslots·HV) int32 is the list a replay in two launches passes from its non-flush launch to its
     flushes' launch (a count and a done counter, zero between steps, then (row, head, fill) per flushing head);
     it belongs to no slot.
     """

@@ -466,7 +466,7 @@ def _replay_kernel(
     if PHASE == 1:
         if b_last & (b_f + 1 >= W):
             # The flush launch reads the buffer, which no step of this launch overwrites, and this fill.
-            list_flush(work, i_b, i_hv, b_f)
+            list_flush(work, i_b, i_hv, b_f, False)
 
 
 @triton.jit
@@ -550,7 +550,7 @@ def _heads_kernel(
                 tl.store(buf_t + ((i_s * C + b_f) * HV + i_hv) * C + o_w, b_t, mask=m_c)
         if hv0 % (HV // H) == 0:
             tl.store(buf_k + ((i_s * C + b_f) * H + i_h) * K + o_k, b_k, mask=m_k)
-    advance_heads(fill + i_s * HV, work, i_b, hv0, b_f, W, HPP)
+    advance_heads(fill + i_s * HV, work, i_b, hv0, b_f, W, HPP, False)
 
 
 @triton.jit
@@ -599,7 +599,7 @@ def _flush_kernel(
             C, H, HV, K, V, BK, VP, BVF, STAGES, HAS_COPY, IS_FP8, PRECISION,
         )
         i_j += n_programs
-    list_done(work)
+    list_done(work, tl.num_programs(0))
 
 
 @triton.jit

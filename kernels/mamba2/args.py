@@ -8,6 +8,8 @@ from enum import Enum
 import torch
 import triton
 
+from replayssm_kernels.mamba2.common import LIST_ENTRY, LIST_HEADER
+
 FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 READ_DTYPES = (torch.bfloat16, torch.float16, torch.float8_e4m3fn)
 INDEX_DTYPES = (torch.int32, torch.int64)
@@ -152,13 +154,14 @@ def check_draft(T: int, max_draft: int, name: str = "x") -> None:
         raise ValueError(f"{name} carries T = {T} drafts but the cache was created with max_draft = {max_draft}")
 
 
-# Launch keys that choose a kernel's variant rather than size it, and their values: EARLY, MMA, PREFETCH and the GDN
-# decode's SFIRST and CSTRIDES switch a variant on (1) or off (0); PHASES is the number of launches a replay step
-# takes (2: the flushes in a launch of their own). TF32 is how a replay's flush folds its buffered entries into the
-# checkpoint: 0 in fp32 FMAs, 1 in three TF32 products (about fp32's accuracy), 2 in one TF32 product, for a 2-byte
-# checkpoint only (its error, about 2^-11 of the update, is under the checkpoint's own rounding; `flush_precision`).
+# Launch keys that choose a kernel's variant rather than size it, and their values: EARLY, MMA, PREFETCH, TAIL and
+# the GDN decode's SFIRST and CSTRIDES switch a variant on (1) or off (0); PHASES is the number of launches a replay
+# step takes (2: the flushes in a launch of their own, or with TAIL in the heads launch's programs after the heads').
+# TF32 is how a replay's flush folds its buffered entries into the checkpoint: 0 in fp32 FMAs, 1 in three TF32
+# products (about fp32's accuracy), 2 in one TF32 product, for a 2-byte checkpoint only (its error, about 2^-11 of
+# the update, is under the checkpoint's own rounding; `flush_precision`).
 CHOICE_KEYS = {"EARLY": (0, 1), "TF32": (0, 1, 2), "MMA": (0, 1), "PHASES": (1, 2), "SFIRST": (0, 1),
-               "CSTRIDES": (0, 1), "PREFETCH": (0, 1)}
+               "CSTRIDES": (0, 1), "PREFETCH": (0, 1), "TAIL": (0, 1)}
 FLUSH_PREFIX = "flush_"
 _PRECISION = {0: "ieee", 1: "tf32x3", 2: "tf32"}
 
@@ -179,7 +182,7 @@ def pop_flush_keys(launch: dict) -> dict:
 
 def flush_list(nslots: int, heads: int, device) -> torch.Tensor:
     """The zeroed list a two-launch replay passes its flushing heads in (mamba2.common.list_flush)."""
-    return torch.zeros(2 + 3 * nslots * heads, dtype=torch.int32, device=device)
+    return torch.zeros(LIST_HEADER.value + LIST_ENTRY.value * nslots * heads, dtype=torch.int32, device=device)
 
 
 def flush_grid(items: int, pps: int, device: torch.device) -> tuple[int]:

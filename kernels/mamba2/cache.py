@@ -21,7 +21,7 @@ class ReplayCache:
     and lam_buf (cumulative A·Δ since the checkpoint) (nslots, H, CAP) fp32; b_draft (nslots, G, max_draft, N)
     holds the drafts' B between `verify` and `accept`; fill (nslots, H) int32, equal across the heads of a slot;
     arrive (nslots, H) int32 counts the P-block programs of a step that are done with a (slot, head), zero between steps;
-    last_draft is the T of the last `verify` (what `accept` may commit). work (2 + 3·nslots·H) int32, the one
+    last_draft is the T of the last `verify` (what `accept` may commit). work (8 + 4·nslots·H) int32, the one
     tensor that belongs to no slot, is the list a replay in two launches passes from its non-flush launch to its
     flushes' launch (a count and a done counter, zero between steps, then (row, head, fill) per flushing head).
     """

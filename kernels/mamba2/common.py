@@ -29,42 +29,97 @@ def slot_of(slots, i_b, HAS_SLOTS: tl.constexpr):
     return i_s
 
 
-# A replay in two launches passes the heads that flush from its first launch to its second in `work`, int32:
-# [0] the count, [1] the flush launch's done counter (both zero between steps), then (row, head, fill) per head.
+# A replay in two launches passes the heads that flush from its first launch to its second in `work`, int32: a header
+# of LIST_HEADER words, all zero between steps ([0] the count, [1] the programs done with the list, and for a tail
+# (TAIL): [2] the tickets taken, [3] the heads programs done, [4] the entries claimed), then LIST_ENTRY words per
+# listed head: (row, head, fill, and with TAIL a flag set once the other three are written).
+LIST_HEADER = tl.constexpr(8)
+LIST_ENTRY = tl.constexpr(4)
+
+
 @triton.jit
-def list_flush(work, i_b, i_h, f):
-    """Append (row, head, fill) to the list of heads that flush (the non-flush launch)."""
+def list_flush(work, i_b, i_h, f, TAIL: tl.constexpr):
+    """Append (row, head, fill) to the list of heads that flush (the non-flush launch); with TAIL, publish it to the
+    programs of the same launch that wait for it."""
     i_e = tl.atomic_add(work, 1, sem="relaxed")
-    tl.store(work + 2 + 3 * i_e, i_b)
-    tl.store(work + 3 + 3 * i_e, i_h)
-    tl.store(work + 4 + 3 * i_e, f)
+    p_e = work + LIST_HEADER + LIST_ENTRY * i_e
+    tl.store(p_e, i_b)
+    tl.store(p_e + 1, i_h)
+    tl.store(p_e + 2, f)
+    if TAIL:
+        tl.atomic_xchg(p_e + 3, 1, sem="release")
 
 
 @triton.jit
-def advance_heads(p_fill, work, i_b, h0, f, W: tl.constexpr, HPP: tl.constexpr):
+def advance_heads(p_fill, work, i_b, h0, f, W: tl.constexpr, HPP: tl.constexpr, TAIL: tl.constexpr):
     """After a non-flush launch's step of heads h0 .. h0 + HPP of row i_b at fill f (p_fill: the slot's fills): their
-    fills to f + 1, or, where the step fills the window, to 0 with each head listed for the flush launch."""
+    fills to f + 1, or, where the step fills the window, to 0 with each head listed for the flushes."""
     o_hh = tl.arange(0, HPP)
     if f + 1 < W:
         tl.store(p_fill + h0 + o_hh, tl.zeros([HPP], dtype=tl.int32) + f + 1)
     else:
         tl.store(p_fill + h0 + o_hh, tl.zeros([HPP], dtype=tl.int32))
         for hh in tl.static_range(HPP):
-            list_flush(work, i_b, h0 + hh, f)
+            list_flush(work, i_b, h0 + hh, f, TAIL)
 
 
 @triton.jit
 def listed_flush(work, i_e):
-    """(row, head, fill) of the list's entry i_e (the flush launch)."""
-    return tl.load(work + 2 + 3 * i_e), tl.load(work + 3 + 3 * i_e), tl.load(work + 4 + 3 * i_e)
+    """(row, head, fill) of the list's entry i_e (the flushes)."""
+    p_e = work + LIST_HEADER + LIST_ENTRY * i_e
+    # From L2: with TAIL the entry was written during this launch, maybe after its line came into this SM's L1.
+    return (tl.load(p_e, cache_modifier=".cg"), tl.load(p_e + 1, cache_modifier=".cg"),
+            tl.load(p_e + 2, cache_modifier=".cg"))
 
 
 @triton.jit
-def list_done(work):
-    """Every program of the flush launch calls this after its last entry; the last of them zeroes the counters."""
-    if tl.atomic_add(work + 1, 1, sem="acq_rel") == tl.num_programs(0) - 1:
-        tl.store(work, 0)
+def list_done(work, n_programs):
+    """Each of the n_programs that take the list's flushes calls this after its last entry; the last of them zeroes
+    the header for the next step."""
+    if tl.atomic_add(work + 1, 1, sem="acq_rel") == n_programs - 1:
+        for i in tl.static_range(5):
+            if i != 1:
+                tl.store(work + i, 0)
         tl.store(work + 1, 0)
+
+
+@triton.jit
+def tail_ticket(work):
+    """A tail launch's order of starting: its first tickets take the heads programs, the rest the flushes. Programs
+    that start later take later tickets, so a flushing program waits only on heads programs already running."""
+    return tl.atomic_add(work + 2, 1, sem="relaxed")
+
+
+@triton.jit
+def tail_heads_done(work):
+    """A tail launch's heads program after its heads, its list entries published."""
+    tl.atomic_add(work + 3, 1, sem="release")
+
+
+@triton.jit
+def tail_claim(work):
+    """The next list entry for a tail launch's flushing program."""
+    return tl.atomic_add(work + 4, 1, sem="relaxed")
+
+
+@triton.jit
+def tail_wait(work, i_e, n_heads, n_entries):
+    """Wait until the list's entry i_e is published (True; its fields then readable, its flag cleared for the next
+    step) or all n_heads heads programs are done with fewer entries (False; at once past the list's n_entries).
+    Polls with atomics: each is made by one thread and its value given to the program's others, so that all take
+    the same branch."""
+    p_flag = work + LIST_HEADER + LIST_ENTRY * i_e + 3
+    state = tl.where(i_e < n_entries, 0, 2)
+    while state == 0:
+        if tl.atomic_add(p_flag, 0, sem="acquire") != 0:
+            tl.store(p_flag, 0)
+            state = 1
+        elif tl.atomic_add(work + 3, 0, sem="acquire") == n_heads:
+            # Every heads program has listed its entries: i_e is among them if the count passed it (then its
+            # flag shows on the next poll).
+            if tl.atomic_add(work, 0, sem="relaxed") <= i_e:
+                state = 2
+    return state == 1
 
 
 @triton.jit

@@ -9,6 +9,8 @@ import triton.language as tl
 from replayssm_kernels.mamba2 import args
 from replayssm_kernels.mamba2.cache import ReplayCache
 from replayssm_kernels.mamba2.common import (
+    LIST_ENTRY,
+    LIST_HEADER,
     advance_heads,
     finish_output,
     fold_entries,
@@ -18,6 +20,10 @@ from replayssm_kernels.mamba2.common import (
     slot_of,
     step_delta,
     store_read_copy,
+    tail_claim,
+    tail_heads_done,
+    tail_ticket,
+    tail_wait,
     z_gate,
 )
 
@@ -289,11 +295,11 @@ def mamba2_replay_kernel(
     if PHASE == 1:
         if b_last & (f + 1 >= W):
             # The flush launch reads the buffer, which no step of this launch overwrites, and this fill.
-            list_flush(work, i_b, i_h, f)
+            list_flush(work, i_b, i_h, f, False)
 
 
 @triton.jit
-def mamba2_heads_kernel(
+def _heads_step(
     x, dt, A, B, C, D, z, dt_bias, slots, y,
     checkpoint, read_copy, read_scale, x_buf, b_buf, dt_buf, lam_buf, fill, work,
     H, G, P, N,
@@ -305,16 +311,13 @@ def mamba2_heads_kernel(
     stride_C_b, stride_C_g,
     stride_z_b, stride_z_h,
     stride_y_b, stride_y_h,
+    i_b, h0,
     W: tl.constexpr, CAP: tl.constexpr, BP: tl.constexpr, BN: tl.constexpr, BW: tl.constexpr, VN: tl.constexpr,
     RC: tl.constexpr, STAGES: tl.constexpr, HPP: tl.constexpr, HAS_D: tl.constexpr, HAS_Z: tl.constexpr,
     HAS_DT_BIAS: tl.constexpr, USE_SOFTPLUS: tl.constexpr, HAS_SLOTS: tl.constexpr, USE_COPY: tl.constexpr,
-    IS_FP8: tl.constexpr, MMA: tl.constexpr, PREFETCH: tl.constexpr,
+    IS_FP8: tl.constexpr, MMA: tl.constexpr, PREFETCH: tl.constexpr, TAIL: tl.constexpr,
 ):
-    """A two-launch step's non-flush launch with HPP heads of one group per program (whole heads, BP ≥ P): the
-    group's C·B of the buffered entries is summed once for all of them, and one pipelined loop streams their tiles
-    RC rows at a time, head after head (with MMA, each chunk's S₀C on the tensor cores). Heads that flush are
-    listed in `work` for `mamba2_flush_kernel`."""
-    i_b, h0 = tl.program_id(0), tl.program_id(1) * HPP
+    """Heads h0 .. h0 + HPP of row i_b (mamba2_heads_kernel)."""
     HPG = H // G
     i_g = h0 // HPG
     o_n, o_w = tl.arange(0, BN), tl.arange(0, BW)
@@ -378,7 +381,121 @@ def mamba2_heads_kernel(
             tl.store(p_lb + f, b_lam, mask=i_t % BP == 0)
         if h0 % HPG == 0:
             tl.store(p_bb + f * N + o_n, b_Br, mask=m_n)
-    advance_heads(fill + i_s * H, work, i_b, h0, f, W, HPP)
+    advance_heads(fill + i_s * H, work, i_b, h0, f, W, HPP, TAIL)
+
+
+
+
+@triton.jit
+def mamba2_heads_kernel(
+    x, dt, A, B, C, D, z, dt_bias, slots, y,
+    checkpoint, read_copy, read_scale, x_buf, b_buf, dt_buf, lam_buf, fill, work,
+    H, G, P, N,
+    stride_ck_s, stride_ck_h, stride_ck_p,
+    stride_rc_s, stride_rc_h, stride_rc_p,
+    stride_x_b, stride_x_h,
+    stride_dt_b, stride_dt_h,
+    stride_B_b, stride_B_g,
+    stride_C_b, stride_C_g,
+    stride_z_b, stride_z_h,
+    stride_y_b, stride_y_h,
+    NHP, NE,
+    W: tl.constexpr, CAP: tl.constexpr, BP: tl.constexpr, BN: tl.constexpr, BW: tl.constexpr, VN: tl.constexpr,
+    RC: tl.constexpr, STAGES: tl.constexpr, HPP: tl.constexpr, HAS_D: tl.constexpr, HAS_Z: tl.constexpr,
+    HAS_DT_BIAS: tl.constexpr, USE_SOFTPLUS: tl.constexpr, HAS_SLOTS: tl.constexpr, USE_COPY: tl.constexpr,
+    IS_FP8: tl.constexpr, MMA: tl.constexpr, PREFETCH: tl.constexpr, TAIL: tl.constexpr, BPF: tl.constexpr,
+    FSTAGES: tl.constexpr, PRECISION: tl.constexpr,
+):
+    """A two-launch step's non-flush launch with HPP heads of one group per program (whole heads, BP ≥ P): the
+    group's C·B of the buffered entries is summed once for all of them, and one pipelined loop streams their tiles
+    RC rows at a time, head after head (with MMA, each chunk's S₀C on the tensor cores). Heads that flush are
+    listed in `work` for `mamba2_flush_kernel`.
+
+    With TAIL the flushes run in this launch instead: a flat grid of NHP heads programs and then flushing programs,
+    in the order they start (`tail_ticket`), so that the flushing programs take the heads' places as those finish
+    and flush each listed head (of at most NE) as soon as it is published (in BPF-row chunks, FSTAGES deep,
+    products at PRECISION)."""
+    if TAIL:
+        i_t = tail_ticket(work)
+        heads = i_t < NHP
+        i_b, h0 = i_t % (NHP // (H // HPP)), (i_t // (NHP // (H // HPP))) * HPP
+    else:
+        heads = True
+        i_b, h0 = tl.program_id(0), tl.program_id(1) * HPP
+    if heads:
+        _heads_step(
+            x, dt, A, B, C, D, z, dt_bias, slots, y,
+            checkpoint, read_copy, read_scale, x_buf, b_buf, dt_buf, lam_buf, fill, work,
+            H, G, P, N,
+            stride_ck_s, stride_ck_h, stride_ck_p, stride_rc_s, stride_rc_h, stride_rc_p, stride_x_b, stride_x_h,
+            stride_dt_b, stride_dt_h, stride_B_b, stride_B_g, stride_C_b, stride_C_g, stride_z_b, stride_z_h,
+            stride_y_b, stride_y_h, i_b, h0,
+            W, CAP, BP, BN, BW, VN, RC, STAGES, HPP, HAS_D, HAS_Z, HAS_DT_BIAS, USE_SOFTPLUS, HAS_SLOTS,
+            USE_COPY, IS_FP8, MMA, PREFETCH, TAIL,
+        )
+        if TAIL:
+            tail_heads_done(work)
+    else:
+        i_e = tail_claim(work)
+        listed = tail_wait(work, i_e, NHP, NE)
+        while listed:
+            _flush_item(
+                x, dt, A, B, C, D, z, dt_bias, slots, y,
+                checkpoint, read_copy, read_scale, x_buf, b_buf, dt_buf, lam_buf, work, i_e, 0,
+                H, G, P, N,
+                stride_ck_s, stride_ck_h, stride_ck_p, stride_rc_s, stride_rc_h, stride_rc_p, stride_x_b,
+                stride_x_h, stride_dt_b, stride_dt_h, stride_B_b, stride_B_g, stride_C_b, stride_C_g, stride_z_b,
+                stride_z_h, stride_y_b, stride_y_h,
+                CAP, BP, BPF, BN, BW, FSTAGES, HAS_D, HAS_Z, HAS_DT_BIAS, USE_SOFTPLUS, HAS_SLOTS, USE_COPY,
+                IS_FP8, PRECISION,
+            )
+            i_e = tail_claim(work)
+            listed = tail_wait(work, i_e, NHP, NE)
+        list_done(work, tl.num_programs(0) - NHP)
+
+
+@triton.jit
+def _flush_item(
+    x, dt, A, B, C, D, z, dt_bias, slots, y,
+    checkpoint, read_copy, read_scale, x_buf, b_buf, dt_buf, lam_buf, work, i_e, i_p,
+    H, G, P, N,
+    stride_ck_s, stride_ck_h, stride_ck_p,
+    stride_rc_s, stride_rc_h, stride_rc_p,
+    stride_x_b, stride_x_h,
+    stride_dt_b, stride_dt_h,
+    stride_B_b, stride_B_g,
+    stride_C_b, stride_C_g,
+    stride_z_b, stride_z_h,
+    stride_y_b, stride_y_h,
+    CAP: tl.constexpr, BP: tl.constexpr, BPF: tl.constexpr, BN: tl.constexpr, BW: tl.constexpr,
+    STAGES: tl.constexpr, HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_DT_BIAS: tl.constexpr,
+    USE_SOFTPLUS: tl.constexpr, HAS_SLOTS: tl.constexpr, USE_COPY: tl.constexpr, IS_FP8: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
+    """Rows i_p·BP .. of the flush the list's entry i_e names."""
+    o_n, o_w = tl.arange(0, BN), tl.arange(0, BW)
+    m_n = o_n < N
+    i_b, i_h, f = listed_flush(work, i_e)
+    i_g = i_h // (H // G)
+    i_s = slot_of(slots, i_b, HAS_SLOTS)
+    i_sh = i_s * H + i_h
+    o_p = i_p * BP + tl.arange(0, BP)
+    b_xr, b_Br, b_C, b_dt = _step_inputs(
+        x, dt, B, C, dt_bias, i_b, i_h, i_g, o_p, o_p < P, o_n, m_n, stride_x_b, stride_x_h, stride_dt_b,
+        stride_dt_h, stride_B_b, stride_B_g, stride_C_b, stride_C_g, HAS_DT_BIAS, USE_SOFTPLUS)
+    p_lb = lam_buf + i_sh * CAP
+    m_w = o_w < f
+    b_lam = tl.load(p_lb + f - 1, mask=f > 0, other=0.0) + tl.load(A + i_h).to(tl.float32) * b_dt
+    b_cw = tl.where(m_w, tl.exp(b_lam - tl.load(p_lb + o_w, mask=m_w, other=0.0))
+                    * tl.load(dt_buf + i_sh * CAP + o_w, mask=m_w, other=0.0), 0.0)
+    _flush_rows(
+        checkpoint, read_copy, read_scale, x, D, z, y + i_b * stride_y_b + i_h * stride_y_h,
+        x_buf + i_sh * CAP * P, b_buf + (i_s * G + i_g) * CAP * N,
+        i_b, i_h, i_p, i_s, i_sh, f, b_lam, b_cw, b_dt, b_Br.to(tl.float32), b_C,
+        i_s * stride_ck_s + i_h * stride_ck_h, i_b * stride_z_b + i_h * stride_z_h, o_n, m_n, o_w,
+        P, N, stride_x_b, stride_x_h, stride_ck_p, stride_rc_s, stride_rc_h, stride_rc_p,
+        BP, BPF, STAGES, HAS_D, HAS_Z, USE_COPY, IS_FP8, PRECISION,
+    )
 
 
 @triton.jit
@@ -399,41 +516,26 @@ def mamba2_flush_kernel(
     USE_SOFTPLUS: tl.constexpr, HAS_SLOTS: tl.constexpr, USE_COPY: tl.constexpr, IS_FP8: tl.constexpr,
     PRECISION: tl.constexpr,
 ):
-    """The flushes the non-flush launch listed in `work` (a count, a done counter, then (row, head, fill) per
-    flushing head), BP rows of a head per item: each program loops over the items, so the launch's programs are a
-    few per SM however few rows flush. The last program to finish zeroes the counters for the next step."""
-    HPG = H // G
+    """The flushes the non-flush launch listed in `work` (mamba2.common's list), BP rows of a head per item: each
+    program loops over the items, so the launch's programs are a few per SM however few rows flush. The last program
+    to finish zeroes the list's header for the next step."""
     n_items = tl.load(work) * NPB
     n_programs = tl.num_programs(0)
-    o_n, o_w = tl.arange(0, BN), tl.arange(0, BW)
-    m_n = o_n < N
     # A while loop: its bounds are device values (the interpreter's range takes only Python integers).
     i_j = tl.program_id(0)
     while i_j < n_items:
-        i_p = i_j % NPB
-        i_b, i_h, f = listed_flush(work, i_j // NPB)
-        i_g = i_h // HPG
-        i_s = slot_of(slots, i_b, HAS_SLOTS)
-        i_sh = i_s * H + i_h
-        o_p = i_p * BP + tl.arange(0, BP)
-        b_xr, b_Br, b_C, b_dt = _step_inputs(
-            x, dt, B, C, dt_bias, i_b, i_h, i_g, o_p, o_p < P, o_n, m_n, stride_x_b, stride_x_h, stride_dt_b,
-            stride_dt_h, stride_B_b, stride_B_g, stride_C_b, stride_C_g, HAS_DT_BIAS, USE_SOFTPLUS)
-        p_lb = lam_buf + i_sh * CAP
-        m_w = o_w < f
-        b_lam = tl.load(p_lb + f - 1, mask=f > 0, other=0.0) + tl.load(A + i_h).to(tl.float32) * b_dt
-        b_cw = tl.where(m_w, tl.exp(b_lam - tl.load(p_lb + o_w, mask=m_w, other=0.0))
-                        * tl.load(dt_buf + i_sh * CAP + o_w, mask=m_w, other=0.0), 0.0)
-        _flush_rows(
-            checkpoint, read_copy, read_scale, x, D, z, y + i_b * stride_y_b + i_h * stride_y_h,
-            x_buf + i_sh * CAP * P, b_buf + (i_s * G + i_g) * CAP * N,
-            i_b, i_h, i_p, i_s, i_sh, f, b_lam, b_cw, b_dt, b_Br.to(tl.float32), b_C,
-            i_s * stride_ck_s + i_h * stride_ck_h, i_b * stride_z_b + i_h * stride_z_h, o_n, m_n, o_w,
-            P, N, stride_x_b, stride_x_h, stride_ck_p, stride_rc_s, stride_rc_h, stride_rc_p,
-            BP, BPF, STAGES, HAS_D, HAS_Z, USE_COPY, IS_FP8, PRECISION,
+        _flush_item(
+            x, dt, A, B, C, D, z, dt_bias, slots, y,
+            checkpoint, read_copy, read_scale, x_buf, b_buf, dt_buf, lam_buf, work, i_j // NPB, i_j % NPB,
+            H, G, P, N,
+            stride_ck_s, stride_ck_h, stride_ck_p, stride_rc_s, stride_rc_h, stride_rc_p, stride_x_b, stride_x_h,
+            stride_dt_b, stride_dt_h, stride_B_b, stride_B_g, stride_C_b, stride_C_g, stride_z_b, stride_z_h,
+            stride_y_b, stride_y_h,
+            CAP, BP, BPF, BN, BW, STAGES, HAS_D, HAS_Z, HAS_DT_BIAS, USE_SOFTPLUS, HAS_SLOTS, USE_COPY, IS_FP8,
+            PRECISION,
         )
         i_j += n_programs
-    list_done(work)
+    list_done(work, n_programs)
 
 
 @triton.jit
@@ -471,18 +573,18 @@ def mamba2_materialize_kernel(
 STEP_LAUNCH = [
     ((4, 1 << 30, 1 << 30), {"BP": 64, "BPF": 16, "VN": 32, "RC": 32, "STAGES": 2, "EARLY": 0, "TF32": 0,
                              "num_warps": 2, "num_stages": 1, "maxnreg": 112, "PHASES": 1, "PPS": 6, "HPP": 1,
-                             "MMA": 0, "PREFETCH": 0}),
+                             "MMA": 0, "PREFETCH": 0, "TAIL": 0}),
     ((2, 1 << 30, 1 << 30), {"BP": 64, "BPF": 16, "VN": 64, "RC": 32, "STAGES": 3, "EARLY": 0, "TF32": 0,
                              "num_warps": 2, "num_stages": 1, "maxnreg": 128, "PHASES": 1, "PPS": 6, "HPP": 1,
-                             "MMA": 0, "PREFETCH": 0}),
+                             "MMA": 0, "PREFETCH": 0, "TAIL": 0}),
 ]
 SPLIT_LAUNCH = [
     ((4, 1 << 30, 1 << 30), {"BP": 64, "BPF": 16, "VN": 64, "RC": 32, "STAGES": 3, "EARLY": 0, "TF32": 0,
                              "num_warps": 2, "num_stages": 1, "maxnreg": 128, "PHASES": 1, "PPS": 6, "HPP": 1,
-                             "MMA": 0, "PREFETCH": 0}),
+                             "MMA": 0, "PREFETCH": 0, "TAIL": 0}),
     ((2, 1 << 30, 1 << 30), {"BP": 64, "BPF": 16, "VN": 32, "RC": 32, "STAGES": 3, "EARLY": 0, "TF32": 0,
                              "num_warps": 2, "num_stages": 1, "maxnreg": 128, "PHASES": 1, "PPS": 6, "HPP": 1,
-                             "MMA": 0, "PREFETCH": 0}),
+                             "MMA": 0, "PREFETCH": 0, "TAIL": 0}),
 ]
 # A small grid's programs take 16 rows, read the buffer before the fill and fold the flush through 3xTF32 (batch 1,
 # fp32: 4.64 µs against 5.23 without the last two, 4.70 without TF32, 5.07 without EARLY, 4.97 in 8-row programs;
@@ -490,10 +592,10 @@ SPLIT_LAUNCH = [
 SMALL_GRID_LAUNCH = [
     ((4, 1 << 30, 1 << 30), {"BP": 16, "BPF": 16, "VN": 32, "RC": 16, "STAGES": 1, "EARLY": 1, "TF32": 1,
                              "num_warps": 1, "num_stages": 1, "PHASES": 1, "PPS": 6, "HPP": 1, "MMA": 0,
-                             "PREFETCH": 0}),
+                             "PREFETCH": 0, "TAIL": 0}),
     ((2, 1 << 30, 1 << 30), {"BP": 16, "BPF": 16, "VN": 32, "RC": 16, "STAGES": 1, "EARLY": 1, "TF32": 1,
                              "num_warps": 1, "num_stages": 1, "PHASES": 1, "PPS": 6, "HPP": 1, "MMA": 0,
-                             "PREFETCH": 0}),
+                             "PREFETCH": 0, "TAIL": 0}),
 ]
 # On a large grid (args.large_grid) a step on a 2-byte or 1-byte tile takes its non-flush launch in programs of 8
 # whole heads of a group (their buffered C·B summed once) streamed in 64-row chunks, and its flushes in a launch of
@@ -506,24 +608,31 @@ SMALL_GRID_LAUNCH = [
 # and 192 registers, 8 programs per SM, 4 warps, 32-row flush chunks, 2 stages and TF32 no better: NOTES run 53).
 # The heads launch's row sums on the tensor cores (MMA) measured 2-13% slower than its FMAs.
 _HEADS = {"BP": 64, "BPF": 16, "VN": 64, "RC": 64, "STAGES": 3, "EARLY": 0, "TF32": 0, "num_warps": 2, "num_stages": 1,
-          "maxnreg": 128, "PHASES": 2, "PPS": 6, "HPP": 8, "MMA": 0, "PREFETCH": 0, "flush_maxnreg": 168}
+          "maxnreg": 128, "PHASES": 2, "PPS": 6, "HPP": 8, "MMA": 0, "PREFETCH": 0, "TAIL": 0, "flush_maxnreg": 168}
 # A 2-byte state's flushes there fold in one TF32 product (TF32=2): its window at 256 191.48 -> 186.22 µs, at 512
 # 358.25 -> 352.68 (its flushes alone 534.85 -> 496.22); on medium and small grids one product lost (59.53 -> 60.87
 # µs at batch 64, 4.10 -> 4.38 at 1; NOTES run 53). Its heads launch reads each chunk's x, buffered x and z a chunk
 # ahead (PREFETCH): under `replayssm profile`, three runs each, 184.88-185.10 -> 181.34-181.43 µs at 256 and
 # 354.56-354.85 -> 343.92-344.02 at 512 (1.9% at 128); around it 112 and 144 registers, 2 stages, VN 32, 32-row
 # chunks, and for its flushes 1, 2 and 4 stages, 4 and 12 programs per SM, 144 and 192 registers and 32-row items
-# were slower (NOTES run 55).
+# were slower (NOTES run 55). Its flushes run in the heads launch's own programs after the heads' (TAIL), which take
+# 168 registers (the most at which 6 programs of 2 warps fit an SM): under `replayssm profile`, twice each on one
+# H200, 102.6 -> 95.6 µs at 128, 181.7 -> 178.8 at 256, 344.3 -> 340.7 at 512; at 128 registers (the flushes
+# spilling) 100.0 / 186.4 / 354.9; a split copy's row loses with it (bf16 208.7 -> 213.4 µs at 256, fp8 163.2 ->
+# 172.8; NOTES run 56). The row's flush_maxnreg then goes (`_tail`).
 LARGE_STEP_LAUNCH = [((4, 1 << 30, 1 << 30), dict(STEP_LAUNCH[0][1], maxnreg=96)),
-                     ((2, 1 << 30, 1 << 30), dict(_HEADS, TF32=2, PREFETCH=1))]
+                     ((2, 1 << 30, 1 << 30), dict(_HEADS, TF32=2, PREFETCH=1, TAIL=1, maxnreg=168))]
 LARGE_SPLIT_LAUNCH = [((4, 1 << 30, 1 << 30), _HEADS), SPLIT_LAUNCH[1]]
 STEP_KEYS = ("BP", "BPF", "VN", "RC", "STAGES", "EARLY", "TF32", "num_warps", "num_stages", "maxnreg", "PHASES",
-             "PPS", "HPP", "MMA", "PREFETCH")
+             "PPS", "HPP", "MMA", "PREFETCH", "TAIL")
 # With PHASES=2 the flushes run in a second launch, with the row's settings overridden by these, in PPS programs per
 # SM that loop over the heads the first launch listed as flushing. HPP > 1 (heads per program, PHASES=2 only) takes
 # that first launch in programs of whole heads, HPP of a group each (`mamba2_heads_kernel`).
 FLUSH_KEYS = tuple(args.FLUSH_PREFIX + key for key in STEP_KEYS
-                   if key not in ("PHASES", "HPP", "MMA", "PREFETCH"))
+                   if key not in ("PHASES", "HPP", "MMA", "PREFETCH", "TAIL"))
+# With TAIL the flushes run in the heads launch's programs, so the flush_ keys that shape a launch's programs do not
+# apply.
+_TAIL_SHAPE_KEYS = ("BP", "num_warps", "num_stages", "maxnreg")
 # materialize folds a whole (P, N) tile per program, BPF rows at a time.
 REPLAY_LAUNCH = [
     ((4, 64, 64), {"num_warps": 4, "num_stages": 1, "JB": 4, "BPF": 8}),
@@ -586,7 +695,8 @@ def replay(cache: ReplayCache, x, dt, A, B, C, *, D=None, z=None, dt_bias=None, 
             PHASES=2: the non-flush launch in programs of HPP whole heads of a group, which sum the group's buffered
             C·B once; lowered to a power of two dividing H / G), MMA (1, with HPP > 1: that launch's row sums on the
             tensor cores, for a bf16 or fp8 tile and bf16 inputs), PREFETCH (1: a streamed tile's chunks read their
-            x, buffered x and z one chunk ahead).
+            x, buffered x and z one chunk ahead), TAIL (1, with HPP > 1: the flushes in the heads launch itself, in
+            flush_PPS programs per SM that start after the heads programs and flush each head as it is listed).
         check: range-check `slots` on the host (a device sync); skipped while a CUDA graph is captured.
 
     Returns:
@@ -604,6 +714,7 @@ def replay(cache: ReplayCache, x, dt, A, B, C, *, D=None, z=None, dt_bias=None, 
     phases = settings.pop("PHASES")
     args.check_flush_keys(flush, phases)
     hpp = _heads_per_program(settings, phases, H // G, P)
+    tail = _tail(settings, flush, hpp, launch)
     for tf32 in (settings["TF32"], flush.get("TF32", settings["TF32"])):
         # before either launch, so that a refused setting leaves the cache as it was
         args.flush_precision(cache.checkpoint, tf32)
@@ -614,6 +725,8 @@ def replay(cache: ReplayCache, x, dt, A, B, C, *, D=None, z=None, dt_bias=None, 
     softplus = bool(dt_softplus)
     if phases == 1:
         _launch_replay(cache, step, batch, softplus, settings, 0)
+    elif tail:
+        _launch_heads(cache, step, batch, softplus, settings, hpp, {**settings, **flush})
     else:
         if hpp > 1:
             _launch_heads(cache, step, batch, softplus, settings, hpp)
@@ -650,6 +763,24 @@ def _check_mma(cache: ReplayCache, hpp: int, rc: int) -> None:
         raise ValueError(f"launch MMA = 1 takes chunks of at least 16 rows (a tensor-core product), got RC = {rc}")
 
 
+def _tail(settings: dict, flush: dict, hpp: int, launch: dict | None) -> bool:
+    """The launch's TAIL (popped from `settings`): the flushes in the heads launch itself, which takes the flush_
+    keys that are not a second launch's program shape (the row's of those go; a caller's are refused)."""
+    tail = bool(settings.pop("TAIL"))
+    if tail:
+        if hpp < 2:
+            raise ValueError("launch TAIL = 1 (the flushes in the heads launch) applies only to the heads launch: "
+                             "HPP > 1 with PHASES=2")
+        shape = [key for key in _TAIL_SHAPE_KEYS if key in flush]
+        given = [args.FLUSH_PREFIX + key for key in shape if args.FLUSH_PREFIX + key in (launch or {})]
+        if given:
+            raise ValueError(f"launch keys {', '.join(given)} shape a second launch's programs; with TAIL = 1 the "
+                             "flushes run in the heads launch's")
+        for key in shape:
+            del flush[key]
+    return tail
+
+
 def _heads_per_program(settings: dict, phases: int, heads_per_group: int, P: int) -> int:
     """The launch's HPP (popped from `settings`) as run: the largest power of two, no larger than asked, that divides
     the heads of a group. HPP > 1 takes whole heads in a non-flush launch of its own."""
@@ -667,22 +798,32 @@ def _heads_per_program(settings: dict, phases: int, heads_per_group: int, P: int
     return hpp
 
 
-def _launch_heads(cache: ReplayCache, step: dict, batch: int, softplus: bool, settings: dict, hpp: int) -> None:
+def _launch_heads(cache: ReplayCache, step: dict, batch: int, softplus: bool, settings: dict, hpp: int,
+                  flush: dict | None = None) -> None:
+    """The heads launch; given `flush` (TAIL), its flushes too, in flush["PPS"] programs per SM after the heads'."""
     _, H, P, N, G = cache.shape
     BN = max(16, args.block(N))
     rc = cache.read_copy
-    mamba2_heads_kernel[(batch, H // hpp)](
+    nhp = batch * (H // hpp)
+    if flush is None:
+        grid, tail = (batch, H // hpp), {"BPF": 16, "FSTAGES": 1, "PRECISION": "ieee"}
+    else:
+        grid = (nhp + args.flush_grid(batch * H, flush["PPS"], cache.device)[0],)
+        tail = {"BPF": max(16, min(flush["BPF"], args.block(P))), "FSTAGES": flush["STAGES"],
+                "PRECISION": args.flush_precision(cache.checkpoint, flush["TF32"])}
+    mamba2_heads_kernel[grid](
         **step,
         checkpoint=cache.checkpoint, read_copy=rc, read_scale=cache.read_scale, x_buf=cache.x_buf,
         b_buf=cache.b_buf, dt_buf=cache.dt_buf, lam_buf=cache.lam_buf, fill=cache.fill, work=cache.work,
         H=H, G=G, P=P, N=N,
         **_strides(cache, step),
+        NHP=nhp, NE=(cache.work.numel() - LIST_HEADER.value) // LIST_ENTRY.value,
         W=cache.window, CAP=cache.capacity, BP=args.block(P), BN=BN, BW=max(16, args.block(cache.capacity)),
         VN=min(settings["VN"], BN), RC=min(settings["RC"], args.block(P)), STAGES=settings["STAGES"], HPP=hpp,
         HAS_D=step["D"] is not None, HAS_Z=step["z"] is not None, HAS_DT_BIAS=step["dt_bias"] is not None,
         USE_SOFTPLUS=softplus, HAS_SLOTS=step["slots"] is not None, USE_COPY=rc is not None,
         IS_FP8=cache.read_scale is not None, MMA=settings["MMA"], PREFETCH=bool(settings["PREFETCH"]),
-        **args.compile_options(settings),
+        TAIL=flush is not None, **tail, **args.compile_options(settings),
     )
 
 
