@@ -3,7 +3,7 @@
 # writes its table (.txt) and results (.json) under DIR (default runs/tune), and DIR.tar.gz holds them all for
 # machines that return one file; a sweep past its time limit leaves the ones before it.
 # Usage: benchmarks/tune_h200.sh [DIR] [SECTION ...]
-# Sections: tests, tail-2, tail, gdn-bf16-tf32, prefetch-profile, prefetch, prefetch-2, loops, gdn-decode-chunks, gdn-decode-order, gdn-decode-order-2, mamba2-mma, stalls-bf16, mamba2-bf16-heads, mamba2-bf16-tf32, heads-sanitizer, mamba2-heads-flush-2, gdn-heads-fault, gdn-heads, mamba2-heads-flush, mamba2-heads, mamba2-heads-2, mamba2-heads-3, mamba2-heads-4, verify-tests, gdn-verify-mma, gdn-verify-3, gdn-verify-rows, gdn-verify-warps, gdn-verify-warps-2, mamba2-verify-warps, gdn-split-3, gdn-split-4, two-phase-2, mamba2-split-phases, mamba2-two-phase, gdn-split-flush-vp, gdn-mma, split-launch-cost, split-launch-cost-2, gdn-flush-list, mamba2-flush-list, gdn-split-nonflush, gdn-split-flush-2, one-warp, fp8-one-warp, fp8-one-warp-2, copy-pieces, regs-2byte, stalls, stalls-2, next, small-grid, small-grid-2, small-grid-3, medium-grid, direct, order, vk, gdn-decode, gdn-replay, gdn-early, gdn-replay-256, gdn-fp32-2, gdn-split, gdn-split-2,
+# Sections: tests, tail-medium, tail-2, tail, gdn-bf16-tf32, prefetch-profile, prefetch, prefetch-2, loops, gdn-decode-chunks, gdn-decode-order, gdn-decode-order-2, mamba2-mma, stalls-bf16, mamba2-bf16-heads, mamba2-bf16-tf32, heads-sanitizer, mamba2-heads-flush-2, gdn-heads-fault, gdn-heads, mamba2-heads-flush, mamba2-heads, mamba2-heads-2, mamba2-heads-3, mamba2-heads-4, verify-tests, gdn-verify-mma, gdn-verify-3, gdn-verify-rows, gdn-verify-warps, gdn-verify-warps-2, mamba2-verify-warps, gdn-split-3, gdn-split-4, two-phase-2, mamba2-split-phases, mamba2-two-phase, gdn-split-flush-vp, gdn-mma, split-launch-cost, split-launch-cost-2, gdn-flush-list, mamba2-flush-list, gdn-split-nonflush, gdn-split-flush-2, one-warp, fp8-one-warp, fp8-one-warp-2, copy-pieces, regs-2byte, stalls, stalls-2, next, small-grid, small-grid-2, small-grid-3, medium-grid, direct, order, vk, gdn-decode, gdn-replay, gdn-early, gdn-replay-256, gdn-fp32-2, gdn-split, gdn-split-2,
 # gdn-bf16, gdn-bf16-2, gdn-verify, fla, mamba2-split, mamba2-split2, mamba2-vn, mamba2-bf16, mamba2-bf16-2,
 # mamba2-verify (default: tests gdn-decode gdn-replay gdn-verify mamba2-split mamba2-bf16 mamba2-verify).
 set -uo pipefail
@@ -641,6 +641,23 @@ for section in $SECTIONS; do
             --launch decode:VP=16,BV=16,CSTRIDES=1 --launch "decode:VP=16,BV=16,$S" \
             --launch "decode:VP=16,BV=16,$S,maxnreg=64" --launch "decode:VP=16,BV=16,$S,num_warps=2" \
             --launch "decode:VP=32,BV=32,$S,num_warps=2"
+        ;;
+    tail-medium)
+        # Below the large grid (batch 82 and under at Nemotron-3-Super): the 2-byte state's medium row (one launch)
+        # against the large row's heads launch with TAIL, with its one-TF32-product flushes and without.
+        H="BP=64,BPF=16,VN=64,RC=64,STAGES=3,EARLY=0,num_warps=2,num_stages=1,maxnreg=168,PHASES=2,PPS=6,HPP=8"
+        H="$H,MMA=0,PREFETCH=1,TAIL=1"
+        for v in row tail tail-tf32 row tail; do
+            case $v in
+                row) s="TAIL=0" ;;
+                tail) s="$H,TF32=0" ;;
+                tail-tf32) s="$H,TF32=2" ;;
+            esac
+            timeout 60 python benchmarks/profile_rows.py --set "mamba2.replay:STEP_LAUNCH:1:$s" -- \
+                -p nemotron-3-super-120b-a12b --batch 32,64,80 --state-dtype bf16 --repeats 9 --no-phases \
+                --out "$DIR/tail-medium-$v.json" >>"$DIR/tail-medium.txt" 2>&1
+            echo "tail-medium-$v: exit $?" >&2
+        done
         ;;
     tail-2)
         # The shipped TAIL row against TAIL off at its 168 registers and at the 128 before: the GPU tests, then the

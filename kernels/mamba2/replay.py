@@ -615,11 +615,12 @@ _HEADS = {"BP": 64, "BPF": 16, "VN": 64, "RC": 64, "STAGES": 3, "EARLY": 0, "TF3
 # ahead (PREFETCH): under `replayssm profile`, three runs each, 184.88-185.10 -> 181.34-181.43 µs at 256 and
 # 354.56-354.85 -> 343.92-344.02 at 512 (1.9% at 128); around it 112 and 144 registers, 2 stages, VN 32, 32-row
 # chunks, and for its flushes 1, 2 and 4 stages, 4 and 12 programs per SM, 144 and 192 registers and 32-row items
-# were slower (NOTES run 55). Its flushes run in the heads launch's own programs after the heads' (TAIL), which take
-# 168 registers (the most at which 6 programs of 2 warps fit an SM): under `replayssm profile`, twice each on one
-# H200, 102.6 -> 95.6 µs at 128, 181.7 -> 178.8 at 256, 344.3 -> 340.7 at 512; at 128 registers (the flushes
-# spilling) 100.0 / 186.4 / 354.9; a split copy's row loses with it (bf16 208.7 -> 213.4 µs at 256, fp8 163.2 ->
-# 172.8; NOTES run 56). The row's flush_maxnreg then goes (`_tail`).
+# were slower (NOTES run 55). Its flushes run in the heads launch's own programs after the heads' (TAIL), at 168
+# registers (the most at which 6 programs of 2 warps fit an SM): under `replayssm profile`, twice each on one H200,
+# 102.7 -> 95.4 µs at 128, 181.7 -> 178.3 at 256, 344.6 -> 339.8 at 512 (168 registers without TAIL 102.0 / 184.1
+# / 345.7; TAIL at 128 registers, its flushes spilling, 100.0 / 186.4 / 354.9 on another H200); a split copy's row
+# loses with it (bf16 copy 208.7 -> 213.4 µs at 256, fp8 163.2 -> 172.8; NOTES run 56). The row's flush_maxnreg
+# then goes (`_tail`).
 LARGE_STEP_LAUNCH = [((4, 1 << 30, 1 << 30), dict(STEP_LAUNCH[0][1], maxnreg=96)),
                      ((2, 1 << 30, 1 << 30), dict(_HEADS, TF32=2, PREFETCH=1, TAIL=1, maxnreg=168))]
 LARGE_SPLIT_LAUNCH = [((4, 1 << 30, 1 << 30), _HEADS), SPLIT_LAUNCH[1]]
