@@ -50,8 +50,8 @@ class ReplayCache:
     arrivals (nslots, H) int32, zero between calls, lets `verify` elect the last value head of each key head to
     write the drafts' keys; last_draft is the T of the last `verify` (what `accept` may commit).
     work (8 + 4·nslots·HV) int32 is the list a replay in two launches passes from its non-flush launch to its
-    flushes' launch (a count and a done counter, zero between steps, then (row, head, fill) per flushing head);
-    it belongs to no slot.
+    flushes' launch (a header of counters, zero between steps, then (row, head, fill, flag) per flushing
+    head; mamba2.common); it belongs to no slot.
     """
 
     checkpoint: torch.Tensor

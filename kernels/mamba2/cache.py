@@ -23,7 +23,8 @@ class ReplayCache:
     arrive (nslots, H) int32 counts the P-block programs of a step that are done with a (slot, head), zero between steps;
     last_draft is the T of the last `verify` (what `accept` may commit). work (8 + 4·nslots·H) int32, the one
     tensor that belongs to no slot, is the list a replay in two launches passes from its non-flush launch to its
-    flushes' launch (a count and a done counter, zero between steps, then (row, head, fill) per flushing head).
+    flushes' launch (a header of counters, zero between steps, then (row, head, fill, flag) per flushing
+    head; mamba2.common).
     """
 
     checkpoint: torch.Tensor

@@ -384,8 +384,6 @@ def _heads_step(
     advance_heads(fill + i_s * H, work, i_b, h0, f, W, HPP, TAIL)
 
 
-
-
 @triton.jit
 def mamba2_heads_kernel(
     x, dt, A, B, C, D, z, dt_bias, slots, y,
