@@ -3,7 +3,7 @@
 # writes its table (.txt) and results (.json) under DIR (default runs/tune), and DIR.tar.gz holds them all for
 # machines that return one file; a sweep past its time limit leaves the ones before it.
 # Usage: benchmarks/tune_h200.sh [DIR] [SECTION ...]
-# Sections: tests, tail-medium, tail-2, tail, gdn-bf16-tf32, prefetch-profile, prefetch, prefetch-2, loops, gdn-decode-chunks, gdn-decode-order, gdn-decode-order-2, mamba2-mma, stalls-bf16, mamba2-bf16-heads, mamba2-bf16-tf32, heads-sanitizer, mamba2-heads-flush-2, gdn-heads-fault, gdn-heads, mamba2-heads-flush, mamba2-heads, mamba2-heads-2, mamba2-heads-3, mamba2-heads-4, verify-tests, gdn-verify-mma, gdn-verify-3, gdn-verify-rows, gdn-verify-warps, gdn-verify-warps-2, mamba2-verify-warps, gdn-split-3, gdn-split-4, two-phase-2, mamba2-split-phases, mamba2-two-phase, gdn-split-flush-vp, gdn-mma, split-launch-cost, split-launch-cost-2, gdn-flush-list, mamba2-flush-list, gdn-split-nonflush, gdn-split-flush-2, one-warp, fp8-one-warp, fp8-one-warp-2, copy-pieces, regs-2byte, stalls, stalls-2, next, small-grid, small-grid-2, small-grid-3, medium-grid, direct, order, vk, gdn-decode, gdn-replay, gdn-early, gdn-replay-256, gdn-fp32-2, gdn-split, gdn-split-2,
+# Sections: tests, tail-3, tail-medium, tail-2, tail, gdn-bf16-tf32, prefetch-profile, prefetch, prefetch-2, loops, gdn-decode-chunks, gdn-decode-order, gdn-decode-order-2, mamba2-mma, stalls-bf16, mamba2-bf16-heads, mamba2-bf16-tf32, heads-sanitizer, mamba2-heads-flush-2, gdn-heads-fault, gdn-heads, mamba2-heads-flush, mamba2-heads, mamba2-heads-2, mamba2-heads-3, mamba2-heads-4, verify-tests, gdn-verify-mma, gdn-verify-3, gdn-verify-rows, gdn-verify-warps, gdn-verify-warps-2, mamba2-verify-warps, gdn-split-3, gdn-split-4, two-phase-2, mamba2-split-phases, mamba2-two-phase, gdn-split-flush-vp, gdn-mma, split-launch-cost, split-launch-cost-2, gdn-flush-list, mamba2-flush-list, gdn-split-nonflush, gdn-split-flush-2, one-warp, fp8-one-warp, fp8-one-warp-2, copy-pieces, regs-2byte, stalls, stalls-2, next, small-grid, small-grid-2, small-grid-3, medium-grid, direct, order, vk, gdn-decode, gdn-replay, gdn-early, gdn-replay-256, gdn-fp32-2, gdn-split, gdn-split-2,
 # gdn-bf16, gdn-bf16-2, gdn-verify, fla, mamba2-split, mamba2-split2, mamba2-vn, mamba2-bf16, mamba2-bf16-2,
 # mamba2-verify (default: tests gdn-decode gdn-replay gdn-verify mamba2-split mamba2-bf16 mamba2-verify).
 set -uo pipefail
@@ -641,6 +641,24 @@ for section in $SECTIONS; do
             --launch decode:VP=16,BV=16,CSTRIDES=1 --launch "decode:VP=16,BV=16,$S" \
             --launch "decode:VP=16,BV=16,$S,maxnreg=64" --launch "decode:VP=16,BV=16,$S,num_warps=2" \
             --launch "decode:VP=32,BV=32,$S,num_warps=2"
+        ;;
+    tail-3)
+        # Around the TAIL row: its flushes 2 stages deep (the kernel's 24 B of spills at 3 go, compile_report), and
+        # 3 or 12 flushing programs per SM instead of 6; alternating, twice, under the reference loop.
+        for run in a b; do
+            for v in row stages2 pps3 pps12; do
+                case $v in
+                    row) s="TAIL=1" ;;
+                    stages2) s="flush_STAGES=2" ;;
+                    pps3) s="flush_PPS=3" ;;
+                    pps12) s="flush_PPS=12" ;;
+                esac
+                timeout 60 python benchmarks/profile_rows.py --set "mamba2.replay:LARGE_STEP_LAUNCH:1:$s" -- \
+                    -p nemotron-3-super-120b-a12b --batch 128,256,512 --state-dtype bf16 --repeats 9 --no-phases \
+                    --out "$DIR/tail-3-$v.json" >>"$DIR/tail-3.txt" 2>&1
+                echo "tail-3-$v-$run: exit $?" >&2
+            done
+        done
         ;;
     tail-medium)
         # Below the large grid (batch 82 and under at Nemotron-3-Super): the 2-byte state's medium row (one launch)
