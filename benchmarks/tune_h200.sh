@@ -3,7 +3,7 @@
 # writes its table (.txt) and results (.json) under DIR (default runs/tune), and DIR.tar.gz holds them all for
 # machines that return one file; a sweep past its time limit leaves the ones before it.
 # Usage: benchmarks/tune_h200.sh [DIR] [SECTION ...]
-# Sections: tests, tail-3, tail-medium, tail-2, tail, gdn-bf16-tf32, prefetch-profile, prefetch, prefetch-2, loops, gdn-decode-chunks, gdn-decode-order, gdn-decode-order-2, mamba2-mma, stalls-bf16, mamba2-bf16-heads, mamba2-bf16-tf32, heads-sanitizer, mamba2-heads-flush-2, gdn-heads-fault, gdn-heads, mamba2-heads-flush, mamba2-heads, mamba2-heads-2, mamba2-heads-3, mamba2-heads-4, verify-tests, gdn-verify-mma, gdn-verify-3, gdn-verify-rows, gdn-verify-warps, gdn-verify-warps-2, mamba2-verify-warps, gdn-split-3, gdn-split-4, two-phase-2, mamba2-split-phases, mamba2-two-phase, gdn-split-flush-vp, gdn-mma, split-launch-cost, split-launch-cost-2, gdn-flush-list, mamba2-flush-list, gdn-split-nonflush, gdn-split-flush-2, one-warp, fp8-one-warp, fp8-one-warp-2, copy-pieces, regs-2byte, stalls, stalls-2, next, small-grid, small-grid-2, small-grid-3, medium-grid, direct, order, vk, gdn-decode, gdn-replay, gdn-early, gdn-replay-256, gdn-fp32-2, gdn-split, gdn-split-2,
+# Sections: tests, tail-lead, tail-3, tail-medium, tail-2, tail, gdn-bf16-tf32, prefetch-profile, prefetch, prefetch-2, loops, gdn-decode-chunks, gdn-decode-order, gdn-decode-order-2, mamba2-mma, stalls-bf16, mamba2-bf16-heads, mamba2-bf16-tf32, heads-sanitizer, mamba2-heads-flush-2, gdn-heads-fault, gdn-heads, mamba2-heads-flush, mamba2-heads, mamba2-heads-2, mamba2-heads-3, mamba2-heads-4, verify-tests, gdn-verify-mma, gdn-verify-3, gdn-verify-rows, gdn-verify-warps, gdn-verify-warps-2, mamba2-verify-warps, gdn-split-3, gdn-split-4, two-phase-2, mamba2-split-phases, mamba2-two-phase, gdn-split-flush-vp, gdn-mma, split-launch-cost, split-launch-cost-2, gdn-flush-list, mamba2-flush-list, gdn-split-nonflush, gdn-split-flush-2, one-warp, fp8-one-warp, fp8-one-warp-2, copy-pieces, regs-2byte, stalls, stalls-2, next, small-grid, small-grid-2, small-grid-3, medium-grid, direct, order, vk, gdn-decode, gdn-replay, gdn-early, gdn-replay-256, gdn-fp32-2, gdn-split, gdn-split-2,
 # gdn-bf16, gdn-bf16-2, gdn-verify, fla, mamba2-split, mamba2-split2, mamba2-vn, mamba2-bf16, mamba2-bf16-2,
 # mamba2-verify (default: tests gdn-decode gdn-replay gdn-verify mamba2-split mamba2-bf16 mamba2-verify).
 set -uo pipefail
@@ -641,6 +641,30 @@ for section in $SECTIONS; do
             --launch decode:VP=16,BV=16,CSTRIDES=1 --launch "decode:VP=16,BV=16,$S" \
             --launch "decode:VP=16,BV=16,$S,maxnreg=64" --launch "decode:VP=16,BV=16,$S,num_warps=2" \
             --launch "decode:VP=32,BV=32,$S,num_warps=2"
+        ;;
+    tail-lead)
+        # Flushing programs among the heads programs too (LEAD: per SM, each flushing what is listed and leaving when
+        # caught up): the GPU tests, then the bf16 state's TAIL row with LEAD 0 / 1 / 2 and the split copies' row with
+        # TAIL and LEAD 0 / 1 / 2 against it off, alternating, twice, under the reference loop.
+        timeout 240 python -m pytest -q -x tests/test_mamba2_replay.py -k "heads_per_program or many_rows or padding" \
+            >"$DIR/tail-lead.txt" 2>&1
+        echo "tail-lead-tests: exit $?" >&2
+        for run in a b; do
+            for v in 0 1 2; do
+                timeout 60 python benchmarks/profile_rows.py --set "mamba2.replay:LARGE_STEP_LAUNCH:1:LEAD=$v" -- \
+                    -p nemotron-3-super-120b-a12b --batch 128,256,512 --state-dtype bf16 --repeats 9 --no-phases \
+                    --out "$DIR/tail-lead-bf16-$v.json" >>"$DIR/tail-lead.txt" 2>&1
+                echo "tail-lead-bf16-$v-$run: exit $?" >&2
+            done
+            for v in off 0 1 2; do
+                s="TAIL=1,maxnreg=168,LEAD=$v"
+                [ $v = off ] && s="TAIL=0"
+                timeout 60 python benchmarks/profile_rows.py --set "mamba2.replay:LARGE_SPLIT_LAUNCH:0:$s" -- \
+                    -p nemotron-3-super-120b-a12b --batch 256 --state-dtype fp32 --read-dtype bf16,fp8 --repeats 9 \
+                    --no-phases --out "$DIR/tail-lead-split-$v.json" >>"$DIR/tail-lead.txt" 2>&1
+                echo "tail-lead-split-$v-$run: exit $?" >&2
+            done
+        done
         ;;
     tail-3)
         # Around the TAIL row: its flushes 2 stages deep (the kernel's 24 B of spills at 3 go, compile_report), and

@@ -161,6 +161,9 @@ HEADS_CASES = [
     ({"HPP": 4, "RC": 16, "TAIL": 1, "flush_PPS": 1, "flush_STAGES": 2}, "fp32", "bf16"),
     ({"HPP": 8, "RC": 64, "VN": 64, "STAGES": 3, "maxnreg": 168, "TF32": 2, "PREFETCH": 1, "TAIL": 1}, "bf16", None),
     ({"HPP": 8, "RC": 32, "TAIL": 1, "flush_BPF": 32}, "fp32", "fp8"),
+    # flushing programs among the heads programs too (LEAD), more of them than there are heads programs
+    ({"HPP": 2, "TAIL": 1, "LEAD": 1}, "bf16", None),
+    ({"HPP": 4, "RC": 16, "TAIL": 1, "LEAD": 4, "flush_PPS": 1}, "fp32", "bf16"),
 ]
 
 
@@ -410,6 +413,10 @@ BAD_REPLAY = {
                           "flush_maxnreg shape a second launch's programs; with TAIL = 1"),
     "launch-tail-value": (lambda c, i: i.update(launch={"PHASES": 2, "HPP": 2, "TAIL": 2}),
                           r"launch\['TAIL'\] must be 0 or 1, got 2"),
+    "launch-lead-no-tail": (lambda c, i: i.update(launch={"PHASES": 2, "HPP": 2, "EARLY": 0, "LEAD": 2}),
+                            r"LEAD = 2 \(lead flushing programs\) applies only with TAIL = 1"),
+    "launch-lead-value": (lambda c, i: i.update(launch={"PHASES": 2, "HPP": 2, "TAIL": 1, "LEAD": 5}),
+                          r"launch\['LEAD'\] must be 0 or 1 or 2 or 3 or 4, got 5"),
 }
 
 
