@@ -28,6 +28,14 @@ gpu_tests() {  # NAME LIMIT_S TEST_PATHS...: the tests on the GPU, their output 
     echo "$name: exit $?, $((SECONDS - start)) s: $(tail -n 1 "$DIR/$name.txt")" >&2
 }
 
+rows() {  # NAME LOG LIMIT_S ARGS...: benchmarks/profile_rows.py ARGS (its --set, then -- and `replayssm profile`'s
+          # options) into $DIR/NAME.json, its output appended to $DIR/LOG.txt
+    local name=$1 log=$2 limit=$3 start=$SECONDS
+    shift 3
+    timeout "$limit" python benchmarks/profile_rows.py "$@" --out "$DIR/$name.json" >>"$DIR/$log.txt" 2>&1
+    echo "$name: exit $?, $((SECONDS - start)) s" >&2
+}
+
 for section in $SECTIONS; do
     case $section in
     tests)
@@ -646,23 +654,18 @@ for section in $SECTIONS; do
         # Flushing programs among the heads programs too (LEAD: per SM, each flushing what is listed and leaving when
         # caught up): the GPU tests, then the bf16 state's TAIL row with LEAD 0 / 1 / 2 and the split copies' row with
         # TAIL and LEAD 0 / 1 / 2 against it off, alternating, twice, under the reference loop.
-        timeout 240 python -m pytest -q -x tests/test_mamba2_replay.py -k "heads_per_program or many_rows or padding" \
-            >"$DIR/tail-lead.txt" 2>&1
-        echo "tail-lead-tests: exit $?" >&2
+        gpu_tests tail-lead 240 tests/test_mamba2_replay.py -k "heads_per_program or many_rows or padding"
+        M=nemotron-3-super-120b-a12b
         for run in a b; do
             for v in 0 1 2; do
-                timeout 60 python benchmarks/profile_rows.py --set "mamba2.replay:LARGE_STEP_LAUNCH:1:LEAD=$v" -- \
-                    -p nemotron-3-super-120b-a12b --batch 128,256,512 --state-dtype bf16 --repeats 9 --no-phases \
-                    --out "$DIR/tail-lead-bf16-$v.json" >>"$DIR/tail-lead.txt" 2>&1
-                echo "tail-lead-bf16-$v-$run: exit $?" >&2
+                rows "tail-lead-bf16-$v" tail-lead 60 --set "mamba2.replay:LARGE_STEP_LAUNCH:1:LEAD=$v" -- -p $M \
+                    --batch 128,256,512 --state-dtype bf16 --repeats 9 --no-phases
             done
             for v in off 0 1 2; do
                 s="TAIL=1,maxnreg=168,LEAD=$v"
                 [ $v = off ] && s="TAIL=0"
-                timeout 60 python benchmarks/profile_rows.py --set "mamba2.replay:LARGE_SPLIT_LAUNCH:0:$s" -- \
-                    -p nemotron-3-super-120b-a12b --batch 256 --state-dtype fp32 --read-dtype bf16,fp8 --repeats 9 \
-                    --no-phases --out "$DIR/tail-lead-split-$v.json" >>"$DIR/tail-lead.txt" 2>&1
-                echo "tail-lead-split-$v-$run: exit $?" >&2
+                rows "tail-lead-split-$v" tail-lead 60 --set "mamba2.replay:LARGE_SPLIT_LAUNCH:0:$s" -- -p $M \
+                    --batch 256 --state-dtype fp32 --read-dtype bf16,fp8 --repeats 9 --no-phases
             done
         done
         ;;
@@ -677,10 +680,8 @@ for section in $SECTIONS; do
                     pps3) s="flush_PPS=3" ;;
                     pps12) s="flush_PPS=12" ;;
                 esac
-                timeout 60 python benchmarks/profile_rows.py --set "mamba2.replay:LARGE_STEP_LAUNCH:1:$s" -- \
-                    -p nemotron-3-super-120b-a12b --batch 128,256,512 --state-dtype bf16 --repeats 9 --no-phases \
-                    --out "$DIR/tail-3-$v.json" >>"$DIR/tail-3.txt" 2>&1
-                echo "tail-3-$v-$run: exit $?" >&2
+                rows "tail-3-$v" tail-3 60 --set "mamba2.replay:LARGE_STEP_LAUNCH:1:$s" -- \
+                    -p nemotron-3-super-120b-a12b --batch 128,256,512 --state-dtype bf16 --repeats 9 --no-phases
             done
         done
         ;;
@@ -695,37 +696,29 @@ for section in $SECTIONS; do
                 tail) s="$H,TF32=0" ;;
                 tail-tf32) s="$H,TF32=2" ;;
             esac
-            timeout 60 python benchmarks/profile_rows.py --set "mamba2.replay:STEP_LAUNCH:1:$s" -- \
-                -p nemotron-3-super-120b-a12b --batch 32,64,80 --state-dtype bf16 --repeats 9 --no-phases \
-                --out "$DIR/tail-medium-$v.json" >>"$DIR/tail-medium.txt" 2>&1
-            echo "tail-medium-$v: exit $?" >&2
+            rows "tail-medium-$v" tail-medium 60 --set "mamba2.replay:STEP_LAUNCH:1:$s" -- \
+                -p nemotron-3-super-120b-a12b --batch 32,64,80 --state-dtype bf16 --repeats 9 --no-phases
         done
         ;;
     tail-2)
         # The shipped TAIL row against TAIL off at its 168 registers and at the 128 before: the GPU tests, then the
         # three under the reference loop alternating on one GPU; one text file for all.
-        timeout 300 python -m pytest -q tests/test_mamba2_replay.py tests/test_mamba2_split.py tests/test_gdn_split.py \
-            >"$DIR/tail-2.txt" 2>&1
-        echo "tail-2-tests: exit $?" >&2
+        gpu_tests tail-2 300 tests/test_mamba2_replay.py tests/test_mamba2_split.py tests/test_gdn_split.py
         for v in on off168 off128 on off168 off128; do
             case $v in
                 on) s="TAIL=1" ;;
                 off168) s="TAIL=0" ;;
                 off128) s="TAIL=0,maxnreg=128" ;;
             esac
-            timeout 60 python benchmarks/profile_rows.py --set "mamba2.replay:LARGE_STEP_LAUNCH:1:$s" -- \
-                -p nemotron-3-super-120b-a12b --batch 128,256,512 --state-dtype bf16 --repeats 9 --no-phases \
-                --out "$DIR/tail-2-$v.json" >>"$DIR/tail-2.txt" 2>&1
-            echo "tail-2-$v: exit $?" >&2
+            rows "tail-2-$v" tail-2 60 --set "mamba2.replay:LARGE_STEP_LAUNCH:1:$s" -- \
+                -p nemotron-3-super-120b-a12b --batch 128,256,512 --state-dtype bf16 --repeats 9 --no-phases
         done
         ;;
     tail)
         # The flushes in the heads launch (TAIL): the GPU tests, then under the reference loop the large-grid rows
         # with it off and on (168 and 128 registers), A against B alternating on one GPU, each bounded in time; one
         # text file for all.
-        timeout 240 python -m pytest -q -x tests/test_mamba2_replay.py -k "heads_per_program or many_rows" \
-            >"$DIR/tail.txt" 2>&1
-        echo "tail-tests: exit $?" >&2
+        gpu_tests tail 240 tests/test_mamba2_replay.py -k "heads_per_program or many_rows"
         M=nemotron-3-super-120b-a12b
         for v in off t168 t128 off t168; do
             case $v in
@@ -733,18 +726,14 @@ for section in $SECTIONS; do
                 t128) s="TAIL=1" ;;
                 t168) s="TAIL=1,maxnreg=168" ;;
             esac
-            timeout 60 python benchmarks/profile_rows.py --set "mamba2.replay:LARGE_STEP_LAUNCH:1:$s" -- -p $M \
-                --batch 128,256,512 --state-dtype bf16 --repeats 9 --no-phases \
-                --out "$DIR/tail-$v.json" >>"$DIR/tail.txt" 2>&1
-            echo "tail-bf16-$v: exit $?" >&2
+            rows "tail-$v" tail 60 --set "mamba2.replay:LARGE_STEP_LAUNCH:1:$s" -- -p $M \
+                --batch 128,256,512 --state-dtype bf16 --repeats 9 --no-phases
         done
         for v in off t168 off t168; do
             s="TAIL=0"
             [ $v = t168 ] && s="TAIL=1,maxnreg=168"
-            timeout 60 python benchmarks/profile_rows.py --set "mamba2.replay:LARGE_SPLIT_LAUNCH:0:$s" -- -p $M \
-                --batch 256 --state-dtype fp32 --read-dtype bf16,fp8 --repeats 9 --no-phases \
-                --out "$DIR/tail-split-$v.json" >>"$DIR/tail.txt" 2>&1
-            echo "tail-split-$v: exit $?" >&2
+            rows "tail-split-$v" tail 60 --set "mamba2.replay:LARGE_SPLIT_LAUNCH:0:$s" -- -p $M \
+                --batch 256 --state-dtype fp32 --read-dtype bf16,fp8 --repeats 9 --no-phases
         done
         ;;
     gdn-bf16-tf32)
@@ -752,10 +741,8 @@ for section in $SECTIONS; do
         # ops 1159 -> 589, 16 MMAs, 128 registers) under the reference loop, A against B alternating, twice.
         for run in a b; do
             for v in 0 2; do
-                timeout 200 python benchmarks/profile_rows.py --set "gdn.replay:LAUNCH:replay:TF32=$v" -- \
-                    -p qwen3.5-122b-a10b --batch 64,256,512 --state-dtype bf16 --repeats 9 --no-phases \
-                    --out "$DIR/gdn-bf16-tf32-$run-$v.json" >"$DIR/gdn-bf16-tf32-$run-$v.txt" 2>&1
-                echo "gdn-bf16-tf32-$run-$v: exit $?" >&2
+                rows "gdn-bf16-tf32-$run-$v" "gdn-bf16-tf32-$run-$v" 200 --set "gdn.replay:LAUNCH:replay:TF32=$v" -- \
+                    -p qwen3.5-122b-a10b --batch 64,256,512 --state-dtype bf16 --repeats 9 --no-phases
             done
         done
         ;;
@@ -769,10 +756,8 @@ for section in $SECTIONS; do
                 for row in STEP_LAUNCH:0 STEP_LAUNCH:1 LARGE_STEP_LAUNCH:0 SPLIT_LAUNCH:0 LARGE_SPLIT_LAUNCH:0; do
                     sets+=(--set "mamba2.replay:$row:PREFETCH=$v")
                 done
-                timeout 200 python benchmarks/profile_rows.py "${sets[@]}" -- -p $M --batch 64,256 \
-                    --state-dtype fp32,bf16 --read-dtype bf16,fp8 --repeats 9 --no-phases \
-                    --out "$DIR/prefetch-profile-$run-$v.json" >"$DIR/prefetch-profile-$run-$v.txt" 2>&1
-                echo "prefetch-profile-$run-$v: exit $?" >&2
+                rows "prefetch-profile-$run-$v" "prefetch-profile-$run-$v" 200 "${sets[@]}" -- -p $M --batch 64,256 \
+                    --state-dtype fp32,bf16 --read-dtype bf16,fp8 --repeats 9 --no-phases
             done
         done
         ;;
@@ -808,10 +793,9 @@ for section in $SECTIONS; do
             sweep "loops-sweep-$run" 120 sweep_mamba2.py --state-dtype bf16 --kernel decode --kernel replay \
                 --batch 256 --batch 512 --launch decode: --launch replay:PREFETCH=0 --launch replay:PREFETCH=1
             for v in 0 1; do
-                timeout 120 python benchmarks/profile_rows.py --set "mamba2.replay:LARGE_STEP_LAUNCH:1:PREFETCH=$v" \
-                    -- -p $M --batch 256,512 --state-dtype bf16 --repeats 9 --no-phases \
-                    --out "$DIR/loops-profile-$run-$v.json" >"$DIR/loops-profile-$run-$v.txt" 2>&1
-                echo "loops-profile-$run-$v: exit $?" >&2
+                rows "loops-profile-$run-$v" "loops-profile-$run-$v" 120 \
+                    --set "mamba2.replay:LARGE_STEP_LAUNCH:1:PREFETCH=$v" -- -p $M --batch 256,512 --state-dtype bf16 \
+                    --repeats 9 --no-phases
             done
         done
         ;;

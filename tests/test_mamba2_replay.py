@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from replayssm_kernels import mamba2
+from replayssm_kernels.mamba2.common import LIST_ENTRY, LIST_HEADER
 
 DT = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "fp8": torch.float8_e4m3fn, None: None}
 NAN = float("nan")
@@ -202,7 +203,8 @@ def test_replay_flushes_of_many_rows_in_one_program(device, assert_close, launch
         y_ref = mamba2.replay_ref(want, **inp, dt_softplus=True, slots=rows)
         assert_close(y, y_ref, torch.bfloat16, DT[state], what=f"y at step {step}")
         # the list ready for the next step: its header (counters) and its entries' flags (TAIL) zero
-        header, entries = got.work[:8].cpu(), got.work[8:].view(-1, 4).cpu()
+        header = got.work[:LIST_HEADER.value].cpu()
+        entries = got.work[LIST_HEADER.value:].view(-1, LIST_ENTRY.value).cpu()
         assert not header.any() and not entries[:, 3].any(), (
             f"list left header {header.tolist()}, {int(entries[:, 3].count_nonzero())} flags set after step {step}")
     assert_caches_close(got, want, assert_close)
