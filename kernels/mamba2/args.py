@@ -236,7 +236,7 @@ def pick_launch(table: list, itemsize: int, P: int, N: int, launch: dict | None,
                 continue
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"launch[{key!r}] must be a positive integer, got {value!r}")
-            if base in ("num_warps", "BP", "BPF", "HPP") and value & (value - 1):
+            if base in ("num_warps", "BP", "BPF", "HPP", "RC", "VN") and value & (value - 1):
                 raise ValueError(f"launch[{key!r}] must be a power of two, got {value}")
         settings.update(launch)
         if settings.get("PHASES") == 1:
