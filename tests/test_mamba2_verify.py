@@ -93,14 +93,14 @@ def test_verify_folds_a_full_buffer_first(device, assert_close):
 # (launch, read copy): whole tiles over several programs per head, and tiles streamed in 16-row chunks (with a
 # read copy, a fold streams the checkpoint instead)
 LAUNCHES = [({"BP": 16, "BPF": 16, "VN": 16}, None), ({"BP": 32, "BPF": 32, "VN": 32, "num_warps": 2}, None),
-            ({"BP": 64, "RC": 16, "STAGES": 2, "num_warps": 2}, None), ({"BP": 32, "RC": 16, "STAGES": 3}, "fp8"),
-            ({"BP": 64, "RC": 16, "STAGES": 2, "VN": 16}, "bf16")]
+            ({"BP": 64, "RC": 16, "STAGES": 2, "num_warps": 2}, None),
+            ({"BP": 32, "RC": 16, "STAGES": 3, "FMA": 1}, "fp8"), ({"BP": 64, "RC": 16, "STAGES": 2, "VN": 16, "FMA": 1}, "bf16")]
 
 
 @pytest.mark.parametrize("launch,read", LAUNCHES, ids=[
     "B4-H4-P40-N40-G2-W5-T3-BP16-BPF16-VN16-fp32-bf16", "B4-H4-P40-N40-G2-W5-T3-BP32-BPF32-VN32-fp32-bf16",
-    "B4-H4-P40-N40-G2-W5-T3-BP64-RC16-fp32-bf16", "B4-H4-P40-N40-G2-W5-T3-BP32-RC16-fp32-fp8-bf16",
-    "B4-H4-P40-N40-G2-W5-T3-BP64-RC16-VN16-fp32-bf16copy-bf16"])
+    "B4-H4-P40-N40-G2-W5-T3-BP64-RC16-fp32-bf16", "B4-H4-P40-N40-G2-W5-T3-BP32-RC16-FMA-fp32-fp8-bf16",
+    "B4-H4-P40-N40-G2-W5-T3-BP64-RC16-VN16-FMA-fp32-bf16copy-bf16"])
 def test_verify_launch_settings_match_reference(device, assert_close, launch, read):
     """Launch overrides, with P split over several programs per head or a tile streamed in chunks, through rounds
     that fold: the outputs, fills and committed states equal the reference's."""

@@ -49,11 +49,14 @@ def _verify_rows(
     p_t, stride_t_p, read_scale, i_sh, i_h, i_p, p_xj, m_jx, p_x, p_C, D, z, p_yb, o_zb, b_k, b_elt,
     o_n3, m_n3, o_t, m_t, P, stride_x_t, stride_C_t, stride_z_t, stride_y_t,
     T: tl.constexpr, BP: tl.constexpr, RC: tl.constexpr, BT: tl.constexpr, BTD: tl.constexpr, STAGES: tl.constexpr,
-    IS_SCALED: tl.constexpr, HAS_D: tl.constexpr, HAS_Z: tl.constexpr, IS_HALF_IO: tl.constexpr,
+    IS_SCALED: tl.constexpr, HAS_D: tl.constexpr, HAS_Z: tl.constexpr, IS_HALF_IO: tl.constexpr, FMA: tl.constexpr,
 ):
     """The drafts' outputs for a program's rows from its tile p_t streamed RC rows at a time: per chunk one
     reduction over N per draft (e^{lam_t} in b_elt [BT], the rows' fp8 scales with IS_SCALED), then
     `_drafts_out` with the entries' x [BJ, RC] (p_xj, m_jx)."""
+    if FMA:
+        # columns t >= T of k are zero: its BT draft columns
+        b_k4 = tl.sum(tl.reshape(b_k, (b_k.shape[0], BTD // BT, BT)), axis=1)
     for i_r in tl.range(0, BP, RC, num_stages=STAGES):
         o_r = i_p * BP + i_r + tl.arange(0, RC)
         m_r = o_r < P
@@ -67,8 +70,17 @@ def _verify_rows(
         if IS_SCALED:
             b_y = b_y * tl.load(read_scale + i_sh * P + o_r, mask=m_r, other=0.0)[:, None]
         b_xr = tl.load(p_xj[:, None] + o_r[None, :], mask=m_jx[:, None] & m_r[None, :], other=0.0)
-        _drafts_out(b_y * b_elt[None, :], b_xr, b_k, o_r, m_r, o_t, m_t, i_h, p_x, D, z, p_yb, o_zb, stride_x_t,
-                    stride_z_t, stride_y_t, RC, BT, BTD, HAS_D, HAS_Z, IS_HALF_IO)
+        if FMA:
+            # the entries' part as FMAs: no operand goes through shared memory chunk by chunk
+            b_y = b_y * b_elt[None, :] + tl.sum(b_xr.to(tl.float32)[:, :, None] * b_k4[:, None, :], axis=0)
+            m_rt = m_r[:, None] & m_t[None, :]
+            b_xt = tl.load(p_x + o_t[None, :] * stride_x_t + o_r[:, None], mask=m_rt, other=0.0).to(tl.float32)
+            b_y = finish_output(b_y, b_xt, D, z, o_zb + o_t[None, :] * stride_z_t + o_r[:, None], m_rt, i_h, HAS_D,
+                                HAS_Z)
+            tl.store(p_yb + o_t[None, :] * stride_y_t + o_r[:, None], b_y.to(p_yb.dtype.element_ty), mask=m_rt)
+        else:
+            _drafts_out(b_y * b_elt[None, :], b_xr, b_k, o_r, m_r, o_t, m_t, i_h, p_x, D, z, p_yb, o_zb, stride_x_t,
+                        stride_z_t, stride_y_t, RC, BT, BTD, HAS_D, HAS_Z, IS_HALF_IO)
 
 
 @triton.jit
@@ -87,6 +99,7 @@ def mamba2_verify_kernel(
     HPG: tl.constexpr, T: tl.constexpr, MAXT: tl.constexpr, W: tl.constexpr, CAP: tl.constexpr,
     BP: tl.constexpr, BPF: tl.constexpr, BN: tl.constexpr, BJ: tl.constexpr, BT: tl.constexpr, BTD: tl.constexpr,
     VN: tl.constexpr, VEC: tl.constexpr, NPB: tl.constexpr, RC: tl.constexpr, STAGES: tl.constexpr,
+    FMA: tl.constexpr,
     HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_DT_BIAS: tl.constexpr, USE_SOFTPLUS: tl.constexpr,
     HAS_SLOTS: tl.constexpr, USE_COPY: tl.constexpr, IS_FP8: tl.constexpr, IS_HALF_IO: tl.constexpr,
 ):
@@ -188,15 +201,15 @@ def mamba2_verify_kernel(
                 # a fold answers from the full-precision checkpoint, not its read copy
                 _verify_rows(p_ck, stride_ck_p, read_scale, i_sh, i_h, i_p, p_xj, m_jx, p_x, p_C, D, z, p_yb, o_zb,
                              b_k, b_elt, o_n3, m_n3, o_t, m_t, P, stride_x_t, stride_C_t, stride_z_t, stride_y_t,
-                             T, BP, RC, BT, BTD, STAGES, False, HAS_D, HAS_Z, IS_HALF_IO)
+                             T, BP, RC, BT, BTD, STAGES, False, HAS_D, HAS_Z, IS_HALF_IO, FMA)
             else:
                 _verify_rows(p_rc, stride_rc_p, read_scale, i_sh, i_h, i_p, p_xj, m_jx, p_x, p_C, D, z, p_yb, o_zb,
                              b_k, b_elt, o_n3, m_n3, o_t, m_t, P, stride_x_t, stride_C_t, stride_z_t, stride_y_t,
-                             T, BP, RC, BT, BTD, STAGES, IS_FP8, HAS_D, HAS_Z, IS_HALF_IO)
+                             T, BP, RC, BT, BTD, STAGES, IS_FP8, HAS_D, HAS_Z, IS_HALF_IO, FMA)
         else:
             _verify_rows(p_ck, stride_ck_p, read_scale, i_sh, i_h, i_p, p_xj, m_jx, p_x, p_C, D, z, p_yb, o_zb,
                          b_k, b_elt, o_n3, m_n3, o_t, m_t, P, stride_x_t, stride_C_t, stride_z_t, stride_y_t,
-                         T, BP, RC, BT, BTD, STAGES, False, HAS_D, HAS_Z, IS_HALF_IO)
+                         T, BP, RC, BT, BTD, STAGES, False, HAS_D, HAS_Z, IS_HALF_IO, FMA)
     else:
         _drafts_out(b_y, b_xj, b_k, o_p, m_p, o_t, m_t, i_h, p_x, D, z, p_yb, o_zb, stride_x_t, stride_z_t,
                     stride_y_t, BP, BT, BTD, HAS_D, HAS_Z, IS_HALF_IO)
@@ -278,12 +291,12 @@ def mamba2_accept_kernel(
 # maxnreg 168 fits three 4-warp programs in an SM's registers; the Nemotron-layer kernel needs no spills at it.
 # RC = BP reads a program's tile whole; RC < BP streams it RC rows at a time, STAGES deep.
 VERIFY_LAUNCH = [
-    ((4, 1 << 30, 1 << 30), {"BP": 64, "BPF": 16, "VN": 32, "RC": 64, "STAGES": 1, "num_warps": 4, "num_stages": 1,
-                             "maxnreg": 168}),
-    ((2, 1 << 30, 1 << 30), {"BP": 64, "BPF": 16, "VN": 32, "RC": 64, "STAGES": 1, "num_warps": 4, "num_stages": 1,
-                             "maxnreg": 168}),
+    ((4, 1 << 30, 1 << 30), {"BP": 64, "BPF": 16, "VN": 32, "RC": 64, "STAGES": 1, "FMA": 0, "num_warps": 4,
+                             "num_stages": 1, "maxnreg": 168}),
+    ((2, 1 << 30, 1 << 30), {"BP": 64, "BPF": 16, "VN": 32, "RC": 64, "STAGES": 1, "FMA": 0, "num_warps": 4,
+                             "num_stages": 1, "maxnreg": 168}),
 ]
-VERIFY_KEYS = ("BP", "BPF", "VN", "RC", "STAGES", "num_warps", "num_stages", "maxnreg")
+VERIFY_KEYS = ("BP", "BPF", "VN", "RC", "STAGES", "FMA", "num_warps", "num_stages", "maxnreg")
 ACCEPT_LAUNCH = {"num_warps": 1, "num_stages": 1}
 
 
@@ -303,7 +316,8 @@ def verify(cache: ReplayCache, x, dt, A, B, C, *, D=None, z=None, dt_bias=None, 
         slots, check: as in `replay`. out: optional (batch, T, H, P).
         launch: overrides of the fixed launch settings: BP (rows of P per program), BPF (rows per fold chunk),
             VN (lanes of a row in the reductions over N, 16 or 32), RC (rows per streamed chunk of the tile: BP
-            reads it whole), STAGES (the streamed chunks' pipeline depth), num_warps, num_stages, maxnreg.
+            reads it whole), STAGES (the streamed chunks' pipeline depth), FMA (1: a streamed chunk's entries' part
+            as fp32 FMAs instead of a tensor-core product), num_warps, num_stages, maxnreg.
 
     Returns:
         y (batch, T, H, P) in x's dtype (or `out`).
@@ -344,6 +358,7 @@ def verify(cache: ReplayCache, x, dt, A, B, C, *, D=None, z=None, dt_bias=None, 
         HPG=H // G, T=T, MAXT=cache.b_draft.shape[2], W=cache.window, CAP=cache.capacity,
         BP=BP, BPF=BPF, BN=BN, BJ=max(16, args.block(cache.capacity + T)), BT=args.block(T), BTD=16,
         VN=VN, VEC=min(VN, 4), NPB=NPB, RC=RC, STAGES=settings.pop("STAGES"),
+        FMA=bool(settings.pop("FMA")),
         HAS_D=D is not None, HAS_Z=z is not None, HAS_DT_BIAS=dt_bias is not None, USE_SOFTPLUS=bool(dt_softplus),
         HAS_SLOTS=slots is not None, USE_COPY=rc is not None, IS_FP8=cache.read_scale is not None,
         IS_HALF_IO=cache.x_buf.element_size() == 2,
