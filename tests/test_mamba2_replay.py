@@ -162,9 +162,6 @@ HEADS_CASES = [
     ({"HPP": 4, "RC": 16, "TAIL": 1, "flush_PPS": 1, "flush_STAGES": 2}, "fp32", "bf16"),
     ({"HPP": 8, "RC": 64, "VN": 64, "STAGES": 3, "maxnreg": 168, "TF32": 2, "PREFETCH": 1, "TAIL": 1}, "bf16", None),
     ({"HPP": 8, "RC": 32, "TAIL": 1, "flush_BPF": 32}, "fp32", "fp8"),
-    # flushing programs among the heads programs too (LEAD), more of them than there are heads programs
-    ({"HPP": 2, "TAIL": 1, "LEAD": 1}, "bf16", None),
-    ({"HPP": 4, "RC": 16, "TAIL": 1, "LEAD": 4, "flush_PPS": 1}, "fp32", "bf16"),
 ]
 
 
@@ -385,6 +382,8 @@ BAD_REPLAY = {
     "slots-range": (lambda c, i: i.update(slots=torch.tensor([0, 7], dtype=torch.int32)), "slots must be in"),
     "batch-without-slots": (lambda c, i: i.update(**mamba2.random_inputs(4, 4, 8, 8, 2)), "batch 4 must not exceed"),
     "launch": (lambda c, i: i.update(launch={"num_warps": 3}), "power of two"),
+    "launch-rc": (lambda c, i: i.update(launch={"RC": 24}), r"launch\['RC'\] must be a power of two, got 24"),
+    "launch-vn": (lambda c, i: i.update(launch={"VN": 48}), r"launch\['VN'\] must be a power of two, got 48"),
     "launch-flag": (lambda c, i: i.update(launch={"EARLY": 2}), r"launch\[.EARLY.\] must be 0 or 1, got 2"),
     "out-shape": (lambda c, i: i.update(out=torch.zeros(2, 4, 7)), "out must have shape"),
     "launch-phases": (lambda c, i: i.update(launch={"PHASES": 3}), r"launch\[.PHASES.\] must be 1 or 2, got 3"),
@@ -415,10 +414,6 @@ BAD_REPLAY = {
                           "flush_maxnreg shape a second launch's programs; with TAIL = 1"),
     "launch-tail-value": (lambda c, i: i.update(launch={"PHASES": 2, "HPP": 2, "TAIL": 2}),
                           r"launch\['TAIL'\] must be 0 or 1, got 2"),
-    "launch-lead-no-tail": (lambda c, i: i.update(launch={"PHASES": 2, "HPP": 2, "EARLY": 0, "LEAD": 2}),
-                            r"LEAD = 2 \(lead flushing programs\) applies only with TAIL = 1"),
-    "launch-lead-value": (lambda c, i: i.update(launch={"PHASES": 2, "HPP": 2, "TAIL": 1, "LEAD": 5}),
-                          r"launch\['LEAD'\] must be 0 or 1 or 2 or 3 or 4, got 5"),
 }
 
 

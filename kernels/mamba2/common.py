@@ -103,19 +103,6 @@ def tail_claim(work):
 
 
 @triton.jit
-def lead_claim(work):
-    """A list entry already reserved, for a lead flushing program (one whose ticket falls among the heads
-    programs'), or -1 once it has caught up with the list: unlike `tail_claim` it never takes an entry no running
-    program has reserved, so it never waits on a heads program that has not started. -2: another program took the
-    entry first; claim again."""
-    c = tl.atomic_add(work + 4, 0, sem="relaxed")
-    i_e = c * 0 - 1
-    if c < tl.atomic_add(work, 0, sem="relaxed"):
-        i_e = tl.where(tl.atomic_cas(work + 4, c, c + 1, sem="relaxed") == c, c, -2)
-    return i_e
-
-
-@triton.jit
 def tail_wait(work, i_e, n_heads, n_entries):
     """Wait until the list's entry i_e is published (True; its fields then readable, its flag cleared for the next
     step) or all n_heads heads programs are done with fewer entries (False; at once past the list's n_entries).

@@ -14,7 +14,6 @@ from replayssm_kernels.mamba2.common import (
     advance_heads,
     finish_output,
     fold_entries,
-    lead_claim,
     list_done,
     list_flush,
     listed_flush,
@@ -398,12 +397,12 @@ def mamba2_heads_kernel(
     stride_C_b, stride_C_g,
     stride_z_b, stride_z_h,
     stride_y_b, stride_y_h,
-    NHP, NE, NL, LS,
+    NHP, NE,
     W: tl.constexpr, CAP: tl.constexpr, BP: tl.constexpr, BN: tl.constexpr, BW: tl.constexpr, VN: tl.constexpr,
     RC: tl.constexpr, STAGES: tl.constexpr, HPP: tl.constexpr, HAS_D: tl.constexpr, HAS_Z: tl.constexpr,
     HAS_DT_BIAS: tl.constexpr, USE_SOFTPLUS: tl.constexpr, HAS_SLOTS: tl.constexpr, USE_COPY: tl.constexpr,
     IS_FP8: tl.constexpr, MMA: tl.constexpr, PREFETCH: tl.constexpr, TAIL: tl.constexpr, BPF: tl.constexpr,
-    FSTAGES: tl.constexpr, PRECISION: tl.constexpr, LEAD: tl.constexpr,
+    FSTAGES: tl.constexpr, PRECISION: tl.constexpr,
 ):
     """A two-launch step's non-flush launch with HPP heads of one group per program (whole heads, BP ≥ P): the
     group's C·B of the buffered entries is summed once for all of them, and one pipelined loop streams their tiles
@@ -413,16 +412,10 @@ def mamba2_heads_kernel(
     With TAIL the flushes run in this launch instead: a flat grid of NHP heads programs and then flushing programs,
     in the order they start (`tail_ticket`), so that the flushing programs take the heads' places as those finish
     and flush each listed head (of at most NE) as soon as it is published (in BPF-row chunks, FSTAGES deep,
-    products at PRECISION). With LEAD, NL more flushing programs take tickets among the heads programs' (one after
-    every LS) and flush the heads already listed, leaving when they have caught up."""
-    lead = False
+    products at PRECISION)."""
     if TAIL:
         i_t = tail_ticket(work)
-        if LEAD:
-            # NL lead tickets, one after every LS heads tickets; the heads and tail tickets after them shift down.
-            lead = (i_t % (LS + 1) == LS) & (i_t // (LS + 1) < NL)
-            i_t -= tl.minimum(i_t // (LS + 1), NL)
-        heads = (i_t < NHP) & (lead == 0)
+        heads = i_t < NHP
         i_b, h0 = i_t % (NHP // (H // HPP)), (i_t // (NHP // (H // HPP))) * HPP
     else:
         heads = True
@@ -440,23 +433,6 @@ def mamba2_heads_kernel(
         )
         if TAIL:
             tail_heads_done(work)
-    elif lead:
-        # Flush what is listed, then make way for heads programs.
-        i_e = lead_claim(work)
-        while i_e != -1:
-            if i_e >= 0:
-                if tail_wait(work, i_e, NHP, NE):
-                    _flush_item(
-                        x, dt, A, B, C, D, z, dt_bias, slots, y,
-                        checkpoint, read_copy, read_scale, x_buf, b_buf, dt_buf, lam_buf, work, i_e, 0,
-                        H, G, P, N,
-                        stride_ck_s, stride_ck_h, stride_ck_p, stride_rc_s, stride_rc_h, stride_rc_p, stride_x_b,
-                        stride_x_h, stride_dt_b, stride_dt_h, stride_B_b, stride_B_g, stride_C_b, stride_C_g,
-                        stride_z_b, stride_z_h, stride_y_b, stride_y_h,
-                        CAP, BP, BPF, BN, BW, FSTAGES, HAS_D, HAS_Z, HAS_DT_BIAS, USE_SOFTPLUS, HAS_SLOTS,
-                        USE_COPY, IS_FP8, PRECISION,
-                    )
-            i_e = lead_claim(work)
     else:
         i_e = tail_claim(work)
         listed = tail_wait(work, i_e, NHP, NE)
@@ -473,7 +449,7 @@ def mamba2_heads_kernel(
             )
             i_e = tail_claim(work)
             listed = tail_wait(work, i_e, NHP, NE)
-        list_done(work, tl.num_programs(0) - NHP - NL)
+        list_done(work, tl.num_programs(0) - NHP)
 
 
 @triton.jit
@@ -595,18 +571,18 @@ def mamba2_materialize_kernel(
 STEP_LAUNCH = [
     ((4, 1 << 30, 1 << 30), {"BP": 64, "BPF": 16, "VN": 32, "RC": 32, "STAGES": 2, "EARLY": 0, "TF32": 0,
                              "num_warps": 2, "num_stages": 1, "maxnreg": 112, "PHASES": 1, "PPS": 6, "HPP": 1,
-                             "MMA": 0, "PREFETCH": 0, "TAIL": 0, "LEAD": 0}),
+                             "MMA": 0, "PREFETCH": 0, "TAIL": 0}),
     ((2, 1 << 30, 1 << 30), {"BP": 64, "BPF": 16, "VN": 64, "RC": 32, "STAGES": 3, "EARLY": 0, "TF32": 0,
                              "num_warps": 2, "num_stages": 1, "maxnreg": 128, "PHASES": 1, "PPS": 6, "HPP": 1,
-                             "MMA": 0, "PREFETCH": 0, "TAIL": 0, "LEAD": 0}),
+                             "MMA": 0, "PREFETCH": 0, "TAIL": 0}),
 ]
 SPLIT_LAUNCH = [
     ((4, 1 << 30, 1 << 30), {"BP": 64, "BPF": 16, "VN": 64, "RC": 32, "STAGES": 3, "EARLY": 0, "TF32": 0,
                              "num_warps": 2, "num_stages": 1, "maxnreg": 128, "PHASES": 1, "PPS": 6, "HPP": 1,
-                             "MMA": 0, "PREFETCH": 0, "TAIL": 0, "LEAD": 0}),
+                             "MMA": 0, "PREFETCH": 0, "TAIL": 0}),
     ((2, 1 << 30, 1 << 30), {"BP": 64, "BPF": 16, "VN": 32, "RC": 32, "STAGES": 3, "EARLY": 0, "TF32": 0,
                              "num_warps": 2, "num_stages": 1, "maxnreg": 128, "PHASES": 1, "PPS": 6, "HPP": 1,
-                             "MMA": 0, "PREFETCH": 0, "TAIL": 0, "LEAD": 0}),
+                             "MMA": 0, "PREFETCH": 0, "TAIL": 0}),
 ]
 # A small grid's programs take 16 rows, read the buffer before the fill and fold the flush through 3xTF32 (batch 1,
 # fp32: 4.64 µs against 5.23 without the last two, 4.70 without TF32, 5.07 without EARLY, 4.97 in 8-row programs;
@@ -614,10 +590,10 @@ SPLIT_LAUNCH = [
 SMALL_GRID_LAUNCH = [
     ((4, 1 << 30, 1 << 30), {"BP": 16, "BPF": 16, "VN": 32, "RC": 16, "STAGES": 1, "EARLY": 1, "TF32": 1,
                              "num_warps": 1, "num_stages": 1, "PHASES": 1, "PPS": 6, "HPP": 1, "MMA": 0,
-                             "PREFETCH": 0, "TAIL": 0, "LEAD": 0}),
+                             "PREFETCH": 0, "TAIL": 0}),
     ((2, 1 << 30, 1 << 30), {"BP": 16, "BPF": 16, "VN": 32, "RC": 16, "STAGES": 1, "EARLY": 1, "TF32": 1,
                              "num_warps": 1, "num_stages": 1, "PHASES": 1, "PPS": 6, "HPP": 1, "MMA": 0,
-                             "PREFETCH": 0, "TAIL": 0, "LEAD": 0}),
+                             "PREFETCH": 0, "TAIL": 0}),
 ]
 # On a large grid (args.large_grid) a step on a 2-byte or 1-byte tile takes its non-flush launch in programs of 8
 # whole heads of a group (their buffered C·B summed once) streamed in 64-row chunks, and its flushes in a launch of
@@ -630,8 +606,7 @@ SMALL_GRID_LAUNCH = [
 # and 192 registers, 8 programs per SM, 4 warps, 32-row flush chunks, 2 stages and TF32 no better: NOTES run 53).
 # The heads launch's row sums on the tensor cores (MMA) measured 2-13% slower than its FMAs.
 _HEADS = {"BP": 64, "BPF": 16, "VN": 64, "RC": 64, "STAGES": 3, "EARLY": 0, "TF32": 0, "num_warps": 2, "num_stages": 1,
-          "maxnreg": 128, "PHASES": 2, "PPS": 6, "HPP": 8, "MMA": 0, "PREFETCH": 0, "TAIL": 0, "LEAD": 0,
-          "flush_maxnreg": 168}
+          "maxnreg": 128, "PHASES": 2, "PPS": 6, "HPP": 8, "MMA": 0, "PREFETCH": 0, "TAIL": 0, "flush_maxnreg": 168}
 # A 2-byte state's flushes there fold in one TF32 product (TF32=2): its window at 256 191.48 -> 186.22 µs, at 512
 # 358.25 -> 352.68 (its flushes alone 534.85 -> 496.22); on medium and small grids one product lost (59.53 -> 60.87
 # µs at batch 64, 4.10 -> 4.38 at 1; NOTES run 53). Its heads launch reads each chunk's x, buffered x and z a chunk
@@ -648,12 +623,12 @@ LARGE_STEP_LAUNCH = [((4, 1 << 30, 1 << 30), dict(STEP_LAUNCH[0][1], maxnreg=96)
                      ((2, 1 << 30, 1 << 30), dict(_HEADS, TF32=2, PREFETCH=1, TAIL=1, maxnreg=168))]
 LARGE_SPLIT_LAUNCH = [((4, 1 << 30, 1 << 30), _HEADS), SPLIT_LAUNCH[1]]
 STEP_KEYS = ("BP", "BPF", "VN", "RC", "STAGES", "EARLY", "TF32", "num_warps", "num_stages", "maxnreg", "PHASES",
-             "PPS", "HPP", "MMA", "PREFETCH", "TAIL", "LEAD")
+             "PPS", "HPP", "MMA", "PREFETCH", "TAIL")
 # With PHASES=2 the flushes run in a second launch, with the row's settings overridden by these, in PPS programs per
 # SM that loop over the heads the first launch listed as flushing. HPP > 1 (heads per program, PHASES=2 only) takes
 # that first launch in programs of whole heads, HPP of a group each (`mamba2_heads_kernel`).
 FLUSH_KEYS = tuple(args.FLUSH_PREFIX + key for key in STEP_KEYS
-                   if key not in ("PHASES", "HPP", "MMA", "PREFETCH", "TAIL", "LEAD"))
+                   if key not in ("PHASES", "HPP", "MMA", "PREFETCH", "TAIL"))
 # With TAIL the flushes run in the heads launch's programs, so the flush_ keys that shape a launch's programs do not
 # apply.
 _TAIL_SHAPE_KEYS = ("BP", "num_warps", "num_stages", "maxnreg")
@@ -720,9 +695,7 @@ def replay(cache: ReplayCache, x, dt, A, B, C, *, D=None, z=None, dt_bias=None, 
             C·B once; lowered to a power of two dividing H / G), MMA (1, with HPP > 1: that launch's row sums on the
             tensor cores, for a bf16 or fp8 tile and bf16 inputs), PREFETCH (1: a streamed tile's chunks read their
             x, buffered x and z one chunk ahead), TAIL (1, with HPP > 1: the flushes in the heads launch itself, in
-            flush_PPS programs per SM that start after the heads programs and flush each head as it is listed), LEAD
-            (0 to 4, with TAIL: that many programs per SM more, started among the heads programs, that flush what
-            is listed and leave when they have caught up).
+            flush_PPS programs per SM that start after the heads programs and flush each head as it is listed).
         check: range-check `slots` on the host (a device sync); skipped while a CUDA graph is captured.
 
     Returns:
@@ -790,14 +763,10 @@ def _check_mma(cache: ReplayCache, hpp: int, rc: int) -> None:
 
 
 def _tail(settings: dict, flush: dict, hpp: int, launch: dict | None) -> bool:
-    """The launch's TAIL (popped from `settings`, with LEAD, which goes to `flush`): the flushes in the heads launch
-    itself, which takes the flush_ keys that are not a second launch's program shape (the row's of those go; a
-    caller's are refused)."""
-    tail, lead = bool(settings.pop("TAIL")), settings.pop("LEAD")
-    if lead and not tail:
-        raise ValueError(f"launch LEAD = {lead} (lead flushing programs) applies only with TAIL = 1")
+    """The launch's TAIL (popped from `settings`): the flushes in the heads launch itself, which takes the flush_
+    keys that are not a second launch's program shape (the row's of those go; a caller's are refused)."""
+    tail = bool(settings.pop("TAIL"))
     if tail:
-        flush["LEAD"] = lead
         if hpp < 2:
             raise ValueError("launch TAIL = 1 (the flushes in the heads launch) applies only to the heads launch: "
                              "HPP > 1 with PHASES=2")
@@ -836,13 +805,11 @@ def _launch_heads(cache: ReplayCache, step: dict, batch: int, softplus: bool, se
     rc = cache.read_copy
     nhp = batch * (H // hpp)
     if flush is None:
-        grid, tail = (batch, H // hpp), {"BPF": 16, "FSTAGES": 1, "PRECISION": "ieee", "NL": 0, "LS": 1}
+        grid, tail = (batch, H // hpp), {"BPF": 16, "FSTAGES": 1, "PRECISION": "ieee"}
     else:
-        # LEAD programs per SM (LEAD in all on the CPU) among the heads programs, evenly spaced
-        nl = min(nhp, flush["LEAD"] * max(1, args.sm_count(cache.device)))
-        grid = (nhp + nl + args.flush_grid(batch * H, flush["PPS"], cache.device)[0],)
+        grid = (nhp + args.flush_grid(batch * H, flush["PPS"], cache.device)[0],)
         tail = {"BPF": max(16, min(flush["BPF"], args.block(P))), "FSTAGES": flush["STAGES"],
-                "PRECISION": args.flush_precision(cache.checkpoint, flush["TF32"]), "NL": nl, "LS": nhp // max(nl, 1)}
+                "PRECISION": args.flush_precision(cache.checkpoint, flush["TF32"])}
     mamba2_heads_kernel[grid](
         **step,
         checkpoint=cache.checkpoint, read_copy=rc, read_scale=cache.read_scale, x_buf=cache.x_buf,
@@ -855,7 +822,7 @@ def _launch_heads(cache: ReplayCache, step: dict, batch: int, softplus: bool, se
         HAS_D=step["D"] is not None, HAS_Z=step["z"] is not None, HAS_DT_BIAS=step["dt_bias"] is not None,
         USE_SOFTPLUS=softplus, HAS_SLOTS=step["slots"] is not None, USE_COPY=rc is not None,
         IS_FP8=cache.read_scale is not None, MMA=settings["MMA"], PREFETCH=bool(settings["PREFETCH"]),
-        TAIL=flush is not None, LEAD=tail["NL"] > 0, **tail, **args.compile_options(settings),
+        TAIL=flush is not None, **tail, **args.compile_options(settings),
     )
 
 

@@ -29,61 +29,6 @@ def dot_fp32(a, b, IS_A_EXACT: tl.constexpr, IS_B_EXACT: tl.constexpr):
 
 
 @triton.jit
-def _drafts_out(b_y, b_xr, b_k, o_r, m_r, o_t, m_t, i_h, p_x, D, z, p_yb, o_zb, stride_x_t, stride_z_t, stride_y_t,
-                R: tl.constexpr, BT: tl.constexpr, BTD: tl.constexpr, HAS_D: tl.constexpr, HAS_Z: tl.constexpr,
-                IS_HALF_IO: tl.constexpr):
-    """Rows o_r's outputs for the drafts: the state's part b_y [R, BT], plus the entries' x [BJ, R] times their
-    weights b_k [BJ, BTD] (one product on the tensor cores), then D and the gate; stored."""
-    b_xk = dot_fp32(tl.trans(b_xr.to(tl.float32)), b_k, IS_HALF_IO, False)
-    # columns t >= T of k are zero, so folding BTD columns onto BT keeps those of the drafts
-    b_y += tl.sum(tl.reshape(b_xk, (R, BTD // BT, BT)), axis=1)
-    m_rt = m_r[:, None] & m_t[None, :]
-    b_xt = tl.load(p_x + o_t[None, :] * stride_x_t + o_r[:, None], mask=m_rt, other=0.0).to(tl.float32)
-    b_y = finish_output(b_y, b_xt, D, z, o_zb + o_t[None, :] * stride_z_t + o_r[:, None], m_rt, i_h, HAS_D, HAS_Z)
-    p_y = p_yb + o_t[None, :] * stride_y_t + o_r[:, None]
-    tl.store(p_y, b_y.to(p_y.dtype.element_ty), mask=m_rt)
-
-
-@triton.jit
-def _verify_rows(
-    p_t, stride_t_p, read_scale, i_sh, i_h, i_p, p_xj, m_jx, p_x, p_C, D, z, p_yb, o_zb, b_k, b_elt,
-    o_n3, m_n3, o_t, m_t, P, stride_x_t, stride_C_t, stride_z_t, stride_y_t,
-    T: tl.constexpr, BP: tl.constexpr, RC: tl.constexpr, BT: tl.constexpr, BTD: tl.constexpr, STAGES: tl.constexpr,
-    IS_SCALED: tl.constexpr, HAS_D: tl.constexpr, HAS_Z: tl.constexpr, IS_HALF_IO: tl.constexpr, FMA: tl.constexpr,
-):
-    """The drafts' outputs for a program's rows from its tile p_t streamed RC rows at a time: per chunk one
-    reduction over N per draft (e^{lam_t} in b_elt [BT], the rows' fp8 scales with IS_SCALED), then
-    `_drafts_out` with the entries' x [BJ, RC] (p_xj, m_jx)."""
-    if FMA:
-        # columns t >= T of k are zero: its BT draft columns
-        b_k4 = tl.sum(tl.reshape(b_k, (b_k.shape[0], BTD // BT, BT)), axis=1)
-    for i_r in tl.range(0, BP, RC, num_stages=STAGES):
-        o_r = i_p * BP + i_r + tl.arange(0, RC)
-        m_r = o_r < P
-        b_t = tl.load(p_t + o_r[:, None, None] * stride_t_p + o_n3[None, :, :],
-                      mask=m_r[:, None, None] & m_n3[None, :, :], other=0.0).to(tl.float32)
-        b_y = tl.zeros([RC, BT], dtype=tl.float32)
-        for t in tl.static_range(T):
-            b_C3 = tl.load(p_C + t * stride_C_t + o_n3, mask=m_n3, other=0.0).to(tl.float32)
-            b_yt = tl.sum(tl.sum(b_t * b_C3[None, :, :], axis=1), axis=1)
-            b_y = tl.where(o_t[None, :] == t, b_yt[:, None], b_y)
-        if IS_SCALED:
-            b_y = b_y * tl.load(read_scale + i_sh * P + o_r, mask=m_r, other=0.0)[:, None]
-        b_xr = tl.load(p_xj[:, None] + o_r[None, :], mask=m_jx[:, None] & m_r[None, :], other=0.0)
-        if FMA:
-            # the entries' part as FMAs: no operand goes through shared memory chunk by chunk
-            b_y = b_y * b_elt[None, :] + tl.sum(b_xr.to(tl.float32)[:, :, None] * b_k4[:, None, :], axis=0)
-            m_rt = m_r[:, None] & m_t[None, :]
-            b_xt = tl.load(p_x + o_t[None, :] * stride_x_t + o_r[:, None], mask=m_rt, other=0.0).to(tl.float32)
-            b_y = finish_output(b_y, b_xt, D, z, o_zb + o_t[None, :] * stride_z_t + o_r[:, None], m_rt, i_h, HAS_D,
-                                HAS_Z)
-            tl.store(p_yb + o_t[None, :] * stride_y_t + o_r[:, None], b_y.to(p_yb.dtype.element_ty), mask=m_rt)
-        else:
-            _drafts_out(b_y * b_elt[None, :], b_xr, b_k, o_r, m_r, o_t, m_t, i_h, p_x, D, z, p_yb, o_zb, stride_x_t,
-                        stride_z_t, stride_y_t, RC, BT, BTD, HAS_D, HAS_Z, IS_HALF_IO)
-
-
-@triton.jit
 def mamba2_verify_kernel(
     x, dt, A, B, C, D, z, dt_bias, slots, y,
     checkpoint, read_copy, read_scale, x_buf, b_buf, dt_buf, lam_buf, b_draft, fill, arrive,
@@ -98,8 +43,7 @@ def mamba2_verify_kernel(
     stride_y_b, stride_y_t, stride_y_h,
     HPG: tl.constexpr, T: tl.constexpr, MAXT: tl.constexpr, W: tl.constexpr, CAP: tl.constexpr,
     BP: tl.constexpr, BPF: tl.constexpr, BN: tl.constexpr, BJ: tl.constexpr, BT: tl.constexpr, BTD: tl.constexpr,
-    VN: tl.constexpr, VEC: tl.constexpr, NPB: tl.constexpr, RC: tl.constexpr, STAGES: tl.constexpr,
-    FMA: tl.constexpr,
+    VN: tl.constexpr, VEC: tl.constexpr, NPB: tl.constexpr,
     HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_DT_BIAS: tl.constexpr, USE_SOFTPLUS: tl.constexpr,
     HAS_SLOTS: tl.constexpr, USE_COPY: tl.constexpr, IS_FP8: tl.constexpr, IS_HALF_IO: tl.constexpr,
 ):
@@ -120,17 +64,12 @@ def mamba2_verify_kernel(
     m_n3 = o_n3 < N
     m_s3 = m_p[:, None, None] & m_n3[None, :, :]
     p_ck = checkpoint + i_s * stride_ck_s + i_h * stride_ck_h
+    # The tile read bounds the step, so it is issued before anything it does not depend on.
     if USE_COPY:
         p_rc = read_copy + i_s * stride_rc_s + i_h * stride_rc_h
-    # The whole tile's read bounds the step, so it is issued before anything it does not depend on; a streamed
-    # tile (RC < BP) is read RC rows at a time through shared memory by a pipelined loop once the drafts' weights
-    # are known.
-    STREAM: tl.constexpr = RC < BP
-    if not STREAM:
-        if USE_COPY:
-            b_r = tl.load(p_rc + o_p[:, None, None] * stride_rc_p + o_n3[None, :, :], mask=m_s3, other=0.0)
-        else:
-            b_r = tl.load(p_ck + o_p[:, None, None] * stride_ck_p + o_n3[None, :, :], mask=m_s3, other=0.0)
+        b_r = tl.load(p_rc + o_p[:, None, None] * stride_rc_p + o_n3[None, :, :], mask=m_s3, other=0.0)
+    else:
+        b_r = tl.load(p_ck + o_p[:, None, None] * stride_ck_p + o_n3[None, :, :], mask=m_s3, other=0.0)
     f = tl.load(fill + i_sh)
     p_xb = x_buf + i_sh * CAP * P
     p_bb = b_buf + (i_s * G + i_g) * CAP * N
@@ -146,8 +85,7 @@ def mamba2_verify_kernel(
     m_jd = (o_j >= f) & (o_j < f + T)
     # x and B of the entries, [BJ, BP] and [BJ, NC, VN]: one load each, a row from the buffer or the drafts
     p_xj = tl.where(m_jc, p_xb + o_j * P, p_x + (o_j - f) * stride_x_t)
-    if not STREAM:
-        b_xj = tl.load(p_xj[:, None] + o_p[None, :], mask=(m_jc | m_jd)[:, None] & m_p[None, :], other=0.0)
+    b_xj = tl.load(p_xj[:, None] + o_p[None, :], mask=(m_jc | m_jd)[:, None] & m_p[None, :], other=0.0)
     p_bj = tl.where(m_jc, p_bb + o_j * N, p_B + (o_j - f) * stride_B_t)
     b_bj = tl.load(p_bj[:, None, None] + o_n3[None, :, :], mask=(m_jc | m_jd)[:, None, None] & m_n3[None, :, :],
                    other=0.0).to(tl.float32)
@@ -155,15 +93,14 @@ def mamba2_verify_kernel(
     b_dtj = tl.load(p_db + o_j, mask=m_jc, other=0.0)
     b_lam0 = tl.load(p_lb + f - 1, mask=f > 0, other=0.0)
 
-    if not STREAM:
-        b_s3 = b_r.to(tl.float32)
-        if IS_FP8:
-            b_s3 = b_s3 * tl.load(read_scale + i_sh * P + o_p, mask=m_p, other=0.0)[:, None, None]
-        if USE_COPY:
-            # a fold answers from the full-precision checkpoint, not its read copy
-            if f >= W:
-                b_s3 = tl.load(p_ck + o_p[:, None, None] * stride_ck_p + o_n3[None, :, :], mask=m_s3, other=0.0)
-                b_s3 = b_s3.to(tl.float32)
+    b_s3 = b_r.to(tl.float32)
+    if IS_FP8:
+        b_s3 = b_s3 * tl.load(read_scale + i_sh * P + o_p, mask=m_p, other=0.0)[:, None, None]
+    if USE_COPY:
+        # a fold answers from the full-precision checkpoint, not its read copy
+        if f >= W:
+            b_s3 = tl.load(p_ck + o_p[:, None, None] * stride_ck_p + o_n3[None, :, :], mask=m_s3, other=0.0)
+            b_s3 = b_s3.to(tl.float32)
 
     # y[p, t] = exp(lam_t) S[p, :]·C_t + sum_j x_j[p] k[j, t], with k[j, t] = exp(lam_t - lam_j) dt_j B_j·C_t for
     # j <= f + t. Per draft the tile and B take one reduction each; the sum over j is one [BP, BJ] x [BJ, BTD] product.
@@ -186,43 +123,25 @@ def mamba2_verify_kernel(
         b_kt = tl.sum(tl.sum(b_bj * b_C3[None, :, :], axis=1), axis=1)
         b_kt = tl.where(o_j <= f + t, tl.exp(b_lt - b_lamj) * b_dtj * b_kt, 0.0)
         b_k = tl.where(o_td[None, :] == t, b_kt[:, None], b_k)
-        if not STREAM:
-            b_yt = tl.sum(tl.sum(b_s3 * b_C3[None, :, :], axis=1), axis=1) * tl.exp(b_lt)
-            b_y = tl.where(o_t[None, :] == t, b_yt[:, None], b_y)
+        b_yt = tl.sum(tl.sum(b_s3 * b_C3[None, :, :], axis=1), axis=1) * tl.exp(b_lt)
+        b_y = tl.where(o_t[None, :] == t, b_yt[:, None], b_y)
         b_dtd = tl.where(o_t == t, b_dt, b_dtd)
         b_cd = tl.where(o_t == t, b_c, b_cd)
-    o_zb = i_b * stride_z_b + i_h * stride_z_h
-    p_yb = y + i_b * stride_y_b + i_h * stride_y_h
-    if STREAM:
-        b_elt = tl.where(m_t, tl.exp(b_lam0 + b_cd), 0.0)
-        m_jx = m_jc | m_jd
-        if USE_COPY:
-            if f >= W:
-                # a fold answers from the full-precision checkpoint, not its read copy
-                _verify_rows(p_ck, stride_ck_p, read_scale, i_sh, i_h, i_p, p_xj, m_jx, p_x, p_C, D, z, p_yb, o_zb,
-                             b_k, b_elt, o_n3, m_n3, o_t, m_t, P, stride_x_t, stride_C_t, stride_z_t, stride_y_t,
-                             T, BP, RC, BT, BTD, STAGES, False, HAS_D, HAS_Z, IS_HALF_IO, FMA)
-            else:
-                _verify_rows(p_rc, stride_rc_p, read_scale, i_sh, i_h, i_p, p_xj, m_jx, p_x, p_C, D, z, p_yb, o_zb,
-                             b_k, b_elt, o_n3, m_n3, o_t, m_t, P, stride_x_t, stride_C_t, stride_z_t, stride_y_t,
-                             T, BP, RC, BT, BTD, STAGES, IS_FP8, HAS_D, HAS_Z, IS_HALF_IO, FMA)
-        else:
-            _verify_rows(p_ck, stride_ck_p, read_scale, i_sh, i_h, i_p, p_xj, m_jx, p_x, p_C, D, z, p_yb, o_zb,
-                         b_k, b_elt, o_n3, m_n3, o_t, m_t, P, stride_x_t, stride_C_t, stride_z_t, stride_y_t,
-                         T, BP, RC, BT, BTD, STAGES, False, HAS_D, HAS_Z, IS_HALF_IO, FMA)
-    else:
-        _drafts_out(b_y, b_xj, b_k, o_p, m_p, o_t, m_t, i_h, p_x, D, z, p_yb, o_zb, stride_x_t, stride_z_t,
-                    stride_y_t, BP, BT, BTD, HAS_D, HAS_Z, IS_HALF_IO)
+    b_xk = dot_fp32(tl.trans(b_xj.to(tl.float32)), b_k, IS_HALF_IO, False)
+    # columns t >= T of k are zero, so folding BTD columns onto BT keeps those of the drafts
+    b_y += tl.sum(tl.reshape(b_xk, (BP, BTD // BT, BT)), axis=1)
+    m_pt = m_p[:, None] & m_t[None, :]
+    b_xt = tl.load(p_x + o_t[None, :] * stride_x_t + o_p[:, None], mask=m_pt, other=0.0).to(tl.float32)
+    o_z = i_b * stride_z_b + i_h * stride_z_h + o_t[None, :] * stride_z_t + o_p[:, None]
+    b_y = finish_output(b_y, b_xt, D, z, o_z, m_pt, i_h, HAS_D, HAS_Z)
+    p_y = y + i_b * stride_y_b + i_h * stride_y_h + o_t[None, :] * stride_y_t + o_p[:, None]
+    tl.store(p_y, b_y.to(p_y.dtype.element_ty), mask=m_pt)
 
     if f >= W:
         # Fold the f committed entries into the checkpoint, BPF rows at a time, each a [BPF, BJ] x [BJ, BN] product;
         # the drafts' rows of B meet zero coefficients.
         b_cf = tl.where(m_jc, tl.exp(b_lam0 - b_lamj) * b_dtj, 0.0)
-        if STREAM:
-            # read again rather than held in registers through the streamed rows
-            b_bf = tl.load(p_bj[:, None] + o_n[None, :], mask=m_jc[:, None] & m_n[None, :], other=0.0).to(tl.float32)
-        else:
-            b_bf = tl.reshape(b_bj, (BJ, BN))
+        b_bf = tl.reshape(b_bj, (BJ, BN))
         for i_c in range(0, BP, BPF):
             o_c = i_p * BP + i_c + tl.arange(0, BPF)
             m_c = o_c < P
@@ -241,8 +160,6 @@ def mamba2_verify_kernel(
     else:
         f_c = f
     # the drafts go after the entries that stay committed
-    if STREAM:
-        b_xj = tl.load(p_xj[:, None] + o_p[None, :], mask=m_jd[:, None] & m_p[None, :], other=0.0)
     tl.store(p_xb + (o_j - f + f_c)[:, None] * P + o_p[None, :], b_xj, mask=m_jd[:, None] & m_p[None, :])
     if i_h % HPG == 0 and i_p == 0:
         m_tn = m_t[:, None] & m_n[None, :]
@@ -289,14 +206,11 @@ def mamba2_accept_kernel(
 # verify mutates the cache, so it is not autotuned (a trial launch would advance it); settings are fixed per
 # (checkpoint itemsize, max N, max P) and `launch=` overrides them. P is split into BP-row blocks, as in replay.
 # maxnreg 168 fits three 4-warp programs in an SM's registers; the Nemotron-layer kernel needs no spills at it.
-# RC = BP reads a program's tile whole; RC < BP streams it RC rows at a time, STAGES deep.
 VERIFY_LAUNCH = [
-    ((4, 1 << 30, 1 << 30), {"BP": 64, "BPF": 16, "VN": 32, "RC": 64, "STAGES": 1, "FMA": 0, "num_warps": 4,
-                             "num_stages": 1, "maxnreg": 168}),
-    ((2, 1 << 30, 1 << 30), {"BP": 64, "BPF": 16, "VN": 32, "RC": 64, "STAGES": 1, "FMA": 0, "num_warps": 4,
-                             "num_stages": 1, "maxnreg": 168}),
+    ((4, 1 << 30, 1 << 30), {"BP": 64, "BPF": 16, "VN": 32, "num_warps": 4, "num_stages": 1, "maxnreg": 168}),
+    ((2, 1 << 30, 1 << 30), {"BP": 64, "BPF": 16, "VN": 32, "num_warps": 4, "num_stages": 1, "maxnreg": 168}),
 ]
-VERIFY_KEYS = ("BP", "BPF", "VN", "RC", "STAGES", "FMA", "num_warps", "num_stages", "maxnreg")
+VERIFY_KEYS = ("BP", "BPF", "VN", "num_warps", "num_stages", "maxnreg")
 ACCEPT_LAUNCH = {"num_warps": 1, "num_stages": 1}
 
 
@@ -315,9 +229,7 @@ def verify(cache: ReplayCache, x, dt, A, B, C, *, D=None, z=None, dt_bias=None, 
         C: (batch, T, G, N). A, D, dt_bias: (H,). z: optional (batch, T, H, P).
         slots, check: as in `replay`. out: optional (batch, T, H, P).
         launch: overrides of the fixed launch settings: BP (rows of P per program), BPF (rows per fold chunk),
-            VN (lanes of a row in the reductions over N, 16 or 32), RC (rows per streamed chunk of the tile: BP
-            reads it whole), STAGES (the streamed chunks' pipeline depth), FMA (1: a streamed chunk's entries' part
-            as fp32 FMAs instead of a tensor-core product), num_warps, num_stages, maxnreg.
+            VN (lanes of a row in the reductions over N, 16 or 32), num_warps, num_stages, maxnreg.
 
     Returns:
         y (batch, T, H, P) in x's dtype (or `out`).
@@ -334,7 +246,6 @@ def verify(cache: ReplayCache, x, dt, A, B, C, *, D=None, z=None, dt_bias=None, 
     # tl.dot needs every dimension of its products to be at least 16.
     BP = max(16, min(settings.pop("BP"), args.block(P)))
     BPF = max(16, min(settings.pop("BPF"), BP))
-    RC = max(16, min(settings.pop("RC"), BP))
     NPB = triton.cdiv(P, BP)
     BN = max(16, args.block(N))
     VN = min(settings.pop("VN"), BN)
@@ -357,8 +268,7 @@ def verify(cache: ReplayCache, x, dt, A, B, C, *, D=None, z=None, dt_bias=None, 
         stride_y_b=y.stride(0), stride_y_t=y.stride(1), stride_y_h=y.stride(2),
         HPG=H // G, T=T, MAXT=cache.b_draft.shape[2], W=cache.window, CAP=cache.capacity,
         BP=BP, BPF=BPF, BN=BN, BJ=max(16, args.block(cache.capacity + T)), BT=args.block(T), BTD=16,
-        VN=VN, VEC=min(VN, 4), NPB=NPB, RC=RC, STAGES=settings.pop("STAGES"),
-        FMA=bool(settings.pop("FMA")),
+        VN=VN, VEC=min(VN, 4), NPB=NPB,
         HAS_D=D is not None, HAS_Z=z is not None, HAS_DT_BIAS=dt_bias is not None, USE_SOFTPLUS=bool(dt_softplus),
         HAS_SLOTS=slots is not None, USE_COPY=rc is not None, IS_FP8=cache.read_scale is not None,
         IS_HALF_IO=cache.x_buf.element_size() == 2,
