@@ -3,7 +3,7 @@
 # writes its table (.txt) and results (.json) under DIR (default runs/tune), and DIR.tar.gz holds them all for
 # machines that return one file; a sweep past its time limit leaves the ones before it.
 # Usage: benchmarks/tune_h200.sh [DIR] [SECTION ...]
-# Sections: tests, mamba2-verify-stream, mamba2-verify-stream-2, tail-lead, tail-3, tail-medium, tail-2, tail, gdn-bf16-tf32, prefetch-profile, prefetch, prefetch-2, loops, gdn-decode-chunks, gdn-decode-order, gdn-decode-order-2, mamba2-mma, stalls-bf16, mamba2-bf16-heads, mamba2-bf16-tf32, heads-sanitizer, mamba2-heads-flush-2, gdn-heads-fault, gdn-heads, mamba2-heads-flush, mamba2-heads, mamba2-heads-2, mamba2-heads-3, mamba2-heads-4, verify-tests, gdn-verify-mma, gdn-verify-3, gdn-verify-rows, gdn-verify-warps, gdn-verify-warps-2, mamba2-verify-warps, gdn-split-3, gdn-split-4, two-phase-2, mamba2-split-phases, mamba2-two-phase, gdn-split-flush-vp, gdn-mma, split-launch-cost, split-launch-cost-2, gdn-flush-list, mamba2-flush-list, gdn-split-nonflush, gdn-split-flush-2, one-warp, fp8-one-warp, fp8-one-warp-2, copy-pieces, regs-2byte, stalls, stalls-2, next, small-grid, small-grid-2, small-grid-3, medium-grid, direct, order, vk, gdn-decode, gdn-replay, gdn-early, gdn-replay-256, gdn-fp32-2, gdn-split, gdn-split-2,
+# Sections: tests, mamba2-verify-bc, mamba2-verify-stream, mamba2-verify-stream-2, tail-lead, tail-3, tail-medium, tail-2, tail, gdn-bf16-tf32, prefetch-profile, prefetch, prefetch-2, loops, gdn-decode-chunks, gdn-decode-order, gdn-decode-order-2, mamba2-mma, stalls-bf16, mamba2-bf16-heads, mamba2-bf16-tf32, heads-sanitizer, mamba2-heads-flush-2, gdn-heads-fault, gdn-heads, mamba2-heads-flush, mamba2-heads, mamba2-heads-2, mamba2-heads-3, mamba2-heads-4, verify-tests, gdn-verify-mma, gdn-verify-3, gdn-verify-rows, gdn-verify-warps, gdn-verify-warps-2, mamba2-verify-warps, gdn-split-3, gdn-split-4, two-phase-2, mamba2-split-phases, mamba2-two-phase, gdn-split-flush-vp, gdn-mma, split-launch-cost, split-launch-cost-2, gdn-flush-list, mamba2-flush-list, gdn-split-nonflush, gdn-split-flush-2, one-warp, fp8-one-warp, fp8-one-warp-2, copy-pieces, regs-2byte, stalls, stalls-2, next, small-grid, small-grid-2, small-grid-3, medium-grid, direct, order, vk, gdn-decode, gdn-replay, gdn-early, gdn-replay-256, gdn-fp32-2, gdn-split, gdn-split-2,
 # gdn-bf16, gdn-bf16-2, gdn-verify, fla, mamba2-split, mamba2-split2, mamba2-vn, mamba2-bf16, mamba2-bf16-2,
 # mamba2-verify (default: tests gdn-decode gdn-replay gdn-verify mamba2-split mamba2-bf16 mamba2-verify).
 set -uo pipefail
@@ -649,6 +649,26 @@ for section in $SECTIONS; do
             --launch decode:VP=16,BV=16,CSTRIDES=1 --launch "decode:VP=16,BV=16,$S" \
             --launch "decode:VP=16,BV=16,$S,maxnreg=64" --launch "decode:VP=16,BV=16,$S,num_warps=2" \
             --launch "decode:VP=32,BV=32,$S,num_warps=2"
+        ;;
+    mamba2-verify-bc)
+        # Mamba-2's verify with its entries' B·C summed once per group in a launch of its own (BCPASS=1) instead of
+        # in each of a group's 16 heads' programs (a third of the kernel's fp32 work, compile_report): the verify
+        # tests, the sweep at batch 16, 64 and 256, then the speculative rows under the reference loop.
+        gpu_tests verify-bc-tests 150 tests/test_mamba2_verify.py
+        sweep mamba2-verify-bc 200 sweep_mamba2.py --kernel decode-multi --kernel verify --batch 16 --batch 64 \
+            --batch 256 --launch decode-multi: --launch verify: --launch verify:BCPASS=1 \
+            --launch verify:BCPASS=1,maxnreg=128 --launch verify:BCPASS=1,maxnreg=144 \
+            --launch verify:BCPASS=1,num_warps=2,maxnreg=255
+        for v in row bc bc128 row bc bc128; do
+            case $v in
+                row) s="BCPASS=0" ;;
+                bc) s="BCPASS=1" ;;
+                bc128) s="BCPASS=1,maxnreg=128" ;;
+            esac
+            rows "verify-bc-$v" verify-bc 90 --set "mamba2.verify:VERIFY_LAUNCH:0:$s" -- \
+                -p nemotron-3-super-120b-a12b --batch 16,64,256 --state-dtype fp32 --draft 4 --accept-rate 0.9 \
+                --repeats 9 --no-phases
+        done
         ;;
     mamba2-verify-stream)
         # (Runs at f66ea4e: the RC and STAGES keys were withdrawn after it, NOTES run 57.) Mamba-2's verify with its tile streamed RC rows at a time through a pipelined loop (run 41: a whole 32 KiB

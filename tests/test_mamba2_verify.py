@@ -90,16 +90,20 @@ def test_verify_folds_a_full_buffer_first(device, assert_close):
 
 
 
-LAUNCHES = [{"BP": 16, "BPF": 16, "VN": 16}, {"BP": 32, "BPF": 32, "VN": 32, "num_warps": 2}]
+# (launch, read copy): P split over several programs per head; the entries' B·C summed per group first (BCPASS)
+LAUNCHES = [({"BP": 16, "BPF": 16, "VN": 16}, None), ({"BP": 32, "BPF": 32, "VN": 32, "num_warps": 2}, None),
+            ({"BCPASS": 1}, None), ({"BP": 16, "VN": 16, "BCPASS": 1}, "fp8")]
 
 
-@pytest.mark.parametrize("launch", LAUNCHES, ids=["B4-H4-P40-N40-G2-W5-T3-BP16-BPF16-VN16-fp32-bf16",
-                                                  "B4-H4-P40-N40-G2-W5-T3-BP32-BPF32-VN32-fp32-bf16"])
-def test_verify_launch_settings_match_reference(device, assert_close, launch):
-    """Launch overrides, with P split over several programs per head, through rounds that fold: the outputs, fills
-    and committed states equal the reference's."""
+@pytest.mark.parametrize("launch,read", LAUNCHES, ids=[
+    "B4-H4-P40-N40-G2-W5-T3-BP16-BPF16-VN16-fp32-bf16", "B4-H4-P40-N40-G2-W5-T3-BP32-BPF32-VN32-fp32-bf16",
+    "B4-H4-P40-N40-G2-W5-T3-BCPASS-fp32-bf16", "B4-H4-P40-N40-G2-W5-T3-BP16-VN16-BCPASS-fp32-fp8-bf16"])
+def test_verify_launch_settings_match_reference(device, assert_close, launch, read):
+    """Launch overrides, with P split over several programs per head or B·C summed per group first, through rounds
+    that fold: the outputs, fills and committed states equal the reference's."""
     nslots, H, P, N, G, W, T = 5, 4, 40, 40, 2, 5, 3
-    cache = mamba2.ReplayCache.create(nslots, H, P, N, G, W, io_dtype="bf16", max_draft=T, device=device)
+    cache = mamba2.ReplayCache.create(nslots, H, P, N, G, W, read_dtype=read, io_dtype="bf16", max_draft=T,
+                                      device=device)
     cache.load(torch.randn(nslots, H, P, N, device=device))
     want = cache.clone()
     rows = torch.tensor([4, -1, 1, 0], dtype=torch.int32, device=device)
@@ -109,7 +113,8 @@ def test_verify_launch_settings_match_reference(device, assert_close, launch):
         y = mamba2.verify(cache, **inp, dt_softplus=True, slots=rows, out=out, launch=launch)
         y_ref = mamba2.verify_ref(want, **inp, dt_softplus=True, slots=rows)
         assert y[1].isnan().all()
-        assert_close(y, y_ref, torch.bfloat16, what=f"verify vs verify_ref, round {round_}")
+        assert_close(y, y_ref, torch.bfloat16, *([DT[read]] if read else []),
+                     what=f"verify vs verify_ref, round {round_}")
         # accepting every draft on even rounds brings each row past W within four rounds
         n = torch.randint(0, T + 1, (4,), dtype=torch.int32, device=device)
         if round_ % 2 == 0:

@@ -29,9 +29,39 @@ def dot_fp32(a, b, IS_A_EXACT: tl.constexpr, IS_B_EXACT: tl.constexpr):
 
 
 @triton.jit
+def mamba2_verify_bc_kernel(
+    B, C, slots, b_buf, fill, bc,
+    H, G, N,
+    stride_B_b, stride_B_t, stride_B_g,
+    stride_C_b, stride_C_t, stride_C_g,
+    T: tl.constexpr, CAP: tl.constexpr, BN: tl.constexpr, BJ: tl.constexpr, BT: tl.constexpr,
+    HAS_SLOTS: tl.constexpr,
+):
+    """B_j·C_t of a row's group for its entries j < f + T (the f committed ones, then the drafts) and drafts t:
+    [BJ, BT] fp32 into bc, the same for every head of the group, which `mamba2_verify_kernel` weights per head.
+    A group's heads share its buffered B, so they share a fill: its first head's."""
+    i_b, i_g = tl.program_id(0), tl.program_id(1)
+    i_s = slot_of(slots, i_b, HAS_SLOTS)
+    if i_s < 0:
+        return
+    f = tl.load(fill + i_s * H + i_g * (H // G))
+    o_j, o_n, o_t = tl.arange(0, BJ), tl.arange(0, BN), tl.arange(0, BT)
+    m_n, m_t = o_n < N, o_t < T
+    m_jc = o_j < f
+    m_jd = (o_j >= f) & (o_j < f + T)
+    p_bj = tl.where(m_jc, b_buf + (i_s * G + i_g) * CAP * N + o_j * N,
+                    B + i_b * stride_B_b + i_g * stride_B_g + (o_j - f) * stride_B_t)
+    b_bj = tl.load(p_bj[:, None] + o_n[None, :], mask=(m_jc | m_jd)[:, None] & m_n[None, :], other=0.0).to(tl.float32)
+    p_C = C + i_b * stride_C_b + i_g * stride_C_g
+    b_C = tl.load(p_C + o_t[:, None] * stride_C_t + o_n[None, :], mask=m_t[:, None] & m_n[None, :], other=0.0)
+    b_bc = tl.sum(b_bj[:, None, :] * b_C.to(tl.float32)[None, :, :], axis=2)
+    tl.store(bc + (i_b * G + i_g) * BJ * BT + o_j[:, None] * BT + o_t[None, :], b_bc)
+
+
+@triton.jit
 def mamba2_verify_kernel(
     x, dt, A, B, C, D, z, dt_bias, slots, y,
-    checkpoint, read_copy, read_scale, x_buf, b_buf, dt_buf, lam_buf, b_draft, fill, arrive,
+    checkpoint, read_copy, read_scale, x_buf, b_buf, dt_buf, lam_buf, b_draft, fill, arrive, bc,
     H, G, P, N,
     stride_ck_s, stride_ck_h, stride_ck_p,
     stride_rc_s, stride_rc_h, stride_rc_p,
@@ -43,7 +73,7 @@ def mamba2_verify_kernel(
     stride_y_b, stride_y_t, stride_y_h,
     HPG: tl.constexpr, T: tl.constexpr, MAXT: tl.constexpr, W: tl.constexpr, CAP: tl.constexpr,
     BP: tl.constexpr, BPF: tl.constexpr, BN: tl.constexpr, BJ: tl.constexpr, BT: tl.constexpr, BTD: tl.constexpr,
-    VN: tl.constexpr, VEC: tl.constexpr, NPB: tl.constexpr,
+    VN: tl.constexpr, VEC: tl.constexpr, NPB: tl.constexpr, BCPASS: tl.constexpr,
     HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_DT_BIAS: tl.constexpr, USE_SOFTPLUS: tl.constexpr,
     HAS_SLOTS: tl.constexpr, USE_COPY: tl.constexpr, IS_FP8: tl.constexpr, IS_HALF_IO: tl.constexpr,
 ):
@@ -87,8 +117,14 @@ def mamba2_verify_kernel(
     p_xj = tl.where(m_jc, p_xb + o_j * P, p_x + (o_j - f) * stride_x_t)
     b_xj = tl.load(p_xj[:, None] + o_p[None, :], mask=(m_jc | m_jd)[:, None] & m_p[None, :], other=0.0)
     p_bj = tl.where(m_jc, p_bb + o_j * N, p_B + (o_j - f) * stride_B_t)
-    b_bj = tl.load(p_bj[:, None, None] + o_n3[None, :, :], mask=(m_jc | m_jd)[:, None, None] & m_n3[None, :, :],
-                   other=0.0).to(tl.float32)
+    o_td = tl.arange(0, BTD)
+    if BCPASS:
+        # the entries' B·C_t, [BJ, BTD] (columns t >= T zero), summed once per group by `mamba2_verify_bc_kernel`
+        b_bc = tl.load(bc + (i_b * G + i_g) * BJ * BT + o_j[:, None] * BT + o_td[None, :], mask=o_td[None, :] < T,
+                       other=0.0)
+    else:
+        b_bj = tl.load(p_bj[:, None, None] + o_n3[None, :, :], mask=(m_jc | m_jd)[:, None, None] & m_n3[None, :, :],
+                       other=0.0).to(tl.float32)
     b_lamj = tl.load(p_lb + o_j, mask=m_jc, other=0.0)
     b_dtj = tl.load(p_db + o_j, mask=m_jc, other=0.0)
     b_lam0 = tl.load(p_lb + f - 1, mask=f > 0, other=0.0)
@@ -110,7 +146,7 @@ def mamba2_verify_kernel(
     b_cd = tl.zeros([BT], dtype=tl.float32)
     b_y = tl.zeros([BP, BT], dtype=tl.float32)
     b_k = tl.zeros([BJ, BTD], dtype=tl.float32)
-    o_td = tl.arange(0, BTD)
+    b_cdd = tl.zeros([BTD], dtype=tl.float32)
     for t in tl.static_range(T):
         b_dt = step_delta(tl.load(dt + i_b * stride_dt_b + t * stride_dt_t + i_h * stride_dt_h), dt_bias, i_h,
                           HAS_DT_BIAS, USE_SOFTPLUS)
@@ -120,13 +156,20 @@ def mamba2_verify_kernel(
         b_lamj = tl.where(o_j == f + t, b_lt, b_lamj)
         b_dtj = tl.where(o_j == f + t, b_dt, b_dtj)
         b_C3 = tl.load(p_C + t * stride_C_t + o_n3, mask=m_n3, other=0.0).to(tl.float32)
-        b_kt = tl.sum(tl.sum(b_bj * b_C3[None, :, :], axis=1), axis=1)
-        b_kt = tl.where(o_j <= f + t, tl.exp(b_lt - b_lamj) * b_dtj * b_kt, 0.0)
-        b_k = tl.where(o_td[None, :] == t, b_kt[:, None], b_k)
+        if BCPASS:
+            b_cdd = tl.where(o_td == t, b_c, b_cdd)
+        else:
+            b_kt = tl.sum(tl.sum(b_bj * b_C3[None, :, :], axis=1), axis=1)
+            b_kt = tl.where(o_j <= f + t, tl.exp(b_lt - b_lamj) * b_dtj * b_kt, 0.0)
+            b_k = tl.where(o_td[None, :] == t, b_kt[:, None], b_k)
         b_yt = tl.sum(tl.sum(b_s3 * b_C3[None, :, :], axis=1), axis=1) * tl.exp(b_lt)
         b_y = tl.where(o_t[None, :] == t, b_yt[:, None], b_y)
         b_dtd = tl.where(o_t == t, b_dt, b_dtd)
         b_cd = tl.where(o_t == t, b_c, b_cd)
+    if BCPASS:
+        # entry j's weight for draft t, j <= f + t: the drafts' lam and Δ are all in b_lamj and b_dtj by now
+        m_k = (o_j[:, None] <= f + o_td[None, :]) & (o_td[None, :] < T)
+        b_k = tl.where(m_k, tl.exp(b_lam0 + b_cdd[None, :] - b_lamj[:, None]) * b_dtj[:, None] * b_bc, 0.0)
     b_xk = dot_fp32(tl.trans(b_xj.to(tl.float32)), b_k, IS_HALF_IO, False)
     # columns t >= T of k are zero, so folding BTD columns onto BT keeps those of the drafts
     b_y += tl.sum(tl.reshape(b_xk, (BP, BTD // BT, BT)), axis=1)
@@ -141,7 +184,10 @@ def mamba2_verify_kernel(
         # Fold the f committed entries into the checkpoint, BPF rows at a time, each a [BPF, BJ] x [BJ, BN] product;
         # the drafts' rows of B meet zero coefficients.
         b_cf = tl.where(m_jc, tl.exp(b_lam0 - b_lamj) * b_dtj, 0.0)
-        b_bf = tl.reshape(b_bj, (BJ, BN))
+        if BCPASS:
+            b_bf = tl.load(p_bj[:, None] + o_n[None, :], mask=m_jc[:, None] & m_n[None, :], other=0.0).to(tl.float32)
+        else:
+            b_bf = tl.reshape(b_bj, (BJ, BN))
         for i_c in range(0, BP, BPF):
             o_c = i_p * BP + i_c + tl.arange(0, BPF)
             m_c = o_c < P
@@ -206,12 +252,17 @@ def mamba2_accept_kernel(
 # verify mutates the cache, so it is not autotuned (a trial launch would advance it); settings are fixed per
 # (checkpoint itemsize, max N, max P) and `launch=` overrides them. P is split into BP-row blocks, as in replay.
 # maxnreg 168 fits three 4-warp programs in an SM's registers; the Nemotron-layer kernel needs no spills at it.
+# BCPASS=1 sums the entries' B·C once per group in a launch before the verify's (`mamba2_verify_bc_kernel`) instead
+# of in each head's programs.
 VERIFY_LAUNCH = [
-    ((4, 1 << 30, 1 << 30), {"BP": 64, "BPF": 16, "VN": 32, "num_warps": 4, "num_stages": 1, "maxnreg": 168}),
-    ((2, 1 << 30, 1 << 30), {"BP": 64, "BPF": 16, "VN": 32, "num_warps": 4, "num_stages": 1, "maxnreg": 168}),
+    ((4, 1 << 30, 1 << 30), {"BP": 64, "BPF": 16, "VN": 32, "BCPASS": 0, "num_warps": 4, "num_stages": 1,
+                             "maxnreg": 168}),
+    ((2, 1 << 30, 1 << 30), {"BP": 64, "BPF": 16, "VN": 32, "BCPASS": 0, "num_warps": 4, "num_stages": 1,
+                             "maxnreg": 168}),
 ]
-VERIFY_KEYS = ("BP", "BPF", "VN", "num_warps", "num_stages", "maxnreg")
+VERIFY_KEYS = ("BP", "BPF", "VN", "BCPASS", "num_warps", "num_stages", "maxnreg")
 ACCEPT_LAUNCH = {"num_warps": 1, "num_stages": 1}
+BC_LAUNCH = {"num_warps": 4, "num_stages": 1}
 
 
 def verify(cache: ReplayCache, x, dt, A, B, C, *, D=None, z=None, dt_bias=None, dt_softplus=False, slots=None,
@@ -229,7 +280,8 @@ def verify(cache: ReplayCache, x, dt, A, B, C, *, D=None, z=None, dt_bias=None, 
         C: (batch, T, G, N). A, D, dt_bias: (H,). z: optional (batch, T, H, P).
         slots, check: as in `replay`. out: optional (batch, T, H, P).
         launch: overrides of the fixed launch settings: BP (rows of P per program), BPF (rows per fold chunk),
-            VN (lanes of a row in the reductions over N, 16 or 32), num_warps, num_stages, maxnreg.
+            VN (lanes of a row in the reductions over N, 16 or 32), BCPASS (1: the entries' B·C summed once per
+            group in a launch of its own), num_warps, num_stages, maxnreg.
 
     Returns:
         y (batch, T, H, P) in x's dtype (or `out`).
@@ -250,6 +302,17 @@ def verify(cache: ReplayCache, x, dt, A, B, C, *, D=None, z=None, dt_bias=None, 
     BN = max(16, args.block(N))
     VN = min(settings.pop("VN"), BN)
     y = torch.empty_like(x) if out is None else out
+    BJ, BT = max(16, args.block(cache.capacity + T)), args.block(T)
+    bcpass = bool(settings.pop("BCPASS"))
+    bc = None
+    if bcpass:
+        bc = torch.empty(batch, G, BJ, BT, dtype=torch.float32, device=cache.device)
+        mamba2_verify_bc_kernel[(batch, G)](
+            B=B, C=C, slots=slots, b_buf=cache.b_buf, fill=cache.fill, bc=bc, H=H, G=G, N=N,
+            stride_B_b=B.stride(0), stride_B_t=B.stride(1), stride_B_g=B.stride(2),
+            stride_C_b=C.stride(0), stride_C_t=C.stride(1), stride_C_g=C.stride(2),
+            T=T, CAP=cache.capacity, BN=BN, BJ=BJ, BT=BT, HAS_SLOTS=slots is not None, **BC_LAUNCH,
+        )
     ck, rc = cache.checkpoint, cache.read_copy
     rcs = rc.stride() if rc is not None else (0, 0, 0, 0)
     zs = z.stride() if z is not None else (0, 0, 0, 0)
@@ -257,7 +320,7 @@ def verify(cache: ReplayCache, x, dt, A, B, C, *, D=None, z=None, dt_bias=None, 
         x=x, dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=dt_bias, slots=slots, y=y,
         checkpoint=ck, read_copy=rc, read_scale=cache.read_scale, x_buf=cache.x_buf, b_buf=cache.b_buf,
         dt_buf=cache.dt_buf, lam_buf=cache.lam_buf, b_draft=cache.b_draft, fill=cache.fill, arrive=cache.arrive,
-        H=H, G=G, P=P, N=N,
+        bc=bc, H=H, G=G, P=P, N=N,
         stride_ck_s=ck.stride(0), stride_ck_h=ck.stride(1), stride_ck_p=ck.stride(2),
         stride_rc_s=rcs[0], stride_rc_h=rcs[1], stride_rc_p=rcs[2],
         stride_x_b=x.stride(0), stride_x_t=x.stride(1), stride_x_h=x.stride(2),
@@ -267,8 +330,8 @@ def verify(cache: ReplayCache, x, dt, A, B, C, *, D=None, z=None, dt_bias=None, 
         stride_z_b=zs[0], stride_z_t=zs[1], stride_z_h=zs[2],
         stride_y_b=y.stride(0), stride_y_t=y.stride(1), stride_y_h=y.stride(2),
         HPG=H // G, T=T, MAXT=cache.b_draft.shape[2], W=cache.window, CAP=cache.capacity,
-        BP=BP, BPF=BPF, BN=BN, BJ=max(16, args.block(cache.capacity + T)), BT=args.block(T), BTD=16,
-        VN=VN, VEC=min(VN, 4), NPB=NPB,
+        BP=BP, BPF=BPF, BN=BN, BJ=BJ, BT=BT, BTD=16,
+        VN=VN, VEC=min(VN, 4), NPB=NPB, BCPASS=bcpass,
         HAS_D=D is not None, HAS_Z=z is not None, HAS_DT_BIAS=dt_bias is not None, USE_SOFTPLUS=bool(dt_softplus),
         HAS_SLOTS=slots is not None, USE_COPY=rc is not None, IS_FP8=cache.read_scale is not None,
         IS_HALF_IO=cache.x_buf.element_size() == 2,
