@@ -71,6 +71,7 @@ KERNELS: tuple[KernelKind, ...] = (
     KernelKind("mamba2_flush_kernel", "mamba2", ("replay", "split"), None),
     KernelKind("mamba2_heads_kernel", "mamba2", ("replay", "split"), None),
     KernelKind("mamba2_decode_multi_kernel", "mamba2", ("spec-conventional",), None),
+    KernelKind("mamba2_verify_bc_kernel", "mamba2", ("spec-replay",), None),
     KernelKind("mamba2_verify_kernel", "mamba2", ("spec-replay",), None),
     KernelKind("mamba2_accept_kernel", "mamba2", ("spec-replay",), None),
     KernelKind("mamba2_accept_snapshot_kernel", "mamba2", (), None),

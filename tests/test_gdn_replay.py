@@ -189,8 +189,9 @@ HEADS_CASES = [
 def test_replay_heads_per_program_match_reference(device, assert_close, state, read, launch):
     """The non-flush launch in programs of HPP value heads of a k-head (PHASES=2; HPP=8 lowered to the k-head's 4),
     through flushes, from NaN-poisoned buffers: outputs every step and every cache tensor, as the reference."""
-    # VP, EARLY and MMA pinned: on a GPU this small grid takes the small-grid row.
-    launch = {"PHASES": 2, "VP": 256, "EARLY": 0, "MMA": 0, **launch}
+    # VP, EARLY, MMA and the warps (heads programs take 1 or 2) pinned: on a GPU this small grid takes the
+    # small-grid row.
+    launch = {"PHASES": 2, "VP": 256, "EARLY": 0, "MMA": 0, "num_warps": 2, **launch}
     _replay_staggered((4, 2, 8, 24, 20), 7, state, read, launch, device, assert_close)
 
 
