@@ -678,9 +678,10 @@ for section in $SECTIONS; do
         done
         ;;
     mamba2-verify-stream)
-        # (Runs at f66ea4e: the RC and STAGES keys were withdrawn after it, NOTES run 57.) Mamba-2's verify with its tile streamed RC rows at a time through a pipelined loop (run 41: a whole 32 KiB
-        # tile per program, DRAM at 45% and the SM at 60%, neither saturated), against the shipped whole tile and
-        # the snapshot path, at batch 16, 64 and 256; the verify tests first.
+        # (Runs at f66ea4e: the RC and STAGES keys were withdrawn after it, NOTES run 57.) Mamba-2's verify with its
+        # tile streamed RC rows at a time through a pipelined loop (run 41: a whole 32 KiB tile per program, DRAM at
+        # 45% and the SM at 60%, neither saturated), against the shipped whole tile and the snapshot path, at batch
+        # 16, 64 and 256; the verify tests first.
         gpu_tests verify-stream-tests 150 tests/test_mamba2_verify.py
         sweep mamba2-verify-stream 240 sweep_mamba2.py --kernel decode-multi --kernel verify --batch 16 --batch 64 \
             --batch 256 --launch decode-multi: --launch verify: --launch verify:RC=16,STAGES=2 \
@@ -690,8 +691,9 @@ for section in $SECTIONS; do
             --launch verify:RC=16,STAGES=3,maxnreg=128
         ;;
     mamba2-verify-stream-2)
-        # (Runs at 53c0aec: the FMA key was withdrawn after it, NOTES run 57.) The streamed verify with each chunk's entries' part as FMAs (FMA=1) instead of a tensor-core product whose
-        # operands go through shared memory chunk by chunk (run 57: streamed 1.7-4.6x slower than the whole tile).
+        # (Runs at 53c0aec: the FMA key was withdrawn after it, NOTES run 57.) The streamed verify with each chunk's
+        # entries' part as FMAs (FMA=1) instead of a tensor-core product whose operands go through shared memory chunk
+        # by chunk (run 57: streamed 1.7-4.6x slower than the whole tile).
         gpu_tests verify-stream-2-tests 150 tests/test_mamba2_verify.py
         sweep mamba2-verify-stream-2 200 sweep_mamba2.py --kernel decode-multi --kernel verify --batch 64 --batch 256 \
             --launch decode-multi: --launch verify: --launch verify:RC=16,STAGES=3,FMA=1 \
@@ -699,9 +701,10 @@ for section in $SECTIONS; do
             --launch verify:RC=16,STAGES=3,FMA=1,num_warps=2 --launch verify:RC=32,STAGES=3,FMA=1,num_warps=2
         ;;
     tail-lead)
-        # (Runs at 36e090f: LEAD was withdrawn after it, NOTES run 57.) Flushing programs among the heads programs too (LEAD: per SM, each flushing what is listed and leaving when
-        # caught up): the GPU tests, then the bf16 state's TAIL row with LEAD 0 / 1 / 2 and the split copies' row with
-        # TAIL and LEAD 0 / 1 / 2 against it off, alternating, twice, under the reference loop.
+        # (Runs at 36e090f: LEAD was withdrawn after it, NOTES run 57.) Flushing programs among the heads programs too
+        # (LEAD: per SM, each flushing what is listed and leaving when caught up): the GPU tests, then the bf16
+        # state's TAIL row with LEAD 0 / 1 / 2 and the split copies' row with TAIL and LEAD 0 / 1 / 2 against it off,
+        # alternating, twice, under the reference loop.
         gpu_tests tail-lead 240 tests/test_mamba2_replay.py -k "heads_per_program or many_rows or padding"
         M=nemotron-3-super-120b-a12b
         for run in a b; do
