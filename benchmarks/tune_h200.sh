@@ -653,7 +653,8 @@ for section in $SECTIONS; do
     mamba2-verify-bc-3)
         # Where BCPASS starts to pay: it lost at batch 16 and won at 64 (run 57); batch 24, 32 and 48 with and
         # without it.
-        sweep mamba2-verify-bc-3 100 sweep_mamba2.py --kernel verify --batch 16 --batch 24 --batch 32 --batch 48 \
+        sweep mamba2-verify-bc-3 120 sweep_mamba2.py --kernel verify --batch 16 --batch 24 --batch 32 --batch 48 \
+            --batch 56 --batch 64 \
             --launch verify:BCPASS=1,maxnreg=128 --launch verify:BCPASS=0,maxnreg=168
         ;;
     mamba2-verify-bc-2)

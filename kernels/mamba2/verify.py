@@ -255,19 +255,21 @@ def mamba2_accept_kernel(
 # spills at it.
 # BCPASS=1 sums the entries' B·C once per group in a launch before the verify's (`mamba2_verify_bc_kernel`) instead
 # of in each head's programs: the verify then needs 151 registers, and at 128 (no spills) four programs fit an SM
-# instead of three. An fp32 checkpoint's speculative step at T = 4 (verify + accept, Nemotron-3-Super layer) 136.4 ->
-# 125.8 µs at batch 256, 37.2 -> 35.7 at 64, 12.7 -> 11.9 at 16; BCPASS at 168 registers 138.5 / 38.2 / 12.3
-# (NOTES run 57). The 2-byte row is untimed.
+# instead of three. An fp32 checkpoint's speculative step at T = 4 (verify + accept, Nemotron-3-Super layer, µs per
+# token) 136.4 -> 125.8 at batch 256, 37.2 -> 35.7 at 64, but 11.9 -> 12.3 at 16; BCPASS at 168 registers 138.5 /
+# 38.2 / 12.7 (NOTES run 57). The 2-byte row is untimed.
 VERIFY_LAUNCH = [
     ((4, 1 << 30, 1 << 30), {"BP": 64, "BPF": 16, "VN": 32, "BCPASS": 1, "num_warps": 4, "num_stages": 1,
                              "maxnreg": 128}),
     ((2, 1 << 30, 1 << 30), {"BP": 64, "BPF": 16, "VN": 32, "BCPASS": 0, "num_warps": 4, "num_stages": 1,
                              "maxnreg": 168}),
 ]
-# Grids under two (row, head) pairs per SM (args.small_grid: batch 2 and under at H = 128 on an H200) keep B·C in
+# Grids under 60 (row, head) pairs per SM (batch 61 and under at H = 128 on an H200; never on the CPU) keep B·C in
 # the verify's programs: the launch before them lengthened batch 1's speculative step at T = 4 from 9.1 to 14.7 µs
-# (NOTES run 57).
-VERIFY_SMALL_GRID_LAUNCH = [(key, dict(row, BCPASS=0, maxnreg=168)) for key, row in VERIFY_LAUNCH]
+# per model step and batch 16's from 11.92 to 12.34 µs per token, where batch 64 gained (NOTES run 57; between 16
+# and 64 unmeasured: `tune_h200.sh DIR mamba2-verify-bc-3`).
+VERIFY_FEW_ROWS_LAUNCH = [(key, dict(row, BCPASS=0, maxnreg=168)) for key, row in VERIFY_LAUNCH]
+BCPASS_MIN_PAIRS_PER_SM = 60
 VERIFY_KEYS = ("BP", "BPF", "VN", "BCPASS", "num_warps", "num_stages", "maxnreg")
 ACCEPT_LAUNCH = {"num_warps": 1, "num_stages": 1}
 BC_LAUNCH = {"num_warps": 4, "num_stages": 1}
@@ -302,7 +304,8 @@ def verify(cache: ReplayCache, x, dt, A, B, C, *, D=None, z=None, dt_bias=None, 
     args.check_draft(T, cache.max_draft)
     args.check_slots(slots, batch, nslots, cache.device, check)
     args.check_out(out, (batch, T, H, P), "(batch, T, H, P)", cache.device)
-    table = VERIFY_SMALL_GRID_LAUNCH if args.small_grid(batch * H, cache.device) else VERIFY_LAUNCH
+    few = batch * H < BCPASS_MIN_PAIRS_PER_SM * args.sm_count(cache.device)
+    table = VERIFY_FEW_ROWS_LAUNCH if few else VERIFY_LAUNCH
     settings = args.pick_launch(table, cache.checkpoint.element_size(), P, N, launch, VERIFY_KEYS)
     # tl.dot needs every dimension of its products to be at least 16.
     BP = max(16, min(settings.pop("BP"), args.block(P)))
