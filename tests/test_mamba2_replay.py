@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from replayssm_kernels import mamba2
+from replayssm_kernels.mamba2 import args as margs
 from replayssm_kernels.mamba2.common import LIST_ENTRY, LIST_HEADER
 
 DT = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "fp8": torch.float8_e4m3fn, None: None}
@@ -457,6 +458,42 @@ def test_cache_slot_operations_check_slots(device):
         cache.move([0], [0])
     with pytest.raises(ValueError, match="cache must be a ReplayCache"):
         mamba2.replay(None, **mamba2.random_inputs(1, 2, 8, 8, 1, device=device))
+
+
+def large_grid_steps(batch, H, P, N, G, W, state, read, device, assert_close, launch=None):
+    """2W + 2 steps of `batch` rows from NaN-poisoned buffers, outputs pre-filled with NaN: row r joins at step
+    r % W, so that a W-th of the rows flush each step, and every seventh row is padding. Every output, then every
+    cache tensor, as the reference."""
+    got = make_cache((batch + 3, H, P, N, G), W, device, state=state, read=read)
+    poison(got)
+    want = got.clone()
+    slots = torch.randperm(batch + 3, device=device)[:batch].to(torch.int32)
+    r = torch.arange(batch, device=device)
+    for step in range(2 * W + 2):
+        rows = torch.where((r % W <= step) & (r % 7 != 3), slots, -1)
+        inp = mamba2.random_inputs(batch, H, P, N, G, io_dtype=torch.bfloat16, device=device)
+        y = mamba2.replay(got, **inp, dt_softplus=True, slots=rows, launch=launch,
+                          out=torch.full((batch, H, P), NAN, dtype=torch.bfloat16, device=device))
+        y_ref = mamba2.replay_ref(want, **inp, dt_softplus=True, slots=rows)
+        assert_close(y, y_ref, torch.bfloat16, DT[state], *([DT[read]] if read else []), what=f"y at step {step}")
+    assert_caches_close(got, want, assert_close)
+
+
+LARGE_CASES = [("bf16", None), ("fp32", "bf16"), ("fp32", "fp8"), ("fp32", None)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("state,read", LARGE_CASES,
+                         ids=[f"H128-P64-N128-G8-W16-{s}-{r or 'full'}" for s, r in LARGE_CASES])
+def test_large_grid_rows_match_reference(assert_close, state, read):
+    """A batch that takes the large-grid rows (80 (row, head) pairs per SM and up: the heads launch, its flushes in
+    its own programs for a 2-byte state), where every program of the grid cannot run at once and flushing programs
+    wait on heads programs still running: outputs and caches as the reference."""
+    device = torch.device("cuda")
+    H, P, N, G, W = 128, 64, 128, 8, 16
+    batch = 80 * margs.sm_count(device) // H + 8
+    assert margs.large_grid(batch * H, device)
+    large_grid_steps(batch, H, P, N, G, W, state, read, device, assert_close)
 
 
 @pytest.mark.gpu

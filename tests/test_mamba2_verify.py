@@ -6,6 +6,8 @@ import pytest
 import torch
 
 from replayssm_kernels import mamba2
+from replayssm_kernels.mamba2 import args as margs
+from replayssm_kernels.mamba2.verify import BCPASS_MIN_PAIRS_PER_SM
 
 DT = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "fp8": torch.float8_e4m3fn, None: None}
 NAN = float("nan")
@@ -102,22 +104,28 @@ LAUNCHES = [({"BP": 16, "BPF": 16, "VN": 16}, None), ({"BP": 32, "BPF": 32, "VN"
 def test_verify_launch_settings_match_reference(device, assert_close, launch, read):
     """Launch overrides, with P split over several programs per head or B·C summed per group first, through rounds
     that fold: the outputs, fills and committed states equal the reference's."""
-    nslots, H, P, N, G, W, T = 5, 4, 40, 40, 2, 5, 3
+    rows = torch.tensor([4, -1, 1, 0], dtype=torch.int32, device=device)
+    verify_rounds(5, rows, 4, 40, 40, 2, 5, 3, read, device, assert_close, launch=launch)
+
+
+def verify_rounds(nslots, rows, H, P, N, G, W, T, read, device, assert_close, launch=None, rounds=5):
+    """Rounds of verify + accept over `rows` (slots, -1 for padding), accepting every draft on even rounds (the
+    fills pass W within 2W / T rounds, so that rows fold): outputs pre-filled with NaN, fills, arrival counters
+    and committed states as the reference's."""
     cache = mamba2.ReplayCache.create(nslots, H, P, N, G, W, read_dtype=read, io_dtype="bf16", max_draft=T,
                                       device=device)
     cache.load(torch.randn(nslots, H, P, N, device=device))
     want = cache.clone()
-    rows = torch.tensor([4, -1, 1, 0], dtype=torch.int32, device=device)
-    for round_ in range(5):
-        inp = mamba2.random_inputs(4, H, P, N, G, T=T, device=device)
-        out = torch.full((4, T, H, P), NAN, dtype=torch.bfloat16, device=device)
+    batch = rows.shape[0]
+    for round_ in range(rounds):
+        inp = mamba2.random_inputs(batch, H, P, N, G, T=T, device=device)
+        out = torch.full((batch, T, H, P), NAN, dtype=torch.bfloat16, device=device)
         y = mamba2.verify(cache, **inp, dt_softplus=True, slots=rows, out=out, launch=launch)
         y_ref = mamba2.verify_ref(want, **inp, dt_softplus=True, slots=rows)
-        assert y[1].isnan().all()
+        assert y[rows < 0].isnan().all()
         assert_close(y, y_ref, torch.bfloat16, *([DT[read]] if read else []),
                      what=f"verify vs verify_ref, round {round_}")
-        # accepting every draft on even rounds brings each row past W within four rounds
-        n = torch.randint(0, T + 1, (4,), dtype=torch.int32, device=device)
+        n = torch.randint(0, T + 1, (batch,), dtype=torch.int32, device=device)
         if round_ % 2 == 0:
             n.fill_(T)
         mamba2.accept(cache, n, rows)
@@ -126,6 +134,19 @@ def test_verify_launch_settings_match_reference(device, assert_close, launch, re
         assert torch.equal(cache.arrive, torch.zeros_like(cache.arrive)), "arrival counters must be reset"
         assert_close(mamba2.materialize(cache), mamba2.materialize_ref(want), torch.float32,
                      what=f"committed state, round {round_}")
+
+
+@pytest.mark.gpu
+def test_verify_on_a_grid_that_takes_the_bc_pass(assert_close):
+    """A batch that takes the B·C pass (60 (row, head) pairs per SM and up), padding rows among its rows, through
+    rounds that fold: outputs, fills and committed states as the reference's."""
+    device = torch.device("cuda")
+    H, P, N, G, W, T = 128, 64, 128, 8, 16, 4
+    batch = BCPASS_MIN_PAIRS_PER_SM * margs.sm_count(device) // H + 4
+    r = torch.arange(batch, device=device)
+    rows = torch.where(r % 7 != 3, torch.randperm(batch + 2, device=device)[:batch], -1).to(torch.int32)
+    verify_rounds(batch + 2, rows, H, P, N, G, W, T, None, device, assert_close, rounds=10)
+
 
 @pytest.mark.parametrize("T", [2, 4], ids=["B3-H4-P12-N10-G2-T2-fp32-bf16", "B3-H4-P12-N10-G2-T4-fp32-bf16"])
 def test_decode_multi_accept_snapshot_equals_one_at_a_time(device, assert_close, T):
