@@ -36,6 +36,16 @@ rows() {  # NAME LOG LIMIT_S ARGS...: benchmarks/profile_rows.py ARGS (its --set
     echo "$name: exit $?, $((SECONDS - start)) s" >&2
 }
 
+bf16_rows() {  # NAME LOG SETTINGS: the 2-byte state's large-grid row with SETTINGS, batch 128, 256 and 512
+    rows "$1" "$2" 60 --set "mamba2.replay:LARGE_STEP_LAUNCH:1:$3" -- -p nemotron-3-super-120b-a12b \
+        --batch 128,256,512 --state-dtype bf16 --repeats 9 --no-phases
+}
+
+split_rows() {  # NAME LOG SETTINGS: the split copies' large-grid row with SETTINGS, bf16 and fp8 copies at batch 256
+    rows "$1" "$2" 60 --set "mamba2.replay:LARGE_SPLIT_LAUNCH:0:$3" -- -p nemotron-3-super-120b-a12b --batch 256 \
+        --state-dtype fp32 --read-dtype bf16,fp8 --repeats 9 --no-phases
+}
+
 for section in $SECTIONS; do
     case $section in
     tests)
@@ -713,17 +723,14 @@ for section in $SECTIONS; do
         # state's TAIL row with LEAD 0 / 1 / 2 and the split copies' row with TAIL and LEAD 0 / 1 / 2 against it off,
         # alternating, twice, under the reference loop.
         gpu_tests tail-lead 240 tests/test_mamba2_replay.py -k "heads_per_program or many_rows or padding"
-        M=nemotron-3-super-120b-a12b
         for run in a b; do
             for v in 0 1 2; do
-                rows "tail-lead-bf16-$v" tail-lead 60 --set "mamba2.replay:LARGE_STEP_LAUNCH:1:LEAD=$v" -- -p $M \
-                    --batch 128,256,512 --state-dtype bf16 --repeats 9 --no-phases
+                bf16_rows "tail-lead-bf16-$v" tail-lead "LEAD=$v"
             done
             for v in off 0 1 2; do
                 s="TAIL=1,maxnreg=168,LEAD=$v"
                 [ $v = off ] && s="TAIL=0"
-                rows "tail-lead-split-$v" tail-lead 60 --set "mamba2.replay:LARGE_SPLIT_LAUNCH:0:$s" -- -p $M \
-                    --batch 256 --state-dtype fp32 --read-dtype bf16,fp8 --repeats 9 --no-phases
+                split_rows "tail-lead-split-$v" tail-lead "$s"
             done
         done
         ;;
@@ -738,8 +745,7 @@ for section in $SECTIONS; do
                     pps3) s="flush_PPS=3" ;;
                     pps12) s="flush_PPS=12" ;;
                 esac
-                rows "tail-3-$v" tail-3 60 --set "mamba2.replay:LARGE_STEP_LAUNCH:1:$s" -- \
-                    -p nemotron-3-super-120b-a12b --batch 128,256,512 --state-dtype bf16 --repeats 9 --no-phases
+                bf16_rows "tail-3-$v" tail-3 "$s"
             done
         done
         ;;
@@ -768,8 +774,7 @@ for section in $SECTIONS; do
                 off168) s="TAIL=0" ;;
                 off128) s="TAIL=0,maxnreg=128" ;;
             esac
-            rows "tail-2-$v" tail-2 60 --set "mamba2.replay:LARGE_STEP_LAUNCH:1:$s" -- \
-                -p nemotron-3-super-120b-a12b --batch 128,256,512 --state-dtype bf16 --repeats 9 --no-phases
+            bf16_rows "tail-2-$v" tail-2 "$s"
         done
         ;;
     tail)
@@ -777,21 +782,18 @@ for section in $SECTIONS; do
         # with it off and on (168 and 128 registers), A against B alternating on one GPU, each bounded in time; one
         # text file for all.
         gpu_tests tail 240 tests/test_mamba2_replay.py -k "heads_per_program or many_rows"
-        M=nemotron-3-super-120b-a12b
         for v in off t168 t128 off t168; do
             case $v in
                 off) s="TAIL=0" ;;
                 t128) s="TAIL=1" ;;
                 t168) s="TAIL=1,maxnreg=168" ;;
             esac
-            rows "tail-$v" tail 60 --set "mamba2.replay:LARGE_STEP_LAUNCH:1:$s" -- -p $M \
-                --batch 128,256,512 --state-dtype bf16 --repeats 9 --no-phases
+            bf16_rows "tail-$v" tail "$s"
         done
         for v in off t168 off t168; do
             s="TAIL=0"
             [ $v = t168 ] && s="TAIL=1,maxnreg=168"
-            rows "tail-split-$v" tail 60 --set "mamba2.replay:LARGE_SPLIT_LAUNCH:0:$s" -- -p $M \
-                --batch 256 --state-dtype fp32 --read-dtype bf16,fp8 --repeats 9 --no-phases
+            split_rows "tail-split-$v" tail "$s"
         done
         ;;
     gdn-bf16-tf32)

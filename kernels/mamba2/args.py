@@ -155,8 +155,9 @@ def check_draft(T: int, max_draft: int, name: str = "x") -> None:
 
 
 # Launch keys that choose a kernel's variant rather than size it, and their values: EARLY, MMA, PREFETCH, TAIL, the
-# verify's BCPASS and the GDN decode's SFIRST and CSTRIDES switch a variant on (1) or off (0); PHASES is the number of launches a replay
-# step takes (2: the flushes in a launch of their own, or with TAIL in the heads launch's programs after the heads').
+# verify's BCPASS and the GDN decode's SFIRST and CSTRIDES switch a variant on (1) or off (0); PHASES is the number
+# of launches a replay step takes (2: the flushes in a launch of their own, or with TAIL in the heads launch's
+# programs after the heads').
 # TF32 is how a replay's flush folds its buffered entries into the checkpoint: 0 in fp32 FMAs, 1 in three TF32
 # products (about fp32's accuracy), 2 in one TF32 product, for a 2-byte checkpoint only (its error, about 2^-11 of
 # the update, is under the checkpoint's own rounding; `flush_precision`).
