@@ -29,6 +29,15 @@ def dot_fp32(a, b, IS_A_EXACT: tl.constexpr, IS_B_EXACT: tl.constexpr):
 
 
 @triton.jit
+def fold_entry(b_s3, j, live, b_lam0, p_lb, p_db, p_xb, p_bb, o_p, o_n3, m_p, m_n3, P, N):
+    """b_s3 [BP, NC, VN] plus committed entry j's exp(lam0 - lam_j) Δ_j x_j B_j^T in fp32 (zero where not `live`)."""
+    b_w = tl.exp(b_lam0 - tl.load(p_lb + j, mask=live, other=0.0)) * tl.load(p_db + j, mask=live, other=0.0)
+    b_x = tl.load(p_xb + j * P + o_p, mask=m_p & live, other=0.0).to(tl.float32) * b_w
+    b_b = tl.load(p_bb + j * N + o_n3, mask=m_n3 & live, other=0.0).to(tl.float32)
+    return b_s3 + b_x[:, None, None] * b_b[None, :, :]
+
+
+@triton.jit
 def mamba2_verify_bc_kernel(
     B, C, slots, b_buf, fill, bc,
     H, G, N,
@@ -73,7 +82,7 @@ def mamba2_verify_kernel(
     stride_y_b, stride_y_t, stride_y_h,
     HPG: tl.constexpr, T: tl.constexpr, MAXT: tl.constexpr, W: tl.constexpr, CAP: tl.constexpr,
     BP: tl.constexpr, BPF: tl.constexpr, BN: tl.constexpr, BJ: tl.constexpr, BT: tl.constexpr, BTD: tl.constexpr,
-    VN: tl.constexpr, VEC: tl.constexpr, NPB: tl.constexpr, BCPASS: tl.constexpr,
+    VN: tl.constexpr, VEC: tl.constexpr, NPB: tl.constexpr, BCPASS: tl.constexpr, FOLD: tl.constexpr,
     HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_DT_BIAS: tl.constexpr, USE_SOFTPLUS: tl.constexpr,
     HAS_SLOTS: tl.constexpr, USE_COPY: tl.constexpr, IS_FP8: tl.constexpr, IS_HALF_IO: tl.constexpr,
 ):
@@ -180,7 +189,28 @@ def mamba2_verify_kernel(
     p_y = y + i_b * stride_y_b + i_h * stride_y_h + o_t[None, :] * stride_y_t + o_p[:, None]
     tl.store(p_y, b_y.to(p_y.dtype.element_ty), mask=m_pt)
 
-    if f >= W:
+    if f >= W and FOLD > 0:
+        # Fold the f committed entries into the tile this program holds (the checkpoint's, as read), one fp32
+        # rank-1 update [BP] x [BN] each, and write it back whole: the checkpoint is not read again. Entries past f
+        # add zero; FOLD=1 loops over the buffer's CAP positions, FOLD=2 unrolls them so that their loads issue early.
+        b_s3 = b_s3 * tl.exp(b_lam0)
+        if FOLD == 1:
+            for j in range(0, CAP):
+                b_s3 = fold_entry(b_s3, j, j < f, b_lam0, p_lb, p_db, p_xb, p_bb, o_p, o_n3, m_p, m_n3, P, N)
+        else:
+            for j in tl.static_range(CAP):
+                b_s3 = fold_entry(b_s3, j, j < f, b_lam0, p_lb, p_db, p_xb, p_bb, o_p, o_n3, m_p, m_n3, P, N)
+        b_s = tl.reshape(b_s3, (BP, BN))
+        m_sf = m_p[:, None] & m_n[None, :]
+        p_cks = p_ck + o_p[:, None] * stride_ck_p + o_n[None, :]
+        tl.store(p_cks, b_s.to(p_cks.dtype.element_ty), mask=m_sf)
+        if USE_COPY:
+            p_rcs = read_copy + i_s * stride_rc_s + i_h * stride_rc_h + o_p[:, None] * stride_rc_p + o_n[None, :]
+            store_read_copy(b_s, p_rcs, read_scale, i_sh * P + o_p, m_sf, m_p, IS_FP8)
+        # the fold read the entries this program's drafts are about to overwrite
+        tl.debug_barrier()
+        f_c = f * 0
+    elif f >= W:
         # Fold the f committed entries into the checkpoint, BPF rows at a time, each a [BPF, BJ] x [BJ, BN] product;
         # the drafts' rows of B meet zero coefficients.
         b_cf = tl.where(m_jc, tl.exp(b_lam0 - b_lamj) * b_dtj, 0.0)
@@ -270,7 +300,7 @@ VERIFY_LAUNCH = [
 # and 64 unmeasured: `tune_h200.sh DIR mamba2-verify-bc-3`).
 VERIFY_FEW_ROWS_LAUNCH = [(key, dict(row, BCPASS=0, maxnreg=168)) for key, row in VERIFY_LAUNCH]
 BCPASS_MIN_PAIRS_PER_SM = 60
-VERIFY_KEYS = ("BP", "BPF", "VN", "BCPASS", "num_warps", "num_stages", "maxnreg")
+VERIFY_KEYS = ("BP", "BPF", "VN", "BCPASS", "FOLD", "num_warps", "num_stages", "maxnreg")
 ACCEPT_LAUNCH = {"num_warps": 1, "num_stages": 1}
 BC_LAUNCH = {"num_warps": 4, "num_stages": 1}
 
@@ -316,6 +346,7 @@ def verify(cache: ReplayCache, x, dt, A, B, C, *, D=None, z=None, dt_bias=None, 
     y = torch.empty_like(x) if out is None else out
     BJ, BT = max(16, args.block(cache.capacity + T)), args.block(T)
     bcpass = bool(settings.pop("BCPASS"))
+    fold = settings.pop("FOLD", 0)
     bc = None
     if bcpass:
         bc = torch.empty(batch, G, BJ, BT, dtype=torch.float32, device=cache.device)
@@ -343,7 +374,7 @@ def verify(cache: ReplayCache, x, dt, A, B, C, *, D=None, z=None, dt_bias=None, 
         stride_y_b=y.stride(0), stride_y_t=y.stride(1), stride_y_h=y.stride(2),
         HPG=H // G, T=T, MAXT=cache.b_draft.shape[2], W=cache.window, CAP=cache.capacity,
         BP=BP, BPF=BPF, BN=BN, BJ=BJ, BT=BT, BTD=16,
-        VN=VN, VEC=min(VN, 4), NPB=NPB, BCPASS=bcpass,
+        VN=VN, VEC=min(VN, 4), NPB=NPB, BCPASS=bcpass, FOLD=fold,
         HAS_D=D is not None, HAS_Z=z is not None, HAS_DT_BIAS=dt_bias is not None, USE_SOFTPLUS=bool(dt_softplus),
         HAS_SLOTS=slots is not None, USE_COPY=rc is not None, IS_FP8=cache.read_scale is not None,
         IS_HALF_IO=cache.x_buf.element_size() == 2,
