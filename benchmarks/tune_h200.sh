@@ -3,7 +3,7 @@
 # writes its table (.txt) and results (.json) under DIR (default runs/tune), and DIR.tar.gz holds them all for
 # machines that return one file; a sweep past its time limit leaves the ones before it.
 # Usage: benchmarks/tune_h200.sh [DIR] [SECTION ...]
-# Sections: tests, kernel-tests, mamba2-verify-fold, mamba2-verify-bc-3, mamba2-verify-bc-2, mamba2-verify-bc, mamba2-verify-stream, mamba2-verify-stream-2, tail-lead, tail-3, tail-medium, tail-2, tail, gdn-bf16-tf32, prefetch-profile, prefetch, prefetch-2, loops, gdn-decode-chunks, gdn-decode-order, gdn-decode-order-2, mamba2-mma, stalls-bf16, mamba2-bf16-heads, mamba2-bf16-tf32, heads-sanitizer, mamba2-heads-flush-2, gdn-heads-fault, gdn-heads, mamba2-heads-flush, mamba2-heads, mamba2-heads-2, mamba2-heads-3, mamba2-heads-4, verify-tests, gdn-verify-mma, gdn-verify-3, gdn-verify-rows, gdn-verify-warps, gdn-verify-warps-2, mamba2-verify-warps, gdn-split-3, gdn-split-4, two-phase-2, mamba2-split-phases, mamba2-two-phase, gdn-split-flush-vp, gdn-mma, split-launch-cost, split-launch-cost-2, gdn-flush-list, mamba2-flush-list, gdn-split-nonflush, gdn-split-flush-2, one-warp, fp8-one-warp, fp8-one-warp-2, copy-pieces, regs-2byte, stalls, stalls-2, next, small-grid, small-grid-2, small-grid-3, medium-grid, direct, order, vk, gdn-decode, gdn-replay, gdn-early, gdn-replay-256, gdn-fp32-2, gdn-split, gdn-split-2,
+# Sections: tests, kernel-tests, mamba2-verify-launches, mamba2-verify-fold, mamba2-verify-bc-3, mamba2-verify-bc-2, mamba2-verify-bc, mamba2-verify-stream, mamba2-verify-stream-2, tail-lead, tail-3, tail-medium, tail-2, tail, gdn-bf16-tf32, prefetch-profile, prefetch, prefetch-2, loops, gdn-decode-chunks, gdn-decode-order, gdn-decode-order-2, mamba2-mma, stalls-bf16, mamba2-bf16-heads, mamba2-bf16-tf32, heads-sanitizer, mamba2-heads-flush-2, gdn-heads-fault, gdn-heads, mamba2-heads-flush, mamba2-heads, mamba2-heads-2, mamba2-heads-3, mamba2-heads-4, verify-tests, gdn-verify-mma, gdn-verify-3, gdn-verify-rows, gdn-verify-warps, gdn-verify-warps-2, mamba2-verify-warps, gdn-split-3, gdn-split-4, two-phase-2, mamba2-split-phases, mamba2-two-phase, gdn-split-flush-vp, gdn-mma, split-launch-cost, split-launch-cost-2, gdn-flush-list, mamba2-flush-list, gdn-split-nonflush, gdn-split-flush-2, one-warp, fp8-one-warp, fp8-one-warp-2, copy-pieces, regs-2byte, stalls, stalls-2, next, small-grid, small-grid-2, small-grid-3, medium-grid, direct, order, vk, gdn-decode, gdn-replay, gdn-early, gdn-replay-256, gdn-fp32-2, gdn-split, gdn-split-2,
 # gdn-bf16, gdn-bf16-2, gdn-verify, fla, mamba2-split, mamba2-split2, mamba2-vn, mamba2-bf16, mamba2-bf16-2,
 # mamba2-verify (default: tests gdn-decode gdn-replay gdn-verify mamba2-split mamba2-bf16 mamba2-verify).
 set -uo pipefail
@@ -664,10 +664,33 @@ for section in $SECTIONS; do
         # Mamba-2's replay and verify tests alone, those at the large grids the shipped rows serve among them.
         gpu_tests kernel-tests 300 tests/test_mamba2_replay.py tests/test_mamba2_verify.py
         ;;
+    mamba2-verify-launches)
+        # The B·C pass as one tensor-core product per (row, group) and the accept as a program per (row, group)
+        # (run 58: 42.8 and 21.1 µs of a 537 µs speculative step at 256): the verify tests, each launch alone,
+        # where the pass starts to pay, then the speculative rows under the reference loop, the small grids' row
+        # with and without the pass.
+        gpu_tests verify-launch-tests 150 tests/test_mamba2_verify.py
+        start=$SECONDS
+        timeout 120 python benchmarks/verify_phases.py --batch 64 --batch 256 --out "$DIR/verify-phases-2.json" \
+            >"$DIR/verify-phases-2.txt" 2>&1
+        echo "verify-phases-2: exit $?, $((SECONDS - start)) s" >&2
+        sweep mamba2-verify-bc-4 120 sweep_mamba2.py --kernel verify --batch 4 --batch 8 --batch 16 --batch 24 \
+            --batch 32 --batch 64 --launch verify:BCPASS=1,maxnreg=128 --launch verify:BCPASS=0,maxnreg=168
+        for v in few bc; do
+            case $v in
+                few) s="BCPASS=0,maxnreg=168" ;;
+                bc) s="BCPASS=1,maxnreg=128" ;;
+            esac
+            rows "verify-launches-$v" verify-launches 120 --set "mamba2.verify:VERIFY_FEW_ROWS_LAUNCH:0:$s" -- \
+                -p nemotron-3-super-120b-a12b --batch 1,16,64,256 --state-dtype fp32 --draft 4 --accept-rate 0.9 \
+                --repeats 9 --no-phases
+        done
+        ;;
     mamba2-verify-fold)
-        # Each launch of the speculative step (B·C pass, verify, accept) timed alone at one fill, folding or not
-        # (benchmarks/verify_phases.py), with the fold in the tile each program holds (FOLD 1, 2) or in chunks of
-        # the checkpoint read again (0); then the three in the sweep.
+        # (Runs at 91c5b10: the FOLD key was withdrawn after it, NOTES run 58.) Each launch of the speculative step
+        # (B·C pass, verify, accept) timed alone at one fill, folding or not (benchmarks/verify_phases.py), with the
+        # fold in the tile each program holds (FOLD 1, 2) or in chunks of the checkpoint read again (0); then the
+        # three in the sweep.
         start=$SECONDS
         timeout 200 python benchmarks/verify_phases.py --batch 64 --batch 256 --launch "" --launch FOLD=1 \
             --launch FOLD=2 --out "$DIR/verify-phases.json" >"$DIR/verify-phases.txt" 2>&1

@@ -161,11 +161,8 @@ def check_draft(T: int, max_draft: int, name: str = "x") -> None:
 # TF32 is how a replay's flush folds its buffered entries into the checkpoint: 0 in fp32 FMAs, 1 in three TF32
 # products (about fp32's accuracy), 2 in one TF32 product, for a 2-byte checkpoint only (its error, about 2^-11 of
 # the update, is under the checkpoint's own rounding; `flush_precision`).
-# FOLD is where a verify folds a full buffer: 0 in BPF-row chunks of the checkpoint read again, 1 and 2 into the tile
-# its program holds (1 a loop over the entries, 2 unrolled over the buffer's capacity).
 CHOICE_KEYS = {"EARLY": (0, 1), "TF32": (0, 1, 2), "MMA": (0, 1), "PHASES": (1, 2), "SFIRST": (0, 1),
-               "CSTRIDES": (0, 1), "PREFETCH": (0, 1), "TAIL": (0, 1), "BCPASS": (0, 1),
-               "FOLD": (0, 1, 2)}
+               "CSTRIDES": (0, 1), "PREFETCH": (0, 1), "TAIL": (0, 1), "BCPASS": (0, 1)}
 FLUSH_PREFIX = "flush_"
 _PRECISION = {0: "ieee", 1: "tf32x3", 2: "tf32"}
 

@@ -29,42 +29,34 @@ def dot_fp32(a, b, IS_A_EXACT: tl.constexpr, IS_B_EXACT: tl.constexpr):
 
 
 @triton.jit
-def fold_entry(b_s3, j, live, b_lam0, p_lb, p_db, p_xb, p_bb, o_p, o_n3, m_p, m_n3, P, N):
-    """b_s3 [BP, NC, VN] plus committed entry j's exp(lam0 - lam_j) Δ_j x_j B_j^T in fp32 (zero where not `live`)."""
-    b_w = tl.exp(b_lam0 - tl.load(p_lb + j, mask=live, other=0.0)) * tl.load(p_db + j, mask=live, other=0.0)
-    b_x = tl.load(p_xb + j * P + o_p, mask=m_p & live, other=0.0).to(tl.float32) * b_w
-    b_b = tl.load(p_bb + j * N + o_n3, mask=m_n3 & live, other=0.0).to(tl.float32)
-    return b_s3 + b_x[:, None, None] * b_b[None, :, :]
-
-
-@triton.jit
 def mamba2_verify_bc_kernel(
     B, C, slots, b_buf, fill, bc,
     H, G, N,
     stride_B_b, stride_B_t, stride_B_g,
     stride_C_b, stride_C_t, stride_C_g,
-    T: tl.constexpr, CAP: tl.constexpr, BN: tl.constexpr, BJ: tl.constexpr, BT: tl.constexpr,
-    HAS_SLOTS: tl.constexpr,
+    T: tl.constexpr, CAP: tl.constexpr, BN: tl.constexpr, BJ: tl.constexpr, BT: tl.constexpr, BTD: tl.constexpr,
+    HAS_SLOTS: tl.constexpr, IS_HALF_IO: tl.constexpr,
 ):
     """B_j·C_t of a row's group for its entries j < f + T (the f committed ones, then the drafts) and drafts t:
     [BJ, BT] fp32 into bc, the same for every head of the group, which `mamba2_verify_kernel` weights per head.
-    A group's heads share its buffered B, so they share a fill: its first head's."""
+    One [BJ, BN] x [BN, BTD] product (columns t >= T zero); 16-bit B and C are exact in TF32. A group's heads
+    share its buffered B, so they share a fill: its first head's."""
     i_b, i_g = tl.program_id(0), tl.program_id(1)
     i_s = slot_of(slots, i_b, HAS_SLOTS)
     if i_s < 0:
         return
     f = tl.load(fill + i_s * H + i_g * (H // G))
-    o_j, o_n, o_t = tl.arange(0, BJ), tl.arange(0, BN), tl.arange(0, BT)
-    m_n, m_t = o_n < N, o_t < T
+    o_j, o_n, o_t = tl.arange(0, BJ), tl.arange(0, BN), tl.arange(0, BTD)
+    m_n = o_n < N
     m_jc = o_j < f
     m_jd = (o_j >= f) & (o_j < f + T)
     p_bj = tl.where(m_jc, b_buf + (i_s * G + i_g) * CAP * N + o_j * N,
                     B + i_b * stride_B_b + i_g * stride_B_g + (o_j - f) * stride_B_t)
-    b_bj = tl.load(p_bj[:, None] + o_n[None, :], mask=(m_jc | m_jd)[:, None] & m_n[None, :], other=0.0).to(tl.float32)
+    b_bj = tl.load(p_bj[:, None] + o_n[None, :], mask=(m_jc | m_jd)[:, None] & m_n[None, :], other=0.0)
     p_C = C + i_b * stride_C_b + i_g * stride_C_g
-    b_C = tl.load(p_C + o_t[:, None] * stride_C_t + o_n[None, :], mask=m_t[:, None] & m_n[None, :], other=0.0)
-    b_bc = tl.sum(b_bj[:, None, :] * b_C.to(tl.float32)[None, :, :], axis=2)
-    tl.store(bc + (i_b * G + i_g) * BJ * BT + o_j[:, None] * BT + o_t[None, :], b_bc)
+    b_C = tl.load(p_C + o_t[None, :] * stride_C_t + o_n[:, None], mask=m_n[:, None] & (o_t < T)[None, :], other=0.0)
+    b_bc = dot_fp32(b_bj.to(tl.float32), b_C.to(tl.float32), IS_HALF_IO, IS_HALF_IO)
+    tl.store(bc + (i_b * G + i_g) * BJ * BT + o_j[:, None] * BT + o_t[None, :], b_bc, mask=(o_t < BT)[None, :])
 
 
 @triton.jit
@@ -82,7 +74,7 @@ def mamba2_verify_kernel(
     stride_y_b, stride_y_t, stride_y_h,
     HPG: tl.constexpr, T: tl.constexpr, MAXT: tl.constexpr, W: tl.constexpr, CAP: tl.constexpr,
     BP: tl.constexpr, BPF: tl.constexpr, BN: tl.constexpr, BJ: tl.constexpr, BT: tl.constexpr, BTD: tl.constexpr,
-    VN: tl.constexpr, VEC: tl.constexpr, NPB: tl.constexpr, BCPASS: tl.constexpr, FOLD: tl.constexpr,
+    VN: tl.constexpr, VEC: tl.constexpr, NPB: tl.constexpr, BCPASS: tl.constexpr,
     HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_DT_BIAS: tl.constexpr, USE_SOFTPLUS: tl.constexpr,
     HAS_SLOTS: tl.constexpr, USE_COPY: tl.constexpr, IS_FP8: tl.constexpr, IS_HALF_IO: tl.constexpr,
 ):
@@ -189,28 +181,7 @@ def mamba2_verify_kernel(
     p_y = y + i_b * stride_y_b + i_h * stride_y_h + o_t[None, :] * stride_y_t + o_p[:, None]
     tl.store(p_y, b_y.to(p_y.dtype.element_ty), mask=m_pt)
 
-    if f >= W and FOLD > 0:
-        # Fold the f committed entries into the tile this program holds (the checkpoint's, as read), one fp32
-        # rank-1 update [BP] x [BN] each, and write it back whole: the checkpoint is not read again. Entries past f
-        # add zero; FOLD=1 loops over the buffer's CAP positions, FOLD=2 unrolls them so that their loads issue early.
-        b_s3 = b_s3 * tl.exp(b_lam0)
-        if FOLD == 1:
-            for j in range(0, CAP):
-                b_s3 = fold_entry(b_s3, j, j < f, b_lam0, p_lb, p_db, p_xb, p_bb, o_p, o_n3, m_p, m_n3, P, N)
-        else:
-            for j in tl.static_range(CAP):
-                b_s3 = fold_entry(b_s3, j, j < f, b_lam0, p_lb, p_db, p_xb, p_bb, o_p, o_n3, m_p, m_n3, P, N)
-        b_s = tl.reshape(b_s3, (BP, BN))
-        m_sf = m_p[:, None] & m_n[None, :]
-        p_cks = p_ck + o_p[:, None] * stride_ck_p + o_n[None, :]
-        tl.store(p_cks, b_s.to(p_cks.dtype.element_ty), mask=m_sf)
-        if USE_COPY:
-            p_rcs = read_copy + i_s * stride_rc_s + i_h * stride_rc_h + o_p[:, None] * stride_rc_p + o_n[None, :]
-            store_read_copy(b_s, p_rcs, read_scale, i_sh * P + o_p, m_sf, m_p, IS_FP8)
-        # the fold read the entries this program's drafts are about to overwrite
-        tl.debug_barrier()
-        f_c = f * 0
-    elif f >= W:
+    if f >= W:
         # Fold the f committed entries into the checkpoint, BPF rows at a time, each a [BPF, BJ] x [BJ, BN] product;
         # the drafts' rows of B meet zero coefficients.
         b_cf = tl.where(m_jc, tl.exp(b_lam0 - b_lamj) * b_dtj, 0.0)
@@ -260,23 +231,27 @@ def mamba2_verify_kernel(
 def mamba2_accept_kernel(
     n_accepted, slots, fill, b_buf, b_draft,
     H, G, N,
-    MAXT: tl.constexpr, CAP: tl.constexpr, BN: tl.constexpr, BT: tl.constexpr, HAS_SLOTS: tl.constexpr,
+    HPG: tl.constexpr, BH: tl.constexpr, MAXT: tl.constexpr, CAP: tl.constexpr, BN: tl.constexpr,
+    BT: tl.constexpr, HAS_SLOTS: tl.constexpr,
 ):
-    i_b, i_h = tl.program_id(0), tl.program_id(1)
+    """A program per (row, group): its heads' fills advance by n, and the group's first n drafts' B go into the
+    buffer after its committed entries."""
+    i_b, i_g = tl.program_id(0), tl.program_id(1)
     i_s = slot_of(slots, i_b, HAS_SLOTS)
     if i_s < 0:
         return
-    HPG = H // G
-    i_sh = i_s * H + i_h
     n = tl.load(n_accepted + i_b).to(tl.int32)
-    f = tl.load(fill + i_sh)
-    if i_h % HPG == 0:
-        i_sg = i_s * G + i_h // HPG
-        o_t, o_n = tl.arange(0, BT), tl.arange(0, BN)
-        m = (o_t < n)[:, None] & (o_n < N)[None, :]
-        b_B = tl.load(b_draft + i_sg * MAXT * N + o_t[:, None] * N + o_n[None, :], mask=m, other=0.0)
-        tl.store(b_buf + i_sg * CAP * N + (f + o_t)[:, None] * N + o_n[None, :], b_B, mask=m)
-    tl.store(fill + i_sh, f + n)
+    o_h = tl.arange(0, BH)
+    m_h = o_h < HPG
+    p_f = fill + i_s * H + i_g * HPG + o_h
+    b_f = tl.load(p_f, mask=m_h, other=0)
+    f = tl.load(fill + i_s * H + i_g * HPG)
+    i_sg = i_s * G + i_g
+    o_t, o_n = tl.arange(0, BT), tl.arange(0, BN)
+    m = (o_t < n)[:, None] & (o_n < N)[None, :]
+    b_B = tl.load(b_draft + i_sg * MAXT * N + o_t[:, None] * N + o_n[None, :], mask=m, other=0.0)
+    tl.store(b_buf + i_sg * CAP * N + (f + o_t)[:, None] * N + o_n[None, :], b_B, mask=m)
+    tl.store(p_f, b_f + n, mask=m_h)
 
 
 # verify mutates the cache, so it is not autotuned (a trial launch would advance it); settings are fixed per
@@ -300,9 +275,9 @@ VERIFY_LAUNCH = [
 # and 64 unmeasured: `tune_h200.sh DIR mamba2-verify-bc-3`).
 VERIFY_FEW_ROWS_LAUNCH = [(key, dict(row, BCPASS=0, maxnreg=168)) for key, row in VERIFY_LAUNCH]
 BCPASS_MIN_PAIRS_PER_SM = 60
-VERIFY_KEYS = ("BP", "BPF", "VN", "BCPASS", "FOLD", "num_warps", "num_stages", "maxnreg")
+VERIFY_KEYS = ("BP", "BPF", "VN", "BCPASS", "num_warps", "num_stages", "maxnreg")
 ACCEPT_LAUNCH = {"num_warps": 1, "num_stages": 1}
-BC_LAUNCH = {"num_warps": 4, "num_stages": 1}
+BC_LAUNCH = {"num_warps": 2, "num_stages": 1}
 
 
 def verify(cache: ReplayCache, x, dt, A, B, C, *, D=None, z=None, dt_bias=None, dt_softplus=False, slots=None,
@@ -346,7 +321,6 @@ def verify(cache: ReplayCache, x, dt, A, B, C, *, D=None, z=None, dt_bias=None, 
     y = torch.empty_like(x) if out is None else out
     BJ, BT = max(16, args.block(cache.capacity + T)), args.block(T)
     bcpass = bool(settings.pop("BCPASS"))
-    fold = settings.pop("FOLD", 0)
     bc = None
     if bcpass:
         bc = torch.empty(batch, G, BJ, BT, dtype=torch.float32, device=cache.device)
@@ -354,7 +328,8 @@ def verify(cache: ReplayCache, x, dt, A, B, C, *, D=None, z=None, dt_bias=None, 
             B=B, C=C, slots=slots, b_buf=cache.b_buf, fill=cache.fill, bc=bc, H=H, G=G, N=N,
             stride_B_b=B.stride(0), stride_B_t=B.stride(1), stride_B_g=B.stride(2),
             stride_C_b=C.stride(0), stride_C_t=C.stride(1), stride_C_g=C.stride(2),
-            T=T, CAP=cache.capacity, BN=BN, BJ=BJ, BT=BT, HAS_SLOTS=slots is not None, **BC_LAUNCH,
+            T=T, CAP=cache.capacity, BN=BN, BJ=BJ, BT=BT, BTD=16, HAS_SLOTS=slots is not None,
+            IS_HALF_IO=cache.x_buf.element_size() == 2, **BC_LAUNCH,
         )
     ck, rc = cache.checkpoint, cache.read_copy
     rcs = rc.stride() if rc is not None else (0, 0, 0, 0)
@@ -374,7 +349,7 @@ def verify(cache: ReplayCache, x, dt, A, B, C, *, D=None, z=None, dt_bias=None, 
         stride_y_b=y.stride(0), stride_y_t=y.stride(1), stride_y_h=y.stride(2),
         HPG=H // G, T=T, MAXT=cache.b_draft.shape[2], W=cache.window, CAP=cache.capacity,
         BP=BP, BPF=BPF, BN=BN, BJ=BJ, BT=BT, BTD=16,
-        VN=VN, VEC=min(VN, 4), NPB=NPB, BCPASS=bcpass, FOLD=fold,
+        VN=VN, VEC=min(VN, 4), NPB=NPB, BCPASS=bcpass,
         HAS_D=D is not None, HAS_Z=z is not None, HAS_DT_BIAS=dt_bias is not None, USE_SOFTPLUS=bool(dt_softplus),
         HAS_SLOTS=slots is not None, USE_COPY=rc is not None, IS_FP8=cache.read_scale is not None,
         IS_HALF_IO=cache.x_buf.element_size() == 2,
@@ -406,10 +381,11 @@ def accept(cache: ReplayCache, n_accepted, slots=None, *, check: bool = True) ->
         bad = [n for n in n_accepted.tolist() if not 0 <= n <= T]
         if bad:
             raise ValueError(f"n_accepted must be in [0, {T}] (the last verify's T), got {bad[0]}")
-    mamba2_accept_kernel[(batch, H)](
+    mamba2_accept_kernel[(batch, G)](
         n_accepted=n_accepted, slots=slots, fill=cache.fill, b_buf=cache.b_buf, b_draft=cache.b_draft,
         H=H, G=G, N=N,
-        MAXT=cache.b_draft.shape[2], CAP=cache.capacity, BN=args.block(N), BT=args.block(T),
+        HPG=H // G, BH=args.block(H // G), MAXT=cache.b_draft.shape[2], CAP=cache.capacity, BN=args.block(N),
+        BT=args.block(T),
         HAS_SLOTS=slots is not None,
         **ACCEPT_LAUNCH,
     )
