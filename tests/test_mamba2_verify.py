@@ -138,7 +138,7 @@ def verify_rounds(nslots, rows, H, P, N, G, W, T, read, device, assert_close, la
 
 @pytest.mark.gpu
 def test_verify_on_a_grid_that_takes_the_bc_pass(assert_close):
-    """A batch that takes the B·C pass (60 (row, head) pairs per SM and up), padding rows among its rows, through
+    """A batch that takes the B·C pass (12 (row, head) pairs per SM and up), padding rows among its rows, through
     rounds that fold: outputs, fills and committed states as the reference's."""
     device = torch.device("cuda")
     H, P, N, G, W, T = 128, 64, 128, 8, 16, 4

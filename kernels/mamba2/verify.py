@@ -258,23 +258,24 @@ def mamba2_accept_kernel(
 # (checkpoint itemsize, max N, max P) and `launch=` overrides them. P is split into BP-row blocks, as in replay.
 # In the 2-byte row maxnreg 168 fits three 4-warp programs in an SM's registers; the Nemotron-layer kernel needs no
 # spills at it.
-# BCPASS=1 sums the entries' B·C once per group in a launch before the verify's (`mamba2_verify_bc_kernel`) instead
-# of in each head's programs: the verify then needs 151 registers, and at 128 (no spills) four programs fit an SM
-# instead of three. An fp32 checkpoint's speculative step at T = 4 (verify + accept, Nemotron-3-Super layer, µs per
-# token) 136.4 -> 125.8 at batch 256, 37.2 -> 35.7 at 64, but 11.9 -> 12.3 at 16; BCPASS at 168 registers 138.5 /
-# 38.2 / 12.7 (NOTES run 57). The 2-byte row is untimed.
+# BCPASS=1 sums the entries' B·C once per group in a launch before the verify's (`mamba2_verify_bc_kernel`, one
+# tensor-core product per (row, group)) instead of in each head's programs: the verify then needs 151 registers, and
+# at 128 (no spills) four programs fit an SM instead of three. An fp32 checkpoint's speculative step at T = 4 (verify
+# + accept, Nemotron-3-Super layer, µs per token) 136.4 -> 125.8 at batch 256 with the pass's first form, a sum over
+# shuffles that took 42.8 µs of the step at 256 (NOTES run 57); as a product it takes 6.3, and the step 112.6 µs per
+# token (run 58). The 2-byte row is untimed.
 VERIFY_LAUNCH = [
     ((4, 1 << 30, 1 << 30), {"BP": 64, "BPF": 16, "VN": 32, "BCPASS": 1, "num_warps": 4, "num_stages": 1,
                              "maxnreg": 128}),
     ((2, 1 << 30, 1 << 30), {"BP": 64, "BPF": 16, "VN": 32, "BCPASS": 0, "num_warps": 4, "num_stages": 1,
                              "maxnreg": 168}),
 ]
-# Grids under 60 (row, head) pairs per SM (batch 61 and under at H = 128 on an H200; never on the CPU) keep B·C in
-# the verify's programs: the launch before them lengthened batch 1's speculative step at T = 4 from 9.1 to 14.7 µs
-# per model step and batch 16's from 11.92 to 12.34 µs per token, where batch 64 gained (NOTES run 57; between 16
-# and 64 unmeasured: `tune_h200.sh DIR mamba2-verify-bc-3`).
+# Grids under 12 (row, head) pairs per SM (batch 12 and under at H = 128 on an H200; never on the CPU) keep B·C in
+# the verify's programs: there the launch before them is the step's serial start (batch 1 at T = 4: 9.12 µs per
+# model step without it, 12.24 with it; the sweep at batch 4 and 8 slower with it by 4.6% and 1.6%, at 16 faster by
+# 1.3%, at 24 by 11%; NOTES run 58).
 VERIFY_FEW_ROWS_LAUNCH = [(key, dict(row, BCPASS=0, maxnreg=168)) for key, row in VERIFY_LAUNCH]
-BCPASS_MIN_PAIRS_PER_SM = 60
+BCPASS_MIN_PAIRS_PER_SM = 12
 VERIFY_KEYS = ("BP", "BPF", "VN", "BCPASS", "num_warps", "num_stages", "maxnreg")
 ACCEPT_LAUNCH = {"num_warps": 1, "num_stages": 1}
 BC_LAUNCH = {"num_warps": 2, "num_stages": 1}
