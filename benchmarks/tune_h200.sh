@@ -3,7 +3,7 @@
 # writes its table (.txt) and results (.json) under DIR (default runs/tune), and DIR.tar.gz holds them all for
 # machines that return one file; a sweep past its time limit leaves the ones before it.
 # Usage: benchmarks/tune_h200.sh [DIR] [SECTION ...]
-# Sections: tests, kernel-tests, mamba2-verify-bpf, mamba2-verify-launches, mamba2-verify-fold, mamba2-verify-bc-3, mamba2-verify-bc-2, mamba2-verify-bc, mamba2-verify-stream, mamba2-verify-stream-2, tail-lead, tail-3, tail-medium, tail-2, tail, gdn-bf16-tf32, prefetch-profile, prefetch, prefetch-2, loops, gdn-decode-chunks, gdn-decode-order, gdn-decode-order-2, mamba2-mma, stalls-bf16, mamba2-bf16-heads, mamba2-bf16-tf32, heads-sanitizer, mamba2-heads-flush-2, gdn-heads-fault, gdn-heads, mamba2-heads-flush, mamba2-heads, mamba2-heads-2, mamba2-heads-3, mamba2-heads-4, verify-tests, gdn-verify-mma, gdn-verify-3, gdn-verify-rows, gdn-verify-warps, gdn-verify-warps-2, mamba2-verify-warps, gdn-split-3, gdn-split-4, two-phase-2, mamba2-split-phases, mamba2-two-phase, gdn-split-flush-vp, gdn-mma, split-launch-cost, split-launch-cost-2, gdn-flush-list, mamba2-flush-list, gdn-split-nonflush, gdn-split-flush-2, one-warp, fp8-one-warp, fp8-one-warp-2, copy-pieces, regs-2byte, stalls, stalls-2, next, small-grid, small-grid-2, small-grid-3, medium-grid, direct, order, vk, gdn-decode, gdn-replay, gdn-early, gdn-replay-256, gdn-fp32-2, gdn-split, gdn-split-2,
+# Sections: tests, kernel-tests, mamba2-verify-fstages, mamba2-verify-bpf, mamba2-verify-launches, mamba2-verify-fold, mamba2-verify-bc-3, mamba2-verify-bc-2, mamba2-verify-bc, mamba2-verify-stream, mamba2-verify-stream-2, tail-lead, tail-3, tail-medium, tail-2, tail, gdn-bf16-tf32, prefetch-profile, prefetch, prefetch-2, loops, gdn-decode-chunks, gdn-decode-order, gdn-decode-order-2, mamba2-mma, stalls-bf16, mamba2-bf16-heads, mamba2-bf16-tf32, heads-sanitizer, mamba2-heads-flush-2, gdn-heads-fault, gdn-heads, mamba2-heads-flush, mamba2-heads, mamba2-heads-2, mamba2-heads-3, mamba2-heads-4, verify-tests, gdn-verify-mma, gdn-verify-3, gdn-verify-rows, gdn-verify-warps, gdn-verify-warps-2, mamba2-verify-warps, gdn-split-3, gdn-split-4, two-phase-2, mamba2-split-phases, mamba2-two-phase, gdn-split-flush-vp, gdn-mma, split-launch-cost, split-launch-cost-2, gdn-flush-list, mamba2-flush-list, gdn-split-nonflush, gdn-split-flush-2, one-warp, fp8-one-warp, fp8-one-warp-2, copy-pieces, regs-2byte, stalls, stalls-2, next, small-grid, small-grid-2, small-grid-3, medium-grid, direct, order, vk, gdn-decode, gdn-replay, gdn-early, gdn-replay-256, gdn-fp32-2, gdn-split, gdn-split-2,
 # gdn-bf16, gdn-bf16-2, gdn-verify, fla, mamba2-split, mamba2-split2, mamba2-vn, mamba2-bf16, mamba2-bf16-2,
 # mamba2-verify (default: tests gdn-decode gdn-replay gdn-verify mamba2-split mamba2-bf16 mamba2-verify).
 set -uo pipefail
@@ -663,6 +663,23 @@ for section in $SECTIONS; do
     kernel-tests)
         # Mamba-2's replay and verify tests alone, those at the large grids the shipped rows serve among them.
         gpu_tests kernel-tests 300 tests/test_mamba2_replay.py tests/test_mamba2_verify.py
+        ;;
+    mamba2-verify-fstages)
+        # The fold's chunk loop pipelined (FSTAGES 2 and 3: each chunk's checkpoint rows and buffered x loaded while
+        # the one before is folded): the verify tests, each launch alone, the sweep, then the speculative rows under
+        # the reference loop with and without it.
+        gpu_tests verify-fstages-tests 150 tests/test_mamba2_verify.py
+        start=$SECONDS
+        timeout 120 python benchmarks/verify_phases.py --batch 64 --batch 256 --launch "" --launch FSTAGES=2 \
+            --launch FSTAGES=3 --out "$DIR/verify-phases-fstages.json" >"$DIR/verify-phases-fstages.txt" 2>&1
+        echo "verify-phases-fstages: exit $?, $((SECONDS - start)) s" >&2
+        sweep mamba2-verify-fstages 120 sweep_mamba2.py --kernel verify --batch 64 --batch 256 \
+            --launch verify:FSTAGES=1 --launch verify:FSTAGES=2 --launch verify:FSTAGES=3
+        for v in 1 2 1 2; do
+            rows "verify-fstages-$v" verify-fstages 90 --set "mamba2.verify:VERIFY_LAUNCH:0:FSTAGES=$v" -- \
+                -p nemotron-3-super-120b-a12b --batch 64,256 --state-dtype fp32 --draft 4 --accept-rate 0.9 \
+                --repeats 9 --no-phases
+        done
         ;;
     mamba2-verify-bpf)
         # The fold (a row at f >= W) takes a verify at 256 from about 400 to 1000 µs when every row folds (run 58):
