@@ -665,9 +665,10 @@ for section in $SECTIONS; do
         gpu_tests kernel-tests 300 tests/test_mamba2_replay.py tests/test_mamba2_verify.py
         ;;
     mamba2-verify-fstages)
-        # The fold's chunk loop pipelined (FSTAGES 2 and 3: each chunk's checkpoint rows and buffered x loaded while
-        # the one before is folded): the verify tests, each launch alone, the sweep, then the speculative rows under
-        # the reference loop with and without it.
+        # (Runs at 2a1a84b: the FSTAGES key was withdrawn after it, NOTES run 58; its rows under the reference loop
+        # were refused there, the row lacking the key.) The fold's chunk loop pipelined (FSTAGES 2 and 3: each
+        # chunk's checkpoint rows and buffered x loaded while the one before is folded): the verify tests, each
+        # launch alone, the sweep, then the speculative rows under the reference loop with and without it.
         gpu_tests verify-fstages-tests 150 tests/test_mamba2_verify.py
         start=$SECONDS
         timeout 120 python benchmarks/verify_phases.py --batch 64 --batch 256 --launch "" --launch FSTAGES=2 \
@@ -682,7 +683,8 @@ for section in $SECTIONS; do
         done
         ;;
     mamba2-verify-bpf)
-        # The fold (a row at f >= W) takes a verify at 256 from about 400 to 1000 µs when every row folds (run 58):
+        # (Runs at 0ba6080, NOTES run 58.) The fold (a row at f >= W) takes a verify at 256 from about 400 to 1000 µs
+        # when every row folds:
         # its chunks of BPF rows, 16 in the row, at 32 and 64, each launch alone at one fill, then in the sweep.
         start=$SECONDS
         timeout 120 python benchmarks/verify_phases.py --batch 64 --batch 256 --launch "" --launch BPF=32 \

@@ -95,15 +95,15 @@ def test_verify_folds_a_full_buffer_first(device, assert_close):
 # (launch, read copy): P split over several programs per head; the entries' B·C summed per group first (BCPASS, as
 # the fp32 row does) or in each program
 LAUNCHES = [({"BP": 16, "BPF": 16, "VN": 16}, None), ({"BP": 32, "BPF": 32, "VN": 32, "num_warps": 2}, None),
-            ({"BCPASS": 0}, None), ({"BP": 16, "VN": 16, "BCPASS": 1, "FSTAGES": 2}, "fp8")]
+            ({"BCPASS": 0}, None), ({"BP": 16, "VN": 16, "BCPASS": 1}, "fp8")]
 
 
 @pytest.mark.parametrize("launch,read", LAUNCHES, ids=[
     "B4-H4-P40-N40-G2-W5-T3-BP16-BPF16-VN16-fp32-bf16", "B4-H4-P40-N40-G2-W5-T3-BP32-BPF32-VN32-fp32-bf16",
-    "B4-H4-P40-N40-G2-W5-T3-BCPASS0-fp32-bf16", "B4-H4-P40-N40-G2-W5-T3-BP16-VN16-BCPASS-FSTAGES2-fp32-fp8-bf16"])
+    "B4-H4-P40-N40-G2-W5-T3-BCPASS0-fp32-bf16", "B4-H4-P40-N40-G2-W5-T3-BP16-VN16-BCPASS-fp32-fp8-bf16"])
 def test_verify_launch_settings_match_reference(device, assert_close, launch, read):
-    """Launch overrides, with P split over several programs per head, B·C summed per group first or the fold's
-    chunks pipelined, through rounds that fold: the outputs, fills and committed states equal the reference's."""
+    """Launch overrides, with P split over several programs per head or B·C summed per group first, through rounds
+    that fold: the outputs, fills and committed states equal the reference's."""
     rows = torch.tensor([4, -1, 1, 0], dtype=torch.int32, device=device)
     verify_rounds(5, rows, 4, 40, 40, 2, 5, 3, read, device, assert_close, launch=launch)
 

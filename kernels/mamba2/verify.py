@@ -74,7 +74,7 @@ def mamba2_verify_kernel(
     stride_y_b, stride_y_t, stride_y_h,
     HPG: tl.constexpr, T: tl.constexpr, MAXT: tl.constexpr, W: tl.constexpr, CAP: tl.constexpr,
     BP: tl.constexpr, BPF: tl.constexpr, BN: tl.constexpr, BJ: tl.constexpr, BT: tl.constexpr, BTD: tl.constexpr,
-    VN: tl.constexpr, VEC: tl.constexpr, NPB: tl.constexpr, BCPASS: tl.constexpr, FSTAGES: tl.constexpr,
+    VN: tl.constexpr, VEC: tl.constexpr, NPB: tl.constexpr, BCPASS: tl.constexpr,
     HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_DT_BIAS: tl.constexpr, USE_SOFTPLUS: tl.constexpr,
     HAS_SLOTS: tl.constexpr, USE_COPY: tl.constexpr, IS_FP8: tl.constexpr, IS_HALF_IO: tl.constexpr,
 ):
@@ -189,7 +189,7 @@ def mamba2_verify_kernel(
             b_bf = tl.load(p_bj[:, None] + o_n[None, :], mask=m_jc[:, None] & m_n[None, :], other=0.0).to(tl.float32)
         else:
             b_bf = tl.reshape(b_bj, (BJ, BN))
-        for i_c in tl.range(0, BP, BPF, num_stages=FSTAGES):
+        for i_c in range(0, BP, BPF):
             o_c = i_p * BP + i_c + tl.arange(0, BPF)
             m_c = o_c < P
             m_sc = m_c[:, None] & m_n[None, :]
@@ -276,7 +276,7 @@ VERIFY_LAUNCH = [
 # 1.3%, at 24 by 11%; NOTES run 58).
 VERIFY_FEW_ROWS_LAUNCH = [(key, dict(row, BCPASS=0, maxnreg=168)) for key, row in VERIFY_LAUNCH]
 BCPASS_MIN_PAIRS_PER_SM = 12
-VERIFY_KEYS = ("BP", "BPF", "VN", "BCPASS", "FSTAGES", "num_warps", "num_stages", "maxnreg")
+VERIFY_KEYS = ("BP", "BPF", "VN", "BCPASS", "num_warps", "num_stages", "maxnreg")
 ACCEPT_LAUNCH = {"num_warps": 1, "num_stages": 1}
 BC_LAUNCH = {"num_warps": 2, "num_stages": 1}
 
@@ -297,8 +297,7 @@ def verify(cache: ReplayCache, x, dt, A, B, C, *, D=None, z=None, dt_bias=None, 
         slots, check: as in `replay`. out: optional (batch, T, H, P).
         launch: overrides of the fixed launch settings: BP (rows of P per program), BPF (rows per fold chunk),
             VN (lanes of a row in the reductions over N, 16 or 32), BCPASS (1: the entries' B·C summed once per
-            group in a launch of its own), FSTAGES (the fold's chunk loop pipelined over that many stages),
-            num_warps, num_stages, maxnreg.
+            group in a launch of its own), num_warps, num_stages, maxnreg.
 
     Returns:
         y (batch, T, H, P) in x's dtype (or `out`).
@@ -323,7 +322,6 @@ def verify(cache: ReplayCache, x, dt, A, B, C, *, D=None, z=None, dt_bias=None, 
     y = torch.empty_like(x) if out is None else out
     BJ, BT = max(16, args.block(cache.capacity + T)), args.block(T)
     bcpass = bool(settings.pop("BCPASS"))
-    fstages = settings.pop("FSTAGES", 1)
     bc = None
     if bcpass:
         bc = torch.empty(batch, G, BJ, BT, dtype=torch.float32, device=cache.device)
@@ -352,7 +350,7 @@ def verify(cache: ReplayCache, x, dt, A, B, C, *, D=None, z=None, dt_bias=None, 
         stride_y_b=y.stride(0), stride_y_t=y.stride(1), stride_y_h=y.stride(2),
         HPG=H // G, T=T, MAXT=cache.b_draft.shape[2], W=cache.window, CAP=cache.capacity,
         BP=BP, BPF=BPF, BN=BN, BJ=BJ, BT=BT, BTD=16,
-        VN=VN, VEC=min(VN, 4), NPB=NPB, BCPASS=bcpass, FSTAGES=fstages,
+        VN=VN, VEC=min(VN, 4), NPB=NPB, BCPASS=bcpass,
         HAS_D=D is not None, HAS_Z=z is not None, HAS_DT_BIAS=dt_bias is not None, USE_SOFTPLUS=bool(dt_softplus),
         HAS_SLOTS=slots is not None, USE_COPY=rc is not None, IS_FP8=cache.read_scale is not None,
         IS_HALF_IO=cache.x_buf.element_size() == 2,
