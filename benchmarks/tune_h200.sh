@@ -684,8 +684,8 @@ for section in $SECTIONS; do
         ;;
     mamba2-verify-bpf)
         # (Runs at 0ba6080, NOTES run 58.) The fold (a row at f >= W) takes a verify at 256 from about 400 to 1000 µs
-        # when every row folds:
-        # its chunks of BPF rows, 16 in the row, at 32 and 64, each launch alone at one fill, then in the sweep.
+        # when every row folds: its chunks of BPF rows, 16 in the row, at 32 and 64, each launch alone at one fill,
+        # then in the sweep.
         start=$SECONDS
         timeout 120 python benchmarks/verify_phases.py --batch 64 --batch 256 --launch "" --launch BPF=32 \
             --launch BPF=64 --out "$DIR/verify-phases-bpf.json" >"$DIR/verify-phases-bpf.txt" 2>&1
