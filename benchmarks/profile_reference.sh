@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The reference profiles shipped under profiles/reference/, as measured on an H200: one `replayssm profile` per part.
-# --require-gpu so that a machine without a GPU fails instead of predicting. Rows are written as they finish;
-# a part cut short by a time limit leaves a loadable file marked incomplete.
+# The reference profiles shipped under profiles/reference/, one `replayssm profile` per part, named after the GPU they
+# ran on (its spec key, h200-*.json on an H200, else its name), so that `roofline` and `tune` take them as that GPU's
+# reference. --require-gpu so that a machine without a GPU fails instead of predicting. Rows are written as they
+# finish; a part cut short by a time limit leaves a loadable file marked incomplete.
 # Usage: benchmarks/profile_reference.sh [PART ...]   parts: ceilings mamba2 gdn bf16 spec small mamba2-bf16
 # spec-small (default: all but the last three, in order). small re-measures batches 1 and 16 alone (both presets, fp32
 # with split precision, and bf16 state), mamba2-bf16 the Mamba-2 layer's bf16 state alone and spec-small its
@@ -14,27 +15,31 @@ Q=qwen3.5-122b-a10b
 B=1,16,64,128,256,512
 R=9
 OUT=profiles/reference
+# this GPU's spec key (h200), else its name in lower case with dashes
+GPU=$(replayssm gpu --json | python3 -c 'import json, re, sys
+d = json.load(sys.stdin)
+print(d["spec"]["key"] if d["spec"] else re.sub("[^a-z0-9]+", "-", d["gpu"]["name"].lower()).strip("-"))')
 
 for part in ${*:-ceilings mamba2 gdn bf16 spec}; do
     start=$SECONDS
     case $part in
     ceilings) replayssm gpu --measure ;;
     mamba2) replayssm profile --require-gpu -p "$M" --batch "$B" --state-dtype fp32 --read-dtype bf16,fp8 --repeats "$R" \
-                --out "$OUT/h200-mamba2-fp32-split.json" ;;
+                --out "$OUT/$GPU-mamba2-fp32-split.json" ;;
     gdn) replayssm profile --require-gpu -p "$Q" --batch "$B" --state-dtype fp32 --read-dtype bf16,fp8 --repeats "$R" \
-             --out "$OUT/h200-gdn-fp32-split.json" ;;
+             --out "$OUT/$GPU-gdn-fp32-split.json" ;;
     mamba2-bf16) replayssm profile --require-gpu -p "$M" --batch "$B" --state-dtype bf16 --repeats "$R" --no-phases \
-                     --out "$OUT/h200-mamba2-bf16.json" ;;
+                     --out "$OUT/$GPU-mamba2-bf16.json" ;;
     bf16) replayssm profile --require-gpu -p "$M" -p "$Q" --batch "$B" --state-dtype bf16 --repeats "$R" --no-phases \
-              --out "$OUT/h200-bf16.json" ;;
+              --out "$OUT/$GPU-bf16.json" ;;
     small) replayssm profile --require-gpu -p "$M" -p "$Q" --batch 1,16 --state-dtype fp32 --read-dtype bf16,fp8 \
-               --repeats "$R" --out "$OUT/h200-small-grid.json"
+               --repeats "$R" --out "$OUT/$GPU-small-grid.json"
            replayssm profile --require-gpu -p "$M" -p "$Q" --batch 1,16 --state-dtype bf16 --repeats "$R" --no-phases \
-               --out "$OUT/h200-small-grid-bf16.json" ;;
+               --out "$OUT/$GPU-small-grid-bf16.json" ;;
     spec-small) replayssm profile --require-gpu -p "$M" --batch 1 --state-dtype fp32 --draft 2,4 --accept-rate 0.9 \
-                    --no-phases --repeats "$R" --out "$OUT/h200-spec-small.json" ;;
+                    --no-phases --repeats "$R" --out "$OUT/$GPU-spec-small.json" ;;
     spec) replayssm profile --require-gpu -p "$M" -p "$Q" --batch "$B" --state-dtype fp32 --draft 2,4 --accept-rate 0.9 \
-              --no-phases --repeats "$R" --out "$OUT/h200-spec.json" ;;
+              --no-phases --repeats "$R" --out "$OUT/$GPU-spec.json" ;;
     *) echo "profile_reference: unknown part $part (parts: ceilings mamba2 gdn bf16 spec small mamba2-bf16 spec-small)" >&2
        exit 2 ;;
     esac
