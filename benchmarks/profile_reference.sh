@@ -19,6 +19,7 @@ OUT=profiles/reference
 GPU=$(replayssm gpu --json | python3 -c 'import json, re, sys
 d = json.load(sys.stdin)
 print(d["spec"]["key"] if d["spec"] else re.sub("[^a-z0-9]+", "-", d["gpu"]["name"].lower()).strip("-"))')
+echo "profile_reference: files $OUT/$GPU-*.json" >&2
 
 for part in ${*:-ceilings mamba2 gdn bf16 spec}; do
     start=$SECONDS
