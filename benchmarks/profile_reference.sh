@@ -15,10 +15,11 @@ Q=qwen3.5-122b-a10b
 B=1,16,64,128,256,512
 R=9
 OUT=profiles/reference
-# this GPU's spec key (h200), else its name in lower case with dashes
-GPU=$(replayssm gpu --json | python3 -c 'import json, re, sys
-d = json.load(sys.stdin)
-print(d["spec"]["key"] if d["spec"] else re.sub("[^a-z0-9]+", "-", d["gpu"]["name"].lower()).strip("-"))')
+# this GPU's spec key (h200), else its name in lower case with dashes; without a GPU `replayssm gpu` says so
+INFO=$(replayssm gpu --json) || exit 2
+GPU=$(python3 -c 'import json, re, sys
+d = json.loads(sys.argv[1])
+print(d["spec"]["key"] if d["spec"] else re.sub("[^a-z0-9]+", "-", d["gpu"]["name"].lower()).strip("-"))' "$INFO")
 echo "profile_reference: files $OUT/$GPU-*.json" >&2
 
 for part in ${*:-ceilings mamba2 gdn bf16 spec}; do
