@@ -72,7 +72,8 @@ def compile_kernels(op: str, launches: dict[str, dict], arch: int,
         compiled.append((case, self.fn.__name__, kernel))
         return kernel
 
-    # The decode's and the replay's state (checkpoint) dtype; split precision and verify keep fp32 checkpoints.
+    # The decode's, the replay's and Mamba-2's verify's state (checkpoint) dtype; split precision and GDN's verify keep
+    # fp32 checkpoints.
     state = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[state_dtype]
     driver.set_active(_CompileOnly(arch))
     JITFunction.run = run
@@ -94,7 +95,8 @@ def compile_kernels(op: str, launches: dict[str, dict], arch: int,
                                              torch.float32, read_dtype=read, io_dtype="bf16", device="cpu")
                 m.replay(cache, **inp, dt_softplus=True, slots=slots, launch=launches.get(case), check=False)
             case = "verify"
-            cache = m.ReplayCache.create(4, H, P, N, G, 16, io_dtype="bf16", max_draft=4, device="cpu")
+            cache = m.ReplayCache.create(4, H, P, N, G, 16, state_dtype=state, io_dtype="bf16", max_draft=4,
+                                         device="cpu")
             m.verify(cache, **m.random_inputs(4, H, P, N, G, T=4, io_dtype=torch.bfloat16), dt_softplus=True,
                      slots=slots, launch=launches.get(case), check=False)
         else:
@@ -154,7 +156,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--op", choices=("mamba2", "gdn", "both"), default="both")
     parser.add_argument("--arch", type=int, default=90, help="compute capability as an integer (default 90)")
     parser.add_argument("--state-dtype", choices=STATE_DTYPES, default="fp32",
-                        help="the decode's and the replay's state dtype (split precision and verify keep fp32)")
+                        help="the decode's, the replay's and Mamba-2's verify's state dtype (split precision and GDN's "
+                             "verify keep fp32)")
     parser.add_argument("--launch", action="append", default=[],
                         help="CASE:key=value,... with CASE decode, replay, split-bf16 or verify (repeat)")
     args = parser.parse_args(argv)

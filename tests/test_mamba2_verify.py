@@ -108,12 +108,12 @@ def test_verify_launch_settings_match_reference(device, assert_close, launch, re
     verify_rounds(5, rows, 4, 40, 40, 2, 5, 3, read, device, assert_close, launch=launch)
 
 
-def verify_rounds(nslots, rows, H, P, N, G, W, T, read, device, assert_close, launch=None, rounds=5):
+def verify_rounds(nslots, rows, H, P, N, G, W, T, read, device, assert_close, launch=None, rounds=5, state="fp32"):
     """Rounds of verify + accept over `rows` (slots, -1 for padding), accepting every draft on even rounds (the
     fills pass W within 2W / T rounds, so that rows fold): outputs pre-filled with NaN, fills, arrival counters
     and committed states as the reference's."""
-    cache = mamba2.ReplayCache.create(nslots, H, P, N, G, W, read_dtype=read, io_dtype="bf16", max_draft=T,
-                                      device=device)
+    cache = mamba2.ReplayCache.create(nslots, H, P, N, G, W, state_dtype=state, read_dtype=read, io_dtype="bf16",
+                                      max_draft=T, device=device)
     cache.load(torch.randn(nslots, H, P, N, device=device))
     want = cache.clone()
     batch = rows.shape[0]
@@ -123,7 +123,7 @@ def verify_rounds(nslots, rows, H, P, N, G, W, T, read, device, assert_close, la
         y = mamba2.verify(cache, **inp, dt_softplus=True, slots=rows, out=out, launch=launch)
         y_ref = mamba2.verify_ref(want, **inp, dt_softplus=True, slots=rows)
         assert y[rows < 0].isnan().all()
-        assert_close(y, y_ref, torch.bfloat16, *([DT[read]] if read else []),
+        assert_close(y, y_ref, torch.bfloat16, DT[state], *([DT[read]] if read else []),
                      what=f"verify vs verify_ref, round {round_}")
         n = torch.randint(0, T + 1, (batch,), dtype=torch.int32, device=device)
         if round_ % 2 == 0:
@@ -132,20 +132,21 @@ def verify_rounds(nslots, rows, H, P, N, G, W, T, read, device, assert_close, la
         mamba2.accept_ref(want, n, rows)
         assert torch.equal(cache.fill, want.fill)
         assert torch.equal(cache.arrive, torch.zeros_like(cache.arrive)), "arrival counters must be reset"
-        assert_close(mamba2.materialize(cache), mamba2.materialize_ref(want), torch.float32,
+        assert_close(mamba2.materialize(cache), mamba2.materialize_ref(want), DT[state],
                      what=f"committed state, round {round_}")
 
 
 @pytest.mark.gpu
-def test_verify_on_a_grid_that_takes_the_bc_pass(assert_close):
+@pytest.mark.parametrize("state", ["fp32", "bf16"])
+def test_verify_on_a_grid_that_takes_the_bc_pass(assert_close, state):
     """A batch that takes the B·C pass (12 (row, head) pairs per SM and up), padding rows among its rows, through
-    rounds that fold: outputs, fills and committed states as the reference's."""
+    rounds that fold, with an fp32 or a 2-byte checkpoint: outputs, fills and committed states as the reference's."""
     device = torch.device("cuda")
     H, P, N, G, W, T = 128, 64, 128, 8, 16, 4
     batch = BCPASS_MIN_PAIRS_PER_SM * margs.sm_count(device) // H + 4
     r = torch.arange(batch, device=device)
     rows = torch.where(r % 7 != 3, torch.randperm(batch + 2, device=device)[:batch], -1).to(torch.int32)
-    verify_rounds(batch + 2, rows, H, P, N, G, W, T, None, device, assert_close, rounds=10)
+    verify_rounds(batch + 2, rows, H, P, N, G, W, T, None, device, assert_close, rounds=10, state=state)
 
 
 @pytest.mark.parametrize("T", [2, 4], ids=["B3-H4-P12-N10-G2-T2-fp32-bf16", "B3-H4-P12-N10-G2-T4-fp32-bf16"])
