@@ -52,17 +52,22 @@ def assert_caches_close(got, want, assert_close):
             assert_close(getattr(got, name), getattr(want, name), *dtypes, what=name)
 
 
+# (state, read copy, io, W, T, GPASS: the key products from a launch of their own)
 VERIFY_CASES = [
-    ("fp32", None, "bf16", 4, 3),
-    ("bf16", None, "fp32", 3, 2),
-    ("fp32", "bf16", "bf16", 4, 3),
-    ("fp32", "fp8", "fp16", 3, 4),
+    ("fp32", None, "bf16", 4, 3, 0),
+    ("bf16", None, "fp32", 3, 2, 0),
+    ("fp32", "bf16", "bf16", 4, 3, 0),
+    ("fp32", "fp8", "fp16", 3, 4, 0),
+    ("fp32", None, "bf16", 4, 3, 1),
+    ("bf16", None, "fp32", 3, 2, 1),
+    ("fp32", "fp8", "fp16", 3, 4, 1),
 ]
 
 
-@pytest.mark.parametrize("state,read,io,W,T", VERIFY_CASES,
-                         ids=[f"B3-H2-HV6-K24-V20-W{w}-T{t}-{s}-{r or 'full'}-{i}" for s, r, i, w, t in VERIFY_CASES])
-def test_verify_accept_matches_reference(device, assert_close, state, read, io, W, T):
+@pytest.mark.parametrize("state,read,io,W,T,gpass", VERIFY_CASES,
+                         ids=[f"B3-H2-HV6-K24-V20-W{w}-T{t}-{s}-{r or 'full'}-{i}{'-GPASS' if p else ''}"
+                              for s, r, i, w, t, p in VERIFY_CASES])
+def test_verify_accept_matches_reference(device, assert_close, state, read, io, W, T, gpass):
     """Cycles of verify + accept with random acceptance, fills past W (flush-first verifies) and a replay step
     among them, unwritten entries NaN: outputs every call, then every cache tensor."""
     B, H, HV, K, V = 3, 2, 6, 24, 20
@@ -81,7 +86,8 @@ def test_verify_accept_matches_reference(device, assert_close, state, read, io, 
         else:
             inp = gdn.random_inputs(B, H, HV, K, V, T=T, io_dtype=DT[io], device=device)
             out = torch.full((B, T, HV, V), NAN, dtype=DT[io], device=device)
-            y = gdn.verify(got, **inp, use_qk_l2norm_in_kernel=True, slots=slots, out=out)
+            y = gdn.verify(got, **inp, use_qk_l2norm_in_kernel=True, slots=slots, out=out,
+                           launch={"GPASS": gpass})
             y_ref = gdn.verify_ref(want, **inp, use_qk_l2norm_in_kernel=True, slots=slots)
             n = torch.randint(0, T + 1, (B,), generator=gen, dtype=torch.int32).to(device)
             n[0] = T if step % 2 else n[0]

@@ -22,6 +22,7 @@ from replayssm_kernels.mamba2.args import (  # noqa: F401
 )
 from replayssm_kernels.mamba2.common import (  # noqa: F401
     advance_heads,
+    dot_fp32,
     flat_program_ids,
     list_done,
     list_flush,

@@ -19,6 +19,7 @@ from replayssm_kernels.gdn.common import (
     check_step,
     compile_options,
     default_scale,
+    dot_fp32,
     flat_program_ids,
     flush_grid,
     flush_precision,
@@ -75,16 +76,22 @@ LAUNCH = {
     # shuffles, so the work per chunk grows with the warps sharing it: 2-warp programs of 16-row chunks took batch 256
     # from 1467 to 1101 µs and batch 16 from 110 to 92 (NOTES runs 41-45); 4-warp, 32-row chunks stay on grids under
     # two programs per SM ("verify-small": 21.9 against 24.4 µs at batch 1).
-    "verify": {"BV": 16, "BVF": 16, "VK": 32, "STAGES": 3,
+    # GPASS=1 takes the key products a key head's value heads share (the drafts' and the committed entries' keys
+    # with each draft's key and query, the drafts' norms) from one tensor-core product per (row, key head) in a
+    # launch before the verify's (`_verify_gram_kernel`) instead of in each value head's prologue; untimed, off.
+    "verify": {"BV": 16, "BVF": 16, "VK": 32, "STAGES": 3, "GPASS": 0,
                "num_warps": 2, "num_stages": 1, "maxnreg": 168},
-    "verify-small": {"BV": 32, "BVF": 16, "VK": 32, "STAGES": 2,
+    "verify-small": {"BV": 32, "BVF": 16, "VK": 32, "STAGES": 2, "GPASS": 0,
                      "num_warps": 4, "num_stages": 1, "maxnreg": 128},
-    "verify-split": {"BV": 32, "BVF": 16, "VK": 32, "STAGES": 2,
+    "verify-split": {"BV": 32, "BVF": 16, "VK": 32, "STAGES": 2, "GPASS": 0,
                      "num_warps": 4, "num_stages": 1, "maxnreg": None},
-    "verify-fp8": {"BV": 32, "BVF": 16, "VK": 32, "STAGES": 2,
+    "verify-fp8": {"BV": 32, "BVF": 16, "VK": 32, "STAGES": 2, "GPASS": 0,
                    "num_warps": 4, "num_stages": 1, "maxnreg": None},
     "accept": {"num_warps": 1},
 }
+
+
+GRAM_WARPS = 2
 
 
 def launch_name(kernel: str, cache: ReplayCache, batch: int | None = None) -> str:
@@ -652,8 +659,59 @@ def _store_draft_rows(buf_t, b_KK, b_Wck, b_rk, b_bd, i_s, i_hv, b_fe, o_t, o_w,
 
 
 @triton.jit
+def _draft_gates(g, beta, i_b, i_hv, o_t, m_t, m_upto, s_gb, s_gt, s_gh, s_bb, s_bt, s_bh):
+    """The drafts' log-decays and betas [BT], the log-decay after each since the committed state, and its exp."""
+    b_gd = tl.load(g + i_b * s_gb + o_t * s_gt + i_hv * s_gh, mask=m_t, other=0.0).to(tl.float32)
+    b_bd = tl.load(beta + i_b * s_bb + o_t * s_bt + i_hv * s_bh, mask=m_t, other=0.0).to(tl.float32)
+    b_cum = tl.sum(tl.where(m_upto, b_gd[None, :], 0.0), 1)
+    return b_gd, b_bd, b_cum, tl.exp(b_cum)
+
+
+@triton.jit
+def _verify_gram_kernel(
+    buf_k, fill, q, k, slots, gram,
+    s_qb, s_qt, s_qh, s_qk,
+    s_kb, s_kt, s_kh, s_kk,
+    T: tl.constexpr, W: tl.constexpr, C: tl.constexpr, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr,
+    BK: tl.constexpr, BT: tl.constexpr, BWC: tl.constexpr, BE: tl.constexpr, BZ: tl.constexpr,
+    IS_HALF_IO: tl.constexpr,
+):
+    """The key products a verify's value heads share, once per (row, key head): [BE, BZ] fp32 into gram, row e
+    a key or query (the committed entries' keys e < BWC, then the drafts' keys as given, then their queries), column
+    z a draft's key (z < BT) or query (BT <= z < 2 BT), as given. One [BE, K] x [K, BZ] product; the drafts' 16-bit
+    keys and queries are exact in TF32. A key head's value heads share its fill: its first one's."""
+    i_b, i_h = tl.program_id(0), tl.program_id(1)
+    i_s = tl.load(slots + i_b).to(tl.int64)
+    if i_s < 0:
+        return
+    b_f = tl.load(fill + i_s * HV + i_h * (HV // H))
+    o_e, o_k, o_z = tl.arange(0, BE), tl.arange(0, BK), tl.arange(0, BZ)
+    m_k = o_k < K
+    # the entries still committed on top of the tile a verify reads (none once W are buffered: those fold first)
+    m_wc = (o_e < BWC) & (o_e < b_f) & (b_f < W)
+    m_kd = (o_e >= BWC) & (o_e < BWC + T)
+    m_qd = (o_e >= BWC + BT) & (o_e < BWC + BT + T)
+    p_kb = k + i_b * s_kb + i_h * s_kh + o_k[None, :] * s_kk
+    p_qb = q + i_b * s_qb + i_h * s_qh + o_k[None, :] * s_qk
+    b_e = tl.load(buf_k + ((i_s * C + o_e[:, None]) * H + i_h) * K + o_k[None, :], mask=m_wc[:, None] & m_k[None, :],
+                  other=0.0)
+    b_e += tl.load(p_kb + (o_e - BWC)[:, None] * s_kt, mask=m_kd[:, None] & m_k[None, :], other=0.0).to(tl.float32)
+    b_e += tl.load(p_qb + (o_e - BWC - BT)[:, None] * s_qt, mask=m_qd[:, None] & m_k[None, :],
+                   other=0.0).to(tl.float32)
+    # [BK, BZ] the drafts' keys, then their queries, as columns
+    m_zk = o_z < T
+    m_zq = (o_z >= BT) & (o_z < BT + T)
+    b_z = tl.load(k + i_b * s_kb + i_h * s_kh + o_z[None, :] * s_kt + o_k[:, None] * s_kk,
+                  mask=m_k[:, None] & m_zk[None, :], other=0.0).to(tl.float32)
+    b_z += tl.load(q + i_b * s_qb + i_h * s_qh + (o_z - BT)[None, :] * s_qt + o_k[:, None] * s_qk,
+                   mask=m_k[:, None] & m_zq[None, :], other=0.0).to(tl.float32)
+    b_g = dot_fp32(b_e, b_z, False, IS_HALF_IO)
+    tl.store(gram + (i_b * H + i_h) * BE * BZ + o_e[:, None] * BZ + o_z[None, :], b_g)
+
+
+@triton.jit
 def _verify_kernel(
-    ckpt, rcopy, rscale, buf_u, buf_k, buf_g, buf_b, buf_t, fill, arrivals,
+    ckpt, rcopy, rscale, buf_u, buf_k, buf_g, buf_b, buf_t, fill, arrivals, gram,
     q, k, v, g, beta, o, slots,
     s_qb, s_qt, s_qh, s_qk,
     s_kb, s_kt, s_kh, s_kk,
@@ -666,7 +724,7 @@ def _verify_kernel(
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, BVF: tl.constexpr, BT: tl.constexpr, BW: tl.constexpr, BWC: tl.constexpr,
     VK: tl.constexpr, STAGES: tl.constexpr, USE_QK_L2NORM: tl.constexpr, HAS_COPY: tl.constexpr,
-    IS_FP8: tl.constexpr,
+    IS_FP8: tl.constexpr, GPASS: tl.constexpr, BE: tl.constexpr, BZ: tl.constexpr,
 ):
     i_b, i_hv = tl.program_id(0), tl.program_id(1)
     i_s = tl.load(slots + i_b).to(tl.int64)
@@ -711,40 +769,53 @@ def _verify_kernel(
     m_wc = (o_wc < b_f) & (b_f < W)
     b_G0 = tl.where(b_flush, 0.0, b_Gl)
     b_Gwc = tl.load(buf_g + (i_s * C + o_wc) * HV + i_hv, mask=m_wc, other=0.0)
-    # [BWC, NC, VK] their keys
-    b_kw3 = tl.load(buf_k + ((i_s * C + o_wc[:, None, None]) * H + i_h) * K + o_k3[None, :, :],
-                    mask=m_wc[:, None, None] & m_k3[None, :, :], other=0.0)
-    # [BT, NC, VK] the drafts' keys as given
-    b_K3 = tl.load(k + i_b * s_kb + o_t[:, None, None] * s_kt + i_h * s_kh + o_k3[None, :, :] * s_kk,
-                   mask=m_t[:, None, None] & m_k3[None, :, :], other=0.0).to(tl.float32)
-    b_gd = tl.load(g + i_b * s_gb + o_t * s_gt + i_hv * s_gh, mask=m_t, other=0.0).to(tl.float32)
-    b_bd = tl.load(beta + i_b * s_bb + o_t * s_bt + i_hv * s_bh, mask=m_t, other=0.0).to(tl.float32)
-    # [BT] log-decay after each draft since the committed state
-    b_cum = tl.sum(tl.where(m_upto, b_gd[None, :], 0.0), 1)
-    b_ec = tl.exp(b_cum)
-    # The drafts' factors (l2-norm, scale) go on the products of q and k as given, not on q and k.
-    if USE_QK_L2NORM:
-        b_Q3 = tl.load(q + i_b * s_qb + o_t[:, None, None] * s_qt + i_h * s_qh + o_k3[None, :, :] * s_qk,
-                       mask=m_t[:, None, None] & m_k3[None, :, :], other=0.0).to(tl.float32)
-        b_rq = scale / tl.sqrt(tl.sum(tl.sum(b_Q3 * b_Q3, 2), 1) + 1e-6)
-        b_rk = 1.0 / tl.sqrt(tl.sum(tl.sum(b_K3 * b_K3, 2), 1) + 1e-6)
+    # [BT, BT] row i, column i': k_i'·k_i and k_i'·q_i; [BWC, BT] k_j·k_i and k_j·q_i of committed entry j; the
+    # drafts' q and k as given, their factors (l2-norm, scale) going on the products. b_gd and b_bd: the drafts'
+    # log-decays and betas, b_cum [BT] the log-decay after each since the committed state.
+    if GPASS:
+        b_gd, b_bd, b_cum, b_ec = _draft_gates(g, beta, i_b, i_hv, o_t, m_t, m_upto, s_gb, s_gt, s_gh, s_bb, s_bt,
+                                               s_bh)
+        # from the key head's products (`_verify_gram_kernel`): row e, column z of its [BE, BZ] matrix
+        p_gm = gram + (i_b * H + i_h) * BE * BZ
+        b_Wck = tl.load(p_gm + o_wc[:, None] * BZ + o_t[None, :], mask=m_wc[:, None], other=0.0)
+        b_Wcq = tl.load(p_gm + o_wc[:, None] * BZ + BT + o_t[None, :], mask=m_wc[:, None], other=0.0)
+        b_KK = tl.load(p_gm + (BWC + o_t[None, :]) * BZ + o_t[:, None])
+        b_QK = tl.load(p_gm + (BWC + o_t[None, :]) * BZ + BT + o_t[:, None])
+        if USE_QK_L2NORM:
+            b_rq = scale / tl.sqrt(tl.load(p_gm + (BWC + BT + o_t) * BZ + BT + o_t) + 1e-6)
+            b_rk = 1.0 / tl.sqrt(tl.load(p_gm + (BWC + o_t) * BZ + o_t) + 1e-6)
+        else:
+            b_rq = tl.full([BT], scale, tl.float32)
+            b_rk = tl.full([BT], 1.0, tl.float32)
     else:
-        b_rq = tl.full([BT], scale, tl.float32)
-        b_rk = tl.full([BT], 1.0, tl.float32)
-    # [BT, BT] row i, column i': k_i'·k_i and k_i'·q_i; [BWC, BT] k_j·k_i and k_j·q_i of committed entry j
-    b_KK = tl.zeros([BT, BT], dtype=tl.float32)
-    b_QK = tl.zeros([BT, BT], dtype=tl.float32)
-    b_Wck = tl.zeros([BWC, BT], dtype=tl.float32)
-    b_Wcq = tl.zeros([BWC, BT], dtype=tl.float32)
-    for i in tl.static_range(T):
-        b_k3 = tl.load(k + i_b * s_kb + i * s_kt + i_h * s_kh + o_k3 * s_kk, mask=m_k3, other=0.0).to(tl.float32)
-        b_q3 = tl.load(q + i_b * s_qb + i * s_qt + i_h * s_qh + o_k3 * s_qk, mask=m_k3, other=0.0).to(tl.float32)
-        b_kki, b_qki = _row_sums(b_K3, b_k3, b_q3, 1.0, 1.0)
-        b_KK = tl.where(o_t[:, None] == i, b_kki[None, :], b_KK)
-        b_QK = tl.where(o_t[:, None] == i, b_qki[None, :], b_QK)
-        b_wki, b_wqi = _row_sums(b_kw3, b_k3, b_q3, 1.0, 1.0)
-        b_Wck = tl.where(o_t[None, :] == i, b_wki[:, None], b_Wck)
-        b_Wcq = tl.where(o_t[None, :] == i, b_wqi[:, None], b_Wcq)
+        # [BWC, NC, VK] the committed entries' keys, [BT, NC, VK] the drafts' keys as given
+        b_kw3 = tl.load(buf_k + ((i_s * C + o_wc[:, None, None]) * H + i_h) * K + o_k3[None, :, :],
+                        mask=m_wc[:, None, None] & m_k3[None, :, :], other=0.0)
+        b_K3 = tl.load(k + i_b * s_kb + o_t[:, None, None] * s_kt + i_h * s_kh + o_k3[None, :, :] * s_kk,
+                       mask=m_t[:, None, None] & m_k3[None, :, :], other=0.0).to(tl.float32)
+        b_gd, b_bd, b_cum, b_ec = _draft_gates(g, beta, i_b, i_hv, o_t, m_t, m_upto, s_gb, s_gt, s_gh, s_bb, s_bt,
+                                               s_bh)
+        if USE_QK_L2NORM:
+            b_Q3 = tl.load(q + i_b * s_qb + o_t[:, None, None] * s_qt + i_h * s_qh + o_k3[None, :, :] * s_qk,
+                           mask=m_t[:, None, None] & m_k3[None, :, :], other=0.0).to(tl.float32)
+            b_rq = scale / tl.sqrt(tl.sum(tl.sum(b_Q3 * b_Q3, 2), 1) + 1e-6)
+            b_rk = 1.0 / tl.sqrt(tl.sum(tl.sum(b_K3 * b_K3, 2), 1) + 1e-6)
+        else:
+            b_rq = tl.full([BT], scale, tl.float32)
+            b_rk = tl.full([BT], 1.0, tl.float32)
+        b_KK = tl.zeros([BT, BT], dtype=tl.float32)
+        b_QK = tl.zeros([BT, BT], dtype=tl.float32)
+        b_Wck = tl.zeros([BWC, BT], dtype=tl.float32)
+        b_Wcq = tl.zeros([BWC, BT], dtype=tl.float32)
+        for i in tl.static_range(T):
+            b_k3 = tl.load(k + i_b * s_kb + i * s_kt + i_h * s_kh + o_k3 * s_kk, mask=m_k3, other=0.0).to(tl.float32)
+            b_q3 = tl.load(q + i_b * s_qb + i * s_qt + i_h * s_qh + o_k3 * s_qk, mask=m_k3, other=0.0).to(tl.float32)
+            b_kki, b_qki = _row_sums(b_K3, b_k3, b_q3, 1.0, 1.0)
+            b_KK = tl.where(o_t[:, None] == i, b_kki[None, :], b_KK)
+            b_QK = tl.where(o_t[:, None] == i, b_qki[None, :], b_QK)
+            b_wki, b_wqi = _row_sums(b_kw3, b_k3, b_q3, 1.0, 1.0)
+            b_Wck = tl.where(o_t[None, :] == i, b_wki[:, None], b_Wck)
+            b_Wcq = tl.where(o_t[None, :] == i, b_wqi[:, None], b_Wcq)
     if HAS_COPY:
         _store_draft_rows(buf_t, b_KK, b_Wck, b_rk, b_bd, i_s, i_hv, b_fe, o_t, o_w, o_wc, m_t, m_wc, T, C, HV)
     # [BT, BT] row i, column i': weight of draft i''s update in draft i's S k (i' < i) and S q (i' <= i)
@@ -962,9 +1033,23 @@ def _launch_replay(cache, q, k, v, g, beta, out, slots, scale, l2norm, settings,
 
 
 def _launch_verify(cache, q, k, v, g, beta, out, slots, scale, l2norm, settings):
-    T = q.shape[1]
-    _verify_kernel[(q.shape[0], cache.HV)](
-        **_cache_args(cache), arrivals=cache.arrivals,
+    batch, T = q.shape[0], q.shape[1]
+    BT, BWC = next_pow2(T), max(16, next_pow2(cache.window))
+    # the Gram pass's rows (committed keys, the drafts' keys, their queries) and columns (keys, queries)
+    BE, BZ = next_pow2(BWC + 2 * BT), max(16, 2 * BT)
+    gram = None
+    if settings["GPASS"]:
+        gram = torch.empty(batch, cache.H, BE, BZ, dtype=torch.float32, device=cache.device)
+        _verify_gram_kernel[(batch, cache.H)](
+            buf_k=cache.buf_k, fill=cache.fill, q=q, k=k, slots=slots, gram=gram,
+            s_qb=q.stride(0), s_qt=q.stride(1), s_qh=q.stride(2), s_qk=q.stride(3),
+            s_kb=k.stride(0), s_kt=k.stride(1), s_kh=k.stride(2), s_kk=k.stride(3),
+            T=T, W=cache.window, C=cache.capacity, H=cache.H, HV=cache.HV, K=cache.K, BK=max(16, next_pow2(cache.K)),
+            BT=BT, BWC=BWC, BE=BE, BZ=BZ, IS_HALF_IO=q.element_size() == 2 and k.element_size() == 2,
+            num_warps=GRAM_WARPS,
+        )
+    _verify_kernel[(batch, cache.HV)](
+        **_cache_args(cache), arrivals=cache.arrivals, gram=gram,
         q=q, k=k, v=v, g=g, beta=beta, o=out, slots=slots,
         s_qb=q.stride(0), s_qt=q.stride(1), s_qh=q.stride(2), s_qk=q.stride(3),
         s_kb=k.stride(0), s_kt=k.stride(1), s_kh=k.stride(2), s_kk=k.stride(3),
@@ -973,13 +1058,13 @@ def _launch_verify(cache, q, k, v, g, beta, out, slots, scale, l2norm, settings)
         s_bb=beta.stride(0), s_bt=beta.stride(1), s_bh=beta.stride(2),
         s_ob=out.stride(0), s_ot=out.stride(1), s_oh=out.stride(2), s_ov=out.stride(3),
         scale=scale,
-        T=T, BT=next_pow2(T), BWC=max(16, next_pow2(cache.window)),
+        T=T, BT=BT, BWC=BWC,
         **_cache_constants(cache),
         BV=max(16, min(settings["BV"], next_pow2(cache.V))),
         BVF=max(16, min(settings["BVF"], next_pow2(cache.V))),
         VK=min(settings["VK"], max(16, next_pow2(cache.K))),
         STAGES=settings["STAGES"],
-        USE_QK_L2NORM=l2norm,
+        USE_QK_L2NORM=l2norm, GPASS=bool(settings["GPASS"]), BE=BE, BZ=BZ,
         **compile_options(settings),
     )
 
@@ -1103,7 +1188,8 @@ def verify(
     after a flush) and fill is not advanced, so a later verify or step overwrites the rejected ones.
     Returns o (batch, T, HV, V) in v's dtype (written into `out` when given). `launch` overrides BV
     (rows of the tile per pipelined chunk), BVF (rows per chunk of a flush-first fold), VK, STAGES
-    (the chunks' pipeline depth), num_warps, num_stages, maxnreg; slots, check: as in `replay`.
+    (the chunks' pipeline depth), GPASS (1: the key products a key head's value heads share from a
+    launch of their own), num_warps, num_stages, maxnreg; slots, check: as in `replay`.
     """
     batch, T = _check_against_cache(cache, _verify_kernel, q, k, v, g, beta, tokens=True)
     if not 1 <= T <= cache.max_draft:

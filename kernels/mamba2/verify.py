@@ -8,24 +8,8 @@ import triton.language as tl
 
 from replayssm_kernels.mamba2 import args
 from replayssm_kernels.mamba2.cache import ReplayCache
-from replayssm_kernels.mamba2.common import finish_output, slot_of, step_delta, store_read_copy
+from replayssm_kernels.mamba2.common import dot_fp32, finish_output, slot_of, step_delta, store_read_copy
 from replayssm_kernels.mamba2.replay import check_cache
-
-
-@triton.jit
-def dot_fp32(a, b, IS_A_EXACT: tl.constexpr, IS_B_EXACT: tl.constexpr):
-    # a @ b to about fp32 accuracy on TF32 tensor cores; an operand exact in TF32 (16-bit data) needs no low part
-    if IS_A_EXACT and IS_B_EXACT:
-        b_ab = tl.dot(a, b, input_precision="tf32")
-    elif IS_A_EXACT:
-        b_hi = (b.to(tl.int32, bitcast=True) & -8192).to(tl.float32, bitcast=True)
-        b_ab = tl.dot(a, b - b_hi, tl.dot(a, b_hi, input_precision="tf32"), input_precision="tf32")
-    elif IS_B_EXACT:
-        a_hi = (a.to(tl.int32, bitcast=True) & -8192).to(tl.float32, bitcast=True)
-        b_ab = tl.dot(a - a_hi, b, tl.dot(a_hi, b, input_precision="tf32"), input_precision="tf32")
-    else:
-        b_ab = tl.dot(a, b, input_precision="tf32x3")
-    return b_ab
 
 
 @triton.jit
