@@ -254,6 +254,17 @@ def build_parser(prog: str, description: str, epilog: str, extra: tuple = ()) ->
     return parser
 
 
+def environment(props, l2_bytes: int) -> dict:
+    """What a results file records of the machine: the GPU (its UUID: H200s differ from one another by a few
+    percent, NOTES run 55, so runs compare on one GPU), torch and triton."""
+    import torch
+    import triton
+
+    uuid = getattr(props, "uuid", None)
+    return {"gpu": props.name, "uuid": f"GPU-{uuid}" if uuid is not None else None, "torch": torch.__version__,
+            "triton": triton.__version__, "l2_bytes": l2_bytes}
+
+
 def main(op, argv: list[str] | None, reuse_checks: bool) -> int:
     """Run a sweep script's command line.
 
@@ -326,14 +337,9 @@ def main(op, argv: list[str] | None, reuse_checks: bool) -> int:
     if stopped:
         print(f"{name}: stopped at {stopped}", file=sys.stderr)
     if args.out:
-        import triton
-
-        # The GPU's UUID: H200s differ from one another by a few percent (NOTES run 55), so runs compare on one GPU.
-        uuid = getattr(props, "uuid", None)
-        env = {"gpu": props.name, "uuid": f"GPU-{uuid}" if uuid is not None else None, "torch": torch.__version__,
-               "triton": triton.__version__, "l2_bytes": l2}
         payload = {"shape": op.SHAPE, "window": op.WINDOW, "draft": op.DRAFT, "accepted": op.ACCEPTED,
-                   "environment": env, "results": [asdict(r) for r in results], "stopped_at": stopped}
+                   "environment": environment(props, l2), "results": [asdict(r) for r in results],
+                   "stopped_at": stopped}
         with open(args.out, "w") as fh:
             json.dump(payload, fh, indent=2)
     return 1 if stopped else 0

@@ -2,7 +2,7 @@
 accept) timed alone by the profiler's device clock, with every row at one fill (a fill of W or more folds), at the
 Nemotron-3-Super layer shape, T = 4, an fp32 checkpoint.
 
-    python benchmarks/verify_phases.py --batch 64 --batch 256 [--launch FOLD=1,...] --out FILE.json
+    python benchmarks/verify_phases.py --batch 64 --batch 256 [--launch BPF=32,...] --out FILE.json
 """
 
 from __future__ import annotations
@@ -73,11 +73,20 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from replayssm_kernels import mamba2
+    from replayssm_kernels.mamba2.args import pick_launch
+    from replayssm_kernels.mamba2.verify import VERIFY_KEYS, VERIFY_LAUNCH
 
+    try:
+        launches = [common.parse_launch(f"verify:{text}")[1] for text in opts.launch] or [{}]
+        for launch in launches:
+            # the verify's own check of its launch keys and values, as its first call would make it
+            pick_launch(VERIFY_LAUNCH, 4, SHAPE["P"], SHAPE["N"], launch, VERIFY_KEYS)
+    except ValueError as exc:
+        print(f"verify_phases.py: {exc}", file=sys.stderr)
+        return 2
     if not torch.cuda.is_available():
         print("verify_phases.py needs a CUDA GPU", file=sys.stderr)
         return 2
-    launches = [common.parse_launch(f"verify:{text}")[1] for text in opts.launch] or [{}]
     H, P, N, G = SHAPE["H"], SHAPE["P"], SHAPE["N"], SHAPE["G"]
     rows = []
     for batch in opts.batch or [64, 256]:
@@ -105,8 +114,10 @@ def main(argv: list[str] | None = None) -> int:
                       flush=True)
         del cache
         torch.cuda.empty_cache()
+    props = torch.cuda.get_device_properties(0)
+    env = common.environment(props, getattr(props, "L2_cache_size", 0))
     with open(opts.out, "w") as fh:
-        json.dump({"shape": SHAPE, "window": WINDOW, "draft": DRAFT, "rows": rows}, fh, indent=1)
+        json.dump({"shape": SHAPE, "window": WINDOW, "draft": DRAFT, "environment": env, "rows": rows}, fh, indent=1)
     print(f"results: {opts.out}")
     return 0
 
