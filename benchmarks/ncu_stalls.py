@@ -8,6 +8,7 @@ summary as JSON under DIR, and prints the summary.
 
     python benchmarks/ncu_stalls.py --op gdn --kernel verify --batch 256 runs/stalls
     python benchmarks/ncu_stalls.py --op mamba2 --kernel verify --batch 256 --launch verify:BP=64 runs/stalls
+    python benchmarks/ncu_stalls.py --op mamba2 --kernel verify --batch 256 --fill 16 runs/stalls  # every row folds
     python benchmarks/ncu_stalls.py --resummarize profiles/reference/ncu/stalls   # from stored CSVs, no GPU
 """
 
@@ -32,8 +33,9 @@ KERNEL_NAMES = {"verify": "verify_kernel", "decode-multi": "decode_multi", "deco
                 "replay": "replay_kernel|heads_kernel", "split-bf16": "replay_kernel|heads_kernel"}
 
 
-def _child(op: str, kernel: str, batch: int, launch: dict, state_dtype: str) -> None:
-    """The profiled process: one layer of `kernel` at `batch`, stepped past the skipped launches."""
+def _child(op: str, kernel: str, batch: int, launch: dict, state_dtype: str, fill: int | None) -> None:
+    """The profiled process: one layer of `kernel` at `batch`, stepped past the skipped launches, every step from
+    the stack's starting fills or, given `fill`, with every row's fill set to it."""
     import torch
 
     import sweep_common as common
@@ -43,6 +45,9 @@ def _child(op: str, kernel: str, batch: int, launch: dict, state_dtype: str) -> 
     stack = sweep.Stack(kernel, batch, 1, launch, "cuda")
     for _ in range(SKIP + 1):
         stack.rewind()
+        if fill is not None:
+            for layer in stack.layers:
+                layer.fill.fill_(fill)
         stack.step()
     torch.cuda.synchronize()
 
@@ -154,6 +159,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kernel-name", default=None,
                         help="which of the step's launches to sample, a regex over kernel names (default: its first; "
                              "flush_kernel: a two-launch step's flushes)")
+    parser.add_argument("--fill", type=int, default=None,
+                        help="every row's buffer fill before the sampled launch, for the kernels with a cache (replay, "
+                             "split-bf16, verify: a verify at a fill of W or more folds first); default: the sweep's "
+                             "fills, spread over the window")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--resummarize", action="store_true",
                         help="recompute DIR's summaries from its stored CSVs (no GPU or ncu needed)")
@@ -178,6 +187,15 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.op is None or args.kernel is None:
         parser.error("--op and --kernel are required unless --resummarize")
+    if args.fill is not None:
+        sweep = __import__("sweep_gdn" if args.op == "gdn" else "sweep_mamba2")
+        # a replay step takes fills below W (at W - 1 it flushes); a verify's, after an accept, reach W - 1 + T
+        top = sweep.WINDOW - 1 + (sweep.DRAFT if args.kernel == "verify" else 0)
+        if args.kernel.startswith("decode"):
+            parser.error(f"--fill applies to the kernels with a cache (replay, split-bf16, verify), not --kernel "
+                         f"{args.kernel}")
+        if not 0 <= args.fill <= top:
+            parser.error(f"--fill {args.fill}: a {args.kernel} step's fill is in [0, {top}]")
     launch = {}
     if args.launch:
         try:
@@ -187,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
         if named != args.kernel:
             parser.error(f"--launch {args.launch!r} names {named}; give settings for --kernel {args.kernel}")
     if args.child:
-        _child(args.op, args.kernel, args.batch, launch, args.state_dtype)
+        _child(args.op, args.kernel, args.batch, launch, args.state_dtype, args.fill)
         return 0
     from replayssm_cli import ncu
 
@@ -199,11 +217,15 @@ def main(argv: list[str] | None = None) -> int:
     name = f"{args.op}-{args.kernel}-{args.batch}" + ("" if args.state_dtype == "fp32" else f"-{args.state_dtype}")
     if args.kernel_name:
         name += "-" + re.sub(r"[^A-Za-z0-9_]+", "_", args.kernel_name)
+    if args.fill is not None:
+        name += f"-fill{args.fill}"
     rep = args.dir / name
     child = [sys.executable, __file__, "--child", "--op", args.op, "--kernel", args.kernel, "--batch", str(args.batch),
              "--state-dtype", args.state_dtype]
     if args.launch:
         child += ["--launch", args.launch]
+    if args.fill is not None:
+        child += ["--fill", str(args.fill)]
     sampled = args.kernel_name or KERNEL_NAMES[args.kernel]
     cmd = [binary, "--section", "SourceCounters", "--section", "WarpStateStats", "--section", "LaunchStats",
            "--section", "Occupancy", "--section", "SpeedOfLight", "-k", f"regex:{sampled}",

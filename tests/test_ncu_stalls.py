@@ -62,6 +62,12 @@ def test_bad_input_is_one_line_and_a_nonzero_exit(tmp_path):
     assert done.returncode == 2 and "is not key=integer" in done.stderr and "Traceback" not in done.stderr
     done = _run(str(tmp_path))
     assert done.returncode == 2 and "--op and --kernel are required" in done.stderr
+    done = _run("--op", "mamba2", "--kernel", "verify", "--fill", "20", str(tmp_path))
+    assert done.returncode == 2 and "a verify step's fill is in [0, 19]" in done.stderr
+    done = _run("--op", "gdn", "--kernel", "replay", "--fill", "16", str(tmp_path))
+    assert done.returncode == 2 and "a replay step's fill is in [0, 15]" in done.stderr
+    done = _run("--op", "gdn", "--kernel", "decode", "--fill", "3", str(tmp_path))
+    assert done.returncode == 2 and "not --kernel decode" in done.stderr and "Traceback" not in done.stderr
 
 
 @pytest.mark.parametrize("extra,regex,suffix", [
