@@ -41,6 +41,12 @@ bf16_rows() {  # NAME LOG SETTINGS: the 2-byte state's large-grid row with SETTI
         --batch 128,256,512 --state-dtype bf16 --repeats 9 --no-phases
 }
 
+spec_rows() {  # NAME LOG LIMIT_S PRESET BATCHES SET: the speculative rows (T = 4, fp32 state) of PRESET at BATCHES
+               # with the kernel row SET (profile_rows.py's --set) changed
+    rows "$1" "$2" "$3" --set "$6" -- -p "$4" --batch "$5" --state-dtype fp32 --draft 4 --accept-rate 0.9 \
+        --repeats 9 --no-phases
+}
+
 split_rows() {  # NAME LOG SETTINGS: the split copies' large-grid row with SETTINGS, bf16 and fp8 copies at batch 256
     rows "$1" "$2" 60 --set "mamba2.replay:LARGE_SPLIT_LAUNCH:0:$3" -- -p nemotron-3-super-120b-a12b --batch 256 \
         --state-dtype fp32 --read-dtype bf16,fp8 --repeats 9 --no-phases
@@ -679,9 +685,8 @@ for section in $SECTIONS; do
         sweep gdn-verify-gpass 200 sweep_gdn.py --kernel verify --batch 1 --batch 16 --batch 64 --batch 256 \
             --launch verify:GPASS=0 --launch verify:GPASS=1 --launch verify:GPASS=1,maxnreg=144 --launch verify:GPASS=0
         for v in 0 1 0 1; do
-            rows "gdn-verify-gpass-$v" gdn-verify-gpass 150 --set "gdn.replay:LAUNCH:verify:GPASS=$v" -- \
-                -p qwen3.5-122b-a10b --batch 64,256 --state-dtype fp32 --draft 4 --accept-rate 0.9 --repeats 9 \
-                --no-phases
+            spec_rows "gdn-verify-gpass-$v" gdn-verify-gpass 150 qwen3.5-122b-a10b 64,256 \
+                "gdn.replay:LAUNCH:verify:GPASS=$v"
         done
         ;;
     verify-bf16-bc)
@@ -711,26 +716,21 @@ for section in $SECTIONS; do
         # chunk's checkpoint rows and buffered x loaded while the one before is folded): the verify tests, each
         # launch alone, the sweep, then the speculative rows under the reference loop with and without it.
         gpu_tests verify-fstages-tests 150 tests/test_mamba2_verify.py
-        start=$SECONDS
-        timeout 120 python benchmarks/verify_phases.py --batch 64 --batch 256 --launch "" --launch FSTAGES=2 \
-            --launch FSTAGES=3 --out "$DIR/verify-phases-fstages.json" >"$DIR/verify-phases-fstages.txt" 2>&1
-        echo "verify-phases-fstages: exit $?, $((SECONDS - start)) s" >&2
+        sweep verify-phases-fstages 120 verify_phases.py --batch 64 --batch 256 --launch "" --launch FSTAGES=2 \
+            --launch FSTAGES=3
         sweep mamba2-verify-fstages 120 sweep_mamba2.py --kernel verify --batch 64 --batch 256 \
             --launch verify:FSTAGES=1 --launch verify:FSTAGES=2 --launch verify:FSTAGES=3
         for v in 1 2 1 2; do
-            rows "verify-fstages-$v" verify-fstages 90 --set "mamba2.verify:VERIFY_LAUNCH:0:FSTAGES=$v" -- \
-                -p nemotron-3-super-120b-a12b --batch 64,256 --state-dtype fp32 --draft 4 --accept-rate 0.9 \
-                --repeats 9 --no-phases
+            spec_rows "verify-fstages-$v" verify-fstages 90 nemotron-3-super-120b-a12b 64,256 \
+                "mamba2.verify:VERIFY_LAUNCH:0:FSTAGES=$v"
         done
         ;;
     mamba2-verify-bpf)
         # (Runs at 0ba6080, NOTES run 58.) The fold (a row at f >= W) takes a verify at 256 from about 400 to 1000 µs
         # when every row folds: its chunks of BPF rows, 16 in the row, at 32 and 64, each launch alone at one fill,
         # then in the sweep.
-        start=$SECONDS
-        timeout 120 python benchmarks/verify_phases.py --batch 64 --batch 256 --launch "" --launch BPF=32 \
-            --launch BPF=64 --out "$DIR/verify-phases-bpf.json" >"$DIR/verify-phases-bpf.txt" 2>&1
-        echo "verify-phases-bpf: exit $?, $((SECONDS - start)) s" >&2
+        sweep verify-phases-bpf 120 verify_phases.py --batch 64 --batch 256 --launch "" --launch BPF=32 \
+            --launch BPF=64
         sweep mamba2-verify-bpf 120 sweep_mamba2.py --kernel verify --batch 64 --batch 256 --launch verify:BPF=16 \
             --launch verify:BPF=32 --launch verify:BPF=64
         ;;
@@ -740,10 +740,7 @@ for section in $SECTIONS; do
         # where the pass starts to pay, then the speculative rows under the reference loop, the small grids' row
         # with and without the pass.
         gpu_tests verify-launch-tests 150 tests/test_mamba2_verify.py
-        start=$SECONDS
-        timeout 120 python benchmarks/verify_phases.py --batch 64 --batch 256 --out "$DIR/verify-phases-2.json" \
-            >"$DIR/verify-phases-2.txt" 2>&1
-        echo "verify-phases-2: exit $?, $((SECONDS - start)) s" >&2
+        sweep verify-phases-2 120 verify_phases.py --batch 64 --batch 256
         sweep mamba2-verify-bc-4 120 sweep_mamba2.py --kernel verify --batch 4 --batch 8 --batch 16 --batch 24 \
             --batch 32 --batch 64 --launch verify:BCPASS=1,maxnreg=128 --launch verify:BCPASS=0,maxnreg=168
         for v in few bc; do
@@ -751,9 +748,8 @@ for section in $SECTIONS; do
                 few) s="BCPASS=0,maxnreg=168" ;;
                 bc) s="BCPASS=1,maxnreg=128" ;;
             esac
-            rows "verify-launches-$v" verify-launches 120 --set "mamba2.verify:VERIFY_FEW_ROWS_LAUNCH:0:$s" -- \
-                -p nemotron-3-super-120b-a12b --batch 1,16,64,256 --state-dtype fp32 --draft 4 --accept-rate 0.9 \
-                --repeats 9 --no-phases
+            spec_rows "verify-launches-$v" verify-launches 120 nemotron-3-super-120b-a12b 1,16,64,256 \
+                "mamba2.verify:VERIFY_FEW_ROWS_LAUNCH:0:$s"
         done
         ;;
     mamba2-verify-fold)
@@ -761,10 +757,8 @@ for section in $SECTIONS; do
         # (B·C pass, verify, accept) timed alone at one fill, folding or not (benchmarks/verify_phases.py), with the
         # fold in the tile each program holds (FOLD 1, 2) or in chunks of the checkpoint read again (0); then the
         # three in the sweep.
-        start=$SECONDS
-        timeout 200 python benchmarks/verify_phases.py --batch 64 --batch 256 --launch "" --launch FOLD=1 \
-            --launch FOLD=2 --out "$DIR/verify-phases.json" >"$DIR/verify-phases.txt" 2>&1
-        echo "verify-phases: exit $?, $((SECONDS - start)) s" >&2
+        sweep verify-phases 200 verify_phases.py --batch 64 --batch 256 --launch "" --launch FOLD=1 \
+            --launch FOLD=2
         sweep mamba2-verify-fold 150 sweep_mamba2.py --kernel verify --batch 64 --batch 256 \
             --launch verify:FOLD=0 --launch verify:FOLD=1 --launch verify:FOLD=2
         ;;
@@ -797,9 +791,8 @@ for section in $SECTIONS; do
                 bc) s="BCPASS=1" ;;
                 bc128) s="BCPASS=1,maxnreg=128" ;;
             esac
-            rows "verify-bc-$v" verify-bc 90 --set "mamba2.verify:VERIFY_LAUNCH:0:$s" -- \
-                -p nemotron-3-super-120b-a12b --batch 16,64,256 --state-dtype fp32 --draft 4 --accept-rate 0.9 \
-                --repeats 9 --no-phases
+            spec_rows "verify-bc-$v" verify-bc 90 nemotron-3-super-120b-a12b 16,64,256 \
+                "mamba2.verify:VERIFY_LAUNCH:0:$s"
         done
         ;;
     mamba2-verify-stream)

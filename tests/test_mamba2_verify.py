@@ -93,7 +93,7 @@ def test_verify_folds_a_full_buffer_first(device, assert_close):
 
 
 # (launch, read copy): P split over several programs per head; the entries' B·C summed per group first (BCPASS, as
-# the fp32 row does) or in each program
+# the shipped rows do) or in each program
 LAUNCHES = [({"BP": 16, "BPF": 16, "VN": 16}, None), ({"BP": 32, "BPF": 32, "VN": 32, "num_warps": 2}, None),
             ({"BCPASS": 0}, None), ({"BP": 16, "VN": 16, "BCPASS": 1}, "fp8")]
 

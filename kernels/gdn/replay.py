@@ -659,6 +659,14 @@ def _store_draft_rows(buf_t, b_KK, b_Wck, b_rk, b_bd, i_s, i_hv, b_fe, o_t, o_w,
 
 
 @triton.jit
+def _draft_kq(q, k, i_b, i, i_h, o_k3, m_k3, s_qb, s_qt, s_qh, s_qk, s_kb, s_kt, s_kh, s_kk):
+    """Draft i's key and query as given, [NC, VK] in fp32."""
+    b_k3 = tl.load(k + i_b * s_kb + i * s_kt + i_h * s_kh + o_k3 * s_kk, mask=m_k3, other=0.0).to(tl.float32)
+    b_q3 = tl.load(q + i_b * s_qb + i * s_qt + i_h * s_qh + o_k3 * s_qk, mask=m_k3, other=0.0).to(tl.float32)
+    return b_k3, b_q3
+
+
+@triton.jit
 def _draft_gates(g, beta, i_b, i_hv, o_t, m_t, m_upto, s_gb, s_gt, s_gh, s_bb, s_bt, s_bh):
     """The drafts' log-decays and betas [BT], the log-decay after each since the committed state, and its exp."""
     b_gd = tl.load(g + i_b * s_gb + o_t * s_gt + i_hv * s_gh, mask=m_t, other=0.0).to(tl.float32)
@@ -808,8 +816,7 @@ def _verify_kernel(
         b_Wck = tl.zeros([BWC, BT], dtype=tl.float32)
         b_Wcq = tl.zeros([BWC, BT], dtype=tl.float32)
         for i in tl.static_range(T):
-            b_k3 = tl.load(k + i_b * s_kb + i * s_kt + i_h * s_kh + o_k3 * s_kk, mask=m_k3, other=0.0).to(tl.float32)
-            b_q3 = tl.load(q + i_b * s_qb + i * s_qt + i_h * s_qh + o_k3 * s_qk, mask=m_k3, other=0.0).to(tl.float32)
+            b_k3, b_q3 = _draft_kq(q, k, i_b, i, i_h, o_k3, m_k3, s_qb, s_qt, s_qh, s_qk, s_kb, s_kt, s_kh, s_kk)
             b_kki, b_qki = _row_sums(b_K3, b_k3, b_q3, 1.0, 1.0)
             b_KK = tl.where(o_t[:, None] == i, b_kki[None, :], b_KK)
             b_QK = tl.where(o_t[:, None] == i, b_qki[None, :], b_QK)
@@ -852,8 +859,7 @@ def _verify_kernel(
         b_SK = tl.zeros([BV, BT], dtype=tl.float32)
         b_SQ = tl.zeros([BV, BT], dtype=tl.float32)
         for i in tl.static_range(T):
-            b_k3 = tl.load(k + i_b * s_kb + i * s_kt + i_h * s_kh + o_k3 * s_kk, mask=m_k3, other=0.0).to(tl.float32)
-            b_q3 = tl.load(q + i_b * s_qb + i * s_qt + i_h * s_qh + o_k3 * s_qk, mask=m_k3, other=0.0).to(tl.float32)
+            b_k3, b_q3 = _draft_kq(q, k, i_b, i, i_h, o_k3, m_k3, s_qb, s_qt, s_qh, s_qk, s_kb, s_kt, s_kh, s_kk)
             b_ski, b_sqi = _row_sums(b_s, b_k3, b_q3, 1.0, 1.0)
             b_SK = tl.where(o_t[None, :] == i, b_ski[:, None], b_SK)
             b_SQ = tl.where(o_t[None, :] == i, b_sqi[:, None], b_SQ)
