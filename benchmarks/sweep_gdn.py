@@ -37,11 +37,14 @@ GRID = {
     "split-bf16": [{}, {"BV": 32, "STAGES": 2}, {"flush_BVF": 16}, {"flush_maxnreg": 255},
                    {"PHASES": 1, "BV": 128, "BVF": 32, "STAGES": 2, "num_warps": 4, "maxnreg": 168, "TF32": 1}],
     "decode-multi": [{"BV": 8, "num_warps": 1}, {"BV": 16, "num_warps": 4}, {"BV": 32, "num_warps": 4}],
-    "verify": [{"BV": 16, "STAGES": 3, "num_warps": 2, "maxnreg": 168},
-               {"BV": 16, "STAGES": 2, "num_warps": 2, "maxnreg": 168},
-               {"BV": 16, "VK": 16, "STAGES": 2, "num_warps": 2, "maxnreg": 168},
-               {"BV": 32, "STAGES": 3, "num_warps": 2, "maxnreg": 255},
-               {"BV": 32, "STAGES": 2, "num_warps": 4, "maxnreg": 128}],
+    # MMA=0 the shuffle row sums (the row before run 59), MMA=1 the tensor-core products
+    "verify": [{"MMA": 1, "GPASS": 1, "KSPLIT": 2, "BV": 32, "STAGES": 2, "FSTAGES": 3, "num_warps": 2, "maxnreg": 168},
+               {"MMA": 1, "GPASS": 1, "KSPLIT": 2, "BV": 32, "STAGES": 2, "FSTAGES": 1, "num_warps": 2, "maxnreg": 168},
+               {"MMA": 1, "GPASS": 1, "KSPLIT": 2, "BV": 64, "STAGES": 2, "num_warps": 4, "maxnreg": 168},
+               {"MMA": 0, "GPASS": 0, "KSPLIT": 1, "FSTAGES": 1, "BV": 16, "STAGES": 3, "num_warps": 2,
+                "maxnreg": 168},
+               {"MMA": 0, "GPASS": 1, "KSPLIT": 1, "FSTAGES": 1, "BV": 16, "STAGES": 3, "num_warps": 2,
+                "maxnreg": 168}],
 }
 GRID["replay-nonflush"] = GRID["replay-flush"] = GRID["replay"]
 GRID["split-bf16-nonflush"] = GRID["split-bf16-flush"] = GRID["split-fp8"] = GRID["split-bf16"]
@@ -59,8 +62,8 @@ QUICK_GRID = {
                {"VP": 32, "BV": 32, "BVF": 16, "STAGES": 1, "num_warps": 2, "maxnreg": 255}],
     "split-bf16": [{}],
     "decode-multi": [{"BV": 32, "num_warps": 4}],
-    "verify": [{"BV": 16, "STAGES": 3, "num_warps": 2, "maxnreg": 168},
-               {"BV": 32, "STAGES": 2, "num_warps": 4, "maxnreg": 128}],
+    "verify": [{"MMA": 1, "GPASS": 1, "KSPLIT": 2, "BV": 32, "STAGES": 2, "FSTAGES": 3, "num_warps": 2, "maxnreg": 168},
+               {"MMA": 1, "GPASS": 1, "KSPLIT": 2, "BV": 64, "STAGES": 2, "num_warps": 4, "maxnreg": 168}],
 }
 QUICK_GRID["replay-nonflush"] = QUICK_GRID["replay-flush"] = QUICK_GRID["replay"]
 QUICK_GRID["split-bf16-nonflush"] = QUICK_GRID["split-bf16-flush"] = QUICK_GRID["split-fp8"] = QUICK_GRID["split-bf16"]

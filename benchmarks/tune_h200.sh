@@ -3,7 +3,7 @@
 # writes its table (.txt) and results (.json) under DIR (default runs/tune), and DIR.tar.gz holds them all for
 # machines that return one file; a sweep past its time limit leaves the ones before it.
 # Usage: benchmarks/tune_h200.sh [DIR] [SECTION ...]
-# Sections: tests, stalls-fold, gdn-verify-gpass, verify-bf16-bc, fla-slots, kernel-tests, mamba2-verify-fstages, mamba2-verify-bpf, mamba2-verify-launches, mamba2-verify-fold, mamba2-verify-bc-3, mamba2-verify-bc-2, mamba2-verify-bc, mamba2-verify-stream, mamba2-verify-stream-2, tail-lead, tail-3, tail-medium, tail-2, tail, gdn-bf16-tf32, prefetch-profile, prefetch, prefetch-2, loops, gdn-decode-chunks, gdn-decode-order, gdn-decode-order-2, mamba2-mma, stalls-bf16, mamba2-bf16-heads, mamba2-bf16-tf32, heads-sanitizer, mamba2-heads-flush-2, gdn-heads-fault, gdn-heads, mamba2-heads-flush, mamba2-heads, mamba2-heads-2, mamba2-heads-3, mamba2-heads-4, verify-tests, gdn-verify-mma, gdn-verify-3, gdn-verify-rows, gdn-verify-warps, gdn-verify-warps-2, mamba2-verify-warps, gdn-split-3, gdn-split-4, two-phase-2, mamba2-split-phases, mamba2-two-phase, gdn-split-flush-vp, gdn-mma, split-launch-cost, split-launch-cost-2, gdn-flush-list, mamba2-flush-list, gdn-split-nonflush, gdn-split-flush-2, one-warp, fp8-one-warp, fp8-one-warp-2, copy-pieces, regs-2byte, stalls, stalls-2, next, small-grid, small-grid-2, small-grid-3, medium-grid, direct, order, vk, gdn-decode, gdn-replay, gdn-early, gdn-replay-256, gdn-fp32-2, gdn-split, gdn-split-2,
+# Sections: tests, gdn-verify-tc, gdn-verify-tc-2, gdn-verify-tc-3, gdn-verify-tc-4, stalls-fold, gdn-verify-gpass, verify-bf16-bc, fla-slots, kernel-tests, mamba2-verify-fstages, mamba2-verify-bpf, mamba2-verify-launches, mamba2-verify-fold, mamba2-verify-bc-3, mamba2-verify-bc-2, mamba2-verify-bc, mamba2-verify-stream, mamba2-verify-stream-2, tail-lead, tail-3, tail-medium, tail-2, tail, gdn-bf16-tf32, prefetch-profile, prefetch, prefetch-2, loops, gdn-decode-chunks, gdn-decode-order, gdn-decode-order-2, mamba2-mma, stalls-bf16, mamba2-bf16-heads, mamba2-bf16-tf32, heads-sanitizer, mamba2-heads-flush-2, gdn-heads-fault, gdn-heads, mamba2-heads-flush, mamba2-heads, mamba2-heads-2, mamba2-heads-3, mamba2-heads-4, verify-tests, gdn-verify-mma, gdn-verify-3, gdn-verify-rows, gdn-verify-warps, gdn-verify-warps-2, mamba2-verify-warps, gdn-split-3, gdn-split-4, two-phase-2, mamba2-split-phases, mamba2-two-phase, gdn-split-flush-vp, gdn-mma, split-launch-cost, split-launch-cost-2, gdn-flush-list, mamba2-flush-list, gdn-split-nonflush, gdn-split-flush-2, one-warp, fp8-one-warp, fp8-one-warp-2, copy-pieces, regs-2byte, stalls, stalls-2, next, small-grid, small-grid-2, small-grid-3, medium-grid, direct, order, vk, gdn-decode, gdn-replay, gdn-early, gdn-replay-256, gdn-fp32-2, gdn-split, gdn-split-2,
 # gdn-bf16, gdn-bf16-2, gdn-verify, fla, mamba2-split, mamba2-split2, mamba2-vn, mamba2-bf16, mamba2-bf16-2,
 # mamba2-verify (default: tests gdn-decode gdn-replay gdn-verify mamba2-split mamba2-bf16 mamba2-verify).
 set -uo pipefail
@@ -674,6 +674,66 @@ for section in $SECTIONS; do
                 "$DIR/stalls" >"$DIR/stalls-fold-$fill.txt" 2>&1
             echo "stalls fill $fill: exit $?" >&2
         done
+        ;;
+    gdn-verify-tc)
+        # GDN's verify with each chunk's products on the tensor cores (MMA=1: the tile [BV, K] times the drafts' keys
+        # and queries [K, 16] in two TF32 passes, the committed entries' terms into the same accumulator), with and
+        # without the key-product pass (GPASS), at several chunkings and register caps: its tests, then the sweep at
+        # batch 1, 16, 64 and 256 against the row (MMA=0).
+        gpu_tests gdn-verify-tc-tests 200 tests/test_gdn_verify.py
+        sweep gdn-verify-tc 330 sweep_gdn.py --kernel verify --batch 1 --batch 16 --batch 64 --batch 256 \
+            --launch verify:GPASS=0 --launch verify:GPASS=1 --launch verify:MMA=1,GPASS=1 \
+            --launch verify:MMA=1,GPASS=1,maxnreg=255 --launch verify:MMA=1,GPASS=1,STAGES=2,maxnreg=255 \
+            --launch verify:MMA=1,GPASS=1,BV=32,STAGES=2,maxnreg=255 \
+            --launch verify:MMA=1,GPASS=1,BV=32,STAGES=2,num_warps=4,maxnreg=255 \
+            --launch verify:MMA=1,GPASS=1,BV=64,STAGES=2,num_warps=4,maxnreg=255 \
+            --launch verify:MMA=1,GPASS=0,maxnreg=255
+        ;;
+    gdn-verify-tc-4)
+        # Run 59's third sweep found smem the limit (41 KiB per 2-warp program from the fold's keys, hi and lo: five
+        # programs per SM) and the fold's unpipelined loop half a folding verify's samples. Now the fold takes its
+        # product in the K halves too (28 KiB) and FSTAGES pipelines its loop: depth, register caps (128: eight
+        # programs per SM, with 88 B of spills), and the small grids' 4-warp, 64-row programs.
+        tc="verify:MMA=1,GPASS=1,KSPLIT=2,STAGES=2"
+        sweep gdn-verify-tc-4 300 sweep_gdn.py --kernel verify --batch 1 --batch 4 --batch 16 --batch 64 --batch 256 \
+            --launch $tc,BV=32,num_warps=2,maxnreg=168 --launch $tc,BV=32,num_warps=2,maxnreg=168,FSTAGES=2 \
+            --launch $tc,BV=32,num_warps=2,maxnreg=168,FSTAGES=3 --launch $tc,BV=32,num_warps=2,maxnreg=128,FSTAGES=2 \
+            --launch $tc,BV=32,num_warps=2,maxnreg=144,FSTAGES=2 --launch $tc,BV=64,num_warps=4,maxnreg=168 \
+            --launch $tc,BV=64,num_warps=4,maxnreg=168,FSTAGES=2 --launch $tc,BV=32,num_warps=2,maxnreg=168
+        ;;
+    gdn-verify-tc-3)
+        # Run 59's best (MMA=1, GPASS=1, KSPLIT=2, 32-row chunks in 2-warp programs, 168 registers) without the
+        # key-product pass, with 152 registers, in 1-warp programs of 16-row chunks, and for the small grids (batch 1
+        # and 4) in 4-warp programs of 64-row chunks against the small-grid row; then under Nsight Compute at batch 256
+        # with no row folding (fill 8) and with every row folding (fill 16).
+        tc="verify:MMA=1,KSPLIT=2,STAGES=2,maxnreg=168"
+        sweep gdn-verify-tc-3 300 sweep_gdn.py --kernel verify --batch 1 --batch 4 --batch 16 --batch 64 --batch 256 \
+            --launch $tc,GPASS=1,BV=32,num_warps=2 --launch $tc,GPASS=0,BV=32,num_warps=2 \
+            --launch $tc,GPASS=1,BV=32,num_warps=2,maxnreg=152 --launch $tc,GPASS=1,BV=16,num_warps=1 \
+            --launch $tc,GPASS=1,BV=16,num_warps=1,STAGES=3 --launch $tc,GPASS=1,BV=64,num_warps=4 \
+            --launch verify:BV=32,STAGES=2,num_warps=4,maxnreg=128 --launch $tc,GPASS=1,BV=32,num_warps=2
+        for fill in 8 16; do
+            timeout 150 python benchmarks/ncu_stalls.py --op gdn --kernel verify --batch 256 --fill $fill \
+                --launch "$tc,GPASS=1,BV=32,num_warps=2" "$DIR/stalls" >"$DIR/stalls-gdn-verify-$fill.txt" 2>&1
+            echo "stalls fill $fill: exit $?" >&2
+        done
+        ;;
+    gdn-verify-tc-2)
+        # Around run 59's best (MMA=1, GPASS=1, 32-row chunks in 2-warp programs, no register cap): the product in two
+        # K halves (KSPLIT=2: 236 -> 210 registers, 166 under a cap of 168 without spills), depth, the cap, 16 rows per
+        # 1-warp program, 64 per 2 or 4 warps; then the speculative rows under the reference loop with two of them.
+        tc="verify:MMA=1,GPASS=1"
+        sweep gdn-verify-tc-2 300 sweep_gdn.py --kernel verify --batch 1 --batch 16 --batch 64 --batch 256 \
+            --launch $tc,BV=32,STAGES=2,maxnreg=255 --launch $tc,BV=32,STAGES=2,KSPLIT=2,maxnreg=255 \
+            --launch $tc,BV=32,STAGES=2,KSPLIT=2,maxnreg=168 --launch $tc,BV=32,STAGES=2,KSPLIT=2,maxnreg=200 \
+            --launch $tc,BV=32,STAGES=3,KSPLIT=2,maxnreg=168 \
+            --launch $tc,BV=64,STAGES=2,KSPLIT=2,num_warps=4,maxnreg=168 \
+            --launch $tc,BV=16,STAGES=3,KSPLIT=2,num_warps=1,maxnreg=255 \
+            --launch $tc,BV=64,STAGES=2,KSPLIT=2,num_warps=2,maxnreg=255
+        spec_rows gdn-verify-tc-2-a gdn-verify-tc-2 150 qwen3.5-122b-a10b 64,256 \
+            "gdn.replay:LAUNCH:verify:MMA=1,GPASS=1,BV=32,STAGES=2,maxnreg=255"
+        spec_rows gdn-verify-tc-2-b gdn-verify-tc-2 150 qwen3.5-122b-a10b 64,256 \
+            "gdn.replay:LAUNCH:verify:MMA=1,GPASS=1,BV=32,STAGES=2,KSPLIT=2,maxnreg=168"
         ;;
     gdn-verify-gpass)
         # GDN's verify with the key products a key head's value heads share (the committed and the drafts' keys with

@@ -39,8 +39,10 @@ def test_step_kernels_compile_for_sm90_with_the_state_dtype_asked_for():
     assert a["mamba2", "verify"] != b["mamba2", "verify"] and a["gdn", "verify"] == b["gdn", "verify"]
     # a bf16 tile is half the bytes: GDN's pipelined replay chunks take less shared memory
     assert b["gdn", "replay"]["shared"] < a["gdn", "replay"]["shared"]
-    # the shipped verify rows compile without spills
-    assert a["gdn", "verify"]["local"] == 0 and a["mamba2", "verify"]["local"] == 0 == b["mamba2", "verify"]["local"]
+    # the shipped verify rows: Mamba-2's without spills; GDN's takes its row sums on the tensor cores (few shuffles
+    # left) with the 24 B of spills its fold's pipelined loop costs at 168 registers (measured faster, NOTES run 59)
+    assert a["mamba2", "verify"]["local"] == 0 == b["mamba2", "verify"]["local"]
+    assert a["gdn", "verify"]["mma"] > 0 and a["gdn", "verify"]["shfl"] < 150 and a["gdn", "verify"]["local"] <= 24
 
 
 def test_bad_launch_is_one_line_and_a_nonzero_exit():

@@ -52,22 +52,32 @@ def assert_caches_close(got, want, assert_close):
             assert_close(getattr(got, name), getattr(want, name), *dtypes, what=name)
 
 
-# (state, read copy, io, W, T, GPASS: the key products from a launch of their own)
+# (state, read copy, io, W, T, GPASS: the key products from a launch of their own, MMA: the tile's products on the
+# tensor cores: fp32 tiles in two TF32 passes against 16-bit drafts or three against fp32 ones, a 2-byte tile in its
+# own dtype with drafts of the same, an fp8 tile in one; 2: also KSPLIT=2, the products and a fold in K halves, and
+# FSTAGES=2, the fold's loop pipelined)
 VERIFY_CASES = [
-    ("fp32", None, "bf16", 4, 3, 0),
-    ("bf16", None, "fp32", 3, 2, 0),
-    ("fp32", "bf16", "bf16", 4, 3, 0),
-    ("fp32", "fp8", "fp16", 3, 4, 0),
-    ("fp32", None, "bf16", 4, 3, 1),
-    ("bf16", None, "fp32", 3, 2, 1),
-    ("fp32", "fp8", "fp16", 3, 4, 1),
+    ("fp32", None, "bf16", 4, 3, 0, 0),
+    ("bf16", None, "fp32", 3, 2, 0, 0),
+    ("fp32", "bf16", "bf16", 4, 3, 0, 0),
+    ("fp32", "fp8", "fp16", 3, 4, 0, 0),
+    ("fp32", None, "bf16", 4, 3, 1, 0),
+    ("bf16", None, "fp32", 3, 2, 1, 0),
+    ("fp32", "fp8", "fp16", 3, 4, 1, 0),
+    ("fp32", None, "bf16", 4, 3, 1, 2),
+    ("fp32", None, "fp32", 3, 2, 0, 1),
+    ("bf16", None, "bf16", 4, 3, 1, 2),
+    ("bf16", None, "fp32", 3, 2, 1, 1),
+    ("fp32", "bf16", "bf16", 4, 3, 1, 1),
+    ("fp32", "fp8", "fp16", 3, 4, 0, 1),
 ]
 
 
-@pytest.mark.parametrize("state,read,io,W,T,gpass", VERIFY_CASES,
+@pytest.mark.parametrize("state,read,io,W,T,gpass,mma", VERIFY_CASES,
                          ids=[f"B3-H2-HV6-K24-V20-W{w}-T{t}-{s}-{r or 'full'}-{i}{'-GPASS' if p else ''}"
-                              for s, r, i, w, t, p in VERIFY_CASES])
-def test_verify_accept_matches_reference(device, assert_close, state, read, io, W, T, gpass):
+                              f"{'-MMA' if m else ''}{'-KSPLIT2' if m == 2 else ''}"
+                              for s, r, i, w, t, p, m in VERIFY_CASES])
+def test_verify_accept_matches_reference(device, assert_close, state, read, io, W, T, gpass, mma):
     """Cycles of verify + accept with random acceptance, fills past W (flush-first verifies) and a replay step
     among them, unwritten entries NaN: outputs every call, then every cache tensor."""
     B, H, HV, K, V = 3, 2, 6, 24, 20
@@ -87,7 +97,8 @@ def test_verify_accept_matches_reference(device, assert_close, state, read, io, 
             inp = gdn.random_inputs(B, H, HV, K, V, T=T, io_dtype=DT[io], device=device)
             out = torch.full((B, T, HV, V), NAN, dtype=DT[io], device=device)
             y = gdn.verify(got, **inp, use_qk_l2norm_in_kernel=True, slots=slots, out=out,
-                           launch={"GPASS": gpass})
+                           launch={"GPASS": gpass, "MMA": min(mma, 1), "KSPLIT": max(mma, 1),
+                                   "FSTAGES": max(mma, 1)})
             y_ref = gdn.verify_ref(want, **inp, use_qk_l2norm_in_kernel=True, slots=slots)
             n = torch.randint(0, T + 1, (B,), generator=gen, dtype=torch.int32).to(device)
             n[0] = T if step % 2 else n[0]
@@ -153,11 +164,14 @@ LAUNCHES = [
     {"BV": 16, "BVF": 16, "VK": 16, "STAGES": 1},
     {"BV": 64, "BVF": 32, "VK": 64, "STAGES": 3, "num_warps": 2},
     {"BV": 32, "STAGES": 2, "num_warps": 4},
+    {"MMA": 1, "KSPLIT": 2, "FSTAGES": 2, "BV": 32, "STAGES": 2, "num_warps": 2},
+    {"MMA": 1, "GPASS": 1, "KSPLIT": 2, "BV": 16, "STAGES": 3, "num_warps": 1},
 ]
 
 
 @pytest.mark.parametrize("launch", LAUNCHES, ids=["BV16-BVF16-VK16-STAGES1", "BV64-BVF32-VK64-STAGES3-warps2",
-                                                  "BV32-STAGES2-small-grid-row"])
+                                                  "BV32-STAGES2-small-grid-row", "MMA-KSPLIT2-FSTAGES2-BV32-warps2",
+                                                  "MMA-GPASS-KSPLIT2-BV16-warps1"])
 def test_verify_launch_settings_match_reference(device, assert_close, launch):
     """Other chunkings of the tile, the flush and the K pieces give the reference's outputs and cache, flushes first
     included (B2-H1-HV2-K40-V24-W3-T2-fp32-bf16-fp32)."""
@@ -223,7 +237,10 @@ def test_verify_and_accept_bad_input(device):
 
 
 @pytest.mark.gpu
-def test_verify_qwen_shape_on_gpu(assert_close):
+@pytest.mark.parametrize("launch", [{}, {"MMA": 1, "GPASS": 1}, {"MMA": 1, "GPASS": 1, "BV": 32, "num_warps": 4},
+                                    {"MMA": 1, "GPASS": 1, "KSPLIT": 2, "BV": 32, "STAGES": 2, "maxnreg": 168}],
+                         ids=["row", "MMA-GPASS", "MMA-GPASS-BV32-warps4", "MMA-GPASS-KSPLIT2-BV32"])
+def test_verify_qwen_shape_on_gpu(assert_close, launch):
     """The Qwen3.5-122B layer shape, T = 4, fills crossing W, against the references."""
     shape = (4, 16, 64, 128, 128)
     got = make_cache(shape, 16, "cuda", max_draft=4)
@@ -231,7 +248,8 @@ def test_verify_qwen_shape_on_gpu(assert_close):
     slots = torch.tensor([2, 0, -1, 3], dtype=torch.int32, device="cuda")
     for step in range(8):
         inp = gdn.random_inputs(4, 16, 64, 128, 128, T=4, device="cuda")
-        y = gdn.verify(got, **inp, use_qk_l2norm_in_kernel=True, slots=slots)
+        out = torch.full_like(inp["v"], NAN)
+        y = gdn.verify(got, **inp, use_qk_l2norm_in_kernel=True, slots=slots, out=out, launch=launch)
         y_ref = gdn.verify_ref(want, **inp, use_qk_l2norm_in_kernel=True, slots=slots)
         ok = slots >= 0
         assert_close(y[ok], y_ref[ok], torch.bfloat16, what=f"o at step {step}")

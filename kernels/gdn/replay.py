@@ -72,20 +72,24 @@ LAUNCH = {
     "replay-fp8-flush": _COPY_FLUSH,
     "replay-fp8-small": dict(_COPY_FLUSH, PHASES=1, HPP=1),
     # verify reads its tile BV rows at a time as a non-flush step does; a row that flushes first folds BVF at a time.
-    # Each chunk takes every draft's k and q into the tile's layout through shared memory and sums its rows in
-    # shuffles, so the work per chunk grows with the warps sharing it: 2-warp programs of 16-row chunks took batch 256
-    # from 1467 to 1101 µs and batch 16 from 110 to 92 (NOTES runs 41-45); 4-warp, 32-row chunks stay on grids under
-    # two programs per SM ("verify-small": 21.9 against 24.4 µs at batch 1).
-    # GPASS=1 takes the key products a key head's value heads share (the drafts' and the committed entries' keys
-    # with each draft's key and query, the drafts' norms) from one tensor-core product per (row, key head) in a
-    # launch before the verify's (`_verify_gram_kernel`) instead of in each value head's prologue; untimed, off.
-    "verify": {"BV": 16, "BVF": 16, "VK": 32, "STAGES": 3, "GPASS": 0,
+    # MMA=1 takes each chunk's row sums with every draft's k and q as one [BV, K] x [K, 16] tensor-core product (two
+    # TF32 passes for an fp32 tile against 16-bit drafts), the committed entries' terms into its accumulator, in K
+    # halves with KSPLIT=2 (a fold too: its keys' 32 KiB of shared memory halved), the fold's loop FSTAGES deep.
+    # MMA=0 sums each row in shuffles after taking every draft's k and q into the tile's layout through shared memory,
+    # L1-bound (NOTES run 41). GPASS=1 takes the key products a key head's value heads share (the drafts' and the
+    # committed entries' keys with each draft's key and query, the drafts' norms) from one tensor-core product per
+    # (row, key head) in a launch before the verify's (`_verify_gram_kernel`) instead of in each value head's
+    # prologue. Batch 256, µs per layer-step (NOTES run 59): 1108 (MMA=0, 16-row chunks in 2-warp programs) -> 882
+    # with GPASS -> 568 with MMA in 32-row chunks (16 per warp: no warp repeats another's tile reads) and KSPLIT
+    # (166 registers); batch 16 92 -> 60. Grids under two programs per SM ("verify-small") take 64-row chunks in
+    # 4-warp programs: batch 1 21.9 -> 16.5.
+    "verify": {"BV": 32, "BVF": 16, "VK": 32, "STAGES": 2, "GPASS": 1, "MMA": 1, "KSPLIT": 2, "FSTAGES": 3,
                "num_warps": 2, "num_stages": 1, "maxnreg": 168},
-    "verify-small": {"BV": 32, "BVF": 16, "VK": 32, "STAGES": 2, "GPASS": 0,
-                     "num_warps": 4, "num_stages": 1, "maxnreg": 128},
-    "verify-split": {"BV": 32, "BVF": 16, "VK": 32, "STAGES": 2, "GPASS": 0,
+    "verify-small": {"BV": 64, "BVF": 16, "VK": 32, "STAGES": 2, "GPASS": 1, "MMA": 1, "KSPLIT": 2, "FSTAGES": 1,
+                     "num_warps": 4, "num_stages": 1, "maxnreg": 168},
+    "verify-split": {"BV": 32, "BVF": 16, "VK": 32, "STAGES": 2, "GPASS": 0, "MMA": 0, "KSPLIT": 1, "FSTAGES": 1,
                      "num_warps": 4, "num_stages": 1, "maxnreg": None},
-    "verify-fp8": {"BV": 32, "BVF": 16, "VK": 32, "STAGES": 2, "GPASS": 0,
+    "verify-fp8": {"BV": 32, "BVF": 16, "VK": 32, "STAGES": 2, "GPASS": 0, "MMA": 0, "KSPLIT": 1, "FSTAGES": 1,
                    "num_warps": 4, "num_stages": 1, "maxnreg": None},
     "accept": {"num_warps": 1},
 }
@@ -611,27 +615,36 @@ def _flush_kernel(
 
 @triton.jit
 def _verify_flush(
-    ckpt, rcopy, rscale, buf_u, buf_t, i_s, i_hv, b_f, b_Gl, b_Gw, b_kw, o_w,
-    C: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-    BK: tl.constexpr, BVF: tl.constexpr, HAS_COPY: tl.constexpr, IS_FP8: tl.constexpr,
+    ckpt, rcopy, rscale, buf_u, buf_k, buf_t, i_s, i_h, i_hv, b_f, b_Gl, b_Gw, o_w,
+    C: tl.constexpr, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    BK: tl.constexpr, BVF: tl.constexpr, HAS_COPY: tl.constexpr, IS_FP8: tl.constexpr, FKSPLIT: tl.constexpr,
+    FSTAGES: tl.constexpr,
 ):
-    """Fold the buffer into a new checkpoint (updates corrected under a read copy) and store it, BVF rows at a time."""
-    o_k = tl.arange(0, BK)
-    m_k = o_k < K
-    b_wc = b_kw
-    if HAS_COPY:
-        b_wc = _correction_weights(buf_t, b_kw, b_Gw, i_s, i_hv, o_w, b_f, C, HV, "tf32x3")
-    for i_v in range(0, V, BVF):
-        o_v = i_v + tl.arange(0, BVF)
-        m_v = o_v < V
-        b_s, o_s, o_r, m_s = _folded_rows(
-            ckpt, rcopy, rscale, buf_u, i_s, i_hv, o_v, m_v, o_k, m_k, o_w, b_f, b_Gl, b_Gw, b_kw, b_wc,
-            C, HV, K, V, HAS_COPY, IS_FP8, "tf32x3",
-        )
-        b_s = rounded(b_s, ckpt.dtype.element_ty)
-        tl.store(ckpt + o_s, b_s.to(ckpt.dtype.element_ty), mask=m_s)
+    """Fold the buffer into a new checkpoint (updates corrected under a read copy) and store it, BVF rows at a time
+    through a loop pipelined FSTAGES deep, in FKSPLIT column pieces (the buffered keys of one piece at a time; a read
+    copy's correction sums whole rows, so 1 under one)."""
+    BKF: tl.constexpr = BK // FKSPLIT
+    m_w = o_w < b_f
+    for i_k in tl.static_range(FKSPLIT):
+        o_k = i_k * BKF + tl.arange(0, BKF)
+        m_k = o_k < K
+        # The committed entries' keys [BW, BKF], zero past the fill
+        b_kw = tl.load(buf_k + ((i_s * C + o_w[:, None]) * H + i_h) * K + o_k[None, :],
+                       mask=m_w[:, None] & m_k[None, :], other=0.0)
+        b_wc = b_kw
         if HAS_COPY:
-            _store_read_copy(rcopy, rscale, o_s, o_r, b_s, m_s, m_v, IS_FP8)
+            b_wc = _correction_weights(buf_t, b_kw, b_Gw, i_s, i_hv, o_w, b_f, C, HV, "tf32x3")
+        for i_v in tl.range(0, V, BVF, num_stages=FSTAGES):
+            o_v = i_v + tl.arange(0, BVF)
+            m_v = o_v < V
+            b_s, o_s, o_r, m_s = _folded_rows(
+                ckpt, rcopy, rscale, buf_u, i_s, i_hv, o_v, m_v, o_k, m_k, o_w, b_f, b_Gl, b_Gw, b_kw, b_wc,
+                C, HV, K, V, HAS_COPY, IS_FP8, "tf32x3",
+            )
+            b_s = rounded(b_s, ckpt.dtype.element_ty)
+            tl.store(ckpt + o_s, b_s.to(ckpt.dtype.element_ty), mask=m_s)
+            if HAS_COPY:
+                _store_read_copy(rcopy, rscale, o_s, o_r, b_s, m_s, m_v, IS_FP8)
 
 
 @triton.jit
@@ -676,6 +689,37 @@ def _draft_gates(g, beta, i_b, i_hv, o_t, m_t, m_upto, s_gb, s_gt, s_gh, s_bb, s
 
 
 @triton.jit
+def _chunk_inputs(buf_u, v, o_u, o_v, m_v, m_wc, m_vt, o_t, i_b, i_hv, s_vb, s_vt, s_vh, s_vv):
+    """A verify chunk's committed updates [BV, BWC] and the drafts' v [BV, BT] as fp32."""
+    b_uw = tl.load(buf_u + o_u[None, :] + o_v[:, None], mask=m_wc[None, :] & m_v[:, None], other=0.0)
+    b_Vd = tl.load(v + i_b * s_vb + o_t[None, :] * s_vt + i_hv * s_vh + o_v[:, None] * s_vv, mask=m_vt, other=0.0)
+    return b_uw, b_Vd.to(tl.float32)
+
+
+@triton.jit
+def _tile_product(b_s, b_KQ, acc, NATIVE: tl.constexpr, IS_TILE_EXACT: tl.constexpr, IS_HALF_IO: tl.constexpr):
+    """acc + the tile's rows [BV, BK] times the drafts' columns [BK, BZ] on the tensor cores: a 2-byte tile in its own
+    dtype with drafts of the same (exact products), else in TF32 passes (`dot_fp32`)."""
+    if NATIVE:
+        return tl.dot(b_s, b_KQ, acc)
+    return dot_fp32(b_s.to(tl.float32), b_KQ.to(tl.float32), IS_TILE_EXACT, IS_HALF_IO, acc)
+
+
+@triton.jit
+def _draft_columns(q, k, i_b, i_h, o_k, m_k, s_qb, s_qt, s_qh, s_qk, s_kb, s_kt, s_kh, s_kk, T: tl.constexpr,
+                   BT: tl.constexpr, BZ: tl.constexpr):
+    """[BK, BZ] the drafts' keys (columns z < T) and queries (BT <= z < BT + T) as given, zero elsewhere."""
+    o_z = tl.arange(0, BZ)
+    m_zk = o_z < T
+    m_zq = (o_z >= BT) & (o_z < BT + T)
+    b_z = tl.load(k + i_b * s_kb + i_h * s_kh + o_z[None, :] * s_kt + o_k[:, None] * s_kk,
+                  mask=m_k[:, None] & m_zk[None, :], other=0.0)
+    b_z += tl.load(q + i_b * s_qb + i_h * s_qh + (o_z - BT)[None, :] * s_qt + o_k[:, None] * s_qk,
+                   mask=m_k[:, None] & m_zq[None, :], other=0.0)
+    return b_z
+
+
+@triton.jit
 def _verify_gram_kernel(
     buf_k, fill, q, k, slots, gram,
     s_qb, s_qt, s_qh, s_qk,
@@ -706,14 +750,8 @@ def _verify_gram_kernel(
     b_e += tl.load(p_kb + (o_e - BWC)[:, None] * s_kt, mask=m_kd[:, None] & m_k[None, :], other=0.0).to(tl.float32)
     b_e += tl.load(p_qb + (o_e - BWC - BT)[:, None] * s_qt, mask=m_qd[:, None] & m_k[None, :],
                    other=0.0).to(tl.float32)
-    # [BK, BZ] the drafts' keys, then their queries, as columns
-    m_zk = o_z < T
-    m_zq = (o_z >= BT) & (o_z < BT + T)
-    b_z = tl.load(k + i_b * s_kb + i_h * s_kh + o_z[None, :] * s_kt + o_k[:, None] * s_kk,
-                  mask=m_k[:, None] & m_zk[None, :], other=0.0).to(tl.float32)
-    b_z += tl.load(q + i_b * s_qb + i_h * s_qh + (o_z - BT)[None, :] * s_qt + o_k[:, None] * s_qk,
-                   mask=m_k[:, None] & m_zq[None, :], other=0.0).to(tl.float32)
-    b_g = dot_fp32(b_e, b_z, False, IS_HALF_IO)
+    b_z = _draft_columns(q, k, i_b, i_h, o_k, m_k, s_qb, s_qt, s_qh, s_qk, s_kb, s_kt, s_kh, s_kk, T, BT, BZ)
+    b_g = dot_fp32(b_e, b_z.to(tl.float32), False, IS_HALF_IO)
     tl.store(gram + (i_b * H + i_h) * BE * BZ + o_e[:, None] * BZ + o_z[None, :], b_g)
 
 
@@ -732,7 +770,9 @@ def _verify_kernel(
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, BVF: tl.constexpr, BT: tl.constexpr, BW: tl.constexpr, BWC: tl.constexpr,
     VK: tl.constexpr, STAGES: tl.constexpr, USE_QK_L2NORM: tl.constexpr, HAS_COPY: tl.constexpr,
-    IS_FP8: tl.constexpr, GPASS: tl.constexpr, BE: tl.constexpr, BZ: tl.constexpr,
+    IS_FP8: tl.constexpr, GPASS: tl.constexpr, BE: tl.constexpr, BZ: tl.constexpr, MMA: tl.constexpr,
+    NATIVE: tl.constexpr, IS_TILE_EXACT: tl.constexpr, IS_HALF_IO: tl.constexpr, KSPLIT: tl.constexpr,
+    FKSPLIT: tl.constexpr, FSTAGES: tl.constexpr,
 ):
     i_b, i_hv = tl.program_id(0), tl.program_id(1)
     i_s = tl.load(slots + i_b).to(tl.int64)
@@ -760,15 +800,12 @@ def _verify_kernel(
     b_Gl = tl.load(buf_g + (i_s * C + tl.maximum(b_f - 1, 0)) * HV + i_hv, mask=b_f > 0, other=0.0)
     # Every committed entry is read before any draft's key is written (the arrivals below).
     if b_flush:
-        m_w = o_w < b_f
-        # The committed entries' log-decays [BW] and keys [BW, BK]
-        b_Gw = tl.load(buf_g + (i_s * C + o_w) * HV + i_hv, mask=m_w, other=0.0)
-        b_kw = tl.load(buf_k + ((i_s * C + o_w[:, None]) * H + i_h) * K + o_k[None, :],
-                       mask=m_w[:, None] & m_k[None, :], other=0.0)
+        # The committed entries' log-decays [BW]
+        b_Gw = tl.load(buf_g + (i_s * C + o_w) * HV + i_hv, mask=o_w < b_f, other=0.0)
         # Into a new checkpoint first, as a flush step would; the drafts then read it with no entries left.
         _verify_flush(
-            ckpt, rcopy, rscale, buf_u, buf_t, i_s, i_hv, b_f, b_Gl, b_Gw, b_kw, o_w,
-            C, HV, K, V, BK, BVF, HAS_COPY, IS_FP8,
+            ckpt, rcopy, rscale, buf_u, buf_k, buf_t, i_s, i_h, i_hv, b_f, b_Gl, b_Gw, o_w,
+            C, H, HV, K, V, BK, BVF, HAS_COPY, IS_FP8, FKSPLIT, FSTAGES,
         )
         # The tile reads below see this program's stores, and the drafts' updates overwrite entries it folded.
         tl.debug_barrier()
@@ -847,35 +884,67 @@ def _verify_kernel(
     b_M = tl.sum(b_Wq[:, :, None] * b_A[None, :, :], 1)
 
     o_u = ((i_s * C + o_wc) * HV + i_hv) * V
+    if MMA:
+        # [BK, BZ] the drafts' keys, then their queries, as columns, read once for every chunk's product; [BZ] each
+        # column's factor, and [BWC, BZ] the committed entries' weights in the same columns
+        # (with KSPLIT=2 as two halves of BK / 2 rows, each chunk's product then taken in two, fewer registers live)
+        BKS: tl.constexpr = BK // KSPLIT
+        o_ka = tl.arange(0, BKS)
+        b_KQa = _draft_columns(q, k, i_b, i_h, o_ka, o_ka < K, s_qb, s_qt, s_qh, s_qk, s_kb, s_kt, s_kh, s_kk, T, BT,
+                               BZ)
+        if KSPLIT == 2:
+            b_KQb = _draft_columns(q, k, i_b, i_h, BKS + o_ka, BKS + o_ka < K, s_qb, s_qt, s_qh, s_qk, s_kb, s_kt,
+                                   s_kh, s_kk, T, BT, BZ)
+        o_z = tl.arange(0, BZ)
+        m_zk = o_z[None, :] == o_t[:, None]
+        m_zq = o_z[None, :] == BT + o_t[:, None]
+        b_fz = tl.sum(tl.where(m_zk, b_fk[:, None], 0.0) + tl.where(m_zq, b_fq[:, None], 0.0), 0)
+        b_Wcz = tl.sum(tl.where(m_zk[None, :, :], b_Wck[:, :, None], 0.0)
+                       + tl.where(m_zq[None, :, :], b_Wcq[:, :, None], 0.0), 1)
     for i_v in tl.range(0, V, BV, num_stages=STAGES):
         o_v = i_v + tl.arange(0, BV)
         m_v = o_v < V
         m_vt = m_v[:, None] & m_t[None, :]
-        o_r = (o_h + o_v[:, None, None]) * K + o_k3[None, :, :]
-        m_r = m_v[:, None, None] & m_k3[None, :, :]
-        # [BV, NC, VK] the tile: the read copy (refreshed by a flush above), or the checkpoint without one
-        b_s = tl.load(rcopy + o_r, mask=m_r, other=0.0)
-        # [BV, BT] the tile's row sums with each draft's k and q as given, one read of the tile for all drafts
-        b_SK = tl.zeros([BV, BT], dtype=tl.float32)
-        b_SQ = tl.zeros([BV, BT], dtype=tl.float32)
-        for i in tl.static_range(T):
-            b_k3, b_q3 = _draft_kq(q, k, i_b, i, i_h, o_k3, m_k3, s_qb, s_qt, s_qh, s_qk, s_kb, s_kt, s_kh, s_kk)
-            b_ski, b_sqi = _row_sums(b_s, b_k3, b_q3, 1.0, 1.0)
-            b_SK = tl.where(o_t[None, :] == i, b_ski[:, None], b_SK)
-            b_SQ = tl.where(o_t[None, :] == i, b_sqi[:, None], b_SQ)
-        if IS_FP8:
-            b_sc = tl.load(rscale + o_h + o_v, mask=m_v, other=0.0)
-            b_SK *= b_sc[:, None]
-            b_SQ *= b_sc[:, None]
-        # [BV, BWC] the committed updates
-        b_uw = tl.load(buf_u + o_u[None, :] + o_v[:, None], mask=m_wc[None, :] & m_v[:, None], other=0.0)
-        b_Vd = tl.load(
-            v + i_b * s_vb + o_t[None, :] * s_vt + i_hv * s_vh + o_v[:, None] * s_vv, mask=m_vt, other=0.0,
-        ).to(tl.float32)
-        # [BV, BT] R, then U = R Aᵀ and O; each product is ordered so that its sum lands in the tile's layout
-        b_R = b_Vd - b_SK * b_fk[None, :] - tl.sum(b_uw[:, None, :] * tl.trans(b_Wck)[None, :, :], 2)
+        # [BV, BT] R = V - S K (draft i's v less the committed state's S k_i), and the committed state's S Q: from
+        # one read of the tile (the read copy, refreshed by a flush above, or the checkpoint without one) for every
+        # draft's k and q as given, and the committed entries' terms
+        if MMA:
+            # one [BV, BK] x [BK, BZ] tensor-core product, and the entries' [BV, BWC] x [BWC, BZ] into its columns,
+            # folded onto the drafts' (the rest are zero)
+            p_s = rcopy + (o_h + o_v[:, None]) * K + o_ka[None, :]
+            b_s = tl.load(p_s, mask=m_v[:, None] & (o_ka < K)[None, :], other=0.0)
+            b_uw, b_Vd = _chunk_inputs(buf_u, v, o_u, o_v, m_v, m_wc, m_vt, o_t, i_b, i_hv, s_vb, s_vt, s_vh, s_vv)
+            b_P = _tile_product(b_s, b_KQa, None, NATIVE, IS_TILE_EXACT, IS_HALF_IO)
+            if KSPLIT == 2:
+                b_s = tl.load(p_s + BKS, mask=m_v[:, None] & (BKS + o_ka < K)[None, :], other=0.0)
+                b_P = _tile_product(b_s, b_KQb, b_P, NATIVE, IS_TILE_EXACT, IS_HALF_IO)
+            if IS_FP8:
+                b_P *= tl.load(rscale + o_h + o_v, mask=m_v, other=0.0)[:, None]
+            b_P = dot_fp32(b_uw, b_Wcz, False, False, b_P * b_fz[None, :])
+            b_R = b_Vd - tl.sum(tl.reshape(tl.where(o_z[None, :] < BT, b_P, 0.0), (BV, BZ // BT, BT)), 1)
+            b_O = tl.sum(tl.reshape(tl.where(o_z[None, :] >= BT, b_P, 0.0), (BV, BZ // BT, BT)), 1)
+        else:
+            # [BV, NC, VK] the tile, its row sums draft by draft
+            b_s = tl.load(rcopy + (o_h + o_v[:, None, None]) * K + o_k3[None, :, :],
+                          mask=m_v[:, None, None] & m_k3[None, :, :], other=0.0)
+            b_SK = tl.zeros([BV, BT], dtype=tl.float32)
+            b_SQ = tl.zeros([BV, BT], dtype=tl.float32)
+            for i in tl.static_range(T):
+                b_k3, b_q3 = _draft_kq(q, k, i_b, i, i_h, o_k3, m_k3, s_qb, s_qt, s_qh, s_qk, s_kb, s_kt, s_kh,
+                                       s_kk)
+                b_ski, b_sqi = _row_sums(b_s, b_k3, b_q3, 1.0, 1.0)
+                b_SK = tl.where(o_t[None, :] == i, b_ski[:, None], b_SK)
+                b_SQ = tl.where(o_t[None, :] == i, b_sqi[:, None], b_SQ)
+            if IS_FP8:
+                b_sc = tl.load(rscale + o_h + o_v, mask=m_v, other=0.0)
+                b_SK *= b_sc[:, None]
+                b_SQ *= b_sc[:, None]
+            b_uw, b_Vd = _chunk_inputs(buf_u, v, o_u, o_v, m_v, m_wc, m_vt, o_t, i_b, i_hv, s_vb, s_vt, s_vh, s_vv)
+            # each product is ordered so that its sum lands in the tile's layout
+            b_R = b_Vd - b_SK * b_fk[None, :] - tl.sum(b_uw[:, None, :] * tl.trans(b_Wck)[None, :, :], 2)
+            b_O = b_SQ * b_fq[None, :] + tl.sum(b_uw[:, None, :] * tl.trans(b_Wcq)[None, :, :], 2)
+        # U = R Aᵀ, O = S Q + R Mᵀ
         b_U = tl.sum(b_R[:, :, None] * tl.trans(b_A)[None, :, :], 1)
-        b_O = b_SQ * b_fq[None, :] + tl.sum(b_uw[:, None, :] * tl.trans(b_Wcq)[None, :, :], 2)
         b_O += tl.sum(b_R[:, :, None] * tl.trans(b_M)[None, :, :], 1)
         p_o = o + i_b * s_ob + o_t[None, :] * s_ot + i_hv * s_oh + o_v[:, None] * s_ov
         tl.store(p_o, cast(b_O, o.dtype.element_ty), mask=m_vt)
@@ -1043,6 +1112,11 @@ def _launch_verify(cache, q, k, v, g, beta, out, slots, scale, l2norm, settings)
     BT, BWC = next_pow2(T), max(16, next_pow2(cache.window))
     # the Gram pass's rows (committed keys, the drafts' keys, their queries) and columns (keys, queries)
     BE, BZ = next_pow2(BWC + 2 * BT), max(16, 2 * BT)
+    # the tile's dtype, and whether the drafts' keys and queries are exact in TF32
+    tile = cache.checkpoint.dtype if cache.read_copy is None else cache.read_copy.dtype
+    half_io = q.element_size() == 2 and k.element_size() == 2
+    # K pieces of the tile's product (and of a fold's, but for a read copy's: its correction sums whole rows)
+    ksplit = settings["KSPLIT"] if max(16, next_pow2(cache.K)) >= 32 else 1
     gram = None
     if settings["GPASS"]:
         gram = torch.empty(batch, cache.H, BE, BZ, dtype=torch.float32, device=cache.device)
@@ -1051,7 +1125,7 @@ def _launch_verify(cache, q, k, v, g, beta, out, slots, scale, l2norm, settings)
             s_qb=q.stride(0), s_qt=q.stride(1), s_qh=q.stride(2), s_qk=q.stride(3),
             s_kb=k.stride(0), s_kt=k.stride(1), s_kh=k.stride(2), s_kk=k.stride(3),
             T=T, W=cache.window, C=cache.capacity, H=cache.H, HV=cache.HV, K=cache.K, BK=max(16, next_pow2(cache.K)),
-            BT=BT, BWC=BWC, BE=BE, BZ=BZ, IS_HALF_IO=q.element_size() == 2 and k.element_size() == 2,
+            BT=BT, BWC=BWC, BE=BE, BZ=BZ, IS_HALF_IO=half_io,
             num_warps=GRAM_WARPS,
         )
     _verify_kernel[(batch, cache.HV)](
@@ -1070,7 +1144,10 @@ def _launch_verify(cache, q, k, v, g, beta, out, slots, scale, l2norm, settings)
         BVF=max(16, min(settings["BVF"], next_pow2(cache.V))),
         VK=min(settings["VK"], max(16, next_pow2(cache.K))),
         STAGES=settings["STAGES"],
-        USE_QK_L2NORM=l2norm, GPASS=bool(settings["GPASS"]), BE=BE, BZ=BZ,
+        USE_QK_L2NORM=l2norm, GPASS=bool(settings["GPASS"]), BE=BE, BZ=BZ, MMA=bool(settings["MMA"]),
+        NATIVE=tile.itemsize == 2 and q.dtype == k.dtype == tile, IS_TILE_EXACT=tile != torch.float32,
+        IS_HALF_IO=half_io, KSPLIT=ksplit, FKSPLIT=1 if cache.read_copy is not None else ksplit,
+        FSTAGES=settings["FSTAGES"],
         **compile_options(settings),
     )
 
@@ -1195,7 +1272,9 @@ def verify(
     Returns o (batch, T, HV, V) in v's dtype (written into `out` when given). `launch` overrides BV
     (rows of the tile per pipelined chunk), BVF (rows per chunk of a flush-first fold), VK, STAGES
     (the chunks' pipeline depth), GPASS (1: the key products a key head's value heads share from a
-    launch of their own), num_warps, num_stages, maxnreg; slots, check: as in `replay`.
+    launch of their own), MMA (1: each chunk's products on the tensor cores), KSPLIT (2: those products
+    and a fold's in K halves), FSTAGES (a fold's pipeline depth), num_warps, num_stages, maxnreg; slots,
+    check: as in `replay`.
     """
     batch, T = _check_against_cache(cache, _verify_kernel, q, k, v, g, beta, tokens=True)
     if not 1 <= T <= cache.max_draft:

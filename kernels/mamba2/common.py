@@ -20,18 +20,19 @@ def flat_program_ids(NH, NPB):
 
 
 @triton.jit
-def dot_fp32(a, b, IS_A_EXACT: tl.constexpr, IS_B_EXACT: tl.constexpr):
-    # a @ b to about fp32 accuracy on TF32 tensor cores; an operand exact in TF32 (16-bit data) needs no low part
+def dot_fp32(a, b, IS_A_EXACT: tl.constexpr, IS_B_EXACT: tl.constexpr, acc=None):
+    # acc + a @ b to about fp32 accuracy on TF32 tensor cores; an operand exact in TF32 (16-bit data) needs no low
+    # part
     if IS_A_EXACT and IS_B_EXACT:
-        b_ab = tl.dot(a, b, input_precision="tf32")
+        b_ab = tl.dot(a, b, acc, input_precision="tf32")
     elif IS_A_EXACT:
         b_hi = (b.to(tl.int32, bitcast=True) & -8192).to(tl.float32, bitcast=True)
-        b_ab = tl.dot(a, b - b_hi, tl.dot(a, b_hi, input_precision="tf32"), input_precision="tf32")
+        b_ab = tl.dot(a, b - b_hi, tl.dot(a, b_hi, acc, input_precision="tf32"), input_precision="tf32")
     elif IS_B_EXACT:
         a_hi = (a.to(tl.int32, bitcast=True) & -8192).to(tl.float32, bitcast=True)
-        b_ab = tl.dot(a - a_hi, b, tl.dot(a_hi, b, input_precision="tf32"), input_precision="tf32")
+        b_ab = tl.dot(a - a_hi, b, tl.dot(a_hi, b, acc, input_precision="tf32"), input_precision="tf32")
     else:
-        b_ab = tl.dot(a, b, input_precision="tf32x3")
+        b_ab = tl.dot(a, b, acc, input_precision="tf32x3")
     return b_ab
 
 
