@@ -44,7 +44,7 @@ def test_committed_summaries_are_what_the_script_makes_of_the_committed_pages(tm
     done = _run("--resummarize", str(tmp_path))
     assert done.returncode == 0, done.stderr
     made = sorted(tmp_path.glob("*-summary.json"))
-    assert [p.name for p in made] == sorted(p.name for p in CAPTURES.glob("*-summary.json")) and len(made) == 12
+    assert [p.name for p in made] == sorted(p.name for p in CAPTURES.glob("*-summary.json")) and len(made) == 15
     for path in made:
         assert json.loads(path.read_text()) == json.loads((CAPTURES / path.name).read_text()), path.name
     assert "gdn-verify-256: 157641 samples" in done.stdout
