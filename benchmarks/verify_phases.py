@@ -1,8 +1,9 @@
-"""Where Mamba-2's speculative step spends its time on a GPU: each of its launches (the B·C pass, the verify, the
-accept) timed alone by the profiler's device clock, with every row at one fill (a fill of W or more folds), at the
-Nemotron-3-Super layer shape, T = 4, an fp32 checkpoint.
+"""Where a speculative step spends its time on a GPU: each of its launches timed alone by the profiler's device
+clock (Mamba-2's B·C pass, verify and accept at the Nemotron-3-Super layer shape; GDN's key-product pass, verify and
+accept at the Qwen3.5-122B one), with every row at one fill (a fill of W or more folds), T = 4, an fp32 checkpoint.
 
     python benchmarks/verify_phases.py --batch 64 --batch 256 [--launch BPF=32,...] --out FILE.json
+    python benchmarks/verify_phases.py --op gdn --batch 256 [--launch GPASS=0,...] --out FILE.json
 """
 
 from __future__ import annotations
@@ -14,16 +15,24 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import sweep_common as common  # noqa: E402
-from sweep_mamba2 import DRAFT, SHAPE, WINDOW  # noqa: E402
+import sweep_gdn  # noqa: E402
+import sweep_mamba2  # noqa: E402
 
-KERNEL_NAMES = ("mamba2_verify_bc_kernel", "mamba2_verify_kernel", "mamba2_accept_kernel")
+WINDOW, DRAFT = sweep_mamba2.WINDOW, sweep_mamba2.DRAFT
+assert (WINDOW, DRAFT) == (sweep_gdn.WINDOW, sweep_gdn.DRAFT)
+# each op's layer shape and the kernels of its speculative step, in launch order
+OPS = {
+    "mamba2": (sweep_mamba2.SHAPE, ("mamba2_verify_bc_kernel", "mamba2_verify_kernel", "mamba2_accept_kernel")),
+    "gdn": (sweep_gdn.SHAPE, ("_verify_gram_kernel", "_verify_kernel", "_accept_kernel")),
+}
 # None: the rows' fills spread over the window and left to advance, as in a served batch
 FILLS = (0, 8, 15, WINDOW, WINDOW + DRAFT - 1, None)
 
 
-def kernel_times(prof, steps: int) -> dict[str, float]:
-    """Mean device µs per step of each of the speculative step's kernels in a profiler run of `steps` steps."""
-    times: dict[str, list[float]] = {name: [] for name in KERNEL_NAMES}
+def kernel_times(prof, steps: int, names: tuple[str, ...]) -> dict[str, float]:
+    """Mean device µs per step of each of the speculative step's kernels `names` in a profiler run of `steps`
+    steps."""
+    times: dict[str, list[float]] = {name: [] for name in names}
     for event in prof.events():
         name = event.name
         if event.device_type.name == "CUDA" and name in times:
@@ -31,9 +40,10 @@ def kernel_times(prof, steps: int) -> dict[str, float]:
     return {name: sum(v) / steps for name, v in times.items() if v}
 
 
-def time_fill(m, cache, inp, slots, n, fill: int | None, launch: dict, steps: int) -> dict[str, float]:
+def time_fill(m, cache, inp, slots, n, fill: int | None, launch: dict, steps: int, names: tuple[str, ...],
+              kw: dict) -> dict[str, float]:
     """Each launch of `steps` speculative steps with every row starting at `fill` (restored before each step), or
-    with row r at fill r mod W and the fills left to advance (`fill` None)."""
+    with row r at fill r mod W and the fills left to advance (`fill` None); kw the verify's own arguments."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
@@ -43,7 +53,7 @@ def time_fill(m, cache, inp, slots, n, fill: int | None, launch: dict, steps: in
         start[slots.long()] = spread[:, None].expand(-1, start.shape[1])
     else:
         start.fill_(fill)
-    kw = dict(dt_softplus=True, slots=slots, check=False)
+    kw = dict(kw, slots=slots, check=False)
     cache.fill.copy_(start)
     for _ in range(3):
         if fill is not None:
@@ -58,11 +68,26 @@ def time_fill(m, cache, inp, slots, n, fill: int | None, launch: dict, steps: in
             m.verify(cache, **inp, launch=launch, **kw)
             m.accept(cache, n, slots, check=False)
         torch.cuda.synchronize()
-    return kernel_times(prof, steps)
+    return kernel_times(prof, steps, names)
+
+
+def check_launch(op: str, launch: dict) -> None:
+    """Raise ValueError for verify launch keys or values that op's verify would refuse."""
+    if op == "mamba2":
+        from replayssm_kernels.mamba2.args import pick_launch
+        from replayssm_kernels.mamba2.verify import VERIFY_KEYS, VERIFY_LAUNCH
+
+        pick_launch(VERIFY_LAUNCH, DRAFT, sweep_mamba2.SHAPE["P"], sweep_mamba2.SHAPE["N"], launch, VERIFY_KEYS)
+    else:
+        from replayssm_kernels.gdn.common import launch_settings
+        from replayssm_kernels.gdn.replay import LAUNCH
+
+        launch_settings(LAUNCH, "verify", launch)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="verify_phases.py", description=__doc__.splitlines()[0])
+    parser.add_argument("--op", choices=sorted(OPS), default="mamba2")
     parser.add_argument("--batch", type=int, action="append", help="batch sizes (default 64 and 256)")
     parser.add_argument("--launch", action="append", default=[],
                         help="verify launch overrides KEY=V,... (repeat to time several)")
@@ -72,41 +97,50 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from replayssm_kernels import mamba2
-    from replayssm_kernels.mamba2.args import pick_launch
-    from replayssm_kernels.mamba2.verify import VERIFY_KEYS, VERIFY_LAUNCH
+    from replayssm_kernels import gdn, mamba2
 
     try:
         launches = [common.parse_launch(f"verify:{text}")[1] for text in opts.launch] or [{}]
         for launch in launches:
             # the verify's own check of its launch keys and values, as its first call would make it
-            pick_launch(VERIFY_LAUNCH, 4, SHAPE["P"], SHAPE["N"], launch, VERIFY_KEYS)
+            check_launch(opts.op, launch)
     except ValueError as exc:
         print(f"verify_phases.py: {exc}", file=sys.stderr)
         return 2
     if not torch.cuda.is_available():
         print("verify_phases.py needs a CUDA GPU", file=sys.stderr)
         return 2
-    H, P, N, G = SHAPE["H"], SHAPE["P"], SHAPE["N"], SHAPE["G"]
+    shape, names = OPS[opts.op]
     rows = []
     for batch in opts.batch or [64, 256]:
-        inp = mamba2.random_inputs(batch, H, P, N, G, T=DRAFT, io_dtype=torch.bfloat16, device="cuda")
         slots = common.row_slots(batch, "cuda")
         n = torch.full((batch,), DRAFT - 1, dtype=torch.int32, device="cuda")
-        cache = mamba2.ReplayCache.create(batch, H, P, N, G, WINDOW, io_dtype="bf16", max_draft=DRAFT, device="cuda")
-        cache.load(torch.randn(batch, H, P, N, device="cuda") * 0.5)
+        if opts.op == "mamba2":
+            m, kw = mamba2, {"dt_softplus": True}
+            H, P, N, G = shape["H"], shape["P"], shape["N"], shape["G"]
+            inp = mamba2.random_inputs(batch, H, P, N, G, T=DRAFT, io_dtype=torch.bfloat16, device="cuda")
+            cache = mamba2.ReplayCache.create(batch, H, P, N, G, WINDOW, io_dtype="bf16", max_draft=DRAFT,
+                                              device="cuda")
+            cache.load(torch.randn(batch, H, P, N, device="cuda") * 0.5)
+        else:
+            m, kw = gdn, {"use_qk_l2norm_in_kernel": True}
+            H, HV, K, V = shape["H"], shape["HV"], shape["K"], shape["V"]
+            inp = gdn.random_inputs(batch, H, HV, K, V, T=DRAFT, io_dtype=torch.bfloat16, device="cuda")
+            cache = gdn.ReplayCache.create(batch, H, HV, K, V, WINDOW, state_dtype="fp32", io_dtype="bf16",
+                                           max_draft=DRAFT, device="cuda")
+            cache.load(torch.randn(batch, HV, V, K, device="cuda") * 0.05)
         # every buffered entry a real one: fill the buffer through verify and accept once per entry position
         for _ in range(cache.capacity // (DRAFT - 1) + 1):
-            mamba2.verify(cache, **inp, dt_softplus=True, slots=slots)
-            mamba2.accept(cache, n, slots)
+            m.verify(cache, **inp, **kw, slots=slots)
+            m.accept(cache, n, slots)
         for launch in launches:
             for fill in FILLS:
-                us = time_fill(mamba2, cache, inp, slots, n, fill, launch, opts.steps)
+                us = time_fill(m, cache, inp, slots, n, fill, launch, opts.steps, names, kw)
                 folds = fill is not None and fill >= WINDOW
                 row = {"batch": batch, "launch": launch, "fill": fill, "folds": folds, "us": us,
                        "total_us": sum(us.values())}
                 rows.append(row)
-                parts = "  ".join(f"{k.removeprefix('mamba2_').removesuffix('_kernel')} {v:8.1f}"
+                parts = "  ".join(f"{k.removeprefix('mamba2_').strip('_').removesuffix('_kernel')} {v:8.1f}"
                                   for k, v in us.items())
                 label = "mix" if fill is None else fill
                 total = row['total_us']
@@ -117,7 +151,8 @@ def main(argv: list[str] | None = None) -> int:
     props = torch.cuda.get_device_properties(0)
     env = common.environment(props, getattr(props, "L2_cache_size", 0))
     with open(opts.out, "w") as fh:
-        json.dump({"shape": SHAPE, "window": WINDOW, "draft": DRAFT, "environment": env, "rows": rows}, fh, indent=1)
+        json.dump({"op": opts.op, "shape": shape, "window": WINDOW, "draft": DRAFT, "environment": env, "rows": rows},
+                  fh, indent=1)
     print(f"results: {opts.out}")
     return 0
 

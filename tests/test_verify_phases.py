@@ -11,10 +11,13 @@ def _run(*argv):
     return benchmark_scripts.run("verify_phases", *argv)
 
 
-@pytest.mark.parametrize("launch,message", [("XX=1", "unknown key 'XX'"), ("BPF=3", "must be a power of two"),
-                                            ("BPF", "key=integer")])
-def test_bad_launch_is_one_line(tmp_path, launch, message):
-    done = _run("--launch", launch, "--out", str(tmp_path / "phases.json"))
+@pytest.mark.parametrize("op,launch,message", [("mamba2", "XX=1", "unknown key 'XX'"),
+                                               ("mamba2", "BPF=3", "must be a power of two"),
+                                               ("mamba2", "BPF", "key=integer"),
+                                               ("gdn", "BPF=32", "unknown key 'BPF'"),
+                                               ("gdn", "KSPLIT=3", "KSPLIT")])
+def test_bad_launch_is_one_line(tmp_path, op, launch, message):
+    done = _run("--op", op, "--launch", launch, "--out", str(tmp_path / "phases.json"))
     assert done.returncode == 2
     assert done.stderr.strip().count("\n") == 0 and message in done.stderr
     assert not (tmp_path / "phases.json").exists()
