@@ -81,8 +81,9 @@ LAUNCH = {
     # (row, key head) in a launch before the verify's (`_verify_gram_kernel`) instead of in each value head's
     # prologue. Batch 256, µs per layer-step (NOTES run 59): 1108 (MMA=0, 16-row chunks in 2-warp programs) -> 882
     # with GPASS -> 568 with MMA in 32-row chunks (16 per warp: no warp repeats another's tile reads) and KSPLIT
-    # (166 registers); batch 16 92 -> 60. Grids under two programs per SM ("verify-small") take 64-row chunks in
-    # 4-warp programs: batch 1 21.9 -> 16.5.
+    # under a cap of 168 registers; batch 16 92 -> 60; the fold's loop 3 deep a further 2-7% at every batch (24 B of
+    # spills). Grids under two programs per SM ("verify-small") take 64-row chunks in 4-warp programs: batch 1
+    # 21.9 -> 16.5.
     "verify": {"BV": 32, "BVF": 16, "VK": 32, "STAGES": 2, "GPASS": 1, "MMA": 1, "KSPLIT": 2, "FSTAGES": 3,
                "num_warps": 2, "num_stages": 1, "maxnreg": 168},
     "verify-small": {"BV": 64, "BVF": 16, "VK": 32, "STAGES": 2, "GPASS": 1, "MMA": 1, "KSPLIT": 2, "FSTAGES": 1,
