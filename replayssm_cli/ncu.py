@@ -81,7 +81,7 @@ KERNELS: tuple[KernelKind, ...] = (
     KernelKind("_flush_kernel", "gdn", ("split",), None),
     KernelKind("_heads_kernel", "gdn", (), None),
     KernelKind("_decode_multi_kernel", "gdn", ("spec-conventional",), None),
-    KernelKind("_verify_gram_kernel", "gdn", (), None),
+    KernelKind("_verify_gram_kernel", "gdn", ("spec-replay",), None),
     KernelKind("_verify_kernel", "gdn", ("spec-replay",), None),
     KernelKind("_accept_kernel", "gdn", ("spec-replay",), None),
     KernelKind("_accept_snapshot_kernel", "gdn", (), None),

@@ -1116,8 +1116,10 @@ def _launch_verify(cache, q, k, v, g, beta, out, slots, scale, l2norm, settings)
     # the tile's dtype, and whether the drafts' keys and queries are exact in TF32
     tile = cache.checkpoint.dtype if cache.read_copy is None else cache.read_copy.dtype
     half_io = q.element_size() == 2 and k.element_size() == 2
+    constants = _cache_constants(cache)
+    BK = constants["BK"]
     # K pieces of the tile's product (and of a fold's, but for a read copy's: its correction sums whole rows)
-    ksplit = settings["KSPLIT"] if max(16, next_pow2(cache.K)) >= 32 else 1
+    ksplit = settings["KSPLIT"] if BK >= 32 else 1
     gram = None
     if settings["GPASS"]:
         gram = torch.empty(batch, cache.H, BE, BZ, dtype=torch.float32, device=cache.device)
@@ -1125,7 +1127,7 @@ def _launch_verify(cache, q, k, v, g, beta, out, slots, scale, l2norm, settings)
             buf_k=cache.buf_k, fill=cache.fill, q=q, k=k, slots=slots, gram=gram,
             s_qb=q.stride(0), s_qt=q.stride(1), s_qh=q.stride(2), s_qk=q.stride(3),
             s_kb=k.stride(0), s_kt=k.stride(1), s_kh=k.stride(2), s_kk=k.stride(3),
-            T=T, W=cache.window, C=cache.capacity, H=cache.H, HV=cache.HV, K=cache.K, BK=max(16, next_pow2(cache.K)),
+            T=T, W=cache.window, C=cache.capacity, H=cache.H, HV=cache.HV, K=cache.K, BK=BK,
             BT=BT, BWC=BWC, BE=BE, BZ=BZ, IS_HALF_IO=half_io,
             num_warps=GRAM_WARPS,
         )
@@ -1140,10 +1142,10 @@ def _launch_verify(cache, q, k, v, g, beta, out, slots, scale, l2norm, settings)
         s_ob=out.stride(0), s_ot=out.stride(1), s_oh=out.stride(2), s_ov=out.stride(3),
         scale=scale,
         T=T, BT=BT, BWC=BWC,
-        **_cache_constants(cache),
+        **constants,
         BV=max(16, min(settings["BV"], next_pow2(cache.V))),
         BVF=max(16, min(settings["BVF"], next_pow2(cache.V))),
-        VK=min(settings["VK"], max(16, next_pow2(cache.K))),
+        VK=min(settings["VK"], BK),
         STAGES=settings["STAGES"],
         USE_QK_L2NORM=l2norm, GPASS=bool(settings["GPASS"]), BE=BE, BZ=BZ, MMA=bool(settings["MMA"]),
         NATIVE=tile.itemsize == 2 and q.dtype == k.dtype == tile, IS_TILE_EXACT=tile != torch.float32,
