@@ -692,17 +692,16 @@ for section in $SECTIONS; do
     gdn-verify-fold)
         # A folding row's verify (f >= W) in one pass (FOLD=1): each chunk of the checkpoint read once, folded, stored
         # and its products taken from the folded rows, against the fold first and a second read (the row). Compile
-        # (sm_90), each 32-row chunk in 16-column pieces through a pipelined loop (a piece's keys, hi and lo, at a
-        # time): 8 B of spills, 28 KiB of shared memory, 329 instructions per piece per warp; the non-folding loop as
-        # before (809). The GPU tests first, then launch by launch, the sweep and the reference loop.
+        # (sm_90): each 32-row chunk in 16-column pieces (a piece's keys, hi and lo, at a time), the pieces of every
+        # chunk one loop pipelined FSTAGES deep: 8 B of spills; 36 KiB of shared memory 4 deep, 55 KiB 6 deep; the
+        # non-folding loop as before. The GPU tests first, then launch by launch, the sweep and the reference loop.
         gpu_tests gdn-verify-fold-tests 200 tests/test_gdn_verify.py
         sweep gdn-verify-fold-phases 200 verify_phases.py --op gdn --batch 64 --batch 256 --launch "" \
-            --launch FOLD=1,FSTAGES=2 --launch FOLD=1,FSTAGES=3 --launch FOLD=1,FSTAGES=4
+            --launch FOLD=1,FSTAGES=3 --launch FOLD=1,FSTAGES=4 --launch FOLD=1,FSTAGES=6
         sweep gdn-verify-fold 200 sweep_gdn.py --kernel verify --batch 1 --batch 16 --batch 64 --batch 256 \
-            --launch verify: --launch verify:FOLD=1,FSTAGES=2 --launch verify:FOLD=1,FSTAGES=3
-        spec_rows gdn-verify-fold-a gdn-verify-fold 150 qwen3.5-122b-a10b 64,256 "gdn.replay:LAUNCH:verify:FOLD=0"
+            --launch verify: --launch verify:FOLD=1,FSTAGES=4 --launch verify:FOLD=1,FSTAGES=6
         spec_rows gdn-verify-fold-b gdn-verify-fold 150 qwen3.5-122b-a10b 64,256 \
-            "gdn.replay:LAUNCH:verify:FOLD=1,FSTAGES=3"
+            "gdn.replay:LAUNCH:verify:FOLD=1,FSTAGES=4"
         ;;
     gdn-verify-phases)
         # GDN's speculative step launch by launch (the key-product pass, the verify, the accept), every row at one fill

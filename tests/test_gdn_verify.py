@@ -55,7 +55,7 @@ def assert_caches_close(got, want, assert_close):
 # (state, read copy, io, W, T, GPASS: the key products from a launch of their own, MMA: the tile's products on the
 # tensor cores: fp32 tiles in two TF32 passes against 16-bit drafts or three against fp32 ones, a 2-byte tile in its
 # own dtype with drafts of the same, an fp8 tile in one; 2: also KSPLIT=2, the products and a fold in K halves, and
-# FSTAGES=2, the fold's loop pipelined; FOLD: a row's fold in the chunk loop, its outputs from the unfolded checkpoint)
+# FSTAGES=2, the fold's loop pipelined; FOLD: a row's fold in the chunk loop, in 16-row chunks: two of V = 20)
 VERIFY_CASES = [
     ("fp32", None, "bf16", 4, 3, 0, 0, 0),
     ("bf16", None, "fp32", 3, 2, 0, 0, 0),
@@ -102,7 +102,7 @@ def test_verify_accept_matches_reference(device, assert_close, state, read, io, 
             out = torch.full((B, T, HV, V), NAN, dtype=DT[io], device=device)
             y = gdn.verify(got, **inp, use_qk_l2norm_in_kernel=True, slots=slots, out=out,
                            launch={"GPASS": gpass, "MMA": min(mma, 1), "KSPLIT": max(mma, 1),
-                                   "FSTAGES": max(mma, 1), "FOLD": fold})
+                                   "FSTAGES": max(mma, 1), "FOLD": fold, **({"BV": 16} if fold else {})})
             y_ref = gdn.verify_ref(want, **inp, use_qk_l2norm_in_kernel=True, slots=slots)
             n = torch.randint(0, T + 1, (B,), generator=gen, dtype=torch.int32).to(device)
             n[0] = T if step % 2 else n[0]

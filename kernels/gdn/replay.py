@@ -990,26 +990,29 @@ def _verify_kernel(
             o_uf = ((i_s * C + o_w) * HV + i_hv) * V
             b_cw = tl.where(m_w, tl.exp(b_Gl - tl.load(buf_g + (i_s * C + o_w) * HV + i_hv, mask=m_w, other=0.0)),
                             0.0)
-            # each chunk in 16-column pieces through a pipelined loop: one piece's keys at a time, few registers
+            # each chunk in 16-column pieces (a piece's keys, hi and lo, at a time: few registers), the pieces of
+            # every chunk one pipelined loop; a chunk's outputs after its last piece
             BKP: tl.constexpr = 16
-            for i_v in tl.range(0, V, BV, num_stages=1):
-                o_v = i_v + tl.arange(0, BV)
+            NP: tl.constexpr = BK // BKP
+            b_P = tl.zeros([BV, BZ], dtype=tl.float32)
+            for i_j in tl.range(0, tl.cdiv(V, BV) * NP, num_stages=FSTAGES):
+                o_v = (i_j // NP) * BV + tl.arange(0, BV)
                 m_v = o_v < V
-                m_vt = m_v[:, None] & m_t[None, :]
                 # [BV, BW] the rows' f buffered updates, decayed to the committed state
-                b_uw, b_Vd = _chunk_inputs(buf_u, v, o_uf, o_v, m_v, m_w, m_vt, o_t, i_b, i_hv, s_vb, s_vt, s_vh,
-                                           s_vv)
-                b_uw *= b_cw[None, :]
-                b_P = tl.zeros([BV, BZ], dtype=tl.float32)
-                for i_k in tl.range(0, BK, BKP, num_stages=FSTAGES):
-                    b_P = _fold_piece(ckpt, buf_k, q, k, b_uw, b_Gl, i_b, i_s, i_h, o_h, o_v, m_v, o_w, m_w,
-                                      i_k + tl.arange(0, BKP), b_P, s_qb, s_qt, s_qh, s_qk, s_kb, s_kt, s_kh, s_kk,
-                                      C, H, K, T, BT, BZ, NATIVE, IS_TILE_EXACT, IS_HALF_IO)
-                b_P *= b_fz[None, :]
-                b_R = b_Vd - tl.sum(tl.reshape(tl.where(o_z[None, :] < BT, b_P, 0.0), (BV, BZ // BT, BT)), 1)
-                b_O = tl.sum(tl.reshape(tl.where(o_z[None, :] >= BT, b_P, 0.0), (BV, BZ // BT, BT)), 1)
-                _store_draft_outputs(o, buf_u, b_R, b_O, b_A, b_M, i_b, i_s, i_hv, b_fe, o_t, o_v, m_vt, s_ob, s_ot,
-                                     s_oh, s_ov, C, HV, V)
+                b_uw = tl.load(buf_u + o_uf[None, :] + o_v[:, None], mask=m_w[None, :] & m_v[:, None], other=0.0)
+                b_P = _fold_piece(ckpt, buf_k, q, k, b_uw * b_cw[None, :], b_Gl, i_b, i_s, i_h, o_h, o_v, m_v, o_w,
+                                  m_w, (i_j % NP) * BKP + tl.arange(0, BKP), b_P, s_qb, s_qt, s_qh, s_qk, s_kb, s_kt,
+                                  s_kh, s_kk, C, H, K, T, BT, BZ, NATIVE, IS_TILE_EXACT, IS_HALF_IO)
+                if i_j % NP == NP - 1:
+                    m_vt = m_v[:, None] & m_t[None, :]
+                    b_Vd = tl.load(v + i_b * s_vb + o_t[None, :] * s_vt + i_hv * s_vh + o_v[:, None] * s_vv,
+                                   mask=m_vt, other=0.0).to(tl.float32)
+                    b_P *= b_fz[None, :]
+                    b_R = b_Vd - tl.sum(tl.reshape(tl.where(o_z[None, :] < BT, b_P, 0.0), (BV, BZ // BT, BT)), 1)
+                    b_O = tl.sum(tl.reshape(tl.where(o_z[None, :] >= BT, b_P, 0.0), (BV, BZ // BT, BT)), 1)
+                    _store_draft_outputs(o, buf_u, b_R, b_O, b_A, b_M, i_b, i_s, i_hv, b_fe, o_t, o_v, m_vt, s_ob,
+                                         s_ot, s_oh, s_ov, C, HV, V)
+                    b_P = tl.zeros([BV, BZ], dtype=tl.float32)
     tl.store(buf_g + (i_s * C + b_fe + o_t) * HV + i_hv, b_G0 + b_cum, mask=m_t)
     if HAS_COPY:
         tl.store(buf_b + (i_s * C + b_fe + o_t) * HV + i_hv, b_bd, mask=m_t)
