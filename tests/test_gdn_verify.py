@@ -252,9 +252,9 @@ def test_verify_and_accept_bad_input(device):
 @pytest.mark.gpu
 @pytest.mark.parametrize("launch", [{}, {"MMA": 1, "GPASS": 1}, {"MMA": 1, "GPASS": 1, "BV": 32, "num_warps": 4},
                                     {"MMA": 1, "GPASS": 1, "KSPLIT": 2, "BV": 32, "STAGES": 2, "maxnreg": 168},
-                                    {"FOLD": 1}, {"FOLD": 1, "BV": 64, "num_warps": 4, "FSTAGES": 1}],
+                                    {"FOLD": 1}, {"FOLD": 1, "BV": 64, "num_warps": 4, "FSTAGES": 1}, {"PF": 128}],
                          ids=["row", "MMA-GPASS", "MMA-GPASS-BV32-warps4", "MMA-GPASS-KSPLIT2-BV32", "row-FOLD",
-                              "small-row-FOLD"])
+                              "small-row-FOLD", "row-PF128"])
 def test_verify_qwen_shape_on_gpu(assert_close, launch):
     """The Qwen3.5-122B layer shape, T = 4, fills crossing W, against the references."""
     shape = (4, 16, 64, 128, 128)

@@ -85,13 +85,13 @@ LAUNCH = {
     # spills). Grids under two programs per SM ("verify-small") take 64-row chunks in 4-warp programs: batch 1
     # 21.9 -> 16.5.
     "verify": {"BV": 32, "BVF": 16, "VK": 32, "STAGES": 2, "GPASS": 1, "MMA": 1, "KSPLIT": 2, "FSTAGES": 3,
-               "FOLD": 0, "num_warps": 2, "num_stages": 1, "maxnreg": 168},
+               "FOLD": 0, "PF": 0, "num_warps": 2, "num_stages": 1, "maxnreg": 168},
     "verify-small": {"BV": 64, "BVF": 16, "VK": 32, "STAGES": 2, "GPASS": 1, "MMA": 1, "KSPLIT": 2, "FSTAGES": 1,
-                     "FOLD": 0, "num_warps": 4, "num_stages": 1, "maxnreg": 168},
+                     "FOLD": 0, "PF": 0, "num_warps": 4, "num_stages": 1, "maxnreg": 168},
     "verify-split": {"BV": 32, "BVF": 16, "VK": 32, "STAGES": 2, "GPASS": 0, "MMA": 0, "KSPLIT": 1, "FSTAGES": 1,
-                     "FOLD": 0, "num_warps": 4, "num_stages": 1, "maxnreg": None},
+                     "FOLD": 0, "PF": 0, "num_warps": 4, "num_stages": 1, "maxnreg": None},
     "verify-fp8": {"BV": 32, "BVF": 16, "VK": 32, "STAGES": 2, "GPASS": 0, "MMA": 0, "KSPLIT": 1, "FSTAGES": 1,
-                   "FOLD": 0, "num_warps": 4, "num_stages": 1, "maxnreg": None},
+                   "FOLD": 0, "PF": 0, "num_warps": 4, "num_stages": 1, "maxnreg": None},
     "accept": {"num_warps": 1},
 }
 
@@ -754,6 +754,17 @@ def _fold_piece(ckpt, buf_k, q, k, b_uw, b_Gl, i_b, i_s, i_h, o_h, o_v, m_v, o_w
 
 
 @triton.jit
+def _prefetch_rows(p_tile, ROWS: tl.constexpr, K: tl.constexpr, V: tl.constexpr):
+    """Prefetch rows 0 .. ROWS - 1 of a [V, K] tile into L2, one prefetch per 128-byte line (a cache hint only)."""
+    LINE: tl.constexpr = 1024 // p_tile.dtype.element_ty.primitive_bitwidth
+    LPR: tl.constexpr = (K + LINE - 1) // LINE
+    o_l = tl.arange(0, ROWS * LPR)
+    p_l = p_tile + tl.minimum(o_l // LPR, V - 1) * K + (o_l % LPR) * LINE
+    tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l", [p_l], dtype=tl.int32,
+                              is_pure=False, pack=1)
+
+
+@triton.jit
 def _verify_gram_kernel(
     buf_k, fill, q, k, slots, gram,
     s_qb, s_qt, s_qh, s_qk,
@@ -806,7 +817,7 @@ def _verify_kernel(
     VK: tl.constexpr, STAGES: tl.constexpr, USE_QK_L2NORM: tl.constexpr, HAS_COPY: tl.constexpr,
     IS_FP8: tl.constexpr, GPASS: tl.constexpr, BE: tl.constexpr, BZ: tl.constexpr, MMA: tl.constexpr,
     NATIVE: tl.constexpr, IS_TILE_EXACT: tl.constexpr, IS_HALF_IO: tl.constexpr, KSPLIT: tl.constexpr,
-    FKSPLIT: tl.constexpr, FSTAGES: tl.constexpr, FOLD: tl.constexpr,
+    FKSPLIT: tl.constexpr, FSTAGES: tl.constexpr, FOLD: tl.constexpr, PF: tl.constexpr,
 ):
     i_b, i_hv = tl.program_id(0), tl.program_id(1)
     i_s = tl.load(slots + i_b).to(tl.int64)
@@ -826,6 +837,9 @@ def _verify_kernel(
     o_k3 = tl.arange(0, NC)[:, None] * VK + tl.arange(0, VK)[None, :]
     m_k3 = o_k3 < K
     o_h = (i_s * HV + i_hv) * V
+    if PF > 0:
+        # the tile's first PF rows into L2 while the prologue's dependent loads and small products run
+        _prefetch_rows(rcopy + o_h * K, PF, K, V)
     p_f = fill + i_s * HV + i_hv
     b_f = tl.load(p_f)
     b_flush = b_f >= W
@@ -1218,6 +1232,8 @@ def _launch_verify(cache, q, k, v, g, beta, out, slots, scale, l2norm, settings)
         NATIVE=tile.itemsize == 2 and q.dtype == k.dtype == tile, IS_TILE_EXACT=tile != torch.float32,
         IS_HALF_IO=half_io, KSPLIT=ksplit, FKSPLIT=1 if cache.read_copy is not None else ksplit,
         FSTAGES=settings["FSTAGES"], FOLD=fold,
+        # an L2 prefetch is a cache hint in PTX, which Triton's CPU interpreter does not run
+        PF=min(settings["PF"], next_pow2(cache.V)) if cache.device.type == "cuda" else 0,
         **compile_options(settings),
     )
 
