@@ -3,7 +3,7 @@
 # writes its table (.txt) and results (.json) under DIR (default runs/tune), and DIR.tar.gz holds them all for
 # machines that return one file; a sweep past its time limit leaves the ones before it.
 # Usage: benchmarks/tune_h200.sh [DIR] [SECTION ...]
-# Sections: tests, gdn-verify-pf, gdn-verify-fold, gdn-verify-tc, gdn-verify-tc-2, gdn-verify-tc-3, gdn-verify-tc-4, gdn-verify-phases, stalls-fold, gdn-verify-gpass, verify-bf16-bc, fla-slots, kernel-tests, mamba2-verify-fstages, mamba2-verify-bpf, mamba2-verify-launches, mamba2-verify-fold, mamba2-verify-bc-3, mamba2-verify-bc-2, mamba2-verify-bc, mamba2-verify-stream, mamba2-verify-stream-2, tail-lead, tail-3, tail-medium, tail-2, tail, gdn-bf16-tf32, prefetch-profile, prefetch, prefetch-2, loops, gdn-decode-chunks, gdn-decode-order, gdn-decode-order-2, mamba2-mma, stalls-bf16, mamba2-bf16-heads, mamba2-bf16-tf32, heads-sanitizer, mamba2-heads-flush-2, gdn-heads-fault, gdn-heads, mamba2-heads-flush, mamba2-heads, mamba2-heads-2, mamba2-heads-3, mamba2-heads-4, verify-tests, gdn-verify-mma, gdn-verify-3, gdn-verify-rows, gdn-verify-warps, gdn-verify-warps-2, mamba2-verify-warps, gdn-split-3, gdn-split-4, two-phase-2, mamba2-split-phases, mamba2-two-phase, gdn-split-flush-vp, gdn-mma, split-launch-cost, split-launch-cost-2, gdn-flush-list, mamba2-flush-list, gdn-split-nonflush, gdn-split-flush-2, one-warp, fp8-one-warp, fp8-one-warp-2, copy-pieces, regs-2byte, stalls, stalls-2, next, small-grid, small-grid-2, small-grid-3, medium-grid, direct, order, vk, gdn-decode, gdn-replay, gdn-early, gdn-replay-256, gdn-fp32-2, gdn-split, gdn-split-2,
+# Sections: tests, gdn-verify-tc, gdn-verify-tc-2, gdn-verify-tc-3, gdn-verify-tc-4, gdn-verify-phases, stalls-fold, gdn-verify-gpass, verify-bf16-bc, fla-slots, kernel-tests, mamba2-verify-fstages, mamba2-verify-bpf, mamba2-verify-launches, mamba2-verify-fold, mamba2-verify-bc-3, mamba2-verify-bc-2, mamba2-verify-bc, mamba2-verify-stream, mamba2-verify-stream-2, tail-lead, tail-3, tail-medium, tail-2, tail, gdn-bf16-tf32, prefetch-profile, prefetch, prefetch-2, loops, gdn-decode-chunks, gdn-decode-order, gdn-decode-order-2, mamba2-mma, stalls-bf16, mamba2-bf16-heads, mamba2-bf16-tf32, heads-sanitizer, mamba2-heads-flush-2, gdn-heads-fault, gdn-heads, mamba2-heads-flush, mamba2-heads, mamba2-heads-2, mamba2-heads-3, mamba2-heads-4, verify-tests, gdn-verify-mma, gdn-verify-3, gdn-verify-rows, gdn-verify-warps, gdn-verify-warps-2, mamba2-verify-warps, gdn-split-3, gdn-split-4, two-phase-2, mamba2-split-phases, mamba2-two-phase, gdn-split-flush-vp, gdn-mma, split-launch-cost, split-launch-cost-2, gdn-flush-list, mamba2-flush-list, gdn-split-nonflush, gdn-split-flush-2, one-warp, fp8-one-warp, fp8-one-warp-2, copy-pieces, regs-2byte, stalls, stalls-2, next, small-grid, small-grid-2, small-grid-3, medium-grid, direct, order, vk, gdn-decode, gdn-replay, gdn-early, gdn-replay-256, gdn-fp32-2, gdn-split, gdn-split-2,
 # gdn-bf16, gdn-bf16-2, gdn-verify, fla, mamba2-split, mamba2-split2, mamba2-vn, mamba2-bf16, mamba2-bf16-2,
 # mamba2-verify (default: tests gdn-decode gdn-replay gdn-verify mamba2-split mamba2-bf16 mamba2-verify).
 set -uo pipefail
@@ -688,30 +688,6 @@ for section in $SECTIONS; do
             --launch verify:MMA=1,GPASS=1,BV=32,STAGES=2,num_warps=4,maxnreg=255 \
             --launch verify:MMA=1,GPASS=1,BV=64,STAGES=2,num_warps=4,maxnreg=255 \
             --launch verify:MMA=1,GPASS=0,maxnreg=255
-        ;;
-    gdn-verify-pf)
-        # GDN's verify with the first PF rows of each program's tile prefetched into L2 at its start (PF=32: its
-        # first chunk; 128: the whole tile), while the prologue's dependent loads and small products run (a third of
-        # the non-folding launch's samples, run 59): the GPU tests, launch by launch, the sweep.
-        gpu_tests gdn-verify-pf-tests 200 tests/test_gdn_verify.py
-        sweep gdn-verify-pf-phases 200 verify_phases.py --op gdn --batch 64 --batch 256 --launch "" \
-            --launch PF=32 --launch PF=64 --launch PF=128
-        sweep gdn-verify-pf 200 sweep_gdn.py --kernel verify --batch 1 --batch 16 --batch 64 --batch 256 \
-            --launch verify: --launch verify:PF=32 --launch verify:PF=64 --launch verify:PF=128
-        ;;
-    gdn-verify-fold)
-        # A folding row's verify (f >= W) in one pass (FOLD=1): each chunk of the checkpoint read once, folded, stored
-        # and its products taken from the folded rows, against the fold first and a second read (the row). Compile
-        # (sm_90): each 32-row chunk in 16-column pieces (a piece's keys, hi and lo, at a time), the pieces of every
-        # chunk one loop pipelined FSTAGES deep: 8 B of spills; 36 KiB of shared memory 4 deep, 55 KiB 6 deep; the
-        # non-folding loop as before. The GPU tests first, then launch by launch, the sweep and the reference loop.
-        gpu_tests gdn-verify-fold-tests 200 tests/test_gdn_verify.py
-        sweep gdn-verify-fold-phases 200 verify_phases.py --op gdn --batch 64 --batch 256 --launch "" \
-            --launch FOLD=1,FSTAGES=3 --launch FOLD=1,FSTAGES=4 --launch FOLD=1,FSTAGES=6
-        sweep gdn-verify-fold 200 sweep_gdn.py --kernel verify --batch 1 --batch 16 --batch 64 --batch 256 \
-            --launch verify: --launch verify:FOLD=1,FSTAGES=4 --launch verify:FOLD=1,FSTAGES=6
-        spec_rows gdn-verify-fold-b gdn-verify-fold 150 qwen3.5-122b-a10b 64,256 \
-            "gdn.replay:LAUNCH:verify:FOLD=1,FSTAGES=4"
         ;;
     gdn-verify-phases)
         # GDN's speculative step launch by launch (the key-product pass, the verify, the accept), every row at one fill

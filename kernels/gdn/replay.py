@@ -85,13 +85,13 @@ LAUNCH = {
     # spills). Grids under two programs per SM ("verify-small") take 64-row chunks in 4-warp programs: batch 1
     # 21.9 -> 16.5.
     "verify": {"BV": 32, "BVF": 16, "VK": 32, "STAGES": 2, "GPASS": 1, "MMA": 1, "KSPLIT": 2, "FSTAGES": 3,
-               "FOLD": 0, "PF": 0, "num_warps": 2, "num_stages": 1, "maxnreg": 168},
+               "num_warps": 2, "num_stages": 1, "maxnreg": 168},
     "verify-small": {"BV": 64, "BVF": 16, "VK": 32, "STAGES": 2, "GPASS": 1, "MMA": 1, "KSPLIT": 2, "FSTAGES": 1,
-                     "FOLD": 0, "PF": 0, "num_warps": 4, "num_stages": 1, "maxnreg": 168},
+                     "num_warps": 4, "num_stages": 1, "maxnreg": 168},
     "verify-split": {"BV": 32, "BVF": 16, "VK": 32, "STAGES": 2, "GPASS": 0, "MMA": 0, "KSPLIT": 1, "FSTAGES": 1,
-                     "FOLD": 0, "PF": 0, "num_warps": 4, "num_stages": 1, "maxnreg": None},
+                     "num_warps": 4, "num_stages": 1, "maxnreg": None},
     "verify-fp8": {"BV": 32, "BVF": 16, "VK": 32, "STAGES": 2, "GPASS": 0, "MMA": 0, "KSPLIT": 1, "FSTAGES": 1,
-                   "FOLD": 0, "PF": 0, "num_warps": 4, "num_stages": 1, "maxnreg": None},
+                   "num_warps": 4, "num_stages": 1, "maxnreg": None},
     "accept": {"num_warps": 1},
 }
 
@@ -721,50 +721,6 @@ def _draft_columns(q, k, i_b, i_h, o_k, m_k, s_qb, s_qt, s_qh, s_qk, s_kb, s_kt,
 
 
 @triton.jit
-def _store_draft_outputs(o, buf_u, b_R, b_O, b_A, b_M, i_b, i_s, i_hv, b_fe, o_t, o_v, m_vt, s_ob, s_ot, s_oh, s_ov,
-                         C: tl.constexpr, HV: tl.constexpr, V: tl.constexpr):
-    """From a chunk's R = V - S K and S Q [BV, BT]: the drafts' outputs O = S Q + R Mᵀ and updates U = R Aᵀ, stored
-    (U at entries b_fe ..)."""
-    b_U = tl.sum(b_R[:, :, None] * tl.trans(b_A)[None, :, :], 1)
-    b_O += tl.sum(b_R[:, :, None] * tl.trans(b_M)[None, :, :], 1)
-    p_o = o + i_b * s_ob + o_t[None, :] * s_ot + i_hv * s_oh + o_v[:, None] * s_ov
-    tl.store(p_o, cast(b_O, o.dtype.element_ty), mask=m_vt)
-    tl.store(buf_u + ((i_s * C + b_fe + o_t[None, :]) * HV + i_hv) * V + o_v[:, None], b_U, mask=m_vt)
-
-
-@triton.jit
-def _fold_piece(ckpt, buf_k, q, k, b_uw, b_Gl, i_b, i_s, i_h, o_h, o_v, m_v, o_w, m_w, o_k, acc,
-                s_qb, s_qt, s_qh, s_qk, s_kb, s_kt, s_kh, s_kk,
-                C: tl.constexpr, H: tl.constexpr, K: tl.constexpr, T: tl.constexpr, BT: tl.constexpr,
-                BZ: tl.constexpr, NATIVE: tl.constexpr, IS_TILE_EXACT: tl.constexpr, IS_HALF_IO: tl.constexpr):
-    """Columns o_k of checkpoint rows o_v with the buffered entries folded in, e^G S + sum_j (e^{G - G_j} u_j) k_jᵀ
-    (b_uw [BV, BW] the decayed updates; 3xTF32), stored; returns acc + the stored rows times the drafts' columns
-    o_k."""
-    m_k = o_k < K
-    o_s = (o_h + o_v[:, None]) * K + o_k[None, :]
-    m_s = m_v[:, None] & m_k[None, :]
-    b_s = tl.load(ckpt + o_s, mask=m_s, other=0.0).to(tl.float32)
-    b_kw = tl.load(buf_k + ((i_s * C + o_w[:, None]) * H + i_h) * K + o_k[None, :], mask=m_w[:, None] & m_k[None, :],
-                   other=0.0)
-    b_n = rounded(dot_fp32(b_uw, b_kw, False, False, b_s * tl.exp(b_Gl)), ckpt.dtype.element_ty)
-    b_n = b_n.to(ckpt.dtype.element_ty)
-    tl.store(ckpt + o_s, b_n, mask=m_s)
-    b_KQ = _draft_columns(q, k, i_b, i_h, o_k, m_k, s_qb, s_qt, s_qh, s_qk, s_kb, s_kt, s_kh, s_kk, T, BT, BZ)
-    return _tile_product(b_n, b_KQ, acc, NATIVE, IS_TILE_EXACT, IS_HALF_IO)
-
-
-@triton.jit
-def _prefetch_rows(p_tile, ROWS: tl.constexpr, K: tl.constexpr, V: tl.constexpr):
-    """Prefetch rows 0 .. ROWS - 1 of a [V, K] tile into L2, one prefetch per 128-byte line (a cache hint only)."""
-    LINE: tl.constexpr = 1024 // p_tile.dtype.element_ty.primitive_bitwidth
-    LPR: tl.constexpr = (K + LINE - 1) // LINE
-    o_l = tl.arange(0, ROWS * LPR)
-    p_l = p_tile + tl.minimum(o_l // LPR, V - 1) * K + (o_l % LPR) * LINE
-    tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l", [p_l], dtype=tl.int32,
-                              is_pure=False, pack=1)
-
-
-@triton.jit
 def _verify_gram_kernel(
     buf_k, fill, q, k, slots, gram,
     s_qb, s_qt, s_qh, s_qk,
@@ -817,7 +773,7 @@ def _verify_kernel(
     VK: tl.constexpr, STAGES: tl.constexpr, USE_QK_L2NORM: tl.constexpr, HAS_COPY: tl.constexpr,
     IS_FP8: tl.constexpr, GPASS: tl.constexpr, BE: tl.constexpr, BZ: tl.constexpr, MMA: tl.constexpr,
     NATIVE: tl.constexpr, IS_TILE_EXACT: tl.constexpr, IS_HALF_IO: tl.constexpr, KSPLIT: tl.constexpr,
-    FKSPLIT: tl.constexpr, FSTAGES: tl.constexpr, FOLD: tl.constexpr, PF: tl.constexpr,
+    FKSPLIT: tl.constexpr, FSTAGES: tl.constexpr,
 ):
     i_b, i_hv = tl.program_id(0), tl.program_id(1)
     i_s = tl.load(slots + i_b).to(tl.int64)
@@ -837,9 +793,6 @@ def _verify_kernel(
     o_k3 = tl.arange(0, NC)[:, None] * VK + tl.arange(0, VK)[None, :]
     m_k3 = o_k3 < K
     o_h = (i_s * HV + i_hv) * V
-    if PF > 0:
-        # the tile's first PF rows into L2 while the prologue's dependent loads and small products run
-        _prefetch_rows(rcopy + o_h * K, PF, K, V)
     p_f = fill + i_s * HV + i_hv
     b_f = tl.load(p_f)
     b_flush = b_f >= W
@@ -847,17 +800,16 @@ def _verify_kernel(
     b_fe = tl.where(b_flush, 0, b_f)
     b_Gl = tl.load(buf_g + (i_s * C + tl.maximum(b_f - 1, 0)) * HV + i_hv, mask=b_f > 0, other=0.0)
     # Every committed entry is read before any draft's key is written (the arrivals below).
-    if not FOLD:
-        if b_flush:
-            # The committed entries' log-decays [BW]
-            b_Gw = tl.load(buf_g + (i_s * C + o_w) * HV + i_hv, mask=o_w < b_f, other=0.0)
-            # Into a new checkpoint first, as a flush step would; the drafts then read it with no entries left.
-            _verify_flush(
-                ckpt, rcopy, rscale, buf_u, buf_k, buf_t, i_s, i_h, i_hv, b_f, b_Gl, b_Gw, o_w,
-                C, H, HV, K, V, BK, BVF, HAS_COPY, IS_FP8, FKSPLIT, FSTAGES,
-            )
-            # The tile reads below see this program's stores, and the drafts' updates overwrite entries it folded.
-            tl.debug_barrier()
+    if b_flush:
+        # The committed entries' log-decays [BW]
+        b_Gw = tl.load(buf_g + (i_s * C + o_w) * HV + i_hv, mask=o_w < b_f, other=0.0)
+        # Into a new checkpoint first, as a flush step would; the drafts then read it with no entries left.
+        _verify_flush(
+            ckpt, rcopy, rscale, buf_u, buf_k, buf_t, i_s, i_h, i_hv, b_f, b_Gl, b_Gw, o_w,
+            C, H, HV, K, V, BK, BVF, HAS_COPY, IS_FP8, FKSPLIT, FSTAGES,
+        )
+        # The tile reads below see this program's stores, and the drafts' updates overwrite entries it folded.
+        tl.debug_barrier()
     # The entries still committed on top of the tile read below (fewer than W), and their log-decay since it.
     o_wc = tl.arange(0, BWC)
     m_wc = (o_wc < b_f) & (b_f < W)
@@ -950,83 +902,54 @@ def _verify_kernel(
         b_fz = tl.sum(tl.where(m_zk, b_fk[:, None], 0.0) + tl.where(m_zq, b_fq[:, None], 0.0), 0)
         b_Wcz = tl.sum(tl.where(m_zk[None, :, :], b_Wck[:, :, None], 0.0)
                        + tl.where(m_zq[None, :, :], b_Wcq[:, :, None], 0.0), 1)
-    # With FOLD a row that folds takes the second loop below instead, which folds each chunk as it reads it.
-    if (b_f < W) | (not FOLD):
-        for i_v in tl.range(0, V, BV, num_stages=STAGES):
-            o_v = i_v + tl.arange(0, BV)
-            m_v = o_v < V
-            m_vt = m_v[:, None] & m_t[None, :]
-            # [BV, BT] R = V - S K (draft i's v less the committed state's S k_i), and the committed state's S Q: from
-            # one read of the tile (the read copy, refreshed by a flush above, or the checkpoint without one) for every
-            # draft's k and q as given, and the committed entries' terms
-            if MMA:
-                # one [BV, BK] x [BK, BZ] tensor-core product, and the entries' [BV, BWC] x [BWC, BZ] into its columns,
-                # folded onto the drafts' (the rest are zero)
-                p_s = rcopy + (o_h + o_v[:, None]) * K + o_ka[None, :]
-                b_s = tl.load(p_s, mask=m_v[:, None] & (o_ka < K)[None, :], other=0.0)
-                b_uw, b_Vd = _chunk_inputs(buf_u, v, o_u, o_v, m_v, m_wc, m_vt, o_t, i_b, i_hv, s_vb, s_vt, s_vh, s_vv)
-                b_P = _tile_product(b_s, b_KQa, None, NATIVE, IS_TILE_EXACT, IS_HALF_IO)
-                if KSPLIT == 2:
-                    b_s = tl.load(p_s + BKS, mask=m_v[:, None] & (BKS + o_ka < K)[None, :], other=0.0)
-                    b_P = _tile_product(b_s, b_KQb, b_P, NATIVE, IS_TILE_EXACT, IS_HALF_IO)
-                if IS_FP8:
-                    b_P *= tl.load(rscale + o_h + o_v, mask=m_v, other=0.0)[:, None]
-                b_P = dot_fp32(b_uw, b_Wcz, False, False, b_P * b_fz[None, :])
-                b_R = b_Vd - tl.sum(tl.reshape(tl.where(o_z[None, :] < BT, b_P, 0.0), (BV, BZ // BT, BT)), 1)
-                b_O = tl.sum(tl.reshape(tl.where(o_z[None, :] >= BT, b_P, 0.0), (BV, BZ // BT, BT)), 1)
-            else:
-                # [BV, NC, VK] the tile, its row sums draft by draft
-                b_s = tl.load(rcopy + (o_h + o_v[:, None, None]) * K + o_k3[None, :, :],
-                              mask=m_v[:, None, None] & m_k3[None, :, :], other=0.0)
-                b_SK = tl.zeros([BV, BT], dtype=tl.float32)
-                b_SQ = tl.zeros([BV, BT], dtype=tl.float32)
-                for i in tl.static_range(T):
-                    b_k3, b_q3 = _draft_kq(q, k, i_b, i, i_h, o_k3, m_k3, s_qb, s_qt, s_qh, s_qk, s_kb, s_kt, s_kh,
-                                           s_kk)
-                    b_ski, b_sqi = _row_sums(b_s, b_k3, b_q3, 1.0, 1.0)
-                    b_SK = tl.where(o_t[None, :] == i, b_ski[:, None], b_SK)
-                    b_SQ = tl.where(o_t[None, :] == i, b_sqi[:, None], b_SQ)
-                if IS_FP8:
-                    b_sc = tl.load(rscale + o_h + o_v, mask=m_v, other=0.0)
-                    b_SK *= b_sc[:, None]
-                    b_SQ *= b_sc[:, None]
-                b_uw, b_Vd = _chunk_inputs(buf_u, v, o_u, o_v, m_v, m_wc, m_vt, o_t, i_b, i_hv, s_vb, s_vt, s_vh, s_vv)
-                # each product is ordered so that its sum lands in the tile's layout
-                b_R = b_Vd - b_SK * b_fk[None, :] - tl.sum(b_uw[:, None, :] * tl.trans(b_Wck)[None, :, :], 2)
-                b_O = b_SQ * b_fq[None, :] + tl.sum(b_uw[:, None, :] * tl.trans(b_Wcq)[None, :, :], 2)
-            _store_draft_outputs(o, buf_u, b_R, b_O, b_A, b_M, i_b, i_s, i_hv, b_fe, o_t, o_v, m_vt, s_ob, s_ot, s_oh,
-                                 s_ov, C, HV, V)
-    if FOLD:
-        if b_flush:
-            # A row at f >= W (FOLD takes MMA): each chunk of the checkpoint read once, the f entries folded into it
-            # and stored, the drafts' products taken from the folded rows (as after a flush: no entries on them).
-            m_w = o_w < b_f
-            o_uf = ((i_s * C + o_w) * HV + i_hv) * V
-            b_cw = tl.where(m_w, tl.exp(b_Gl - tl.load(buf_g + (i_s * C + o_w) * HV + i_hv, mask=m_w, other=0.0)),
-                            0.0)
-            # each chunk in 16-column pieces (a piece's keys, hi and lo, at a time: few registers), the pieces of
-            # every chunk one pipelined loop; a chunk's outputs after its last piece
-            BKP: tl.constexpr = 16
-            NP: tl.constexpr = BK // BKP
-            b_P = tl.zeros([BV, BZ], dtype=tl.float32)
-            for i_j in tl.range(0, tl.cdiv(V, BV) * NP, num_stages=FSTAGES):
-                o_v = (i_j // NP) * BV + tl.arange(0, BV)
-                m_v = o_v < V
-                # [BV, BW] the rows' f buffered updates, decayed to the committed state
-                b_uw = tl.load(buf_u + o_uf[None, :] + o_v[:, None], mask=m_w[None, :] & m_v[:, None], other=0.0)
-                b_P = _fold_piece(ckpt, buf_k, q, k, b_uw * b_cw[None, :], b_Gl, i_b, i_s, i_h, o_h, o_v, m_v, o_w,
-                                  m_w, (i_j % NP) * BKP + tl.arange(0, BKP), b_P, s_qb, s_qt, s_qh, s_qk, s_kb, s_kt,
-                                  s_kh, s_kk, C, H, K, T, BT, BZ, NATIVE, IS_TILE_EXACT, IS_HALF_IO)
-                if i_j % NP == NP - 1:
-                    m_vt = m_v[:, None] & m_t[None, :]
-                    b_Vd = tl.load(v + i_b * s_vb + o_t[None, :] * s_vt + i_hv * s_vh + o_v[:, None] * s_vv,
-                                   mask=m_vt, other=0.0).to(tl.float32)
-                    b_P *= b_fz[None, :]
-                    b_R = b_Vd - tl.sum(tl.reshape(tl.where(o_z[None, :] < BT, b_P, 0.0), (BV, BZ // BT, BT)), 1)
-                    b_O = tl.sum(tl.reshape(tl.where(o_z[None, :] >= BT, b_P, 0.0), (BV, BZ // BT, BT)), 1)
-                    _store_draft_outputs(o, buf_u, b_R, b_O, b_A, b_M, i_b, i_s, i_hv, b_fe, o_t, o_v, m_vt, s_ob,
-                                         s_ot, s_oh, s_ov, C, HV, V)
-                    b_P = tl.zeros([BV, BZ], dtype=tl.float32)
+    for i_v in tl.range(0, V, BV, num_stages=STAGES):
+        o_v = i_v + tl.arange(0, BV)
+        m_v = o_v < V
+        m_vt = m_v[:, None] & m_t[None, :]
+        # [BV, BT] R = V - S K (draft i's v less the committed state's S k_i), and the committed state's S Q: from
+        # one read of the tile (the read copy, refreshed by a flush above, or the checkpoint without one) for every
+        # draft's k and q as given, and the committed entries' terms
+        if MMA:
+            # one [BV, BK] x [BK, BZ] tensor-core product, and the entries' [BV, BWC] x [BWC, BZ] into its columns,
+            # folded onto the drafts' (the rest are zero)
+            p_s = rcopy + (o_h + o_v[:, None]) * K + o_ka[None, :]
+            b_s = tl.load(p_s, mask=m_v[:, None] & (o_ka < K)[None, :], other=0.0)
+            b_uw, b_Vd = _chunk_inputs(buf_u, v, o_u, o_v, m_v, m_wc, m_vt, o_t, i_b, i_hv, s_vb, s_vt, s_vh, s_vv)
+            b_P = _tile_product(b_s, b_KQa, None, NATIVE, IS_TILE_EXACT, IS_HALF_IO)
+            if KSPLIT == 2:
+                b_s = tl.load(p_s + BKS, mask=m_v[:, None] & (BKS + o_ka < K)[None, :], other=0.0)
+                b_P = _tile_product(b_s, b_KQb, b_P, NATIVE, IS_TILE_EXACT, IS_HALF_IO)
+            if IS_FP8:
+                b_P *= tl.load(rscale + o_h + o_v, mask=m_v, other=0.0)[:, None]
+            b_P = dot_fp32(b_uw, b_Wcz, False, False, b_P * b_fz[None, :])
+            b_R = b_Vd - tl.sum(tl.reshape(tl.where(o_z[None, :] < BT, b_P, 0.0), (BV, BZ // BT, BT)), 1)
+            b_O = tl.sum(tl.reshape(tl.where(o_z[None, :] >= BT, b_P, 0.0), (BV, BZ // BT, BT)), 1)
+        else:
+            # [BV, NC, VK] the tile, its row sums draft by draft
+            b_s = tl.load(rcopy + (o_h + o_v[:, None, None]) * K + o_k3[None, :, :],
+                          mask=m_v[:, None, None] & m_k3[None, :, :], other=0.0)
+            b_SK = tl.zeros([BV, BT], dtype=tl.float32)
+            b_SQ = tl.zeros([BV, BT], dtype=tl.float32)
+            for i in tl.static_range(T):
+                b_k3, b_q3 = _draft_kq(q, k, i_b, i, i_h, o_k3, m_k3, s_qb, s_qt, s_qh, s_qk, s_kb, s_kt, s_kh,
+                                       s_kk)
+                b_ski, b_sqi = _row_sums(b_s, b_k3, b_q3, 1.0, 1.0)
+                b_SK = tl.where(o_t[None, :] == i, b_ski[:, None], b_SK)
+                b_SQ = tl.where(o_t[None, :] == i, b_sqi[:, None], b_SQ)
+            if IS_FP8:
+                b_sc = tl.load(rscale + o_h + o_v, mask=m_v, other=0.0)
+                b_SK *= b_sc[:, None]
+                b_SQ *= b_sc[:, None]
+            b_uw, b_Vd = _chunk_inputs(buf_u, v, o_u, o_v, m_v, m_wc, m_vt, o_t, i_b, i_hv, s_vb, s_vt, s_vh, s_vv)
+            # each product is ordered so that its sum lands in the tile's layout
+            b_R = b_Vd - b_SK * b_fk[None, :] - tl.sum(b_uw[:, None, :] * tl.trans(b_Wck)[None, :, :], 2)
+            b_O = b_SQ * b_fq[None, :] + tl.sum(b_uw[:, None, :] * tl.trans(b_Wcq)[None, :, :], 2)
+        # U = R Aᵀ, O = S Q + R Mᵀ
+        b_U = tl.sum(b_R[:, :, None] * tl.trans(b_A)[None, :, :], 1)
+        b_O += tl.sum(b_R[:, :, None] * tl.trans(b_M)[None, :, :], 1)
+        p_o = o + i_b * s_ob + o_t[None, :] * s_ot + i_hv * s_oh + o_v[:, None] * s_ov
+        tl.store(p_o, cast(b_O, o.dtype.element_ty), mask=m_vt)
+        tl.store(buf_u + ((i_s * C + b_fe + o_t[None, :]) * HV + i_hv) * V + o_v[:, None], b_U, mask=m_vt)
     tl.store(buf_g + (i_s * C + b_fe + o_t) * HV + i_hv, b_G0 + b_cum, mask=m_t)
     if HAS_COPY:
         tl.store(buf_b + (i_s * C + b_fe + o_t) * HV + i_hv, b_bd, mask=m_t)
@@ -1187,10 +1110,6 @@ def _launch_replay(cache, q, k, v, g, beta, out, slots, scale, l2norm, settings,
 
 def _launch_verify(cache, q, k, v, g, beta, out, slots, scale, l2norm, settings):
     batch, T = q.shape[0], q.shape[1]
-    fold = bool(settings["FOLD"])
-    if fold and (cache.read_copy is not None or not settings["MMA"]):
-        raise ValueError("launch FOLD = 1 (a row's fold in the verify's chunk loop) takes MMA = 1 and no read copy; "
-                         "a read copy's verify folds first (FOLD = 0)")
     BT, BWC = next_pow2(T), max(16, next_pow2(cache.window))
     # the Gram pass's rows (committed keys, the drafts' keys, their queries) and columns (keys, queries)
     BE, BZ = next_pow2(BWC + 2 * BT), max(16, 2 * BT)
@@ -1231,9 +1150,7 @@ def _launch_verify(cache, q, k, v, g, beta, out, slots, scale, l2norm, settings)
         USE_QK_L2NORM=l2norm, GPASS=bool(settings["GPASS"]), BE=BE, BZ=BZ, MMA=bool(settings["MMA"]),
         NATIVE=tile.itemsize == 2 and q.dtype == k.dtype == tile, IS_TILE_EXACT=tile != torch.float32,
         IS_HALF_IO=half_io, KSPLIT=ksplit, FKSPLIT=1 if cache.read_copy is not None else ksplit,
-        FSTAGES=settings["FSTAGES"], FOLD=fold,
-        # an L2 prefetch is a cache hint in PTX, which Triton's CPU interpreter does not run
-        PF=min(settings["PF"], next_pow2(cache.V)) if cache.device.type == "cuda" else 0,
+        FSTAGES=settings["FSTAGES"],
         **compile_options(settings),
     )
 
