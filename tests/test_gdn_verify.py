@@ -52,10 +52,10 @@ def assert_caches_close(got, want, assert_close):
             assert_close(getattr(got, name), getattr(want, name), *dtypes, what=name)
 
 
-# (state, read copy, io, W, T, GPASS: the key products from a launch of their own, MMA: the tile's products on the
-# tensor cores: fp32 tiles in two TF32 passes against 16-bit drafts or three against fp32 ones, a 2-byte tile in its
-# own dtype with drafts of the same, an fp8 tile in one; 2: also KSPLIT=2, the products and a fold in K halves, and
-# FSTAGES=2, the fold's loop pipelined)
+# (state, read copy, io, W, T, GPASS: the key products from a launch of their own (2: each value head's weights too),
+# MMA: the tile's products on the tensor cores: fp32 tiles in two TF32 passes against 16-bit drafts or three against
+# fp32 ones, a 2-byte tile in its own dtype with drafts of the same, an fp8 tile in one; 2: also KSPLIT=2, the
+# products and a fold in K halves, and FSTAGES=2, the fold's loop pipelined)
 VERIFY_CASES = [
     ("fp32", None, "bf16", 4, 3, 0, 0),
     ("bf16", None, "fp32", 3, 2, 0, 0),
@@ -70,11 +70,14 @@ VERIFY_CASES = [
     ("bf16", None, "fp32", 3, 2, 1, 1),
     ("fp32", "bf16", "bf16", 4, 3, 1, 1),
     ("fp32", "fp8", "fp16", 3, 4, 0, 1),
+    ("fp32", None, "bf16", 4, 3, 2, 2),
+    ("bf16", None, "bf16", 4, 3, 2, 2),
+    ("fp32", None, "fp32", 3, 4, 2, 1),
 ]
 
 
 @pytest.mark.parametrize("state,read,io,W,T,gpass,mma", VERIFY_CASES,
-                         ids=[f"B3-H2-HV6-K24-V20-W{w}-T{t}-{s}-{r or 'full'}-{i}{'-GPASS' if p else ''}"
+                         ids=[f"B3-H2-HV6-K24-V20-W{w}-T{t}-{s}-{r or 'full'}-{i}{'-GPASS' * bool(p)}{'2' * (p == 2)}"
                               f"{'-MMA' if m else ''}{'-KSPLIT2' if m == 2 else ''}"
                               for s, r, i, w, t, p, m in VERIFY_CASES])
 def test_verify_accept_matches_reference(device, assert_close, state, read, io, W, T, gpass, mma):
@@ -234,12 +237,21 @@ def test_verify_and_accept_bad_input(device):
         gdn.accept(cache, torch.tensor([1, 0, 1], dtype=torch.int32, device=device),
                    torch.tensor([0, 1], dtype=torch.int32, device=device))
     assert not cache.fill.any()
+    inp = gdn.random_inputs(2, 1, 2, 8, 8, T=2, io_dtype=torch.float32, device=device)
+    split = make_cache((3, 1, 2, 8, 8), 4, device, read="bf16", io="fp32", max_draft=2)
+    for got, launch in ((split, {"MMA": 1, "GPASS": 2}), (cache, {"MMA": 0, "GPASS": 2})):
+        before = got.clone()
+        with pytest.raises(ValueError, match="GPASS = 2 .* takes MMA = 1 and no read copy"):
+            gdn.verify(got, **inp, launch=launch)
+        assert torch.equal(got.checkpoint, before.checkpoint) and torch.equal(got.fill, before.fill)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("launch", [{}, {"MMA": 1, "GPASS": 1}, {"MMA": 1, "GPASS": 1, "BV": 32, "num_warps": 4},
-                                    {"MMA": 1, "GPASS": 1, "KSPLIT": 2, "BV": 32, "STAGES": 2, "maxnreg": 168}],
-                         ids=["row", "MMA-GPASS", "MMA-GPASS-BV32-warps4", "MMA-GPASS-KSPLIT2-BV32"])
+                                    {"MMA": 1, "GPASS": 1, "KSPLIT": 2, "BV": 32, "STAGES": 2, "maxnreg": 168},
+                                    {"GPASS": 2}, {"GPASS": 2, "BV": 64, "num_warps": 4, "FSTAGES": 1}],
+                         ids=["row", "MMA-GPASS", "MMA-GPASS-BV32-warps4", "MMA-GPASS-KSPLIT2-BV32", "row-GPASS2",
+                              "small-row-GPASS2"])
 def test_verify_qwen_shape_on_gpu(assert_close, launch):
     """The Qwen3.5-122B layer shape, T = 4, fills crossing W, against the references."""
     shape = (4, 16, 64, 128, 128)

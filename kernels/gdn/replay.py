@@ -721,13 +721,78 @@ def _draft_columns(q, k, i_b, i_h, o_k, m_k, s_qb, s_qt, s_qh, s_qk, s_kb, s_kt,
 
 
 @triton.jit
+def _gram_products(p_gm, o_wc, m_wc, o_t, scale, BT: tl.constexpr, BZ: tl.constexpr, BWC: tl.constexpr,
+                   USE_QK_L2NORM: tl.constexpr):
+    """The drafts' products from a key head's [BE, BZ] matrix at p_gm (`_verify_gram_kernel`): [BWC, BT] k_j·k_i and
+    k_j·q_i of committed entry j (zero where m_wc is not), [BT, BT] row i, column i': k_i'·k_i and k_i'·q_i, all with
+    the drafts' q and k as given, and [BT] their factors (l2-norm, scale) for the keys and the queries."""
+    b_Wck = tl.load(p_gm + o_wc[:, None] * BZ + o_t[None, :], mask=m_wc[:, None], other=0.0)
+    b_Wcq = tl.load(p_gm + o_wc[:, None] * BZ + BT + o_t[None, :], mask=m_wc[:, None], other=0.0)
+    b_KK = tl.load(p_gm + (BWC + o_t[None, :]) * BZ + o_t[:, None])
+    b_QK = tl.load(p_gm + (BWC + o_t[None, :]) * BZ + BT + o_t[:, None])
+    if USE_QK_L2NORM:
+        b_rq = scale / tl.sqrt(tl.load(p_gm + (BWC + BT + o_t) * BZ + BT + o_t) + 1e-6)
+        b_rk = 1.0 / tl.sqrt(tl.load(p_gm + (BWC + o_t) * BZ + o_t) + 1e-6)
+    else:
+        b_rq = tl.full([BT], scale, tl.float32)
+        b_rk = tl.full([BT], 1.0, tl.float32)
+    return b_Wck, b_Wcq, b_KK, b_QK, b_rk, b_rq
+
+
+@triton.jit
+def _draft_solve(b_KK, b_QK, b_Wck, b_Wcq, b_rk, b_rq, b_bd, b_cum, b_ec, b_G0, b_Gwc, m_wc, o_t, m_upto,
+                 T: tl.constexpr, BT: tl.constexpr):
+    """The weights a verify's chunks take from the drafts' and the committed entries' products (`_gram_products`'
+    layout), their betas b_bd, the log-decay b_cum after each draft since the committed state (b_ec its exp) and the
+    committed state's since the tile (b_G0; b_Gwc the entries'): [BT, BT] A and M, U = R Aᵀ and O = S Q + R Mᵀ;
+    [BWC, BT] each committed entry's weight in every draft's S k and S q; [BT] those of the tile's row sums."""
+    # [BT, BT] row i, column i': weight of draft i''s update in draft i's S k (i' < i) and S q (i' <= i)
+    b_Ed = tl.exp(tl.where(m_upto, b_cum[:, None] - b_cum[None, :], 0.0)) * b_rk[None, :]
+    b_Wk = tl.where(o_t[None, :] < o_t[:, None], b_Ed * b_KK * b_rk[:, None], 0.0)
+    b_Wq = tl.where(m_upto, b_Ed * b_QK * b_rq[:, None], 0.0)
+    # [BWC, BT] weight of committed entry j's update in draft i's S k and S q
+    b_dc = tl.where(m_wc, tl.exp(b_G0 - b_Gwc), 0.0)
+    b_Wck *= b_dc[:, None] * (b_ec * b_rk)[None, :]
+    b_Wcq *= b_dc[:, None] * (b_ec * b_rq)[None, :]
+    # [BT] weights of the tile's row sums with the raw k_i and q_i
+    b_fk = tl.exp(b_G0 + b_cum) * b_rk
+    b_fq = tl.exp(b_G0 + b_cum) * b_rq
+    # The drafts' recurrence u_i = beta_i (r_i - sum_{i'<i} Wk[i, i'] u_i') solved once: U = R Aᵀ, [BT, BT] A lower
+    # triangular; r_i = v_i - S k_i from the committed state. Then O = S Q + Wq U = S Q + R Mᵀ with M = Wq A.
+    b_A = tl.zeros([BT, BT], dtype=tl.float32)
+    for i in tl.static_range(T):
+        b_wki = tl.sum(tl.where(o_t[:, None] == i, b_Wk, 0.0), 0)
+        b_bi = tl.sum(tl.where(o_t == i, b_bd, 0.0))
+        b_ai = b_bi * (tl.where(o_t == i, 1.0, 0.0) - tl.sum(b_wki[:, None] * b_A, 0))
+        b_A = tl.where(o_t[:, None] == i, b_ai[None, :], b_A)
+    b_M = tl.sum(b_Wq[:, :, None] * b_A[None, :, :], 1)
+    return b_A, b_M, b_Wck, b_Wcq, b_fk, b_fq
+
+
+@triton.jit
+def _column_weights(b_fk, b_fq, b_Wck, b_Wcq, o_t, BT: tl.constexpr, BZ: tl.constexpr):
+    """[BZ] the factor of each column of a chunk's tensor-core product (the drafts' keys, then their queries) and
+    [BWC, BZ] the committed entries' weights in the same columns."""
+    o_z = tl.arange(0, BZ)
+    m_zk = o_z[None, :] == o_t[:, None]
+    m_zq = o_z[None, :] == BT + o_t[:, None]
+    b_fz = tl.sum(tl.where(m_zk, b_fk[:, None], 0.0) + tl.where(m_zq, b_fq[:, None], 0.0), 0)
+    b_Wcz = tl.sum(tl.where(m_zk[None, :, :], b_Wck[:, :, None], 0.0)
+                   + tl.where(m_zq[None, :, :], b_Wcq[:, :, None], 0.0), 1)
+    return b_fz, b_Wcz
+
+
+@triton.jit
 def _verify_gram_kernel(
-    buf_k, fill, q, k, slots, gram,
+    buf_k, buf_g, fill, q, k, g, beta, slots, gram, wts,
     s_qb, s_qt, s_qh, s_qk,
     s_kb, s_kt, s_kh, s_kk,
+    s_gb, s_gt, s_gh,
+    s_bb, s_bt, s_bh,
+    scale,
     T: tl.constexpr, W: tl.constexpr, C: tl.constexpr, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr,
     BK: tl.constexpr, BT: tl.constexpr, BWC: tl.constexpr, BE: tl.constexpr, BZ: tl.constexpr,
-    IS_HALF_IO: tl.constexpr,
+    IS_HALF_IO: tl.constexpr, WEIGHTS: tl.constexpr, NW: tl.constexpr, USE_QK_L2NORM: tl.constexpr,
 ):
     """The key products a verify's value heads share, once per (row, key head): [BE, BZ] fp32 into gram, row e
     a key or query (the committed entries' keys e < BWC, then the drafts' keys as given, then their queries), column
@@ -753,12 +818,42 @@ def _verify_gram_kernel(
                    other=0.0).to(tl.float32)
     b_z = _draft_columns(q, k, i_b, i_h, o_k, m_k, s_qb, s_qt, s_qh, s_qk, s_kb, s_kt, s_kh, s_kk, T, BT, BZ)
     b_g = dot_fp32(b_e, b_z.to(tl.float32), False, IS_HALF_IO)
-    tl.store(gram + (i_b * H + i_h) * BE * BZ + o_e[:, None] * BZ + o_z[None, :], b_g)
+    p_gm = gram + (i_b * H + i_h) * BE * BZ
+    tl.store(p_gm + o_e[:, None] * BZ + o_z[None, :], b_g)
+    if WEIGHTS:
+        # Each value head's prologue of the verify (its fill, the drafts' gates, the [T, T] solve), from the
+        # products just stored: [NW] A and M [BT, BT], the column factors [BZ], the committed entries' weights
+        # [BWC, BZ] and the log-decays [BT] the drafts' entries take.
+        tl.debug_barrier()
+        o_t, o_wc = tl.arange(0, BT), tl.arange(0, BWC)
+        m_t = o_t < T
+        m_upto = o_t[None, :] <= o_t[:, None]
+        for i_j in tl.range(0, HV // H):
+            i_hv = i_h * (HV // H) + i_j
+            b_f = tl.load(fill + i_s * HV + i_hv)
+            b_flush = b_f >= W
+            m_wv = (o_wc < b_f) & (b_f < W)
+            b_Gl = tl.load(buf_g + (i_s * C + tl.maximum(b_f - 1, 0)) * HV + i_hv, mask=b_f > 0, other=0.0)
+            b_G0 = tl.where(b_flush, 0.0, b_Gl)
+            b_Gwc = tl.load(buf_g + (i_s * C + o_wc) * HV + i_hv, mask=m_wv, other=0.0)
+            b_gd, b_bd, b_cum, b_ec = _draft_gates(g, beta, i_b, i_hv, o_t, m_t, m_upto, s_gb, s_gt, s_gh, s_bb,
+                                                   s_bt, s_bh)
+            b_Wck, b_Wcq, b_KK, b_QK, b_rk, b_rq = _gram_products(p_gm, o_wc, m_wv, o_t, scale, BT, BZ, BWC,
+                                                                  USE_QK_L2NORM)
+            b_A, b_M, b_Wck, b_Wcq, b_fk, b_fq = _draft_solve(b_KK, b_QK, b_Wck, b_Wcq, b_rk, b_rq, b_bd, b_cum,
+                                                              b_ec, b_G0, b_Gwc, m_wv, o_t, m_upto, T, BT)
+            b_fz, b_Wcz = _column_weights(b_fk, b_fq, b_Wck, b_Wcq, o_t, BT, BZ)
+            p_w = wts + (i_b * HV + i_hv) * NW
+            tl.store(p_w + o_t[:, None] * BT + o_t[None, :], b_A)
+            tl.store(p_w + BT * BT + o_t[:, None] * BT + o_t[None, :], b_M)
+            tl.store(p_w + 2 * BT * BT + o_z, b_fz)
+            tl.store(p_w + 2 * BT * BT + BZ + o_wc[:, None] * BZ + o_z[None, :], b_Wcz)
+            tl.store(p_w + NW - BT + o_t, b_G0 + b_cum)
 
 
 @triton.jit
 def _verify_kernel(
-    ckpt, rcopy, rscale, buf_u, buf_k, buf_g, buf_b, buf_t, fill, arrivals, gram,
+    ckpt, rcopy, rscale, buf_u, buf_k, buf_g, buf_b, buf_t, fill, arrivals, gram, wts,
     q, k, v, g, beta, o, slots,
     s_qb, s_qt, s_qh, s_qk,
     s_kb, s_kt, s_kh, s_kk,
@@ -773,7 +868,7 @@ def _verify_kernel(
     VK: tl.constexpr, STAGES: tl.constexpr, USE_QK_L2NORM: tl.constexpr, HAS_COPY: tl.constexpr,
     IS_FP8: tl.constexpr, GPASS: tl.constexpr, BE: tl.constexpr, BZ: tl.constexpr, MMA: tl.constexpr,
     NATIVE: tl.constexpr, IS_TILE_EXACT: tl.constexpr, IS_HALF_IO: tl.constexpr, KSPLIT: tl.constexpr,
-    FKSPLIT: tl.constexpr, FSTAGES: tl.constexpr,
+    FKSPLIT: tl.constexpr, FSTAGES: tl.constexpr, NW: tl.constexpr,
 ):
     i_b, i_hv = tl.program_id(0), tl.program_id(1)
     i_s = tl.load(slots + i_b).to(tl.int64)
@@ -818,21 +913,17 @@ def _verify_kernel(
     # [BT, BT] row i, column i': k_i'·k_i and k_i'·q_i; [BWC, BT] k_j·k_i and k_j·q_i of committed entry j; the
     # drafts' q and k as given, their factors (l2-norm, scale) going on the products. b_gd and b_bd: the drafts'
     # log-decays and betas, b_cum [BT] the log-decay after each since the committed state.
-    if GPASS:
+    if GPASS == 2:
+        # every weight below from the key-product pass, which took this value head's prologue
+        p_w = wts + (i_b * HV + i_hv) * NW
+        b_A = tl.load(p_w + o_t[:, None] * BT + o_t[None, :])
+        b_M = tl.load(p_w + BT * BT + o_t[:, None] * BT + o_t[None, :])
+        b_Gs = tl.load(p_w + NW - BT + o_t)
+    elif GPASS:
         b_gd, b_bd, b_cum, b_ec = _draft_gates(g, beta, i_b, i_hv, o_t, m_t, m_upto, s_gb, s_gt, s_gh, s_bb, s_bt,
                                                s_bh)
-        # from the key head's products (`_verify_gram_kernel`): row e, column z of its [BE, BZ] matrix
-        p_gm = gram + (i_b * H + i_h) * BE * BZ
-        b_Wck = tl.load(p_gm + o_wc[:, None] * BZ + o_t[None, :], mask=m_wc[:, None], other=0.0)
-        b_Wcq = tl.load(p_gm + o_wc[:, None] * BZ + BT + o_t[None, :], mask=m_wc[:, None], other=0.0)
-        b_KK = tl.load(p_gm + (BWC + o_t[None, :]) * BZ + o_t[:, None])
-        b_QK = tl.load(p_gm + (BWC + o_t[None, :]) * BZ + BT + o_t[:, None])
-        if USE_QK_L2NORM:
-            b_rq = scale / tl.sqrt(tl.load(p_gm + (BWC + BT + o_t) * BZ + BT + o_t) + 1e-6)
-            b_rk = 1.0 / tl.sqrt(tl.load(p_gm + (BWC + o_t) * BZ + o_t) + 1e-6)
-        else:
-            b_rq = tl.full([BT], scale, tl.float32)
-            b_rk = tl.full([BT], 1.0, tl.float32)
+        b_Wck, b_Wcq, b_KK, b_QK, b_rk, b_rq = _gram_products(gram + (i_b * H + i_h) * BE * BZ, o_wc, m_wc, o_t,
+                                                              scale, BT, BZ, BWC, USE_QK_L2NORM)
     else:
         # [BWC, NC, VK] the committed entries' keys, [BT, NC, VK] the drafts' keys as given
         b_kw3 = tl.load(buf_k + ((i_s * C + o_wc[:, None, None]) * H + i_h) * K + o_k3[None, :, :],
@@ -861,28 +952,12 @@ def _verify_kernel(
             b_wki, b_wqi = _row_sums(b_kw3, b_k3, b_q3, 1.0, 1.0)
             b_Wck = tl.where(o_t[None, :] == i, b_wki[:, None], b_Wck)
             b_Wcq = tl.where(o_t[None, :] == i, b_wqi[:, None], b_Wcq)
-    if HAS_COPY:
-        _store_draft_rows(buf_t, b_KK, b_Wck, b_rk, b_bd, i_s, i_hv, b_fe, o_t, o_w, o_wc, m_t, m_wc, T, C, HV)
-    # [BT, BT] row i, column i': weight of draft i''s update in draft i's S k (i' < i) and S q (i' <= i)
-    b_Ed = tl.exp(tl.where(m_upto, b_cum[:, None] - b_cum[None, :], 0.0)) * b_rk[None, :]
-    b_Wk = tl.where(o_t[None, :] < o_t[:, None], b_Ed * b_KK * b_rk[:, None], 0.0)
-    b_Wq = tl.where(m_upto, b_Ed * b_QK * b_rq[:, None], 0.0)
-    # [BWC, BT] weight of committed entry j's update in draft i's S k and S q
-    b_dc = tl.where(m_wc, tl.exp(b_G0 - b_Gwc), 0.0)
-    b_Wck *= b_dc[:, None] * (b_ec * b_rk)[None, :]
-    b_Wcq *= b_dc[:, None] * (b_ec * b_rq)[None, :]
-    # [BT] weights of the tile's row sums with the raw k_i and q_i
-    b_fk = tl.exp(b_G0 + b_cum) * b_rk
-    b_fq = tl.exp(b_G0 + b_cum) * b_rq
-    # The drafts' recurrence u_i = beta_i (r_i - sum_{i'<i} Wk[i, i'] u_i') solved once: U = R Aᵀ, [BT, BT] A lower
-    # triangular; r_i = v_i - S k_i from the committed state. Then O = S Q + Wq U = S Q + R Mᵀ with M = Wq A.
-    b_A = tl.zeros([BT, BT], dtype=tl.float32)
-    for i in tl.static_range(T):
-        b_wki = tl.sum(tl.where(o_t[:, None] == i, b_Wk, 0.0), 0)
-        b_bi = tl.sum(tl.where(o_t == i, b_bd, 0.0))
-        b_ai = b_bi * (tl.where(o_t == i, 1.0, 0.0) - tl.sum(b_wki[:, None] * b_A, 0))
-        b_A = tl.where(o_t[:, None] == i, b_ai[None, :], b_A)
-    b_M = tl.sum(b_Wq[:, :, None] * b_A[None, :, :], 1)
+    if GPASS < 2:
+        if HAS_COPY:
+            _store_draft_rows(buf_t, b_KK, b_Wck, b_rk, b_bd, i_s, i_hv, b_fe, o_t, o_w, o_wc, m_t, m_wc, T, C, HV)
+        b_A, b_M, b_Wck, b_Wcq, b_fk, b_fq = _draft_solve(b_KK, b_QK, b_Wck, b_Wcq, b_rk, b_rq, b_bd, b_cum, b_ec,
+                                                          b_G0, b_Gwc, m_wc, o_t, m_upto, T, BT)
+        b_Gs = b_G0 + b_cum
 
     o_u = ((i_s * C + o_wc) * HV + i_hv) * V
     if MMA:
@@ -897,11 +972,11 @@ def _verify_kernel(
             b_KQb = _draft_columns(q, k, i_b, i_h, BKS + o_ka, BKS + o_ka < K, s_qb, s_qt, s_qh, s_qk, s_kb, s_kt,
                                    s_kh, s_kk, T, BT, BZ)
         o_z = tl.arange(0, BZ)
-        m_zk = o_z[None, :] == o_t[:, None]
-        m_zq = o_z[None, :] == BT + o_t[:, None]
-        b_fz = tl.sum(tl.where(m_zk, b_fk[:, None], 0.0) + tl.where(m_zq, b_fq[:, None], 0.0), 0)
-        b_Wcz = tl.sum(tl.where(m_zk[None, :, :], b_Wck[:, :, None], 0.0)
-                       + tl.where(m_zq[None, :, :], b_Wcq[:, :, None], 0.0), 1)
+        if GPASS == 2:
+            b_fz = tl.load(p_w + 2 * BT * BT + o_z)
+            b_Wcz = tl.load(p_w + 2 * BT * BT + BZ + o_wc[:, None] * BZ + o_z[None, :])
+        else:
+            b_fz, b_Wcz = _column_weights(b_fk, b_fq, b_Wck, b_Wcq, o_t, BT, BZ)
     for i_v in tl.range(0, V, BV, num_stages=STAGES):
         o_v = i_v + tl.arange(0, BV)
         m_v = o_v < V
@@ -950,7 +1025,7 @@ def _verify_kernel(
         p_o = o + i_b * s_ob + o_t[None, :] * s_ot + i_hv * s_oh + o_v[:, None] * s_ov
         tl.store(p_o, cast(b_O, o.dtype.element_ty), mask=m_vt)
         tl.store(buf_u + ((i_s * C + b_fe + o_t[None, :]) * HV + i_hv) * V + o_v[:, None], b_U, mask=m_vt)
-    tl.store(buf_g + (i_s * C + b_fe + o_t) * HV + i_hv, b_G0 + b_cum, mask=m_t)
+    tl.store(buf_g + (i_s * C + b_fe + o_t) * HV + i_hv, b_Gs, mask=m_t)
     if HAS_COPY:
         tl.store(buf_b + (i_s * C + b_fe + o_t) * HV + i_hv, b_bd, mask=m_t)
     if b_flush:
@@ -1110,6 +1185,9 @@ def _launch_replay(cache, q, k, v, g, beta, out, slots, scale, l2norm, settings,
 
 def _launch_verify(cache, q, k, v, g, beta, out, slots, scale, l2norm, settings):
     batch, T = q.shape[0], q.shape[1]
+    if settings["GPASS"] == 2 and (cache.read_copy is not None or not settings["MMA"]):
+        raise ValueError("launch GPASS = 2 (each value head's weights from the key-product pass) takes MMA = 1 and no "
+                         "read copy; a read copy's verify stores its drafts' rows of T from its own prologue")
     BT, BWC = next_pow2(T), max(16, next_pow2(cache.window))
     # the Gram pass's rows (committed keys, the drafts' keys, their queries) and columns (keys, queries)
     BE, BZ = next_pow2(BWC + 2 * BT), max(16, 2 * BT)
@@ -1120,19 +1198,29 @@ def _launch_verify(cache, q, k, v, g, beta, out, slots, scale, l2norm, settings)
     BK = constants["BK"]
     # K pieces of the tile's product (and of a fold's, but for a read copy's: its correction sums whole rows)
     ksplit = settings["KSPLIT"] if BK >= 32 else 1
-    gram = None
+    # with GPASS=2, per (row, value head): A and M [BT, BT], the column factors [BZ], the committed entries'
+    # weights [BWC, BZ], the drafts' log-decays [BT]
+    NW = 2 * BT * BT + BZ + BWC * BZ + BT
+    gram = wts = None
     if settings["GPASS"]:
         gram = torch.empty(batch, cache.H, BE, BZ, dtype=torch.float32, device=cache.device)
+        if settings["GPASS"] == 2:
+            wts = torch.empty(batch, cache.HV, NW, dtype=torch.float32, device=cache.device)
         _verify_gram_kernel[(batch, cache.H)](
-            buf_k=cache.buf_k, fill=cache.fill, q=q, k=k, slots=slots, gram=gram,
+            buf_k=cache.buf_k, buf_g=cache.buf_g, fill=cache.fill, q=q, k=k, g=g, beta=beta, slots=slots, gram=gram,
+            wts=wts,
             s_qb=q.stride(0), s_qt=q.stride(1), s_qh=q.stride(2), s_qk=q.stride(3),
             s_kb=k.stride(0), s_kt=k.stride(1), s_kh=k.stride(2), s_kk=k.stride(3),
+            s_gb=g.stride(0), s_gt=g.stride(1), s_gh=g.stride(2),
+            s_bb=beta.stride(0), s_bt=beta.stride(1), s_bh=beta.stride(2),
+            scale=scale,
             T=T, W=cache.window, C=cache.capacity, H=cache.H, HV=cache.HV, K=cache.K, BK=BK,
-            BT=BT, BWC=BWC, BE=BE, BZ=BZ, IS_HALF_IO=half_io,
+            BT=BT, BWC=BWC, BE=BE, BZ=BZ, IS_HALF_IO=half_io, WEIGHTS=settings["GPASS"] == 2, NW=NW,
+            USE_QK_L2NORM=l2norm,
             num_warps=GRAM_WARPS,
         )
     _verify_kernel[(batch, cache.HV)](
-        **_cache_args(cache), arrivals=cache.arrivals, gram=gram,
+        **_cache_args(cache), arrivals=cache.arrivals, gram=gram, wts=wts,
         q=q, k=k, v=v, g=g, beta=beta, o=out, slots=slots,
         s_qb=q.stride(0), s_qt=q.stride(1), s_qh=q.stride(2), s_qk=q.stride(3),
         s_kb=k.stride(0), s_kt=k.stride(1), s_kh=k.stride(2), s_kk=k.stride(3),
@@ -1147,10 +1235,10 @@ def _launch_verify(cache, q, k, v, g, beta, out, slots, scale, l2norm, settings)
         BVF=max(16, min(settings["BVF"], next_pow2(cache.V))),
         VK=min(settings["VK"], BK),
         STAGES=settings["STAGES"],
-        USE_QK_L2NORM=l2norm, GPASS=bool(settings["GPASS"]), BE=BE, BZ=BZ, MMA=bool(settings["MMA"]),
+        USE_QK_L2NORM=l2norm, GPASS=settings["GPASS"], BE=BE, BZ=BZ, MMA=bool(settings["MMA"]),
         NATIVE=tile.itemsize == 2 and q.dtype == k.dtype == tile, IS_TILE_EXACT=tile != torch.float32,
         IS_HALF_IO=half_io, KSPLIT=ksplit, FKSPLIT=1 if cache.read_copy is not None else ksplit,
-        FSTAGES=settings["FSTAGES"],
+        FSTAGES=settings["FSTAGES"], NW=NW,
         **compile_options(settings),
     )
 

@@ -155,15 +155,15 @@ def check_draft(T: int, max_draft: int, name: str = "x") -> None:
 
 
 # Launch keys that choose a kernel's variant rather than size it, and their values: EARLY, MMA, PREFETCH, TAIL, the
-# verify's BCPASS (Mamba-2) and GPASS (GDN) and the GDN decode's SFIRST and CSTRIDES switch a variant on (1) or off
-# (0); PHASES is the number of launches a replay step takes (2: the flushes in a launch of their own, or with TAIL in
-# the heads launch's programs after the heads').
+# verify's BCPASS (Mamba-2) and GPASS (GDN; 2: each value head's weights from that pass too) and the GDN decode's
+# SFIRST and CSTRIDES switch a variant on (1) or off (0); PHASES is the number of launches a replay step takes (2: the
+# flushes in a launch of their own, or with TAIL in the heads launch's programs after the heads').
 # TF32 is how a replay's flush folds its buffered entries into the checkpoint: 0 in fp32 FMAs, 1 in three TF32
 # products (about fp32's accuracy), 2 in one TF32 product, for a 2-byte checkpoint only (its error, about 2^-11 of
 # the update, is under the checkpoint's own rounding; `flush_precision`).
 CHOICE_KEYS = {"EARLY": (0, 1), "TF32": (0, 1, 2), "MMA": (0, 1), "PHASES": (1, 2), "SFIRST": (0, 1),
                "CSTRIDES": (0, 1), "PREFETCH": (0, 1), "TAIL": (0, 1), "BCPASS": (0, 1),
-               "GPASS": (0, 1), "KSPLIT": (1, 2)}
+               "GPASS": (0, 1, 2), "KSPLIT": (1, 2)}
 FLUSH_PREFIX = "flush_"
 _PRECISION = {0: "ieee", 1: "tf32x3", 2: "tf32"}
 
