@@ -691,9 +691,10 @@ for section in $SECTIONS; do
         ;;
     gdn-verify-gpass2)
         # GDN's verify with each value head's prologue (its fill, the drafts' gates, the [T, T] solve, the committed
-        # entries' weights) in the key-product pass (GPASS=2): compile (sm_90), the verify 3504 -> 3080 instructions,
-        # 24 B of spills -> none, 94 -> 37 shuffles; the pass 992 -> 1600. The GPU tests, launch by launch, the sweep
-        # and the reference loop.
+        # entries' weights) from a launch of its own after the key-product pass (GPASS=2, `_verify_weights_kernel`,
+        # one 1-warp program per row and value head: 64 registers, 680 instructions): compile (sm_90), the verify
+        # 3504 -> 3080 instructions, 24 B of spills -> none, 94 -> 37 shuffles. The GPU tests, launch by launch, the
+        # sweep and the reference loop.
         gpu_tests gdn-verify-gpass2-tests 200 tests/test_gdn_verify.py
         sweep gdn-verify-gpass2-phases 200 verify_phases.py --op gdn --batch 64 --batch 256 --launch "" \
             --launch GPASS=2

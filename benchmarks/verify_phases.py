@@ -23,7 +23,7 @@ assert (WINDOW, DRAFT) == (sweep_gdn.WINDOW, sweep_gdn.DRAFT)
 # each op's layer shape and the kernels of its speculative step, in launch order
 OPS = {
     "mamba2": (sweep_mamba2.SHAPE, ("mamba2_verify_bc_kernel", "mamba2_verify_kernel", "mamba2_accept_kernel")),
-    "gdn": (sweep_gdn.SHAPE, ("_verify_gram_kernel", "_verify_kernel", "_accept_kernel")),
+    "gdn": (sweep_gdn.SHAPE, ("_verify_gram_kernel", "_verify_weights_kernel", "_verify_kernel", "_accept_kernel")),
 }
 # None: the rows' fills spread over the window and left to advance, as in a served batch
 FILLS = (0, 8, 15, WINDOW, WINDOW + DRAFT - 1, None)

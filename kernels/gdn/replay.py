@@ -97,6 +97,7 @@ LAUNCH = {
 
 
 GRAM_WARPS = 2
+WEIGHTS_WARPS = 1
 
 
 def launch_name(kernel: str, cache: ReplayCache, batch: int | None = None) -> str:
@@ -784,15 +785,12 @@ def _column_weights(b_fk, b_fq, b_Wck, b_Wcq, o_t, BT: tl.constexpr, BZ: tl.cons
 
 @triton.jit
 def _verify_gram_kernel(
-    buf_k, buf_g, fill, q, k, g, beta, slots, gram, wts,
+    buf_k, fill, q, k, slots, gram,
     s_qb, s_qt, s_qh, s_qk,
     s_kb, s_kt, s_kh, s_kk,
-    s_gb, s_gt, s_gh,
-    s_bb, s_bt, s_bh,
-    scale,
     T: tl.constexpr, W: tl.constexpr, C: tl.constexpr, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr,
     BK: tl.constexpr, BT: tl.constexpr, BWC: tl.constexpr, BE: tl.constexpr, BZ: tl.constexpr,
-    IS_HALF_IO: tl.constexpr, WEIGHTS: tl.constexpr, NW: tl.constexpr, USE_QK_L2NORM: tl.constexpr,
+    IS_HALF_IO: tl.constexpr,
 ):
     """The key products a verify's value heads share, once per (row, key head): [BE, BZ] fp32 into gram, row e
     a key or query (the committed entries' keys e < BWC, then the drafts' keys as given, then their queries), column
@@ -818,37 +816,47 @@ def _verify_gram_kernel(
                    other=0.0).to(tl.float32)
     b_z = _draft_columns(q, k, i_b, i_h, o_k, m_k, s_qb, s_qt, s_qh, s_qk, s_kb, s_kt, s_kh, s_kk, T, BT, BZ)
     b_g = dot_fp32(b_e, b_z.to(tl.float32), False, IS_HALF_IO)
-    p_gm = gram + (i_b * H + i_h) * BE * BZ
-    tl.store(p_gm + o_e[:, None] * BZ + o_z[None, :], b_g)
-    if WEIGHTS:
-        # Each value head's prologue of the verify (its fill, the drafts' gates, the [T, T] solve), from the
-        # products just stored: [NW] A and M [BT, BT], the column factors [BZ], the committed entries' weights
-        # [BWC, BZ] and the log-decays [BT] the drafts' entries take.
-        tl.debug_barrier()
-        o_t, o_wc = tl.arange(0, BT), tl.arange(0, BWC)
-        m_t = o_t < T
-        m_upto = o_t[None, :] <= o_t[:, None]
-        for i_j in tl.range(0, HV // H):
-            i_hv = i_h * (HV // H) + i_j
-            b_f = tl.load(fill + i_s * HV + i_hv)
-            b_flush = b_f >= W
-            m_wv = (o_wc < b_f) & (b_f < W)
-            b_Gl = tl.load(buf_g + (i_s * C + tl.maximum(b_f - 1, 0)) * HV + i_hv, mask=b_f > 0, other=0.0)
-            b_G0 = tl.where(b_flush, 0.0, b_Gl)
-            b_Gwc = tl.load(buf_g + (i_s * C + o_wc) * HV + i_hv, mask=m_wv, other=0.0)
-            b_gd, b_bd, b_cum, b_ec = _draft_gates(g, beta, i_b, i_hv, o_t, m_t, m_upto, s_gb, s_gt, s_gh, s_bb,
-                                                   s_bt, s_bh)
-            b_Wck, b_Wcq, b_KK, b_QK, b_rk, b_rq = _gram_products(p_gm, o_wc, m_wv, o_t, scale, BT, BZ, BWC,
-                                                                  USE_QK_L2NORM)
-            b_A, b_M, b_Wck, b_Wcq, b_fk, b_fq = _draft_solve(b_KK, b_QK, b_Wck, b_Wcq, b_rk, b_rq, b_bd, b_cum,
-                                                              b_ec, b_G0, b_Gwc, m_wv, o_t, m_upto, T, BT)
-            b_fz, b_Wcz = _column_weights(b_fk, b_fq, b_Wck, b_Wcq, o_t, BT, BZ)
-            p_w = wts + (i_b * HV + i_hv) * NW
-            tl.store(p_w + o_t[:, None] * BT + o_t[None, :], b_A)
-            tl.store(p_w + BT * BT + o_t[:, None] * BT + o_t[None, :], b_M)
-            tl.store(p_w + 2 * BT * BT + o_z, b_fz)
-            tl.store(p_w + 2 * BT * BT + BZ + o_wc[:, None] * BZ + o_z[None, :], b_Wcz)
-            tl.store(p_w + NW - BT + o_t, b_G0 + b_cum)
+    tl.store(gram + (i_b * H + i_h) * BE * BZ + o_e[:, None] * BZ + o_z[None, :], b_g)
+
+
+@triton.jit
+def _verify_weights_kernel(
+    buf_g, fill, g, beta, slots, gram, wts,
+    s_gb, s_gt, s_gh,
+    s_bb, s_bt, s_bh,
+    scale,
+    T: tl.constexpr, W: tl.constexpr, C: tl.constexpr, H: tl.constexpr, HV: tl.constexpr,
+    BT: tl.constexpr, BWC: tl.constexpr, BE: tl.constexpr, BZ: tl.constexpr, NW: tl.constexpr,
+    USE_QK_L2NORM: tl.constexpr,
+):
+    """A verify's prologue for one (row, value head) from its key head's products (`_verify_gram_kernel`), so that
+    the verify's programs begin with independent loads: [NW] into wts, A and M [BT, BT], the column factors [BZ],
+    the committed entries' weights [BWC, BZ] and the log-decays [BT] the drafts' entries take."""
+    i_b, i_hv = tl.program_id(0), tl.program_id(1)
+    i_s = tl.load(slots + i_b).to(tl.int64)
+    if i_s < 0:
+        return
+    o_t, o_wc, o_z = tl.arange(0, BT), tl.arange(0, BWC), tl.arange(0, BZ)
+    m_t = o_t < T
+    m_upto = o_t[None, :] <= o_t[:, None]
+    b_f = tl.load(fill + i_s * HV + i_hv)
+    b_flush = b_f >= W
+    m_wc = (o_wc < b_f) & (b_f < W)
+    b_Gl = tl.load(buf_g + (i_s * C + tl.maximum(b_f - 1, 0)) * HV + i_hv, mask=b_f > 0, other=0.0)
+    b_G0 = tl.where(b_flush, 0.0, b_Gl)
+    b_Gwc = tl.load(buf_g + (i_s * C + o_wc) * HV + i_hv, mask=m_wc, other=0.0)
+    b_gd, b_bd, b_cum, b_ec = _draft_gates(g, beta, i_b, i_hv, o_t, m_t, m_upto, s_gb, s_gt, s_gh, s_bb, s_bt, s_bh)
+    b_Wck, b_Wcq, b_KK, b_QK, b_rk, b_rq = _gram_products(gram + (i_b * H + i_hv // (HV // H)) * BE * BZ, o_wc, m_wc,
+                                                          o_t, scale, BT, BZ, BWC, USE_QK_L2NORM)
+    b_A, b_M, b_Wck, b_Wcq, b_fk, b_fq = _draft_solve(b_KK, b_QK, b_Wck, b_Wcq, b_rk, b_rq, b_bd, b_cum, b_ec, b_G0,
+                                                      b_Gwc, m_wc, o_t, m_upto, T, BT)
+    b_fz, b_Wcz = _column_weights(b_fk, b_fq, b_Wck, b_Wcq, o_t, BT, BZ)
+    p_w = wts + (i_b * HV + i_hv) * NW
+    tl.store(p_w + o_t[:, None] * BT + o_t[None, :], b_A)
+    tl.store(p_w + BT * BT + o_t[:, None] * BT + o_t[None, :], b_M)
+    tl.store(p_w + 2 * BT * BT + o_z, b_fz)
+    tl.store(p_w + 2 * BT * BT + BZ + o_wc[:, None] * BZ + o_z[None, :], b_Wcz)
+    tl.store(p_w + NW - BT + o_t, b_G0 + b_cum)
 
 
 @triton.jit
@@ -1204,20 +1212,24 @@ def _launch_verify(cache, q, k, v, g, beta, out, slots, scale, l2norm, settings)
     gram = wts = None
     if settings["GPASS"]:
         gram = torch.empty(batch, cache.H, BE, BZ, dtype=torch.float32, device=cache.device)
-        if settings["GPASS"] == 2:
-            wts = torch.empty(batch, cache.HV, NW, dtype=torch.float32, device=cache.device)
         _verify_gram_kernel[(batch, cache.H)](
-            buf_k=cache.buf_k, buf_g=cache.buf_g, fill=cache.fill, q=q, k=k, g=g, beta=beta, slots=slots, gram=gram,
-            wts=wts,
+            buf_k=cache.buf_k, fill=cache.fill, q=q, k=k, slots=slots, gram=gram,
             s_qb=q.stride(0), s_qt=q.stride(1), s_qh=q.stride(2), s_qk=q.stride(3),
             s_kb=k.stride(0), s_kt=k.stride(1), s_kh=k.stride(2), s_kk=k.stride(3),
+            T=T, W=cache.window, C=cache.capacity, H=cache.H, HV=cache.HV, K=cache.K, BK=BK,
+            BT=BT, BWC=BWC, BE=BE, BZ=BZ, IS_HALF_IO=half_io,
+            num_warps=GRAM_WARPS,
+        )
+    if settings["GPASS"] == 2:
+        wts = torch.empty(batch, cache.HV, NW, dtype=torch.float32, device=cache.device)
+        _verify_weights_kernel[(batch, cache.HV)](
+            buf_g=cache.buf_g, fill=cache.fill, g=g, beta=beta, slots=slots, gram=gram, wts=wts,
             s_gb=g.stride(0), s_gt=g.stride(1), s_gh=g.stride(2),
             s_bb=beta.stride(0), s_bt=beta.stride(1), s_bh=beta.stride(2),
             scale=scale,
-            T=T, W=cache.window, C=cache.capacity, H=cache.H, HV=cache.HV, K=cache.K, BK=BK,
-            BT=BT, BWC=BWC, BE=BE, BZ=BZ, IS_HALF_IO=half_io, WEIGHTS=settings["GPASS"] == 2, NW=NW,
-            USE_QK_L2NORM=l2norm,
-            num_warps=GRAM_WARPS,
+            T=T, W=cache.window, C=cache.capacity, H=cache.H, HV=cache.HV,
+            BT=BT, BWC=BWC, BE=BE, BZ=BZ, NW=NW, USE_QK_L2NORM=l2norm,
+            num_warps=WEIGHTS_WARPS,
         )
     _verify_kernel[(batch, cache.HV)](
         **_cache_args(cache), arrivals=cache.arrivals, gram=gram, wts=wts,
