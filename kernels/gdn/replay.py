@@ -925,7 +925,8 @@ def _verify_kernel(
     # drafts' q and k as given, their factors (l2-norm, scale) going on the products. b_gd and b_bd: the drafts'
     # log-decays and betas, b_cum [BT] the log-decay after each since the committed state.
     if GPASS == 2:
-        # every weight below from the key-product pass, which took this value head's prologue
+        # A, M, the column factors and weights, the drafts' log-decays: from `_verify_weights_kernel`, which took
+        # this value head's prologue
         p_w = wts + (i_b * HV + i_hv) * NW
         b_A = tl.load(p_w + o_t[:, None] * BT + o_t[None, :])
         b_M = tl.load(p_w + BT * BT + o_t[:, None] * BT + o_t[None, :])
@@ -1197,7 +1198,7 @@ def _launch_replay(cache, q, k, v, g, beta, out, slots, scale, l2norm, settings,
 def _launch_verify(cache, q, k, v, g, beta, out, slots, scale, l2norm, settings):
     batch, T = q.shape[0], q.shape[1]
     if settings["GPASS"] == 2 and (cache.read_copy is not None or not settings["MMA"]):
-        raise ValueError("launch GPASS = 2 (each value head's weights from the key-product pass) takes MMA = 1 and no "
+        raise ValueError("launch GPASS = 2 (each value head's weights from a launch of their own) takes MMA = 1 and no "
                          "read copy; a read copy's verify stores its drafts' rows of T from its own prologue")
     BT, BWC = next_pow2(T), max(16, next_pow2(cache.window))
     # the Gram pass's rows (committed keys, the drafts' keys, their queries) and columns (keys, queries)
@@ -1378,9 +1379,10 @@ def verify(
     Returns o (batch, T, HV, V) in v's dtype (written into `out` when given). `launch` overrides BV
     (rows of the tile per pipelined chunk), BVF (rows per chunk of a flush-first fold), VK, STAGES
     (the chunks' pipeline depth), GPASS (1: the key products a key head's value heads share from a
-    launch of their own), MMA (1: each chunk's products on the tensor cores), KSPLIT (2: those products
-    and a fold's in K halves), FSTAGES (a fold's pipeline depth), num_warps, num_stages, maxnreg; slots,
-    check: as in `replay`.
+    launch of their own; 2: also each value head's weights, from a second launch; MMA = 1 and no read
+    copy), MMA (1: each chunk's products on the tensor cores), KSPLIT (2: those products and a fold's
+    in K halves), FSTAGES (a fold's pipeline depth), num_warps, num_stages, maxnreg; slots, check: as
+    in `replay`.
     """
     batch, T = _check_against_cache(cache, _verify_kernel, q, k, v, g, beta, tokens=True)
     if not 1 <= T <= cache.max_draft:
