@@ -1,6 +1,7 @@
 """Where a speculative step spends its time on a GPU: each of its launches timed alone by the profiler's device
-clock (Mamba-2's B·C pass, verify and accept at the Nemotron-3-Super layer shape; GDN's key-product pass, verify and
-accept at the Qwen3.5-122B one), with every row at one fill (a fill of W or more folds), T = 4, an fp32 checkpoint.
+clock (Mamba-2's B·C pass, verify and accept at the Nemotron-3-Super layer shape; GDN's key-product pass, weights,
+verify and accept at the Qwen3.5-122B one), with every row at one fill (a fill of W or more folds), T = 4, an fp32
+checkpoint.
 
     python benchmarks/verify_phases.py --batch 64 --batch 256 [--launch BPF=32,...] --out FILE.json
     python benchmarks/verify_phases.py --op gdn --batch 256 [--launch GPASS=0,...] --out FILE.json
@@ -77,7 +78,8 @@ def check_launch(op: str, launch: dict) -> None:
         from replayssm_kernels.mamba2.args import pick_launch
         from replayssm_kernels.mamba2.verify import VERIFY_KEYS, VERIFY_LAUNCH
 
-        pick_launch(VERIFY_LAUNCH, DRAFT, sweep_mamba2.SHAPE["P"], sweep_mamba2.SHAPE["N"], launch, VERIFY_KEYS)
+        # the row of an fp32 checkpoint (itemsize 4), the one timed here
+        pick_launch(VERIFY_LAUNCH, 4, sweep_mamba2.SHAPE["P"], sweep_mamba2.SHAPE["N"], launch, VERIFY_KEYS)
     else:
         from replayssm_kernels.gdn.common import launch_settings
         from replayssm_kernels.gdn.replay import LAUNCH

@@ -916,11 +916,13 @@ def _verify_kernel(
         )
         # The tile reads below see this program's stores, and the drafts' updates overwrite entries it folded.
         tl.debug_barrier()
-    # The entries still committed on top of the tile read below (fewer than W), and their log-decay since it.
+    # The entries still committed on top of the tile read below (fewer than W), and (for the prologue, unless
+    # `_verify_weights_kernel` took it) their log-decay since it.
     o_wc = tl.arange(0, BWC)
     m_wc = (o_wc < b_f) & (b_f < W)
-    b_G0 = tl.where(b_flush, 0.0, b_Gl)
-    b_Gwc = tl.load(buf_g + (i_s * C + o_wc) * HV + i_hv, mask=m_wc, other=0.0)
+    if GPASS < 2:
+        b_G0 = tl.where(b_flush, 0.0, b_Gl)
+        b_Gwc = tl.load(buf_g + (i_s * C + o_wc) * HV + i_hv, mask=m_wc, other=0.0)
     # [BT, BT] row i, column i': k_i'·k_i and k_i'·q_i; [BWC, BT] k_j·k_i and k_j·q_i of committed entry j; the
     # drafts' q and k as given, their factors (l2-norm, scale) going on the products. b_gd and b_bd: the drafts'
     # log-decays and betas, b_cum [BT] the log-decay after each since the committed state.
