@@ -4,10 +4,10 @@
 # reference. --require-gpu so that a machine without a GPU fails instead of predicting. Rows are written as they
 # finish; a part cut short by a time limit leaves a loadable file marked incomplete.
 # Usage: benchmarks/profile_reference.sh [PART ...]   parts: ceilings mamba2 gdn bf16 spec small mamba2-bf16
-# spec-small gdn-spec (default: all but the last four, in order). small re-measures batches 1 and 16 alone (both
-# presets, fp32 with split precision, and bf16 state), mamba2-bf16 the Mamba-2 layer's bf16 state alone, spec-small
-# the speculative rows at batch 1 and gdn-spec the GDN layer's speculative rows alone, into files of their own; the
-# merged reference takes each configuration from the newest file that measured it.
+# gdn-bf16 spec-small gdn-spec (default: all but the last five, in order). small re-measures batches 1 and 16 alone
+# (both presets, fp32 with split precision, and bf16 state), mamba2-bf16 and gdn-bf16 each layer's bf16 state alone,
+# spec-small the speculative rows at batch 1 and gdn-spec the GDN layer's speculative rows alone, into files of their
+# own; the merged reference takes each configuration from the newest file that measured it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 M=nemotron-3-super-120b-a12b
@@ -30,6 +30,8 @@ for part in ${*:-ceilings mamba2 gdn bf16 spec}; do
                 --out "$OUT/$GPU-mamba2-fp32-split.json" ;;
     gdn) replayssm profile --require-gpu -p "$Q" --batch "$B" --state-dtype fp32 --read-dtype bf16,fp8 --repeats "$R" \
              --out "$OUT/$GPU-gdn-fp32-split.json" ;;
+    gdn-bf16) replayssm profile --require-gpu -p "$Q" --batch "$B" --state-dtype bf16 --repeats "$R" --no-phases \
+                  --out "$OUT/$GPU-gdn-bf16.json" ;;
     mamba2-bf16) replayssm profile --require-gpu -p "$M" --batch "$B" --state-dtype bf16 --repeats "$R" --no-phases \
                      --out "$OUT/$GPU-mamba2-bf16.json" ;;
     bf16) replayssm profile --require-gpu -p "$M" -p "$Q" --batch "$B" --state-dtype bf16 --repeats "$R" --no-phases \
@@ -44,7 +46,7 @@ for part in ${*:-ceilings mamba2 gdn bf16 spec}; do
                   --no-phases --repeats "$R" --out "$OUT/$GPU-gdn-spec.json" ;;
     spec) replayssm profile --require-gpu -p "$M" -p "$Q" --batch "$B" --state-dtype fp32 --draft 2,4 --accept-rate 0.9 \
               --no-phases --repeats "$R" --out "$OUT/$GPU-spec.json" ;;
-    *) echo "profile_reference: unknown part $part (parts: ceilings mamba2 gdn bf16 spec small mamba2-bf16 spec-small gdn-spec)" >&2
+    *) echo "profile_reference: unknown part $part (parts: ceilings mamba2 gdn bf16 spec small mamba2-bf16 gdn-bf16 spec-small gdn-spec)" >&2
        exit 2 ;;
     esac
     echo "profile_reference: $part in $((SECONDS - start)) s" >&2

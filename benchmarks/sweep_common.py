@@ -282,6 +282,11 @@ def main(op, argv: list[str] | None, reuse_checks: bool) -> int:
         return 2
     STATE["dtype"] = args.state_dtype
     STATE["slots"] = args.slots
+    STATE["buffer"] = getattr(args, "buffer_dtype", None)
+    if STATE["buffer"] not in (None, "fp32", args.state_dtype):
+        print(f"{name}: --buffer-dtype must be fp32 or the state dtype ({args.state_dtype}); got {STATE['buffer']}",
+              file=sys.stderr)
+        return 2
     kernels = args.kernel or list(KERNELS)
     for kernel in list(kernels):
         reason = getattr(op, "unavailable", lambda k: None)(kernel)

@@ -84,15 +84,15 @@ def plan(kernels: list[str], quick: bool, overrides: list[tuple[str, dict]]) -> 
 def _row_bytes(kernel: str, fill: int, state_size: int, read_size: int | None) -> float:
     """DRAM bytes one row moves in one step at this fill: state tiles, buffer entries, counters, inputs, outputs.
 
-    Keys are read by every value head of a key head but counted once; a buffered entry is u (HV·V),
-    k (H·K), G and, under split precision, beta (HV) and its row of T (HV·W: the split caches here hold no
-    drafts) in fp32.
+    Keys are read by every value head of a key head but counted once; a buffered entry is u (HV·V) and
+    k (H·K) in the buffer dtype, G and, under split precision, beta (HV) and its row of T (HV·W: the split
+    caches here hold no drafts) in fp32.
     """
     H, HV, K, V = SHAPE["H"], SHAPE["HV"], SHAPE["K"], SHAPE["V"]
     S = HV * V * K
     inputs = 2 * H * K * IO_BYTES + HV * V * IO_BYTES + HV * 4 + HV * IO_BYTES
     output = HV * V * IO_BYTES
-    entry = 4 * (HV * V + H * K + HV + (HV * (1 + WINDOW) if read_size else 0))
+    entry = _buffer_size(state_size) * (HV * V + H * K) + 4 * (HV + (HV * (1 + WINDOW) if read_size else 0))
     counters = 2 * HV * 4
     if kernel in ("decode",) + EXTRA_KERNELS:
         return 2 * S * state_size + inputs + output
@@ -132,11 +132,18 @@ def layer_count(kernel: str, batch: int, l2_bytes: int) -> int:
     return common.layer_count(kernel, batch, l2_bytes, SHAPE["HV"] * SHAPE["V"] * SHAPE["K"])
 
 
+def _buffer_size(state_size: int) -> int:
+    """Bytes per buffered u and k element: --buffer-dtype's, else the cache's default (a 2-byte state's own)."""
+    buffer = common.STATE.get("buffer")
+    return state_size if buffer is None and state_size == 2 else {"fp32": 4, "bf16": 2, "fp16": 2}[buffer or "fp32"]
+
+
 def _cache(gdn, kernel: str, batch: int, device: str):
     H, HV, K, V = SHAPE["H"], SHAPE["HV"], SHAPE["K"], SHAPE["V"]
     return gdn.ReplayCache.create(batch, H, HV, K, V, WINDOW, state_dtype=common.STATE["dtype"],
                                   read_dtype=common.read_dtype(kernel), io_dtype="bf16",
-                                  max_draft=DRAFT if kernel == "verify" else 0, device=device)
+                                  max_draft=DRAFT if kernel == "verify" else 0,
+                                  buffer_dtype=common.STATE.get("buffer"), device=device)
 
 
 def _fla_step(state, inp, v_first: bool, inplace: bool):
@@ -312,7 +319,7 @@ def print_table(results: list[Result], out) -> None:
 
 
 def build_parser():
-    return common.build_parser(
+    parser = common.build_parser(
         "sweep_gdn.py",
         __doc__,
         "examples:\n"
@@ -323,6 +330,9 @@ def build_parser():
         "  python benchmarks/sweep_gdn.py --dry-run   # the plan, layer counts and bytes; no GPU needed",
         extra=EXTRA_KERNELS,
     )
+    parser.add_argument("--buffer-dtype", choices=("fp32", "bf16", "fp16"),
+                        help="the caches' buffered updates and keys (default: a 2-byte state's own dtype, else fp32)")
+    return parser
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -72,6 +72,30 @@ def test_sweep_byte_model(sweep):
     assert sweep.layer_count("decode", 1, 60 * 2**20) == 61 and sweep.layer_count("decode", 256, 60 * 2**20) == 1
 
 
+def test_sweep_byte_model_2_byte_state(sweep):
+    """A 2-byte state's caches buffer u and k in its dtype unless --buffer-dtype fp32 asks otherwise."""
+    S, io, counters = 64 * 128 * 128 * 2, (2 * 16 * 128 + 64 * 128 + 64) * 2 + 64 * 4 + 64 * 128 * 2, 2 * 64 * 4
+    state = sweep.common.STATE
+    saved = dict(state)
+    try:
+        for buffer, size in ((None, 2), ("fp32", 4)):
+            state.update(dtype="bf16", buffer=buffer)
+            entry = size * (64 * 128 + 16 * 128) + 4 * 64
+            replay = sweep.bytes_per_layer_step("replay", 256) / 256
+            assert replay == pytest.approx(io + counters + (15 * S + sum(range(1, 16)) * entry + 15 * entry + 2 * S)
+                                           / 16, rel=1e-12)
+    finally:
+        state.clear()
+        state.update(saved)
+
+
+def test_sweep_buffer_dtype_is_fp32_or_the_state_dtype():
+    done = _run("--dry-run", "--buffer-dtype", "bf16")
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.strip().count("\n") == 0 and "--buffer-dtype must be fp32 or the state dtype" in done.stderr
+    assert _run("--dry-run", "--state-dtype", "bf16", "--buffer-dtype", "fp32").returncode == 0
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal without a GPU")
 def test_sweep_refuses_without_cuda():
     done = _run("--quick", "--kernel", "decode")

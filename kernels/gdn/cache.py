@@ -37,9 +37,10 @@ class ReplayCache:
 
     checkpoint (nslots, HV, V, K) in the state dtype; read_copy (nslots, HV, V, K) in the read dtype
     and read_scale (nslots, HV, V) fp32 (fp8 only), refreshed at every flush; buffers of capacity
-    C = window + max_draft: buf_u (nslots, C, HV, V) fp32 corrected updates u, buf_k (nslots, C, H, K)
-    fp32 L2-normalised unscaled keys, buf_g (nslots, C, HV) fp32 log-decay summed since the
-    checkpoint; fill (nslots, HV) int32, the entries in use. Entries at or past fill are never read.
+    C = window + max_draft: buf_u (nslots, C, HV, V) corrected updates u and buf_k (nslots, C, H, K)
+    L2-normalised unscaled keys, both in the buffer dtype (a 2-byte state's own dtype unless asked
+    otherwise, else fp32), buf_g (nslots, C, HV) fp32 log-decay summed since the checkpoint;
+    fill (nslots, HV) int32, the entries in use. Entries at or past fill are never read.
     arrive (nslots, HV) int32 counts the row-block programs of a step that are done with a (slot, head),
     zero between steps.
     With a read copy a flush corrects the buffered updates, computed from the copy, to those of the full
@@ -89,6 +90,7 @@ class ReplayCache:
         read_dtype=None,
         io_dtype,
         max_draft: int = 0,
+        buffer_dtype=None,
         device,
     ) -> "ReplayCache":
         """An empty cache (zero checkpoints, empty buffers) for nslots sequences.
@@ -97,7 +99,10 @@ class ReplayCache:
         flushes on the step that brings its buffer to W entries. state_dtype: fp32, bf16 or fp16 (a
         torch dtype or a name such as "fp32"); read_dtype: None, or a narrower bf16, fp16 or fp8 (e4m3,
         per-row scales) copy that non-flush steps read instead of the checkpoint; io_dtype: the dtype
-        of q, k, v and the outputs; max_draft: the most drafts one `verify` takes, in [0, 8].
+        of q, k, v and the outputs; max_draft: the most drafts one `verify` takes, in [0, 8];
+        buffer_dtype: the buffered updates' and keys' dtype, fp32 or a 2-byte state's own (its default: the
+        entries are rounded once, as the state is at every flush; an fp32 state keeps fp32 entries, which its
+        checkpoint's exactness needs).
         """
         for name, value in {"nslots": nslots, "H": H, "HV": HV, "K": K, "V": V}.items():
             if not isinstance(value, int) or value < 1:
@@ -120,11 +125,17 @@ class ReplayCache:
             read_copy = torch.zeros(nslots, HV, V, K, dtype=read_dtype, device=device)
             if read_dtype == torch.float8_e4m3fn:
                 read_scale = torch.ones(nslots, HV, V, dtype=torch.float32, device=device)
+        if buffer_dtype is None:
+            buffer_dtype = state_dtype if state_dtype.itemsize == 2 else torch.float32
+        else:
+            buffer_dtype = resolve_dtype(buffer_dtype, "buffer_dtype", STATE_DTYPES)
+            if buffer_dtype not in (torch.float32, state_dtype):
+                raise ValueError(f"buffer_dtype must be fp32 or the state dtype {state_dtype}; got {buffer_dtype}")
         C = window + max_draft
         return cls(
             checkpoint=torch.zeros(nslots, HV, V, K, dtype=state_dtype, device=device),
-            buf_u=torch.zeros(nslots, C, HV, V, dtype=torch.float32, device=device),
-            buf_k=torch.zeros(nslots, C, H, K, dtype=torch.float32, device=device),
+            buf_u=torch.zeros(nslots, C, HV, V, dtype=buffer_dtype, device=device),
+            buf_k=torch.zeros(nslots, C, H, K, dtype=buffer_dtype, device=device),
             buf_g=torch.zeros(nslots, C, HV, dtype=torch.float32, device=device),
             fill=torch.zeros(nslots, HV, dtype=torch.int32, device=device),
             arrive=torch.zeros(nslots, HV, dtype=torch.int32, device=device),
@@ -165,6 +176,10 @@ class ReplayCache:
     @property
     def state_dtype(self) -> torch.dtype:
         return self.checkpoint.dtype
+
+    @property
+    def buffer_dtype(self) -> torch.dtype:
+        return self.buf_u.dtype
 
     @property
     def read_dtype(self) -> torch.dtype | None:

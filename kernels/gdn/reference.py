@@ -84,11 +84,11 @@ def _exact_updates(cache: ReplayCache, slot: int) -> torch.Tensor:
     entries (D_j = a_j D_{j-1} + d_j k_jᵀ), u_j + d_j with d_j = -beta_j a_j D_{j-1} k_j is the update
     of the full-precision recurrence. Without a read copy the buffer is already exact.
     """
-    u = cache.buf_u[slot].clone()
+    u = cache.buf_u[slot].to(torch.float32, copy=True)
     if cache.read_copy is None:
         return u
     f = cache.fill[slot].long()
-    keys = cache.buf_k[slot].repeat_interleave(cache.HV // cache.H, dim=1)
+    keys = cache.buf_k[slot].float().repeat_interleave(cache.HV // cache.H, dim=1)
     D = cache.checkpoint[slot].float() - _read_value(cache, slot)
     G_prev = torch.zeros(cache.HV, device=u.device)
     for j in range(int(f.max().item()) if f.numel() else 0):
@@ -112,8 +112,8 @@ def _committed(cache: ReplayCache, slot: int, S0: torch.Tensor, u: torch.Tensor)
     G_last = torch.where(f > 0, G.gather(0, (f - 1).clamp(min=0)[None]).squeeze(0), 0.0)
     w = torch.where(used, torch.exp(G_last[None] - G), 0.0)
     group = cache.HV // cache.H
-    u = torch.where(used[..., None], u, 0.0)
-    k = torch.where(used[..., None], cache.buf_k[slot].repeat_interleave(group, dim=1), 0.0)
+    u = torch.where(used[..., None], u.float(), 0.0)
+    k = torch.where(used[..., None], cache.buf_k[slot].float().repeat_interleave(group, dim=1), 0.0)
     S = torch.exp(G_last)[:, None, None] * S0 + torch.einsum("jhv,jhk->hvk", w[..., None] * u, k)
     return S, G_last
 
@@ -153,7 +153,7 @@ def _correction_row(cache: ReplayCache, slot: int, pos: torch.Tensor, k, beta) -
     ke = k.repeat_interleave(group, dim=0)
     j = torch.arange(cache.capacity, device=pos.device)
     used = j[:, None] < pos[None, :]
-    keys = cache.buf_k[slot].repeat_interleave(group, dim=1)
+    keys = cache.buf_k[slot].float().repeat_interleave(group, dim=1)
     gram = torch.where(used, torch.einsum("jhk,hk->jh", keys, ke), 0.0)
     rows = torch.where(used[..., None], cache.buf_t[slot], 0.0)
     unit = (j[None, :] == pos[:, None]).float()
@@ -166,13 +166,13 @@ def _append(cache: ReplayCache, slot: int, pos: torch.Tensor, u, k, G, beta, hea
     hv = torch.nonzero(heads).flatten()
     if cache.buf_t is not None:
         cache.buf_t[slot, pos[hv], hv] = _correction_row(cache, slot, pos, k, beta)[hv]
-    cache.buf_u[slot, pos[hv], hv] = u[hv]
+    cache.buf_u[slot, pos[hv], hv] = u[hv].to(cache.buf_u.dtype)
     cache.buf_g[slot, pos[hv], hv] = G[hv]
     if cache.buf_beta is not None:
         cache.buf_beta[slot, pos[hv], hv] = beta[hv]
     first = torch.arange(cache.H, device=pos.device) * (cache.HV // cache.H)
     h = torch.nonzero(heads[first]).flatten()
-    cache.buf_k[slot, pos[first[h]], h] = k[h]
+    cache.buf_k[slot, pos[first[h]], h] = k[h].to(cache.buf_k.dtype)
 
 
 def replay_ref(cache: ReplayCache, q, k, v, g, beta, *, scale=None, use_qk_l2norm_in_kernel=False, slots=None):
@@ -248,7 +248,7 @@ def materialize_ref(cache: ReplayCache, slots=None) -> torch.Tensor:
             G_prev = 0.0
             for j in range(int(cache.fill[slot, h])):
                 G = cache.buf_g[slot, j, h]
-                S[h] = torch.exp(G - G_prev) * S[h] + torch.outer(u[j, h], cache.buf_k[slot, j, h // group])
+                S[h] = torch.exp(G - G_prev) * S[h] + torch.outer(u[j, h], cache.buf_k[slot, j, h // group].float())
                 G_prev = G
         states.append(S)
     if not states:

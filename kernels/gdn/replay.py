@@ -172,7 +172,7 @@ def _fold(
     # [BW, BV]
     b_uw = tl.load(
         buf_u + ((i_s * C + o_w[:, None]) * HV + i_hv) * V + o_v[None, :], mask=m_w[:, None] & m_v[None, :], other=0.0,
-    )
+    ).to(tl.float32)
     if CORRECT:
         b_uw += tl.dot(b_wc, tl.trans(b_d), input_precision=PRECISION)
     b_cw = tl.where(m_w, tl.exp(b_G - b_Gw), 0.0)
@@ -291,7 +291,7 @@ def _nonflush_rows(
     b_u = b_beta * (b_v - b_eG * b_sk - b_bk)
     b_o = b_eG * b_sq + b_bq + b_kq * b_u
     tl.store(o + i_b * s_ob + i_hv * s_oh + o_v * s_ov, cast(b_o, o.dtype.element_ty), mask=m_v)
-    tl.store(buf_u + ((i_s * C + b_f) * HV + i_hv) * V + o_v, b_u, mask=m_v)
+    tl.store(buf_u + ((i_s * C + b_f) * HV + i_hv) * V + o_v, cast(b_u, buf_u.dtype.element_ty), mask=m_v)
 
 
 @triton.jit
@@ -369,12 +369,12 @@ def _replay_kernel(
         b_Gw = tl.load(buf_g + (i_s * C + o_w) * HV + i_hv, mask=m_c, other=0.0)
         # [BW, NC, VK] the buffered keys
         b_kw3 = tl.load(buf_k + ((i_s * C + o_w[:, None, None]) * H + i_h) * K + o_k3[None, :, :],
-                        mask=m_c[:, None, None] & m_k3[None, :, :], other=0.0)
+                        mask=m_c[:, None, None] & m_k3[None, :, :], other=0.0).to(tl.float32)
         if BV >= VP:
             # [BW, BV] the buffered updates of this program's rows, and the rows' v: with one chunk they are read
             # here rather than after the tile's row sums, which they do not depend on.
             b_uw1 = tl.load(buf_u + ((i_s * C + o_w[:, None]) * HV + i_hv) * V + o_v[None, :],
-                            mask=m_c[:, None] & (o_v < V)[None, :], other=0.0)
+                            mask=m_c[:, None] & (o_v < V)[None, :], other=0.0).to(tl.float32)
             b_v1 = tl.load(v + i_b * s_vb + i_hv * s_vh + o_v * s_vv, mask=o_v < V, other=0.0)
     p_f = fill + i_s * HV + i_hv
     p_a = arrive + i_s * HV + i_hv
@@ -411,7 +411,7 @@ def _replay_kernel(
         if PHASE == 0:
             # [BW, BK] the buffered keys
             b_kw = tl.load(buf_k + ((i_s * C + o_w[:, None]) * H + i_h) * K + o_k[None, :],
-                           mask=m_w[:, None] & m_k[None, :], other=0.0)
+                           mask=m_w[:, None] & m_k[None, :], other=0.0).to(tl.float32)
             _replay_flush(
                 ckpt, rcopy, rscale, buf_u, buf_t, v, o,
                 i_b, i_s, i_h, i_hv, v0, b_f, b_k, b_q, b_g, b_beta, b_Gl, b_Gw, b_kw, o_w,
@@ -422,7 +422,7 @@ def _replay_kernel(
         if not EARLY:
             # [BW, NC, VK] the buffered keys
             b_kw3 = tl.load(buf_k + ((i_s * C + o_w[:, None, None]) * H + i_h) * K + o_k3[None, :, :],
-                            mask=m_w[:, None, None] & m_k3[None, :, :], other=0.0)
+                            mask=m_w[:, None, None] & m_k3[None, :, :], other=0.0).to(tl.float32)
         b_Gt = b_Gl + b_g
         # [BW] weights of the committed updates in S_{t-1} k_t and S_t q_t
         b_decay = tl.where(m_w, tl.exp(b_Gt - b_Gw), 0.0)
@@ -451,17 +451,19 @@ def _replay_kernel(
                 if BV >= VP:
                     b_uw, b_v = b_uw1, b_v1.to(tl.float32)
                 else:
-                    b_uw = tl.load(buf_u + o_u[:, None] + o_v[None, :], mask=m_c[:, None] & m_v[None, :], other=0.0)
+                    b_uw = tl.load(buf_u + o_u[:, None] + o_v[None, :], mask=m_c[:, None] & m_v[None, :],
+                                   other=0.0).to(tl.float32)
                     b_v = tl.load(v + i_b * s_vb + i_hv * s_vh + o_v * s_vv, mask=m_v, other=0.0).to(tl.float32)
                 b_uw = tl.where(m_w[:, None], b_uw, 0.0)
             else:
-                b_uw = tl.load(buf_u + o_u[:, None] + o_v[None, :], mask=m_w[:, None] & m_v[None, :], other=0.0)
+                b_uw = tl.load(buf_u + o_u[:, None] + o_v[None, :], mask=m_w[:, None] & m_v[None, :],
+                               other=0.0).to(tl.float32)
                 b_v = tl.load(v + i_b * s_vb + i_hv * s_vh + o_v * s_vv, mask=m_v, other=0.0).to(tl.float32)
             _nonflush_rows(o, buf_u, rscale, b_sk, b_sq, b_uw, b_v, b_wk, b_wq, b_beta, b_eG, b_kq, i_b, i_s, i_hv,
                            b_f, o_h, o_v, m_v, s_ob, s_oh, s_ov, C, HV, V, IS_FP8)
         if i_p == 0:
             if i_hv % (HV // H) == 0:
-                tl.store(buf_k + ((i_s * C + b_f) * H + i_h) * K + o_k, b_k, mask=m_k)
+                tl.store(buf_k + ((i_s * C + b_f) * H + i_h) * K + o_k, cast(b_k, buf_k.dtype.element_ty), mask=m_k)
             tl.store(buf_g + (i_s * C + b_f) * HV + i_hv, b_Gt)
             if HAS_COPY:
                 tl.store(buf_b + (i_s * C + b_f) * HV + i_hv, b_beta)
@@ -530,7 +532,7 @@ def _heads_kernel(
         b_kq = tl.sum(b_k * (b_q * b_rq))
         # [BW, NC, VK] the k-head's buffered keys, against k and q once for every value head of the program
         b_kw3 = tl.load(buf_k + ((i_s * C + o_w[:, None, None]) * H + i_h) * K + o_k3[None, :, :],
-                        mask=m_w[:, None, None] & m_k3[None, :, :], other=0.0)
+                        mask=m_w[:, None, None] & m_k3[None, :, :], other=0.0).to(tl.float32)
         b_wk0, b_wq0 = _row_sums(b_kw3, b_k3, b_q3, b_rk, b_rq)
         b_wk0 = tl.where(m_w, b_wk0, 0.0)
         for i_t in tl.range(0, HPP * BVH, BV, num_stages=STAGES):
@@ -547,7 +549,7 @@ def _heads_kernel(
             b_s = _tile(rcopy, o_h, o_v, m_v, o_k, m_k, o_k3, m_k3, K, False)
             b_sk, b_sq = _row_sums(b_s, b_k3, b_q3, b_rk, b_rq)
             b_uw = tl.load(buf_u + ((i_s * C + o_w[:, None]) * HV + i_hv) * V + o_v[None, :],
-                           mask=m_w[:, None] & m_v[None, :], other=0.0)
+                           mask=m_w[:, None] & m_v[None, :], other=0.0).to(tl.float32)
             b_v = tl.load(v + i_b * s_vb + i_hv * s_vh + o_v * s_vv, mask=m_v, other=0.0).to(tl.float32)
             # This token's update rows with each chunk, G with each head's first.
             _nonflush_rows(o, buf_u, rscale, b_sk, b_sq, b_uw, b_v, b_wk0 * b_decay, b_wq0 * b_decay, b_beta, b_eG,
@@ -565,7 +567,7 @@ def _heads_kernel(
                 tl.store(buf_b + (i_s * C + b_f) * HV + i_hv, b_beta)
                 tl.store(buf_t + ((i_s * C + b_f) * HV + i_hv) * C + o_w, b_t, mask=m_c)
         if hv0 % (HV // H) == 0:
-            tl.store(buf_k + ((i_s * C + b_f) * H + i_h) * K + o_k, b_k, mask=m_k)
+            tl.store(buf_k + ((i_s * C + b_f) * H + i_h) * K + o_k, cast(b_k, buf_k.dtype.element_ty), mask=m_k)
     advance_heads(fill + i_s * HV, work, i_b, hv0, b_f, W, HPP, False)
 
 
@@ -607,7 +609,7 @@ def _flush_kernel(
         b_Gl = tl.load(buf_g + (i_s * C + tl.maximum(b_f - 1, 0)) * HV + i_hv, mask=b_f > 0, other=0.0)
         # [BW, BK] the buffered keys
         b_kw = tl.load(buf_k + ((i_s * C + o_w[:, None]) * H + i_h) * K + o_k[None, :],
-                       mask=m_w[:, None] & m_k[None, :], other=0.0)
+                       mask=m_w[:, None] & m_k[None, :], other=0.0).to(tl.float32)
         _replay_flush(
             ckpt, rcopy, rscale, buf_u, buf_t, v, o,
             i_b, i_s, i_h, i_hv, (i_j % NPB) * VP, b_f, b_k * b_rk, b_q * b_rq, b_g, b_beta, b_Gl, b_Gw, b_kw, o_w,
@@ -635,7 +637,7 @@ def _verify_flush(
         m_k = o_k < K
         # The committed entries' keys [BW, BKF], zero past the fill
         b_kw = tl.load(buf_k + ((i_s * C + o_w[:, None]) * H + i_h) * K + o_k[None, :],
-                       mask=m_w[:, None] & m_k[None, :], other=0.0)
+                       mask=m_w[:, None] & m_k[None, :], other=0.0).to(tl.float32)
         b_wc = b_kw
         if HAS_COPY:
             b_wc = _correction_weights(buf_t, b_kw, b_Gw, i_s, i_hv, o_w, b_f, C, HV, "tf32x3")
@@ -696,7 +698,7 @@ def _draft_gates(g, beta, i_b, i_hv, o_t, m_t, m_upto, s_gb, s_gt, s_gh, s_bb, s
 @triton.jit
 def _chunk_inputs(buf_u, v, o_u, o_v, m_v, m_wc, m_vt, o_t, i_b, i_hv, s_vb, s_vt, s_vh, s_vv):
     """A verify chunk's committed updates [BV, BWC] and the drafts' v [BV, BT] as fp32."""
-    b_uw = tl.load(buf_u + o_u[None, :] + o_v[:, None], mask=m_wc[None, :] & m_v[:, None], other=0.0)
+    b_uw = tl.load(buf_u + o_u[None, :] + o_v[:, None], mask=m_wc[None, :] & m_v[:, None], other=0.0).to(tl.float32)
     b_Vd = tl.load(v + i_b * s_vb + o_t[None, :] * s_vt + i_hv * s_vh + o_v[:, None] * s_vv, mask=m_vt, other=0.0)
     return b_uw, b_Vd.to(tl.float32)
 
@@ -813,7 +815,7 @@ def _verify_gram_kernel(
     p_kb = k + i_b * s_kb + i_h * s_kh + o_k[None, :] * s_kk
     p_qb = q + i_b * s_qb + i_h * s_qh + o_k[None, :] * s_qk
     b_e = tl.load(buf_k + ((i_s * C + o_e[:, None]) * H + i_h) * K + o_k[None, :], mask=m_wc[:, None] & m_k[None, :],
-                  other=0.0)
+                  other=0.0).to(tl.float32)
     b_e += tl.load(p_kb + (o_e - BWC)[:, None] * s_kt, mask=m_kd[:, None] & m_k[None, :], other=0.0).to(tl.float32)
     b_e += tl.load(p_qb + (o_e - BWC - BT)[:, None] * s_qt, mask=m_qd[:, None] & m_k[None, :],
                    other=0.0).to(tl.float32)
@@ -941,7 +943,7 @@ def _verify_kernel(
     else:
         # [BWC, NC, VK] the committed entries' keys, [BT, NC, VK] the drafts' keys as given
         b_kw3 = tl.load(buf_k + ((i_s * C + o_wc[:, None, None]) * H + i_h) * K + o_k3[None, :, :],
-                        mask=m_wc[:, None, None] & m_k3[None, :, :], other=0.0)
+                        mask=m_wc[:, None, None] & m_k3[None, :, :], other=0.0).to(tl.float32)
         b_K3 = tl.load(k + i_b * s_kb + o_t[:, None, None] * s_kt + i_h * s_kh + o_k3[None, :, :] * s_kk,
                        mask=m_t[:, None, None] & m_k3[None, :, :], other=0.0).to(tl.float32)
         b_gd, b_bd, b_cum, b_ec = _draft_gates(g, beta, i_b, i_hv, o_t, m_t, m_upto, s_gb, s_gt, s_gh, s_bb, s_bt,
@@ -1038,7 +1040,8 @@ def _verify_kernel(
         b_O += tl.sum(b_R[:, :, None] * tl.trans(b_M)[None, :, :], 1)
         p_o = o + i_b * s_ob + o_t[None, :] * s_ot + i_hv * s_oh + o_v[:, None] * s_ov
         tl.store(p_o, cast(b_O, o.dtype.element_ty), mask=m_vt)
-        tl.store(buf_u + ((i_s * C + b_fe + o_t[None, :]) * HV + i_hv) * V + o_v[:, None], b_U, mask=m_vt)
+        tl.store(buf_u + ((i_s * C + b_fe + o_t[None, :]) * HV + i_hv) * V + o_v[:, None],
+                 cast(b_U, buf_u.dtype.element_ty), mask=m_vt)
     tl.store(buf_g + (i_s * C + b_fe + o_t) * HV + i_hv, b_Gs, mask=m_t)
     if HAS_COPY:
         tl.store(buf_b + (i_s * C + b_fe + o_t) * HV + i_hv, b_bd, mask=m_t)
@@ -1055,7 +1058,8 @@ def _verify_kernel(
         b_K = b_K.to(tl.float32)
         if USE_QK_L2NORM:
             b_K = b_K / tl.sqrt(tl.sum(b_K * b_K, 1) + 1e-6)[:, None]
-        tl.store(buf_k + ((i_s * C + b_fe + o_t[:, None]) * H + i_h) * K + o_k[None, :], b_K, mask=m_tk)
+        tl.store(buf_k + ((i_s * C + b_fe + o_t[:, None]) * H + i_h) * K + o_k[None, :],
+                 cast(b_K, buf_k.dtype.element_ty), mask=m_tk)
 
 
 @triton.jit
@@ -1437,8 +1441,8 @@ def materialize(cache: ReplayCache, slots: torch.Tensor | None = None) -> torch.
     f = cache.fill[idx].long()
     used = torch.arange(cache.capacity, device=cache.device)[None, :, None] < f[:, None, :]
     G = torch.where(used, cache.buf_g[idx], 0.0)
-    keys = torch.where(used[..., None], cache.buf_k[idx].repeat_interleave(cache.HV // cache.H, dim=2), 0.0)
-    u = torch.where(used[..., None], cache.buf_u[idx], 0.0)
+    keys = torch.where(used[..., None], cache.buf_k[idx].float().repeat_interleave(cache.HV // cache.H, dim=2), 0.0)
+    u = torch.where(used[..., None], cache.buf_u[idx].float(), 0.0)
     if cache.read_copy is not None:
         scale = None if cache.read_scale is None else cache.read_scale[idx]
         D = cache.checkpoint[idx].float() - dequantize_read(cache.read_copy[idx], scale)
