@@ -92,7 +92,7 @@ def _row_bytes(kernel: str, fill: int, state_size: int, read_size: int | None) -
     S = HV * V * K
     inputs = 2 * H * K * IO_BYTES + HV * V * IO_BYTES + HV * 4 + HV * IO_BYTES
     output = HV * V * IO_BYTES
-    entry = _buffer_size(state_size) * (HV * V + H * K) + 4 * (HV + (HV * (1 + WINDOW) if read_size else 0))
+    entry = _buffer_size() * (HV * V + H * K) + 4 * (HV + (HV * (1 + WINDOW) if read_size else 0))
     counters = 2 * HV * 4
     if kernel in ("decode",) + EXTRA_KERNELS:
         return 2 * S * state_size + inputs + output
@@ -132,10 +132,9 @@ def layer_count(kernel: str, batch: int, l2_bytes: int) -> int:
     return common.layer_count(kernel, batch, l2_bytes, SHAPE["HV"] * SHAPE["V"] * SHAPE["K"])
 
 
-def _buffer_size(state_size: int) -> int:
-    """Bytes per buffered u and k element: --buffer-dtype's, else the cache's default (a 2-byte state's own)."""
-    buffer = common.STATE.get("buffer")
-    return state_size if buffer is None and state_size == 2 else {"fp32": 4, "bf16": 2, "fp16": 2}[buffer or "fp32"]
+def _buffer_size() -> int:
+    """Bytes per buffered u and k element: --buffer-dtype's (the caches' default, fp32, without it)."""
+    return {"fp32": 4, "bf16": 2, "fp16": 2}[common.STATE.get("buffer") or "fp32"]
 
 
 def _cache(gdn, kernel: str, batch: int, device: str):
@@ -143,7 +142,7 @@ def _cache(gdn, kernel: str, batch: int, device: str):
     return gdn.ReplayCache.create(batch, H, HV, K, V, WINDOW, state_dtype=common.STATE["dtype"],
                                   read_dtype=common.read_dtype(kernel), io_dtype="bf16",
                                   max_draft=DRAFT if kernel == "verify" else 0,
-                                  buffer_dtype=common.STATE.get("buffer"), device=device)
+                                  buffer_dtype=common.STATE.get("buffer") or "fp32", device=device)
 
 
 def _fla_step(state, inp, v_first: bool, inplace: bool):
@@ -331,7 +330,7 @@ def build_parser():
         extra=EXTRA_KERNELS,
     )
     parser.add_argument("--buffer-dtype", choices=("fp32", "bf16", "fp16"),
-                        help="the caches' buffered updates and keys (default: a 2-byte state's own dtype, else fp32)")
+                        help="the caches' buffered updates and keys: fp32 (default) or a 2-byte state's own dtype")
     return parser
 
 

@@ -58,9 +58,9 @@ for section in $SECTIONS; do
         gpu_tests tests 300 tests
         ;;
     gdn-bf16-buffers)
-        # A 2-byte state's buffered updates and keys in its own dtype (the caches' default now) against fp32 ones:
-        # the GDN tests and the quality harness on the GPU, then the bf16-state decode and replay (whole window and
-        # its phases) with each buffer dtype.
+        # A 2-byte state's buffered updates and keys in its own dtype (buffer_dtype) against fp32 ones (the
+        # default): the GDN tests and the quality harness on the GPU, then the bf16-state decode and replay (whole
+        # window and its phases) with each buffer dtype.
         gpu_tests gdn-bf16-buffers-tests 240 tests/test_gdn_replay.py tests/test_gdn_verify.py tests/test_gdn_split.py \
             tests/test_quality.py
         for b in bf16 fp32; do

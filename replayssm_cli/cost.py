@@ -123,8 +123,7 @@ def _sizes(shape: SSMShape, st: str, rd: str | None, io: str, has_z: bool) -> _S
         inputs = (2 * H * K + HV * V + 2 * HV) * i
         outputs = HV * V * i
         params = 0
-        # u and k in the cache's buffer dtype: a 2-byte state's own, else fp32
-        entry = (HV * V + H * K) * (s if s == 2 else _F32) + HV * _F32
+        entry = (HV * V + H * K + HV) * _F32
         draft_b = 0
     else:
         raise ValueError(f"shape must be a Mamba2Shape or a GDNShape, got {shape!r}")
@@ -393,8 +392,8 @@ def step_cost(
 
     - per row: inputs x, z (H, P), dt (H), B, C (G, N) in io (GDN: q, k (H, K), v (HV, V), g, beta (HV));
       output y (H, P) (GDN: o (HV, V)); Mamba-2's A, D, dt_bias (H) fp32 are read once per step.
-    - buffer entry per row: x (H, P) and B (G, N) in io, delta and lam (H) fp32 (GDN: u (HV, V) and k (H, K)
-      in a 2-byte state's dtype, else fp32, G (HV) fp32); fill counters (H) int32 (GDN: (HV)).
+    - buffer entry per row: x (H, P) and B (G, N) in io, delta and lam (H) fp32 (GDN: u (HV, V), k (H, K),
+      G (HV) fp32); fill counters (H) int32 (GDN: (HV)).
     - conventional: state read and written. Replay nonflush at fill f: the checkpoint (split: the read copy,
       plus (rows) fp32 scales for fp8) and f entries read, this token's entry written, no state write.
       Flush (f = W-1): the full-precision checkpoint and f entries read, the checkpoint (split: and the copy)

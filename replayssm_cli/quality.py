@@ -600,10 +600,8 @@ def _run_gdn(inputs: Inputs, configs: list[Config], on_step, keep: bool):
     Rd = torch.stack([_read_copy(s_, c.read_dtype) for s_, c in zip(S0, rep)]) if rep else None
     win = _Windows(windows, H) if rep else None
     cfg_w = torch.tensor([windows.index(c.window) for c in rep], dtype=torch.long)
-    # The buffer caches the corrected update u_j, so each config keeps its own ring of them, and of the keys: a
-    # 2-byte state's buffer holds both in its dtype (the step that appends an entry uses it unrounded).
+    # The buffer caches the corrected update u_j, so each config keeps its own ring of them.
     u_ring = torch.zeros(len(rep), win.wmax if rep else 1, H, V)
-    k_ring = torch.zeros(len(rep), win.wmax if rep else 1, H, k.shape[-1])
 
     G = inputs.generated
     err2 = torch.zeros(len(order), G, dtype=torch.float64)
@@ -620,18 +618,17 @@ def _run_gdn(inputs: Inputs, configs: list[Config], on_step, keep: bool):
             Sc = _store_each(Snew, conv)
         if rep:
             alpha = torch.exp(gl[s])
-            slot = g % win.wmax
-            kk = (k_ring * k[s]).sum(-1)
-            k_ring[:, slot] = k[s]
-            kq = (k_ring * q[s]).sum(-1)
+            tok = win.token(g, inputs.prompt)
+            kk = (k[tok] * k[s]).sum(-1)
+            kq = (k[tok] * q[s]).sum(-1)
             w_prev, lam_prev = win.weights(g, before=True), win.lam.clone()
             Rkq = _mv(Rd, k[s], q[s])
             u = _gdn_u(Rkq[..., 0], lam_prev[cfg_w], w_prev[cfg_w], kk, u_ring, v[s], alpha, beta[s])
-            u_ring[:, slot] = u
+            u_ring[:, g % win.wmax] = u
             win.append(g, gl[s])
             w_now = win.weights(g)
             y_rep = torch.exp(win.lam[cfg_w])[:, :, None] * Rkq[..., 1] + torch.einsum(
-                "cjh,cjhv->chv", w_now[cfg_w] * kq, u_ring
+                "cjh,cjhv->chv", w_now[cfg_w] * kq[None], u_ring
             )
             for w in win.flushing():
                 members = [i for i in range(len(rep)) if cfg_w[i] == w]
@@ -648,14 +645,14 @@ def _run_gdn(inputs: Inputs, configs: list[Config], on_step, keep: bool):
                     _mv(S0w, k[s]),
                     lam_prev[w].expand(len(members), H),
                     w_prev[w].expand(len(members), *w_prev.shape[1:]),
-                    kk[sel],
+                    kk,
                     u_ring[sel],
                     v[s],
                     alpha,
                     beta[s],
                 )
-                u_ring[sel, slot] = u_f
-                fold = torch.einsum("jh,cjhv,cjhk->chvk", w_now[w], u_ring[sel], k_ring[sel])
+                u_ring[sel, g % win.wmax] = u_f
+                fold = torch.einsum("jh,cjhv,jhk->chvk", w_now[w], u_ring[sel], k[tok])
                 Snew = torch.exp(win.lam[w])[None, :, None, None] * S0w + fold
                 y_rep[sel] = _mv(Snew, q[s])
                 for j, i in enumerate(members):
@@ -663,9 +660,6 @@ def _run_gdn(inputs: Inputs, configs: list[Config], on_step, keep: bool):
                     Rd[i] = _read_copy(S0[i], rep[i].read_dtype)
                 win.reset(w)
             ys.append(y_rep)
-            # the entry as the buffer keeps it for the steps after this one (in place: slices of the rings)
-            _store_each(u_ring[:, slot], rep)
-            _store_each(k_ring[:, slot], rep)
         y = torch.cat(ys).double()
         err2[:, g] = ((y - y64) ** 2).sum((1, 2))
         if keep:
@@ -702,7 +696,7 @@ def _gdn_u(Rk, lam_prev, w_prev, kk, entries, v_t, alpha, beta_t):
     """u_t = beta (v - alpha S_{t-1} k_t), with S_{t-1} k_t = exp(Λ_{t-1}) R k_t plus the buffer's terms."""
     import torch
 
-    Sk = torch.exp(lam_prev)[:, :, None] * Rk + torch.einsum("cjh,cjhv->chv", w_prev * kk, entries)
+    Sk = torch.exp(lam_prev)[:, :, None] * Rk + torch.einsum("cjh,cjhv->chv", w_prev * kk[None], entries)
     return beta_t[:, None] * (v_t - alpha[:, None] * Sk)
 
 

@@ -40,7 +40,6 @@ GDN_STATE = 2 * 5 * 3 * 4  # (HV, V, K) fp32
 GDN_INPUTS = (2 * 1 * 3 + 2 * 5 + 2 * 2) * 2  # q, k (H, K), v (HV, V), g, beta (HV)
 GDN_OUT = 2 * 5 * 2  # o (HV, V)
 GDN_ENTRY = (2 * 5 + 1 * 3 + 2) * 4  # u (HV, V), k (H, K), G (HV) fp32
-GDN_ENTRY_2B = (2 * 5 + 1 * 3) * 2 + 2 * 4  # a 2-byte state's: u and k in its dtype, G fp32
 GDN_COUNTERS = 2 * 4  # (HV) int32
 GDN_SPLIT_ENTRY = GDN_ENTRY + 2 * (1 + 4) * 4  # and, under split precision, beta and a row of T (HV, W) fp32
 
@@ -229,12 +228,6 @@ def test_step_cost_gdn():
         B * (GDN_STATE + GDN_OUT + GDN_COUNTERS),
         B * 2 * flush_flops,
     )
-    # A 2-byte state buffers u and k in its own dtype.
-    assert gdn("replay", "nonflush", fill=1, state_dtype="bf16") == Cost(
-        B * (GDN_STATE // 2 + 1 * GDN_ENTRY_2B + GDN_INPUTS + GDN_COUNTERS),
-        B * (GDN_ENTRY_2B + GDN_OUT + GDN_COUNTERS),
-        B * 2 * nonflush_flops,
-    )
     fp8_copy = 2 * 5 * 3 + 2 * 5 * 4
     assert gdn("split", "nonflush", fill=1, read_dtype="fp8") == Cost(
         B * (fp8_copy + 1 * GDN_SPLIT_ENTRY + GDN_INPUTS + GDN_COUNTERS),
@@ -353,7 +346,7 @@ def test_memory_per_seq():
     assert memory_per_seq(M2, "spec-conventional", draft=2)["total"] == 3 * M2_STATE
     assert memory_per_seq(M2, "spec-replay", window=W, draft=2)["buffers"] == (4 + 2) * M2_ENTRY + 2 * M2_DRAFT_B
     assert memory_per_seq(GDN, "replay", window=W, state_dtype="bf16")["total"] == (
-        GDN_STATE // 2 + 4 * GDN_ENTRY_2B + GDN_COUNTERS
+        GDN_STATE // 2 + 4 * GDN_ENTRY + GDN_COUNTERS
     )
     split = memory_per_seq(GDN, "split", window=W, read_dtype="bf16", draft=2)
     assert split["buffers"] == (4 + 2) * (GDN_ENTRY + 2 * (1 + 4 + 2) * 4)

@@ -24,7 +24,7 @@ def one_thread():
     torch.set_num_threads(threads)
 
 
-def make_cache(shape, W, device, *, state="fp32", read=None, io="bf16", max_draft=0, load=True, buffer=None):
+def make_cache(shape, W, device, *, state="fp32", read=None, io="bf16", max_draft=0, load=True, buffer="fp32"):
     nslots, H, HV, K, V = shape
     cache = gdn.ReplayCache.create(nslots, H, HV, K, V, W, state_dtype=state, read_dtype=read, io_dtype=io,
                                    max_draft=max_draft, buffer_dtype=buffer, device=device)
@@ -65,28 +65,28 @@ def assert_caches_close(got, want, assert_close):
         assert not got.arrivals.any(), "arrival counters not back to zero"
 
 
-# (state, read copy, io, W, the buffered updates' and keys' dtype: None for the default, a 2-byte state's own)
+# (state, read copy, io, W, the buffered updates' and keys' dtype: fp32 or a 2-byte state's own)
 REF_CASES = [
-    ("fp32", None, "bf16", 4, None),
-    ("bf16", None, "fp16", 3, None),
-    ("fp16", None, "fp32", 5, None),
-    ("fp32", "bf16", "bf16", 4, None),
-    ("fp32", "fp16", "fp32", 2, None),
-    ("fp32", "fp8", "bf16", 4, None),
-    ("bf16", "fp8", "fp16", 1, None),
-    ("bf16", None, "bf16", 3, "fp32"),
+    ("fp32", None, "bf16", 4, "fp32"),
+    ("bf16", None, "fp16", 3, "fp32"),
+    ("fp16", None, "fp32", 5, "fp32"),
+    ("fp32", "bf16", "bf16", 4, "fp32"),
+    ("fp32", "fp16", "fp32", 2, "fp32"),
+    ("fp32", "fp8", "bf16", 4, "fp32"),
+    ("bf16", "fp8", "fp16", 1, "fp32"),
+    ("bf16", None, "bf16", 3, "bf16"),
+    ("fp16", "fp8", "fp16", 2, "fp16"),
 ]
 
 
 @pytest.mark.parametrize("state,read,io,W,buffer", REF_CASES,
-                         ids=[f"B3-H2-HV6-K24-V20-W{w}-{s}-{r or 'full'}-{i}" + (f"-buffers-{b}" if b else "")
+                         ids=[f"B3-H2-HV6-K24-V20-W{w}-{s}-{r or 'full'}-{i}" + (f"-buffers-{b}" if b != "fp32" else "")
                               for s, r, i, w, b in REF_CASES])
 def test_replay_matches_reference(device, assert_close, state, read, io, W, buffer):
     """Staggered rows over 2W + 2 steps, unwritten entries NaN: outputs every step, then every cache tensor."""
     shape = (5, 2, 6, 24, 20)
     got = make_cache(shape, W, device, state=state, read=read, io=io, buffer=buffer)
-    want_buffer = DT[buffer or (state if state != "fp32" else "fp32")]
-    assert got.buf_u.dtype == got.buf_k.dtype == got.buffer_dtype == want_buffer
+    assert got.buf_u.dtype == got.buf_k.dtype == got.buffer_dtype == DT[buffer]
     poison(got)
     want = got.clone()
     slots = [3, 0, 4]

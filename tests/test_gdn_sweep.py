@@ -73,12 +73,12 @@ def test_sweep_byte_model(sweep):
 
 
 def test_sweep_byte_model_2_byte_state(sweep):
-    """A 2-byte state's caches buffer u and k in its dtype unless --buffer-dtype fp32 asks otherwise."""
+    """A 2-byte state's caches buffer u and k in fp32 unless --buffer-dtype asks for the state's dtype."""
     S, io, counters = 64 * 128 * 128 * 2, (2 * 16 * 128 + 64 * 128 + 64) * 2 + 64 * 4 + 64 * 128 * 2, 2 * 64 * 4
     state = sweep.common.STATE
     saved = dict(state)
     try:
-        for buffer, size in ((None, 2), ("fp32", 4)):
+        for buffer, size in ((None, 4), ("fp32", 4), ("bf16", 2)):
             state.update(dtype="bf16", buffer=buffer)
             entry = size * (64 * 128 + 16 * 128) + 4 * 64
             replay = sweep.bytes_per_layer_step("replay", 256) / 256

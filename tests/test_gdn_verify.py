@@ -23,10 +23,10 @@ def one_thread():
     torch.set_num_threads(threads)
 
 
-def make_cache(shape, W, device, *, state="fp32", read=None, io="bf16", max_draft=0):
+def make_cache(shape, W, device, *, state="fp32", read=None, io="bf16", max_draft=0, buffer="fp32"):
     nslots, H, HV, K, V = shape
     cache = gdn.ReplayCache.create(nslots, H, HV, K, V, W, state_dtype=state, read_dtype=read, io_dtype=io,
-                                   max_draft=max_draft, device=device)
+                                   max_draft=max_draft, buffer_dtype=buffer, device=device)
     cache.load(torch.randn(nslots, HV, V, K, device=device) * 0.5)
     return cache
 
@@ -83,8 +83,19 @@ VERIFY_CASES = [
 def test_verify_accept_matches_reference(device, assert_close, state, read, io, W, T, gpass, mma):
     """Cycles of verify + accept with random acceptance, fills past W (flush-first verifies) and a replay step
     among them, unwritten entries NaN: outputs every call, then every cache tensor."""
+    _verify_cycles(device, assert_close, state, read, io, W, T, gpass, mma)
+
+
+@pytest.mark.parametrize("gpass,mma", [(0, 0), (2, 2)], ids=["GPASS0", "GPASS2-MMA-KSPLIT2"])
+def test_verify_accept_with_2_byte_buffers(device, assert_close, gpass, mma):
+    """A bf16 state's cache with its updates and keys buffered in bf16: the same cycles."""
+    _verify_cycles(device, assert_close, "bf16", None, "bf16", 4, 3, gpass, mma, buffer="bf16")
+
+
+def _verify_cycles(device, assert_close, state, read, io, W, T, gpass, mma, buffer="fp32"):
     B, H, HV, K, V = 3, 2, 6, 24, 20
-    got = make_cache((5, H, HV, K, V), W, device, state=state, read=read, io=io, max_draft=T)
+    got = make_cache((5, H, HV, K, V), W, device, state=state, read=read, io=io, max_draft=T, buffer=buffer)
+    assert got.buf_u.dtype == got.buf_k.dtype == DT[buffer]
     poison(got)
     want = got.clone()
     slots = torch.tensor([3, -1, 0], dtype=torch.int32, device=device)

@@ -38,9 +38,9 @@ class ReplayCache:
     checkpoint (nslots, HV, V, K) in the state dtype; read_copy (nslots, HV, V, K) in the read dtype
     and read_scale (nslots, HV, V) fp32 (fp8 only), refreshed at every flush; buffers of capacity
     C = window + max_draft: buf_u (nslots, C, HV, V) corrected updates u and buf_k (nslots, C, H, K)
-    L2-normalised unscaled keys, both in the buffer dtype (a 2-byte state's own dtype unless asked
-    otherwise, else fp32), buf_g (nslots, C, HV) fp32 log-decay summed since the checkpoint;
-    fill (nslots, HV) int32, the entries in use. Entries at or past fill are never read.
+    L2-normalised unscaled keys, both in the buffer dtype (fp32 unless a 2-byte state asks for its own),
+    buf_g (nslots, C, HV) fp32 log-decay summed since the checkpoint; fill (nslots, HV) int32, the
+    entries in use. Entries at or past fill are never read.
     arrive (nslots, HV) int32 counts the row-block programs of a step that are done with a (slot, head),
     zero between steps.
     With a read copy a flush corrects the buffered updates, computed from the copy, to those of the full
@@ -90,7 +90,7 @@ class ReplayCache:
         read_dtype=None,
         io_dtype,
         max_draft: int = 0,
-        buffer_dtype=None,
+        buffer_dtype="fp32",
         device,
     ) -> "ReplayCache":
         """An empty cache (zero checkpoints, empty buffers) for nslots sequences.
@@ -100,9 +100,10 @@ class ReplayCache:
         torch dtype or a name such as "fp32"); read_dtype: None, or a narrower bf16, fp16 or fp8 (e4m3,
         per-row scales) copy that non-flush steps read instead of the checkpoint; io_dtype: the dtype
         of q, k, v and the outputs; max_draft: the most drafts one `verify` takes, in [0, 8];
-        buffer_dtype: the buffered updates' and keys' dtype, fp32 or a 2-byte state's own (its default: the
-        entries are rounded once, as the state is at every flush; an fp32 state keeps fp32 entries, which its
-        checkpoint's exactness needs).
+        buffer_dtype: the buffered updates' and keys' dtype: fp32 (the default), or a 2-byte state's own, which
+        halves the buffers' memory and rounds each entry once, as the state is rounded at every flush (an fp32
+        state's checkpoint needs fp32 entries). On an H200 the 2-byte buffers made a bf16-state step slower, not
+        faster (benchmarks/NOTES.md, run 61).
         """
         for name, value in {"nslots": nslots, "H": H, "HV": HV, "K": K, "V": V}.items():
             if not isinstance(value, int) or value < 1:
@@ -125,12 +126,9 @@ class ReplayCache:
             read_copy = torch.zeros(nslots, HV, V, K, dtype=read_dtype, device=device)
             if read_dtype == torch.float8_e4m3fn:
                 read_scale = torch.ones(nslots, HV, V, dtype=torch.float32, device=device)
-        if buffer_dtype is None:
-            buffer_dtype = state_dtype if state_dtype.itemsize == 2 else torch.float32
-        else:
-            buffer_dtype = resolve_dtype(buffer_dtype, "buffer_dtype", STATE_DTYPES)
-            if buffer_dtype not in (torch.float32, state_dtype):
-                raise ValueError(f"buffer_dtype must be fp32 or the state dtype {state_dtype}; got {buffer_dtype}")
+        buffer_dtype = resolve_dtype(buffer_dtype or torch.float32, "buffer_dtype", STATE_DTYPES)
+        if buffer_dtype not in (torch.float32, state_dtype):
+            raise ValueError(f"buffer_dtype must be fp32 or the state dtype {state_dtype}; got {buffer_dtype}")
         C = window + max_draft
         return cls(
             checkpoint=torch.zeros(nslots, HV, V, K, dtype=state_dtype, device=device),
