@@ -92,14 +92,7 @@ def test_verify_accept_with_2_byte_buffers(device, assert_close, gpass, mma):
     _verify_cycles(device, assert_close, "bf16", None, "bf16", 4, 3, gpass, mma, buffer="bf16")
 
 
-@pytest.mark.parametrize("gram", [{"GEARLY": 1}, {"GWARPS": 4, "GEARLY": 1}, {"GWARPS": 1}],
-                         ids=["GEARLY", "GWARPS4-GEARLY", "GWARPS1"])
-def test_verify_accept_gram_pass_settings(device, assert_close, gram):
-    """The key-product pass with the committed keys read before the fill (entries past it NaN) or other warps."""
-    _verify_cycles(device, assert_close, "fp32", None, "bf16", 4, 3, 2, 2, gram=gram)
-
-
-def _verify_cycles(device, assert_close, state, read, io, W, T, gpass, mma, buffer="fp32", gram=None):
+def _verify_cycles(device, assert_close, state, read, io, W, T, gpass, mma, buffer="fp32"):
     B, H, HV, K, V = 3, 2, 6, 24, 20
     got = make_cache((5, H, HV, K, V), W, device, state=state, read=read, io=io, max_draft=T, buffer=buffer)
     assert got.buf_u.dtype == got.buf_k.dtype == DT[buffer]
@@ -119,7 +112,7 @@ def _verify_cycles(device, assert_close, state, read, io, W, T, gpass, mma, buff
             out = torch.full((B, T, HV, V), NAN, dtype=DT[io], device=device)
             y = gdn.verify(got, **inp, use_qk_l2norm_in_kernel=True, slots=slots, out=out,
                            launch={"GPASS": gpass, "MMA": min(mma, 1), "KSPLIT": max(mma, 1),
-                                   "FSTAGES": max(mma, 1), **(gram or {})})
+                                   "FSTAGES": max(mma, 1)})
             y_ref = gdn.verify_ref(want, **inp, use_qk_l2norm_in_kernel=True, slots=slots)
             n = torch.randint(0, T + 1, (B,), generator=gen, dtype=torch.int32).to(device)
             n[0] = T if step % 2 else n[0]

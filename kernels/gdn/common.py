@@ -136,7 +136,7 @@ def launch_settings(table: dict, name: str, launch: dict | None) -> dict:
             continue
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"launch[{key!r}] must be a positive integer; got {value!r}")
-        if key in ("BV", "BVF", "VK", "VP", "num_warps", "HPP", "GWARPS") and value & (value - 1):
+        if key in ("BV", "BVF", "VK", "VP", "num_warps", "HPP") and value & (value - 1):
             raise ValueError(f"launch[{key!r}] must be a power of two; got {value}")
         settings[key] = value
     return settings

@@ -48,9 +48,6 @@ _ONE_CHUNK = {"EARLY": 0, "TF32": 0, "MMA": 0, "VP": 256, "BV": 128, "BVF": 16, 
               "num_stages": 1, "maxnreg": None, "PPS": 6}
 # A read copy's flushes (and its small grids' whole steps): 4-warp programs of whole heads, 3xTF32 products.
 _COPY_FLUSH = dict(_ONE_CHUNK, BVF=32, TF32=1, maxnreg=168)
-# The key-product pass (GPASS): GWARPS warps per program; GEARLY 1 takes the first W entries' keys without reading
-# the fill (the verify reads only the committed entries' rows of the products).
-_GRAM = {"GWARPS": 2, "GEARLY": 0}
 _SPLIT = {"EARLY": 0, "TF32": 0, "MMA": 0, "VP": 256, "BV": 32, "BVF": 16, "VK": 64, "STAGES": 3,
           "num_warps": 1, "num_stages": 1, "maxnreg": 128, "PHASES": 2, "PPS": 6, "HPP": 1}
 LAUNCH = {
@@ -91,17 +88,18 @@ LAUNCH = {
     # the verify's programs begin with independent loads: 564 -> 507 µs at 256, 165 -> 150 at 64, 65 -> 61 at 16
     # (NOTES run 60); the small grids keep GPASS=1 (17.3 against 17.6 µs at batch 1).
     "verify": {"BV": 32, "BVF": 16, "VK": 32, "STAGES": 2, "GPASS": 2, "MMA": 1, "KSPLIT": 2, "FSTAGES": 3,
-               "num_warps": 2, "num_stages": 1, "maxnreg": 168, **_GRAM},
+               "num_warps": 2, "num_stages": 1, "maxnreg": 168},
     "verify-small": {"BV": 64, "BVF": 16, "VK": 32, "STAGES": 2, "GPASS": 1, "MMA": 1, "KSPLIT": 2, "FSTAGES": 1,
-                     "num_warps": 4, "num_stages": 1, "maxnreg": 168, **_GRAM},
+                     "num_warps": 4, "num_stages": 1, "maxnreg": 168},
     "verify-split": {"BV": 32, "BVF": 16, "VK": 32, "STAGES": 2, "GPASS": 0, "MMA": 0, "KSPLIT": 1, "FSTAGES": 1,
-                     "num_warps": 4, "num_stages": 1, "maxnreg": None, **_GRAM},
+                     "num_warps": 4, "num_stages": 1, "maxnreg": None},
     "verify-fp8": {"BV": 32, "BVF": 16, "VK": 32, "STAGES": 2, "GPASS": 0, "MMA": 0, "KSPLIT": 1, "FSTAGES": 1,
-                   "num_warps": 4, "num_stages": 1, "maxnreg": None, **_GRAM},
+                   "num_warps": 4, "num_stages": 1, "maxnreg": None},
     "accept": {"num_warps": 1},
 }
 
 
+GRAM_WARPS = 2
 WEIGHTS_WARPS = 1
 
 
@@ -797,27 +795,21 @@ def _verify_gram_kernel(
     s_kb, s_kt, s_kh, s_kk,
     T: tl.constexpr, W: tl.constexpr, C: tl.constexpr, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr,
     BK: tl.constexpr, BT: tl.constexpr, BWC: tl.constexpr, BE: tl.constexpr, BZ: tl.constexpr,
-    IS_HALF_IO: tl.constexpr, EARLY: tl.constexpr,
+    IS_HALF_IO: tl.constexpr,
 ):
     """The key products a verify's value heads share, once per (row, key head): [BE, BZ] fp32 into gram, row e
     a key or query (the committed entries' keys e < BWC, then the drafts' keys as given, then their queries), column
     z a draft's key (z < BT) or query (BT <= z < 2 BT), as given. One [BE, K] x [K, BZ] product; the drafts' 16-bit
-    keys and queries are exact in TF32. A key head's value heads share its fill, its first one's, by which the
-    committed rows are taken (zero past it), or with EARLY the first W entries' whatever the fill."""
+    keys and queries are exact in TF32. A key head's value heads share its fill: its first one's."""
     i_b, i_h = tl.program_id(0), tl.program_id(1)
     i_s = tl.load(slots + i_b).to(tl.int64)
     if i_s < 0:
         return
+    b_f = tl.load(fill + i_s * HV + i_h * (HV // H))
     o_e, o_k, o_z = tl.arange(0, BE), tl.arange(0, BK), tl.arange(0, BZ)
     m_k = o_k < K
-    if EARLY:
-        # Every entry that may be committed (fewer than W), whatever the fill: row e of the product depends on key e
-        # alone, and the verify reads only the rows of committed entries, so the fill leaves the chain of loads.
-        m_wc = o_e < W
-    else:
-        # the entries still committed on top of the tile a verify reads (none once W are buffered: those fold first)
-        b_f = tl.load(fill + i_s * HV + i_h * (HV // H))
-        m_wc = (o_e < BWC) & (o_e < b_f) & (b_f < W)
+    # the entries still committed on top of the tile a verify reads (none once W are buffered: those fold first)
+    m_wc = (o_e < BWC) & (o_e < b_f) & (b_f < W)
     m_kd = (o_e >= BWC) & (o_e < BWC + T)
     m_qd = (o_e >= BWC + BT) & (o_e < BWC + BT + T)
     p_kb = k + i_b * s_kb + i_h * s_kh + o_k[None, :] * s_kk
@@ -1235,8 +1227,8 @@ def _launch_verify(cache, q, k, v, g, beta, out, slots, scale, l2norm, settings)
             s_qb=q.stride(0), s_qt=q.stride(1), s_qh=q.stride(2), s_qk=q.stride(3),
             s_kb=k.stride(0), s_kt=k.stride(1), s_kh=k.stride(2), s_kk=k.stride(3),
             T=T, W=cache.window, C=cache.capacity, H=cache.H, HV=cache.HV, K=cache.K, BK=BK,
-            BT=BT, BWC=BWC, BE=BE, BZ=BZ, IS_HALF_IO=half_io, EARLY=settings["GEARLY"],
-            num_warps=settings["GWARPS"],
+            BT=BT, BWC=BWC, BE=BE, BZ=BZ, IS_HALF_IO=half_io,
+            num_warps=GRAM_WARPS,
         )
     if settings["GPASS"] == 2:
         wts = torch.empty(batch, cache.HV, NW, dtype=torch.float32, device=cache.device)
