@@ -1,6 +1,6 @@
 """Where a speculative step spends its time on a GPU: each of its launches timed alone by the profiler's device
-clock (Mamba-2's B·C pass, verify and accept at the Nemotron-3-Super layer shape; GDN's key-product pass, weights,
-verify and accept at the Qwen3.5-122B one), with every row at one fill (a fill of W or more folds), T = 4, an fp32
+clock (Mamba-2's B·C pass, verify and accept at the Nemotron-3-Super layer shape; GDN's key-product pass, folds
+(FPASS), weights, verify and accept at the Qwen3.5-122B one), with every row at one fill (a fill of W or more folds), T = 4, an fp32
 checkpoint.
 
     python benchmarks/verify_phases.py --batch 64 --batch 256 [--launch BPF=32,...] --out FILE.json
@@ -24,7 +24,8 @@ assert (WINDOW, DRAFT) == (sweep_gdn.WINDOW, sweep_gdn.DRAFT)
 # each op's layer shape and the kernels of its speculative step, in launch order
 OPS = {
     "mamba2": (sweep_mamba2.SHAPE, ("mamba2_verify_bc_kernel", "mamba2_verify_kernel", "mamba2_accept_kernel")),
-    "gdn": (sweep_gdn.SHAPE, ("_verify_gram_kernel", "_verify_weights_kernel", "_verify_kernel", "_accept_kernel")),
+    "gdn": (sweep_gdn.SHAPE, ("_verify_gram_kernel", "_verify_fold_kernel", "_verify_weights_kernel", "_verify_kernel",
+                              "_accept_kernel")),
 }
 # None: the rows' fills spread over the window and left to advance, as in a served batch
 FILLS = (0, 8, 15, WINDOW, WINDOW + DRAFT - 1, None)

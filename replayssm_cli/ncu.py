@@ -82,6 +82,7 @@ KERNELS: tuple[KernelKind, ...] = (
     KernelKind("_heads_kernel", "gdn", (), None),
     KernelKind("_decode_multi_kernel", "gdn", ("spec-conventional",), None),
     KernelKind("_verify_gram_kernel", "gdn", ("spec-replay",), None),
+    KernelKind("_verify_fold_kernel", "gdn", ("spec-replay",), None),
     KernelKind("_verify_weights_kernel", "gdn", ("spec-replay",), None),
     KernelKind("_verify_kernel", "gdn", ("spec-replay",), None),
     KernelKind("_accept_kernel", "gdn", ("spec-replay",), None),

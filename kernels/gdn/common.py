@@ -125,7 +125,7 @@ def launch_settings(table: dict, name: str, launch: dict | None) -> dict:
     for key, value in (launch or {}).items():
         if key not in settings:
             raise ValueError(f"launch has unknown key {key!r} for {name}; expected some of {', '.join(settings)}")
-        if key == "maxnreg" and value is None:
+        if key in ("maxnreg", "FMAXNREG") and value is None:
             settings[key] = None
             continue
         if key in CHOICE_KEYS:
@@ -136,7 +136,7 @@ def launch_settings(table: dict, name: str, launch: dict | None) -> dict:
             continue
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"launch[{key!r}] must be a positive integer; got {value!r}")
-        if key in ("BV", "BVF", "VK", "VP", "num_warps", "HPP") and value & (value - 1):
+        if key in ("BV", "BVF", "VK", "VP", "num_warps", "HPP", "FVP", "FWARPS") and value & (value - 1):
             raise ValueError(f"launch[{key!r}] must be a power of two; got {value}")
         settings[key] = value
     return settings

@@ -50,6 +50,10 @@ _ONE_CHUNK = {"EARLY": 0, "TF32": 0, "MMA": 0, "VP": 256, "BV": 128, "BVF": 16, 
 _COPY_FLUSH = dict(_ONE_CHUNK, BVF=32, TF32=1, maxnreg=168)
 _SPLIT = {"EARLY": 0, "TF32": 0, "MMA": 0, "VP": 256, "BV": 32, "BVF": 16, "VK": 64, "STAGES": 3,
           "num_warps": 1, "num_stages": 1, "maxnreg": 128, "PHASES": 2, "PPS": 6, "HPP": 1}
+# FPASS=1 takes the folds out of the verify into a launch of their own (`_verify_fold_kernel`, after the key-product
+# pass, which lists the value heads that fold): PPS programs per SM of FWARPS warps (registers capped at FMAXNREG)
+# loop over items of FVP rows.
+_FOLD = {"FPASS": 0, "FVP": 128, "FWARPS": 4, "FMAXNREG": None, "PPS": 4}
 LAUNCH = {
     "replay": {"EARLY": 0, "TF32": 0, "MMA": 0, "VP": 256, "BV": 32, "BVF": 16, "VK": 32, "STAGES": 3,
                "num_warps": 2, "num_stages": 1, "maxnreg": 128, "PHASES": 1, "PPS": 6, "HPP": 1},
@@ -88,13 +92,13 @@ LAUNCH = {
     # the verify's programs begin with independent loads: 564 -> 507 µs at 256, 165 -> 150 at 64, 65 -> 61 at 16
     # (NOTES run 60); the small grids keep GPASS=1 (17.3 against 17.6 µs at batch 1).
     "verify": {"BV": 32, "BVF": 16, "VK": 32, "STAGES": 2, "GPASS": 2, "MMA": 1, "KSPLIT": 2, "FSTAGES": 3,
-               "num_warps": 2, "num_stages": 1, "maxnreg": 168},
+               "num_warps": 2, "num_stages": 1, "maxnreg": 168, **_FOLD},
     "verify-small": {"BV": 64, "BVF": 16, "VK": 32, "STAGES": 2, "GPASS": 1, "MMA": 1, "KSPLIT": 2, "FSTAGES": 1,
-                     "num_warps": 4, "num_stages": 1, "maxnreg": 168},
+                     "num_warps": 4, "num_stages": 1, "maxnreg": 168, **_FOLD},
     "verify-split": {"BV": 32, "BVF": 16, "VK": 32, "STAGES": 2, "GPASS": 0, "MMA": 0, "KSPLIT": 1, "FSTAGES": 1,
-                     "num_warps": 4, "num_stages": 1, "maxnreg": None},
+                     "num_warps": 4, "num_stages": 1, "maxnreg": None, **_FOLD},
     "verify-fp8": {"BV": 32, "BVF": 16, "VK": 32, "STAGES": 2, "GPASS": 0, "MMA": 0, "KSPLIT": 1, "FSTAGES": 1,
-                   "num_warps": 4, "num_stages": 1, "maxnreg": None},
+                   "num_warps": 4, "num_stages": 1, "maxnreg": None, **_FOLD},
     "accept": {"num_warps": 1},
 }
 
@@ -622,14 +626,14 @@ def _flush_kernel(
 
 @triton.jit
 def _verify_flush(
-    ckpt, rcopy, rscale, buf_u, buf_k, buf_t, i_s, i_h, i_hv, b_f, b_Gl, b_Gw, o_w,
+    ckpt, rcopy, rscale, buf_u, buf_k, buf_t, i_s, i_h, i_hv, b_f, b_Gl, b_Gw, o_w, v0,
     C: tl.constexpr, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BK: tl.constexpr, BVF: tl.constexpr, HAS_COPY: tl.constexpr, IS_FP8: tl.constexpr, FKSPLIT: tl.constexpr,
-    FSTAGES: tl.constexpr,
+    FSTAGES: tl.constexpr, VP: tl.constexpr,
 ):
-    """Fold the buffer into a new checkpoint (updates corrected under a read copy) and store it, BVF rows at a time
-    through a loop pipelined FSTAGES deep, in FKSPLIT column pieces (the buffered keys of one piece at a time; a read
-    copy's correction sums whole rows, so 1 under one)."""
+    """Fold the buffer into a new checkpoint (updates corrected under a read copy) and store it for rows v0 .. v0 +
+    VP, BVF rows at a time through a loop pipelined FSTAGES deep, in FKSPLIT column pieces (the buffered keys of one
+    piece at a time; a read copy's correction sums whole rows, so 1 under one)."""
     BKF: tl.constexpr = BK // FKSPLIT
     m_w = o_w < b_f
     for i_k in tl.static_range(FKSPLIT):
@@ -641,9 +645,9 @@ def _verify_flush(
         b_wc = b_kw
         if HAS_COPY:
             b_wc = _correction_weights(buf_t, b_kw, b_Gw, i_s, i_hv, o_w, b_f, C, HV, "tf32x3")
-        for i_v in tl.range(0, V, BVF, num_stages=FSTAGES):
-            o_v = i_v + tl.arange(0, BVF)
-            m_v = o_v < V
+        for i_v in tl.range(0, VP, BVF, num_stages=FSTAGES):
+            o_v = v0 + i_v + tl.arange(0, BVF)
+            m_v = (o_v < V) & (i_v + tl.arange(0, BVF) < VP)
             b_s, o_s, o_r, m_s = _folded_rows(
                 ckpt, rcopy, rscale, buf_u, i_s, i_hv, o_v, m_v, o_k, m_k, o_w, b_f, b_Gl, b_Gw, b_kw, b_wc,
                 C, HV, K, V, HAS_COPY, IS_FP8, "tf32x3",
@@ -790,22 +794,27 @@ def _column_weights(b_fk, b_fq, b_Wck, b_Wcq, o_t, BT: tl.constexpr, BZ: tl.cons
 
 @triton.jit
 def _verify_gram_kernel(
-    buf_k, fill, q, k, slots, gram,
+    buf_k, fill, q, k, slots, gram, work,
     s_qb, s_qt, s_qh, s_qk,
     s_kb, s_kt, s_kh, s_kk,
     T: tl.constexpr, W: tl.constexpr, C: tl.constexpr, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr,
     BK: tl.constexpr, BT: tl.constexpr, BWC: tl.constexpr, BE: tl.constexpr, BZ: tl.constexpr,
-    IS_HALF_IO: tl.constexpr,
+    IS_HALF_IO: tl.constexpr, FPASS: tl.constexpr,
 ):
     """The key products a verify's value heads share, once per (row, key head): [BE, BZ] fp32 into gram, row e
     a key or query (the committed entries' keys e < BWC, then the drafts' keys as given, then their queries), column
     z a draft's key (z < BT) or query (BT <= z < 2 BT), as given. One [BE, K] x [K, BZ] product; the drafts' 16-bit
-    keys and queries are exact in TF32. A key head's value heads share its fill: its first one's."""
+    keys and queries are exact in TF32. A key head's value heads share its fill: its first one's. With FPASS, a key
+    head whose rows fold first lists its value heads in `work` for `_verify_fold_kernel`."""
     i_b, i_h = tl.program_id(0), tl.program_id(1)
     i_s = tl.load(slots + i_b).to(tl.int64)
     if i_s < 0:
         return
     b_f = tl.load(fill + i_s * HV + i_h * (HV // H))
+    if FPASS:
+        if b_f >= W:
+            for hh in tl.static_range(HV // H):
+                list_flush(work, i_b, i_h * (HV // H) + hh, b_f, False)
     o_e, o_k, o_z = tl.arange(0, BE), tl.arange(0, BK), tl.arange(0, BZ)
     m_k = o_k < K
     # the entries still committed on top of the tile a verify reads (none once W are buffered: those fold first)
@@ -822,6 +831,38 @@ def _verify_gram_kernel(
     b_z = _draft_columns(q, k, i_b, i_h, o_k, m_k, s_qb, s_qt, s_qh, s_qk, s_kb, s_kt, s_kh, s_kk, T, BT, BZ)
     b_g = dot_fp32(b_e, b_z.to(tl.float32), False, IS_HALF_IO)
     tl.store(gram + (i_b * H + i_h) * BE * BZ + o_e[:, None] * BZ + o_z[None, :], b_g)
+
+
+@triton.jit
+def _verify_fold_kernel(
+    ckpt, rcopy, rscale, buf_u, buf_k, buf_g, buf_t, slots, work,
+    C: tl.constexpr, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    BK: tl.constexpr, BW: tl.constexpr, BVF: tl.constexpr, VP: tl.constexpr, HAS_COPY: tl.constexpr,
+    IS_FP8: tl.constexpr, FKSPLIT: tl.constexpr, FSTAGES: tl.constexpr,
+):
+    """The folds a verify's rows take first (FPASS), in a launch of their own between the key-product pass, which
+    listed the value heads whose buffers hold W entries or more in `work`, and the verify, which then skips its own
+    fold (their fills, read again there, still say W or more: the drafts go to position 0 and the fill to 0): VP
+    rows of a head per item, each program looping over the items (a few programs per SM however few rows fold). The
+    last program to finish zeroes the list's counters for the next step."""
+    NPB: tl.constexpr = (V + VP - 1) // VP
+    n_items = tl.load(work) * NPB
+    n_programs = tl.num_programs(0)
+    o_w = tl.arange(0, BW)
+    # A while loop: its bounds are device values (the interpreter's range takes only Python integers).
+    i_j = tl.program_id(0)
+    while i_j < n_items:
+        i_b, i_hv, b_f = listed_flush(work, i_j // NPB)
+        i_h = i_hv // (HV // H)
+        i_s = tl.load(slots + i_b).to(tl.int64)
+        b_Gw = tl.load(buf_g + (i_s * C + o_w) * HV + i_hv, mask=o_w < b_f, other=0.0)
+        b_Gl = tl.load(buf_g + (i_s * C + b_f - 1) * HV + i_hv)
+        _verify_flush(
+            ckpt, rcopy, rscale, buf_u, buf_k, buf_t, i_s, i_h, i_hv, b_f, b_Gl, b_Gw, o_w, (i_j % NPB) * VP,
+            C, H, HV, K, V, BK, BVF, HAS_COPY, IS_FP8, FKSPLIT, FSTAGES, VP,
+        )
+        i_j += n_programs
+    list_done(work, n_programs)
 
 
 @triton.jit
@@ -881,7 +922,7 @@ def _verify_kernel(
     VK: tl.constexpr, STAGES: tl.constexpr, USE_QK_L2NORM: tl.constexpr, HAS_COPY: tl.constexpr,
     IS_FP8: tl.constexpr, GPASS: tl.constexpr, BE: tl.constexpr, BZ: tl.constexpr, MMA: tl.constexpr,
     NATIVE: tl.constexpr, IS_TILE_EXACT: tl.constexpr, IS_HALF_IO: tl.constexpr, KSPLIT: tl.constexpr,
-    FKSPLIT: tl.constexpr, FSTAGES: tl.constexpr, NW: tl.constexpr,
+    FKSPLIT: tl.constexpr, FSTAGES: tl.constexpr, NW: tl.constexpr, FPASS: tl.constexpr,
 ):
     i_b, i_hv = tl.program_id(0), tl.program_id(1)
     i_s = tl.load(slots + i_b).to(tl.int64)
@@ -908,16 +949,18 @@ def _verify_kernel(
     b_fe = tl.where(b_flush, 0, b_f)
     b_Gl = tl.load(buf_g + (i_s * C + tl.maximum(b_f - 1, 0)) * HV + i_hv, mask=b_f > 0, other=0.0)
     # Every committed entry is read before any draft's key is written (the arrivals below).
-    if b_flush:
-        # The committed entries' log-decays [BW]
-        b_Gw = tl.load(buf_g + (i_s * C + o_w) * HV + i_hv, mask=o_w < b_f, other=0.0)
-        # Into a new checkpoint first, as a flush step would; the drafts then read it with no entries left.
-        _verify_flush(
-            ckpt, rcopy, rscale, buf_u, buf_k, buf_t, i_s, i_h, i_hv, b_f, b_Gl, b_Gw, o_w,
-            C, H, HV, K, V, BK, BVF, HAS_COPY, IS_FP8, FKSPLIT, FSTAGES,
-        )
-        # The tile reads below see this program's stores, and the drafts' updates overwrite entries it folded.
-        tl.debug_barrier()
+    # With FPASS `_verify_fold_kernel` has folded the rows with W entries or more.
+    if not FPASS:
+        if b_flush:
+            # The committed entries' log-decays [BW]
+            b_Gw = tl.load(buf_g + (i_s * C + o_w) * HV + i_hv, mask=o_w < b_f, other=0.0)
+            # Into a new checkpoint first, as a flush step would; the drafts then read it with no entries left.
+            _verify_flush(
+                ckpt, rcopy, rscale, buf_u, buf_k, buf_t, i_s, i_h, i_hv, b_f, b_Gl, b_Gw, o_w, 0,
+                C, H, HV, K, V, BK, BVF, HAS_COPY, IS_FP8, FKSPLIT, FSTAGES, V,
+            )
+            # The tile reads below see this program's stores, and the drafts' updates overwrite entries it folded.
+            tl.debug_barrier()
     # The entries still committed on top of the tile read below (fewer than W), and (for the prologue, unless
     # `_verify_weights_kernel` took it) their log-decay since it.
     o_wc = tl.arange(0, BWC)
@@ -1206,6 +1249,9 @@ def _launch_verify(cache, q, k, v, g, beta, out, slots, scale, l2norm, settings)
     if settings["GPASS"] == 2 and (cache.read_copy is not None or not settings["MMA"]):
         raise ValueError("launch GPASS = 2 (each value head's weights from a launch of their own) takes MMA = 1 and no "
                          "read copy; a read copy's verify stores its drafts' rows of T from its own prologue")
+    if settings["FPASS"] and not settings["GPASS"]:
+        raise ValueError("launch FPASS = 1 (the folds in a launch of their own) takes GPASS = 1 or 2: the key-product "
+                         "pass lists the heads that fold")
     BT, BWC = next_pow2(T), max(16, next_pow2(cache.window))
     # the Gram pass's rows (committed keys, the drafts' keys, their queries) and columns (keys, queries)
     BE, BZ = next_pow2(BWC + 2 * BT), max(16, 2 * BT)
@@ -1223,12 +1269,23 @@ def _launch_verify(cache, q, k, v, g, beta, out, slots, scale, l2norm, settings)
     if settings["GPASS"]:
         gram = torch.empty(batch, cache.H, BE, BZ, dtype=torch.float32, device=cache.device)
         _verify_gram_kernel[(batch, cache.H)](
-            buf_k=cache.buf_k, fill=cache.fill, q=q, k=k, slots=slots, gram=gram,
+            buf_k=cache.buf_k, fill=cache.fill, q=q, k=k, slots=slots, gram=gram, work=cache.work,
             s_qb=q.stride(0), s_qt=q.stride(1), s_qh=q.stride(2), s_qk=q.stride(3),
             s_kb=k.stride(0), s_kt=k.stride(1), s_kh=k.stride(2), s_kk=k.stride(3),
             T=T, W=cache.window, C=cache.capacity, H=cache.H, HV=cache.HV, K=cache.K, BK=BK,
-            BT=BT, BWC=BWC, BE=BE, BZ=BZ, IS_HALF_IO=half_io,
+            BT=BT, BWC=BWC, BE=BE, BZ=BZ, IS_HALF_IO=half_io, FPASS=bool(settings["FPASS"]),
             num_warps=GRAM_WARPS,
+        )
+    if settings["FPASS"]:
+        FVP = min(settings["FVP"], next_pow2(cache.V))
+        items = batch * cache.HV * triton.cdiv(cache.V, FVP)
+        _verify_fold_kernel[flush_grid(items, settings["PPS"], cache.device)](
+            **{key: value for key, value in _cache_args(cache).items() if key not in ("buf_b", "fill")},
+            slots=slots, work=cache.work,
+            **{key: constants[key] for key in ("C", "H", "HV", "K", "V", "BK", "BW", "HAS_COPY", "IS_FP8")},
+            BVF=max(16, min(settings["BVF"], FVP)), VP=FVP, FKSPLIT=1 if cache.read_copy is not None else ksplit,
+            FSTAGES=settings["FSTAGES"],
+            **compile_options({"num_warps": settings["FWARPS"], "num_stages": 1, "maxnreg": settings["FMAXNREG"]}),
         )
     if settings["GPASS"] == 2:
         wts = torch.empty(batch, cache.HV, NW, dtype=torch.float32, device=cache.device)
@@ -1260,7 +1317,7 @@ def _launch_verify(cache, q, k, v, g, beta, out, slots, scale, l2norm, settings)
         USE_QK_L2NORM=l2norm, GPASS=settings["GPASS"], BE=BE, BZ=BZ, MMA=bool(settings["MMA"]),
         NATIVE=tile.itemsize == 2 and q.dtype == k.dtype == tile, IS_TILE_EXACT=tile != torch.float32,
         IS_HALF_IO=half_io, KSPLIT=ksplit, FKSPLIT=1 if cache.read_copy is not None else ksplit,
-        FSTAGES=settings["FSTAGES"], NW=NW,
+        FSTAGES=settings["FSTAGES"], NW=NW, FPASS=bool(settings["FPASS"]),
         **compile_options(settings),
     )
 
