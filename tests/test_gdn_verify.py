@@ -99,6 +99,8 @@ FOLD_CASES = [
     ("bf16", None, "bf16", 2, 2, {"FVP": 16, "FWARPS": 2}),
     ("fp32", "fp8", "fp16", 1, 0, {"FVP": 8}),
     ("fp32", "bf16", "bf16", 1, 1, {"PPS": 1, "FWARPS": 1}),
+    ("fp32", None, "bf16", 2, 2, {"TF32": 0, "FWARPS": 2}),
+    ("fp32", "fp8", "bf16", 1, 0, {"TF32": 0}),
 ]
 
 

@@ -52,8 +52,9 @@ _SPLIT = {"EARLY": 0, "TF32": 0, "MMA": 0, "VP": 256, "BV": 32, "BVF": 16, "VK":
           "num_warps": 1, "num_stages": 1, "maxnreg": 128, "PHASES": 2, "PPS": 6, "HPP": 1}
 # FPASS=1 takes the folds out of the verify into a launch of their own (`_verify_fold_kernel`, after the key-product
 # pass, which lists the value heads that fold): PPS programs per SM of FWARPS warps (registers capped at FMAXNREG)
-# loop over items of FVP rows.
-_FOLD = {"FPASS": 0, "FVP": 128, "FWARPS": 4, "FMAXNREG": None, "PPS": 4}
+# loop over items of FVP rows, each fold one product in 3xTF32 (TF32=1) or fp32 FMAs (0; the verify's own folds
+# always take 3xTF32).
+_FOLD = {"FPASS": 0, "FVP": 128, "FWARPS": 4, "FMAXNREG": None, "PPS": 4, "TF32": 1}
 LAUNCH = {
     "replay": {"EARLY": 0, "TF32": 0, "MMA": 0, "VP": 256, "BV": 32, "BVF": 16, "VK": 32, "STAGES": 3,
                "num_warps": 2, "num_stages": 1, "maxnreg": 128, "PHASES": 1, "PPS": 6, "HPP": 1},
@@ -629,7 +630,7 @@ def _verify_flush(
     ckpt, rcopy, rscale, buf_u, buf_k, buf_t, i_s, i_h, i_hv, b_f, b_Gl, b_Gw, o_w, v0,
     C: tl.constexpr, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BK: tl.constexpr, BVF: tl.constexpr, HAS_COPY: tl.constexpr, IS_FP8: tl.constexpr, FKSPLIT: tl.constexpr,
-    FSTAGES: tl.constexpr, VP: tl.constexpr,
+    FSTAGES: tl.constexpr, VP: tl.constexpr, PRECISION: tl.constexpr,
 ):
     """Fold the buffer into a new checkpoint (updates corrected under a read copy) and store it for rows v0 .. v0 +
     VP, BVF rows at a time through a loop pipelined FSTAGES deep, in FKSPLIT column pieces (the buffered keys of one
@@ -644,13 +645,13 @@ def _verify_flush(
                        mask=m_w[:, None] & m_k[None, :], other=0.0).to(tl.float32)
         b_wc = b_kw
         if HAS_COPY:
-            b_wc = _correction_weights(buf_t, b_kw, b_Gw, i_s, i_hv, o_w, b_f, C, HV, "tf32x3")
+            b_wc = _correction_weights(buf_t, b_kw, b_Gw, i_s, i_hv, o_w, b_f, C, HV, PRECISION)
         for i_v in tl.range(0, VP, BVF, num_stages=FSTAGES):
             o_v = v0 + i_v + tl.arange(0, BVF)
             m_v = (o_v < V) & (i_v + tl.arange(0, BVF) < VP)
             b_s, o_s, o_r, m_s = _folded_rows(
                 ckpt, rcopy, rscale, buf_u, i_s, i_hv, o_v, m_v, o_k, m_k, o_w, b_f, b_Gl, b_Gw, b_kw, b_wc,
-                C, HV, K, V, HAS_COPY, IS_FP8, "tf32x3",
+                C, HV, K, V, HAS_COPY, IS_FP8, PRECISION,
             )
             b_s = rounded(b_s, ckpt.dtype.element_ty)
             tl.store(ckpt + o_s, b_s.to(ckpt.dtype.element_ty), mask=m_s)
@@ -838,7 +839,7 @@ def _verify_fold_kernel(
     ckpt, rcopy, rscale, buf_u, buf_k, buf_g, buf_t, slots, work,
     C: tl.constexpr, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BK: tl.constexpr, BW: tl.constexpr, BVF: tl.constexpr, VP: tl.constexpr, HAS_COPY: tl.constexpr,
-    IS_FP8: tl.constexpr, FKSPLIT: tl.constexpr, FSTAGES: tl.constexpr,
+    IS_FP8: tl.constexpr, FKSPLIT: tl.constexpr, FSTAGES: tl.constexpr, PRECISION: tl.constexpr,
 ):
     """The folds a verify's rows take first (FPASS), in a launch of their own between the key-product pass, which
     listed the value heads whose buffers hold W entries or more in `work`, and the verify, which then skips its own
@@ -859,7 +860,7 @@ def _verify_fold_kernel(
         b_Gl = tl.load(buf_g + (i_s * C + b_f - 1) * HV + i_hv)
         _verify_flush(
             ckpt, rcopy, rscale, buf_u, buf_k, buf_t, i_s, i_h, i_hv, b_f, b_Gl, b_Gw, o_w, (i_j % NPB) * VP,
-            C, H, HV, K, V, BK, BVF, HAS_COPY, IS_FP8, FKSPLIT, FSTAGES, VP,
+            C, H, HV, K, V, BK, BVF, HAS_COPY, IS_FP8, FKSPLIT, FSTAGES, VP, PRECISION,
         )
         i_j += n_programs
     list_done(work, n_programs)
@@ -957,7 +958,7 @@ def _verify_kernel(
             # Into a new checkpoint first, as a flush step would; the drafts then read it with no entries left.
             _verify_flush(
                 ckpt, rcopy, rscale, buf_u, buf_k, buf_t, i_s, i_h, i_hv, b_f, b_Gl, b_Gw, o_w, 0,
-                C, H, HV, K, V, BK, BVF, HAS_COPY, IS_FP8, FKSPLIT, FSTAGES, V,
+                C, H, HV, K, V, BK, BVF, HAS_COPY, IS_FP8, FKSPLIT, FSTAGES, V, "tf32x3",
             )
             # The tile reads below see this program's stores, and the drafts' updates overwrite entries it folded.
             tl.debug_barrier()
@@ -1284,7 +1285,7 @@ def _launch_verify(cache, q, k, v, g, beta, out, slots, scale, l2norm, settings)
             slots=slots, work=cache.work,
             **{key: constants[key] for key in ("C", "H", "HV", "K", "V", "BK", "BW", "HAS_COPY", "IS_FP8")},
             BVF=max(16, min(settings["BVF"], FVP)), VP=FVP, FKSPLIT=1 if cache.read_copy is not None else ksplit,
-            FSTAGES=settings["FSTAGES"],
+            FSTAGES=settings["FSTAGES"], PRECISION=flush_precision(cache.checkpoint, settings["TF32"]),
             **compile_options({"num_warps": settings["FWARPS"], "num_stages": 1, "maxnreg": settings["FMAXNREG"]}),
         )
     if settings["GPASS"] == 2:
