@@ -101,6 +101,7 @@ FOLD_CASES = [
     ("fp32", "bf16", "bf16", 1, 1, {"PPS": 1, "FWARPS": 1}),
     ("fp32", None, "bf16", 2, 2, {"TF32": 0, "FWARPS": 2}),
     ("fp32", "fp8", "bf16", 1, 0, {"TF32": 0}),
+    ("fp32", None, "bf16", 2, 2, {"TF32": 0, "FKSPLIT": 1, "FSTAGES": 2}),
 ]
 
 

@@ -53,8 +53,8 @@ _SPLIT = {"EARLY": 0, "TF32": 0, "MMA": 0, "VP": 256, "BV": 32, "BVF": 16, "VK":
 # FPASS=1 takes the folds out of the verify into a launch of their own (`_verify_fold_kernel`, after the key-product
 # pass, which lists the value heads that fold): PPS programs per SM of FWARPS warps (registers capped at FMAXNREG)
 # loop over items of FVP rows, each fold one product in 3xTF32 (TF32=1) or fp32 FMAs (0; the verify's own folds
-# always take 3xTF32).
-_FOLD = {"FPASS": 0, "FVP": 128, "FWARPS": 4, "FMAXNREG": None, "PPS": 4, "TF32": 1}
+# always take 3xTF32), in FKSPLIT column pieces (the verify's own folds take KSPLIT's).
+_FOLD = {"FPASS": 0, "FVP": 128, "FWARPS": 4, "FMAXNREG": None, "PPS": 4, "TF32": 1, "FKSPLIT": 2}
 LAUNCH = {
     "replay": {"EARLY": 0, "TF32": 0, "MMA": 0, "VP": 256, "BV": 32, "BVF": 16, "VK": 32, "STAGES": 3,
                "num_warps": 2, "num_stages": 1, "maxnreg": 128, "PHASES": 1, "PPS": 6, "HPP": 1},
@@ -1284,7 +1284,8 @@ def _launch_verify(cache, q, k, v, g, beta, out, slots, scale, l2norm, settings)
             **{key: value for key, value in _cache_args(cache).items() if key not in ("buf_b", "fill")},
             slots=slots, work=cache.work,
             **{key: constants[key] for key in ("C", "H", "HV", "K", "V", "BK", "BW", "HAS_COPY", "IS_FP8")},
-            BVF=max(16, min(settings["BVF"], FVP)), VP=FVP, FKSPLIT=1 if cache.read_copy is not None else ksplit,
+            BVF=max(16, min(settings["BVF"], FVP)), VP=FVP,
+            FKSPLIT=1 if cache.read_copy is not None or BK < 32 else settings["FKSPLIT"],
             FSTAGES=settings["FSTAGES"], PRECISION=flush_precision(cache.checkpoint, settings["TF32"]),
             **compile_options({"num_warps": settings["FWARPS"], "num_stages": 1, "maxnreg": settings["FMAXNREG"]}),
         )
