@@ -114,6 +114,13 @@ def test_verify_accept_folds_in_a_launch_of_their_own(device, assert_close, stat
     _verify_cycles(device, assert_close, state, read, io, 4, 3, gpass, mma, launch={"FPASS": 1, **fold})
 
 
+@pytest.mark.parametrize("state,io,gpass,mma", [("fp32", "bf16", 2, 2), ("bf16", "fp32", 1, 1)],
+                         ids=["fp32-bf16-GPASS2-MMA-KSPLIT2", "bf16-fp32-GPASS1-MMA"])
+def test_verify_accept_folds_in_the_verify(device, assert_close, state, io, gpass, mma):
+    """FPASS=0 with the key-product pass (the small grids' rows): each folding row's verify program folds first."""
+    _verify_cycles(device, assert_close, state, None, io, 4, 3, gpass, mma, launch={"FPASS": 0})
+
+
 def _verify_cycles(device, assert_close, state, read, io, W, T, gpass, mma, buffer="fp32", launch=None):
     B, H, HV, K, V = 3, 2, 6, 24, 20
     got = make_cache((5, H, HV, K, V), W, device, state=state, read=read, io=io, max_draft=T, buffer=buffer)
@@ -134,7 +141,8 @@ def _verify_cycles(device, assert_close, state, read, io, W, T, gpass, mma, buff
             out = torch.full((B, T, HV, V), NAN, dtype=DT[io], device=device)
             y = gdn.verify(got, **inp, use_qk_l2norm_in_kernel=True, slots=slots, out=out,
                            launch={"GPASS": gpass, "MMA": min(mma, 1), "KSPLIT": max(mma, 1),
-                                   "FSTAGES": max(mma, 1), **(launch or {})})
+                                   "FSTAGES": max(mma, 1), **({"FPASS": 0} if not gpass else {}),
+                                   **(launch or {})})
             y_ref = gdn.verify_ref(want, **inp, use_qk_l2norm_in_kernel=True, slots=slots)
             n = torch.randint(0, T + 1, (B,), generator=gen, dtype=torch.int32).to(device)
             n[0] = T if step % 2 else n[0]

@@ -91,9 +91,13 @@ LAUNCH = {
     # 21.9 -> 16.5. GPASS=2 takes each value head's prologue (its fill, the drafts' gates, the [T, T] solve, the
     # committed entries' weights) into a launch of its own after the key products (`_verify_weights_kernel`), so that
     # the verify's programs begin with independent loads: 564 -> 507 µs at 256, 165 -> 150 at 64, 65 -> 61 at 16
-    # (NOTES run 60); the small grids keep GPASS=1 (17.3 against 17.6 µs at batch 1).
+    # (NOTES run 60); the small grids keep GPASS=1 (17.3 against 17.6 µs at batch 1). FPASS=1 takes the folds into a
+    # launch of their own (`_verify_fold_kernel`: 2-warp programs, 8 per SM, fp32 FMAs in one piece of K), and the
+    # verify compiles without its fold (146 registers instead of 168, no spills): 508 -> 499 µs at 256, 151 -> 146 at
+    # 64, 62 -> 59 at 16 (NOTES run 61); the small grids keep their folds (17.2 against 19.5 µs at batch 1).
     "verify": {"BV": 32, "BVF": 16, "VK": 32, "STAGES": 2, "GPASS": 2, "MMA": 1, "KSPLIT": 2, "FSTAGES": 3,
-               "num_warps": 2, "num_stages": 1, "maxnreg": 168, **_FOLD},
+               "num_warps": 2, "num_stages": 1, "maxnreg": 168,
+               **dict(_FOLD, FPASS=1, FWARPS=2, PPS=8, TF32=0, FKSPLIT=1)},
     "verify-small": {"BV": 64, "BVF": 16, "VK": 32, "STAGES": 2, "GPASS": 1, "MMA": 1, "KSPLIT": 2, "FSTAGES": 1,
                      "num_warps": 4, "num_stages": 1, "maxnreg": 168, **_FOLD},
     "verify-split": {"BV": 32, "BVF": 16, "VK": 32, "STAGES": 2, "GPASS": 0, "MMA": 0, "KSPLIT": 1, "FSTAGES": 1,
