@@ -1450,8 +1450,9 @@ def verify(
     (the chunks' pipeline depth), GPASS (1: the key products a key head's value heads share from a
     launch of their own; 2: also each value head's weights, from a second launch; MMA = 1 and no read
     copy), MMA (1: each chunk's products on the tensor cores), KSPLIT (2: those products and a fold's
-    in K halves), FSTAGES (a fold's pipeline depth), num_warps, num_stages, maxnreg; slots, check: as
-    in `replay`.
+    in K halves), FSTAGES (a fold's pipeline depth), FPASS (1: the folds in a launch of their own, with
+    GPASS; its FVP rows per item, FWARPS, FMAXNREG, PPS programs per SM, TF32 (1: 3xTF32, 0: fp32
+    FMAs) and FKSPLIT), num_warps, num_stages, maxnreg; slots, check: as in `replay`.
     """
     batch, T = _check_against_cache(cache, _verify_kernel, q, k, v, g, beta, tokens=True)
     if not 1 <= T <= cache.max_draft:
