@@ -631,7 +631,7 @@ def _flush_kernel(
 
 @triton.jit
 def _verify_flush(
-    ckpt, rcopy, rscale, buf_u, buf_k, buf_t, i_s, i_h, i_hv, b_f, b_Gl, b_Gw, o_w, v0,
+    ckpt, rcopy, rscale, buf_u, buf_k, buf_g, buf_t, i_s, i_h, i_hv, b_f, b_Gl, o_w, v0,
     C: tl.constexpr, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BK: tl.constexpr, BVF: tl.constexpr, HAS_COPY: tl.constexpr, IS_FP8: tl.constexpr, FKSPLIT: tl.constexpr,
     FSTAGES: tl.constexpr, VP: tl.constexpr, PRECISION: tl.constexpr,
@@ -641,6 +641,8 @@ def _verify_flush(
     piece at a time; a read copy's correction sums whole rows, so 1 under one)."""
     BKF: tl.constexpr = BK // FKSPLIT
     m_w = o_w < b_f
+    # The committed entries' log-decays [BW]
+    b_Gw = tl.load(buf_g + (i_s * C + o_w) * HV + i_hv, mask=m_w, other=0.0)
     for i_k in tl.static_range(FKSPLIT):
         o_k = i_k * BKF + tl.arange(0, BKF)
         m_k = o_k < K
@@ -860,10 +862,9 @@ def _verify_fold_kernel(
         i_b, i_hv, b_f = listed_flush(work, i_j // NPB)
         i_h = i_hv // (HV // H)
         i_s = tl.load(slots + i_b).to(tl.int64)
-        b_Gw = tl.load(buf_g + (i_s * C + o_w) * HV + i_hv, mask=o_w < b_f, other=0.0)
         b_Gl = tl.load(buf_g + (i_s * C + b_f - 1) * HV + i_hv)
         _verify_flush(
-            ckpt, rcopy, rscale, buf_u, buf_k, buf_t, i_s, i_h, i_hv, b_f, b_Gl, b_Gw, o_w, (i_j % NPB) * VP,
+            ckpt, rcopy, rscale, buf_u, buf_k, buf_g, buf_t, i_s, i_h, i_hv, b_f, b_Gl, o_w, (i_j % NPB) * VP,
             C, H, HV, K, V, BK, BVF, HAS_COPY, IS_FP8, FKSPLIT, FSTAGES, VP, PRECISION,
         )
         i_j += n_programs
@@ -957,11 +958,9 @@ def _verify_kernel(
     # With FPASS `_verify_fold_kernel` has folded the rows with W entries or more.
     if not FPASS:
         if b_flush:
-            # The committed entries' log-decays [BW]
-            b_Gw = tl.load(buf_g + (i_s * C + o_w) * HV + i_hv, mask=o_w < b_f, other=0.0)
             # Into a new checkpoint first, as a flush step would; the drafts then read it with no entries left.
             _verify_flush(
-                ckpt, rcopy, rscale, buf_u, buf_k, buf_t, i_s, i_h, i_hv, b_f, b_Gl, b_Gw, o_w, 0,
+                ckpt, rcopy, rscale, buf_u, buf_k, buf_g, buf_t, i_s, i_h, i_hv, b_f, b_Gl, o_w, 0,
                 C, H, HV, K, V, BK, BVF, HAS_COPY, IS_FP8, FKSPLIT, FSTAGES, V, "tf32x3",
             )
             # The tile reads below see this program's stores, and the drafts' updates overwrite entries it folded.
