@@ -37,8 +37,8 @@ GRID = {
     "split-bf16": [{}, {"BV": 32, "STAGES": 2}, {"flush_BVF": 16}, {"flush_maxnreg": 255},
                    {"PHASES": 1, "BV": 128, "BVF": 32, "STAGES": 2, "num_warps": 4, "maxnreg": 168, "TF32": 1}],
     "decode-multi": [{"BV": 8, "num_warps": 1}, {"BV": 16, "num_warps": 4}, {"BV": 32, "num_warps": 4}],
-    # MMA=0 the shuffle row sums (the row before run 59), MMA=1 the tensor-core products; without the key-product
-    # pass (GPASS=0) the folds stay in the verify (FPASS=0)
+    # MMA=0 the shuffle row sums (the row before run 59, without the key-product pass (GPASS=0) and its folds in the
+    # verify (FPASS=0)), MMA=1 the tensor-core products
     "verify": [{"MMA": 1, "GPASS": 1, "KSPLIT": 2, "BV": 32, "STAGES": 2, "FSTAGES": 3, "num_warps": 2, "maxnreg": 168},
                {"MMA": 1, "GPASS": 1, "KSPLIT": 2, "BV": 32, "STAGES": 2, "FSTAGES": 1, "num_warps": 2, "maxnreg": 168},
                {"MMA": 1, "GPASS": 1, "KSPLIT": 2, "BV": 64, "STAGES": 2, "num_warps": 4, "maxnreg": 168},

@@ -1,7 +1,7 @@
 """Where a speculative step spends its time on a GPU: each of its launches timed alone by the profiler's device
-clock (Mamba-2's B·C pass, verify and accept at the Nemotron-3-Super layer shape; GDN's key-product pass, folds
-(FPASS), weights, verify and accept at the Qwen3.5-122B one), with every row at one fill (a fill of W or more
-folds), T = 4, an fp32 checkpoint.
+clock (Mamba-2's B·C pass, verify and accept at the Nemotron-3-Super layer shape; GDN's list of the heads that
+fold and their folds (FPASS), key-product pass, weights, verify and accept at the Qwen3.5-122B one), and the whole
+step between CUDA events, with every row at one fill (a fill of W or more folds), T = 4, an fp32 checkpoint.
 
     python benchmarks/verify_phases.py --batch 64 --batch 256 [--launch BPF=32,...] --out FILE.json
     python benchmarks/verify_phases.py --op gdn --batch 256 [--launch GPASS=0,...] --out FILE.json
@@ -24,8 +24,8 @@ assert (WINDOW, DRAFT) == (sweep_gdn.WINDOW, sweep_gdn.DRAFT)
 # each op's layer shape and the kernels of its speculative step, in launch order
 OPS = {
     "mamba2": (sweep_mamba2.SHAPE, ("mamba2_verify_bc_kernel", "mamba2_verify_kernel", "mamba2_accept_kernel")),
-    "gdn": (sweep_gdn.SHAPE, ("_verify_gram_kernel", "_verify_fold_kernel", "_verify_weights_kernel", "_verify_kernel",
-                              "_accept_kernel")),
+    "gdn": (sweep_gdn.SHAPE, ("_verify_list_kernel", "_verify_fold_kernel", "_verify_gram_kernel",
+                              "_verify_weights_kernel", "_verify_kernel", "_accept_kernel")),
 }
 # None: the rows' fills spread over the window and left to advance, as in a served batch
 FILLS = (0, 8, 15, WINDOW, WINDOW + DRAFT - 1, None)
@@ -43,9 +43,11 @@ def kernel_times(prof, steps: int, names: tuple[str, ...]) -> dict[str, float]:
 
 
 def time_fill(m, cache, inp, slots, n, fill: int | None, launch: dict, steps: int, names: tuple[str, ...],
-              kw: dict) -> dict[str, float]:
+              kw: dict) -> tuple[dict[str, float], float]:
     """Each launch of `steps` speculative steps with every row starting at `fill` (restored before each step), or
-    with row r at fill r mod W and the fills left to advance (`fill` None); kw the verify's own arguments."""
+    with row r at fill r mod W and the fills left to advance (`fill` None); kw the verify's own arguments. Also the
+    mean µs per step between CUDA events around `steps` more (the launches as queued, a fill's restore among them):
+    launches that overlap (FSTREAM) count once there, each in full in the first."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
@@ -63,14 +65,22 @@ def time_fill(m, cache, inp, slots, n, fill: int | None, launch: dict, steps: in
         m.verify(cache, **inp, launch=launch, **kw)
         m.accept(cache, n, slots, check=False)
     torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+    def run_steps():
         for _ in range(steps):
             if fill is not None:
                 cache.fill.copy_(start)
             m.verify(cache, **inp, launch=launch, **kw)
             m.accept(cache, n, slots, check=False)
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        run_steps()
         torch.cuda.synchronize()
-    return kernel_times(prof, steps, names)
+    begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    begin.record()
+    run_steps()
+    end.record()
+    end.synchronize()
+    return kernel_times(prof, steps, names), begin.elapsed_time(end) * 1e3 / steps
 
 
 def check_launch(op: str, launch: dict) -> None:
@@ -138,17 +148,17 @@ def main(argv: list[str] | None = None) -> int:
             m.accept(cache, n, slots)
         for launch in launches:
             for fill in FILLS:
-                us = time_fill(m, cache, inp, slots, n, fill, launch, opts.steps, names, kw)
+                us, step_us = time_fill(m, cache, inp, slots, n, fill, launch, opts.steps, names, kw)
                 folds = fill is not None and fill >= WINDOW
                 row = {"batch": batch, "launch": launch, "fill": fill, "folds": folds, "us": us,
-                       "total_us": sum(us.values())}
+                       "total_us": sum(us.values()), "step_us": step_us}
                 rows.append(row)
                 parts = "  ".join(f"{k.removeprefix('mamba2_').strip('_').removesuffix('_kernel')} {v:8.1f}"
                                   for k, v in us.items())
                 label = "mix" if fill is None else fill
                 total = row['total_us']
-                print(f"batch {batch:4d} fill {label:>3} {launch or 'shipped'}: {parts}  total {total:8.1f} µs",
-                      flush=True)
+                print(f"batch {batch:4d} fill {label:>3} {launch or 'shipped'}: {parts}  total {total:8.1f} µs"
+                      f"  step {step_us:8.1f} µs", flush=True)
         del cache
         torch.cuda.empty_cache()
     props = torch.cuda.get_device_properties(0)

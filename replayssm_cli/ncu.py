@@ -81,6 +81,7 @@ KERNELS: tuple[KernelKind, ...] = (
     KernelKind("_flush_kernel", "gdn", ("split",), None),
     KernelKind("_heads_kernel", "gdn", (), None),
     KernelKind("_decode_multi_kernel", "gdn", ("spec-conventional",), None),
+    KernelKind("_verify_list_kernel", "gdn", ("spec-replay",), None),
     KernelKind("_verify_gram_kernel", "gdn", ("spec-replay",), None),
     KernelKind("_verify_fold_kernel", "gdn", ("spec-replay",), None),
     KernelKind("_verify_weights_kernel", "gdn", ("spec-replay",), None),

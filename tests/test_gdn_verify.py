@@ -102,6 +102,9 @@ FOLD_CASES = [
     ("fp32", None, "bf16", 2, 2, {"TF32": 0, "FWARPS": 2}),
     ("fp32", "fp8", "bf16", 1, 0, {"TF32": 0}),
     ("fp32", None, "bf16", 2, 2, {"TF32": 0, "FKSPLIT": 1, "FSTAGES": 2}),
+    ("fp32", None, "bf16", 2, 2, {"TF32": 0, "FKSPLIT": 1, "FSTREAM": 1}),
+    ("bf16", "fp8", "fp32", 1, 1, {"FSTREAM": 1, "PPS": 1}),
+    ("fp32", None, "fp16", 0, 0, {"FVP": 8}),
 ]
 
 
@@ -109,8 +112,9 @@ FOLD_CASES = [
                          ids=[f"{s}-{r or 'full'}-{i}-GPASS{p}-MMA{m}" + "".join(f"-{k}{v}" for k, v in f.items())
                               for s, r, i, p, m, f in FOLD_CASES])
 def test_verify_accept_folds_in_a_launch_of_their_own(device, assert_close, state, read, io, gpass, mma, fold):
-    """FPASS: the key-product pass lists the heads that fold and `_verify_fold_kernel` folds them (items of FVP rows,
-    PPS programs per SM) before the verify; the same cycles, flush-first verifies among them."""
+    """FPASS: `_verify_list_kernel` lists the heads that fold and `_verify_fold_kernel` folds them (items of FVP rows,
+    PPS programs per SM; with FSTREAM on a second stream beside the key products) before the verify; the same
+    cycles, flush-first verifies among them."""
     _verify_cycles(device, assert_close, state, read, io, 4, 3, gpass, mma, launch={"FPASS": 1, **fold})
 
 
@@ -141,8 +145,7 @@ def _verify_cycles(device, assert_close, state, read, io, W, T, gpass, mma, buff
             out = torch.full((B, T, HV, V), NAN, dtype=DT[io], device=device)
             y = gdn.verify(got, **inp, use_qk_l2norm_in_kernel=True, slots=slots, out=out,
                            launch={"GPASS": gpass, "MMA": min(mma, 1), "KSPLIT": max(mma, 1),
-                                   "FSTAGES": max(mma, 1), **({"FPASS": 0} if not gpass else {}),
-                                   **(launch or {})})
+                                   "FSTAGES": max(mma, 1), **(launch or {})})
             y_ref = gdn.verify_ref(want, **inp, use_qk_l2norm_in_kernel=True, slots=slots)
             n = torch.randint(0, T + 1, (B,), generator=gen, dtype=torch.int32).to(device)
             n[0] = T if step % 2 else n[0]
@@ -285,21 +288,19 @@ def test_verify_and_accept_bad_input(device):
         with pytest.raises(ValueError, match="GPASS = 2 .* takes MMA = 1 and no read copy"):
             gdn.verify(got, **inp, launch=launch)
         assert torch.equal(got.checkpoint, before.checkpoint) and torch.equal(got.fill, before.fill)
-    before = cache.clone()
-    with pytest.raises(ValueError, match="FPASS = 1 .* takes GPASS = 1 or 2"):
-        gdn.verify(cache, **inp, launch={"FPASS": 1, "GPASS": 0, "MMA": 0})
-    assert torch.equal(cache.checkpoint, before.checkpoint) and torch.equal(cache.fill, before.fill)
     with pytest.raises(ValueError, match=r"launch\['FVP'\] must be a power of two"):
         gdn.verify(cache, **inp, launch={"FPASS": 1, "FVP": 12})
+    with pytest.raises(ValueError, match=r"launch\['FSTREAM'\] must be 0 or 1; got 2"):
+        gdn.verify(cache, **inp, launch={"FPASS": 1, "FSTREAM": 2})
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("launch", [{}, {"MMA": 1, "GPASS": 1}, {"MMA": 1, "GPASS": 1, "BV": 32, "num_warps": 4},
                                     {"MMA": 1, "GPASS": 1, "KSPLIT": 2, "BV": 32, "STAGES": 2, "maxnreg": 168},
                                     {"GPASS": 2}, {"GPASS": 2, "BV": 64, "num_warps": 4, "FSTAGES": 1},
-                                    {"GPASS": 2, "FPASS": 1}],
+                                    {"GPASS": 2, "FPASS": 1}, {"GPASS": 2, "FPASS": 1, "FSTREAM": 1}],
                          ids=["row", "MMA-GPASS", "MMA-GPASS-BV32-warps4", "MMA-GPASS-KSPLIT2-BV32", "row-GPASS2",
-                              "small-row-GPASS2", "row-FPASS"])
+                              "small-row-GPASS2", "row-FPASS", "row-FPASS-FSTREAM"])
 def test_verify_qwen_shape_on_gpu(assert_close, launch):
     """The Qwen3.5-122B layer shape, T = 4, fills crossing W, against the references."""
     shape = (4, 16, 64, 128, 128)

@@ -26,6 +26,7 @@ from replayssm_kernels.mamba2.common import (  # noqa: F401
     flat_program_ids,
     list_done,
     list_flush,
+    list_heads,
     listed_flush,
     slot_of,
 )

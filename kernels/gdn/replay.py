@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import triton
 import triton.language as tl
@@ -25,6 +27,7 @@ from replayssm_kernels.gdn.common import (
     flush_precision,
     list_done,
     list_flush,
+    list_heads,
     listed_flush,
     qk_factors,
     launch_settings,
@@ -50,11 +53,12 @@ _ONE_CHUNK = {"EARLY": 0, "TF32": 0, "MMA": 0, "VP": 256, "BV": 128, "BVF": 16, 
 _COPY_FLUSH = dict(_ONE_CHUNK, BVF=32, TF32=1, maxnreg=168)
 _SPLIT = {"EARLY": 0, "TF32": 0, "MMA": 0, "VP": 256, "BV": 32, "BVF": 16, "VK": 64, "STAGES": 3,
           "num_warps": 1, "num_stages": 1, "maxnreg": 128, "PHASES": 2, "PPS": 6, "HPP": 1}
-# FPASS=1 takes the folds out of the verify into a launch of their own (`_verify_fold_kernel`, after the key-product
-# pass, which lists the value heads that fold): PPS programs per SM of FWARPS warps (registers capped at FMAXNREG)
-# loop over items of FVP rows, each fold one product in 3xTF32 (TF32=1) or fp32 FMAs (0; the verify's own folds
-# always take 3xTF32), in FKSPLIT column pieces (the verify's own folds take KSPLIT's).
-_FOLD = {"FPASS": 0, "FVP": 128, "FWARPS": 4, "FMAXNREG": None, "PPS": 4, "TF32": 1, "FKSPLIT": 2}
+# FPASS=1 takes the folds out of the verify into a launch of their own (`_verify_fold_kernel`, after a launch that
+# lists the value heads that fold): PPS programs per SM of FWARPS warps (registers capped at FMAXNREG) loop over
+# items of FVP rows, each fold one product in 3xTF32 (TF32=1) or fp32 FMAs (0; the verify's own folds always take
+# 3xTF32), in FKSPLIT column pieces (the verify's own folds take KSPLIT's); FSTREAM=1 runs the folds on a second
+# stream beside the key-product pass and the weights, which read nothing a fold writes.
+_FOLD = {"FPASS": 0, "FVP": 128, "FWARPS": 4, "FMAXNREG": None, "PPS": 4, "TF32": 1, "FKSPLIT": 2, "FSTREAM": 0}
 LAUNCH = {
     "replay": {"EARLY": 0, "TF32": 0, "MMA": 0, "VP": 256, "BV": 32, "BVF": 16, "VK": 32, "STAGES": 3,
                "num_warps": 2, "num_stages": 1, "maxnreg": 128, "PHASES": 1, "PPS": 6, "HPP": 1},
@@ -801,27 +805,22 @@ def _column_weights(b_fk, b_fq, b_Wck, b_Wcq, o_t, BT: tl.constexpr, BZ: tl.cons
 
 @triton.jit
 def _verify_gram_kernel(
-    buf_k, fill, q, k, slots, gram, work,
+    buf_k, fill, q, k, slots, gram,
     s_qb, s_qt, s_qh, s_qk,
     s_kb, s_kt, s_kh, s_kk,
     T: tl.constexpr, W: tl.constexpr, C: tl.constexpr, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr,
     BK: tl.constexpr, BT: tl.constexpr, BWC: tl.constexpr, BE: tl.constexpr, BZ: tl.constexpr,
-    IS_HALF_IO: tl.constexpr, FPASS: tl.constexpr,
+    IS_HALF_IO: tl.constexpr,
 ):
     """The key products a verify's value heads share, once per (row, key head): [BE, BZ] fp32 into gram, row e
     a key or query (the committed entries' keys e < BWC, then the drafts' keys as given, then their queries), column
     z a draft's key (z < BT) or query (BT <= z < 2 BT), as given. One [BE, K] x [K, BZ] product; the drafts' 16-bit
-    keys and queries are exact in TF32. A key head's value heads share its fill: its first one's. With FPASS, a key
-    head whose rows fold first lists its value heads in `work` for `_verify_fold_kernel`."""
+    keys and queries are exact in TF32. A key head's value heads share its fill: its first one's."""
     i_b, i_h = tl.program_id(0), tl.program_id(1)
     i_s = tl.load(slots + i_b).to(tl.int64)
     if i_s < 0:
         return
     b_f = tl.load(fill + i_s * HV + i_h * (HV // H))
-    if FPASS:
-        if b_f >= W:
-            for hh in tl.static_range(HV // H):
-                list_flush(work, i_b, i_h * (HV // H) + hh, b_f, False)
     o_e, o_k, o_z = tl.arange(0, BE), tl.arange(0, BK), tl.arange(0, BZ)
     m_k = o_k < K
     # the entries still committed on top of the tile a verify reads (none once W are buffered: those fold first)
@@ -841,13 +840,33 @@ def _verify_gram_kernel(
 
 
 @triton.jit
+def _row_fills(fill, i_s, HV: tl.constexpr, BHV: tl.constexpr):
+    """Slot i_s's value heads [BHV], their mask and the pointers to their fills."""
+    o_h = tl.arange(0, BHV)
+    return o_h, o_h < HV, fill + i_s * HV + o_h
+
+
+@triton.jit
+def _verify_list_kernel(fill, slots, work, W: tl.constexpr, HV: tl.constexpr, BHV: tl.constexpr):
+    """A row's value heads whose buffers hold W entries or more, listed in `work` for `_verify_fold_kernel` (FPASS),
+    with their fills."""
+    i_b = tl.program_id(0)
+    i_s = tl.load(slots + i_b).to(tl.int64)
+    if i_s < 0:
+        return
+    o_h, m_h, p_f = _row_fills(fill, i_s, HV, BHV)
+    b_f = tl.load(p_f, mask=m_h, other=0)
+    list_heads(work, i_b, o_h, b_f, m_h & (b_f >= W))
+
+
+@triton.jit
 def _verify_fold_kernel(
     ckpt, rcopy, rscale, buf_u, buf_k, buf_g, buf_t, slots, work,
     C: tl.constexpr, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BK: tl.constexpr, BW: tl.constexpr, BVF: tl.constexpr, VP: tl.constexpr, HAS_COPY: tl.constexpr,
     IS_FP8: tl.constexpr, FKSPLIT: tl.constexpr, FSTAGES: tl.constexpr, PRECISION: tl.constexpr,
 ):
-    """The folds a verify's rows take first (FPASS), in a launch of their own between the key-product pass, which
+    """The folds a verify's rows take first (FPASS), in a launch of their own between `_verify_list_kernel`, which
     listed the value heads whose buffers hold W entries or more in `work`, and the verify, which then skips its own
     fold (their fills, read again there, still say W or more: the drafts go to position 0 and the fill to 0): VP
     rows of a head per item, each program looping over the items (a few programs per SM however few rows fold). The
@@ -1115,9 +1134,7 @@ def _accept_kernel(fill, n, slots, HV: tl.constexpr, BHV: tl.constexpr):
     i_s = tl.load(slots + i_b).to(tl.int64)
     if i_s < 0:
         return
-    o_h = tl.arange(0, BHV)
-    m_h = o_h < HV
-    p_f = fill + i_s * HV + o_h
+    _, m_h, p_f = _row_fills(fill, i_s, HV, BHV)
     tl.store(p_f, tl.load(p_f, mask=m_h, other=0) + tl.load(n + i_b).to(tl.int32), mask=m_h)
 
 
@@ -1253,9 +1270,6 @@ def _launch_verify(cache, q, k, v, g, beta, out, slots, scale, l2norm, settings)
     if settings["GPASS"] == 2 and (cache.read_copy is not None or not settings["MMA"]):
         raise ValueError("launch GPASS = 2 (each value head's weights from a launch of their own) takes MMA = 1 and no "
                          "read copy; a read copy's verify stores its drafts' rows of T from its own prologue")
-    if settings["FPASS"] and not settings["GPASS"]:
-        raise ValueError("launch FPASS = 1 (the folds in a launch of their own) takes GPASS = 1 or 2: the key-product "
-                         "pass lists the heads that fold")
     BT, BWC = next_pow2(T), max(16, next_pow2(cache.window))
     # the Gram pass's rows (committed keys, the drafts' keys, their queries) and columns (keys, queries)
     BE, BZ = next_pow2(BWC + 2 * BT), max(16, 2 * BT)
@@ -1270,27 +1284,38 @@ def _launch_verify(cache, q, k, v, g, beta, out, slots, scale, l2norm, settings)
     # weights [BWC, BZ], the drafts' log-decays [BT]
     NW = 2 * BT * BT + BZ + BWC * BZ + BT
     gram = wts = None
+    # With FSTREAM the folds run on a stream of their own beside the key products and the weights (neither reads what
+    # a fold writes), and the verify waits for both.
+    side = _side_stream(cache.device) if settings["FPASS"] and settings["FSTREAM"] else None
+    if settings["FPASS"]:
+        _verify_list_kernel[(batch,)](cache.fill, slots, cache.work, W=cache.window, HV=cache.HV,
+                                      BHV=next_pow2(cache.HV), num_warps=1)
+        FVP = min(settings["FVP"], next_pow2(cache.V))
+        items = batch * cache.HV * triton.cdiv(cache.V, FVP)
+        main = None
+        if side is not None:
+            main = torch.cuda.current_stream(cache.device)
+            side.wait_stream(main)
+        with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
+            _verify_fold_kernel[flush_grid(items, settings["PPS"], cache.device)](
+                **{key: value for key, value in _cache_args(cache).items() if key not in ("buf_b", "fill")},
+                slots=slots, work=cache.work,
+                **{key: constants[key] for key in ("C", "H", "HV", "K", "V", "BK", "BW", "HAS_COPY", "IS_FP8")},
+                BVF=max(16, min(settings["BVF"], FVP)), VP=FVP,
+                FKSPLIT=1 if cache.read_copy is not None or BK < 32 else settings["FKSPLIT"],
+                FSTAGES=settings["FSTAGES"], PRECISION=flush_precision(cache.checkpoint, settings["TF32"]),
+                **compile_options({"num_warps": settings["FWARPS"], "num_stages": 1,
+                                   "maxnreg": settings["FMAXNREG"]}),
+            )
     if settings["GPASS"]:
         gram = torch.empty(batch, cache.H, BE, BZ, dtype=torch.float32, device=cache.device)
         _verify_gram_kernel[(batch, cache.H)](
-            buf_k=cache.buf_k, fill=cache.fill, q=q, k=k, slots=slots, gram=gram, work=cache.work,
+            buf_k=cache.buf_k, fill=cache.fill, q=q, k=k, slots=slots, gram=gram,
             s_qb=q.stride(0), s_qt=q.stride(1), s_qh=q.stride(2), s_qk=q.stride(3),
             s_kb=k.stride(0), s_kt=k.stride(1), s_kh=k.stride(2), s_kk=k.stride(3),
             T=T, W=cache.window, C=cache.capacity, H=cache.H, HV=cache.HV, K=cache.K, BK=BK,
-            BT=BT, BWC=BWC, BE=BE, BZ=BZ, IS_HALF_IO=half_io, FPASS=bool(settings["FPASS"]),
+            BT=BT, BWC=BWC, BE=BE, BZ=BZ, IS_HALF_IO=half_io,
             num_warps=GRAM_WARPS,
-        )
-    if settings["FPASS"]:
-        FVP = min(settings["FVP"], next_pow2(cache.V))
-        items = batch * cache.HV * triton.cdiv(cache.V, FVP)
-        _verify_fold_kernel[flush_grid(items, settings["PPS"], cache.device)](
-            **{key: value for key, value in _cache_args(cache).items() if key not in ("buf_b", "fill")},
-            slots=slots, work=cache.work,
-            **{key: constants[key] for key in ("C", "H", "HV", "K", "V", "BK", "BW", "HAS_COPY", "IS_FP8")},
-            BVF=max(16, min(settings["BVF"], FVP)), VP=FVP,
-            FKSPLIT=1 if cache.read_copy is not None or BK < 32 else settings["FKSPLIT"],
-            FSTAGES=settings["FSTAGES"], PRECISION=flush_precision(cache.checkpoint, settings["TF32"]),
-            **compile_options({"num_warps": settings["FWARPS"], "num_stages": 1, "maxnreg": settings["FMAXNREG"]}),
         )
     if settings["GPASS"] == 2:
         wts = torch.empty(batch, cache.HV, NW, dtype=torch.float32, device=cache.device)
@@ -1303,6 +1328,8 @@ def _launch_verify(cache, q, k, v, g, beta, out, slots, scale, l2norm, settings)
             BT=BT, BWC=BWC, BE=BE, BZ=BZ, NW=NW, USE_QK_L2NORM=l2norm,
             num_warps=WEIGHTS_WARPS,
         )
+    if side is not None:
+        main.wait_stream(side)
     _verify_kernel[(batch, cache.HV)](
         **_cache_args(cache), arrivals=cache.arrivals, gram=gram, wts=wts,
         q=q, k=k, v=v, g=g, beta=beta, o=out, slots=slots,
@@ -1325,6 +1352,19 @@ def _launch_verify(cache, q, k, v, g, beta, out, slots, scale, l2norm, settings)
         FSTAGES=settings["FSTAGES"], NW=NW, FPASS=bool(settings["FPASS"]),
         **compile_options(settings),
     )
+
+
+_SIDE_STREAMS: dict[torch.device, torch.cuda.Stream] = {}
+
+
+def _side_stream(device: torch.device) -> torch.cuda.Stream | None:
+    """A second stream of a CUDA device, made once (before any graph capture that uses it: the first call of a
+    launch is an eager one), or None elsewhere (the interpreter runs launches in order)."""
+    if device.type != "cuda":
+        return None
+    if device not in _SIDE_STREAMS:
+        _SIDE_STREAMS[device] = torch.cuda.Stream(device)
+    return _SIDE_STREAMS[device]
 
 
 def _launch_accept(cache, n_accepted, slots, settings):
@@ -1449,9 +1489,10 @@ def verify(
     (the chunks' pipeline depth), GPASS (1: the key products a key head's value heads share from a
     launch of their own; 2: also each value head's weights, from a second launch; MMA = 1 and no read
     copy), MMA (1: each chunk's products on the tensor cores), KSPLIT (2: those products and a fold's
-    in K halves), FSTAGES (a fold's pipeline depth), FPASS (1: the folds in a launch of their own, with
-    GPASS; its FVP rows per item, FWARPS, FMAXNREG, PPS programs per SM, TF32 (1: 3xTF32, 0: fp32
-    FMAs) and FKSPLIT), num_warps, num_stages, maxnreg; slots, check: as in `replay`.
+    in K halves), FSTAGES (a fold's pipeline depth), FPASS (1: the folds in a launch of their own,
+    after a launch that lists the heads that fold; its FVP rows per item, FWARPS, FMAXNREG, PPS programs
+    per SM, TF32 (1: 3xTF32, 0: fp32 FMAs), FKSPLIT, and FSTREAM: 1 runs it on a second stream beside
+    the key products and the weights), num_warps, num_stages, maxnreg; slots, check: as in `replay`.
     """
     batch, T = _check_against_cache(cache, _verify_kernel, q, k, v, g, beta, tokens=True)
     if not 1 <= T <= cache.max_draft:

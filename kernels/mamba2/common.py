@@ -68,6 +68,20 @@ def list_flush(work, i_b, i_h, f, TAIL: tl.constexpr):
 
 
 @triton.jit
+def list_heads(work, i_b, o_h, f, m_l):
+    """Append (row, head o_h, fill f) for each lane of m_l to the list of heads that flush, with one atomic for the
+    whole row: its entries take consecutive places in lane order."""
+    b_n = m_l.to(tl.int32)
+    n = tl.sum(b_n, 0)
+    if n > 0:
+        i_e = tl.atomic_add(work, n, sem="relaxed") + tl.cumsum(b_n, 0) - 1
+        p_e = work + LIST_HEADER + LIST_ENTRY * i_e
+        tl.store(p_e, tl.zeros_like(b_n) + i_b, mask=m_l)
+        tl.store(p_e + 1, o_h, mask=m_l)
+        tl.store(p_e + 2, f, mask=m_l)
+
+
+@triton.jit
 def advance_heads(p_fill, work, i_b, h0, f, W: tl.constexpr, HPP: tl.constexpr, TAIL: tl.constexpr):
     """After a non-flush launch's step of heads h0 .. h0 + HPP of row i_b at fill f (p_fill: the slot's fills): their
     fills to f + 1, or, where the step fills the window, to 0 with each head listed for the flushes."""
