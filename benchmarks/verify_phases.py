@@ -46,8 +46,9 @@ def time_fill(m, cache, inp, slots, n, fill: int | None, launch: dict, steps: in
               kw: dict) -> tuple[dict[str, float], float]:
     """Each launch of `steps` speculative steps with every row starting at `fill` (restored before each step), or
     with row r at fill r mod W and the fills left to advance (`fill` None); kw the verify's own arguments. Also the
-    mean µs per step between CUDA events around `steps` more (the launches as queued, a fill's restore among them):
-    launches that overlap (FSTREAM) count once there, each in full in the first."""
+    mean µs per step of `steps` more captured in a CUDA graph (a fill's restore among them; launched one by one, a
+    step this size waits on the host): launches that overlap (FSTREAM) count once there, each in full in the
+    first."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
@@ -75,9 +76,13 @@ def time_fill(m, cache, inp, slots, n, fill: int | None, launch: dict, steps: in
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         run_steps()
         torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        run_steps()
+    graph.replay()
     begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     begin.record()
-    run_steps()
+    graph.replay()
     end.record()
     end.synchronize()
     return kernel_times(prof, steps, names), begin.elapsed_time(end) * 1e3 / steps
