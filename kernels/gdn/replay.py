@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
-
 import torch
 import triton
 import triton.language as tl
@@ -931,28 +929,28 @@ def _verify_weights_kernel(
 
 
 @triton.jit
-def _verify_kernel(
+def _verify_head(
     ckpt, rcopy, rscale, buf_u, buf_k, buf_g, buf_b, buf_t, fill, arrivals, gram, wts,
-    q, k, v, g, beta, o, slots,
+    q, k, v, g, beta, o,
     s_qb, s_qt, s_qh, s_qk,
     s_kb, s_kt, s_kh, s_kk,
     s_vb, s_vt, s_vh, s_vv,
     s_gb, s_gt, s_gh,
     s_bb, s_bt, s_bh,
     s_ob, s_ot, s_oh, s_ov,
-    scale,
+    scale, i_b, i_hv, i_s, b_f,
     T: tl.constexpr, W: tl.constexpr, C: tl.constexpr,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, BVF: tl.constexpr, BT: tl.constexpr, BW: tl.constexpr, BWC: tl.constexpr,
     VK: tl.constexpr, STAGES: tl.constexpr, USE_QK_L2NORM: tl.constexpr, HAS_COPY: tl.constexpr,
     IS_FP8: tl.constexpr, GPASS: tl.constexpr, BE: tl.constexpr, BZ: tl.constexpr, MMA: tl.constexpr,
     NATIVE: tl.constexpr, IS_TILE_EXACT: tl.constexpr, IS_HALF_IO: tl.constexpr, KSPLIT: tl.constexpr,
-    FKSPLIT: tl.constexpr, FSTAGES: tl.constexpr, NW: tl.constexpr, FPASS: tl.constexpr,
+    FKSPLIT: tl.constexpr, FSTAGES: tl.constexpr, NW: tl.constexpr, FOLDS: tl.constexpr, FPRECISION: tl.constexpr,
+    LISTED: tl.constexpr,
 ):
-    i_b, i_hv = tl.program_id(0), tl.program_id(1)
-    i_s = tl.load(slots + i_b).to(tl.int64)
-    if i_s < 0:
-        return
+    """One (row i_b, value head i_hv) of a verify: slot i_s, fill b_f. With FOLDS a head whose buffer holds W
+    entries or more folds them first (in FPRECISION); without, `_verify_fold_kernel` has folded it. LISTED: such a
+    head's fill is left to the grid launch beside (`_verify_kernel`'s SKIP_FOLDING), which decides by it."""
     i_h = i_hv // (HV // H)
     o_t = tl.arange(0, BT)
     o_k = tl.arange(0, BK)
@@ -968,19 +966,17 @@ def _verify_kernel(
     m_k3 = o_k3 < K
     o_h = (i_s * HV + i_hv) * V
     p_f = fill + i_s * HV + i_hv
-    b_f = tl.load(p_f)
     b_flush = b_f >= W
     # Position of the first draft: after the committed entries, or at 0 when they are folded first.
     b_fe = tl.where(b_flush, 0, b_f)
     b_Gl = tl.load(buf_g + (i_s * C + tl.maximum(b_f - 1, 0)) * HV + i_hv, mask=b_f > 0, other=0.0)
     # Every committed entry is read before any draft's key is written (the arrivals below).
-    # With FPASS `_verify_fold_kernel` has folded the rows with W entries or more.
-    if not FPASS:
+    if FOLDS:
         if b_flush:
             # Into a new checkpoint first, as a flush step would; the drafts then read it with no entries left.
             _verify_flush(
                 ckpt, rcopy, rscale, buf_u, buf_k, buf_g, buf_t, i_s, i_h, i_hv, b_f, b_Gl, o_w, 0,
-                C, H, HV, K, V, BK, BVF, HAS_COPY, IS_FP8, FKSPLIT, FSTAGES, V, "tf32x3",
+                C, H, HV, K, V, BK, BVF, HAS_COPY, IS_FP8, FKSPLIT, FSTAGES, V, FPRECISION,
             )
             # The tile reads below see this program's stores, and the drafts' updates overwrite entries it folded.
             tl.debug_barrier()
@@ -1111,8 +1107,9 @@ def _verify_kernel(
     tl.store(buf_g + (i_s * C + b_fe + o_t) * HV + i_hv, b_Gs, mask=m_t)
     if HAS_COPY:
         tl.store(buf_b + (i_s * C + b_fe + o_t) * HV + i_hv, b_bd, mask=m_t)
-    if b_flush:
-        tl.store(p_f, 0)
+    if not LISTED:
+        if b_flush:
+            tl.store(p_f, 0)
     # The drafts' keys overwrite entries that every value head of this key head may still be folding:
     # the last of them to arrive writes the keys.
     tl.debug_barrier()
@@ -1126,6 +1123,66 @@ def _verify_kernel(
             b_K = b_K / tl.sqrt(tl.sum(b_K * b_K, 1) + 1e-6)[:, None]
         tl.store(buf_k + ((i_s * C + b_fe + o_t[:, None]) * H + i_h) * K + o_k[None, :],
                  cast(b_K, buf_k.dtype.element_ty), mask=m_tk)
+
+
+@triton.jit
+def _verify_kernel(
+    ckpt, rcopy, rscale, buf_u, buf_k, buf_g, buf_b, buf_t, fill, arrivals, gram, wts,
+    q, k, v, g, beta, o, slots, work,
+    s_qb, s_qt, s_qh, s_qk,
+    s_kb, s_kt, s_kh, s_kk,
+    s_vb, s_vt, s_vh, s_vv,
+    s_gb, s_gt, s_gh,
+    s_bb, s_bt, s_bh,
+    s_ob, s_ot, s_oh, s_ov,
+    scale,
+    T: tl.constexpr, W: tl.constexpr, C: tl.constexpr,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr, BVF: tl.constexpr, BT: tl.constexpr, BW: tl.constexpr, BWC: tl.constexpr,
+    VK: tl.constexpr, STAGES: tl.constexpr, USE_QK_L2NORM: tl.constexpr, HAS_COPY: tl.constexpr,
+    IS_FP8: tl.constexpr, GPASS: tl.constexpr, BE: tl.constexpr, BZ: tl.constexpr, MMA: tl.constexpr,
+    NATIVE: tl.constexpr, IS_TILE_EXACT: tl.constexpr, IS_HALF_IO: tl.constexpr, KSPLIT: tl.constexpr,
+    FKSPLIT: tl.constexpr, FSTAGES: tl.constexpr, NW: tl.constexpr, FOLDS: tl.constexpr, FPRECISION: tl.constexpr,
+    SKIP_FOLDING: tl.constexpr, LISTED: tl.constexpr,
+):
+    """A verify over a (row, value head) grid, or with LISTED over the heads `_verify_list_kernel` listed in work
+    (each program looping over them: FPASS=2's second launch, the heads that fold). SKIP_FOLDING: a head whose buffer
+    holds W entries or more is that launch's, and here only its fill goes to 0."""
+    # One pass of the loop in a grid; a listed launch's programs loop over the list (a while loop: its bounds are
+    # device values, and the interpreter's range takes only Python integers).
+    if LISTED:
+        i_j, n_items, n_programs = tl.program_id(0), tl.load(work), tl.num_programs(0)
+    else:
+        i_j, n_items, n_programs = 0, 1, 1
+    while i_j < n_items:
+        if LISTED:
+            i_b, i_hv, b_f = listed_flush(work, i_j)
+            i_s = tl.load(slots + i_b).to(tl.int64)
+        else:
+            i_b, i_hv = tl.program_id(0), tl.program_id(1)
+            i_s = tl.load(slots + i_b).to(tl.int64)
+            b_f = tl.load(fill + tl.maximum(i_s, 0) * HV + i_hv, mask=i_s >= 0, other=0)
+        go = i_s >= 0
+        if SKIP_FOLDING:
+            tl.store(fill + i_s * HV + i_hv, 0, mask=go & (b_f >= W))
+            go = go & (b_f < W)
+        if go:
+            _verify_head(
+                ckpt, rcopy, rscale, buf_u, buf_k, buf_g, buf_b, buf_t, fill, arrivals, gram, wts,
+                q, k, v, g, beta, o,
+                s_qb, s_qt, s_qh, s_qk,
+                s_kb, s_kt, s_kh, s_kk,
+                s_vb, s_vt, s_vh, s_vv,
+                s_gb, s_gt, s_gh,
+                s_bb, s_bt, s_bh,
+                s_ob, s_ot, s_oh, s_ov,
+                scale, i_b, i_hv, i_s, b_f,
+                T, W, C, H, HV, K, V, BK, BV, BVF, BT, BW, BWC, VK, STAGES, USE_QK_L2NORM, HAS_COPY, IS_FP8, GPASS, BE,
+                BZ, MMA, NATIVE, IS_TILE_EXACT, IS_HALF_IO, KSPLIT, FKSPLIT, FSTAGES, NW, FOLDS, FPRECISION, LISTED,
+            )
+        i_j += n_programs
+    if LISTED:
+        list_done(work, n_programs)
 
 
 @triton.jit
@@ -1283,20 +1340,38 @@ def _launch_verify(cache, q, k, v, g, beta, out, slots, scale, l2norm, settings)
     # with GPASS=2, per (row, value head): A and M [BT, BT], the column factors [BZ], the committed entries'
     # weights [BWC, BZ], the drafts' log-decays [BT]
     NW = 2 * BT * BT + BZ + BWC * BZ + BT
+    fpass = settings["FPASS"]
+    verify_args = dict(
+        **_cache_args(cache), arrivals=cache.arrivals,
+        q=q, k=k, v=v, g=g, beta=beta, o=out, slots=slots, work=cache.work,
+        s_qb=q.stride(0), s_qt=q.stride(1), s_qh=q.stride(2), s_qk=q.stride(3),
+        s_kb=k.stride(0), s_kt=k.stride(1), s_kh=k.stride(2), s_kk=k.stride(3),
+        s_vb=v.stride(0), s_vt=v.stride(1), s_vh=v.stride(2), s_vv=v.stride(3),
+        s_gb=g.stride(0), s_gt=g.stride(1), s_gh=g.stride(2),
+        s_bb=beta.stride(0), s_bt=beta.stride(1), s_bh=beta.stride(2),
+        s_ob=out.stride(0), s_ot=out.stride(1), s_oh=out.stride(2), s_ov=out.stride(3),
+        scale=scale,
+        T=T, BT=BT, BWC=BWC,
+        **constants,
+        BV=max(16, min(settings["BV"], next_pow2(cache.V))),
+        BVF=max(16, min(settings["BVF"], next_pow2(cache.V))),
+        VK=min(settings["VK"], BK),
+        STAGES=settings["STAGES"],
+        USE_QK_L2NORM=l2norm, BE=BE, BZ=BZ, MMA=bool(settings["MMA"]),
+        NATIVE=tile.itemsize == 2 and q.dtype == k.dtype == tile, IS_TILE_EXACT=tile != torch.float32,
+        IS_HALF_IO=half_io, KSPLIT=ksplit, FKSPLIT=1 if cache.read_copy is not None else ksplit,
+        FSTAGES=settings["FSTAGES"], NW=NW,
+    )
+    # the fold launch's and FPASS=2's listed verify's programs
+    fold_options = compile_options({"num_warps": settings["FWARPS"], "num_stages": 1, "maxnreg": settings["FMAXNREG"]})
     gram = wts = None
-    # With FSTREAM the folds run on a stream of their own beside the key products and the weights (neither reads what
-    # a fold writes), and the verify waits for both.
-    side = _side_stream(cache.device) if settings["FPASS"] and settings["FSTREAM"] else None
-    if settings["FPASS"]:
-        _verify_list_kernel[(batch,)](cache.fill, slots, cache.work, W=cache.window, HV=cache.HV,
-                                      BHV=next_pow2(cache.HV), num_warps=1)
-        FVP = min(settings["FVP"], next_pow2(cache.V))
-        items = batch * cache.HV * triton.cdiv(cache.V, FVP)
-        main = None
-        if side is not None:
-            main = torch.cuda.current_stream(cache.device)
-            side.wait_stream(main)
-        with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
+
+    def folds():
+        """FPASS's launch after the list: 1, the listed heads' folds; 2, their whole verify (each head's fold, then
+        its drafts, its prologue its own: GPASS=0 takes nothing from the key products' launch)."""
+        if fpass == 1:
+            FVP = min(settings["FVP"], next_pow2(cache.V))
+            items = batch * cache.HV * triton.cdiv(cache.V, FVP)
             _verify_fold_kernel[flush_grid(items, settings["PPS"], cache.device)](
                 **{key: value for key, value in _cache_args(cache).items() if key not in ("buf_b", "fill")},
                 slots=slots, work=cache.work,
@@ -1304,9 +1379,29 @@ def _launch_verify(cache, q, k, v, g, beta, out, slots, scale, l2norm, settings)
                 BVF=max(16, min(settings["BVF"], FVP)), VP=FVP,
                 FKSPLIT=1 if cache.read_copy is not None or BK < 32 else settings["FKSPLIT"],
                 FSTAGES=settings["FSTAGES"], PRECISION=flush_precision(cache.checkpoint, settings["TF32"]),
-                **compile_options({"num_warps": settings["FWARPS"], "num_stages": 1,
-                                   "maxnreg": settings["FMAXNREG"]}),
+                **fold_options,
             )
+        else:
+            _verify_kernel[flush_grid(batch * cache.HV, settings["PPS"], cache.device)](
+                **verify_args, gram=None, wts=None, GPASS=0, FOLDS=True,
+                FPRECISION=flush_precision(cache.checkpoint, settings["TF32"]), SKIP_FOLDING=False, LISTED=True,
+                **fold_options,
+            )
+
+    # With FSTREAM that launch runs on a second stream beside the key products and the weights, which read nothing it
+    # writes: FPASS=1's folds joined before the verify, FPASS=2's listed verify after the grid's. In one stream,
+    # FPASS=2's listed verify goes last: the grid's verify only sets the listed heads' fills to 0.
+    side = _side_stream(cache.device) if fpass and settings["FSTREAM"] else None
+    main = torch.cuda.current_stream(cache.device) if side is not None else None
+    if fpass:
+        _verify_list_kernel[(batch,)](cache.fill, slots, cache.work, W=cache.window, HV=cache.HV,
+                                      BHV=next_pow2(cache.HV), num_warps=1)
+        if side is not None:
+            side.wait_stream(main)
+            with torch.cuda.stream(side):
+                folds()
+        elif fpass == 1:
+            folds()
     if settings["GPASS"]:
         gram = torch.empty(batch, cache.H, BE, BZ, dtype=torch.float32, device=cache.device)
         _verify_gram_kernel[(batch, cache.H)](
@@ -1328,30 +1423,16 @@ def _launch_verify(cache, q, k, v, g, beta, out, slots, scale, l2norm, settings)
             BT=BT, BWC=BWC, BE=BE, BZ=BZ, NW=NW, USE_QK_L2NORM=l2norm,
             num_warps=WEIGHTS_WARPS,
         )
-    if side is not None:
+    if side is not None and fpass == 1:
         main.wait_stream(side)
     _verify_kernel[(batch, cache.HV)](
-        **_cache_args(cache), arrivals=cache.arrivals, gram=gram, wts=wts,
-        q=q, k=k, v=v, g=g, beta=beta, o=out, slots=slots,
-        s_qb=q.stride(0), s_qt=q.stride(1), s_qh=q.stride(2), s_qk=q.stride(3),
-        s_kb=k.stride(0), s_kt=k.stride(1), s_kh=k.stride(2), s_kk=k.stride(3),
-        s_vb=v.stride(0), s_vt=v.stride(1), s_vh=v.stride(2), s_vv=v.stride(3),
-        s_gb=g.stride(0), s_gt=g.stride(1), s_gh=g.stride(2),
-        s_bb=beta.stride(0), s_bt=beta.stride(1), s_bh=beta.stride(2),
-        s_ob=out.stride(0), s_ot=out.stride(1), s_oh=out.stride(2), s_ov=out.stride(3),
-        scale=scale,
-        T=T, BT=BT, BWC=BWC,
-        **constants,
-        BV=max(16, min(settings["BV"], next_pow2(cache.V))),
-        BVF=max(16, min(settings["BVF"], next_pow2(cache.V))),
-        VK=min(settings["VK"], BK),
-        STAGES=settings["STAGES"],
-        USE_QK_L2NORM=l2norm, GPASS=settings["GPASS"], BE=BE, BZ=BZ, MMA=bool(settings["MMA"]),
-        NATIVE=tile.itemsize == 2 and q.dtype == k.dtype == tile, IS_TILE_EXACT=tile != torch.float32,
-        IS_HALF_IO=half_io, KSPLIT=ksplit, FKSPLIT=1 if cache.read_copy is not None else ksplit,
-        FSTAGES=settings["FSTAGES"], NW=NW, FPASS=bool(settings["FPASS"]),
-        **compile_options(settings),
+        **verify_args, gram=gram, wts=wts, GPASS=settings["GPASS"], FOLDS=not fpass, FPRECISION="tf32x3",
+        SKIP_FOLDING=fpass == 2, LISTED=False, **compile_options(settings),
     )
+    if side is not None and fpass == 2:
+        main.wait_stream(side)
+    elif side is None and fpass == 2:
+        folds()
 
 
 _SIDE_STREAMS: dict[torch.device, torch.cuda.Stream] = {}
