@@ -108,7 +108,7 @@ FOLD_CASES = [
     ("fp32", None, "bf16", 2, 2, {"FPASS": 2}),
     ("fp32", None, "bf16", 2, 2, {"FPASS": 2, "FSTREAM": 1, "PPS": 1, "TF32": 0}),
     ("fp32", "bf16", "bf16", 1, 1, {"FPASS": 2}),
-    ("fp32", "fp8", "fp16", 0, 0, {"FPASS": 2, "PPS": 2}),
+    ("fp32", "fp8", "fp16", 0, 0, {"FPASS": 2, "PPS": 2, "VPPS": 1}),
 ]
 
 

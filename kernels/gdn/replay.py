@@ -55,8 +55,11 @@ _SPLIT = {"EARLY": 0, "TF32": 0, "MMA": 0, "VP": 256, "BV": 32, "BVF": 16, "VK":
 # lists the value heads that fold): PPS programs per SM of FWARPS warps (registers capped at FMAXNREG) loop over
 # items of FVP rows, each fold one product in 3xTF32 (TF32=1) or fp32 FMAs (0; the verify's own folds always take
 # 3xTF32), in FKSPLIT column pieces (the verify's own folds take KSPLIT's); FSTREAM=1 runs the folds on a second
-# stream beside the key-product pass and the weights, which read nothing a fold writes.
-_FOLD = {"FPASS": 0, "FVP": 128, "FWARPS": 4, "FMAXNREG": None, "PPS": 4, "TF32": 1, "FKSPLIT": 2, "FSTREAM": 0}
+# stream beside the key-product pass and the weights, which read nothing a fold writes. FPASS=2 leaves the heads
+# that fold out of the verify's grid and verifies them after their folds, VPPS programs per SM looping over the
+# list; with FSTREAM the folds then run beside the grid's verify too.
+_FOLD = {"FPASS": 0, "FVP": 128, "FWARPS": 4, "FMAXNREG": None, "PPS": 4, "TF32": 1, "FKSPLIT": 2, "FSTREAM": 0,
+         "VPPS": 6}
 LAUNCH = {
     "replay": {"EARLY": 0, "TF32": 0, "MMA": 0, "VP": 256, "BV": 32, "BVF": 16, "VK": 32, "STAGES": 3,
                "num_warps": 2, "num_stages": 1, "maxnreg": 128, "PHASES": 1, "PPS": 6, "HPP": 1},
@@ -863,12 +866,14 @@ def _verify_fold_kernel(
     C: tl.constexpr, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BK: tl.constexpr, BW: tl.constexpr, BVF: tl.constexpr, VP: tl.constexpr, HAS_COPY: tl.constexpr,
     IS_FP8: tl.constexpr, FKSPLIT: tl.constexpr, FSTAGES: tl.constexpr, PRECISION: tl.constexpr,
+    ENDS_LIST: tl.constexpr,
 ):
     """The folds a verify's rows take first (FPASS), in a launch of their own between `_verify_list_kernel`, which
     listed the value heads whose buffers hold W entries or more in `work`, and the verify, which then skips its own
     fold (their fills, read again there, still say W or more: the drafts go to position 0 and the fill to 0): VP
-    rows of a head per item, each program looping over the items (a few programs per SM however few rows fold). The
-    last program to finish zeroes the list's counters for the next step."""
+    rows of a head per item, each program looping over the items (a few programs per SM however few rows fold). With
+    ENDS_LIST the last program to finish zeroes the list's counters for the next step (FPASS=1; with FPASS=2 the
+    listed verify after it does)."""
     NPB: tl.constexpr = (V + VP - 1) // VP
     n_items = tl.load(work) * NPB
     n_programs = tl.num_programs(0)
@@ -885,7 +890,8 @@ def _verify_fold_kernel(
             C, H, HV, K, V, BK, BVF, HAS_COPY, IS_FP8, FKSPLIT, FSTAGES, VP, PRECISION,
         )
         i_j += n_programs
-    list_done(work, n_programs)
+    if ENDS_LIST:
+        list_done(work, n_programs)
 
 
 @triton.jit
@@ -1146,8 +1152,8 @@ def _verify_kernel(
     SKIP_FOLDING: tl.constexpr, LISTED: tl.constexpr,
 ):
     """A verify over a (row, value head) grid, or with LISTED over the heads `_verify_list_kernel` listed in work
-    (each program looping over them: FPASS=2's second launch, the heads that fold). SKIP_FOLDING: a head whose buffer
-    holds W entries or more is that launch's, and here only its fill goes to 0."""
+    (each program looping over them: FPASS=2's verify of the heads folded by `_verify_fold_kernel`). SKIP_FOLDING: a
+    head whose buffer holds W entries or more is that launch's, and here only its fill goes to 0."""
     # One pass of the loop in a grid; a listed launch's programs loop over the list (a while loop: its bounds are
     # device values, and the interpreter's range takes only Python integers).
     if LISTED:
@@ -1360,37 +1366,30 @@ def _launch_verify(cache, q, k, v, g, beta, out, slots, scale, l2norm, settings)
         USE_QK_L2NORM=l2norm, BE=BE, BZ=BZ, MMA=bool(settings["MMA"]),
         NATIVE=tile.itemsize == 2 and q.dtype == k.dtype == tile, IS_TILE_EXACT=tile != torch.float32,
         IS_HALF_IO=half_io, KSPLIT=ksplit, FKSPLIT=1 if cache.read_copy is not None else ksplit,
-        FSTAGES=settings["FSTAGES"], NW=NW,
+        FSTAGES=settings["FSTAGES"], NW=NW, GPASS=settings["GPASS"], FPRECISION="tf32x3",
+        **compile_options(settings),
     )
-    # the fold launch's and FPASS=2's listed verify's programs
-    fold_options = compile_options({"num_warps": settings["FWARPS"], "num_stages": 1, "maxnreg": settings["FMAXNREG"]})
     gram = wts = None
 
-    def folds():
-        """FPASS's launch after the list: 1, the listed heads' folds; 2, their whole verify (each head's fold, then
-        its drafts, its prologue its own: GPASS=0 takes nothing from the key products' launch)."""
-        if fpass == 1:
-            FVP = min(settings["FVP"], next_pow2(cache.V))
-            items = batch * cache.HV * triton.cdiv(cache.V, FVP)
-            _verify_fold_kernel[flush_grid(items, settings["PPS"], cache.device)](
-                **{key: value for key, value in _cache_args(cache).items() if key not in ("buf_b", "fill")},
-                slots=slots, work=cache.work,
-                **{key: constants[key] for key in ("C", "H", "HV", "K", "V", "BK", "BW", "HAS_COPY", "IS_FP8")},
-                BVF=max(16, min(settings["BVF"], FVP)), VP=FVP,
-                FKSPLIT=1 if cache.read_copy is not None or BK < 32 else settings["FKSPLIT"],
-                FSTAGES=settings["FSTAGES"], PRECISION=flush_precision(cache.checkpoint, settings["TF32"]),
-                **fold_options,
-            )
-        else:
-            _verify_kernel[flush_grid(batch * cache.HV, settings["PPS"], cache.device)](
-                **verify_args, gram=None, wts=None, GPASS=0, FOLDS=True,
-                FPRECISION=flush_precision(cache.checkpoint, settings["TF32"]), SKIP_FOLDING=False, LISTED=True,
-                **fold_options,
-            )
+    def fold_launch():
+        """The listed heads' folds (FPASS); with FPASS=2 the list stays for the listed verify after them."""
+        FVP = min(settings["FVP"], next_pow2(cache.V))
+        items = batch * cache.HV * triton.cdiv(cache.V, FVP)
+        _verify_fold_kernel[flush_grid(items, settings["PPS"], cache.device)](
+            **{key: value for key, value in _cache_args(cache).items() if key not in ("buf_b", "fill")},
+            slots=slots, work=cache.work,
+            **{key: constants[key] for key in ("C", "H", "HV", "K", "V", "BK", "BW", "HAS_COPY", "IS_FP8")},
+            BVF=max(16, min(settings["BVF"], FVP)), VP=FVP,
+            FKSPLIT=1 if cache.read_copy is not None or BK < 32 else settings["FKSPLIT"],
+            FSTAGES=settings["FSTAGES"], PRECISION=flush_precision(cache.checkpoint, settings["TF32"]),
+            ENDS_LIST=fpass == 1,
+            **compile_options({"num_warps": settings["FWARPS"], "num_stages": 1, "maxnreg": settings["FMAXNREG"]}),
+        )
 
-    # With FSTREAM that launch runs on a second stream beside the key products and the weights, which read nothing it
-    # writes: FPASS=1's folds joined before the verify, FPASS=2's listed verify after the grid's. In one stream,
-    # FPASS=2's listed verify goes last: the grid's verify only sets the listed heads' fills to 0.
+    # With FSTREAM the folds run on a second stream beside the key products and the weights (which read nothing a
+    # fold writes), joined before the verify with FPASS=1, and with FPASS=2 beside the verify of the heads that do
+    # not fold too, joined before the listed verify of those that do. In one stream FPASS=2's folds go after the
+    # grid's verify, which only sets the listed heads' fills to 0.
     side = _side_stream(cache.device) if fpass and settings["FSTREAM"] else None
     main = torch.cuda.current_stream(cache.device) if side is not None else None
     if fpass:
@@ -1399,9 +1398,9 @@ def _launch_verify(cache, q, k, v, g, beta, out, slots, scale, l2norm, settings)
         if side is not None:
             side.wait_stream(main)
             with torch.cuda.stream(side):
-                folds()
+                fold_launch()
         elif fpass == 1:
-            folds()
+            fold_launch()
     if settings["GPASS"]:
         gram = torch.empty(batch, cache.H, BE, BZ, dtype=torch.float32, device=cache.device)
         _verify_gram_kernel[(batch, cache.H)](
@@ -1426,13 +1425,17 @@ def _launch_verify(cache, q, k, v, g, beta, out, slots, scale, l2norm, settings)
     if side is not None and fpass == 1:
         main.wait_stream(side)
     _verify_kernel[(batch, cache.HV)](
-        **verify_args, gram=gram, wts=wts, GPASS=settings["GPASS"], FOLDS=not fpass, FPRECISION="tf32x3",
-        SKIP_FOLDING=fpass == 2, LISTED=False, **compile_options(settings),
+        **verify_args, gram=gram, wts=wts, FOLDS=not fpass, SKIP_FOLDING=fpass == 2, LISTED=False,
     )
-    if side is not None and fpass == 2:
-        main.wait_stream(side)
-    elif side is None and fpass == 2:
-        folds()
+    if fpass == 2:
+        if side is not None:
+            main.wait_stream(side)
+        else:
+            fold_launch()
+        # the listed heads' drafts from their new checkpoints, VPPS programs per SM looping over the list
+        _verify_kernel[flush_grid(batch * cache.HV, settings["VPPS"], cache.device)](
+            **verify_args, gram=gram, wts=wts, FOLDS=False, SKIP_FOLDING=False, LISTED=True,
+        )
 
 
 _SIDE_STREAMS: dict[torch.device, torch.cuda.Stream] = {}
@@ -1573,7 +1576,9 @@ def verify(
     in K halves), FSTAGES (a fold's pipeline depth), FPASS (1: the folds in a launch of their own,
     after a launch that lists the heads that fold; its FVP rows per item, FWARPS, FMAXNREG, PPS programs
     per SM, TF32 (1: 3xTF32, 0: fp32 FMAs), FKSPLIT, and FSTREAM: 1 runs it on a second stream beside
-    the key products and the weights), num_warps, num_stages, maxnreg; slots, check: as in `replay`.
+    the key products and the weights; 2: the verify of the heads that fold in a launch of its own after
+    their folds, VPPS programs per SM, the others' verify beside the folds with FSTREAM), num_warps,
+    num_stages, maxnreg; slots, check: as in `replay`.
     """
     batch, T = _check_against_cache(cache, _verify_kernel, q, k, v, g, beta, tokens=True)
     if not 1 <= T <= cache.max_draft:
