@@ -58,7 +58,7 @@ for section in $SECTIONS; do
         gpu_tests tests 300 tests
         ;;
     gdn-verify-fpass2-2)
-        # FPASS=2 as it is now: the folds (the fold launch, on the second stream) beside the key products, the weights
+        # (Runs at 545a727: FPASS=2 was withdrawn after run 62, both forms slower.) FPASS=2 then: the folds (the fold launch, on the second stream) beside the key products, the weights
         # and the verify of the heads that do not fold; then the verify of those that do, over the list, VPPS
         # programs per SM (162 registers, 6 fit an SM). Against run 62's best (FPASS=1 beside, 4 per SM).
         gpu_tests gdn-verify-fpass2-2-tests 200 tests/test_gdn_verify.py
@@ -71,7 +71,7 @@ for section in $SECTIONS; do
         ;;
     gdn-verify-fpass2)
         # (Runs at 0fb3270, where FPASS=2 took the folding heads' whole verify, each head's fold and then its drafts
-        # with a prologue of its own, into the listed launch; FPASS=2 is now gdn-verify-fpass2-2's.) FPASS=2: the heads that fold take their whole verify (the fold, then the drafts from the new checkpoint's
+        # with a prologue of its own, into the listed launch; withdrawn after run 62.) FPASS=2: the heads that fold take their whole verify (the fold, then the drafts from the new checkpoint's
         # rows while they are in L2, a prologue of their own) in a listed launch of their own on the second stream,
         # beside the key products, the weights and the others' verify (which only sets their fills to 0): the folds
         # overlap everything but the list, and a folding head's checkpoint is read from DRAM once. Its programs:

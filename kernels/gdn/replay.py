@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import triton
 import triton.language as tl
@@ -55,11 +57,8 @@ _SPLIT = {"EARLY": 0, "TF32": 0, "MMA": 0, "VP": 256, "BV": 32, "BVF": 16, "VK":
 # lists the value heads that fold): PPS programs per SM of FWARPS warps (registers capped at FMAXNREG) loop over
 # items of FVP rows, each fold one product in 3xTF32 (TF32=1) or fp32 FMAs (0; the verify's own folds always take
 # 3xTF32), in FKSPLIT column pieces (the verify's own folds take KSPLIT's); FSTREAM=1 runs the folds on a second
-# stream beside the key-product pass and the weights, which read nothing a fold writes. FPASS=2 leaves the heads
-# that fold out of the verify's grid and verifies them after their folds, VPPS programs per SM looping over the
-# list; with FSTREAM the folds then run beside the grid's verify too.
-_FOLD = {"FPASS": 0, "FVP": 128, "FWARPS": 4, "FMAXNREG": None, "PPS": 4, "TF32": 1, "FKSPLIT": 2, "FSTREAM": 0,
-         "VPPS": 6}
+# stream beside the key-product pass and the weights, which read nothing a fold writes.
+_FOLD = {"FPASS": 0, "FVP": 128, "FWARPS": 4, "FMAXNREG": None, "PPS": 4, "TF32": 1, "FKSPLIT": 2, "FSTREAM": 0}
 LAUNCH = {
     "replay": {"EARLY": 0, "TF32": 0, "MMA": 0, "VP": 256, "BV": 32, "BVF": 16, "VK": 32, "STAGES": 3,
                "num_warps": 2, "num_stages": 1, "maxnreg": 128, "PHASES": 1, "PPS": 6, "HPP": 1},
@@ -99,10 +98,12 @@ LAUNCH = {
     # (NOTES run 60); the small grids keep GPASS=1 (17.3 against 17.6 µs at batch 1). FPASS=1 takes the folds into a
     # launch of their own (`_verify_fold_kernel`: 2-warp programs, 8 per SM, fp32 FMAs in one piece of K), and the
     # verify compiles without its fold (146 registers instead of 168, no spills): 508 -> 499 µs at 256, 151 -> 146 at
-    # 64, 62 -> 59 at 16 (NOTES run 61); the small grids keep their folds (17.2 against 19.5 µs at batch 1).
+    # 64, 62 -> 59 at 16 (NOTES run 61); the small grids keep their folds (17.2 against 19.5 µs at batch 1). With
+    # FSTREAM=1 the folds run beside the key products and the weights, 4 fold programs per SM leaving room for
+    # theirs: 497 -> 478 µs at 256, 147 -> 140 at 64, 59.8 -> 53.7 at 16 (NOTES run 62).
     "verify": {"BV": 32, "BVF": 16, "VK": 32, "STAGES": 2, "GPASS": 2, "MMA": 1, "KSPLIT": 2, "FSTAGES": 3,
                "num_warps": 2, "num_stages": 1, "maxnreg": 168,
-               **dict(_FOLD, FPASS=1, FWARPS=2, PPS=8, TF32=0, FKSPLIT=1)},
+               **dict(_FOLD, FPASS=1, FWARPS=2, PPS=4, TF32=0, FKSPLIT=1, FSTREAM=1)},
     "verify-small": {"BV": 64, "BVF": 16, "VK": 32, "STAGES": 2, "GPASS": 1, "MMA": 1, "KSPLIT": 2, "FSTAGES": 1,
                      "num_warps": 4, "num_stages": 1, "maxnreg": 168, **_FOLD},
     "verify-split": {"BV": 32, "BVF": 16, "VK": 32, "STAGES": 2, "GPASS": 0, "MMA": 0, "KSPLIT": 1, "FSTAGES": 1,
@@ -866,14 +867,12 @@ def _verify_fold_kernel(
     C: tl.constexpr, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BK: tl.constexpr, BW: tl.constexpr, BVF: tl.constexpr, VP: tl.constexpr, HAS_COPY: tl.constexpr,
     IS_FP8: tl.constexpr, FKSPLIT: tl.constexpr, FSTAGES: tl.constexpr, PRECISION: tl.constexpr,
-    ENDS_LIST: tl.constexpr,
 ):
     """The folds a verify's rows take first (FPASS), in a launch of their own between `_verify_list_kernel`, which
     listed the value heads whose buffers hold W entries or more in `work`, and the verify, which then skips its own
     fold (their fills, read again there, still say W or more: the drafts go to position 0 and the fill to 0): VP
-    rows of a head per item, each program looping over the items (a few programs per SM however few rows fold). With
-    ENDS_LIST the last program to finish zeroes the list's counters for the next step (FPASS=1; with FPASS=2 the
-    listed verify after it does)."""
+    rows of a head per item, each program looping over the items (a few programs per SM however few rows fold). The
+    last program to finish zeroes the list's counters for the next step."""
     NPB: tl.constexpr = (V + VP - 1) // VP
     n_items = tl.load(work) * NPB
     n_programs = tl.num_programs(0)
@@ -890,8 +889,7 @@ def _verify_fold_kernel(
             C, H, HV, K, V, BK, BVF, HAS_COPY, IS_FP8, FKSPLIT, FSTAGES, VP, PRECISION,
         )
         i_j += n_programs
-    if ENDS_LIST:
-        list_done(work, n_programs)
+    list_done(work, n_programs)
 
 
 @triton.jit
@@ -935,28 +933,28 @@ def _verify_weights_kernel(
 
 
 @triton.jit
-def _verify_head(
+def _verify_kernel(
     ckpt, rcopy, rscale, buf_u, buf_k, buf_g, buf_b, buf_t, fill, arrivals, gram, wts,
-    q, k, v, g, beta, o,
+    q, k, v, g, beta, o, slots,
     s_qb, s_qt, s_qh, s_qk,
     s_kb, s_kt, s_kh, s_kk,
     s_vb, s_vt, s_vh, s_vv,
     s_gb, s_gt, s_gh,
     s_bb, s_bt, s_bh,
     s_ob, s_ot, s_oh, s_ov,
-    scale, i_b, i_hv, i_s, b_f,
+    scale,
     T: tl.constexpr, W: tl.constexpr, C: tl.constexpr,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, BVF: tl.constexpr, BT: tl.constexpr, BW: tl.constexpr, BWC: tl.constexpr,
     VK: tl.constexpr, STAGES: tl.constexpr, USE_QK_L2NORM: tl.constexpr, HAS_COPY: tl.constexpr,
     IS_FP8: tl.constexpr, GPASS: tl.constexpr, BE: tl.constexpr, BZ: tl.constexpr, MMA: tl.constexpr,
     NATIVE: tl.constexpr, IS_TILE_EXACT: tl.constexpr, IS_HALF_IO: tl.constexpr, KSPLIT: tl.constexpr,
-    FKSPLIT: tl.constexpr, FSTAGES: tl.constexpr, NW: tl.constexpr, FOLDS: tl.constexpr, FPRECISION: tl.constexpr,
-    LISTED: tl.constexpr,
+    FKSPLIT: tl.constexpr, FSTAGES: tl.constexpr, NW: tl.constexpr, FPASS: tl.constexpr,
 ):
-    """One (row i_b, value head i_hv) of a verify: slot i_s, fill b_f. With FOLDS a head whose buffer holds W
-    entries or more folds them first (in FPRECISION); without, `_verify_fold_kernel` has folded it. LISTED: such a
-    head's fill is left to the grid launch beside (`_verify_kernel`'s SKIP_FOLDING), which decides by it."""
+    i_b, i_hv = tl.program_id(0), tl.program_id(1)
+    i_s = tl.load(slots + i_b).to(tl.int64)
+    if i_s < 0:
+        return
     i_h = i_hv // (HV // H)
     o_t = tl.arange(0, BT)
     o_k = tl.arange(0, BK)
@@ -972,17 +970,19 @@ def _verify_head(
     m_k3 = o_k3 < K
     o_h = (i_s * HV + i_hv) * V
     p_f = fill + i_s * HV + i_hv
+    b_f = tl.load(p_f)
     b_flush = b_f >= W
     # Position of the first draft: after the committed entries, or at 0 when they are folded first.
     b_fe = tl.where(b_flush, 0, b_f)
     b_Gl = tl.load(buf_g + (i_s * C + tl.maximum(b_f - 1, 0)) * HV + i_hv, mask=b_f > 0, other=0.0)
     # Every committed entry is read before any draft's key is written (the arrivals below).
-    if FOLDS:
+    # With FPASS `_verify_fold_kernel` has folded the rows with W entries or more.
+    if not FPASS:
         if b_flush:
             # Into a new checkpoint first, as a flush step would; the drafts then read it with no entries left.
             _verify_flush(
                 ckpt, rcopy, rscale, buf_u, buf_k, buf_g, buf_t, i_s, i_h, i_hv, b_f, b_Gl, o_w, 0,
-                C, H, HV, K, V, BK, BVF, HAS_COPY, IS_FP8, FKSPLIT, FSTAGES, V, FPRECISION,
+                C, H, HV, K, V, BK, BVF, HAS_COPY, IS_FP8, FKSPLIT, FSTAGES, V, "tf32x3",
             )
             # The tile reads below see this program's stores, and the drafts' updates overwrite entries it folded.
             tl.debug_barrier()
@@ -1113,9 +1113,8 @@ def _verify_head(
     tl.store(buf_g + (i_s * C + b_fe + o_t) * HV + i_hv, b_Gs, mask=m_t)
     if HAS_COPY:
         tl.store(buf_b + (i_s * C + b_fe + o_t) * HV + i_hv, b_bd, mask=m_t)
-    if not LISTED:
-        if b_flush:
-            tl.store(p_f, 0)
+    if b_flush:
+        tl.store(p_f, 0)
     # The drafts' keys overwrite entries that every value head of this key head may still be folding:
     # the last of them to arrive writes the keys.
     tl.debug_barrier()
@@ -1129,66 +1128,6 @@ def _verify_head(
             b_K = b_K / tl.sqrt(tl.sum(b_K * b_K, 1) + 1e-6)[:, None]
         tl.store(buf_k + ((i_s * C + b_fe + o_t[:, None]) * H + i_h) * K + o_k[None, :],
                  cast(b_K, buf_k.dtype.element_ty), mask=m_tk)
-
-
-@triton.jit
-def _verify_kernel(
-    ckpt, rcopy, rscale, buf_u, buf_k, buf_g, buf_b, buf_t, fill, arrivals, gram, wts,
-    q, k, v, g, beta, o, slots, work,
-    s_qb, s_qt, s_qh, s_qk,
-    s_kb, s_kt, s_kh, s_kk,
-    s_vb, s_vt, s_vh, s_vv,
-    s_gb, s_gt, s_gh,
-    s_bb, s_bt, s_bh,
-    s_ob, s_ot, s_oh, s_ov,
-    scale,
-    T: tl.constexpr, W: tl.constexpr, C: tl.constexpr,
-    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-    BK: tl.constexpr, BV: tl.constexpr, BVF: tl.constexpr, BT: tl.constexpr, BW: tl.constexpr, BWC: tl.constexpr,
-    VK: tl.constexpr, STAGES: tl.constexpr, USE_QK_L2NORM: tl.constexpr, HAS_COPY: tl.constexpr,
-    IS_FP8: tl.constexpr, GPASS: tl.constexpr, BE: tl.constexpr, BZ: tl.constexpr, MMA: tl.constexpr,
-    NATIVE: tl.constexpr, IS_TILE_EXACT: tl.constexpr, IS_HALF_IO: tl.constexpr, KSPLIT: tl.constexpr,
-    FKSPLIT: tl.constexpr, FSTAGES: tl.constexpr, NW: tl.constexpr, FOLDS: tl.constexpr, FPRECISION: tl.constexpr,
-    SKIP_FOLDING: tl.constexpr, LISTED: tl.constexpr,
-):
-    """A verify over a (row, value head) grid, or with LISTED over the heads `_verify_list_kernel` listed in work
-    (each program looping over them: FPASS=2's verify of the heads folded by `_verify_fold_kernel`). SKIP_FOLDING: a
-    head whose buffer holds W entries or more is that launch's, and here only its fill goes to 0."""
-    # One pass of the loop in a grid; a listed launch's programs loop over the list (a while loop: its bounds are
-    # device values, and the interpreter's range takes only Python integers).
-    if LISTED:
-        i_j, n_items, n_programs = tl.program_id(0), tl.load(work), tl.num_programs(0)
-    else:
-        i_j, n_items, n_programs = 0, 1, 1
-    while i_j < n_items:
-        if LISTED:
-            i_b, i_hv, b_f = listed_flush(work, i_j)
-            i_s = tl.load(slots + i_b).to(tl.int64)
-        else:
-            i_b, i_hv = tl.program_id(0), tl.program_id(1)
-            i_s = tl.load(slots + i_b).to(tl.int64)
-            b_f = tl.load(fill + tl.maximum(i_s, 0) * HV + i_hv, mask=i_s >= 0, other=0)
-        go = i_s >= 0
-        if SKIP_FOLDING:
-            tl.store(fill + i_s * HV + i_hv, 0, mask=go & (b_f >= W))
-            go = go & (b_f < W)
-        if go:
-            _verify_head(
-                ckpt, rcopy, rscale, buf_u, buf_k, buf_g, buf_b, buf_t, fill, arrivals, gram, wts,
-                q, k, v, g, beta, o,
-                s_qb, s_qt, s_qh, s_qk,
-                s_kb, s_kt, s_kh, s_kk,
-                s_vb, s_vt, s_vh, s_vv,
-                s_gb, s_gt, s_gh,
-                s_bb, s_bt, s_bh,
-                s_ob, s_ot, s_oh, s_ov,
-                scale, i_b, i_hv, i_s, b_f,
-                T, W, C, H, HV, K, V, BK, BV, BVF, BT, BW, BWC, VK, STAGES, USE_QK_L2NORM, HAS_COPY, IS_FP8, GPASS, BE,
-                BZ, MMA, NATIVE, IS_TILE_EXACT, IS_HALF_IO, KSPLIT, FKSPLIT, FSTAGES, NW, FOLDS, FPRECISION, LISTED,
-            )
-        i_j += n_programs
-    if LISTED:
-        list_done(work, n_programs)
 
 
 @triton.jit
@@ -1346,61 +1285,30 @@ def _launch_verify(cache, q, k, v, g, beta, out, slots, scale, l2norm, settings)
     # with GPASS=2, per (row, value head): A and M [BT, BT], the column factors [BZ], the committed entries'
     # weights [BWC, BZ], the drafts' log-decays [BT]
     NW = 2 * BT * BT + BZ + BWC * BZ + BT
-    fpass = settings["FPASS"]
-    verify_args = dict(
-        **_cache_args(cache), arrivals=cache.arrivals,
-        q=q, k=k, v=v, g=g, beta=beta, o=out, slots=slots, work=cache.work,
-        s_qb=q.stride(0), s_qt=q.stride(1), s_qh=q.stride(2), s_qk=q.stride(3),
-        s_kb=k.stride(0), s_kt=k.stride(1), s_kh=k.stride(2), s_kk=k.stride(3),
-        s_vb=v.stride(0), s_vt=v.stride(1), s_vh=v.stride(2), s_vv=v.stride(3),
-        s_gb=g.stride(0), s_gt=g.stride(1), s_gh=g.stride(2),
-        s_bb=beta.stride(0), s_bt=beta.stride(1), s_bh=beta.stride(2),
-        s_ob=out.stride(0), s_ot=out.stride(1), s_oh=out.stride(2), s_ov=out.stride(3),
-        scale=scale,
-        T=T, BT=BT, BWC=BWC,
-        **constants,
-        BV=max(16, min(settings["BV"], next_pow2(cache.V))),
-        BVF=max(16, min(settings["BVF"], next_pow2(cache.V))),
-        VK=min(settings["VK"], BK),
-        STAGES=settings["STAGES"],
-        USE_QK_L2NORM=l2norm, BE=BE, BZ=BZ, MMA=bool(settings["MMA"]),
-        NATIVE=tile.itemsize == 2 and q.dtype == k.dtype == tile, IS_TILE_EXACT=tile != torch.float32,
-        IS_HALF_IO=half_io, KSPLIT=ksplit, FKSPLIT=1 if cache.read_copy is not None else ksplit,
-        FSTAGES=settings["FSTAGES"], NW=NW, GPASS=settings["GPASS"], FPRECISION="tf32x3",
-        **compile_options(settings),
-    )
     gram = wts = None
-
-    def fold_launch():
-        """The listed heads' folds (FPASS); with FPASS=2 the list stays for the listed verify after them."""
-        FVP = min(settings["FVP"], next_pow2(cache.V))
-        items = batch * cache.HV * triton.cdiv(cache.V, FVP)
-        _verify_fold_kernel[flush_grid(items, settings["PPS"], cache.device)](
-            **{key: value for key, value in _cache_args(cache).items() if key not in ("buf_b", "fill")},
-            slots=slots, work=cache.work,
-            **{key: constants[key] for key in ("C", "H", "HV", "K", "V", "BK", "BW", "HAS_COPY", "IS_FP8")},
-            BVF=max(16, min(settings["BVF"], FVP)), VP=FVP,
-            FKSPLIT=1 if cache.read_copy is not None or BK < 32 else settings["FKSPLIT"],
-            FSTAGES=settings["FSTAGES"], PRECISION=flush_precision(cache.checkpoint, settings["TF32"]),
-            ENDS_LIST=fpass == 1,
-            **compile_options({"num_warps": settings["FWARPS"], "num_stages": 1, "maxnreg": settings["FMAXNREG"]}),
-        )
-
-    # With FSTREAM the folds run on a second stream beside the key products and the weights (which read nothing a
-    # fold writes), joined before the verify with FPASS=1, and with FPASS=2 beside the verify of the heads that do
-    # not fold too, joined before the listed verify of those that do. In one stream FPASS=2's folds go after the
-    # grid's verify, which only sets the listed heads' fills to 0.
-    side = _side_stream(cache.device) if fpass and settings["FSTREAM"] else None
-    main = torch.cuda.current_stream(cache.device) if side is not None else None
-    if fpass:
+    # With FSTREAM the folds run on a stream of their own beside the key products and the weights (neither reads what
+    # a fold writes), and the verify waits for both.
+    side = _side_stream(cache.device) if settings["FPASS"] and settings["FSTREAM"] else None
+    if settings["FPASS"]:
         _verify_list_kernel[(batch,)](cache.fill, slots, cache.work, W=cache.window, HV=cache.HV,
                                       BHV=next_pow2(cache.HV), num_warps=1)
+        FVP = min(settings["FVP"], next_pow2(cache.V))
+        items = batch * cache.HV * triton.cdiv(cache.V, FVP)
+        main = None
         if side is not None:
+            main = torch.cuda.current_stream(cache.device)
             side.wait_stream(main)
-            with torch.cuda.stream(side):
-                fold_launch()
-        elif fpass == 1:
-            fold_launch()
+        with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
+            _verify_fold_kernel[flush_grid(items, settings["PPS"], cache.device)](
+                **{key: value for key, value in _cache_args(cache).items() if key not in ("buf_b", "fill")},
+                slots=slots, work=cache.work,
+                **{key: constants[key] for key in ("C", "H", "HV", "K", "V", "BK", "BW", "HAS_COPY", "IS_FP8")},
+                BVF=max(16, min(settings["BVF"], FVP)), VP=FVP,
+                FKSPLIT=1 if cache.read_copy is not None or BK < 32 else settings["FKSPLIT"],
+                FSTAGES=settings["FSTAGES"], PRECISION=flush_precision(cache.checkpoint, settings["TF32"]),
+                **compile_options({"num_warps": settings["FWARPS"], "num_stages": 1,
+                                   "maxnreg": settings["FMAXNREG"]}),
+            )
     if settings["GPASS"]:
         gram = torch.empty(batch, cache.H, BE, BZ, dtype=torch.float32, device=cache.device)
         _verify_gram_kernel[(batch, cache.H)](
@@ -1422,20 +1330,30 @@ def _launch_verify(cache, q, k, v, g, beta, out, slots, scale, l2norm, settings)
             BT=BT, BWC=BWC, BE=BE, BZ=BZ, NW=NW, USE_QK_L2NORM=l2norm,
             num_warps=WEIGHTS_WARPS,
         )
-    if side is not None and fpass == 1:
+    if side is not None:
         main.wait_stream(side)
     _verify_kernel[(batch, cache.HV)](
-        **verify_args, gram=gram, wts=wts, FOLDS=not fpass, SKIP_FOLDING=fpass == 2, LISTED=False,
+        **_cache_args(cache), arrivals=cache.arrivals, gram=gram, wts=wts,
+        q=q, k=k, v=v, g=g, beta=beta, o=out, slots=slots,
+        s_qb=q.stride(0), s_qt=q.stride(1), s_qh=q.stride(2), s_qk=q.stride(3),
+        s_kb=k.stride(0), s_kt=k.stride(1), s_kh=k.stride(2), s_kk=k.stride(3),
+        s_vb=v.stride(0), s_vt=v.stride(1), s_vh=v.stride(2), s_vv=v.stride(3),
+        s_gb=g.stride(0), s_gt=g.stride(1), s_gh=g.stride(2),
+        s_bb=beta.stride(0), s_bt=beta.stride(1), s_bh=beta.stride(2),
+        s_ob=out.stride(0), s_ot=out.stride(1), s_oh=out.stride(2), s_ov=out.stride(3),
+        scale=scale,
+        T=T, BT=BT, BWC=BWC,
+        **constants,
+        BV=max(16, min(settings["BV"], next_pow2(cache.V))),
+        BVF=max(16, min(settings["BVF"], next_pow2(cache.V))),
+        VK=min(settings["VK"], BK),
+        STAGES=settings["STAGES"],
+        USE_QK_L2NORM=l2norm, GPASS=settings["GPASS"], BE=BE, BZ=BZ, MMA=bool(settings["MMA"]),
+        NATIVE=tile.itemsize == 2 and q.dtype == k.dtype == tile, IS_TILE_EXACT=tile != torch.float32,
+        IS_HALF_IO=half_io, KSPLIT=ksplit, FKSPLIT=1 if cache.read_copy is not None else ksplit,
+        FSTAGES=settings["FSTAGES"], NW=NW, FPASS=bool(settings["FPASS"]),
+        **compile_options(settings),
     )
-    if fpass == 2:
-        if side is not None:
-            main.wait_stream(side)
-        else:
-            fold_launch()
-        # the listed heads' drafts from their new checkpoints, VPPS programs per SM looping over the list
-        _verify_kernel[flush_grid(batch * cache.HV, settings["VPPS"], cache.device)](
-            **verify_args, gram=gram, wts=wts, FOLDS=False, SKIP_FOLDING=False, LISTED=True,
-        )
 
 
 _SIDE_STREAMS: dict[torch.device, torch.cuda.Stream] = {}
@@ -1576,9 +1494,7 @@ def verify(
     in K halves), FSTAGES (a fold's pipeline depth), FPASS (1: the folds in a launch of their own,
     after a launch that lists the heads that fold; its FVP rows per item, FWARPS, FMAXNREG, PPS programs
     per SM, TF32 (1: 3xTF32, 0: fp32 FMAs), FKSPLIT, and FSTREAM: 1 runs it on a second stream beside
-    the key products and the weights; 2: the verify of the heads that fold in a launch of its own after
-    their folds, VPPS programs per SM, the others' verify beside the folds with FSTREAM), num_warps,
-    num_stages, maxnreg; slots, check: as in `replay`.
+    the key products and the weights), num_warps, num_stages, maxnreg; slots, check: as in `replay`.
     """
     batch, T = _check_against_cache(cache, _verify_kernel, q, k, v, g, beta, tokens=True)
     if not 1 <= T <= cache.max_draft:
