@@ -1,7 +1,7 @@
 """Where a speculative step spends its time on a GPU: each of its launches timed alone by the profiler's device
 clock (Mamba-2's B·C pass, verify and accept at the Nemotron-3-Super layer shape; GDN's list of the heads that
 fold and their folds (FPASS), key-product pass, weights, verify and accept at the Qwen3.5-122B one), and the whole
-step between CUDA events, with every row at one fill (a fill of W or more folds), T = 4, an fp32 checkpoint.
+step in a CUDA graph, with every row at one fill (a fill of W or more folds), T = 4, an fp32 checkpoint.
 
     python benchmarks/verify_phases.py --batch 64 --batch 256 [--launch BPF=32,...] --out FILE.json
     python benchmarks/verify_phases.py --op gdn --batch 256 [--launch GPASS=0,...] --out FILE.json

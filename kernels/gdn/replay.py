@@ -1360,8 +1360,9 @@ _SIDE_STREAMS: dict[torch.device, torch.cuda.Stream] = {}
 
 
 def _side_stream(device: torch.device) -> torch.cuda.Stream | None:
-    """A second stream of a CUDA device, made once (before any graph capture that uses it: the first call of a
-    launch is an eager one), or None elsewhere (the interpreter runs launches in order)."""
+    """A second stream of a CUDA device, made on the first call that takes it (an eager one: a kernel's first call
+    compiles and loads it, which no graph capture holds), or None elsewhere (the interpreter runs launches in
+    order)."""
     if device.type != "cuda":
         return None
     if device not in _SIDE_STREAMS:
