@@ -58,7 +58,7 @@ for section in $SECTIONS; do
         gpu_tests tests 300 tests
         ;;
     gdn-verify-vsplit)
-        # A verify's value head over VSPLIT programs of V / VSPLIT rows (with the folds out of it, FPASS=1): the
+        # (Runs at 43068bc: VSPLIT was withdrawn after run 62, slower at every setting.) A verify's value head over VSPLIT programs of V / VSPLIT rows (with the folds out of it, FPASS=1): the
         # verify's whole-head programs stream at 84-89% of copy where the decode's 8-row programs reach 97-98%.
         # 2 programs of 64 rows: 158 registers; 4 of 32 (one chunk each): 168 with 8 B of spills, 213 uncapped; in
         # 16-row chunks 146 and 138 (compile, sm_90). The GPU tests, then the sweep.

@@ -103,13 +103,13 @@ LAUNCH = {
     # theirs: 497 -> 478 µs at 256, 147 -> 140 at 64, 59.8 -> 53.7 at 16 (NOTES run 62).
     "verify": {"BV": 32, "BVF": 16, "VK": 32, "STAGES": 2, "GPASS": 2, "MMA": 1, "KSPLIT": 2, "FSTAGES": 3,
                "num_warps": 2, "num_stages": 1, "maxnreg": 168,
-               "VSPLIT": 1, **dict(_FOLD, FPASS=1, FWARPS=2, PPS=4, TF32=0, FKSPLIT=1, FSTREAM=1)},
+               **dict(_FOLD, FPASS=1, FWARPS=2, PPS=4, TF32=0, FKSPLIT=1, FSTREAM=1)},
     "verify-small": {"BV": 64, "BVF": 16, "VK": 32, "STAGES": 2, "GPASS": 1, "MMA": 1, "KSPLIT": 2, "FSTAGES": 1,
-                     "num_warps": 4, "num_stages": 1, "maxnreg": 168, "VSPLIT": 1, **_FOLD},
+                     "num_warps": 4, "num_stages": 1, "maxnreg": 168, **_FOLD},
     "verify-split": {"BV": 32, "BVF": 16, "VK": 32, "STAGES": 2, "GPASS": 0, "MMA": 0, "KSPLIT": 1, "FSTAGES": 1,
-                     "num_warps": 4, "num_stages": 1, "maxnreg": None, "VSPLIT": 1, **_FOLD},
+                     "num_warps": 4, "num_stages": 1, "maxnreg": None, **_FOLD},
     "verify-fp8": {"BV": 32, "BVF": 16, "VK": 32, "STAGES": 2, "GPASS": 0, "MMA": 0, "KSPLIT": 1, "FSTAGES": 1,
-                   "num_warps": 4, "num_stages": 1, "maxnreg": None, "VSPLIT": 1, **_FOLD},
+                   "num_warps": 4, "num_stages": 1, "maxnreg": None, **_FOLD},
     "accept": {"num_warps": 1},
 }
 
@@ -949,20 +949,12 @@ def _verify_kernel(
     VK: tl.constexpr, STAGES: tl.constexpr, USE_QK_L2NORM: tl.constexpr, HAS_COPY: tl.constexpr,
     IS_FP8: tl.constexpr, GPASS: tl.constexpr, BE: tl.constexpr, BZ: tl.constexpr, MMA: tl.constexpr,
     NATIVE: tl.constexpr, IS_TILE_EXACT: tl.constexpr, IS_HALF_IO: tl.constexpr, KSPLIT: tl.constexpr,
-    FKSPLIT: tl.constexpr, FSTAGES: tl.constexpr, NW: tl.constexpr, FPASS: tl.constexpr, NSPLIT: tl.constexpr,
-    VS: tl.constexpr,
+    FKSPLIT: tl.constexpr, FSTAGES: tl.constexpr, NW: tl.constexpr, FPASS: tl.constexpr,
 ):
     i_b, i_hv = tl.program_id(0), tl.program_id(1)
     i_s = tl.load(slots + i_b).to(tl.int64)
     if i_s < 0:
         return
-    # NSPLIT programs per (row, value head), VS rows each (with FPASS: the folds are done); the first stores the
-    # drafts' gates and the fill, which the others read only where these stores do not change what they take (the
-    # committed entries' last log-decay, a flushed head's fill: 0 or W and more give the same drafts' position).
-    if NSPLIT > 1:
-        i_p = tl.program_id(2)
-    else:
-        i_p = 0
     i_h = i_hv // (HV // H)
     o_t = tl.arange(0, BT)
     o_k = tl.arange(0, BK)
@@ -1069,8 +1061,8 @@ def _verify_kernel(
             b_Wcz = tl.load(p_w + 2 * BT * BT + BZ + o_wc[:, None] * BZ + o_z[None, :])
         else:
             b_fz, b_Wcz = _column_weights(b_fk, b_fq, b_Wck, b_Wcq, o_t, BT, BZ)
-    for i_v in tl.range(0, VS, BV, num_stages=STAGES):
-        o_v = i_p * VS + i_v + tl.arange(0, BV)
+    for i_v in tl.range(0, V, BV, num_stages=STAGES):
+        o_v = i_v + tl.arange(0, BV)
         m_v = o_v < V
         m_vt = m_v[:, None] & m_t[None, :]
         # [BV, BT] R = V - S K (draft i's v less the committed state's S k_i), and the committed state's S Q: from
@@ -1118,17 +1110,16 @@ def _verify_kernel(
         tl.store(p_o, cast(b_O, o.dtype.element_ty), mask=m_vt)
         tl.store(buf_u + ((i_s * C + b_fe + o_t[None, :]) * HV + i_hv) * V + o_v[:, None],
                  cast(b_U, buf_u.dtype.element_ty), mask=m_vt)
-    if i_p == 0:
-        tl.store(buf_g + (i_s * C + b_fe + o_t) * HV + i_hv, b_Gs, mask=m_t)
-        if HAS_COPY:
-            tl.store(buf_b + (i_s * C + b_fe + o_t) * HV + i_hv, b_bd, mask=m_t)
-        if b_flush:
-            tl.store(p_f, 0)
+    tl.store(buf_g + (i_s * C + b_fe + o_t) * HV + i_hv, b_Gs, mask=m_t)
+    if HAS_COPY:
+        tl.store(buf_b + (i_s * C + b_fe + o_t) * HV + i_hv, b_bd, mask=m_t)
+    if b_flush:
+        tl.store(p_f, 0)
     # The drafts' keys overwrite entries that every value head of this key head may still be folding:
     # the last of them to arrive writes the keys.
     tl.debug_barrier()
     p_a = arrivals + i_s * H + i_h
-    if tl.atomic_add(p_a, 1, sem="acq_rel") == (HV // H) * NSPLIT - 1:
+    if tl.atomic_add(p_a, 1, sem="acq_rel") == HV // H - 1:
         tl.store(p_a, 0)
         # [BT, BK]
         b_K = tl.load(k + i_b * s_kb + o_t[:, None] * s_kt + i_h * s_kh + o_k[None, :] * s_kk, mask=m_tk, other=0.0)
@@ -1281,9 +1272,6 @@ def _launch_verify(cache, q, k, v, g, beta, out, slots, scale, l2norm, settings)
     if settings["GPASS"] == 2 and (cache.read_copy is not None or not settings["MMA"]):
         raise ValueError("launch GPASS = 2 (each value head's weights from a launch of their own) takes MMA = 1 and no "
                          "read copy; a read copy's verify stores its drafts' rows of T from its own prologue")
-    if settings["VSPLIT"] > 1 and not settings["FPASS"]:
-        raise ValueError(f"launch VSPLIT = {settings['VSPLIT']} (each value head's rows over several programs) takes "
-                         "FPASS = 1: a fold inside the verify covers every row of its head")
     BT, BWC = next_pow2(T), max(16, next_pow2(cache.window))
     # the Gram pass's rows (committed keys, the drafts' keys, their queries) and columns (keys, queries)
     BE, BZ = next_pow2(BWC + 2 * BT), max(16, 2 * BT)
@@ -1344,11 +1332,7 @@ def _launch_verify(cache, q, k, v, g, beta, out, slots, scale, l2norm, settings)
         )
     if side is not None:
         main.wait_stream(side)
-    BV = max(16, min(settings["BV"], next_pow2(cache.V)))
-    # VSPLIT programs per (row, value head), VS rows each
-    VS = cache.V if settings["VSPLIT"] == 1 else BV * triton.cdiv(triton.cdiv(cache.V, settings["VSPLIT"]), BV)
-    nsplit = triton.cdiv(cache.V, VS)
-    _verify_kernel[(batch, cache.HV) + ((nsplit,) if nsplit > 1 else ())](
+    _verify_kernel[(batch, cache.HV)](
         **_cache_args(cache), arrivals=cache.arrivals, gram=gram, wts=wts,
         q=q, k=k, v=v, g=g, beta=beta, o=out, slots=slots,
         s_qb=q.stride(0), s_qt=q.stride(1), s_qh=q.stride(2), s_qk=q.stride(3),
@@ -1360,14 +1344,14 @@ def _launch_verify(cache, q, k, v, g, beta, out, slots, scale, l2norm, settings)
         scale=scale,
         T=T, BT=BT, BWC=BWC,
         **constants,
-        BV=BV,
+        BV=max(16, min(settings["BV"], next_pow2(cache.V))),
         BVF=max(16, min(settings["BVF"], next_pow2(cache.V))),
         VK=min(settings["VK"], BK),
         STAGES=settings["STAGES"],
         USE_QK_L2NORM=l2norm, GPASS=settings["GPASS"], BE=BE, BZ=BZ, MMA=bool(settings["MMA"]),
         NATIVE=tile.itemsize == 2 and q.dtype == k.dtype == tile, IS_TILE_EXACT=tile != torch.float32,
         IS_HALF_IO=half_io, KSPLIT=ksplit, FKSPLIT=1 if cache.read_copy is not None else ksplit,
-        FSTAGES=settings["FSTAGES"], NW=NW, FPASS=bool(settings["FPASS"]), NSPLIT=nsplit, VS=VS,
+        FSTAGES=settings["FSTAGES"], NW=NW, FPASS=bool(settings["FPASS"]),
         **compile_options(settings),
     )
 
