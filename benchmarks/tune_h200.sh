@@ -3,7 +3,7 @@
 # writes its table (.txt) and results (.json) under DIR (default runs/tune), and DIR.tar.gz holds them all for
 # machines that return one file; a sweep past its time limit leaves the ones before it.
 # Usage: benchmarks/tune_h200.sh [DIR] [SECTION ...]
-# Sections: tests, gdn-verify-vsplit, gdn-verify-fstream-3, gdn-verify-fpass2-2, gdn-verify-fpass2, gdn-verify-fstream-2, gdn-verify-fstream, gdn-verify-fpass-4, gdn-verify-fpass-3, gdn-verify-fpass-2, gdn-verify-fpass, gdn-bf16-buffers, gdn-verify-gpass2-2, gdn-verify-gpass2, gdn-verify-tc, gdn-verify-tc-2, gdn-verify-tc-3, gdn-verify-tc-4, gdn-verify-phases, stalls-fold, gdn-verify-gpass, verify-bf16-bc, fla-slots, kernel-tests, mamba2-verify-fstages, mamba2-verify-bpf, mamba2-verify-launches, mamba2-verify-fold, mamba2-verify-bc-3, mamba2-verify-bc-2, mamba2-verify-bc, mamba2-verify-stream, mamba2-verify-stream-2, tail-lead, tail-3, tail-medium, tail-2, tail, gdn-bf16-tf32, prefetch-profile, prefetch, prefetch-2, loops, gdn-decode-chunks, gdn-decode-order, gdn-decode-order-2, mamba2-mma, stalls-bf16, mamba2-bf16-heads, mamba2-bf16-tf32, heads-sanitizer, mamba2-heads-flush-2, gdn-heads-fault, gdn-heads, mamba2-heads-flush, mamba2-heads, mamba2-heads-2, mamba2-heads-3, mamba2-heads-4, verify-tests, gdn-verify-mma, gdn-verify-3, gdn-verify-rows, gdn-verify-warps, gdn-verify-warps-2, mamba2-verify-warps, gdn-split-3, gdn-split-4, two-phase-2, mamba2-split-phases, mamba2-two-phase, gdn-split-flush-vp, gdn-mma, split-launch-cost, split-launch-cost-2, gdn-flush-list, mamba2-flush-list, gdn-split-nonflush, gdn-split-flush-2, one-warp, fp8-one-warp, fp8-one-warp-2, copy-pieces, regs-2byte, stalls, stalls-2, next, small-grid, small-grid-2, small-grid-3, medium-grid, direct, order, vk, gdn-decode, gdn-replay, gdn-early, gdn-replay-256, gdn-fp32-2, gdn-split, gdn-split-2,
+# Sections: tests, gdn-verify-medium, gdn-verify-vsplit, gdn-verify-fstream-3, gdn-verify-fpass2-2, gdn-verify-fpass2, gdn-verify-fstream-2, gdn-verify-fstream, gdn-verify-fpass-4, gdn-verify-fpass-3, gdn-verify-fpass-2, gdn-verify-fpass, gdn-bf16-buffers, gdn-verify-gpass2-2, gdn-verify-gpass2, gdn-verify-tc, gdn-verify-tc-2, gdn-verify-tc-3, gdn-verify-tc-4, gdn-verify-phases, stalls-fold, gdn-verify-gpass, verify-bf16-bc, fla-slots, kernel-tests, mamba2-verify-fstages, mamba2-verify-bpf, mamba2-verify-launches, mamba2-verify-fold, mamba2-verify-bc-3, mamba2-verify-bc-2, mamba2-verify-bc, mamba2-verify-stream, mamba2-verify-stream-2, tail-lead, tail-3, tail-medium, tail-2, tail, gdn-bf16-tf32, prefetch-profile, prefetch, prefetch-2, loops, gdn-decode-chunks, gdn-decode-order, gdn-decode-order-2, mamba2-mma, stalls-bf16, mamba2-bf16-heads, mamba2-bf16-tf32, heads-sanitizer, mamba2-heads-flush-2, gdn-heads-fault, gdn-heads, mamba2-heads-flush, mamba2-heads, mamba2-heads-2, mamba2-heads-3, mamba2-heads-4, verify-tests, gdn-verify-mma, gdn-verify-3, gdn-verify-rows, gdn-verify-warps, gdn-verify-warps-2, mamba2-verify-warps, gdn-split-3, gdn-split-4, two-phase-2, mamba2-split-phases, mamba2-two-phase, gdn-split-flush-vp, gdn-mma, split-launch-cost, split-launch-cost-2, gdn-flush-list, mamba2-flush-list, gdn-split-nonflush, gdn-split-flush-2, one-warp, fp8-one-warp, fp8-one-warp-2, copy-pieces, regs-2byte, stalls, stalls-2, next, small-grid, small-grid-2, small-grid-3, medium-grid, direct, order, vk, gdn-decode, gdn-replay, gdn-early, gdn-replay-256, gdn-fp32-2, gdn-split, gdn-split-2,
 # gdn-bf16, gdn-bf16-2, gdn-verify, fla, mamba2-split, mamba2-split2, mamba2-vn, mamba2-bf16, mamba2-bf16-2,
 # mamba2-verify (default: tests gdn-decode gdn-replay gdn-verify mamba2-split mamba2-bf16 mamba2-verify).
 set -uo pipefail
@@ -56,6 +56,13 @@ for section in $SECTIONS; do
     case $section in
     tests)
         gpu_tests tests 300 tests
+        ;;
+    gdn-verify-medium)
+        # The fold launch on medium grids (run 62: 64-row items took batch 16 from 54.0 to 49.3 µs, 256 from 472.8 to
+        # 480.9): items of 64 and 32 rows, 2 to 6 programs per SM, batch 16 to 256, for a medium-grid row's bounds.
+        sweep gdn-verify-medium 240 sweep_gdn.py --kernel verify --batch 16 --batch 32 --batch 64 --batch 128 \
+            --batch 256 --launch verify: --launch verify:FVP=64 --launch verify:FVP=64,PPS=2 \
+            --launch verify:FVP=64,PPS=6 --launch verify:FVP=32
         ;;
     gdn-verify-vsplit)
         # (Runs at 43068bc: VSPLIT was withdrawn after run 62, slower at every setting.) A verify's value head over VSPLIT programs of V / VSPLIT rows (with the folds out of it, FPASS=1): the
