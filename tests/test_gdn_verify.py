@@ -245,7 +245,8 @@ def test_verify_launch_settings_match_reference(device, assert_close, launch):
 
 
 def test_verify_and_replay_take_their_small_grid_rows_under_two_programs_per_sm(monkeypatch):
-    """The launch row follows the grid: batch x HV programs under two per SM take the -small row, a read copy its own."""
+    """The launch row follows the grid: batch x HV programs under two per SM take the -small row, under 16 the verify's
+    -medium row, a read copy its own."""
     gdn_replay = importlib.import_module("replayssm_kernels.gdn.replay")
     monkeypatch.setattr(importlib.import_module("replayssm_kernels.mamba2.args"), "sm_count", lambda device: 132)
     cache = gdn.ReplayCache.create(64, 1, 64, 8, 8, 4, state_dtype="fp32", io_dtype="bf16", max_draft=2, device="cpu")
@@ -253,8 +254,12 @@ def test_verify_and_replay_take_their_small_grid_rows_under_two_programs_per_sm(
                                    max_draft=2, device="cpu")
     for kernel in ("verify", "replay"):
         assert gdn_replay.launch_name(kernel, cache, 4) == f"{kernel}-small"
-        assert gdn_replay.launch_name(kernel, cache, 5) == kernel
+        assert gdn_replay.launch_name(kernel, cache, 33) == kernel
         assert gdn_replay.launch_name(kernel, cache) == kernel
+    # under 16 programs per SM the verify takes its medium-grid row; the replay has none
+    assert gdn_replay.launch_name("verify", cache, 5) == gdn_replay.launch_name("verify", cache, 32) == "verify-medium"
+    assert gdn_replay.launch_name("replay", cache, 5) == "replay"
+    assert gdn_replay.LAUNCH["verify-medium"]["FVP"] < gdn_replay.LAUNCH["verify"]["FVP"]
     assert gdn_replay.launch_name("verify", split, 1) == "verify-split"
     assert gdn_replay.launch_name("replay", split, 4) == "replay-split-small"
     assert gdn_replay.launch_name("replay", split, 5) == "replay-split"

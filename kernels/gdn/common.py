@@ -17,6 +17,7 @@ from replayssm_kernels.mamba2.args import (  # noqa: F401
     flush_grid,
     flush_list,
     flush_precision,
+    medium_grid,
     pop_flush_keys,
     small_grid,
 )

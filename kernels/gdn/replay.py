@@ -31,6 +31,7 @@ from replayssm_kernels.gdn.common import (
     listed_flush,
     qk_factors,
     launch_settings,
+    medium_grid,
     next_pow2,
     pop_flush_keys,
     quantize_e4m3,
@@ -59,6 +60,8 @@ _SPLIT = {"EARLY": 0, "TF32": 0, "MMA": 0, "VP": 256, "BV": 32, "BVF": 16, "VK":
 # 3xTF32), in FKSPLIT column pieces (the verify's own folds take KSPLIT's); FSTREAM=1 runs the folds on a second
 # stream beside the key-product pass and the weights, which read nothing a fold writes.
 _FOLD = {"FPASS": 0, "FVP": 128, "FWARPS": 4, "FMAXNREG": None, "PPS": 4, "TF32": 1, "FKSPLIT": 2, "FSTREAM": 0}
+_VERIFY = {"BV": 32, "BVF": 16, "VK": 32, "STAGES": 2, "GPASS": 2, "MMA": 1, "KSPLIT": 2, "FSTAGES": 3, "num_warps": 2,
+           "num_stages": 1, "maxnreg": 168, **dict(_FOLD, FPASS=1, FWARPS=2, PPS=4, TF32=0, FKSPLIT=1, FSTREAM=1)}
 LAUNCH = {
     "replay": {"EARLY": 0, "TF32": 0, "MMA": 0, "VP": 256, "BV": 32, "BVF": 16, "VK": 32, "STAGES": 3,
                "num_warps": 2, "num_stages": 1, "maxnreg": 128, "PHASES": 1, "PPS": 6, "HPP": 1},
@@ -100,10 +103,11 @@ LAUNCH = {
     # verify compiles without its fold (146 registers instead of 168, no spills): 508 -> 499 µs at 256, 151 -> 146 at
     # 64, 62 -> 59 at 16 (NOTES run 61); the small grids keep their folds (17.2 against 19.5 µs at batch 1). With
     # FSTREAM=1 the folds run beside the key products and the weights, 4 fold programs per SM leaving room for
-    # theirs: 497 -> 478 µs at 256, 147 -> 140 at 64, 59.8 -> 53.7 at 16 (NOTES run 62).
-    "verify": {"BV": 32, "BVF": 16, "VK": 32, "STAGES": 2, "GPASS": 2, "MMA": 1, "KSPLIT": 2, "FSTAGES": 3,
-               "num_warps": 2, "num_stages": 1, "maxnreg": 168,
-               **dict(_FOLD, FPASS=1, FWARPS=2, PPS=4, TF32=0, FKSPLIT=1, FSTREAM=1)},
+    # theirs: 497 -> 478 µs at 256, 147 -> 140 at 64, 59.8 -> 53.7 at 16 (NOTES run 62). Grids under 16 programs
+    # per SM ("verify-medium") fold in items of 64 rows: batch 16 53.9 -> 49.2 µs, level at 32, 1-2% slower from 64
+    # up (NOTES run 62).
+    "verify": _VERIFY,
+    "verify-medium": dict(_VERIFY, FVP=64),
     "verify-small": {"BV": 64, "BVF": 16, "VK": 32, "STAGES": 2, "GPASS": 1, "MMA": 1, "KSPLIT": 2, "FSTAGES": 1,
                      "num_warps": 4, "num_stages": 1, "maxnreg": 168, **_FOLD},
     "verify-split": {"BV": 32, "BVF": 16, "VK": 32, "STAGES": 2, "GPASS": 0, "MMA": 0, "KSPLIT": 1, "FSTAGES": 1,
@@ -120,11 +124,13 @@ WEIGHTS_WARPS = 1
 
 def launch_name(kernel: str, cache: ReplayCache, batch: int | None = None) -> str:
     """The LAUNCH row of `kernel` ("replay" or "verify") for this cache's read copy, and, given the batch, its
-    small-grid row (a grid under two programs per SM) where it has one."""
+    small-grid row (a grid under two programs per SM) or medium-grid row (under 16) where it has one."""
     if cache.read_copy is not None:
         kernel += "-fp8" if cache.read_scale is not None else "-split"
-    if batch is not None and f"{kernel}-small" in LAUNCH and small_grid(batch * cache.HV, cache.device):
-        return f"{kernel}-small"
+    if batch is not None:
+        for size, smaller in (("small", small_grid), ("medium", medium_grid)):
+            if f"{kernel}-{size}" in LAUNCH and smaller(batch * cache.HV, cache.device):
+                return f"{kernel}-{size}"
     return kernel
 
 

@@ -68,6 +68,12 @@ def small_grid(programs: int, device: torch.device) -> bool:
     return programs < 2 * sm_count(device)
 
 
+def medium_grid(programs: int, device: torch.device) -> bool:
+    """A grid of under 16 programs per SM (GDN's verify at batch 32 and under on an H200), where a few launches take
+    medium-grid rows (never on the CPU)."""
+    return programs < 16 * sm_count(device)
+
+
 def large_grid(heads: int, device: torch.device) -> bool:
     """At least 80 (row, head) pairs per SM (batch 83 and up at H = 128 on an H200), where the replay steps take their
     large-grid rows (never on the CPU)."""
