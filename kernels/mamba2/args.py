@@ -69,8 +69,8 @@ def small_grid(programs: int, device: torch.device) -> bool:
 
 
 def medium_grid(programs: int, device: torch.device) -> bool:
-    """A grid of under 16 programs per SM (GDN's verify at batch 32 and under on an H200), where a few launches take
-    medium-grid rows (never on the CPU)."""
+    """A grid of under 16 programs per SM (GDN's verify at batch 32 and under on an H200), where that verify takes its
+    medium-grid row (never on the CPU)."""
     return programs < 16 * sm_count(device)
 
 
