@@ -28,6 +28,21 @@ gpu_tests() {  # NAME LIMIT_S TEST_PATHS...: the tests on the GPU, their output 
     echo "$name: exit $?, $((SECONDS - start)) s: $(tail -n 1 "$DIR/$name.txt")" >&2
 }
 
+verify_launches() {  # NAME LIMIT_S PHASE_BATCHES SWEEP_BATCHES LAUNCH...: GDN's speculative step with each LAUNCH
+                     # ("" the shipped row) launch by launch (verify_phases.py at PHASE_BATCHES, within LIMIT_S),
+                     # then in the sweep (sweep_gdn.py's verify at SWEEP_BATCHES); batches as "64 256"
+    local name=$1 limit=$2 phase_batches=$3 sweep_batches=$4 phases=() sweeps=() b l
+    shift 4
+    for b in $phase_batches; do phases+=(--batch "$b"); done
+    for b in $sweep_batches; do sweeps+=(--batch "$b"); done
+    for l in "$@"; do
+        phases+=(--launch "$l")
+        sweeps+=(--launch "verify:$l")
+    done
+    sweep "$name-phases" "$limit" verify_phases.py --op gdn "${phases[@]}"
+    sweep "$name" 200 sweep_gdn.py --kernel verify "${sweeps[@]}"
+}
+
 rows() {  # NAME LOG LIMIT_S ARGS...: benchmarks/profile_rows.py ARGS (its --set, then -- and `replayssm profile`'s
           # options) into $DIR/NAME.json, its output appended to $DIR/LOG.txt
     local name=$1 log=$2 limit=$3 start=$SECONDS
@@ -130,45 +145,30 @@ for section in $SECTIONS; do
         # the sweep.
         gpu_tests gdn-verify-fstream-tests 200 tests/test_gdn_verify.py
         S="FSTREAM=1"
-        sweep gdn-verify-fstream-phases 200 verify_phases.py --op gdn --batch 64 --batch 256 --launch "" \
-            --launch "$S" --launch "$S,PPS=4" --launch "$S,PPS=6" --launch "$S,FKSPLIT=2,FSTAGES=2,PPS=6"
-        sweep gdn-verify-fstream 200 sweep_gdn.py --kernel verify --batch 16 --batch 64 --batch 256 --launch verify: \
-            --launch "verify:$S" --launch "verify:$S,PPS=4" --launch "verify:$S,PPS=6" \
-            --launch "verify:$S,FKSPLIT=2,FSTAGES=2,PPS=6"
+        verify_launches gdn-verify-fstream 200 "64 256" "16 64 256" "" "$S" "$S,PPS=4" "$S,PPS=6" \
+            "$S,FKSPLIT=2,FSTAGES=2,PPS=6"
         ;;
     gdn-verify-fpass-4)
         # Around the shipped fold launch (2 warps, 8 per SM, fp32 FMAs, K whole: 128 registers and 40 KiB of shared
         # memory, so 5 fit an SM): K in halves with the loop 2 deep (91 registers, 19 KiB: 11 fit) at 8, 10 and 12
         # per SM, 64-row items. Launch by launch at 256, then the sweep.
         H="FKSPLIT=2,FSTAGES=2"
-        sweep gdn-verify-fpass-4-phases 200 verify_phases.py --op gdn --batch 256 --launch "" --launch "$H" \
-            --launch "$H,PPS=10" --launch "$H,PPS=12" --launch FVP=64
-        sweep gdn-verify-fpass-4 200 sweep_gdn.py --kernel verify --batch 16 --batch 64 --batch 256 --launch verify: \
-            --launch "verify:$H" --launch "verify:$H,PPS=10" --launch "verify:$H,PPS=12" --launch verify:FVP=64
+        verify_launches gdn-verify-fpass-4 200 256 "16 64 256" "" "$H" "$H,PPS=10" "$H,PPS=12" FVP=64
         ;;
     gdn-verify-fpass-3)
         # Around run 61's best fold launch (2 warps, fp32 FMAs, 8 programs per SM: 504 against 509 µs at 256): the
         # fold in one piece of K (FKSPLIT=1), its loop 2 or 4 deep, 4-warp programs of one piece, 64-row items.
         F="FPASS=1,FWARPS=2,TF32=0,PPS=8"
-        sweep gdn-verify-fpass-3-phases 240 verify_phases.py --op gdn --batch 64 --batch 256 --launch "" \
-            --launch "$F" --launch "$F,FKSPLIT=1" --launch "$F,FKSPLIT=1,FSTAGES=2" --launch "$F,FSTAGES=4" \
-            --launch "FPASS=1,FWARPS=4,TF32=0,FKSPLIT=1" --launch "$F,FVP=64"
-        sweep gdn-verify-fpass-3 200 sweep_gdn.py --kernel verify --batch 16 --batch 64 --batch 256 \
-            --launch verify: --launch "verify:$F" --launch "verify:$F,FKSPLIT=1" \
-            --launch "verify:$F,FKSPLIT=1,FSTAGES=2" --launch "verify:$F,FSTAGES=4" \
-            --launch "verify:FPASS=1,FWARPS=4,TF32=0,FKSPLIT=1" --launch "verify:$F,FVP=64"
+        verify_launches gdn-verify-fpass-3 240 "64 256" "16 64 256" "" "$F" "$F,FKSPLIT=1" "$F,FKSPLIT=1,FSTAGES=2" \
+            "$F,FSTAGES=4" "FPASS=1,FWARPS=4,TF32=0,FKSPLIT=1" "$F,FVP=64"
         ;;
     gdn-verify-fpass-2)
         # The fold launch's own settings (run 61: its folds at 2.4-2.6 TB/s against 3.2 inside the verify): fp32 FMAs
         # instead of 3xTF32 (TF32=0: 105 registers, 25 KiB of shared memory in 2 warps), more programs per SM, the
         # loop 2 deep. Launch by launch, then the sweep.
         F="FPASS=1,FWARPS=2"
-        sweep gdn-verify-fpass-2-phases 240 verify_phases.py --op gdn --batch 16 --batch 256 --launch "" \
-            --launch "$F" --launch "$F,TF32=0" --launch "$F,TF32=0,PPS=8" --launch "FPASS=1,TF32=0,PPS=8" \
-            --launch "$F,FSTAGES=2,PPS=6" --launch "$F,PPS=6"
-        sweep gdn-verify-fpass-2 200 sweep_gdn.py --kernel verify --batch 16 --batch 64 --batch 256 \
-            --launch verify: --launch "verify:$F" --launch "verify:$F,TF32=0" --launch "verify:$F,TF32=0,PPS=8" \
-            --launch "verify:FPASS=1,TF32=0,PPS=8" --launch "verify:$F,FSTAGES=2,PPS=6" --launch "verify:$F,PPS=6"
+        verify_launches gdn-verify-fpass-2 240 "16 256" "16 64 256" "" "$F" "$F,TF32=0" "$F,TF32=0,PPS=8" \
+            "FPASS=1,TF32=0,PPS=8" "$F,FSTAGES=2,PPS=6" "$F,PPS=6"
         ;;
     gdn-verify-fpass)
         # GDN's folds out of the verify (FPASS=1): the key-product pass lists the value heads whose buffers hold W
@@ -177,12 +177,8 @@ for section in $SECTIONS; do
         # instructions instead of 3080 (compile, sm_90). A folding verify spent 673 µs at 256 on its fold (2.14 GB
         # at 3.2 TB/s; run 60). The GPU tests, launch by launch, the sweep.
         gpu_tests gdn-verify-fpass-tests 200 tests/test_gdn_verify.py
-        sweep gdn-verify-fpass-phases 240 verify_phases.py --op gdn --batch 64 --batch 256 --launch "" \
-            --launch FPASS=1 --launch FPASS=1,FWARPS=2 --launch FPASS=1,FWARPS=8 --launch FPASS=1,PPS=8 \
-            --launch FPASS=1,FVP=32
-        sweep gdn-verify-fpass 200 sweep_gdn.py --kernel verify --batch 1 --batch 16 --batch 64 --batch 256 \
-            --launch verify: --launch verify:FPASS=1 --launch verify:FPASS=1,FWARPS=2 \
-            --launch verify:FPASS=1,FWARPS=8 --launch verify:FPASS=1,PPS=8 --launch verify:FPASS=1,FVP=32
+        verify_launches gdn-verify-fpass 240 "64 256" "1 16 64 256" "" FPASS=1 FPASS=1,FWARPS=2 FPASS=1,FWARPS=8 \
+            FPASS=1,PPS=8 FPASS=1,FVP=32
         ;;
     gdn-bf16-buffers)
         # A 2-byte state's buffered updates and keys in its own dtype (buffer_dtype) against fp32 ones (the
