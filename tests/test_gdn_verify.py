@@ -105,6 +105,9 @@ FOLD_CASES = [
     ("fp32", None, "bf16", 2, 2, {"TF32": 0, "FKSPLIT": 1, "FSTREAM": 1}),
     ("bf16", "fp8", "fp32", 1, 1, {"FSTREAM": 1, "PPS": 1}),
     ("fp32", None, "fp16", 0, 0, {"FVP": 8}),
+    ("fp32", None, "bf16", 2, 2, {"TF32": 0, "FKSPLIT": 1, "FPREF": 1, "FVP": 8, "PPS": 1}),
+    ("fp32", "bf16", "fp32", 1, 1, {"FPREF": 1, "PPS": 2, "GKSPLIT": 2}),
+    ("fp32", None, "bf16", 2, 2, {"TF32": 0, "FKSPLIT": 1, "FSTREAM": 1, "FPREF": 1, "GKSPLIT": 2}),
 ]
 
 
@@ -116,6 +119,36 @@ def test_verify_accept_folds_in_a_launch_of_their_own(device, assert_close, stat
     PPS programs per SM; with FSTREAM on a second stream beside the key products) before the verify; the same
     cycles, flush-first verifies among them."""
     _verify_cycles(device, assert_close, state, read, io, 4, 3, gpass, mma, launch={"FPASS": 1, **fold})
+
+
+@pytest.mark.parametrize("fold", [{"FPREF": 0, "PPS": 1}, {"FPREF": 1, "PPS": 1}, {"FPREF": 1, "PPS": 2}],
+                         ids=["FPREF0-PPS1", "FPREF1-PPS1", "FPREF1-PPS2"])
+def test_fold_launch_takes_every_row_at_once(device, assert_close, fold):
+    """Every row of a permuted slot table folds in the same verify, in items of 8 rows, each program (one or two on
+    the CPU) taking items of several rows and heads in turn: outputs, then every cache tensor."""
+    W, T, (B, H, HV, K, V) = 4, 3, (4, 2, 4, 16, 20)
+    got = make_cache((6, H, HV, K, V), W, device, max_draft=T)
+    poison(got)
+    want = got.clone()
+    slots = torch.tensor([4, 1, 5, 0], dtype=torch.int32, device=device)
+    launch = {"GPASS": 2, "MMA": 1, "TF32": 0, "FKSPLIT": 1, "FPASS": 1, "FVP": 8, **fold}
+    for _ in range(W - 1):
+        inp = gdn.random_inputs(B, H, HV, K, V, device=device)
+        gdn.replay(got, **inp, slots=slots)
+        gdn.replay_ref(want, **inp, slots=slots)
+    for step in range(2):
+        inp = gdn.random_inputs(B, H, HV, K, V, T=T, device=device)
+        out = torch.full((B, T, HV, V), NAN, dtype=torch.bfloat16, device=device)
+        y = gdn.verify(got, **inp, slots=slots, out=out, launch=launch)
+        y_ref = gdn.verify_ref(want, **inp, slots=slots)
+        assert_close(y, y_ref, torch.bfloat16, what=f"o at step {step}")
+        if step == 0:
+            n = torch.full((B,), T, dtype=torch.int32, device=device)
+            gdn.accept(got, n, slots)
+            gdn.accept_ref(want, n, slots)
+            assert bool((got.fill[slots.long()] >= W).all()), "every row should fold in the next verify"
+    assert_caches_close(got, want, assert_close)
+    assert_close(gdn.materialize(got), gdn.materialize_ref(want), torch.float32, what="materialized state")
 
 
 @pytest.mark.parametrize("state,io,gpass,mma", [("fp32", "bf16", 2, 2), ("bf16", "fp32", 1, 1)],
@@ -297,15 +330,23 @@ def test_verify_and_accept_bad_input(device):
         gdn.verify(cache, **inp, launch={"FPASS": 1, "FVP": 12})
     with pytest.raises(ValueError, match=r"launch\['FSTREAM'\] must be 0 or 1; got 2"):
         gdn.verify(cache, **inp, launch={"FPASS": 1, "FSTREAM": 2})
+    with pytest.raises(ValueError, match=r"launch\['FPREF'\] must be 0 or 1; got 2"):
+        gdn.verify(cache, **inp, launch={"FPASS": 1, "FPREF": 2})
+    with pytest.raises(ValueError, match=r"launch\['GKSPLIT'\] must be a power of two; got 3"):
+        gdn.verify(cache, **inp, launch={"GPASS": 1, "GKSPLIT": 3})
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("launch", [{}, {"MMA": 1, "GPASS": 1}, {"MMA": 1, "GPASS": 1, "BV": 32, "num_warps": 4},
                                     {"MMA": 1, "GPASS": 1, "KSPLIT": 2, "BV": 32, "STAGES": 2, "maxnreg": 168},
                                     {"GPASS": 2}, {"GPASS": 2, "BV": 64, "num_warps": 4, "FSTAGES": 1},
-                                    {"GPASS": 2, "FPASS": 1, "FSTREAM": 0}, {"GPASS": 2, "FPASS": 1, "FSTREAM": 1}],
+                                    {"GPASS": 2, "FPASS": 1, "FSTREAM": 0}, {"GPASS": 2, "FPASS": 1, "FSTREAM": 1},
+                                    {"GPASS": 2, "FPASS": 1, "FSTREAM": 1, "FPREF": 1, "GKSPLIT": 2},
+                                    {"GPASS": 2, "FPASS": 1, "FSTREAM": 1, "FPREF": 1, "FVP": 16, "PPS": 1,
+                                     "GKSPLIT": 4}],
                          ids=["row", "MMA-GPASS", "MMA-GPASS-BV32-warps4", "MMA-GPASS-KSPLIT2-BV32", "row-GPASS2",
-                              "small-row-GPASS2", "row-FPASS-one-stream", "row-FPASS-FSTREAM"])
+                              "small-row-GPASS2", "row-FPASS-one-stream", "row-FPASS-FSTREAM",
+                              "row-FPREF-GKSPLIT2", "row-FPREF-FVP16-PPS1-GKSPLIT4"])
 def test_verify_qwen_shape_on_gpu(assert_close, launch):
     """The Qwen3.5-122B layer shape, T = 4, fills crossing W, against the references."""
     shape = (4, 16, 64, 128, 128)

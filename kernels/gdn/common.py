@@ -28,6 +28,7 @@ from replayssm_kernels.mamba2.common import (  # noqa: F401
     list_done,
     list_flush,
     list_heads,
+    listed_ahead,
     listed_flush,
     slot_of,
 )
@@ -138,7 +139,7 @@ def launch_settings(table: dict, name: str, launch: dict | None) -> dict:
             continue
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"launch[{key!r}] must be a positive integer; got {value!r}")
-        if key in ("BV", "BVF", "VK", "VP", "num_warps", "HPP", "FVP", "FWARPS") and value & (value - 1):
+        if key in ("BV", "BVF", "VK", "VP", "num_warps", "HPP", "FVP", "FWARPS", "GKSPLIT") and value & (value - 1):
             raise ValueError(f"launch[{key!r}] must be a power of two; got {value}")
         settings[key] = value
     return settings

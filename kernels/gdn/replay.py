@@ -28,6 +28,7 @@ from replayssm_kernels.gdn.common import (
     list_done,
     list_flush,
     list_heads,
+    listed_ahead,
     listed_flush,
     qk_factors,
     launch_settings,
@@ -59,9 +60,11 @@ _SPLIT = {"EARLY": 0, "TF32": 0, "MMA": 0, "VP": 256, "BV": 32, "BVF": 16, "VK":
 # items of FVP rows, each fold one product in 3xTF32 (TF32=1) or fp32 FMAs (0; the verify's own folds always take
 # 3xTF32), in FKSPLIT column pieces (the verify's own folds take KSPLIT's); FSTREAM=1 runs the folds on a second
 # stream beside the key-product pass and the weights, which read nothing a fold writes.
-_FOLD = {"FPASS": 0, "FVP": 128, "FWARPS": 4, "FMAXNREG": None, "PPS": 4, "TF32": 1, "FKSPLIT": 2, "FSTREAM": 0}
-_VERIFY = {"BV": 32, "BVF": 16, "VK": 32, "STAGES": 2, "GPASS": 2, "MMA": 1, "KSPLIT": 2, "FSTAGES": 3, "num_warps": 2,
-           "num_stages": 1, "maxnreg": 168, **dict(_FOLD, FPASS=1, FWARPS=2, PPS=4, TF32=0, FKSPLIT=1, FSTREAM=1)}
+_FOLD = {"FPASS": 0, "FVP": 128, "FWARPS": 4, "FMAXNREG": None, "PPS": 4, "TF32": 1, "FKSPLIT": 2, "FSTREAM": 0,
+         "FPREF": 0}
+_VERIFY = {"BV": 32, "BVF": 16, "VK": 32, "STAGES": 2, "GPASS": 2, "GKSPLIT": 1, "MMA": 1, "KSPLIT": 2, "FSTAGES": 3,
+           "num_warps": 2, "num_stages": 1, "maxnreg": 168,
+           **dict(_FOLD, FPASS=1, FWARPS=2, PPS=4, TF32=0, FKSPLIT=1, FSTREAM=1)}
 LAUNCH = {
     "replay": {"EARLY": 0, "TF32": 0, "MMA": 0, "VP": 256, "BV": 32, "BVF": 16, "VK": 32, "STAGES": 3,
                "num_warps": 2, "num_stages": 1, "maxnreg": 128, "PHASES": 1, "PPS": 6, "HPP": 1},
@@ -108,12 +111,12 @@ LAUNCH = {
     # up (NOTES run 62).
     "verify": _VERIFY,
     "verify-medium": dict(_VERIFY, FVP=64),
-    "verify-small": {"BV": 64, "BVF": 16, "VK": 32, "STAGES": 2, "GPASS": 1, "MMA": 1, "KSPLIT": 2, "FSTAGES": 1,
-                     "num_warps": 4, "num_stages": 1, "maxnreg": 168, **_FOLD},
-    "verify-split": {"BV": 32, "BVF": 16, "VK": 32, "STAGES": 2, "GPASS": 0, "MMA": 0, "KSPLIT": 1, "FSTAGES": 1,
-                     "num_warps": 4, "num_stages": 1, "maxnreg": None, **_FOLD},
-    "verify-fp8": {"BV": 32, "BVF": 16, "VK": 32, "STAGES": 2, "GPASS": 0, "MMA": 0, "KSPLIT": 1, "FSTAGES": 1,
-                   "num_warps": 4, "num_stages": 1, "maxnreg": None, **_FOLD},
+    "verify-small": {"BV": 64, "BVF": 16, "VK": 32, "STAGES": 2, "GPASS": 1, "GKSPLIT": 1, "MMA": 1, "KSPLIT": 2,
+                     "FSTAGES": 1, "num_warps": 4, "num_stages": 1, "maxnreg": 168, **_FOLD},
+    "verify-split": {"BV": 32, "BVF": 16, "VK": 32, "STAGES": 2, "GPASS": 0, "GKSPLIT": 1, "MMA": 0, "KSPLIT": 1,
+                     "FSTAGES": 1, "num_warps": 4, "num_stages": 1, "maxnreg": None, **_FOLD},
+    "verify-fp8": {"BV": 32, "BVF": 16, "VK": 32, "STAGES": 2, "GPASS": 0, "GKSPLIT": 1, "MMA": 0, "KSPLIT": 1,
+                   "FSTAGES": 1, "num_warps": 4, "num_stages": 1, "maxnreg": None, **_FOLD},
     "accept": {"num_warps": 1},
 }
 
@@ -818,32 +821,38 @@ def _verify_gram_kernel(
     s_kb, s_kt, s_kh, s_kk,
     T: tl.constexpr, W: tl.constexpr, C: tl.constexpr, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr,
     BK: tl.constexpr, BT: tl.constexpr, BWC: tl.constexpr, BE: tl.constexpr, BZ: tl.constexpr,
-    IS_HALF_IO: tl.constexpr,
+    IS_HALF_IO: tl.constexpr, GKSPLIT: tl.constexpr,
 ):
     """The key products a verify's value heads share, once per (row, key head): [BE, BZ] fp32 into gram, row e
     a key or query (the committed entries' keys e < BWC, then the drafts' keys as given, then their queries), column
-    z a draft's key (z < BT) or query (BT <= z < 2 BT), as given. One [BE, K] x [K, BZ] product; the drafts' 16-bit
-    keys and queries are exact in TF32. A key head's value heads share its fill: its first one's."""
+    z a draft's key (z < BT) or query (BT <= z < 2 BT), as given. One [BE, K] x [K, BZ] product in GKSPLIT column
+    pieces; the drafts' 16-bit keys and queries are exact in TF32. A key head's value heads share its fill: its first
+    one's."""
     i_b, i_h = tl.program_id(0), tl.program_id(1)
     i_s = tl.load(slots + i_b).to(tl.int64)
     if i_s < 0:
         return
     b_f = tl.load(fill + i_s * HV + i_h * (HV // H))
-    o_e, o_k, o_z = tl.arange(0, BE), tl.arange(0, BK), tl.arange(0, BZ)
-    m_k = o_k < K
+    BKG: tl.constexpr = BK // GKSPLIT
+    o_e, o_z = tl.arange(0, BE), tl.arange(0, BZ)
     # the entries still committed on top of the tile a verify reads (none once W are buffered: those fold first)
     m_wc = (o_e < BWC) & (o_e < b_f) & (b_f < W)
     m_kd = (o_e >= BWC) & (o_e < BWC + T)
     m_qd = (o_e >= BWC + BT) & (o_e < BWC + BT + T)
-    p_kb = k + i_b * s_kb + i_h * s_kh + o_k[None, :] * s_kk
-    p_qb = q + i_b * s_qb + i_h * s_qh + o_k[None, :] * s_qk
-    b_e = tl.load(buf_k + ((i_s * C + o_e[:, None]) * H + i_h) * K + o_k[None, :], mask=m_wc[:, None] & m_k[None, :],
-                  other=0.0).to(tl.float32)
-    b_e += tl.load(p_kb + (o_e - BWC)[:, None] * s_kt, mask=m_kd[:, None] & m_k[None, :], other=0.0).to(tl.float32)
-    b_e += tl.load(p_qb + (o_e - BWC - BT)[:, None] * s_qt, mask=m_qd[:, None] & m_k[None, :],
-                   other=0.0).to(tl.float32)
-    b_z = _draft_columns(q, k, i_b, i_h, o_k, m_k, s_qb, s_qt, s_qh, s_qk, s_kb, s_kt, s_kh, s_kk, T, BT, BZ)
-    b_g = dot_fp32(b_e, b_z.to(tl.float32), False, IS_HALF_IO)
+    b_g = tl.zeros([BE, BZ], dtype=tl.float32)
+    for i_k in tl.static_range(GKSPLIT):
+        o_k = i_k * BKG + tl.arange(0, BKG)
+        m_k = o_k < K
+        p_kb = k + i_b * s_kb + i_h * s_kh + o_k[None, :] * s_kk
+        p_qb = q + i_b * s_qb + i_h * s_qh + o_k[None, :] * s_qk
+        b_e = tl.load(buf_k + ((i_s * C + o_e[:, None]) * H + i_h) * K + o_k[None, :],
+                      mask=m_wc[:, None] & m_k[None, :], other=0.0).to(tl.float32)
+        b_e += tl.load(p_kb + (o_e - BWC)[:, None] * s_kt, mask=m_kd[:, None] & m_k[None, :],
+                       other=0.0).to(tl.float32)
+        b_e += tl.load(p_qb + (o_e - BWC - BT)[:, None] * s_qt, mask=m_qd[:, None] & m_k[None, :],
+                       other=0.0).to(tl.float32)
+        b_z = _draft_columns(q, k, i_b, i_h, o_k, m_k, s_qb, s_qt, s_qh, s_qk, s_kb, s_kt, s_kh, s_kk, T, BT, BZ)
+        b_g = dot_fp32(b_e, b_z.to(tl.float32), False, IS_HALF_IO, b_g)
     tl.store(gram + (i_b * H + i_h) * BE * BZ + o_e[:, None] * BZ + o_z[None, :], b_g)
 
 
@@ -873,22 +882,36 @@ def _verify_fold_kernel(
     C: tl.constexpr, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BK: tl.constexpr, BW: tl.constexpr, BVF: tl.constexpr, VP: tl.constexpr, HAS_COPY: tl.constexpr,
     IS_FP8: tl.constexpr, FKSPLIT: tl.constexpr, FSTAGES: tl.constexpr, PRECISION: tl.constexpr,
+    FPREF: tl.constexpr,
 ):
     """The folds a verify's rows take first (FPASS), in a launch of their own between `_verify_list_kernel`, which
     listed the value heads whose buffers hold W entries or more in `work`, and the verify, which then skips its own
     fold (their fills, read again there, still say W or more: the drafts go to position 0 and the fill to 0): VP
-    rows of a head per item, each program looping over the items (a few programs per SM however few rows fold). The
-    last program to finish zeroes the list's counters for the next step."""
+    rows of a head per item, each program looping over the items (a few programs per SM however few rows fold). With
+    FPREF a program loads its next item's list entry and slot while it folds the one before (the entry two items
+    ahead, the slot one), so that an item begins with the loads of its rows. The last program to finish zeroes the
+    list's counters for the next step."""
     NPB: tl.constexpr = (V + VP - 1) // VP
     n_items = tl.load(work) * NPB
     n_programs = tl.num_programs(0)
     o_w = tl.arange(0, BW)
     # A while loop: its bounds are device values (the interpreter's range takes only Python integers).
     i_j = tl.program_id(0)
+    if FPREF:
+        e_b, e_hv, e_f = listed_ahead(work, i_j // NPB, i_j < n_items)
+        e_s = tl.load(slots + e_b, mask=i_j < n_items, other=0).to(tl.int64)
+        n_b, n_hv, n_f = listed_ahead(work, (i_j + n_programs) // NPB, i_j + n_programs < n_items)
     while i_j < n_items:
-        i_b, i_hv, b_f = listed_flush(work, i_j // NPB)
+        if FPREF:
+            i_b, i_hv, b_f, i_s = e_b, e_hv, e_f, e_s
+            e_b, e_hv, e_f = n_b, n_hv, n_f
+            e_s = tl.load(slots + e_b, mask=i_j + n_programs < n_items, other=0).to(tl.int64)
+            n_b, n_hv, n_f = listed_ahead(work, (i_j + 2 * n_programs) // NPB,
+                                         i_j + 2 * n_programs < n_items)
+        else:
+            i_b, i_hv, b_f = listed_flush(work, i_j // NPB)
+            i_s = tl.load(slots + i_b).to(tl.int64)
         i_h = i_hv // (HV // H)
-        i_s = tl.load(slots + i_b).to(tl.int64)
         b_Gl = tl.load(buf_g + (i_s * C + b_f - 1) * HV + i_hv)
         _verify_flush(
             ckpt, rcopy, rscale, buf_u, buf_k, buf_g, buf_t, i_s, i_h, i_hv, b_f, b_Gl, o_w, (i_j % NPB) * VP,
@@ -1312,6 +1335,7 @@ def _launch_verify(cache, q, k, v, g, beta, out, slots, scale, l2norm, settings)
                 BVF=max(16, min(settings["BVF"], FVP)), VP=FVP,
                 FKSPLIT=1 if cache.read_copy is not None or BK < 32 else settings["FKSPLIT"],
                 FSTAGES=settings["FSTAGES"], PRECISION=flush_precision(cache.checkpoint, settings["TF32"]),
+                FPREF=bool(settings["FPREF"]),
                 **compile_options({"num_warps": settings["FWARPS"], "num_stages": 1,
                                    "maxnreg": settings["FMAXNREG"]}),
             )
@@ -1322,7 +1346,7 @@ def _launch_verify(cache, q, k, v, g, beta, out, slots, scale, l2norm, settings)
             s_qb=q.stride(0), s_qt=q.stride(1), s_qh=q.stride(2), s_qk=q.stride(3),
             s_kb=k.stride(0), s_kt=k.stride(1), s_kh=k.stride(2), s_kk=k.stride(3),
             T=T, W=cache.window, C=cache.capacity, H=cache.H, HV=cache.HV, K=cache.K, BK=BK,
-            BT=BT, BWC=BWC, BE=BE, BZ=BZ, IS_HALF_IO=half_io,
+            BT=BT, BWC=BWC, BE=BE, BZ=BZ, IS_HALF_IO=half_io, GKSPLIT=min(settings["GKSPLIT"], BK // 16),
             num_warps=GRAM_WARPS,
         )
     if settings["GPASS"] == 2:

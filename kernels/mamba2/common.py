@@ -104,6 +104,14 @@ def listed_flush(work, i_e):
 
 
 @triton.jit
+def listed_ahead(work, i_e, m_e):
+    """(row, head, fill) of the list's entry i_e where m_e, zeros where not: an entry loaded before it is needed
+    (an entry past the list's count is never read)."""
+    p_e = work + LIST_HEADER + LIST_ENTRY * i_e
+    return tl.load(p_e, mask=m_e, other=0), tl.load(p_e + 1, mask=m_e, other=0), tl.load(p_e + 2, mask=m_e, other=0)
+
+
+@triton.jit
 def list_done(work, n_programs):
     """Each of the n_programs that take the list's flushes calls this after its last entry; the last of them zeroes
     the header for the next step."""
