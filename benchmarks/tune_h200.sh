@@ -3,7 +3,7 @@
 # writes its table (.txt) and results (.json) under DIR (default runs/tune), and DIR.tar.gz holds them all for
 # machines that return one file; a sweep past its time limit leaves the ones before it.
 # Usage: benchmarks/tune_h200.sh [DIR] [SECTION ...]
-# Sections: tests, gdn-verify-fsplitw, gdn-verify-fpref, gdn-verify-medium, gdn-verify-vsplit, gdn-verify-fstream-3, gdn-verify-fpass2-2, gdn-verify-fpass2, gdn-verify-fstream-2, gdn-verify-fstream, gdn-verify-fpass-4, gdn-verify-fpass-3, gdn-verify-fpass-2, gdn-verify-fpass, gdn-bf16-buffers, gdn-verify-gpass2-2, gdn-verify-gpass2, gdn-verify-tc, gdn-verify-tc-2, gdn-verify-tc-3, gdn-verify-tc-4, gdn-verify-phases, stalls-fold, gdn-verify-gpass, verify-bf16-bc, fla-slots, kernel-tests, mamba2-verify-fstages, mamba2-verify-bpf, mamba2-verify-launches, mamba2-verify-fold, mamba2-verify-bc-3, mamba2-verify-bc-2, mamba2-verify-bc, mamba2-verify-stream, mamba2-verify-stream-2, tail-lead, tail-3, tail-medium, tail-2, tail, gdn-bf16-tf32, prefetch-profile, prefetch, prefetch-2, loops, gdn-decode-chunks, gdn-decode-order, gdn-decode-order-2, mamba2-mma, stalls-bf16, mamba2-bf16-heads, mamba2-bf16-tf32, heads-sanitizer, mamba2-heads-flush-2, gdn-heads-fault, gdn-heads, mamba2-heads-flush, mamba2-heads, mamba2-heads-2, mamba2-heads-3, mamba2-heads-4, verify-tests, gdn-verify-mma, gdn-verify-3, gdn-verify-rows, gdn-verify-warps, gdn-verify-warps-2, mamba2-verify-warps, gdn-split-3, gdn-split-4, two-phase-2, mamba2-split-phases, mamba2-two-phase, gdn-split-flush-vp, gdn-mma, split-launch-cost, split-launch-cost-2, gdn-flush-list, mamba2-flush-list, gdn-split-nonflush, gdn-split-flush-2, one-warp, fp8-one-warp, fp8-one-warp-2, copy-pieces, regs-2byte, stalls, stalls-2, next, small-grid, small-grid-2, small-grid-3, medium-grid, direct, order, vk, gdn-decode, gdn-replay, gdn-early, gdn-replay-256, gdn-fp32-2, gdn-split, gdn-split-2,
+# Sections: tests, gdn-verify-fsplitw-2, gdn-verify-fsplitw, gdn-verify-fpref, gdn-verify-medium, gdn-verify-vsplit, gdn-verify-fstream-3, gdn-verify-fpass2-2, gdn-verify-fpass2, gdn-verify-fstream-2, gdn-verify-fstream, gdn-verify-fpass-4, gdn-verify-fpass-3, gdn-verify-fpass-2, gdn-verify-fpass, gdn-bf16-buffers, gdn-verify-gpass2-2, gdn-verify-gpass2, gdn-verify-tc, gdn-verify-tc-2, gdn-verify-tc-3, gdn-verify-tc-4, gdn-verify-phases, stalls-fold, gdn-verify-gpass, verify-bf16-bc, fla-slots, kernel-tests, mamba2-verify-fstages, mamba2-verify-bpf, mamba2-verify-launches, mamba2-verify-fold, mamba2-verify-bc-3, mamba2-verify-bc-2, mamba2-verify-bc, mamba2-verify-stream, mamba2-verify-stream-2, tail-lead, tail-3, tail-medium, tail-2, tail, gdn-bf16-tf32, prefetch-profile, prefetch, prefetch-2, loops, gdn-decode-chunks, gdn-decode-order, gdn-decode-order-2, mamba2-mma, stalls-bf16, mamba2-bf16-heads, mamba2-bf16-tf32, heads-sanitizer, mamba2-heads-flush-2, gdn-heads-fault, gdn-heads, mamba2-heads-flush, mamba2-heads, mamba2-heads-2, mamba2-heads-3, mamba2-heads-4, verify-tests, gdn-verify-mma, gdn-verify-3, gdn-verify-rows, gdn-verify-warps, gdn-verify-warps-2, mamba2-verify-warps, gdn-split-3, gdn-split-4, two-phase-2, mamba2-split-phases, mamba2-two-phase, gdn-split-flush-vp, gdn-mma, split-launch-cost, split-launch-cost-2, gdn-flush-list, mamba2-flush-list, gdn-split-nonflush, gdn-split-flush-2, one-warp, fp8-one-warp, fp8-one-warp-2, copy-pieces, regs-2byte, stalls, stalls-2, next, small-grid, small-grid-2, small-grid-3, medium-grid, direct, order, vk, gdn-decode, gdn-replay, gdn-early, gdn-replay-256, gdn-fp32-2, gdn-split, gdn-split-2,
 # gdn-bf16, gdn-bf16-2, gdn-verify, fla, mamba2-split, mamba2-split2, mamba2-vn, mamba2-bf16, mamba2-bf16-2,
 # mamba2-verify (default: tests gdn-decode gdn-replay gdn-verify mamba2-split mamba2-bf16 mamba2-verify).
 set -uo pipefail
@@ -72,10 +72,23 @@ for section in $SECTIONS; do
     tests)
         gpu_tests tests 300 tests
         ;;
+    gdn-verify-fsplitw-2)
+        # FSPLITW as a choice per item: a fill of 16 folds in a product over 16 entries (695 instructions per 16-row
+        # chunk), a fill past it over 32 (1266, as without FSPLITW; its entries past 16 one at a time measured
+        # slower, run 63). Nsight Compute on the verify launch at fill 0 (what the verify itself waits on), then
+        # launch by launch and the sweep.
+        gpu_tests gdn-verify-fsplitw-2-tests 200 tests/test_gdn_verify.py
+        timeout 150 python benchmarks/ncu_stalls.py --op gdn --kernel verify --batch 256 --fill 0 \
+            --kernel-name "_verify_kernel" "$DIR/stalls-verify" >"$DIR/stalls-verify.txt" 2>&1
+        echo "stalls verify fill 0: exit $?" >&2
+        S="FSPLITW=1,FPREF=1,GKSPLIT=2"
+        verify_launches gdn-verify-fsplitw-2 200 "256" "16 64 256" "" "FPREF=1,GKSPLIT=2" "FSPLITW=1" "$S" \
+            "$S,PPS=5" "$S,FVP=64"
+        ;;
     gdn-verify-fsplitw)
-        # The fold's product over 32 entries (a power of two of the buffer's capacity, 20) when a fill is 16 to 19:
-        # with FSPLITW over 16, and the entries past them (a fill past 16) one at a time; per 16-row chunk 1267
-        # instructions -> 702 at a fill of 16, 1155 past it (sm_90). Nsight Compute on the fold launch past 16, then
+        # (Runs at b397467.) The fold's product over 32 entries (a power of two of the buffer's capacity, 20) when a
+        # fill is 16 to 19: with FSPLITW over 16, and the entries past them (a fill past 16) one at a time; per
+        # 16-row chunk 1267 instructions -> 702 at a fill of 16, 1155 past it (sm_90). Nsight Compute on the fold launch past 16, then
         # launch by launch and the sweep, with FPREF and GKSPLIT (run 63: 472.7 -> 468.2 µs at 256) and more fold
         # programs per SM (34 KiB of shared memory, 117 registers: 6 fit).
         gpu_tests gdn-verify-fsplitw-tests 200 tests/test_gdn_verify.py

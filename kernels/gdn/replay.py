@@ -645,33 +645,38 @@ def _flush_kernel(
 
 
 @triton.jit
-def _fold_chunks(
-    ckpt, rcopy, rscale, buf_u, buf_k, buf_g, i_s, i_h, i_hv, b_f, b_Gl, b_Gw, b_kw, b_wc, o_w, o_k, m_k, v0,
-    C: tl.constexpr, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BVF: tl.constexpr,
-    HAS_COPY: tl.constexpr, IS_FP8: tl.constexpr, FSTAGES: tl.constexpr, VP: tl.constexpr, PRECISION: tl.constexpr,
-    FWM: tl.constexpr, NX: tl.constexpr,
+def _fold_entries(
+    ckpt, rcopy, rscale, buf_u, buf_k, buf_g, buf_t, i_s, i_h, i_hv, b_f, b_Gl, v0,
+    C: tl.constexpr, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    BK: tl.constexpr, BVF: tl.constexpr, HAS_COPY: tl.constexpr, IS_FP8: tl.constexpr, FKSPLIT: tl.constexpr,
+    FSTAGES: tl.constexpr, VP: tl.constexpr, PRECISION: tl.constexpr, BWE: tl.constexpr,
 ):
-    """`_verify_flush`'s rows v0 .. v0 + VP in columns o_k, BVF at a time through a loop pipelined FSTAGES deep: the
-    product over entries 0 .. FWM, then the NX after them one at a time, u_j [BVF, 1] times k_j [1, BKF] (as a sum
-    of a broadcast product over a middle axis it would become a TF32 product: Triton combines the two)."""
-    for i_v in tl.range(0, VP, BVF, num_stages=FSTAGES):
-        o_v = v0 + i_v + tl.arange(0, BVF)
-        m_v = (o_v < V) & (i_v + tl.arange(0, BVF) < VP)
-        b_s, o_s, o_r, m_s = _folded_rows(
-            ckpt, rcopy, rscale, buf_u, i_s, i_hv, o_v, m_v, o_k, m_k, o_w, b_f, b_Gl, b_Gw, b_kw, b_wc,
-            C, HV, K, V, HAS_COPY, IS_FP8, PRECISION,
-        )
-        for i_x in tl.static_range(NX):
-            m_j = FWM + i_x < b_f
-            p_j = i_s * C + FWM + i_x
-            b_cj = tl.where(m_j, tl.exp(b_Gl - tl.load(buf_g + p_j * HV + i_hv, mask=m_j, other=0.0)), 0.0)
-            b_uj = tl.load(buf_u + (p_j * HV + i_hv) * V + o_v[:, None], mask=m_v[:, None] & m_j, other=0.0)
-            b_kj = tl.load(buf_k + (p_j * H + i_h) * K + o_k[None, :], mask=m_k[None, :] & m_j, other=0.0)
-            b_s += (b_uj.to(tl.float32) * b_cj) * b_kj.to(tl.float32)
-        b_s = rounded(b_s, ckpt.dtype.element_ty)
-        tl.store(ckpt + o_s, b_s.to(ckpt.dtype.element_ty), mask=m_s)
+    """`_verify_flush` with the buffer's first BWE entries in its product (at least the fill)."""
+    BKF: tl.constexpr = BK // FKSPLIT
+    o_w = tl.arange(0, BWE)
+    m_w = o_w < b_f
+    # The committed entries' log-decays [BWE]
+    b_Gw = tl.load(buf_g + (i_s * C + o_w) * HV + i_hv, mask=m_w, other=0.0)
+    for i_k in tl.static_range(FKSPLIT):
+        o_k = i_k * BKF + tl.arange(0, BKF)
+        m_k = o_k < K
+        # The committed entries' keys [BWE, BKF], zero past the fill
+        b_kw = tl.load(buf_k + ((i_s * C + o_w[:, None]) * H + i_h) * K + o_k[None, :],
+                       mask=m_w[:, None] & m_k[None, :], other=0.0).to(tl.float32)
+        b_wc = b_kw
         if HAS_COPY:
-            _store_read_copy(rcopy, rscale, o_s, o_r, b_s, m_s, m_v, IS_FP8)
+            b_wc = _correction_weights(buf_t, b_kw, b_Gw, i_s, i_hv, o_w, b_f, C, HV, PRECISION)
+        for i_v in tl.range(0, VP, BVF, num_stages=FSTAGES):
+            o_v = v0 + i_v + tl.arange(0, BVF)
+            m_v = (o_v < V) & (i_v + tl.arange(0, BVF) < VP)
+            b_s, o_s, o_r, m_s = _folded_rows(
+                ckpt, rcopy, rscale, buf_u, i_s, i_hv, o_v, m_v, o_k, m_k, o_w, b_f, b_Gl, b_Gw, b_kw, b_wc,
+                C, HV, K, V, HAS_COPY, IS_FP8, PRECISION,
+            )
+            b_s = rounded(b_s, ckpt.dtype.element_ty)
+            tl.store(ckpt + o_s, b_s.to(ckpt.dtype.element_ty), mask=m_s)
+            if HAS_COPY:
+                _store_read_copy(rcopy, rscale, o_s, o_r, b_s, m_s, m_v, IS_FP8)
 
 
 @triton.jit
@@ -679,33 +684,19 @@ def _verify_flush(
     ckpt, rcopy, rscale, buf_u, buf_k, buf_g, buf_t, i_s, i_h, i_hv, b_f, b_Gl, v0,
     C: tl.constexpr, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BK: tl.constexpr, BVF: tl.constexpr, HAS_COPY: tl.constexpr, IS_FP8: tl.constexpr, FKSPLIT: tl.constexpr,
-    FSTAGES: tl.constexpr, VP: tl.constexpr, PRECISION: tl.constexpr, FWM: tl.constexpr, FWX: tl.constexpr,
+    FSTAGES: tl.constexpr, VP: tl.constexpr, PRECISION: tl.constexpr, FWM: tl.constexpr, BW: tl.constexpr,
 ):
     """Fold the buffer into a new checkpoint (updates corrected under a read copy) and store it for rows v0 .. v0 +
-    VP, in FKSPLIT column pieces (the buffered keys of one piece at a time; a read copy's correction sums whole rows,
-    so 1 under one). Entries 0 .. FWM enter one product; a fill past FWM (the drafts a fill past W accepted, at most
-    FWX) folds the rest in FMAs of their own (`_fold_chunks`), so that the product is not padded to a power of two of
-    the buffer's capacity."""
-    BKF: tl.constexpr = BK // FKSPLIT
-    o_w = tl.arange(0, FWM)
-    m_w = o_w < b_f
-    # The committed entries' log-decays [FWM]
-    b_Gw = tl.load(buf_g + (i_s * C + o_w) * HV + i_hv, mask=m_w, other=0.0)
-    for i_k in tl.static_range(FKSPLIT):
-        o_k = i_k * BKF + tl.arange(0, BKF)
-        m_k = o_k < K
-        # The committed entries' keys [FWM, BKF], zero past the fill
-        b_kw = tl.load(buf_k + ((i_s * C + o_w[:, None]) * H + i_h) * K + o_k[None, :],
-                       mask=m_w[:, None] & m_k[None, :], other=0.0).to(tl.float32)
-        b_wc = b_kw
-        if HAS_COPY:
-            b_wc = _correction_weights(buf_t, b_kw, b_Gw, i_s, i_hv, o_w, b_f, C, HV, PRECISION)
-        if FWX > 0 and b_f > FWM:
-            _fold_chunks(ckpt, rcopy, rscale, buf_u, buf_k, buf_g, i_s, i_h, i_hv, b_f, b_Gl, b_Gw, b_kw, b_wc, o_w,
-                         o_k, m_k, v0, C, H, HV, K, V, BVF, HAS_COPY, IS_FP8, FSTAGES, VP, PRECISION, FWM, FWX)
-        else:
-            _fold_chunks(ckpt, rcopy, rscale, buf_u, buf_k, buf_g, i_s, i_h, i_hv, b_f, b_Gl, b_Gw, b_kw, b_wc, o_w,
-                         o_k, m_k, v0, C, H, HV, K, V, BVF, HAS_COPY, IS_FP8, FSTAGES, VP, PRECISION, FWM, 0)
+    VP, BVF rows at a time through a loop pipelined FSTAGES deep, in FKSPLIT column pieces (the buffered keys of one
+    piece at a time; a read copy's correction sums whole rows, so 1 under one), the f buffered entries in one
+    product: over FWM entries where f <= FWM < BW, else over BW (the padding's products cost as much as the
+    entries')."""
+    if FWM < BW and b_f <= FWM:
+        _fold_entries(ckpt, rcopy, rscale, buf_u, buf_k, buf_g, buf_t, i_s, i_h, i_hv, b_f, b_Gl, v0, C, H, HV, K, V,
+                      BK, BVF, HAS_COPY, IS_FP8, FKSPLIT, FSTAGES, VP, PRECISION, FWM)
+    else:
+        _fold_entries(ckpt, rcopy, rscale, buf_u, buf_k, buf_g, buf_t, i_s, i_h, i_hv, b_f, b_Gl, v0, C, H, HV, K, V,
+                      BK, BVF, HAS_COPY, IS_FP8, FKSPLIT, FSTAGES, VP, PRECISION, BW)
 
 
 @triton.jit
@@ -910,7 +901,7 @@ def _verify_fold_kernel(
     C: tl.constexpr, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BK: tl.constexpr, BVF: tl.constexpr, VP: tl.constexpr, HAS_COPY: tl.constexpr,
     IS_FP8: tl.constexpr, FKSPLIT: tl.constexpr, FSTAGES: tl.constexpr, PRECISION: tl.constexpr,
-    FPREF: tl.constexpr, FWM: tl.constexpr, FWX: tl.constexpr,
+    FPREF: tl.constexpr, FWM: tl.constexpr, BW: tl.constexpr,
 ):
     """The folds a verify's rows take first (FPASS), in a launch of their own between `_verify_list_kernel`, which
     listed the value heads whose buffers hold W entries or more in `work`, and the verify, which then skips its own
@@ -942,7 +933,7 @@ def _verify_fold_kernel(
         b_Gl = tl.load(buf_g + (i_s * C + b_f - 1) * HV + i_hv)
         _verify_flush(
             ckpt, rcopy, rscale, buf_u, buf_k, buf_g, buf_t, i_s, i_h, i_hv, b_f, b_Gl, (i_j % NPB) * VP,
-            C, H, HV, K, V, BK, BVF, HAS_COPY, IS_FP8, FKSPLIT, FSTAGES, VP, PRECISION, FWM, FWX,
+            C, H, HV, K, V, BK, BVF, HAS_COPY, IS_FP8, FKSPLIT, FSTAGES, VP, PRECISION, FWM, BW,
         )
         i_j += n_programs
     list_done(work, n_programs)
@@ -1006,7 +997,6 @@ def _verify_kernel(
     IS_FP8: tl.constexpr, GPASS: tl.constexpr, BE: tl.constexpr, BZ: tl.constexpr, MMA: tl.constexpr,
     NATIVE: tl.constexpr, IS_TILE_EXACT: tl.constexpr, IS_HALF_IO: tl.constexpr, KSPLIT: tl.constexpr,
     FKSPLIT: tl.constexpr, FSTAGES: tl.constexpr, NW: tl.constexpr, FPASS: tl.constexpr, FWM: tl.constexpr,
-    FWX: tl.constexpr,
 ):
     i_b, i_hv = tl.program_id(0), tl.program_id(1)
     i_s = tl.load(slots + i_b).to(tl.int64)
@@ -1039,7 +1029,7 @@ def _verify_kernel(
             # Into a new checkpoint first, as a flush step would; the drafts then read it with no entries left.
             _verify_flush(
                 ckpt, rcopy, rscale, buf_u, buf_k, buf_g, buf_t, i_s, i_h, i_hv, b_f, b_Gl, 0,
-                C, H, HV, K, V, BK, BVF, HAS_COPY, IS_FP8, FKSPLIT, FSTAGES, V, "tf32x3", FWM, FWX,
+                C, H, HV, K, V, BK, BVF, HAS_COPY, IS_FP8, FKSPLIT, FSTAGES, V, "tf32x3", FWM, BW,
             )
             # The tile reads below see this program's stores, and the drafts' updates overwrite entries it folded.
             tl.debug_barrier()
@@ -1359,11 +1349,11 @@ def _launch_verify(cache, q, k, v, g, beta, out, slots, scale, l2norm, settings)
             _verify_fold_kernel[flush_grid(items, settings["PPS"], cache.device)](
                 **{key: value for key, value in _cache_args(cache).items() if key not in ("buf_b", "fill")},
                 slots=slots, work=cache.work,
-                **{key: constants[key] for key in ("C", "H", "HV", "K", "V", "BK", "HAS_COPY", "IS_FP8")},
+                **{key: constants[key] for key in ("C", "H", "HV", "K", "V", "BK", "BW", "HAS_COPY", "IS_FP8")},
                 BVF=max(16, min(settings["BVF"], FVP)), VP=FVP,
                 FKSPLIT=1 if cache.read_copy is not None or BK < 32 else settings["FKSPLIT"],
                 FSTAGES=settings["FSTAGES"], PRECISION=flush_precision(cache.checkpoint, settings["TF32"]),
-                FPREF=bool(settings["FPREF"]), **_fold_widths(cache, settings),
+                FPREF=bool(settings["FPREF"]), FWM=_fold_width(cache, settings),
                 **compile_options({"num_warps": settings["FWARPS"], "num_stages": 1,
                                    "maxnreg": settings["FMAXNREG"]}),
             )
@@ -1409,22 +1399,20 @@ def _launch_verify(cache, q, k, v, g, beta, out, slots, scale, l2norm, settings)
         USE_QK_L2NORM=l2norm, GPASS=settings["GPASS"], BE=BE, BZ=BZ, MMA=bool(settings["MMA"]),
         NATIVE=tile.itemsize == 2 and q.dtype == k.dtype == tile, IS_TILE_EXACT=tile != torch.float32,
         IS_HALF_IO=half_io, KSPLIT=ksplit, FKSPLIT=1 if cache.read_copy is not None else ksplit,
-        FSTAGES=settings["FSTAGES"], NW=NW, FPASS=bool(settings["FPASS"]), **_fold_widths(cache, settings),
+        FSTAGES=settings["FSTAGES"], NW=NW, FPASS=bool(settings["FPASS"]), FWM=_fold_width(cache, settings),
         **compile_options(settings),
     )
 
 
-def _fold_widths(cache: ReplayCache, settings: dict) -> dict:
-    """With FSPLITW a verify's fold takes its first FWM buffered entries (a power of two, at least 16, covering W) in
-    one product and, when its fill is past them, the FWX after them one by one in FMAs (a folding fill is at most W
-    - 1 + max_draft): at W = 16 and four drafts a product over 16 entries and up to 3 more, not one over 32. Without
-    it, or under a read copy (whose correction sums every entry in its own product), all of them in the one."""
+def _fold_width(cache: ReplayCache, settings: dict) -> int:
+    """The entries of a verify's fold product where a fill does not pass them (FWM): with FSPLITW the window's (a
+    power of two, at least 16), so that a fold at a fill of W = 16 takes a product over 16 entries, not over 32 (the
+    buffer's capacity W + max_draft to a power of two, which a fill past W needs). Without it, or under a read copy
+    (whose correction weights are computed for every entry), the capacity's."""
     BW = max(16, next_pow2(cache.capacity))
     if not settings["FSPLITW"] or cache.read_copy is not None:
-        return {"FWM": BW, "FWX": 0}
-    fwm = min(BW, max(16, next_pow2(cache.window)))
-    rest = cache.capacity - 1 - fwm
-    return {"FWM": fwm, "FWX": next_pow2(rest) if rest > 0 else 0}
+        return BW
+    return min(BW, max(16, next_pow2(cache.window)))
 
 
 _SIDE_STREAMS: dict[torch.device, torch.cuda.Stream] = {}
