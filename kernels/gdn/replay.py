@@ -59,12 +59,14 @@ _SPLIT = {"EARLY": 0, "TF32": 0, "MMA": 0, "VP": 256, "BV": 32, "BVF": 16, "VK":
 # lists the value heads that fold): PPS programs per SM of FWARPS warps (registers capped at FMAXNREG) loop over
 # items of FVP rows, each fold one product in 3xTF32 (TF32=1) or fp32 FMAs (0; the verify's own folds always take
 # 3xTF32), in FKSPLIT column pieces (the verify's own folds take KSPLIT's); FSTREAM=1 runs the folds on a second
-# stream beside the key-product pass and the weights, which read nothing a fold writes.
+# stream beside the key-product pass and the weights, which read nothing a fold writes; FPREF=1 loads each
+# program's next item's list entry and slot while it folds the one before; FSPLITW=1 takes a fill of W = 16 in a
+# product over 16 entries, not over the capacity's 32 (`_fold_width`).
 _FOLD = {"FPASS": 0, "FVP": 128, "FWARPS": 4, "FMAXNREG": None, "PPS": 4, "TF32": 1, "FKSPLIT": 2, "FSTREAM": 0,
          "FPREF": 0, "FSPLITW": 0}
-_VERIFY = {"BV": 32, "BVF": 16, "VK": 32, "STAGES": 2, "GPASS": 2, "GKSPLIT": 1, "MMA": 1, "KSPLIT": 2, "FSTAGES": 3,
+_VERIFY = {"BV": 32, "BVF": 16, "VK": 32, "STAGES": 2, "GPASS": 2, "GKSPLIT": 2, "MMA": 1, "KSPLIT": 2, "FSTAGES": 3,
            "num_warps": 2, "num_stages": 1, "maxnreg": 168,
-           **dict(_FOLD, FPASS=1, FWARPS=2, PPS=4, TF32=0, FKSPLIT=1, FSTREAM=1)}
+           **dict(_FOLD, FPASS=1, FWARPS=2, PPS=4, TF32=0, FKSPLIT=1, FSTREAM=1, FPREF=1, FSPLITW=1)}
 LAUNCH = {
     "replay": {"EARLY": 0, "TF32": 0, "MMA": 0, "VP": 256, "BV": 32, "BVF": 16, "VK": 32, "STAGES": 3,
                "num_warps": 2, "num_stages": 1, "maxnreg": 128, "PHASES": 1, "PPS": 6, "HPP": 1},
@@ -108,9 +110,13 @@ LAUNCH = {
     # FSTREAM=1 the folds run beside the key products and the weights, 4 fold programs per SM leaving room for
     # theirs: 497 -> 478 µs at 256, 147 -> 140 at 64, 59.8 -> 53.7 at 16 (NOTES run 62). Grids under 16 programs
     # per SM ("verify-medium") fold in items of 64 rows: batch 16 53.9 -> 49.2 µs, level at 32, 1-2% slower from 64
-    # up (NOTES run 62).
+    # up (NOTES run 62). FPREF loads a fold item's list entry and slot an item ahead, GKSPLIT=2 takes the key products
+    # in K halves (182 -> 108 registers), FSPLITW folds a fill of 16 in a product over 16 entries, not 32 (1267 ->
+    # 695 instructions per 16-row chunk): in the reference loop (T = 4, acceptance 0.9) 118.1 -> 116.9 µs per token
+    # at 256, 34.6 -> 33.7 at 64 (NOTES run 63); the medium grids keep the key products whole (GKSPLIT=2 1 µs slower
+    # at batch 16).
     "verify": _VERIFY,
-    "verify-medium": dict(_VERIFY, FVP=64),
+    "verify-medium": dict(_VERIFY, FVP=64, GKSPLIT=1),
     "verify-small": {"BV": 64, "BVF": 16, "VK": 32, "STAGES": 2, "GPASS": 1, "GKSPLIT": 1, "MMA": 1, "KSPLIT": 2,
                      "FSTAGES": 1, "num_warps": 4, "num_stages": 1, "maxnreg": 168, **_FOLD},
     "verify-split": {"BV": 32, "BVF": 16, "VK": 32, "STAGES": 2, "GPASS": 0, "GKSPLIT": 1, "MMA": 0, "KSPLIT": 1,
@@ -1549,12 +1555,14 @@ def verify(
     Returns o (batch, T, HV, V) in v's dtype (written into `out` when given). `launch` overrides BV
     (rows of the tile per pipelined chunk), BVF (rows per chunk of a flush-first fold), VK, STAGES
     (the chunks' pipeline depth), GPASS (1: the key products a key head's value heads share from a
-    launch of their own; 2: also each value head's weights, from a second launch; MMA = 1 and no read
-    copy), MMA (1: each chunk's products on the tensor cores), KSPLIT (2: those products and a fold's
+    launch of their own, in GKSPLIT column pieces; 2: also each value head's weights, from a second
+    launch; MMA = 1 and no read copy), MMA (1: each chunk's products on the tensor cores), KSPLIT (2: those products and a fold's
     in K halves), FSTAGES (a fold's pipeline depth), FPASS (1: the folds in a launch of their own,
     after a launch that lists the heads that fold; its FVP rows per item, FWARPS, FMAXNREG, PPS programs
-    per SM, TF32 (1: 3xTF32, 0: fp32 FMAs), FKSPLIT, and FSTREAM: 1 runs it on a second stream beside
-    the key products and the weights), num_warps, num_stages, maxnreg; slots, check: as in `replay`.
+    per SM, TF32 (1: 3xTF32, 0: fp32 FMAs), FKSPLIT, FSTREAM: 1 runs it on a second stream beside the
+    key products and the weights, and FPREF: 1 loads each item's list entry and slot an item ahead),
+    FSPLITW (1: a fill of W folds in a product over the window's entries, not the capacity's),
+    num_warps, num_stages, maxnreg; slots, check: as in `replay`.
     """
     batch, T = _check_against_cache(cache, _verify_kernel, q, k, v, g, beta, tokens=True)
     if not 1 <= T <= cache.max_draft:
