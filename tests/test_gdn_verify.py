@@ -123,13 +123,16 @@ def test_verify_accept_folds_in_a_launch_of_their_own(device, assert_close, stat
 
 @pytest.mark.parametrize("W,fold", [(4, {"FPREF": 0, "PPS": 1}), (4, {"FPREF": 1, "PPS": 1}),
                                     (4, {"FPREF": 1, "PPS": 2}), (16, {"FPREF": 1, "PPS": 2}),
-                                    (16, {"FPREF": 1, "PPS": 2, "FSPLITW": 1}), (16, {"FPASS": 0, "FSPLITW": 1})],
+                                    (16, {"FPREF": 1, "PPS": 2, "FSPLITW": 1}), (16, {"FPASS": 0, "FSPLITW": 1}),
+                                    (16, {"FPREF": 1, "PPS": 2, "FSPLITW": 2}), (16, {"FPASS": 0, "FSPLITW": 2})],
                          ids=["W4-FPREF0-PPS1", "W4-FPREF1-PPS1", "W4-FPREF1-PPS2", "W16-FPREF1-PPS2",
-                              "W16-FPREF1-PPS2-FSPLITW1", "W16-FPASS0-FSPLITW1"])
+                              "W16-FPREF1-PPS2-FSPLITW1", "W16-FPASS0-FSPLITW1", "W16-FPREF1-PPS2-FSPLITW2",
+                              "W16-FPASS0-FSPLITW2"])
 def test_fold_launch_takes_every_row_at_once(device, assert_close, W, fold):
     """Every row of a permuted slot table folds in the same verify, in items of 8 rows, each program (one or two on
     the CPU) taking items of several rows and heads in turn; at W = 16 the rows' fills W, W + 1 and W + 2 (with
-    FSPLITW 16 entries in the fold's product, the rest after it; FPASS=0: the same in the verify's own fold):
+    FSPLITW a fill of W in a product over 16 entries, past it over 32, or with FSPLITW=2 over 16 and the rest one
+    by one; FPASS=0: the same in the verify's own fold):
     outputs, then every cache tensor."""
     T, (B, H, HV, K, V) = 3, (4, 2, 4, 16, 20)
     got = make_cache((6, H, HV, K, V), W, device, max_draft=T)
@@ -335,8 +338,8 @@ def test_verify_and_accept_bad_input(device):
         gdn.verify(cache, **inp, launch={"FPASS": 1, "FVP": 12})
     with pytest.raises(ValueError, match=r"launch\['FSTREAM'\] must be 0 or 1; got 2"):
         gdn.verify(cache, **inp, launch={"FPASS": 1, "FSTREAM": 2})
-    with pytest.raises(ValueError, match=r"launch\['FSPLITW'\] must be 0 or 1; got 2"):
-        gdn.verify(cache, **inp, launch={"FSPLITW": 2})
+    with pytest.raises(ValueError, match=r"launch\['FSPLITW'\] must be 0 or 1 or 2; got 3"):
+        gdn.verify(cache, **inp, launch={"FSPLITW": 3})
     with pytest.raises(ValueError, match=r"launch\['FPREF'\] must be 0 or 1; got 2"):
         gdn.verify(cache, **inp, launch={"FPASS": 1, "FPREF": 2})
     with pytest.raises(ValueError, match=r"launch\['GKSPLIT'\] must be a power of two; got 3"):
@@ -351,11 +354,12 @@ def test_verify_and_accept_bad_input(device):
                                     {"GPASS": 2, "FPASS": 1, "FSTREAM": 1, "FPREF": 1, "GKSPLIT": 2},
                                     {"GPASS": 2, "FPASS": 1, "FSTREAM": 1, "FPREF": 1, "FVP": 16, "PPS": 1,
                                      "GKSPLIT": 4, "FSPLITW": 1}, {"GPASS": 2, "FPASS": 1, "FSPLITW": 1},
+                                    {"GPASS": 2, "FPASS": 1, "FSPLITW": 2},
                                     {"GPASS": 1, "BV": 64, "num_warps": 4, "FPASS": 0, "FSPLITW": 1}],
                          ids=["row", "MMA-GPASS", "MMA-GPASS-BV32-warps4", "MMA-GPASS-KSPLIT2-BV32", "row-GPASS2",
                               "small-row-GPASS2", "row-FPASS-one-stream", "row-FPASS-FSTREAM",
                               "row-FPREF-GKSPLIT2", "row-FPREF-FVP16-PPS1-GKSPLIT4-FSPLITW", "row-FSPLITW",
-                              "small-row-FSPLITW"])
+                              "row-FSPLITW2", "small-row-FSPLITW"])
 def test_verify_qwen_shape_on_gpu(assert_close, launch):
     """The Qwen3.5-122B layer shape, T = 4, fills crossing W, against the references."""
     shape = (4, 16, 64, 128, 128)

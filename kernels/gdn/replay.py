@@ -61,7 +61,8 @@ _SPLIT = {"EARLY": 0, "TF32": 0, "MMA": 0, "VP": 256, "BV": 32, "BVF": 16, "VK":
 # 3xTF32), in FKSPLIT column pieces (the verify's own folds take KSPLIT's); FSTREAM=1 runs the folds on a second
 # stream beside the key-product pass and the weights, which read nothing a fold writes; FPREF=1 loads each
 # program's next item's list entry and slot while it folds the one before; FSPLITW=1 takes a fill of W = 16 in a
-# product over 16 entries, not over the capacity's 32 (`_fold_width`).
+# product over 16 entries, not over the capacity's 32, and FSPLITW=2 a fill past it in the same product and up to
+# four more entries one by one (`_fold_widths`).
 _FOLD = {"FPASS": 0, "FVP": 128, "FWARPS": 4, "FMAXNREG": None, "PPS": 4, "TF32": 1, "FKSPLIT": 2, "FSTREAM": 0,
          "FPREF": 0, "FSPLITW": 0}
 _VERIFY = {"BV": 32, "BVF": 16, "VK": 32, "STAGES": 2, "GPASS": 2, "GKSPLIT": 2, "MMA": 1, "KSPLIT": 2, "FSTAGES": 3,
@@ -651,13 +652,25 @@ def _flush_kernel(
 
 
 @triton.jit
+def _columns4(b_x, N: tl.constexpr):
+    """The four columns of b_x [N, 4] as [N] vectors. Split in pairs (tl.split keeps a pair in one thread), not summed
+    over a middle axis of a broadcast product, which Triton's combining pass turns into a TF32 product, nor over a
+    last axis, which it sums across threads."""
+    b_02, b_13 = tl.split(tl.reshape(b_x, [N, 2, 2]))
+    b_0, b_2 = tl.split(b_02)
+    b_1, b_3 = tl.split(b_13)
+    return b_0, b_1, b_2, b_3
+
+
+@triton.jit
 def _fold_entries(
     ckpt, rcopy, rscale, buf_u, buf_k, buf_g, buf_t, i_s, i_h, i_hv, b_f, b_Gl, v0,
     C: tl.constexpr, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BK: tl.constexpr, BVF: tl.constexpr, HAS_COPY: tl.constexpr, IS_FP8: tl.constexpr, FKSPLIT: tl.constexpr,
-    FSTAGES: tl.constexpr, VP: tl.constexpr, PRECISION: tl.constexpr, BWE: tl.constexpr,
+    FSTAGES: tl.constexpr, VP: tl.constexpr, PRECISION: tl.constexpr, BWE: tl.constexpr, FXW: tl.constexpr,
 ):
-    """`_verify_flush` with the buffer's first BWE entries in its product (at least the fill)."""
+    """`_verify_flush` with the buffer's first BWE entries in its product and, with FXW = 4, the four after them in
+    FMAs of their own (zero past the fill)."""
     BKF: tl.constexpr = BK // FKSPLIT
     o_w = tl.arange(0, BWE)
     m_w = o_w < b_f
@@ -672,6 +685,15 @@ def _fold_entries(
         b_wc = b_kw
         if HAS_COPY:
             b_wc = _correction_weights(buf_t, b_kw, b_Gw, i_s, i_hv, o_w, b_f, C, HV, PRECISION)
+        if FXW == 4:
+            # The entries past the product: their weights e^{G - G_j} [4] and keys, a [BKF] vector each
+            o_x = BWE + tl.arange(0, FXW)
+            m_x = o_x < b_f
+            b_cx = tl.where(m_x, tl.exp(b_Gl - tl.load(buf_g + (i_s * C + o_x) * HV + i_hv, mask=m_x, other=0.0)),
+                            0.0)
+            b_k0, b_k1, b_k2, b_k3 = _columns4(
+                tl.load(buf_k + ((i_s * C + o_x[None, :]) * H + i_h) * K + o_k[:, None],
+                        mask=m_x[None, :] & m_k[:, None], other=0.0).to(tl.float32), BKF)
         for i_v in tl.range(0, VP, BVF, num_stages=FSTAGES):
             o_v = v0 + i_v + tl.arange(0, BVF)
             m_v = (o_v < V) & (i_v + tl.arange(0, BVF) < VP)
@@ -679,6 +701,13 @@ def _fold_entries(
                 ckpt, rcopy, rscale, buf_u, i_s, i_hv, o_v, m_v, o_k, m_k, o_w, b_f, b_Gl, b_Gw, b_kw, b_wc,
                 C, HV, K, V, HAS_COPY, IS_FP8, PRECISION,
             )
+            if FXW == 4:
+                # their weighted updates [BVF, 4] as four [BVF] vectors, one rank-1 update each
+                b_u0, b_u1, b_u2, b_u3 = _columns4(
+                    tl.load(buf_u + ((i_s * C + o_x[None, :]) * HV + i_hv) * V + o_v[:, None],
+                            mask=m_v[:, None] & m_x[None, :], other=0.0).to(tl.float32) * b_cx[None, :], BVF)
+                b_s += (b_u0[:, None] * b_k0[None, :] + b_u1[:, None] * b_k1[None, :]
+                        + b_u2[:, None] * b_k2[None, :] + b_u3[:, None] * b_k3[None, :])
             b_s = rounded(b_s, ckpt.dtype.element_ty)
             tl.store(ckpt + o_s, b_s.to(ckpt.dtype.element_ty), mask=m_s)
             if HAS_COPY:
@@ -691,18 +720,22 @@ def _verify_flush(
     C: tl.constexpr, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BK: tl.constexpr, BVF: tl.constexpr, HAS_COPY: tl.constexpr, IS_FP8: tl.constexpr, FKSPLIT: tl.constexpr,
     FSTAGES: tl.constexpr, VP: tl.constexpr, PRECISION: tl.constexpr, FWM: tl.constexpr, BW: tl.constexpr,
+    FXW: tl.constexpr,
 ):
     """Fold the buffer into a new checkpoint (updates corrected under a read copy) and store it for rows v0 .. v0 +
     VP, BVF rows at a time through a loop pipelined FSTAGES deep, in FKSPLIT column pieces (the buffered keys of one
     piece at a time; a read copy's correction sums whole rows, so 1 under one), the f buffered entries in one
-    product: over FWM entries where f <= FWM < BW, else over BW (the padding's products cost as much as the
-    entries')."""
+    product: over FWM entries where f <= FWM < BW; past FWM, with FXW = 4, the same product and the rest one by one
+    (at most 4), else one over BW (the padding's products cost as much as the entries')."""
     if FWM < BW and b_f <= FWM:
         _fold_entries(ckpt, rcopy, rscale, buf_u, buf_k, buf_g, buf_t, i_s, i_h, i_hv, b_f, b_Gl, v0, C, H, HV, K, V,
-                      BK, BVF, HAS_COPY, IS_FP8, FKSPLIT, FSTAGES, VP, PRECISION, FWM)
+                      BK, BVF, HAS_COPY, IS_FP8, FKSPLIT, FSTAGES, VP, PRECISION, FWM, 0)
+    elif FXW > 0:
+        _fold_entries(ckpt, rcopy, rscale, buf_u, buf_k, buf_g, buf_t, i_s, i_h, i_hv, b_f, b_Gl, v0, C, H, HV, K, V,
+                      BK, BVF, HAS_COPY, IS_FP8, FKSPLIT, FSTAGES, VP, PRECISION, FWM, FXW)
     else:
         _fold_entries(ckpt, rcopy, rscale, buf_u, buf_k, buf_g, buf_t, i_s, i_h, i_hv, b_f, b_Gl, v0, C, H, HV, K, V,
-                      BK, BVF, HAS_COPY, IS_FP8, FKSPLIT, FSTAGES, VP, PRECISION, BW)
+                      BK, BVF, HAS_COPY, IS_FP8, FKSPLIT, FSTAGES, VP, PRECISION, BW, 0)
 
 
 @triton.jit
@@ -907,7 +940,7 @@ def _verify_fold_kernel(
     C: tl.constexpr, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BK: tl.constexpr, BVF: tl.constexpr, VP: tl.constexpr, HAS_COPY: tl.constexpr,
     IS_FP8: tl.constexpr, FKSPLIT: tl.constexpr, FSTAGES: tl.constexpr, PRECISION: tl.constexpr,
-    FPREF: tl.constexpr, FWM: tl.constexpr, BW: tl.constexpr,
+    FPREF: tl.constexpr, FWM: tl.constexpr, BW: tl.constexpr, FXW: tl.constexpr,
 ):
     """The folds a verify's rows take first (FPASS), in a launch of their own between `_verify_list_kernel`, which
     listed the value heads whose buffers hold W entries or more in `work`, and the verify, which then skips its own
@@ -939,7 +972,7 @@ def _verify_fold_kernel(
         b_Gl = tl.load(buf_g + (i_s * C + b_f - 1) * HV + i_hv)
         _verify_flush(
             ckpt, rcopy, rscale, buf_u, buf_k, buf_g, buf_t, i_s, i_h, i_hv, b_f, b_Gl, (i_j % NPB) * VP,
-            C, H, HV, K, V, BK, BVF, HAS_COPY, IS_FP8, FKSPLIT, FSTAGES, VP, PRECISION, FWM, BW,
+            C, H, HV, K, V, BK, BVF, HAS_COPY, IS_FP8, FKSPLIT, FSTAGES, VP, PRECISION, FWM, BW, FXW,
         )
         i_j += n_programs
     list_done(work, n_programs)
@@ -1003,6 +1036,7 @@ def _verify_kernel(
     IS_FP8: tl.constexpr, GPASS: tl.constexpr, BE: tl.constexpr, BZ: tl.constexpr, MMA: tl.constexpr,
     NATIVE: tl.constexpr, IS_TILE_EXACT: tl.constexpr, IS_HALF_IO: tl.constexpr, KSPLIT: tl.constexpr,
     FKSPLIT: tl.constexpr, FSTAGES: tl.constexpr, NW: tl.constexpr, FPASS: tl.constexpr, FWM: tl.constexpr,
+    FXW: tl.constexpr,
 ):
     i_b, i_hv = tl.program_id(0), tl.program_id(1)
     i_s = tl.load(slots + i_b).to(tl.int64)
@@ -1035,7 +1069,7 @@ def _verify_kernel(
             # Into a new checkpoint first, as a flush step would; the drafts then read it with no entries left.
             _verify_flush(
                 ckpt, rcopy, rscale, buf_u, buf_k, buf_g, buf_t, i_s, i_h, i_hv, b_f, b_Gl, 0,
-                C, H, HV, K, V, BK, BVF, HAS_COPY, IS_FP8, FKSPLIT, FSTAGES, V, "tf32x3", FWM, BW,
+                C, H, HV, K, V, BK, BVF, HAS_COPY, IS_FP8, FKSPLIT, FSTAGES, V, "tf32x3", FWM, BW, FXW,
             )
             # The tile reads below see this program's stores, and the drafts' updates overwrite entries it folded.
             tl.debug_barrier()
@@ -1359,7 +1393,7 @@ def _launch_verify(cache, q, k, v, g, beta, out, slots, scale, l2norm, settings)
                 BVF=max(16, min(settings["BVF"], FVP)), VP=FVP,
                 FKSPLIT=1 if cache.read_copy is not None or BK < 32 else settings["FKSPLIT"],
                 FSTAGES=settings["FSTAGES"], PRECISION=flush_precision(cache.checkpoint, settings["TF32"]),
-                FPREF=bool(settings["FPREF"]), FWM=_fold_width(cache, settings),
+                FPREF=bool(settings["FPREF"]), **_fold_widths(cache, settings),
                 **compile_options({"num_warps": settings["FWARPS"], "num_stages": 1,
                                    "maxnreg": settings["FMAXNREG"]}),
             )
@@ -1405,20 +1439,24 @@ def _launch_verify(cache, q, k, v, g, beta, out, slots, scale, l2norm, settings)
         USE_QK_L2NORM=l2norm, GPASS=settings["GPASS"], BE=BE, BZ=BZ, MMA=bool(settings["MMA"]),
         NATIVE=tile.itemsize == 2 and q.dtype == k.dtype == tile, IS_TILE_EXACT=tile != torch.float32,
         IS_HALF_IO=half_io, KSPLIT=ksplit, FKSPLIT=1 if cache.read_copy is not None else ksplit,
-        FSTAGES=settings["FSTAGES"], NW=NW, FPASS=bool(settings["FPASS"]), FWM=_fold_width(cache, settings),
+        FSTAGES=settings["FSTAGES"], NW=NW, FPASS=bool(settings["FPASS"]), **_fold_widths(cache, settings),
         **compile_options(settings),
     )
 
 
-def _fold_width(cache: ReplayCache, settings: dict) -> int:
-    """The entries of a verify's fold product where a fill does not pass them (FWM): with FSPLITW the window's (a
-    power of two, at least 16), so that a fold at a fill of W = 16 takes a product over 16 entries, not over 32 (the
-    buffer's capacity W + max_draft to a power of two, which a fill past W needs). Without it, or under a read copy
-    (whose correction weights are computed for every entry), the capacity's."""
+def _fold_widths(cache: ReplayCache, settings: dict) -> dict:
+    """The entries of a verify's fold product where a fill does not pass them (FWM), and how many after them a fold
+    takes one by one past it (FXW). With FSPLITW FWM is the window's (a power of two, at least 16), so that a fold at
+    a fill of W = 16 takes a product over 16 entries, not over 32 (the buffer's capacity W + max_draft to a power of
+    two, which a fill past W needs; FSPLITW=1 takes that product past it); FSPLITW=2 takes the same 16 past it and
+    the rest (a folding fill is at most W - 1 + max_draft: up to 4 more) one by one. Without FSPLITW, or under a
+    read copy (whose correction weights are computed for every entry), the capacity's."""
     BW = max(16, next_pow2(cache.capacity))
     if not settings["FSPLITW"] or cache.read_copy is not None:
-        return BW
-    return min(BW, max(16, next_pow2(cache.window)))
+        return {"FWM": BW, "FXW": 0}
+    fwm = min(BW, max(16, next_pow2(cache.window)))
+    past = cache.capacity - 1 - fwm
+    return {"FWM": fwm, "FXW": 4 if settings["FSPLITW"] == 2 and 0 < past <= 4 else 0}
 
 
 _SIDE_STREAMS: dict[torch.device, torch.cuda.Stream] = {}
@@ -1556,12 +1594,13 @@ def verify(
     (rows of the tile per pipelined chunk), BVF (rows per chunk of a flush-first fold), VK, STAGES
     (the chunks' pipeline depth), GPASS (1: the key products a key head's value heads share from a
     launch of their own, in GKSPLIT column pieces; 2: also each value head's weights, from a second
-    launch; MMA = 1 and no read copy), MMA (1: each chunk's products on the tensor cores), KSPLIT (2: those products and a fold's
-    in K halves), FSTAGES (a fold's pipeline depth), FPASS (1: the folds in a launch of their own,
-    after a launch that lists the heads that fold; its FVP rows per item, FWARPS, FMAXNREG, PPS programs
+    launch; MMA = 1 and no read copy), MMA (1: each chunk's products on the tensor cores), KSPLIT (2:
+    those products and a fold's in K halves), FSTAGES (a fold's pipeline depth), FPASS (1: the folds in
+    a launch of their own, after a launch that lists the heads that fold; its FVP rows per item, FWARPS, FMAXNREG, PPS programs
     per SM, TF32 (1: 3xTF32, 0: fp32 FMAs), FKSPLIT, FSTREAM: 1 runs it on a second stream beside the
     key products and the weights, and FPREF: 1 loads each item's list entry and slot an item ahead),
-    FSPLITW (1: a fill of W folds in a product over the window's entries, not the capacity's),
+    FSPLITW (1: a fill of W folds in a product over the window's entries, not the capacity's; 2: a
+    fill past W too, and the entries past them one by one),
     num_warps, num_stages, maxnreg; slots, check: as in `replay`.
     """
     batch, T = _check_against_cache(cache, _verify_kernel, q, k, v, g, beta, tokens=True)
