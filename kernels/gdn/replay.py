@@ -1596,8 +1596,8 @@ def verify(
     launch of their own, in GKSPLIT column pieces; 2: also each value head's weights, from a second
     launch; MMA = 1 and no read copy), MMA (1: each chunk's products on the tensor cores), KSPLIT (2:
     those products and a fold's in K halves), FSTAGES (a fold's pipeline depth), FPASS (1: the folds in
-    a launch of their own, after a launch that lists the heads that fold; its FVP rows per item, FWARPS, FMAXNREG, PPS programs
-    per SM, TF32 (1: 3xTF32, 0: fp32 FMAs), FKSPLIT, FSTREAM: 1 runs it on a second stream beside the
+    a launch of their own, after a launch that lists the heads that fold; its FVP rows per item,
+    FWARPS, FMAXNREG, PPS programs per SM, TF32 (1: 3xTF32, 0: fp32 FMAs), FKSPLIT, FSTREAM: 1 runs it on a second stream beside the
     key products and the weights, and FPREF: 1 loads each item's list entry and slot an item ahead),
     FSPLITW (1: a fill of W folds in a product over the window's entries, not the capacity's; 2: a
     fill past W too, and the entries past them one by one),
