@@ -1591,17 +1591,17 @@ def verify(
     the state after drafts 0..i-1. The drafts are appended at fill .. fill + T - 1 (0 .. T - 1
     after a flush) and fill is not advanced, so a later verify or step overwrites the rejected ones.
     Returns o (batch, T, HV, V) in v's dtype (written into `out` when given). `launch` overrides BV
-    (rows of the tile per pipelined chunk), BVF (rows per chunk of a flush-first fold), VK, STAGES
-    (the chunks' pipeline depth), GPASS (1: the key products a key head's value heads share from a
-    launch of their own, in GKSPLIT column pieces; 2: also each value head's weights, from a second
-    launch; MMA = 1 and no read copy), MMA (1: each chunk's products on the tensor cores), KSPLIT (2:
-    those products and a fold's in K halves), FSTAGES (a fold's pipeline depth), FPASS (1: the folds in
-    a launch of their own, after a launch that lists the heads that fold; its FVP rows per item,
-    FWARPS, FMAXNREG, PPS programs per SM, TF32 (1: 3xTF32, 0: fp32 FMAs), FKSPLIT, FSTREAM: 1 runs it on a second stream beside the
-    key products and the weights, and FPREF: 1 loads each item's list entry and slot an item ahead),
-    FSPLITW (1: a fill of W folds in a product over the window's entries, not the capacity's; 2: a
-    fill past W too, and the entries past them one by one),
-    num_warps, num_stages, maxnreg; slots, check: as in `replay`.
+    (rows of the tile per pipelined chunk), BVF (rows per chunk of a flush-first fold), VK, STAGES (the
+    chunks' pipeline depth), GPASS (1: the key products a key head's value heads share from a launch of
+    their own, in GKSPLIT column pieces; 2: also each value head's weights, from a second launch; MMA =
+    1 and no read copy), MMA (1: each chunk's products on the tensor cores), KSPLIT (2: those products
+    and a fold's in K halves), FSTAGES (a fold's pipeline depth), FPASS (1: the folds in a launch of
+    their own, after a launch that lists the heads that fold; its FVP rows per item, FWARPS, FMAXNREG,
+    PPS programs per SM, TF32 (1: 3xTF32, 0: fp32 FMAs), FKSPLIT, FSTREAM: 1 runs it on a second stream
+    beside the key products and the weights, and FPREF: 1 loads each item's list entry and slot an item
+    ahead), FSPLITW (1: a fill of W folds in a product over the window's entries, not the capacity's; 2:
+    a fill past W too, and the entries past them one by one), num_warps, num_stages, maxnreg; slots,
+    check: as in `replay`.
     """
     batch, T = _check_against_cache(cache, _verify_kernel, q, k, v, g, beta, tokens=True)
     if not 1 <= T <= cache.max_draft:
