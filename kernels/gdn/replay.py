@@ -67,7 +67,7 @@ _FOLD = {"FPASS": 0, "FVP": 128, "FWARPS": 4, "FMAXNREG": None, "PPS": 4, "TF32"
          "FPREF": 0, "FSPLITW": 0}
 _VERIFY = {"BV": 32, "BVF": 16, "VK": 32, "STAGES": 2, "GPASS": 2, "GKSPLIT": 2, "MMA": 1, "KSPLIT": 2, "FSTAGES": 3,
            "num_warps": 2, "num_stages": 1, "maxnreg": 168,
-           **dict(_FOLD, FPASS=1, FWARPS=2, PPS=4, TF32=0, FKSPLIT=1, FSTREAM=1, FPREF=1, FSPLITW=1)}
+           **dict(_FOLD, FPASS=1, FWARPS=2, PPS=4, TF32=0, FKSPLIT=1, FSTREAM=1, FPREF=1, FSPLITW=2)}
 LAUNCH = {
     "replay": {"EARLY": 0, "TF32": 0, "MMA": 0, "VP": 256, "BV": 32, "BVF": 16, "VK": 32, "STAGES": 3,
                "num_warps": 2, "num_stages": 1, "maxnreg": 128, "PHASES": 1, "PPS": 6, "HPP": 1},
@@ -114,10 +114,12 @@ LAUNCH = {
     # up (NOTES run 62). FPREF loads a fold item's list entry and slot an item ahead, GKSPLIT=2 takes the key products
     # in K halves (182 -> 108 registers), FSPLITW folds a fill of 16 in a product over 16 entries, not 32 (1267 ->
     # 695 instructions per 16-row chunk): in the reference loop (T = 4, acceptance 0.9) 118.1 -> 116.9 µs per token
-    # at 256, 34.6 -> 33.7 at 64 (NOTES run 63); the medium grids keep the key products whole (GKSPLIT=2 1 µs slower
-    # at batch 16).
+    # at 256, 34.6 -> 33.7 at 64 (NOTES run 63); FSPLITW=2 folds a fill past 16 in the same product and the rest one
+    # by one (1266 -> 906 instructions per chunk): 118.5 -> 115.5 µs per token at 256, the sweep at 64 138.6 -> 133.5
+    # µs (NOTES run 63). The medium grids keep the key products whole (GKSPLIT=2 1 µs slower at batch 16) and
+    # FSPLITW=1 (FSPLITW=2 not timed there).
     "verify": _VERIFY,
-    "verify-medium": dict(_VERIFY, FVP=64, GKSPLIT=1),
+    "verify-medium": dict(_VERIFY, FVP=64, GKSPLIT=1, FSPLITW=1),
     "verify-small": {"BV": 64, "BVF": 16, "VK": 32, "STAGES": 2, "GPASS": 1, "GKSPLIT": 1, "MMA": 1, "KSPLIT": 2,
                      "FSTAGES": 1, "num_warps": 4, "num_stages": 1, "maxnreg": 168, **_FOLD},
     "verify-split": {"BV": 32, "BVF": 16, "VK": 32, "STAGES": 2, "GPASS": 0, "GKSPLIT": 1, "MMA": 0, "KSPLIT": 1,
