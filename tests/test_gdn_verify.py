@@ -121,21 +121,23 @@ def test_verify_accept_folds_in_a_launch_of_their_own(device, assert_close, stat
     _verify_cycles(device, assert_close, state, read, io, 4, 3, gpass, mma, launch={"FPASS": 1, **fold})
 
 
-@pytest.mark.parametrize("W,fold", [(4, {"FPREF": 0, "PPS": 1}), (4, {"FPREF": 1, "PPS": 1}),
-                                    (4, {"FPREF": 1, "PPS": 2}), (16, {"FPREF": 1, "PPS": 2}),
-                                    (16, {"FPREF": 1, "PPS": 2, "FSPLITW": 1}), (16, {"FPASS": 0, "FSPLITW": 1}),
-                                    (16, {"FPREF": 1, "PPS": 2, "FSPLITW": 2}), (16, {"FPASS": 0, "FSPLITW": 2})],
-                         ids=["W4-FPREF0-PPS1", "W4-FPREF1-PPS1", "W4-FPREF1-PPS2", "W16-FPREF1-PPS2",
-                              "W16-FPREF1-PPS2-FSPLITW1", "W16-FPASS0-FSPLITW1", "W16-FPREF1-PPS2-FSPLITW2",
-                              "W16-FPASS0-FSPLITW2"])
-def test_fold_launch_takes_every_row_at_once(device, assert_close, W, fold):
+EVERY_ROW_CASES = [
+    ("fp32", 4, {"FPREF": 0, "PPS": 1}), ("fp32", 4, {"FPREF": 1, "PPS": 1}), ("fp32", 4, {"FPREF": 1, "PPS": 2}),
+    ("fp32", 16, {"FPREF": 1, "PPS": 2}), ("fp32", 16, {"FPREF": 1, "PPS": 2, "FSPLITW": 1}),
+    ("fp32", 16, {"FPASS": 0, "FSPLITW": 1}), ("fp32", 16, {"FPREF": 1, "PPS": 2, "FSPLITW": 2}),
+    ("fp32", 16, {"FPASS": 0, "FSPLITW": 2}), ("bf16", 16, {"FPREF": 1, "PPS": 2, "FSPLITW": 2}),
+]
+
+
+@pytest.mark.parametrize("state,W,fold", EVERY_ROW_CASES,
+                         ids=[f"{s}-W{w}" + "".join(f"-{k}{v}" for k, v in f.items()) for s, w, f in EVERY_ROW_CASES])
+def test_fold_launch_takes_every_row_at_once(device, assert_close, state, W, fold):
     """Every row of a permuted slot table folds in the same verify, in items of 8 rows, each program (one or two on
-    the CPU) taking items of several rows and heads in turn; at W = 16 the rows' fills W, W + 1 and W + 2 (with
-    FSPLITW a fill of W in a product over 16 entries, past it over 32, or with FSPLITW=2 over 16 and the rest one
-    by one; FPASS=0: the same in the verify's own fold):
-    outputs, then every cache tensor."""
-    T, (B, H, HV, K, V) = 3, (4, 2, 4, 16, 20)
-    got = make_cache((6, H, HV, K, V), W, device, max_draft=T)
+    the CPU) taking items of several rows and heads in turn; at W = 16 the rows' fills W to W + 3 (with FSPLITW a
+    fill of W in a product over 16 entries, past it over 32, or with FSPLITW=2 over 16 and the rest one by one;
+    FPASS=0: the same in the verify's own fold): outputs, then every cache tensor."""
+    T, (B, H, HV, K, V) = 4, (4, 2, 4, 16, 20)
+    got = make_cache((6, H, HV, K, V), W, device, state=state, max_draft=T)
     poison(got)
     want = got.clone()
     slots = torch.tensor([4, 1, 5, 0], dtype=torch.int32, device=device)
@@ -149,14 +151,14 @@ def test_fold_launch_takes_every_row_at_once(device, assert_close, W, fold):
         out = torch.full((B, T, HV, V), NAN, dtype=torch.bfloat16, device=device)
         y = gdn.verify(got, **inp, slots=slots, out=out, launch=launch)
         y_ref = gdn.verify_ref(want, **inp, slots=slots)
-        assert_close(y, y_ref, torch.bfloat16, what=f"o at step {step}")
+        assert_close(y, y_ref, torch.bfloat16, DT[state], what=f"o at step {step}")
         if step == 0:
-            n = torch.tensor([1, 2, 3, 3], dtype=torch.int32, device=device)
+            n = torch.tensor([1, 2, 3, 4], dtype=torch.int32, device=device)
             gdn.accept(got, n, slots)
             gdn.accept_ref(want, n, slots)
-            assert got.fill[slots.long(), 0].tolist() == [W, W + 1, W + 2, W + 2]
+            assert got.fill[slots.long(), 0].tolist() == [W, W + 1, W + 2, W + 3]
     assert_caches_close(got, want, assert_close)
-    assert_close(gdn.materialize(got), gdn.materialize_ref(want), torch.float32, what="materialized state")
+    assert_close(gdn.materialize(got), gdn.materialize_ref(want), DT[state], what="materialized state")
 
 
 @pytest.mark.parametrize("state,io,gpass,mma", [("fp32", "bf16", 2, 2), ("bf16", "fp32", 1, 1)],
