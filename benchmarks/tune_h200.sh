@@ -73,9 +73,10 @@ for section in $SECTIONS; do
         gpu_tests tests 300 tests
         ;;
     gdn-verify-fsplitw-3)
-        # FSPLITW=2: a fill past 16 in the product over 16 entries and the rest (up to 4) one by one, their updates
-        # and keys split in pairs into vectors held by the threads of their rows: 1266 -> 906 instructions per 16-row
-        # chunk past 16 (sm_90). The GPU tests, launch by launch and the sweep, then the reference loop at 256.
+        # (Runs at b06bc62, where the shipped row took FSPLITW=1.) FSPLITW=2: a fill past 16 in the product over 16
+        # entries and the rest (up to 4) one by one, their updates and keys split in pairs into vectors held by the
+        # threads of their rows: 1266 -> 906 instructions per 16-row chunk past 16 (sm_90). The GPU tests, launch by
+        # launch and the sweep, then the reference loop at 256.
         gpu_tests gdn-verify-fsplitw-3-tests 100 tests/test_gdn_verify.py
         verify_launches gdn-verify-fsplitw-3 100 "256" "64 256" "" "FSPLITW=2"
         V="gdn.replay:LAUNCH:verify"
@@ -83,23 +84,24 @@ for section in $SECTIONS; do
         spec_rows gdn-verify-fsplitw-3-b gdn-verify-fsplitw-3 100 qwen3.5-122b-a10b 256 "$V:FSPLITW=2"
         ;;
     gdn-verify-rows-63-2)
-        # The reference loop at 256 and 512 (the reference at b8aaa61 read 512 1.9% slower than f6179fb's, on
-        # another GPU): the row before run 63 against the shipped one, on one GPU.
+        # (Runs at 6d9cb4f, where the shipped row took FSPLITW=1.) The reference loop at 256 and 512 (the reference at
+        # b8aaa61 read 512 1.9% slower than f6179fb's, on another GPU): the row before run 63 against the shipped one,
+        # on one GPU.
         V="gdn.replay:LAUNCH:verify"
         spec_rows gdn-verify-rows-63-2-a gdn-verify-rows-63-2 180 qwen3.5-122b-a10b 256,512 \
             "$V:FPREF=0,FSPLITW=0,GKSPLIT=1"
         spec_rows gdn-verify-rows-63-2-b gdn-verify-rows-63-2 180 qwen3.5-122b-a10b 256,512 "$V:FPREF=1"
         ;;
     gdn-verify-63)
-        # The verify row as shipped after run 63 (FPREF, GKSPLIT=2, FSPLITW) against the row before it, launch by
-        # launch and in the sweep; the GPU tests first.
+        # (Runs at b8aaa61, where the shipped row took FSPLITW=1.) The verify row as shipped after run 63 (FPREF,
+        # GKSPLIT=2, FSPLITW) against the row before it, launch by launch and in the sweep; the GPU tests first.
         gpu_tests gdn-verify-63-tests 200 tests/test_gdn_verify.py
         verify_launches gdn-verify-63 200 "256" "16 64 128 256 512" "" "FPREF=0,FSPLITW=0,GKSPLIT=1"
         ;;
     gdn-verify-rows-63)
-        # The reference loop (T = 4, acceptance 0.9: most steps accept all four drafts, so more folds come at a fill
-        # of 16 than in the sweep's three a step) at 64 and 256: the verify row as shipped, with FPREF and GKSPLIT,
-        # and with FSPLITW as well.
+        # (Runs at 43b976f.) The reference loop (T = 4, acceptance 0.9: most steps accept all four drafts, so more folds
+        # come at a fill of 16 than in the sweep's three a step) at 64 and 256: the verify row as shipped, with FPREF
+        # and GKSPLIT, and with FSPLITW as well.
         V="gdn.replay:LAUNCH:verify"
         spec_rows gdn-verify-rows-63-a gdn-verify-rows-63 180 qwen3.5-122b-a10b 64,256 "$V:FSPLITW=0"
         spec_rows gdn-verify-rows-63-b gdn-verify-rows-63 180 qwen3.5-122b-a10b 64,256 "$V:FPREF=1,GKSPLIT=2"
@@ -107,10 +109,10 @@ for section in $SECTIONS; do
             "$V:FSPLITW=1,FPREF=1,GKSPLIT=2"
         ;;
     gdn-verify-fsplitw-2)
-        # FSPLITW as a choice per item: a fill of 16 folds in a product over 16 entries (695 instructions per 16-row
-        # chunk), a fill past it over 32 (1266, as without FSPLITW; its entries past 16 one at a time measured
-        # slower, run 63). Nsight Compute on the verify launch at fill 0 (what the verify itself waits on), then
-        # launch by launch and the sweep.
+        # (Runs at 253fd07.) FSPLITW as a choice per item: a fill of 16 folds in a product over 16 entries (695
+        # instructions per 16-row chunk), a fill past it over 32 (1266, as without FSPLITW; its entries past 16 one at a
+        # time measured slower, run 63). Nsight Compute on the verify launch at fill 0 (what the verify itself waits
+        # on), then launch by launch and the sweep.
         gpu_tests gdn-verify-fsplitw-2-tests 200 tests/test_gdn_verify.py
         timeout 150 python benchmarks/ncu_stalls.py --op gdn --kernel verify --batch 256 --fill 0 \
             --kernel-name "_verify_kernel" "$DIR/stalls-verify" >"$DIR/stalls-verify.txt" 2>&1
@@ -121,10 +123,10 @@ for section in $SECTIONS; do
         ;;
     gdn-verify-fsplitw)
         # (Runs at b397467.) The fold's product over 32 entries (a power of two of the buffer's capacity, 20) when a
-        # fill is 16 to 19: with FSPLITW over 16, and the entries past them (a fill past 16) one at a time; per
-        # 16-row chunk 1267 instructions -> 702 at a fill of 16, 1155 past it (sm_90). Nsight Compute on the fold launch past 16, then
-        # launch by launch and the sweep, with FPREF and GKSPLIT (run 63: 472.7 -> 468.2 µs at 256) and more fold
-        # programs per SM (34 KiB of shared memory, 117 registers: 6 fit).
+        # fill is 16 to 19: with FSPLITW over 16, and the entries past them (a fill past 16) one at a time; per 16-row
+        # chunk 1267 instructions -> 702 at a fill of 16, 1155 past it (sm_90). Nsight Compute on the fold launch past
+        # 16, then launch by launch and the sweep, with FPREF and GKSPLIT (run 63: 472.7 -> 468.2 µs at 256) and more
+        # fold programs per SM (34 KiB of shared memory, 117 registers: 6 fit).
         gpu_tests gdn-verify-fsplitw-tests 200 tests/test_gdn_verify.py
         timeout 150 python benchmarks/ncu_stalls.py --op gdn --kernel verify --batch 256 --fill 17 \
             --kernel-name _verify_fold_kernel --launch "verify:FSPLITW=1,FPREF=1" "$DIR/stalls-fsplitw" \
