@@ -729,15 +729,14 @@ def _verify_flush(
     piece at a time; a read copy's correction sums whole rows, so 1 under one), the f buffered entries in one
     product: over FWM entries where f <= FWM < BW; past FWM, with FXW = 4, the same product and the rest one by one
     (at most 4), else one over BW (the padding's products cost as much as the entries')."""
+    # past FWM: the product over FWM and the rest one by one, or over BW
+    PAST: tl.constexpr = FWM if FXW > 0 else BW
     if FWM < BW and b_f <= FWM:
         _fold_entries(ckpt, rcopy, rscale, buf_u, buf_k, buf_g, buf_t, i_s, i_h, i_hv, b_f, b_Gl, v0, C, H, HV, K, V,
                       BK, BVF, HAS_COPY, IS_FP8, FKSPLIT, FSTAGES, VP, PRECISION, FWM, 0)
-    elif FXW > 0:
-        _fold_entries(ckpt, rcopy, rscale, buf_u, buf_k, buf_g, buf_t, i_s, i_h, i_hv, b_f, b_Gl, v0, C, H, HV, K, V,
-                      BK, BVF, HAS_COPY, IS_FP8, FKSPLIT, FSTAGES, VP, PRECISION, FWM, FXW)
     else:
         _fold_entries(ckpt, rcopy, rscale, buf_u, buf_k, buf_g, buf_t, i_s, i_h, i_hv, b_f, b_Gl, v0, C, H, HV, K, V,
-                      BK, BVF, HAS_COPY, IS_FP8, FKSPLIT, FSTAGES, VP, PRECISION, BW, 0)
+                      BK, BVF, HAS_COPY, IS_FP8, FKSPLIT, FSTAGES, VP, PRECISION, PAST, FXW)
 
 
 @triton.jit
@@ -1378,6 +1377,7 @@ def _launch_verify(cache, q, k, v, g, beta, out, slots, scale, l2norm, settings)
     # With FSTREAM the folds run on a stream of their own beside the key products and the weights (neither reads what
     # a fold writes), and the verify waits for both.
     side = _side_stream(cache.device) if settings["FPASS"] and settings["FSTREAM"] else None
+    fold_widths = _fold_widths(cache, settings, constants["BW"])
     if settings["FPASS"]:
         _verify_list_kernel[(batch,)](cache.fill, slots, cache.work, W=cache.window, HV=cache.HV,
                                       BHV=next_pow2(cache.HV), num_warps=1)
@@ -1395,7 +1395,7 @@ def _launch_verify(cache, q, k, v, g, beta, out, slots, scale, l2norm, settings)
                 BVF=max(16, min(settings["BVF"], FVP)), VP=FVP,
                 FKSPLIT=1 if cache.read_copy is not None or BK < 32 else settings["FKSPLIT"],
                 FSTAGES=settings["FSTAGES"], PRECISION=flush_precision(cache.checkpoint, settings["TF32"]),
-                FPREF=bool(settings["FPREF"]), **_fold_widths(cache, settings),
+                FPREF=bool(settings["FPREF"]), **fold_widths,
                 **compile_options({"num_warps": settings["FWARPS"], "num_stages": 1,
                                    "maxnreg": settings["FMAXNREG"]}),
             )
@@ -1441,19 +1441,18 @@ def _launch_verify(cache, q, k, v, g, beta, out, slots, scale, l2norm, settings)
         USE_QK_L2NORM=l2norm, GPASS=settings["GPASS"], BE=BE, BZ=BZ, MMA=bool(settings["MMA"]),
         NATIVE=tile.itemsize == 2 and q.dtype == k.dtype == tile, IS_TILE_EXACT=tile != torch.float32,
         IS_HALF_IO=half_io, KSPLIT=ksplit, FKSPLIT=1 if cache.read_copy is not None else ksplit,
-        FSTAGES=settings["FSTAGES"], NW=NW, FPASS=bool(settings["FPASS"]), **_fold_widths(cache, settings),
+        FSTAGES=settings["FSTAGES"], NW=NW, FPASS=bool(settings["FPASS"]), **fold_widths,
         **compile_options(settings),
     )
 
 
-def _fold_widths(cache: ReplayCache, settings: dict) -> dict:
+def _fold_widths(cache: ReplayCache, settings: dict, BW: int) -> dict:
     """The entries of a verify's fold product where a fill does not pass them (FWM), and how many after them a fold
     takes one by one past it (FXW). With FSPLITW FWM is the window's (a power of two, at least 16), so that a fold at
     a fill of W = 16 takes a product over 16 entries, not over 32 (the buffer's capacity W + max_draft to a power of
     two, which a fill past W needs; FSPLITW=1 takes that product past it); FSPLITW=2 takes the same 16 past it and
     the rest (a folding fill is at most W - 1 + max_draft: up to 4 more) one by one. Without FSPLITW, or under a
-    read copy (whose correction weights are computed for every entry), the capacity's."""
-    BW = max(16, next_pow2(cache.capacity))
+    read copy (whose correction weights are computed for every entry), the capacity's (BW)."""
     if not settings["FSPLITW"] or cache.read_copy is not None:
         return {"FWM": BW, "FXW": 0}
     fwm = min(BW, max(16, next_pow2(cache.window)))
