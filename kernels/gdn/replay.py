@@ -62,12 +62,14 @@ _SPLIT = {"EARLY": 0, "TF32": 0, "MMA": 0, "VP": 256, "BV": 32, "BVF": 16, "VK":
 # stream beside the key-product pass and the weights, which read nothing a fold writes; FPREF=1 loads each
 # program's next item's list entry and slot while it folds the one before; FSPLITW=1 takes a fill of W = 16 in a
 # product over 16 entries, not over the capacity's 32, and FSPLITW=2 a fill past it in the same product and up to
-# four more entries one by one (`_fold_widths`).
+# four more entries one by one (`_fold_widths`). With ARRIVE=1 the last of a key head's value heads to finish its
+# verify writes the drafts' keys (an atomic count of arrivals), as a verify that folds its own rows needs; ARRIVE=0
+# (FPASS=1 only) has the key head's first value head write them, its programs ending without the count.
 _FOLD = {"FPASS": 0, "FVP": 128, "FWARPS": 4, "FMAXNREG": None, "PPS": 4, "TF32": 1, "FKSPLIT": 2, "FSTREAM": 0,
-         "FPREF": 0, "FSPLITW": 0}
+         "FPREF": 0, "FSPLITW": 0, "ARRIVE": 1}
 _VERIFY = {"BV": 32, "BVF": 16, "VK": 32, "STAGES": 2, "GPASS": 2, "GKSPLIT": 2, "MMA": 1, "KSPLIT": 2, "FSTAGES": 3,
            "num_warps": 2, "num_stages": 1, "maxnreg": 168,
-           **dict(_FOLD, FPASS=1, FWARPS=2, PPS=4, TF32=0, FKSPLIT=1, FSTREAM=1, FPREF=1, FSPLITW=2)}
+           **dict(_FOLD, FPASS=1, FWARPS=2, PPS=4, TF32=0, FKSPLIT=1, FSTREAM=1, FPREF=1, FSPLITW=2, ARRIVE=0)}
 LAUNCH = {
     "replay": {"EARLY": 0, "TF32": 0, "MMA": 0, "VP": 256, "BV": 32, "BVF": 16, "VK": 32, "STAGES": 3,
                "num_warps": 2, "num_stages": 1, "maxnreg": 128, "PHASES": 1, "PPS": 6, "HPP": 1},
@@ -117,7 +119,10 @@ LAUNCH = {
     # at 256, 34.6 -> 33.7 at 64 (NOTES run 63); FSPLITW=2 folds a fill past 16 in the same product and the rest one
     # by one (1266 -> 906 instructions per chunk): 118.5 -> 115.5 µs per token at 256, the sweep at 64 138.6 -> 133.5
     # µs (NOTES run 63). The medium grids keep the key products whole (GKSPLIT=2 1 µs slower at batch 16) and
-    # FSPLITW=1 (FSPLITW=2 not timed there).
+    # FSPLITW=1 (FSPLITW=2 not timed there). With ARRIVE=0 a verify program ends without the count of arrivals (a
+    # barrier and an atomic's round trip): the verify at fill 0 320.5 -> 307.8 µs at 256, the sweep at 16 / 64 / 256
+    # 49.2 / 133.1 / 457.8 -> 46.7 / 129.3 / 445.7, the reference loop 114.1 -> 111.0 µs per token at 256 (NOTES
+    # run 64).
     "verify": _VERIFY,
     "verify-medium": dict(_VERIFY, FVP=64, GKSPLIT=1, FSPLITW=1),
     "verify-small": {"BV": 64, "BVF": 16, "VK": 32, "STAGES": 2, "GPASS": 1, "GKSPLIT": 1, "MMA": 1, "KSPLIT": 2,
@@ -1037,7 +1042,7 @@ def _verify_kernel(
     IS_FP8: tl.constexpr, GPASS: tl.constexpr, BE: tl.constexpr, BZ: tl.constexpr, MMA: tl.constexpr,
     NATIVE: tl.constexpr, IS_TILE_EXACT: tl.constexpr, IS_HALF_IO: tl.constexpr, KSPLIT: tl.constexpr,
     FKSPLIT: tl.constexpr, FSTAGES: tl.constexpr, NW: tl.constexpr, FPASS: tl.constexpr, FWM: tl.constexpr,
-    FXW: tl.constexpr,
+    FXW: tl.constexpr, ARRIVE: tl.constexpr,
 ):
     i_b, i_hv = tl.program_id(0), tl.program_id(1)
     i_s = tl.load(slots + i_b).to(tl.int64)
@@ -1203,12 +1208,18 @@ def _verify_kernel(
         tl.store(buf_b + (i_s * C + b_fe + o_t) * HV + i_hv, b_bd, mask=m_t)
     if b_flush:
         tl.store(p_f, 0)
-    # The drafts' keys overwrite entries that every value head of this key head may still be folding:
-    # the last of them to arrive writes the keys.
-    tl.debug_barrier()
-    p_a = arrivals + i_s * H + i_h
-    if tl.atomic_add(p_a, 1, sem="acq_rel") == HV // H - 1:
-        tl.store(p_a, 0)
+    # The drafts' keys overwrite entries that every value head of this key head may still be folding: with ARRIVE
+    # the last of them to arrive writes the keys. Without it (FPASS: no fold here, the fold launch has finished,
+    # and the committed entries read above lie before the drafts' places) the key head's first value head does.
+    if ARRIVE:
+        tl.debug_barrier()
+        p_a = arrivals + i_s * H + i_h
+        b_write = tl.atomic_add(p_a, 1, sem="acq_rel") == HV // H - 1
+        if b_write:
+            tl.store(p_a, 0)
+    else:
+        b_write = i_hv % (HV // H) == 0
+    if b_write:
         # [BT, BK]
         b_K = tl.load(k + i_b * s_kb + o_t[:, None] * s_kt + i_h * s_kh + o_k[None, :] * s_kk, mask=m_tk, other=0.0)
         b_K = b_K.to(tl.float32)
@@ -1357,6 +1368,10 @@ def _launch_replay(cache, q, k, v, g, beta, out, slots, scale, l2norm, settings,
 
 def _launch_verify(cache, q, k, v, g, beta, out, slots, scale, l2norm, settings):
     batch, T = q.shape[0], q.shape[1]
+    if not settings["ARRIVE"] and not settings["FPASS"]:
+        raise ValueError("launch ARRIVE = 0 (the drafts' keys written by each key head's first value head) takes "
+                         "FPASS = 1; a verify that folds its own rows needs ARRIVE = 1, the last value head to finish "
+                         "writing them")
     if settings["GPASS"] == 2 and (cache.read_copy is not None or not settings["MMA"]):
         raise ValueError("launch GPASS = 2 (each value head's weights from a launch of their own) takes MMA = 1 and no "
                          "read copy; a read copy's verify stores its drafts' rows of T from its own prologue")
@@ -1442,7 +1457,7 @@ def _launch_verify(cache, q, k, v, g, beta, out, slots, scale, l2norm, settings)
         NATIVE=tile.itemsize == 2 and q.dtype == k.dtype == tile, IS_TILE_EXACT=tile != torch.float32,
         IS_HALF_IO=half_io, KSPLIT=ksplit, FKSPLIT=1 if cache.read_copy is not None else ksplit,
         FSTAGES=settings["FSTAGES"], NW=NW, FPASS=bool(settings["FPASS"]), **fold_widths,
-        **compile_options(settings),
+        ARRIVE=bool(settings["ARRIVE"]), **compile_options(settings),
     )
 
 
@@ -1601,7 +1616,8 @@ def verify(
     PPS programs per SM, TF32 (1: 3xTF32, 0: fp32 FMAs), FKSPLIT, FSTREAM: 1 runs it on a second stream
     beside the key products and the weights, and FPREF: 1 loads each item's list entry and slot an item
     ahead), FSPLITW (1: a fill of W folds in a product over the window's entries, not the capacity's; 2:
-    a fill past W too, and the entries past them one by one), num_warps, num_stages, maxnreg; slots,
+    a fill past W too, and the entries past them one by one), ARRIVE (0: the drafts' keys written by each
+    key head's first value head, not the last to finish; FPASS = 1), num_warps, num_stages, maxnreg; slots,
     check: as in `replay`.
     """
     batch, T = _check_against_cache(cache, _verify_kernel, q, k, v, g, beta, tokens=True)
