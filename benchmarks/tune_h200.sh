@@ -3,7 +3,7 @@
 # writes its table (.txt) and results (.json) under DIR (default runs/tune), and DIR.tar.gz holds them all for
 # machines that return one file; a sweep past its time limit leaves the ones before it.
 # Usage: benchmarks/tune_h200.sh [DIR] [SECTION ...]
-# Sections: tests, gdn-verify-arrive, gdn-verify-fsplitw-3, gdn-verify-rows-63-2, gdn-verify-63, gdn-verify-rows-63, gdn-verify-fsplitw-2, gdn-verify-fsplitw, gdn-verify-fpref, gdn-verify-medium, gdn-verify-vsplit, gdn-verify-fstream-3, gdn-verify-fpass2-2, gdn-verify-fpass2, gdn-verify-fstream-2, gdn-verify-fstream, gdn-verify-fpass-4, gdn-verify-fpass-3, gdn-verify-fpass-2, gdn-verify-fpass, gdn-bf16-buffers, gdn-verify-gpass2-2, gdn-verify-gpass2, gdn-verify-tc, gdn-verify-tc-2, gdn-verify-tc-3, gdn-verify-tc-4, gdn-verify-phases, stalls-fold, gdn-verify-gpass, verify-bf16-bc, fla-slots, kernel-tests, mamba2-verify-fstages, mamba2-verify-bpf, mamba2-verify-launches, mamba2-verify-fold, mamba2-verify-bc-3, mamba2-verify-bc-2, mamba2-verify-bc, mamba2-verify-stream, mamba2-verify-stream-2, tail-lead, tail-3, tail-medium, tail-2, tail, gdn-bf16-tf32, prefetch-profile, prefetch, prefetch-2, loops, gdn-decode-chunks, gdn-decode-order, gdn-decode-order-2, mamba2-mma, stalls-bf16, mamba2-bf16-heads, mamba2-bf16-tf32, heads-sanitizer, mamba2-heads-flush-2, gdn-heads-fault, gdn-heads, mamba2-heads-flush, mamba2-heads, mamba2-heads-2, mamba2-heads-3, mamba2-heads-4, verify-tests, gdn-verify-mma, gdn-verify-3, gdn-verify-rows, gdn-verify-warps, gdn-verify-warps-2, mamba2-verify-warps, gdn-split-3, gdn-split-4, two-phase-2, mamba2-split-phases, mamba2-two-phase, gdn-split-flush-vp, gdn-mma, split-launch-cost, split-launch-cost-2, gdn-flush-list, mamba2-flush-list, gdn-split-nonflush, gdn-split-flush-2, one-warp, fp8-one-warp, fp8-one-warp-2, copy-pieces, regs-2byte, stalls, stalls-2, next, small-grid, small-grid-2, small-grid-3, medium-grid, direct, order, vk, gdn-decode, gdn-replay, gdn-early, gdn-replay-256, gdn-fp32-2, gdn-split, gdn-split-2,
+# Sections: tests, gdn-verify-fold-tf32, gdn-verify-arrive, gdn-verify-fsplitw-3, gdn-verify-rows-63-2, gdn-verify-63, gdn-verify-rows-63, gdn-verify-fsplitw-2, gdn-verify-fsplitw, gdn-verify-fpref, gdn-verify-medium, gdn-verify-vsplit, gdn-verify-fstream-3, gdn-verify-fpass2-2, gdn-verify-fpass2, gdn-verify-fstream-2, gdn-verify-fstream, gdn-verify-fpass-4, gdn-verify-fpass-3, gdn-verify-fpass-2, gdn-verify-fpass, gdn-bf16-buffers, gdn-verify-gpass2-2, gdn-verify-gpass2, gdn-verify-tc, gdn-verify-tc-2, gdn-verify-tc-3, gdn-verify-tc-4, gdn-verify-phases, stalls-fold, gdn-verify-gpass, verify-bf16-bc, fla-slots, kernel-tests, mamba2-verify-fstages, mamba2-verify-bpf, mamba2-verify-launches, mamba2-verify-fold, mamba2-verify-bc-3, mamba2-verify-bc-2, mamba2-verify-bc, mamba2-verify-stream, mamba2-verify-stream-2, tail-lead, tail-3, tail-medium, tail-2, tail, gdn-bf16-tf32, prefetch-profile, prefetch, prefetch-2, loops, gdn-decode-chunks, gdn-decode-order, gdn-decode-order-2, mamba2-mma, stalls-bf16, mamba2-bf16-heads, mamba2-bf16-tf32, heads-sanitizer, mamba2-heads-flush-2, gdn-heads-fault, gdn-heads, mamba2-heads-flush, mamba2-heads, mamba2-heads-2, mamba2-heads-3, mamba2-heads-4, verify-tests, gdn-verify-mma, gdn-verify-3, gdn-verify-rows, gdn-verify-warps, gdn-verify-warps-2, mamba2-verify-warps, gdn-split-3, gdn-split-4, two-phase-2, mamba2-split-phases, mamba2-two-phase, gdn-split-flush-vp, gdn-mma, split-launch-cost, split-launch-cost-2, gdn-flush-list, mamba2-flush-list, gdn-split-nonflush, gdn-split-flush-2, one-warp, fp8-one-warp, fp8-one-warp-2, copy-pieces, regs-2byte, stalls, stalls-2, next, small-grid, small-grid-2, small-grid-3, medium-grid, direct, order, vk, gdn-decode, gdn-replay, gdn-early, gdn-replay-256, gdn-fp32-2, gdn-split, gdn-split-2,
 # gdn-bf16, gdn-bf16-2, gdn-verify, fla, mamba2-split, mamba2-split2, mamba2-vn, mamba2-bf16, mamba2-bf16-2,
 # mamba2-verify (default: tests gdn-decode gdn-replay gdn-verify mamba2-split mamba2-bf16 mamba2-verify).
 set -uo pipefail
@@ -72,11 +72,22 @@ for section in $SECTIONS; do
     tests)
         gpu_tests tests 300 tests
         ;;
+    gdn-verify-fold-tf32)
+        # (Runs at b5f7c3c.) The fold launch in 3xTF32 products (TF32=1) now that its products run over 16 entries
+        # (FSPLITW=2): 699 / 906 -> 372 / 550 instructions per 16-row chunk at a fill of 16 / past it, 218 registers
+        # (4 programs per SM) against 114. Launch by launch and the sweep (4 and 3 fold programs per SM), then the
+        # reference loop at 64 and 256 against the shipped row.
+        V="gdn.replay:LAUNCH:verify"
+        verify_launches gdn-verify-fold-tf32 120 "256" "64 256" "" "TF32=1" "TF32=1,PPS=3"
+        spec_rows gdn-verify-fold-tf32-a gdn-verify-fold-tf32 120 qwen3.5-122b-a10b 64,256 "$V:TF32=0"
+        spec_rows gdn-verify-fold-tf32-b gdn-verify-fold-tf32 120 qwen3.5-122b-a10b 64,256 "$V:TF32=1"
+        ;;
     gdn-verify-arrive)
-        # ARRIVE=0: each key head's first value head writes the drafts' keys, the verify's programs ending without
-        # the count of arrivals (a barrier, then an atomic's round trip, per program). The GPU tests, the reference
-        # loop at 64 and 256 (shipped, ARRIVE=0, the same under a cap of 144 registers: 7 programs per SM, then the
-        # shipped row again), then launch by launch and the sweep.
+        # (Runs at b5f7c3c's kernels with the row's ARRIVE=1, as before it.) ARRIVE=0: each key head's first value
+        # head writes the drafts' keys, the verify's programs ending without the count of arrivals (a barrier, then
+        # an atomic's round trip, per program). The GPU tests, the reference loop at 64 and 256 (ARRIVE=1, ARRIVE=0,
+        # the same under a cap of 144 registers: 7 programs per SM, then ARRIVE=1 again), then launch by launch and
+        # the sweep (its "" the row with ARRIVE=1).
         V="gdn.replay:LAUNCH:verify"
         gpu_tests gdn-verify-arrive-tests 100 tests/test_gdn_verify.py
         spec_rows gdn-verify-arrive-a gdn-verify-arrive 120 qwen3.5-122b-a10b 64,256 "$V:ARRIVE=1"
