@@ -109,6 +109,8 @@ FOLD_CASES = [
     ("fp32", "bf16", "fp32", 1, 1, {"FPREF": 1, "PPS": 2, "GKSPLIT": 2}),
     ("fp32", None, "bf16", 2, 2, {"TF32": 0, "FKSPLIT": 1, "FSTREAM": 1, "FPREF": 1, "GKSPLIT": 2}),
     ("fp32", None, "bf16", 2, 2, {"TF32": 0, "FKSPLIT": 1, "FSTREAM": 1, "FPREF": 1, "GKSPLIT": 2, "ARRIVE": 0}),
+    ("fp32", None, "bf16", 2, 2, {"TF32": 0, "FKSPLIT": 1, "ARRIVE": 0, "WFILL": 1}),
+    ("bf16", None, "fp32", 2, 2, {"WFILL": 1}),
     ("fp32", "bf16", "fp32", 1, 1, {"PPS": 2, "ARRIVE": 0}),
     ("fp32", None, "fp16", 0, 0, {"FVP": 8, "ARRIVE": 0}),
 ]
@@ -130,6 +132,7 @@ EVERY_ROW_CASES = [
     ("fp32", 16, {"FPASS": 0, "FSPLITW": 1}), ("fp32", 16, {"FPREF": 1, "PPS": 2, "FSPLITW": 2}),
     ("fp32", 16, {"FPASS": 0, "FSPLITW": 2}), ("bf16", 16, {"FPREF": 1, "PPS": 2, "FSPLITW": 2}),
     ("fp32", 16, {"FPREF": 1, "PPS": 2, "FSPLITW": 2, "ARRIVE": 0}),
+    ("fp32", 16, {"FPREF": 1, "PPS": 2, "FSPLITW": 2, "ARRIVE": 0, "WFILL": 1}),
 ]
 
 
@@ -356,6 +359,11 @@ def test_verify_and_accept_bad_input(device):
     with pytest.raises(ValueError, match="ARRIVE = 0 .* takes FPASS = 1"):
         gdn.verify(cache, **inp, launch={"FPASS": 0, "ARRIVE": 0})
     assert torch.equal(cache.buf_k, before.buf_k) and torch.equal(cache.fill, before.fill)
+    with pytest.raises(ValueError, match=r"launch\['WFILL'\] must be 0 or 1; got 2"):
+        gdn.verify(cache, **inp, launch={"GPASS": 2, "WFILL": 2})
+    with pytest.raises(ValueError, match="WFILL = 1 .* takes GPASS = 2"):
+        gdn.verify(cache, **inp, launch={"GPASS": 1, "WFILL": 1})
+    assert torch.equal(cache.checkpoint, before.checkpoint) and torch.equal(cache.fill, before.fill)
 
 
 @pytest.mark.gpu
@@ -368,11 +376,12 @@ def test_verify_and_accept_bad_input(device):
                                      "GKSPLIT": 4, "FSPLITW": 1}, {"GPASS": 2, "FPASS": 1, "FSPLITW": 1},
                                     {"GPASS": 2, "FPASS": 1, "FSPLITW": 2},
                                     {"GPASS": 2, "FPASS": 1, "FSTREAM": 1, "FSPLITW": 2, "ARRIVE": 0},
+                                    {"GPASS": 2, "FPASS": 1, "FSTREAM": 1, "FSPLITW": 2, "ARRIVE": 0, "WFILL": 1},
                                     {"GPASS": 1, "BV": 64, "num_warps": 4, "FPASS": 0, "FSPLITW": 1}],
                          ids=["row", "MMA-GPASS", "MMA-GPASS-BV32-warps4", "MMA-GPASS-KSPLIT2-BV32", "row-GPASS2",
                               "small-row-GPASS2", "row-FPASS-one-stream", "row-FPASS-FSTREAM",
                               "row-FPREF-GKSPLIT2", "row-FPREF-FVP16-PPS1-GKSPLIT4-FSPLITW", "row-FSPLITW",
-                              "row-FSPLITW2", "row-ARRIVE0", "small-row-FSPLITW"])
+                              "row-FSPLITW2", "row-ARRIVE0", "row-WFILL", "small-row-FSPLITW"])
 def test_verify_qwen_shape_on_gpu(assert_close, launch):
     """The Qwen3.5-122B layer shape, T = 4, fills crossing W, against the references."""
     shape = (4, 16, 64, 128, 128)

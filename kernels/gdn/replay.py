@@ -64,12 +64,15 @@ _SPLIT = {"EARLY": 0, "TF32": 0, "MMA": 0, "VP": 256, "BV": 32, "BVF": 16, "VK":
 # product over 16 entries, not over the capacity's 32, and FSPLITW=2 a fill past it in the same product and up to
 # four more entries one by one (`_fold_widths`). With ARRIVE=1 the last of a key head's value heads to finish its
 # verify writes the drafts' keys (an atomic count of arrivals), as a verify that folds its own rows needs; ARRIVE=0
-# (FPASS=1 only) has the key head's first value head write them, its programs ending without the count.
+# (FPASS=1 only) has the key head's first value head write them, its programs ending without the count. WFILL=1
+# (GPASS=2) has a verify program read its value head's fill from the weights launch's output, beside its slot,
+# rather than from the cache after the slot.
 _FOLD = {"FPASS": 0, "FVP": 128, "FWARPS": 4, "FMAXNREG": None, "PPS": 4, "TF32": 1, "FKSPLIT": 2, "FSTREAM": 0,
-         "FPREF": 0, "FSPLITW": 0, "ARRIVE": 1}
+         "FPREF": 0, "FSPLITW": 0, "ARRIVE": 1, "WFILL": 0}
 _VERIFY = {"BV": 32, "BVF": 16, "VK": 32, "STAGES": 2, "GPASS": 2, "GKSPLIT": 2, "MMA": 1, "KSPLIT": 2, "FSTAGES": 3,
            "num_warps": 2, "num_stages": 1, "maxnreg": 168,
-           **dict(_FOLD, FPASS=1, FWARPS=2, PPS=4, TF32=0, FKSPLIT=1, FSTREAM=1, FPREF=1, FSPLITW=2, ARRIVE=0)}
+           **dict(_FOLD, FPASS=1, FWARPS=2, PPS=4, TF32=0, FKSPLIT=1, FSTREAM=1, FPREF=1, FSPLITW=2, ARRIVE=0,
+                   WFILL=1)}
 LAUNCH = {
     "replay": {"EARLY": 0, "TF32": 0, "MMA": 0, "VP": 256, "BV": 32, "BVF": 16, "VK": 32, "STAGES": 3,
                "num_warps": 2, "num_stages": 1, "maxnreg": 128, "PHASES": 1, "PPS": 6, "HPP": 1},
@@ -996,7 +999,8 @@ def _verify_weights_kernel(
 ):
     """A verify's prologue for one (row, value head) from its key head's products (`_verify_gram_kernel`), so that
     the verify's programs begin with independent loads: [NW] into wts, A and M [BT, BT], the column factors [BZ],
-    the committed entries' weights [BWC, BZ] and the log-decays [BT] the drafts' entries take."""
+    the committed entries' weights [BWC, BZ], the fill (its int32 bits, in a block of BT) and the log-decays [BT]
+    the drafts' entries take."""
     i_b, i_hv = tl.program_id(0), tl.program_id(1)
     i_s = tl.load(slots + i_b).to(tl.int64)
     if i_s < 0:
@@ -1021,7 +1025,16 @@ def _verify_weights_kernel(
     tl.store(p_w + BT * BT + o_t[:, None] * BT + o_t[None, :], b_M)
     tl.store(p_w + 2 * BT * BT + o_z, b_fz)
     tl.store(p_w + 2 * BT * BT + BZ + o_wc[:, None] * BZ + o_z[None, :], b_Wcz)
+    tl.store(p_w + NW - 2 * BT, b_f.to(tl.float32, bitcast=True))
     tl.store(p_w + NW - BT + o_t, b_G0 + b_cum)
+
+
+@triton.jit
+def _weights(p_w, o_t, BT: tl.constexpr, NW: tl.constexpr):
+    """A value head's A, M [BT, BT] and drafts' log-decays [BT] from its row of `_verify_weights_kernel`'s output."""
+    b_A = tl.load(p_w + o_t[:, None] * BT + o_t[None, :])
+    b_M = tl.load(p_w + BT * BT + o_t[:, None] * BT + o_t[None, :])
+    return b_A, b_M, tl.load(p_w + NW - BT + o_t)
 
 
 @triton.jit
@@ -1042,14 +1055,22 @@ def _verify_kernel(
     IS_FP8: tl.constexpr, GPASS: tl.constexpr, BE: tl.constexpr, BZ: tl.constexpr, MMA: tl.constexpr,
     NATIVE: tl.constexpr, IS_TILE_EXACT: tl.constexpr, IS_HALF_IO: tl.constexpr, KSPLIT: tl.constexpr,
     FKSPLIT: tl.constexpr, FSTAGES: tl.constexpr, NW: tl.constexpr, FPASS: tl.constexpr, FWM: tl.constexpr,
-    FXW: tl.constexpr, ARRIVE: tl.constexpr,
+    FXW: tl.constexpr, ARRIVE: tl.constexpr, WFILL: tl.constexpr,
 ):
     i_b, i_hv = tl.program_id(0), tl.program_id(1)
+    o_t = tl.arange(0, BT)
+    # With GPASS=2 A, M and the drafts' log-decays come from `_verify_weights_kernel`, which took this value head's
+    # prologue; with WFILL its fill too, all read beside the slot rather than after it (the weights of a row without
+    # a slot are never used).
+    if GPASS == 2:
+        p_w = wts + (i_b * HV + i_hv) * NW
+    if WFILL:
+        b_A, b_M, b_Gs = _weights(p_w, o_t, BT, NW)
+        b_fw = tl.load(p_w + NW - 2 * BT).to(tl.int32, bitcast=True)
     i_s = tl.load(slots + i_b).to(tl.int64)
     if i_s < 0:
         return
     i_h = i_hv // (HV // H)
-    o_t = tl.arange(0, BT)
     o_k = tl.arange(0, BK)
     o_w = tl.arange(0, BW)
     m_t = o_t < T
@@ -1063,7 +1084,10 @@ def _verify_kernel(
     m_k3 = o_k3 < K
     o_h = (i_s * HV + i_hv) * V
     p_f = fill + i_s * HV + i_hv
-    b_f = tl.load(p_f)
+    if WFILL:
+        b_f = b_fw
+    else:
+        b_f = tl.load(p_f)
     b_flush = b_f >= W
     # Position of the first draft: after the committed entries, or at 0 when they are folded first.
     b_fe = tl.where(b_flush, 0, b_f)
@@ -1090,18 +1114,14 @@ def _verify_kernel(
     # drafts' q and k as given, their factors (l2-norm, scale) going on the products. b_gd and b_bd: the drafts'
     # log-decays and betas, b_cum [BT] the log-decay after each since the committed state.
     if GPASS == 2:
-        # A, M, the column factors and weights, the drafts' log-decays: from `_verify_weights_kernel`, which took
-        # this value head's prologue
-        p_w = wts + (i_b * HV + i_hv) * NW
-        b_A = tl.load(p_w + o_t[:, None] * BT + o_t[None, :])
-        b_M = tl.load(p_w + BT * BT + o_t[:, None] * BT + o_t[None, :])
-        b_Gs = tl.load(p_w + NW - BT + o_t)
-    elif GPASS:
+        if not WFILL:
+            b_A, b_M, b_Gs = _weights(p_w, o_t, BT, NW)
+    elif GPASS == 1:
         b_gd, b_bd, b_cum, b_ec = _draft_gates(g, beta, i_b, i_hv, o_t, m_t, m_upto, s_gb, s_gt, s_gh, s_bb, s_bt,
                                                s_bh)
         b_Wck, b_Wcq, b_KK, b_QK, b_rk, b_rq = _gram_products(gram + (i_b * H + i_h) * BE * BZ, o_wc, m_wc, o_t,
                                                               scale, BT, BZ, BWC, USE_QK_L2NORM)
-    else:
+    elif GPASS == 0:
         # [BWC, NC, VK] the committed entries' keys, [BT, NC, VK] the drafts' keys as given
         b_kw3 = tl.load(buf_k + ((i_s * C + o_wc[:, None, None]) * H + i_h) * K + o_k3[None, :, :],
                         mask=m_wc[:, None, None] & m_k3[None, :, :], other=0.0).to(tl.float32)
@@ -1368,6 +1388,9 @@ def _launch_replay(cache, q, k, v, g, beta, out, slots, scale, l2norm, settings,
 
 def _launch_verify(cache, q, k, v, g, beta, out, slots, scale, l2norm, settings):
     batch, T = q.shape[0], q.shape[1]
+    if settings["WFILL"] and settings["GPASS"] != 2:
+        raise ValueError("launch WFILL = 1 (each value head's fill read from its weights) takes GPASS = 2, the launch "
+                         "that writes them")
     if not settings["ARRIVE"] and not settings["FPASS"]:
         raise ValueError("launch ARRIVE = 0 (the drafts' keys written by each key head's first value head) takes "
                          "FPASS = 1; a verify that folds its own rows needs ARRIVE = 1, the last value head to finish "
@@ -1386,8 +1409,8 @@ def _launch_verify(cache, q, k, v, g, beta, out, slots, scale, l2norm, settings)
     # K pieces of the tile's product (and of a fold's, but for a read copy's: its correction sums whole rows)
     ksplit = settings["KSPLIT"] if BK >= 32 else 1
     # with GPASS=2, per (row, value head): A and M [BT, BT], the column factors [BZ], the committed entries'
-    # weights [BWC, BZ], the drafts' log-decays [BT]
-    NW = 2 * BT * BT + BZ + BWC * BZ + BT
+    # weights [BWC, BZ], the fill (in a block of BT, the rows 16-byte aligned), the drafts' log-decays [BT]
+    NW = 2 * BT * BT + BZ + BWC * BZ + 2 * BT
     gram = wts = None
     # With FSTREAM the folds run on a stream of their own beside the key products and the weights (neither reads what
     # a fold writes), and the verify waits for both.
@@ -1457,7 +1480,7 @@ def _launch_verify(cache, q, k, v, g, beta, out, slots, scale, l2norm, settings)
         NATIVE=tile.itemsize == 2 and q.dtype == k.dtype == tile, IS_TILE_EXACT=tile != torch.float32,
         IS_HALF_IO=half_io, KSPLIT=ksplit, FKSPLIT=1 if cache.read_copy is not None else ksplit,
         FSTAGES=settings["FSTAGES"], NW=NW, FPASS=bool(settings["FPASS"]), **fold_widths,
-        ARRIVE=bool(settings["ARRIVE"]), **compile_options(settings),
+        ARRIVE=bool(settings["ARRIVE"]), WFILL=bool(settings["WFILL"]), **compile_options(settings),
     )
 
 
@@ -1617,8 +1640,8 @@ def verify(
     beside the key products and the weights, and FPREF: 1 loads each item's list entry and slot an item
     ahead), FSPLITW (1: a fill of W folds in a product over the window's entries, not the capacity's; 2:
     a fill past W too, and the entries past them one by one), ARRIVE (0: the drafts' keys written by each
-    key head's first value head, not the last to finish; FPASS = 1), num_warps, num_stages, maxnreg; slots,
-    check: as in `replay`.
+    key head's first value head, not the last to finish; FPASS = 1), WFILL (1: each value head's fill read
+    from its weights; GPASS = 2), num_warps, num_stages, maxnreg; slots, check: as in `replay`.
     """
     batch, T = _check_against_cache(cache, _verify_kernel, q, k, v, g, beta, tokens=True)
     if not 1 <= T <= cache.max_draft:
