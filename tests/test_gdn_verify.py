@@ -111,6 +111,7 @@ FOLD_CASES = [
     ("fp32", None, "bf16", 2, 2, {"TF32": 0, "FKSPLIT": 1, "FSTREAM": 1, "FPREF": 1, "GKSPLIT": 2, "ARRIVE": 0}),
     ("fp32", None, "bf16", 2, 2, {"TF32": 0, "FKSPLIT": 1, "ARRIVE": 0, "WFILL": 1}),
     ("bf16", None, "fp32", 2, 2, {"WFILL": 1}),
+    ("fp32", None, "bf16", 2, 2, {"ARRIVE": 1, "WFILL": 0}),
     ("fp32", "bf16", "fp32", 1, 1, {"PPS": 2, "ARRIVE": 0}),
     ("fp32", None, "fp16", 0, 0, {"FVP": 8, "ARRIVE": 0}),
 ]
@@ -355,15 +356,8 @@ def test_verify_and_accept_bad_input(device):
         gdn.verify(cache, **inp, launch={"GPASS": 1, "GKSPLIT": 3})
     with pytest.raises(ValueError, match=r"launch\['ARRIVE'\] must be 0 or 1; got 2"):
         gdn.verify(cache, **inp, launch={"FPASS": 1, "ARRIVE": 2})
-    before = cache.clone()
-    with pytest.raises(ValueError, match="ARRIVE = 0 .* takes FPASS = 1"):
-        gdn.verify(cache, **inp, launch={"FPASS": 0, "ARRIVE": 0})
-    assert torch.equal(cache.buf_k, before.buf_k) and torch.equal(cache.fill, before.fill)
     with pytest.raises(ValueError, match=r"launch\['WFILL'\] must be 0 or 1; got 2"):
         gdn.verify(cache, **inp, launch={"GPASS": 2, "WFILL": 2})
-    with pytest.raises(ValueError, match="WFILL = 1 .* takes GPASS = 2"):
-        gdn.verify(cache, **inp, launch={"GPASS": 1, "WFILL": 1})
-    assert torch.equal(cache.checkpoint, before.checkpoint) and torch.equal(cache.fill, before.fill)
 
 
 @pytest.mark.gpu

@@ -64,9 +64,9 @@ _SPLIT = {"EARLY": 0, "TF32": 0, "MMA": 0, "VP": 256, "BV": 32, "BVF": 16, "VK":
 # product over 16 entries, not over the capacity's 32, and FSPLITW=2 a fill past it in the same product and up to
 # four more entries one by one (`_fold_widths`). With ARRIVE=1 the last of a key head's value heads to finish its
 # verify writes the drafts' keys (an atomic count of arrivals), as a verify that folds its own rows needs; ARRIVE=0
-# (FPASS=1 only) has the key head's first value head write them, its programs ending without the count. WFILL=1
-# (GPASS=2) has a verify program read its value head's fill from the weights launch's output, beside its slot,
-# rather than from the cache after the slot.
+# has the key head's first value head write them, its programs ending without the count (with FPASS=1 only: a
+# verify that folds its own rows counts regardless). WFILL=1 has a verify program read its value head's fill from
+# the weights launch's output (GPASS=2 only), beside its slot, rather than from the cache after the slot.
 _FOLD = {"FPASS": 0, "FVP": 128, "FWARPS": 4, "FMAXNREG": None, "PPS": 4, "TF32": 1, "FKSPLIT": 2, "FSTREAM": 0,
          "FPREF": 0, "FSPLITW": 0, "ARRIVE": 1, "WFILL": 0}
 _VERIFY = {"BV": 32, "BVF": 16, "VK": 32, "STAGES": 2, "GPASS": 2, "GKSPLIT": 2, "MMA": 1, "KSPLIT": 2, "FSTAGES": 3,
@@ -125,9 +125,11 @@ LAUNCH = {
     # FSPLITW=1 (FSPLITW=2 not timed there). With ARRIVE=0 a verify program ends without the count of arrivals (a
     # barrier and an atomic's round trip): the verify at fill 0 320.5 -> 307.8 µs at 256, the sweep at 16 / 64 / 256
     # 49.2 / 133.1 / 457.8 -> 46.7 / 129.3 / 445.7, the reference loop 114.1 -> 111.0 µs per token at 256 (NOTES
-    # run 64).
+    # run 64). WFILL=1 takes a program's fill from the weights launch beside its slot: the sweep at 64 / 256 130.8 /
+    # 450.5 -> 129.8 / 448.5, the reference loop 113.5 -> 112.8 µs per token at 256; batch 16 46.3 -> 47.4, so the
+    # medium grids keep WFILL=0 (NOTES run 64).
     "verify": _VERIFY,
-    "verify-medium": dict(_VERIFY, FVP=64, GKSPLIT=1, FSPLITW=1),
+    "verify-medium": dict(_VERIFY, FVP=64, GKSPLIT=1, FSPLITW=1, WFILL=0),
     "verify-small": {"BV": 64, "BVF": 16, "VK": 32, "STAGES": 2, "GPASS": 1, "GKSPLIT": 1, "MMA": 1, "KSPLIT": 2,
                      "FSTAGES": 1, "num_warps": 4, "num_stages": 1, "maxnreg": 168, **_FOLD},
     "verify-split": {"BV": 32, "BVF": 16, "VK": 32, "STAGES": 2, "GPASS": 0, "GKSPLIT": 1, "MMA": 0, "KSPLIT": 1,
@@ -1388,13 +1390,6 @@ def _launch_replay(cache, q, k, v, g, beta, out, slots, scale, l2norm, settings,
 
 def _launch_verify(cache, q, k, v, g, beta, out, slots, scale, l2norm, settings):
     batch, T = q.shape[0], q.shape[1]
-    if settings["WFILL"] and settings["GPASS"] != 2:
-        raise ValueError("launch WFILL = 1 (each value head's fill read from its weights) takes GPASS = 2, the launch "
-                         "that writes them")
-    if not settings["ARRIVE"] and not settings["FPASS"]:
-        raise ValueError("launch ARRIVE = 0 (the drafts' keys written by each key head's first value head) takes "
-                         "FPASS = 1; a verify that folds its own rows needs ARRIVE = 1, the last value head to finish "
-                         "writing them")
     if settings["GPASS"] == 2 and (cache.read_copy is not None or not settings["MMA"]):
         raise ValueError("launch GPASS = 2 (each value head's weights from a launch of their own) takes MMA = 1 and no "
                          "read copy; a read copy's verify stores its drafts' rows of T from its own prologue")
@@ -1480,7 +1475,9 @@ def _launch_verify(cache, q, k, v, g, beta, out, slots, scale, l2norm, settings)
         NATIVE=tile.itemsize == 2 and q.dtype == k.dtype == tile, IS_TILE_EXACT=tile != torch.float32,
         IS_HALF_IO=half_io, KSPLIT=ksplit, FKSPLIT=1 if cache.read_copy is not None else ksplit,
         FSTAGES=settings["FSTAGES"], NW=NW, FPASS=bool(settings["FPASS"]), **fold_widths,
-        ARRIVE=bool(settings["ARRIVE"]), WFILL=bool(settings["WFILL"]), **compile_options(settings),
+        # a verify that folds its own rows counts its arrivals whatever ARRIVE says; WFILL needs the weights launch
+        ARRIVE=bool(settings["ARRIVE"]) or not settings["FPASS"],
+        WFILL=bool(settings["WFILL"]) and settings["GPASS"] == 2, **compile_options(settings),
     )
 
 
@@ -1640,8 +1637,9 @@ def verify(
     beside the key products and the weights, and FPREF: 1 loads each item's list entry and slot an item
     ahead), FSPLITW (1: a fill of W folds in a product over the window's entries, not the capacity's; 2:
     a fill past W too, and the entries past them one by one), ARRIVE (0: the drafts' keys written by each
-    key head's first value head, not the last to finish; FPASS = 1), WFILL (1: each value head's fill read
-    from its weights; GPASS = 2), num_warps, num_stages, maxnreg; slots, check: as in `replay`.
+    key head's first value head, not the last to finish; taken with FPASS = 1 only), WFILL (1: each value
+    head's fill read from its weights; with GPASS = 2 only), num_warps, num_stages, maxnreg; slots, check:
+    as in `replay`.
     """
     batch, T = _check_against_cache(cache, _verify_kernel, q, k, v, g, beta, tokens=True)
     if not 1 <= T <= cache.max_draft:
