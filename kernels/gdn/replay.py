@@ -66,9 +66,11 @@ _SPLIT = {"EARLY": 0, "TF32": 0, "MMA": 0, "VP": 256, "BV": 32, "BVF": 16, "VK":
 # verify writes the drafts' keys (an atomic count of arrivals), as a verify that folds its own rows needs; ARRIVE=0
 # has the key head's first value head write them, its programs ending without the count (with FPASS=1 only: a
 # verify that folds its own rows counts regardless). WFILL=1 has a verify program read its value head's fill from
-# the weights launch's output (GPASS=2 only), beside its slot, rather than from the cache after the slot.
+# the weights launch's output (GPASS=2 only), beside its slot, rather than from the cache after the slot. HPP (with
+# FPASS=1 and GPASS=2 only) has a verify program take that many value heads of a key head, their chunks in one
+# pipelined loop (`_verify_heads_kernel`, `_verify_heads`).
 _FOLD = {"FPASS": 0, "FVP": 128, "FWARPS": 4, "FMAXNREG": None, "PPS": 4, "TF32": 1, "FKSPLIT": 2, "FSTREAM": 0,
-         "FPREF": 0, "FSPLITW": 0, "ARRIVE": 1, "WFILL": 0}
+         "FPREF": 0, "FSPLITW": 0, "ARRIVE": 1, "WFILL": 0, "HPP": 1}
 _VERIFY = {"BV": 32, "BVF": 16, "VK": 32, "STAGES": 2, "GPASS": 2, "GKSPLIT": 2, "MMA": 1, "KSPLIT": 2, "FSTAGES": 3,
            "num_warps": 2, "num_stages": 1, "maxnreg": 168,
            **dict(_FOLD, FPASS=1, FWARPS=2, PPS=4, TF32=0, FKSPLIT=1, FSTREAM=1, FPREF=1, FSPLITW=2, ARRIVE=0,
@@ -1032,6 +1034,53 @@ def _verify_weights_kernel(
 
 
 @triton.jit
+def _mma_rows(rcopy, rscale, buf_u, v, o_h, o_u, o_v, m_v, m_wc, m_vt, o_t, o_z, o_ka, b_KQa, b_KQb, b_fz, b_Wcz, i_b,
+              i_hv, s_vb, s_vt, s_vh, s_vv, K: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr, BZ: tl.constexpr,
+              BKS: tl.constexpr, KSPLIT: tl.constexpr, NATIVE: tl.constexpr, IS_TILE_EXACT: tl.constexpr,
+              IS_HALF_IO: tl.constexpr, IS_FP8: tl.constexpr):
+    """A verify chunk's [BV, BT] R = V - S K (draft i's v less the committed state's S k_i) and S Q from one
+    [BV, BK] x [BK, BZ] tensor-core product of its tile rows (at o_h) with the drafts' columns (in KSPLIT pieces of
+    BKS), and the committed entries' [BV, BWC] x [BWC, BZ] into its columns, folded onto the drafts' (the rest are
+    zero)."""
+    p_s = rcopy + (o_h + o_v[:, None]) * K + o_ka[None, :]
+    b_s = tl.load(p_s, mask=m_v[:, None] & (o_ka < K)[None, :], other=0.0)
+    b_uw, b_Vd = _chunk_inputs(buf_u, v, o_u, o_v, m_v, m_wc, m_vt, o_t, i_b, i_hv, s_vb, s_vt, s_vh, s_vv)
+    b_P = _tile_product(b_s, b_KQa, None, NATIVE, IS_TILE_EXACT, IS_HALF_IO)
+    if KSPLIT == 2:
+        b_s = tl.load(p_s + BKS, mask=m_v[:, None] & (BKS + o_ka < K)[None, :], other=0.0)
+        b_P = _tile_product(b_s, b_KQb, b_P, NATIVE, IS_TILE_EXACT, IS_HALF_IO)
+    if IS_FP8:
+        b_P *= tl.load(rscale + o_h + o_v, mask=m_v, other=0.0)[:, None]
+    b_P = dot_fp32(b_uw, b_Wcz, False, False, b_P * b_fz[None, :])
+    b_R = b_Vd - tl.sum(tl.reshape(tl.where(o_z[None, :] < BT, b_P, 0.0), (BV, BZ // BT, BT)), 1)
+    return b_R, tl.sum(tl.reshape(tl.where(o_z[None, :] >= BT, b_P, 0.0), (BV, BZ // BT, BT)), 1)
+
+
+@triton.jit
+def _store_chunk(o, buf_u, b_R, b_O, b_A, b_M, i_b, i_s, i_hv, b_fe, o_t, o_v, m_vt, s_ob, s_ot, s_oh, s_ov,
+                 C: tl.constexpr, HV: tl.constexpr, V: tl.constexpr):
+    """U = R Aᵀ into the buffer at the drafts' places (from b_fe), O = S Q + R Mᵀ into o, for a verify chunk's rows."""
+    b_U = tl.sum(b_R[:, :, None] * tl.trans(b_A)[None, :, :], 1)
+    b_O += tl.sum(b_R[:, :, None] * tl.trans(b_M)[None, :, :], 1)
+    p_o = o + i_b * s_ob + o_t[None, :] * s_ot + i_hv * s_oh + o_v[:, None] * s_ov
+    tl.store(p_o, cast(b_O, o.dtype.element_ty), mask=m_vt)
+    tl.store(buf_u + ((i_s * C + b_fe + o_t[None, :]) * HV + i_hv) * V + o_v[:, None],
+             cast(b_U, buf_u.dtype.element_ty), mask=m_vt)
+
+
+@triton.jit
+def _store_draft_keys(k, buf_k, i_b, i_s, i_h, b_fe, o_t, o_k, m_tk, s_kb, s_kt, s_kh, s_kk, C: tl.constexpr,
+                      H: tl.constexpr, K: tl.constexpr, USE_QK_L2NORM: tl.constexpr):
+    """The drafts' keys [BT, BK] of key head i_h (l2-normalised as the buffer keeps them) at their places."""
+    b_K = tl.load(k + i_b * s_kb + o_t[:, None] * s_kt + i_h * s_kh + o_k[None, :] * s_kk, mask=m_tk, other=0.0)
+    b_K = b_K.to(tl.float32)
+    if USE_QK_L2NORM:
+        b_K = b_K / tl.sqrt(tl.sum(b_K * b_K, 1) + 1e-6)[:, None]
+    tl.store(buf_k + ((i_s * C + b_fe + o_t[:, None]) * H + i_h) * K + o_k[None, :],
+             cast(b_K, buf_k.dtype.element_ty), mask=m_tk)
+
+
+@triton.jit
 def _weights(p_w, o_t, BT: tl.constexpr, NW: tl.constexpr):
     """A value head's A, M [BT, BT] and drafts' log-decays [BT] from its row of `_verify_weights_kernel`'s output."""
     b_A = tl.load(p_w + o_t[:, None] * BT + o_t[None, :])
@@ -1184,20 +1233,9 @@ def _verify_kernel(
         # one read of the tile (the read copy, refreshed by a flush above, or the checkpoint without one) for every
         # draft's k and q as given, and the committed entries' terms
         if MMA:
-            # one [BV, BK] x [BK, BZ] tensor-core product, and the entries' [BV, BWC] x [BWC, BZ] into its columns,
-            # folded onto the drafts' (the rest are zero)
-            p_s = rcopy + (o_h + o_v[:, None]) * K + o_ka[None, :]
-            b_s = tl.load(p_s, mask=m_v[:, None] & (o_ka < K)[None, :], other=0.0)
-            b_uw, b_Vd = _chunk_inputs(buf_u, v, o_u, o_v, m_v, m_wc, m_vt, o_t, i_b, i_hv, s_vb, s_vt, s_vh, s_vv)
-            b_P = _tile_product(b_s, b_KQa, None, NATIVE, IS_TILE_EXACT, IS_HALF_IO)
-            if KSPLIT == 2:
-                b_s = tl.load(p_s + BKS, mask=m_v[:, None] & (BKS + o_ka < K)[None, :], other=0.0)
-                b_P = _tile_product(b_s, b_KQb, b_P, NATIVE, IS_TILE_EXACT, IS_HALF_IO)
-            if IS_FP8:
-                b_P *= tl.load(rscale + o_h + o_v, mask=m_v, other=0.0)[:, None]
-            b_P = dot_fp32(b_uw, b_Wcz, False, False, b_P * b_fz[None, :])
-            b_R = b_Vd - tl.sum(tl.reshape(tl.where(o_z[None, :] < BT, b_P, 0.0), (BV, BZ // BT, BT)), 1)
-            b_O = tl.sum(tl.reshape(tl.where(o_z[None, :] >= BT, b_P, 0.0), (BV, BZ // BT, BT)), 1)
+            b_R, b_O = _mma_rows(rcopy, rscale, buf_u, v, o_h, o_u, o_v, m_v, m_wc, m_vt, o_t, o_z, o_ka, b_KQa,
+                                 b_KQa if KSPLIT == 1 else b_KQb, b_fz, b_Wcz, i_b, i_hv, s_vb, s_vt, s_vh, s_vv, K,
+                                 BV, BT, BZ, BKS, KSPLIT, NATIVE, IS_TILE_EXACT, IS_HALF_IO, IS_FP8)
         else:
             # [BV, NC, VK] the tile, its row sums draft by draft
             b_s = tl.load(rcopy + (o_h + o_v[:, None, None]) * K + o_k3[None, :, :],
@@ -1218,13 +1256,8 @@ def _verify_kernel(
             # each product is ordered so that its sum lands in the tile's layout
             b_R = b_Vd - b_SK * b_fk[None, :] - tl.sum(b_uw[:, None, :] * tl.trans(b_Wck)[None, :, :], 2)
             b_O = b_SQ * b_fq[None, :] + tl.sum(b_uw[:, None, :] * tl.trans(b_Wcq)[None, :, :], 2)
-        # U = R Aᵀ, O = S Q + R Mᵀ
-        b_U = tl.sum(b_R[:, :, None] * tl.trans(b_A)[None, :, :], 1)
-        b_O += tl.sum(b_R[:, :, None] * tl.trans(b_M)[None, :, :], 1)
-        p_o = o + i_b * s_ob + o_t[None, :] * s_ot + i_hv * s_oh + o_v[:, None] * s_ov
-        tl.store(p_o, cast(b_O, o.dtype.element_ty), mask=m_vt)
-        tl.store(buf_u + ((i_s * C + b_fe + o_t[None, :]) * HV + i_hv) * V + o_v[:, None],
-                 cast(b_U, buf_u.dtype.element_ty), mask=m_vt)
+        _store_chunk(o, buf_u, b_R, b_O, b_A, b_M, i_b, i_s, i_hv, b_fe, o_t, o_v, m_vt, s_ob, s_ot, s_oh, s_ov, C,
+                     HV, V)
     tl.store(buf_g + (i_s * C + b_fe + o_t) * HV + i_hv, b_Gs, mask=m_t)
     if HAS_COPY:
         tl.store(buf_b + (i_s * C + b_fe + o_t) * HV + i_hv, b_bd, mask=m_t)
@@ -1242,13 +1275,78 @@ def _verify_kernel(
     else:
         b_write = i_hv % (HV // H) == 0
     if b_write:
-        # [BT, BK]
-        b_K = tl.load(k + i_b * s_kb + o_t[:, None] * s_kt + i_h * s_kh + o_k[None, :] * s_kk, mask=m_tk, other=0.0)
-        b_K = b_K.to(tl.float32)
-        if USE_QK_L2NORM:
-            b_K = b_K / tl.sqrt(tl.sum(b_K * b_K, 1) + 1e-6)[:, None]
-        tl.store(buf_k + ((i_s * C + b_fe + o_t[:, None]) * H + i_h) * K + o_k[None, :],
-                 cast(b_K, buf_k.dtype.element_ty), mask=m_tk)
+        _store_draft_keys(k, buf_k, i_b, i_s, i_h, b_fe, o_t, o_k, m_tk, s_kb, s_kt, s_kh, s_kk, C, H, K,
+                          USE_QK_L2NORM)
+
+
+@triton.jit
+def _verify_heads_kernel(
+    rcopy, buf_u, buf_k, buf_g, fill, wts, q, k, v, o, slots,
+    s_qb, s_qt, s_qh, s_qk,
+    s_kb, s_kt, s_kh, s_kk,
+    s_vb, s_vt, s_vh, s_vv,
+    s_ob, s_ot, s_oh, s_ov,
+    T: tl.constexpr, W: tl.constexpr, C: tl.constexpr, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr,
+    V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr, BWC: tl.constexpr, BZ: tl.constexpr,
+    STAGES: tl.constexpr, USE_QK_L2NORM: tl.constexpr, NATIVE: tl.constexpr, IS_TILE_EXACT: tl.constexpr,
+    IS_HALF_IO: tl.constexpr, KSPLIT: tl.constexpr, NW: tl.constexpr, WFILL: tl.constexpr, HPP: tl.constexpr,
+):
+    """`_verify_kernel` with GPASS=2 and FPASS (no fold here, every value head's prologue from the weights, no read
+    copy) for HPP value heads of a key head per program: their chunks in one pipelined loop, head after head, so
+    that only the first head's first chunk waits with nothing of the program's before it, the drafts' columns read
+    once; the key head's first value head's program writes the drafts' keys."""
+    i_b, i_hv0 = tl.program_id(0), tl.program_id(1) * HPP
+    i_s = tl.load(slots + i_b).to(tl.int64)
+    if i_s < 0:
+        return
+    i_h = i_hv0 // (HV // H)
+    o_t, o_wc, o_z, o_k = tl.arange(0, BT), tl.arange(0, BWC), tl.arange(0, BZ), tl.arange(0, BK)
+    m_t = o_t < T
+    BKS: tl.constexpr = BK // KSPLIT
+    o_ka = tl.arange(0, BKS)
+    b_KQa = _draft_columns(q, k, i_b, i_h, o_ka, o_ka < K, s_qb, s_qt, s_qh, s_qk, s_kb, s_kt, s_kh, s_kk, T, BT, BZ)
+    if KSPLIT == 2:
+        b_KQb = _draft_columns(q, k, i_b, i_h, BKS + o_ka, BKS + o_ka < K, s_qb, s_qt, s_qh, s_qk, s_kb, s_kt, s_kh,
+                               s_kk, T, BT, BZ)
+    else:
+        b_KQb = b_KQa
+    NCH: tl.constexpr = (V + BV - 1) // BV
+    for i_c in tl.range(0, HPP * NCH, num_stages=STAGES):
+        i_hv = i_hv0 + i_c // NCH
+        o_v = (i_c % NCH) * BV + tl.arange(0, BV)
+        m_v = o_v < V
+        m_vt = m_v[:, None] & m_t[None, :]
+        p_w = wts + (i_b * HV + i_hv) * NW
+        b_f = _head_fill(fill, p_w, i_s, i_hv, HV, NW, BT, WFILL)
+        b_A, b_M, _ = _weights(p_w, o_t, BT, NW)
+        b_fz = tl.load(p_w + 2 * BT * BT + o_z)
+        b_Wcz = tl.load(p_w + 2 * BT * BT + BZ + o_wc[:, None] * BZ + o_z[None, :])
+        b_R, b_O = _mma_rows(rcopy, None, buf_u, v, (i_s * HV + i_hv) * V, ((i_s * C + o_wc) * HV + i_hv) * V, o_v,
+                             m_v, (o_wc < b_f) & (b_f < W), m_vt, o_t, o_z, o_ka, b_KQa, b_KQb, b_fz, b_Wcz, i_b, i_hv,
+                             s_vb, s_vt, s_vh, s_vv, K, BV, BT, BZ, BKS, KSPLIT, NATIVE, IS_TILE_EXACT, IS_HALF_IO,
+                             False)
+        _store_chunk(o, buf_u, b_R, b_O, b_A, b_M, i_b, i_s, i_hv, tl.where(b_f >= W, 0, b_f), o_t, o_v, m_vt, s_ob,
+                     s_ot, s_oh, s_ov, C, HV, V)
+    for j in tl.static_range(HPP):
+        p_w = wts + (i_b * HV + i_hv0 + j) * NW
+        b_f = _head_fill(fill, p_w, i_s, i_hv0 + j, HV, NW, BT, WFILL)
+        b_fe = tl.where(b_f >= W, 0, b_f)
+        tl.store(buf_g + (i_s * C + b_fe + o_t) * HV + i_hv0 + j, tl.load(p_w + NW - BT + o_t), mask=m_t)
+        if b_f >= W:
+            tl.store(fill + i_s * HV + i_hv0 + j, 0)
+        if j == 0:
+            # nothing in this launch reads the buffered keys (the fold launch has finished)
+            if i_hv0 % (HV // H) == 0:
+                _store_draft_keys(k, buf_k, i_b, i_s, i_h, b_fe, o_t, o_k, m_t[:, None] & (o_k < K)[None, :], s_kb,
+                                  s_kt, s_kh, s_kk, C, H, K, USE_QK_L2NORM)
+
+
+@triton.jit
+def _head_fill(fill, p_w, i_s, i_hv, HV: tl.constexpr, NW: tl.constexpr, BT: tl.constexpr, WFILL: tl.constexpr):
+    """A value head's fill: from its weights (`_verify_weights_kernel` wrote its bits) with WFILL, else the cache's."""
+    if WFILL:
+        return tl.load(p_w + NW - 2 * BT).to(tl.int32, bitcast=True)
+    return tl.load(fill + i_s * HV + i_hv)
 
 
 @triton.jit
@@ -1455,6 +1553,22 @@ def _launch_verify(cache, q, k, v, g, beta, out, slots, scale, l2norm, settings)
         )
     if side is not None:
         main.wait_stream(side)
+    hpp = _verify_heads(cache, settings)
+    if hpp > 1:
+        _verify_heads_kernel[(batch, cache.HV // hpp)](
+            rcopy=cache.checkpoint, buf_u=cache.buf_u, buf_k=cache.buf_k, buf_g=cache.buf_g, fill=cache.fill,
+            wts=wts, q=q, k=k, v=v, o=out, slots=slots,
+            s_qb=q.stride(0), s_qt=q.stride(1), s_qh=q.stride(2), s_qk=q.stride(3),
+            s_kb=k.stride(0), s_kt=k.stride(1), s_kh=k.stride(2), s_kk=k.stride(3),
+            s_vb=v.stride(0), s_vt=v.stride(1), s_vh=v.stride(2), s_vv=v.stride(3),
+            s_ob=out.stride(0), s_ot=out.stride(1), s_oh=out.stride(2), s_ov=out.stride(3),
+            T=T, W=cache.window, C=cache.capacity, H=cache.H, HV=cache.HV, K=cache.K, V=cache.V, BK=BK,
+            BV=max(16, min(settings["BV"], next_pow2(cache.V))), BT=BT, BWC=BWC, BZ=BZ, STAGES=settings["STAGES"],
+            USE_QK_L2NORM=l2norm, NATIVE=tile.itemsize == 2 and q.dtype == k.dtype == tile,
+            IS_TILE_EXACT=tile != torch.float32, IS_HALF_IO=half_io, KSPLIT=ksplit, NW=NW,
+            WFILL=bool(settings["WFILL"]), HPP=hpp, **compile_options(settings),
+        )
+        return
     _verify_kernel[(batch, cache.HV)](
         **_cache_args(cache), arrivals=cache.arrivals, gram=gram, wts=wts,
         q=q, k=k, v=v, g=g, beta=beta, o=out, slots=slots,
@@ -1479,6 +1593,17 @@ def _launch_verify(cache, q, k, v, g, beta, out, slots, scale, l2norm, settings)
         ARRIVE=bool(settings["ARRIVE"]) or not settings["FPASS"],
         WFILL=bool(settings["WFILL"]) and settings["GPASS"] == 2, **compile_options(settings),
     )
+
+
+def _verify_heads(cache: ReplayCache, settings: dict) -> int:
+    """The value heads per verify program: HPP where the verify neither folds nor takes a prologue of its own (FPASS,
+    GPASS=2), to a power of two that divides a key head's value heads; else 1."""
+    if not (settings["FPASS"] and settings["GPASS"] == 2):
+        return 1
+    hpp = settings["HPP"]
+    while (cache.HV // cache.H) % hpp:
+        hpp //= 2
+    return hpp
 
 
 def _fold_widths(cache: ReplayCache, settings: dict, BW: int) -> dict:
@@ -1638,8 +1763,9 @@ def verify(
     ahead), FSPLITW (1: a fill of W folds in a product over the window's entries, not the capacity's; 2:
     a fill past W too, and the entries past them one by one), ARRIVE (0: the drafts' keys written by each
     key head's first value head, not the last to finish; taken with FPASS = 1 only), WFILL (1: each value
-    head's fill read from its weights; with GPASS = 2 only), num_warps, num_stages, maxnreg; slots, check:
-    as in `replay`.
+    head's fill read from its weights; with GPASS = 2 only), HPP (value heads of a key head per program,
+    their chunks in one loop; with FPASS = 1 and GPASS = 2 only), num_warps, num_stages, maxnreg; slots,
+    check: as in `replay`.
     """
     batch, T = _check_against_cache(cache, _verify_kernel, q, k, v, g, beta, tokens=True)
     if not 1 <= T <= cache.max_draft:
