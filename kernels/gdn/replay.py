@@ -1143,7 +1143,8 @@ def _verify_kernel(
     # Position of the first draft: after the committed entries, or at 0 when they are folded first.
     b_fe = tl.where(b_flush, 0, b_f)
     b_Gl = tl.load(buf_g + (i_s * C + tl.maximum(b_f - 1, 0)) * HV + i_hv, mask=b_f > 0, other=0.0)
-    # Every committed entry is read before any draft's key is written (the arrivals below).
+    # Every committed entry is read before any draft's key is written (the arrivals below; with FPASS the fold
+    # launch, before this one, has read the entries the drafts' keys overwrite).
     # With FPASS `_verify_fold_kernel` has folded the rows with W entries or more.
     if not FPASS:
         if b_flush:
@@ -1308,8 +1309,6 @@ def _verify_heads_kernel(
     if KSPLIT == 2:
         b_KQb = _draft_columns(q, k, i_b, i_h, BKS + o_ka, BKS + o_ka < K, s_qb, s_qt, s_qh, s_qk, s_kb, s_kt, s_kh,
                                s_kk, T, BT, BZ)
-    else:
-        b_KQb = b_KQa
     NCH: tl.constexpr = (V + BV - 1) // BV
     for i_c in tl.range(0, HPP * NCH, num_stages=STAGES):
         i_hv = i_hv0 + i_c // NCH
@@ -1322,9 +1321,9 @@ def _verify_heads_kernel(
         b_fz = tl.load(p_w + 2 * BT * BT + o_z)
         b_Wcz = tl.load(p_w + 2 * BT * BT + BZ + o_wc[:, None] * BZ + o_z[None, :])
         b_R, b_O = _mma_rows(rcopy, None, buf_u, v, (i_s * HV + i_hv) * V, ((i_s * C + o_wc) * HV + i_hv) * V, o_v,
-                             m_v, (o_wc < b_f) & (b_f < W), m_vt, o_t, o_z, o_ka, b_KQa, b_KQb, b_fz, b_Wcz, i_b, i_hv,
-                             s_vb, s_vt, s_vh, s_vv, K, BV, BT, BZ, BKS, KSPLIT, NATIVE, IS_TILE_EXACT, IS_HALF_IO,
-                             False)
+                             m_v, (o_wc < b_f) & (b_f < W), m_vt, o_t, o_z, o_ka, b_KQa,
+                             b_KQa if KSPLIT == 1 else b_KQb, b_fz, b_Wcz, i_b, i_hv, s_vb, s_vt, s_vh, s_vv, K, BV, BT,
+                             BZ, BKS, KSPLIT, NATIVE, IS_TILE_EXACT, IS_HALF_IO, False)
         _store_chunk(o, buf_u, b_R, b_O, b_A, b_M, i_b, i_s, i_hv, tl.where(b_f >= W, 0, b_f), o_t, o_v, m_vt, s_ob,
                      s_ot, s_oh, s_ov, C, HV, V)
     for j in tl.static_range(HPP):
