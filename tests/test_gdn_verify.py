@@ -375,6 +375,8 @@ def test_verify_and_accept_bad_input(device):
         gdn.verify(cache, **inp, launch={"FPASS": 1, "ARRIVE": 2})
     with pytest.raises(ValueError, match=r"launch\['WFILL'\] must be 0 or 1; got 2"):
         gdn.verify(cache, **inp, launch={"GPASS": 2, "WFILL": 2})
+    with pytest.raises(ValueError, match=r"launch\['HPP'\] must be a power of two; got 3"):
+        gdn.verify(cache, **inp, launch={"FPASS": 1, "HPP": 3})
 
 
 @pytest.mark.gpu
