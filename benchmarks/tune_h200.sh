@@ -3,7 +3,7 @@
 # writes its table (.txt) and results (.json) under DIR (default runs/tune), and DIR.tar.gz holds them all for
 # machines that return one file; a sweep past its time limit leaves the ones before it.
 # Usage: benchmarks/tune_h200.sh [DIR] [SECTION ...]
-# Sections: tests, gdn-verify-hpp, gdn-verify-wfill, gdn-verify-fold-tf32, gdn-verify-arrive, gdn-verify-fsplitw-3, gdn-verify-rows-63-2, gdn-verify-63, gdn-verify-rows-63, gdn-verify-fsplitw-2, gdn-verify-fsplitw, gdn-verify-fpref, gdn-verify-medium, gdn-verify-vsplit, gdn-verify-fstream-3, gdn-verify-fpass2-2, gdn-verify-fpass2, gdn-verify-fstream-2, gdn-verify-fstream, gdn-verify-fpass-4, gdn-verify-fpass-3, gdn-verify-fpass-2, gdn-verify-fpass, gdn-bf16-buffers, gdn-verify-gpass2-2, gdn-verify-gpass2, gdn-verify-tc, gdn-verify-tc-2, gdn-verify-tc-3, gdn-verify-tc-4, gdn-verify-phases, stalls-fold, gdn-verify-gpass, verify-bf16-bc, fla-slots, kernel-tests, mamba2-verify-fstages, mamba2-verify-bpf, mamba2-verify-launches, mamba2-verify-fold, mamba2-verify-bc-3, mamba2-verify-bc-2, mamba2-verify-bc, mamba2-verify-stream, mamba2-verify-stream-2, tail-lead, tail-3, tail-medium, tail-2, tail, gdn-bf16-tf32, prefetch-profile, prefetch, prefetch-2, loops, gdn-decode-chunks, gdn-decode-order, gdn-decode-order-2, mamba2-mma, stalls-bf16, mamba2-bf16-heads, mamba2-bf16-tf32, heads-sanitizer, mamba2-heads-flush-2, gdn-heads-fault, gdn-heads, mamba2-heads-flush, mamba2-heads, mamba2-heads-2, mamba2-heads-3, mamba2-heads-4, verify-tests, gdn-verify-mma, gdn-verify-3, gdn-verify-rows, gdn-verify-warps, gdn-verify-warps-2, mamba2-verify-warps, gdn-split-3, gdn-split-4, two-phase-2, mamba2-split-phases, mamba2-two-phase, gdn-split-flush-vp, gdn-mma, split-launch-cost, split-launch-cost-2, gdn-flush-list, mamba2-flush-list, gdn-split-nonflush, gdn-split-flush-2, one-warp, fp8-one-warp, fp8-one-warp-2, copy-pieces, regs-2byte, stalls, stalls-2, next, small-grid, small-grid-2, small-grid-3, medium-grid, direct, order, vk, gdn-decode, gdn-replay, gdn-early, gdn-replay-256, gdn-fp32-2, gdn-split, gdn-split-2,
+# Sections: tests, gdn-verify-next, gdn-verify-wfill, gdn-verify-fold-tf32, gdn-verify-arrive, gdn-verify-fsplitw-3, gdn-verify-rows-63-2, gdn-verify-63, gdn-verify-rows-63, gdn-verify-fsplitw-2, gdn-verify-fsplitw, gdn-verify-fpref, gdn-verify-medium, gdn-verify-vsplit, gdn-verify-fstream-3, gdn-verify-fpass2-2, gdn-verify-fpass2, gdn-verify-fstream-2, gdn-verify-fstream, gdn-verify-fpass-4, gdn-verify-fpass-3, gdn-verify-fpass-2, gdn-verify-fpass, gdn-bf16-buffers, gdn-verify-gpass2-2, gdn-verify-gpass2, gdn-verify-tc, gdn-verify-tc-2, gdn-verify-tc-3, gdn-verify-tc-4, gdn-verify-phases, stalls-fold, gdn-verify-gpass, verify-bf16-bc, fla-slots, kernel-tests, mamba2-verify-fstages, mamba2-verify-bpf, mamba2-verify-launches, mamba2-verify-fold, mamba2-verify-bc-3, mamba2-verify-bc-2, mamba2-verify-bc, mamba2-verify-stream, mamba2-verify-stream-2, tail-lead, tail-3, tail-medium, tail-2, tail, gdn-bf16-tf32, prefetch-profile, prefetch, prefetch-2, loops, gdn-decode-chunks, gdn-decode-order, gdn-decode-order-2, mamba2-mma, stalls-bf16, mamba2-bf16-heads, mamba2-bf16-tf32, heads-sanitizer, mamba2-heads-flush-2, gdn-heads-fault, gdn-heads, mamba2-heads-flush, mamba2-heads, mamba2-heads-2, mamba2-heads-3, mamba2-heads-4, verify-tests, gdn-verify-mma, gdn-verify-3, gdn-verify-rows, gdn-verify-warps, gdn-verify-warps-2, mamba2-verify-warps, gdn-split-3, gdn-split-4, two-phase-2, mamba2-split-phases, mamba2-two-phase, gdn-split-flush-vp, gdn-mma, split-launch-cost, split-launch-cost-2, gdn-flush-list, mamba2-flush-list, gdn-split-nonflush, gdn-split-flush-2, one-warp, fp8-one-warp, fp8-one-warp-2, copy-pieces, regs-2byte, stalls, stalls-2, next, small-grid, small-grid-2, small-grid-3, medium-grid, direct, order, vk, gdn-decode, gdn-replay, gdn-early, gdn-replay-256, gdn-fp32-2, gdn-split, gdn-split-2,
 # gdn-bf16, gdn-bf16-2, gdn-verify, fla, mamba2-split, mamba2-split2, mamba2-vn, mamba2-bf16, mamba2-bf16-2,
 # mamba2-verify (default: tests gdn-decode gdn-replay gdn-verify mamba2-split mamba2-bf16 mamba2-verify).
 set -uo pipefail
@@ -72,16 +72,19 @@ for section in $SECTIONS; do
     tests)
         gpu_tests tests 300 tests
         ;;
-    gdn-verify-hpp)
-        # (Prepared at the commit after 75851a9, not yet run.) HPP: 2 or 4 value heads of a key head per verify
-        # program, their chunks in one pipelined loop (`_verify_heads_kernel`: 160 registers against 154, 987
-        # instructions per chunk against 838, its heads' weights loaded chunk by chunk). The GPU tests, launch by
-        # launch and the sweep, then the reference loop at 64 and 256.
+    gdn-verify-next)
+        # (Prepared, not yet run.) HPP: 2 or 4 value heads of a key head per verify program, their chunks in one
+        # pipelined loop (`_verify_heads_kernel`: 160 registers against 154, 987 instructions per chunk against 838,
+        # its heads' weights loaded chunk by chunk). FCLAIM: the fold launch's items past each program's first
+        # claimed from a counter, one ahead, instead of every PPS·SMs-th (a served mix's folds, about 6 items a
+        # program at 256, end with the slowest program's). The GPU tests, launch by launch and the sweep, then the
+        # reference loop at 64 and 256.
         V="gdn.replay:LAUNCH:verify"
-        gpu_tests gdn-verify-hpp-tests 100 tests/test_gdn_verify.py
-        verify_launches gdn-verify-hpp 120 "256" "16 64 256" "" "HPP=2" "HPP=4"
-        spec_rows gdn-verify-hpp-a gdn-verify-hpp 120 qwen3.5-122b-a10b 64,256 "$V:HPP=1"
-        spec_rows gdn-verify-hpp-b gdn-verify-hpp 120 qwen3.5-122b-a10b 64,256 "$V:HPP=2"
+        gpu_tests gdn-verify-next-tests 100 tests/test_gdn_verify.py
+        verify_launches gdn-verify-next 120 "256" "16 64 256" "" "HPP=2" "HPP=4" "FCLAIM=1" "FCLAIM=1,FVP=64"
+        spec_rows gdn-verify-next-a gdn-verify-next 120 qwen3.5-122b-a10b 64,256 "$V:HPP=1"
+        spec_rows gdn-verify-next-b gdn-verify-next 120 qwen3.5-122b-a10b 64,256 "$V:HPP=2"
+        spec_rows gdn-verify-next-c gdn-verify-next 120 qwen3.5-122b-a10b 64,256 "$V:FCLAIM=1"
         ;;
     gdn-verify-wfill)
         # (Runs at b8b6aa5.) WFILL=1: a verify program reads its value head's fill (and A, M, the log-decays) from

@@ -112,6 +112,8 @@ FOLD_CASES = [
     ("fp32", None, "bf16", 2, 2, {"TF32": 0, "FKSPLIT": 1, "ARRIVE": 0, "WFILL": 1}),
     ("bf16", None, "fp32", 2, 2, {"WFILL": 1}),
     ("fp32", None, "bf16", 2, 2, {"ARRIVE": 1, "WFILL": 0}),
+    ("fp32", None, "bf16", 2, 2, {"TF32": 0, "FKSPLIT": 1, "FCLAIM": 1, "FVP": 8, "PPS": 1}),
+    ("fp32", "fp8", "bf16", 1, 0, {"FCLAIM": 1, "PPS": 2}),
     ("fp32", "bf16", "fp32", 1, 1, {"PPS": 2, "ARRIVE": 0}),
     ("fp32", None, "fp16", 0, 0, {"FVP": 8, "ARRIVE": 0}),
 ]
@@ -135,6 +137,7 @@ EVERY_ROW_CASES = [
     ("fp32", 16, {"FPREF": 1, "PPS": 2, "FSPLITW": 2, "ARRIVE": 0}),
     ("fp32", 16, {"FPREF": 1, "PPS": 2, "FSPLITW": 2, "ARRIVE": 0, "WFILL": 1}),
     ("fp32", 16, {"FPREF": 1, "PPS": 2, "FSPLITW": 2, "ARRIVE": 0, "WFILL": 1, "HPP": 2}),
+    ("fp32", 16, {"FCLAIM": 1, "PPS": 2, "FSPLITW": 2}), ("fp32", 4, {"FCLAIM": 1, "PPS": 1}),
 ]
 
 
@@ -375,6 +378,8 @@ def test_verify_and_accept_bad_input(device):
         gdn.verify(cache, **inp, launch={"FPASS": 1, "ARRIVE": 2})
     with pytest.raises(ValueError, match=r"launch\['WFILL'\] must be 0 or 1; got 2"):
         gdn.verify(cache, **inp, launch={"GPASS": 2, "WFILL": 2})
+    with pytest.raises(ValueError, match=r"launch\['FCLAIM'\] must be 0 or 1; got 2"):
+        gdn.verify(cache, **inp, launch={"FPASS": 1, "FCLAIM": 2})
     with pytest.raises(ValueError, match=r"launch\['HPP'\] must be a power of two; got 3"):
         gdn.verify(cache, **inp, launch={"FPASS": 1, "HPP": 3})
 
@@ -392,11 +397,13 @@ def test_verify_and_accept_bad_input(device):
                                     {"GPASS": 2, "FPASS": 1, "FSTREAM": 1, "FSPLITW": 2, "ARRIVE": 0, "WFILL": 1},
                                     {"GPASS": 2, "FPASS": 1, "FSTREAM": 1, "FSPLITW": 2, "WFILL": 1, "HPP": 2},
                                     {"GPASS": 2, "FPASS": 1, "FSTREAM": 1, "FSPLITW": 2, "WFILL": 0, "HPP": 4},
+                                    {"GPASS": 2, "FPASS": 1, "FSTREAM": 1, "FSPLITW": 2, "FCLAIM": 1, "FVP": 32},
                                     {"GPASS": 1, "BV": 64, "num_warps": 4, "FPASS": 0, "FSPLITW": 1}],
                          ids=["row", "MMA-GPASS", "MMA-GPASS-BV32-warps4", "MMA-GPASS-KSPLIT2-BV32", "row-GPASS2",
                               "small-row-GPASS2", "row-FPASS-one-stream", "row-FPASS-FSTREAM",
                               "row-FPREF-GKSPLIT2", "row-FPREF-FVP16-PPS1-GKSPLIT4-FSPLITW", "row-FSPLITW",
                               "row-FSPLITW2", "row-ARRIVE0", "row-WFILL", "row-HPP2", "row-HPP4-WFILL0",
+                              "row-FCLAIM-FVP32",
                               "small-row-FSPLITW"])
 def test_verify_qwen_shape_on_gpu(assert_close, launch):
     """The Qwen3.5-122B layer shape, T = 4, fills crossing W, against the references."""

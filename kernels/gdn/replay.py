@@ -31,6 +31,7 @@ from replayssm_kernels.gdn.common import (
     listed_ahead,
     listed_flush,
     qk_factors,
+    tail_claim,
     launch_settings,
     medium_grid,
     next_pow2,
@@ -68,9 +69,10 @@ _SPLIT = {"EARLY": 0, "TF32": 0, "MMA": 0, "VP": 256, "BV": 32, "BVF": 16, "VK":
 # verify that folds its own rows counts regardless). WFILL=1 has a verify program read its value head's fill from
 # the weights launch's output (GPASS=2 only), beside its slot, rather than from the cache after the slot. HPP (with
 # FPASS=1 and GPASS=2 only) has a verify program take that many value heads of a key head, their chunks in one
-# pipelined loop (`_verify_heads_kernel`, `_verify_heads`).
+# pipelined loop (`_verify_heads_kernel`, `_verify_heads`). FCLAIM=1 has a fold program claim its items after the
+# first from a counter (one ahead) rather than take every PPS·SMs-th.
 _FOLD = {"FPASS": 0, "FVP": 128, "FWARPS": 4, "FMAXNREG": None, "PPS": 4, "TF32": 1, "FKSPLIT": 2, "FSTREAM": 0,
-         "FPREF": 0, "FSPLITW": 0, "ARRIVE": 1, "WFILL": 0, "HPP": 1}
+         "FPREF": 0, "FSPLITW": 0, "ARRIVE": 1, "WFILL": 0, "HPP": 1, "FCLAIM": 0}
 _VERIFY = {"BV": 32, "BVF": 16, "VK": 32, "STAGES": 2, "GPASS": 2, "GKSPLIT": 2, "MMA": 1, "KSPLIT": 2, "FSTAGES": 3,
            "num_warps": 2, "num_stages": 1, "maxnreg": 168,
            **dict(_FOLD, FPASS=1, FWARPS=2, PPS=4, TF32=0, FKSPLIT=1, FSTREAM=1, FPREF=1, FSPLITW=2, ARRIVE=0,
@@ -953,26 +955,39 @@ def _verify_fold_kernel(
     C: tl.constexpr, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BK: tl.constexpr, BVF: tl.constexpr, VP: tl.constexpr, HAS_COPY: tl.constexpr,
     IS_FP8: tl.constexpr, FKSPLIT: tl.constexpr, FSTAGES: tl.constexpr, PRECISION: tl.constexpr,
-    FPREF: tl.constexpr, FWM: tl.constexpr, BW: tl.constexpr, FXW: tl.constexpr,
+    FPREF: tl.constexpr, FWM: tl.constexpr, BW: tl.constexpr, FXW: tl.constexpr, FCLAIM: tl.constexpr,
 ):
     """The folds a verify's rows take first (FPASS), in a launch of their own between `_verify_list_kernel`, which
     listed the value heads whose buffers hold W entries or more in `work`, and the verify, which then skips its own
     fold (their fills, read again there, still say W or more: the drafts go to position 0 and the fill to 0): VP
     rows of a head per item, each program looping over the items (a few programs per SM however few rows fold). With
     FPREF a program loads its next item's list entry and slot while it folds the one before (the entry two items
-    ahead, the slot one), so that an item begins with the loads of its rows. The last program to finish zeroes the
+    ahead, the slot one), so that an item begins with the loads of its rows. With FCLAIM a program's items after its
+    first are claimed from a counter in the list's header, each as the one before begins (its entry and slot then
+    loaded), so that programs slowed by what shares their SM take fewer. The last program to finish zeroes the
     list's counters for the next step."""
     NPB: tl.constexpr = (V + VP - 1) // VP
     n_items = tl.load(work) * NPB
     n_programs = tl.num_programs(0)
     # A while loop: its bounds are device values (the interpreter's range takes only Python integers).
     i_j = tl.program_id(0)
-    if FPREF:
+    if FCLAIM:
+        # a program's first item is its own; the next, claimed now, is item n_programs + the claim's count
+        n_j = tail_claim(work) + n_programs
+        e_b, e_hv, e_f = listed_ahead(work, i_j // NPB, i_j < n_items)
+        e_s = tl.load(slots + e_b, mask=i_j < n_items, other=0).to(tl.int64)
+    elif FPREF:
         e_b, e_hv, e_f = listed_ahead(work, i_j // NPB, i_j < n_items)
         e_s = tl.load(slots + e_b, mask=i_j < n_items, other=0).to(tl.int64)
         n_b, n_hv, n_f = listed_ahead(work, (i_j + n_programs) // NPB, i_j + n_programs < n_items)
     while i_j < n_items:
-        if FPREF:
+        if FCLAIM:
+            i_b, i_hv, b_f, i_s = e_b, e_hv, e_f, e_s
+            c_j = n_j
+            e_b, e_hv, e_f = listed_ahead(work, c_j // NPB, c_j < n_items)
+            e_s = tl.load(slots + e_b, mask=c_j < n_items, other=0).to(tl.int64)
+            n_j = tail_claim(work) + n_programs
+        elif FPREF:
             i_b, i_hv, b_f, i_s = e_b, e_hv, e_f, e_s
             e_b, e_hv, e_f = n_b, n_hv, n_f
             e_s = tl.load(slots + e_b, mask=i_j + n_programs < n_items, other=0).to(tl.int64)
@@ -987,7 +1002,10 @@ def _verify_fold_kernel(
             ckpt, rcopy, rscale, buf_u, buf_k, buf_g, buf_t, i_s, i_h, i_hv, b_f, b_Gl, (i_j % NPB) * VP,
             C, H, HV, K, V, BK, BVF, HAS_COPY, IS_FP8, FKSPLIT, FSTAGES, VP, PRECISION, FWM, BW, FXW,
         )
-        i_j += n_programs
+        if FCLAIM:
+            i_j = c_j
+        else:
+            i_j += n_programs
     list_done(work, n_programs)
 
 
@@ -1525,7 +1543,7 @@ def _launch_verify(cache, q, k, v, g, beta, out, slots, scale, l2norm, settings)
                 BVF=max(16, min(settings["BVF"], FVP)), VP=FVP,
                 FKSPLIT=1 if cache.read_copy is not None or BK < 32 else settings["FKSPLIT"],
                 FSTAGES=settings["FSTAGES"], PRECISION=flush_precision(cache.checkpoint, settings["TF32"]),
-                FPREF=bool(settings["FPREF"]), **fold_widths,
+                FPREF=bool(settings["FPREF"]), FCLAIM=bool(settings["FCLAIM"]), **fold_widths,
                 **compile_options({"num_warps": settings["FWARPS"], "num_stages": 1,
                                    "maxnreg": settings["FMAXNREG"]}),
             )
@@ -1762,7 +1780,8 @@ def verify(
     ahead), FSPLITW (1: a fill of W folds in a product over the window's entries, not the capacity's; 2:
     a fill past W too, and the entries past them one by one), ARRIVE (0: the drafts' keys written by each
     key head's first value head, not the last to finish; taken with FPASS = 1 only), WFILL (1: each value
-    head's fill read from its weights; with GPASS = 2 only), HPP (value heads of a key head per program,
+    head's fill read from its weights; with GPASS = 2 only), FCLAIM (1: a fold program's items after its
+    first claimed from a counter), HPP (value heads of a key head per program,
     their chunks in one loop; with FPASS = 1 and GPASS = 2 only), num_warps, num_stages, maxnreg; slots,
     check: as in `replay`.
     """
