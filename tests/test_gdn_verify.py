@@ -364,24 +364,19 @@ def test_verify_and_accept_bad_input(device):
         with pytest.raises(ValueError, match="GPASS = 2 .* takes MMA = 1 and no read copy"):
             gdn.verify(got, **inp, launch=launch)
         assert torch.equal(got.checkpoint, before.checkpoint) and torch.equal(got.fill, before.fill)
-    with pytest.raises(ValueError, match=r"launch\['FVP'\] must be a power of two"):
-        gdn.verify(cache, **inp, launch={"FPASS": 1, "FVP": 12})
-    with pytest.raises(ValueError, match=r"launch\['FSTREAM'\] must be 0 or 1; got 2"):
-        gdn.verify(cache, **inp, launch={"FPASS": 1, "FSTREAM": 2})
-    with pytest.raises(ValueError, match=r"launch\['FSPLITW'\] must be 0 or 1 or 2; got 3"):
-        gdn.verify(cache, **inp, launch={"FSPLITW": 3})
-    with pytest.raises(ValueError, match=r"launch\['FPREF'\] must be 0 or 1; got 2"):
-        gdn.verify(cache, **inp, launch={"FPASS": 1, "FPREF": 2})
-    with pytest.raises(ValueError, match=r"launch\['GKSPLIT'\] must be a power of two; got 3"):
-        gdn.verify(cache, **inp, launch={"GPASS": 1, "GKSPLIT": 3})
-    with pytest.raises(ValueError, match=r"launch\['ARRIVE'\] must be 0 or 1; got 2"):
-        gdn.verify(cache, **inp, launch={"FPASS": 1, "ARRIVE": 2})
-    with pytest.raises(ValueError, match=r"launch\['WFILL'\] must be 0 or 1; got 2"):
-        gdn.verify(cache, **inp, launch={"GPASS": 2, "WFILL": 2})
-    with pytest.raises(ValueError, match=r"launch\['FCLAIM'\] must be 0 or 1; got 2"):
-        gdn.verify(cache, **inp, launch={"FPASS": 1, "FCLAIM": 2})
-    with pytest.raises(ValueError, match=r"launch\['HPP'\] must be a power of two; got 3"):
-        gdn.verify(cache, **inp, launch={"FPASS": 1, "HPP": 3})
+    for launch, message in [
+        ({"FPASS": 1, "FVP": 12}, r"launch\['FVP'\] must be a power of two"),
+        ({"FPASS": 1, "FSTREAM": 2}, r"launch\['FSTREAM'\] must be 0 or 1; got 2"),
+        ({"FSPLITW": 3}, r"launch\['FSPLITW'\] must be 0 or 1 or 2; got 3"),
+        ({"FPASS": 1, "FPREF": 2}, r"launch\['FPREF'\] must be 0 or 1; got 2"),
+        ({"GPASS": 1, "GKSPLIT": 3}, r"launch\['GKSPLIT'\] must be a power of two; got 3"),
+        ({"FPASS": 1, "ARRIVE": 2}, r"launch\['ARRIVE'\] must be 0 or 1; got 2"),
+        ({"GPASS": 2, "WFILL": 2}, r"launch\['WFILL'\] must be 0 or 1; got 2"),
+        ({"FPASS": 1, "FCLAIM": 2}, r"launch\['FCLAIM'\] must be 0 or 1; got 2"),
+        ({"FPASS": 1, "HPP": 3}, r"launch\['HPP'\] must be a power of two; got 3"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            gdn.verify(cache, **inp, launch=launch)
 
 
 @pytest.mark.gpu

@@ -1107,6 +1107,12 @@ def _weights(p_w, o_t, BT: tl.constexpr, NW: tl.constexpr):
 
 
 @triton.jit
+def _weights_fill(p_w, BT: tl.constexpr, NW: tl.constexpr):
+    """A value head's fill from its row of `_verify_weights_kernel`'s output, which keeps its int32 bits."""
+    return tl.load(p_w + NW - 2 * BT).to(tl.int32, bitcast=True)
+
+
+@triton.jit
 def _verify_kernel(
     ckpt, rcopy, rscale, buf_u, buf_k, buf_g, buf_b, buf_t, fill, arrivals, gram, wts,
     q, k, v, g, beta, o, slots,
@@ -1135,7 +1141,7 @@ def _verify_kernel(
         p_w = wts + (i_b * HV + i_hv) * NW
     if WFILL:
         b_A, b_M, b_Gs = _weights(p_w, o_t, BT, NW)
-        b_fw = tl.load(p_w + NW - 2 * BT).to(tl.int32, bitcast=True)
+        b_fw = _weights_fill(p_w, BT, NW)
     i_s = tl.load(slots + i_b).to(tl.int64)
     if i_s < 0:
         return
@@ -1362,7 +1368,7 @@ def _verify_heads_kernel(
 def _head_fill(fill, p_w, i_s, i_hv, HV: tl.constexpr, NW: tl.constexpr, BT: tl.constexpr, WFILL: tl.constexpr):
     """A value head's fill: from its weights (`_verify_weights_kernel` wrote its bits) with WFILL, else the cache's."""
     if WFILL:
-        return tl.load(p_w + NW - 2 * BT).to(tl.int32, bitcast=True)
+        return _weights_fill(p_w, BT, NW)
     return tl.load(fill + i_s * HV + i_hv)
 
 
@@ -1547,12 +1553,20 @@ def _launch_verify(cache, q, k, v, g, beta, out, slots, scale, l2norm, settings)
                 **compile_options({"num_warps": settings["FWARPS"], "num_stages": 1,
                                    "maxnreg": settings["FMAXNREG"]}),
             )
+    qk_strides = dict(s_qb=q.stride(0), s_qt=q.stride(1), s_qh=q.stride(2), s_qk=q.stride(3),
+                      s_kb=k.stride(0), s_kt=k.stride(1), s_kh=k.stride(2), s_kk=k.stride(3))
+    vo_strides = dict(s_vb=v.stride(0), s_vt=v.stride(1), s_vh=v.stride(2), s_vv=v.stride(3),
+                      s_ob=out.stride(0), s_ot=out.stride(1), s_oh=out.stride(2), s_ov=out.stride(3))
+    gate_strides = dict(s_gb=g.stride(0), s_gt=g.stride(1), s_gh=g.stride(2),
+                        s_bb=beta.stride(0), s_bt=beta.stride(1), s_bh=beta.stride(2))
+    # the verify's rows per chunk, and how its tile's product is taken
+    BV = max(16, min(settings["BV"], next_pow2(cache.V)))
+    tile_product = dict(NATIVE=tile.itemsize == 2 and q.dtype == k.dtype == tile, IS_TILE_EXACT=tile != torch.float32,
+                        IS_HALF_IO=half_io)
     if settings["GPASS"]:
         gram = torch.empty(batch, cache.H, BE, BZ, dtype=torch.float32, device=cache.device)
         _verify_gram_kernel[(batch, cache.H)](
-            buf_k=cache.buf_k, fill=cache.fill, q=q, k=k, slots=slots, gram=gram,
-            s_qb=q.stride(0), s_qt=q.stride(1), s_qh=q.stride(2), s_qk=q.stride(3),
-            s_kb=k.stride(0), s_kt=k.stride(1), s_kh=k.stride(2), s_kk=k.stride(3),
+            buf_k=cache.buf_k, fill=cache.fill, q=q, k=k, slots=slots, gram=gram, **qk_strides,
             T=T, W=cache.window, C=cache.capacity, H=cache.H, HV=cache.HV, K=cache.K, BK=BK,
             BT=BT, BWC=BWC, BE=BE, BZ=BZ, IS_HALF_IO=half_io, GKSPLIT=min(settings["GKSPLIT"], BK // 16),
             num_warps=GRAM_WARPS,
@@ -1560,9 +1574,7 @@ def _launch_verify(cache, q, k, v, g, beta, out, slots, scale, l2norm, settings)
     if settings["GPASS"] == 2:
         wts = torch.empty(batch, cache.HV, NW, dtype=torch.float32, device=cache.device)
         _verify_weights_kernel[(batch, cache.HV)](
-            buf_g=cache.buf_g, fill=cache.fill, g=g, beta=beta, slots=slots, gram=gram, wts=wts,
-            s_gb=g.stride(0), s_gt=g.stride(1), s_gh=g.stride(2),
-            s_bb=beta.stride(0), s_bt=beta.stride(1), s_bh=beta.stride(2),
+            buf_g=cache.buf_g, fill=cache.fill, g=g, beta=beta, slots=slots, gram=gram, wts=wts, **gate_strides,
             scale=scale,
             T=T, W=cache.window, C=cache.capacity, H=cache.H, HV=cache.HV,
             BT=BT, BWC=BWC, BE=BE, BZ=BZ, NW=NW, USE_QK_L2NORM=l2norm,
@@ -1574,37 +1586,24 @@ def _launch_verify(cache, q, k, v, g, beta, out, slots, scale, l2norm, settings)
     if hpp > 1:
         _verify_heads_kernel[(batch, cache.HV // hpp)](
             rcopy=cache.checkpoint, buf_u=cache.buf_u, buf_k=cache.buf_k, buf_g=cache.buf_g, fill=cache.fill,
-            wts=wts, q=q, k=k, v=v, o=out, slots=slots,
-            s_qb=q.stride(0), s_qt=q.stride(1), s_qh=q.stride(2), s_qk=q.stride(3),
-            s_kb=k.stride(0), s_kt=k.stride(1), s_kh=k.stride(2), s_kk=k.stride(3),
-            s_vb=v.stride(0), s_vt=v.stride(1), s_vh=v.stride(2), s_vv=v.stride(3),
-            s_ob=out.stride(0), s_ot=out.stride(1), s_oh=out.stride(2), s_ov=out.stride(3),
+            wts=wts, q=q, k=k, v=v, o=out, slots=slots, **qk_strides, **vo_strides,
             T=T, W=cache.window, C=cache.capacity, H=cache.H, HV=cache.HV, K=cache.K, V=cache.V, BK=BK,
-            BV=max(16, min(settings["BV"], next_pow2(cache.V))), BT=BT, BWC=BWC, BZ=BZ, STAGES=settings["STAGES"],
-            USE_QK_L2NORM=l2norm, NATIVE=tile.itemsize == 2 and q.dtype == k.dtype == tile,
-            IS_TILE_EXACT=tile != torch.float32, IS_HALF_IO=half_io, KSPLIT=ksplit, NW=NW,
-            WFILL=bool(settings["WFILL"]), HPP=hpp, **compile_options(settings),
+            BV=BV, BT=BT, BWC=BWC, BZ=BZ, STAGES=settings["STAGES"], USE_QK_L2NORM=l2norm, **tile_product,
+            KSPLIT=ksplit, NW=NW, WFILL=bool(settings["WFILL"]), HPP=hpp, **compile_options(settings),
         )
         return
     _verify_kernel[(batch, cache.HV)](
         **_cache_args(cache), arrivals=cache.arrivals, gram=gram, wts=wts,
-        q=q, k=k, v=v, g=g, beta=beta, o=out, slots=slots,
-        s_qb=q.stride(0), s_qt=q.stride(1), s_qh=q.stride(2), s_qk=q.stride(3),
-        s_kb=k.stride(0), s_kt=k.stride(1), s_kh=k.stride(2), s_kk=k.stride(3),
-        s_vb=v.stride(0), s_vt=v.stride(1), s_vh=v.stride(2), s_vv=v.stride(3),
-        s_gb=g.stride(0), s_gt=g.stride(1), s_gh=g.stride(2),
-        s_bb=beta.stride(0), s_bt=beta.stride(1), s_bh=beta.stride(2),
-        s_ob=out.stride(0), s_ot=out.stride(1), s_oh=out.stride(2), s_ov=out.stride(3),
+        q=q, k=k, v=v, g=g, beta=beta, o=out, slots=slots, **qk_strides, **vo_strides, **gate_strides,
         scale=scale,
         T=T, BT=BT, BWC=BWC,
         **constants,
-        BV=max(16, min(settings["BV"], next_pow2(cache.V))),
+        BV=BV,
         BVF=max(16, min(settings["BVF"], next_pow2(cache.V))),
         VK=min(settings["VK"], BK),
         STAGES=settings["STAGES"],
         USE_QK_L2NORM=l2norm, GPASS=settings["GPASS"], BE=BE, BZ=BZ, MMA=bool(settings["MMA"]),
-        NATIVE=tile.itemsize == 2 and q.dtype == k.dtype == tile, IS_TILE_EXACT=tile != torch.float32,
-        IS_HALF_IO=half_io, KSPLIT=ksplit, FKSPLIT=1 if cache.read_copy is not None else ksplit,
+        **tile_product, KSPLIT=ksplit, FKSPLIT=1 if cache.read_copy is not None else ksplit,
         FSTAGES=settings["FSTAGES"], NW=NW, FPASS=bool(settings["FPASS"]), **fold_widths,
         # a verify that folds its own rows counts its arrivals whatever ARRIVE says; WFILL needs the weights launch
         ARRIVE=bool(settings["ARRIVE"]) or not settings["FPASS"],
