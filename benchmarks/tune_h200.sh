@@ -73,11 +73,11 @@ for section in $SECTIONS; do
         gpu_tests tests 300 tests
         ;;
     gdn-verify-next)
-        # (Prepared, not yet run.) HPP: 2 or 4 value heads of a key head per verify program, their chunks in one
-        # pipelined loop (`_verify_heads_kernel`: 160 registers against 154, 987 instructions per chunk against 838,
-        # its heads' weights loaded chunk by chunk). FCLAIM: the fold launch's items past each program's first
-        # claimed from a counter, one ahead, instead of every PPS·SMs-th (a served mix's folds, about 6 items a
-        # program at 256, end with the slowest program's). The GPU tests, launch by launch and the sweep, then the
+        # (Runs at f748bda; HPP and FCLAIM were withdrawn after it, NOTES run 65.) HPP: 2 or 4 value heads of a key
+        # head per verify program, their chunks in one pipelined loop (`_verify_heads_kernel`: 160 registers against
+        # 154, 987 instructions per chunk against 838, its heads' weights loaded chunk by chunk). FCLAIM: the fold
+        # launch's items past each program's first claimed from a counter, one ahead, instead of every PPS·SMs-th
+        # (a served mix's folds, about 6 items a program at 256, end with the slowest program's). The GPU tests, launch by launch and the sweep, then the
         # reference loop at 64 and 256.
         V="gdn.replay:LAUNCH:verify"
         gpu_tests gdn-verify-next-tests 100 tests/test_gdn_verify.py

@@ -112,8 +112,6 @@ FOLD_CASES = [
     ("fp32", None, "bf16", 2, 2, {"TF32": 0, "FKSPLIT": 1, "ARRIVE": 0, "WFILL": 1}),
     ("bf16", None, "fp32", 2, 2, {"WFILL": 1}),
     ("fp32", None, "bf16", 2, 2, {"ARRIVE": 1, "WFILL": 0}),
-    ("fp32", None, "bf16", 2, 2, {"TF32": 0, "FKSPLIT": 1, "FCLAIM": 1, "FVP": 8, "PPS": 1}),
-    ("fp32", "fp8", "bf16", 1, 0, {"FCLAIM": 1, "PPS": 2}),
     ("fp32", "bf16", "fp32", 1, 1, {"PPS": 2, "ARRIVE": 0}),
     ("fp32", None, "fp16", 0, 0, {"FVP": 8, "ARRIVE": 0}),
 ]
@@ -136,8 +134,6 @@ EVERY_ROW_CASES = [
     ("fp32", 16, {"FPASS": 0, "FSPLITW": 2}), ("bf16", 16, {"FPREF": 1, "PPS": 2, "FSPLITW": 2}),
     ("fp32", 16, {"FPREF": 1, "PPS": 2, "FSPLITW": 2, "ARRIVE": 0}),
     ("fp32", 16, {"FPREF": 1, "PPS": 2, "FSPLITW": 2, "ARRIVE": 0, "WFILL": 1}),
-    ("fp32", 16, {"FPREF": 1, "PPS": 2, "FSPLITW": 2, "ARRIVE": 0, "WFILL": 1, "HPP": 2}),
-    ("fp32", 16, {"FCLAIM": 1, "PPS": 2, "FSPLITW": 2}), ("fp32", 4, {"FCLAIM": 1, "PPS": 1}),
 ]
 
 
@@ -173,21 +169,6 @@ def test_fold_launch_takes_every_row_at_once(device, assert_close, state, W, fol
     assert_close(gdn.materialize(got), gdn.materialize_ref(want), DT[state], what="materialized state")
 
 
-HEADS_CASES = [("fp32", "bf16", 2, {}), ("fp32", "bf16", 4, {"WFILL": 0}), ("bf16", "fp32", 2, {"KSPLIT": 1}),
-               ("fp32", "fp16", 4, {"BV": 16, "STAGES": 3})]
-
-
-@pytest.mark.parametrize("state,io,hpp,launch", HEADS_CASES,
-                         ids=[f"{s}-{i}-HPP{h}" + "".join(f"-{k}{v}" for k, v in f.items())
-                              for s, i, h, f in HEADS_CASES])
-def test_verify_accept_heads_per_program(device, assert_close, state, io, hpp, launch):
-    """HPP value heads of a key head per verify program (`_verify_heads_kernel`, with FPASS and GPASS=2), their
-    chunks in one loop: 8 value heads over 2 key heads, 40 rows a head (two chunks of 32, the second part masked, or
-    three of 16), the same cycles, folds among them."""
-    _verify_cycles(device, assert_close, state, None, io, 4, 3, 2, 2, shape=(3, 2, 8, 24, 40),
-                   launch={"FPASS": 1, "HPP": hpp, "TF32": 0, "FKSPLIT": 1, "ARRIVE": 0, "WFILL": 1, **launch})
-
-
 @pytest.mark.parametrize("state,io,gpass,mma", [("fp32", "bf16", 2, 2), ("bf16", "fp32", 1, 1)],
                          ids=["fp32-bf16-GPASS2-MMA-KSPLIT2", "bf16-fp32-GPASS1-MMA"])
 def test_verify_accept_folds_in_the_verify(device, assert_close, state, io, gpass, mma):
@@ -195,9 +176,8 @@ def test_verify_accept_folds_in_the_verify(device, assert_close, state, io, gpas
     _verify_cycles(device, assert_close, state, None, io, 4, 3, gpass, mma, launch={"FPASS": 0})
 
 
-def _verify_cycles(device, assert_close, state, read, io, W, T, gpass, mma, buffer="fp32", launch=None,
-                   shape=(3, 2, 6, 24, 20)):
-    B, H, HV, K, V = shape
+def _verify_cycles(device, assert_close, state, read, io, W, T, gpass, mma, buffer="fp32", launch=None):
+    B, H, HV, K, V = 3, 2, 6, 24, 20
     got = make_cache((5, H, HV, K, V), W, device, state=state, read=read, io=io, max_draft=T, buffer=buffer)
     assert got.buf_u.dtype == got.buf_k.dtype == DT[buffer]
     poison(got)
@@ -372,8 +352,6 @@ def test_verify_and_accept_bad_input(device):
         ({"GPASS": 1, "GKSPLIT": 3}, r"launch\['GKSPLIT'\] must be a power of two; got 3"),
         ({"FPASS": 1, "ARRIVE": 2}, r"launch\['ARRIVE'\] must be 0 or 1; got 2"),
         ({"GPASS": 2, "WFILL": 2}, r"launch\['WFILL'\] must be 0 or 1; got 2"),
-        ({"FPASS": 1, "FCLAIM": 2}, r"launch\['FCLAIM'\] must be 0 or 1; got 2"),
-        ({"FPASS": 1, "HPP": 3}, r"launch\['HPP'\] must be a power of two; got 3"),
     ]:
         with pytest.raises(ValueError, match=message):
             gdn.verify(cache, **inp, launch=launch)
@@ -390,16 +368,11 @@ def test_verify_and_accept_bad_input(device):
                                     {"GPASS": 2, "FPASS": 1, "FSPLITW": 2},
                                     {"GPASS": 2, "FPASS": 1, "FSTREAM": 1, "FSPLITW": 2, "ARRIVE": 0},
                                     {"GPASS": 2, "FPASS": 1, "FSTREAM": 1, "FSPLITW": 2, "ARRIVE": 0, "WFILL": 1},
-                                    {"GPASS": 2, "FPASS": 1, "FSTREAM": 1, "FSPLITW": 2, "WFILL": 1, "HPP": 2},
-                                    {"GPASS": 2, "FPASS": 1, "FSTREAM": 1, "FSPLITW": 2, "WFILL": 0, "HPP": 4},
-                                    {"GPASS": 2, "FPASS": 1, "FSTREAM": 1, "FSPLITW": 2, "FCLAIM": 1, "FVP": 32},
                                     {"GPASS": 1, "BV": 64, "num_warps": 4, "FPASS": 0, "FSPLITW": 1}],
                          ids=["row", "MMA-GPASS", "MMA-GPASS-BV32-warps4", "MMA-GPASS-KSPLIT2-BV32", "row-GPASS2",
                               "small-row-GPASS2", "row-FPASS-one-stream", "row-FPASS-FSTREAM",
                               "row-FPREF-GKSPLIT2", "row-FPREF-FVP16-PPS1-GKSPLIT4-FSPLITW", "row-FSPLITW",
-                              "row-FSPLITW2", "row-ARRIVE0", "row-WFILL", "row-HPP2", "row-HPP4-WFILL0",
-                              "row-FCLAIM-FVP32",
-                              "small-row-FSPLITW"])
+                              "row-FSPLITW2", "row-ARRIVE0", "row-WFILL", "small-row-FSPLITW"])
 def test_verify_qwen_shape_on_gpu(assert_close, launch):
     """The Qwen3.5-122B layer shape, T = 4, fills crossing W, against the references."""
     shape = (4, 16, 64, 128, 128)

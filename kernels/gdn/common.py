@@ -31,7 +31,6 @@ from replayssm_kernels.mamba2.common import (  # noqa: F401
     listed_ahead,
     listed_flush,
     slot_of,
-    tail_claim,
 )
 
 FP8_MAX = 448.0

@@ -31,7 +31,6 @@ from replayssm_kernels.gdn.common import (
     listed_ahead,
     listed_flush,
     qk_factors,
-    tail_claim,
     launch_settings,
     medium_grid,
     next_pow2,
@@ -67,12 +66,9 @@ _SPLIT = {"EARLY": 0, "TF32": 0, "MMA": 0, "VP": 256, "BV": 32, "BVF": 16, "VK":
 # verify writes the drafts' keys (an atomic count of arrivals), as a verify that folds its own rows needs; ARRIVE=0
 # has the key head's first value head write them, its programs ending without the count (with FPASS=1 only: a
 # verify that folds its own rows counts regardless). WFILL=1 has a verify program read its value head's fill from
-# the weights launch's output (GPASS=2 only), beside its slot, rather than from the cache after the slot. HPP (with
-# FPASS=1 and GPASS=2 only) has a verify program take that many value heads of a key head, their chunks in one
-# pipelined loop (`_verify_heads_kernel`, `_verify_heads`). FCLAIM=1 has a fold program claim its items after the
-# first from a counter (one ahead) rather than take every PPS·SMs-th.
+# the weights launch's output (GPASS=2 only), beside its slot, rather than from the cache after the slot.
 _FOLD = {"FPASS": 0, "FVP": 128, "FWARPS": 4, "FMAXNREG": None, "PPS": 4, "TF32": 1, "FKSPLIT": 2, "FSTREAM": 0,
-         "FPREF": 0, "FSPLITW": 0, "ARRIVE": 1, "WFILL": 0, "HPP": 1, "FCLAIM": 0}
+         "FPREF": 0, "FSPLITW": 0, "ARRIVE": 1, "WFILL": 0}
 _VERIFY = {"BV": 32, "BVF": 16, "VK": 32, "STAGES": 2, "GPASS": 2, "GKSPLIT": 2, "MMA": 1, "KSPLIT": 2, "FSTAGES": 3,
            "num_warps": 2, "num_stages": 1, "maxnreg": 168,
            **dict(_FOLD, FPASS=1, FWARPS=2, PPS=4, TF32=0, FKSPLIT=1, FSTREAM=1, FPREF=1, FSPLITW=2, ARRIVE=0,
@@ -955,39 +951,26 @@ def _verify_fold_kernel(
     C: tl.constexpr, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BK: tl.constexpr, BVF: tl.constexpr, VP: tl.constexpr, HAS_COPY: tl.constexpr,
     IS_FP8: tl.constexpr, FKSPLIT: tl.constexpr, FSTAGES: tl.constexpr, PRECISION: tl.constexpr,
-    FPREF: tl.constexpr, FWM: tl.constexpr, BW: tl.constexpr, FXW: tl.constexpr, FCLAIM: tl.constexpr,
+    FPREF: tl.constexpr, FWM: tl.constexpr, BW: tl.constexpr, FXW: tl.constexpr,
 ):
     """The folds a verify's rows take first (FPASS), in a launch of their own between `_verify_list_kernel`, which
     listed the value heads whose buffers hold W entries or more in `work`, and the verify, which then skips its own
     fold (their fills, read again there, still say W or more: the drafts go to position 0 and the fill to 0): VP
     rows of a head per item, each program looping over the items (a few programs per SM however few rows fold). With
     FPREF a program loads its next item's list entry and slot while it folds the one before (the entry two items
-    ahead, the slot one), so that an item begins with the loads of its rows. With FCLAIM a program's items after its
-    first are claimed from a counter in the list's header, each as the one before begins (its entry and slot then
-    loaded), so that programs slowed by what shares their SM take fewer. The last program to finish zeroes the
+    ahead, the slot one), so that an item begins with the loads of its rows. The last program to finish zeroes the
     list's counters for the next step."""
     NPB: tl.constexpr = (V + VP - 1) // VP
     n_items = tl.load(work) * NPB
     n_programs = tl.num_programs(0)
     # A while loop: its bounds are device values (the interpreter's range takes only Python integers).
     i_j = tl.program_id(0)
-    if FCLAIM:
-        # a program's first item is its own; the next, claimed now, is item n_programs + the claim's count
-        n_j = tail_claim(work) + n_programs
-        e_b, e_hv, e_f = listed_ahead(work, i_j // NPB, i_j < n_items)
-        e_s = tl.load(slots + e_b, mask=i_j < n_items, other=0).to(tl.int64)
-    elif FPREF:
+    if FPREF:
         e_b, e_hv, e_f = listed_ahead(work, i_j // NPB, i_j < n_items)
         e_s = tl.load(slots + e_b, mask=i_j < n_items, other=0).to(tl.int64)
         n_b, n_hv, n_f = listed_ahead(work, (i_j + n_programs) // NPB, i_j + n_programs < n_items)
     while i_j < n_items:
-        if FCLAIM:
-            i_b, i_hv, b_f, i_s = e_b, e_hv, e_f, e_s
-            c_j = n_j
-            e_b, e_hv, e_f = listed_ahead(work, c_j // NPB, c_j < n_items)
-            e_s = tl.load(slots + e_b, mask=c_j < n_items, other=0).to(tl.int64)
-            n_j = tail_claim(work) + n_programs
-        elif FPREF:
+        if FPREF:
             i_b, i_hv, b_f, i_s = e_b, e_hv, e_f, e_s
             e_b, e_hv, e_f = n_b, n_hv, n_f
             e_s = tl.load(slots + e_b, mask=i_j + n_programs < n_items, other=0).to(tl.int64)
@@ -1002,10 +985,7 @@ def _verify_fold_kernel(
             ckpt, rcopy, rscale, buf_u, buf_k, buf_g, buf_t, i_s, i_h, i_hv, b_f, b_Gl, (i_j % NPB) * VP,
             C, H, HV, K, V, BK, BVF, HAS_COPY, IS_FP8, FKSPLIT, FSTAGES, VP, PRECISION, FWM, BW, FXW,
         )
-        if FCLAIM:
-            i_j = c_j
-        else:
-            i_j += n_programs
+        i_j += n_programs
     list_done(work, n_programs)
 
 
@@ -1305,74 +1285,6 @@ def _verify_kernel(
 
 
 @triton.jit
-def _verify_heads_kernel(
-    rcopy, buf_u, buf_k, buf_g, fill, wts, q, k, v, o, slots,
-    s_qb, s_qt, s_qh, s_qk,
-    s_kb, s_kt, s_kh, s_kk,
-    s_vb, s_vt, s_vh, s_vv,
-    s_ob, s_ot, s_oh, s_ov,
-    T: tl.constexpr, W: tl.constexpr, C: tl.constexpr, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr,
-    V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr, BWC: tl.constexpr, BZ: tl.constexpr,
-    STAGES: tl.constexpr, USE_QK_L2NORM: tl.constexpr, NATIVE: tl.constexpr, IS_TILE_EXACT: tl.constexpr,
-    IS_HALF_IO: tl.constexpr, KSPLIT: tl.constexpr, NW: tl.constexpr, WFILL: tl.constexpr, HPP: tl.constexpr,
-):
-    """`_verify_kernel` with GPASS=2 and FPASS (no fold here, every value head's prologue from the weights, no read
-    copy) for HPP value heads of a key head per program: their chunks in one pipelined loop, head after head, so
-    that only the first head's first chunk waits with nothing of the program's before it, the drafts' columns read
-    once; the key head's first value head's program writes the drafts' keys."""
-    i_b, i_hv0 = tl.program_id(0), tl.program_id(1) * HPP
-    i_s = tl.load(slots + i_b).to(tl.int64)
-    if i_s < 0:
-        return
-    i_h = i_hv0 // (HV // H)
-    o_t, o_wc, o_z, o_k = tl.arange(0, BT), tl.arange(0, BWC), tl.arange(0, BZ), tl.arange(0, BK)
-    m_t = o_t < T
-    BKS: tl.constexpr = BK // KSPLIT
-    o_ka = tl.arange(0, BKS)
-    b_KQa = _draft_columns(q, k, i_b, i_h, o_ka, o_ka < K, s_qb, s_qt, s_qh, s_qk, s_kb, s_kt, s_kh, s_kk, T, BT, BZ)
-    if KSPLIT == 2:
-        b_KQb = _draft_columns(q, k, i_b, i_h, BKS + o_ka, BKS + o_ka < K, s_qb, s_qt, s_qh, s_qk, s_kb, s_kt, s_kh,
-                               s_kk, T, BT, BZ)
-    NCH: tl.constexpr = (V + BV - 1) // BV
-    for i_c in tl.range(0, HPP * NCH, num_stages=STAGES):
-        i_hv = i_hv0 + i_c // NCH
-        o_v = (i_c % NCH) * BV + tl.arange(0, BV)
-        m_v = o_v < V
-        m_vt = m_v[:, None] & m_t[None, :]
-        p_w = wts + (i_b * HV + i_hv) * NW
-        b_f = _head_fill(fill, p_w, i_s, i_hv, HV, NW, BT, WFILL)
-        b_A, b_M, _ = _weights(p_w, o_t, BT, NW)
-        b_fz = tl.load(p_w + 2 * BT * BT + o_z)
-        b_Wcz = tl.load(p_w + 2 * BT * BT + BZ + o_wc[:, None] * BZ + o_z[None, :])
-        b_R, b_O = _mma_rows(rcopy, None, buf_u, v, (i_s * HV + i_hv) * V, ((i_s * C + o_wc) * HV + i_hv) * V, o_v,
-                             m_v, (o_wc < b_f) & (b_f < W), m_vt, o_t, o_z, o_ka, b_KQa,
-                             b_KQa if KSPLIT == 1 else b_KQb, b_fz, b_Wcz, i_b, i_hv, s_vb, s_vt, s_vh, s_vv, K, BV, BT,
-                             BZ, BKS, KSPLIT, NATIVE, IS_TILE_EXACT, IS_HALF_IO, False)
-        _store_chunk(o, buf_u, b_R, b_O, b_A, b_M, i_b, i_s, i_hv, tl.where(b_f >= W, 0, b_f), o_t, o_v, m_vt, s_ob,
-                     s_ot, s_oh, s_ov, C, HV, V)
-    for j in tl.static_range(HPP):
-        p_w = wts + (i_b * HV + i_hv0 + j) * NW
-        b_f = _head_fill(fill, p_w, i_s, i_hv0 + j, HV, NW, BT, WFILL)
-        b_fe = tl.where(b_f >= W, 0, b_f)
-        tl.store(buf_g + (i_s * C + b_fe + o_t) * HV + i_hv0 + j, tl.load(p_w + NW - BT + o_t), mask=m_t)
-        if b_f >= W:
-            tl.store(fill + i_s * HV + i_hv0 + j, 0)
-        if j == 0:
-            # nothing in this launch reads the buffered keys (the fold launch has finished)
-            if i_hv0 % (HV // H) == 0:
-                _store_draft_keys(k, buf_k, i_b, i_s, i_h, b_fe, o_t, o_k, m_t[:, None] & (o_k < K)[None, :], s_kb,
-                                  s_kt, s_kh, s_kk, C, H, K, USE_QK_L2NORM)
-
-
-@triton.jit
-def _head_fill(fill, p_w, i_s, i_hv, HV: tl.constexpr, NW: tl.constexpr, BT: tl.constexpr, WFILL: tl.constexpr):
-    """A value head's fill: from its weights (`_verify_weights_kernel` wrote its bits) with WFILL, else the cache's."""
-    if WFILL:
-        return _weights_fill(p_w, BT, NW)
-    return tl.load(fill + i_s * HV + i_hv)
-
-
-@triton.jit
 def _accept_kernel(fill, n, slots, HV: tl.constexpr, BHV: tl.constexpr):
     i_b = tl.program_id(0)
     i_s = tl.load(slots + i_b).to(tl.int64)
@@ -1549,7 +1461,7 @@ def _launch_verify(cache, q, k, v, g, beta, out, slots, scale, l2norm, settings)
                 BVF=max(16, min(settings["BVF"], FVP)), VP=FVP,
                 FKSPLIT=1 if cache.read_copy is not None or BK < 32 else settings["FKSPLIT"],
                 FSTAGES=settings["FSTAGES"], PRECISION=flush_precision(cache.checkpoint, settings["TF32"]),
-                FPREF=bool(settings["FPREF"]), FCLAIM=bool(settings["FCLAIM"]), **fold_widths,
+                FPREF=bool(settings["FPREF"]), **fold_widths,
                 **compile_options({"num_warps": settings["FWARPS"], "num_stages": 1,
                                    "maxnreg": settings["FMAXNREG"]}),
             )
@@ -1582,16 +1494,6 @@ def _launch_verify(cache, q, k, v, g, beta, out, slots, scale, l2norm, settings)
         )
     if side is not None:
         main.wait_stream(side)
-    hpp = _verify_heads(cache, settings)
-    if hpp > 1:
-        _verify_heads_kernel[(batch, cache.HV // hpp)](
-            rcopy=cache.checkpoint, buf_u=cache.buf_u, buf_k=cache.buf_k, buf_g=cache.buf_g, fill=cache.fill,
-            wts=wts, q=q, k=k, v=v, o=out, slots=slots, **qk_strides, **vo_strides,
-            T=T, W=cache.window, C=cache.capacity, H=cache.H, HV=cache.HV, K=cache.K, V=cache.V, BK=BK,
-            BV=BV, BT=BT, BWC=BWC, BZ=BZ, STAGES=settings["STAGES"], USE_QK_L2NORM=l2norm, **tile_product,
-            KSPLIT=ksplit, NW=NW, WFILL=bool(settings["WFILL"]), HPP=hpp, **compile_options(settings),
-        )
-        return
     _verify_kernel[(batch, cache.HV)](
         **_cache_args(cache), arrivals=cache.arrivals, gram=gram, wts=wts,
         q=q, k=k, v=v, g=g, beta=beta, o=out, slots=slots, **qk_strides, **vo_strides, **gate_strides,
@@ -1609,17 +1511,6 @@ def _launch_verify(cache, q, k, v, g, beta, out, slots, scale, l2norm, settings)
         ARRIVE=bool(settings["ARRIVE"]) or not settings["FPASS"],
         WFILL=bool(settings["WFILL"]) and settings["GPASS"] == 2, **compile_options(settings),
     )
-
-
-def _verify_heads(cache: ReplayCache, settings: dict) -> int:
-    """The value heads per verify program: HPP where the verify neither folds nor takes a prologue of its own (FPASS,
-    GPASS=2), to a power of two that divides a key head's value heads; else 1."""
-    if not (settings["FPASS"] and settings["GPASS"] == 2):
-        return 1
-    hpp = settings["HPP"]
-    while (cache.HV // cache.H) % hpp:
-        hpp //= 2
-    return hpp
 
 
 def _fold_widths(cache: ReplayCache, settings: dict, BW: int) -> dict:
@@ -1779,9 +1670,7 @@ def verify(
     ahead), FSPLITW (1: a fill of W folds in a product over the window's entries, not the capacity's; 2:
     a fill past W too, and the entries past them one by one), ARRIVE (0: the drafts' keys written by each
     key head's first value head, not the last to finish; taken with FPASS = 1 only), WFILL (1: each value
-    head's fill read from its weights; with GPASS = 2 only), FCLAIM (1: a fold program's items after its
-    first claimed from a counter), HPP (value heads of a key head per program,
-    their chunks in one loop; with FPASS = 1 and GPASS = 2 only), num_warps, num_stages, maxnreg; slots,
+    head's fill read from its weights; with GPASS = 2 only), num_warps, num_stages, maxnreg; slots,
     check: as in `replay`.
     """
     batch, T = _check_against_cache(cache, _verify_kernel, q, k, v, g, beta, tokens=True)

@@ -137,8 +137,7 @@ def tail_heads_done(work):
 
 @triton.jit
 def tail_claim(work):
-    """The next list entry for a tail launch's flushing program (or the next item past the first of each program of
-    GDN's verify fold launch with FCLAIM)."""
+    """The next list entry for a tail launch's flushing program."""
     return tl.atomic_add(work + 4, 1, sem="relaxed")
 
 
