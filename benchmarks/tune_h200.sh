@@ -3,7 +3,7 @@
 # writes its table (.txt) and results (.json) under DIR (default runs/tune), and DIR.tar.gz holds them all for
 # machines that return one file; a sweep past its time limit leaves the ones before it.
 # Usage: benchmarks/tune_h200.sh [DIR] [SECTION ...]
-# Sections: tests, gdn-verify-next, gdn-verify-wfill, gdn-verify-fold-tf32, gdn-verify-arrive, gdn-verify-fsplitw-3, gdn-verify-rows-63-2, gdn-verify-63, gdn-verify-rows-63, gdn-verify-fsplitw-2, gdn-verify-fsplitw, gdn-verify-fpref, gdn-verify-medium, gdn-verify-vsplit, gdn-verify-fstream-3, gdn-verify-fpass2-2, gdn-verify-fpass2, gdn-verify-fstream-2, gdn-verify-fstream, gdn-verify-fpass-4, gdn-verify-fpass-3, gdn-verify-fpass-2, gdn-verify-fpass, gdn-bf16-buffers, gdn-verify-gpass2-2, gdn-verify-gpass2, gdn-verify-tc, gdn-verify-tc-2, gdn-verify-tc-3, gdn-verify-tc-4, gdn-verify-phases, stalls-fold, gdn-verify-gpass, verify-bf16-bc, fla-slots, kernel-tests, mamba2-verify-fstages, mamba2-verify-bpf, mamba2-verify-launches, mamba2-verify-fold, mamba2-verify-bc-3, mamba2-verify-bc-2, mamba2-verify-bc, mamba2-verify-stream, mamba2-verify-stream-2, tail-lead, tail-3, tail-medium, tail-2, tail, gdn-bf16-tf32, prefetch-profile, prefetch, prefetch-2, loops, gdn-decode-chunks, gdn-decode-order, gdn-decode-order-2, mamba2-mma, stalls-bf16, mamba2-bf16-heads, mamba2-bf16-tf32, heads-sanitizer, mamba2-heads-flush-2, gdn-heads-fault, gdn-heads, mamba2-heads-flush, mamba2-heads, mamba2-heads-2, mamba2-heads-3, mamba2-heads-4, verify-tests, gdn-verify-mma, gdn-verify-3, gdn-verify-rows, gdn-verify-warps, gdn-verify-warps-2, mamba2-verify-warps, gdn-split-3, gdn-split-4, two-phase-2, mamba2-split-phases, mamba2-two-phase, gdn-split-flush-vp, gdn-mma, split-launch-cost, split-launch-cost-2, gdn-flush-list, mamba2-flush-list, gdn-split-nonflush, gdn-split-flush-2, one-warp, fp8-one-warp, fp8-one-warp-2, copy-pieces, regs-2byte, stalls, stalls-2, next, small-grid, small-grid-2, small-grid-3, medium-grid, direct, order, vk, gdn-decode, gdn-replay, gdn-early, gdn-replay-256, gdn-fp32-2, gdn-split, gdn-split-2,
+# Sections: tests, stalls-gdn-1, gdn-verify-next, gdn-verify-wfill, gdn-verify-fold-tf32, gdn-verify-arrive, gdn-verify-fsplitw-3, gdn-verify-rows-63-2, gdn-verify-63, gdn-verify-rows-63, gdn-verify-fsplitw-2, gdn-verify-fsplitw, gdn-verify-fpref, gdn-verify-medium, gdn-verify-vsplit, gdn-verify-fstream-3, gdn-verify-fpass2-2, gdn-verify-fpass2, gdn-verify-fstream-2, gdn-verify-fstream, gdn-verify-fpass-4, gdn-verify-fpass-3, gdn-verify-fpass-2, gdn-verify-fpass, gdn-bf16-buffers, gdn-verify-gpass2-2, gdn-verify-gpass2, gdn-verify-tc, gdn-verify-tc-2, gdn-verify-tc-3, gdn-verify-tc-4, gdn-verify-phases, stalls-fold, gdn-verify-gpass, verify-bf16-bc, fla-slots, kernel-tests, mamba2-verify-fstages, mamba2-verify-bpf, mamba2-verify-launches, mamba2-verify-fold, mamba2-verify-bc-3, mamba2-verify-bc-2, mamba2-verify-bc, mamba2-verify-stream, mamba2-verify-stream-2, tail-lead, tail-3, tail-medium, tail-2, tail, gdn-bf16-tf32, prefetch-profile, prefetch, prefetch-2, loops, gdn-decode-chunks, gdn-decode-order, gdn-decode-order-2, mamba2-mma, stalls-bf16, mamba2-bf16-heads, mamba2-bf16-tf32, heads-sanitizer, mamba2-heads-flush-2, gdn-heads-fault, gdn-heads, mamba2-heads-flush, mamba2-heads, mamba2-heads-2, mamba2-heads-3, mamba2-heads-4, verify-tests, gdn-verify-mma, gdn-verify-3, gdn-verify-rows, gdn-verify-warps, gdn-verify-warps-2, mamba2-verify-warps, gdn-split-3, gdn-split-4, two-phase-2, mamba2-split-phases, mamba2-two-phase, gdn-split-flush-vp, gdn-mma, split-launch-cost, split-launch-cost-2, gdn-flush-list, mamba2-flush-list, gdn-split-nonflush, gdn-split-flush-2, one-warp, fp8-one-warp, fp8-one-warp-2, copy-pieces, regs-2byte, stalls, stalls-2, next, small-grid, small-grid-2, small-grid-3, medium-grid, direct, order, vk, gdn-decode, gdn-replay, gdn-early, gdn-replay-256, gdn-fp32-2, gdn-split, gdn-split-2,
 # gdn-bf16, gdn-bf16-2, gdn-verify, fla, mamba2-split, mamba2-split2, mamba2-vn, mamba2-bf16, mamba2-bf16-2,
 # mamba2-verify (default: tests gdn-decode gdn-replay gdn-verify mamba2-split mamba2-bf16 mamba2-verify).
 set -uo pipefail
@@ -881,6 +881,20 @@ for section in $SECTIONS; do
             --launch "replay:$R,maxnreg=144" --launch "replay:$R,num_warps=1" --launch "replay:$R,flush_PPS=4" \
             --launch "replay:$R,flush_PPS=12" --launch "replay:$R,flush_STAGES=1" --launch "replay:$R,flush_STAGES=4" \
             --launch "replay:$R,flush_num_warps=1"
+        ;;
+    stalls-gdn-1)
+        # Where GDN's batch-1 steps wait (decode 4.17 µs in the sweep, the replay's non-flush step 4.57 and its flush
+        # 8.05, 0.87x; 0.95x needs a window of 4.39): the conventional step, then the replay at a fill of 0 (no
+        # flush) and of W - 1 = 15 (every head flushes), each one launch under Nsight Compute.
+        stalls() {  # NAME ARGS...
+            local name=$1
+            shift
+            timeout 200 python benchmarks/ncu_stalls.py "$@" "$DIR/stalls" >"$DIR/stalls-$name.txt" 2>&1
+            echo "stalls $name: exit $?" >&2
+        }
+        stalls gdn-1-decode --op gdn --kernel decode --batch 1
+        stalls gdn-1-replay --op gdn --kernel replay --batch 1 --fill 0
+        stalls gdn-1-flush --op gdn --kernel replay --batch 1 --fill 15
         ;;
     stalls-bf16)
         # Where a bf16 state's two launches wait at batch 256 (its window 184.7 µs, 1.57x; 1.6x is 181.3): the
