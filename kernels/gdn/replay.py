@@ -391,11 +391,15 @@ def _replay_kernel(
     NC: tl.constexpr = BK // VK
     o_k3 = tl.arange(0, NC)[:, None] * VK + tl.arange(0, VK)[None, :]
     m_k3 = o_k3 < K
+    if EARLY == 2:
+        # the slot's load issued first, so that it is in flight while the layout changes of q and k wait on theirs
+        i_s = tl.load(slots + i_b).to(tl.int64)
     if EARLY:
         # The step's own inputs depend on neither the slot nor the fill: read first, they leave the chain too.
         b_g, b_beta, b_q, b_k, b_q3, b_k3 = _step_inputs(q, k, g, beta, i_b, i_h, i_hv, o_k, m_k, o_k3, m_k3,
                                                          s_qb, s_qh, s_qk, s_kb, s_kh, s_kk, s_gb, s_gh, s_bb, s_bh)
-    i_s = tl.load(slots + i_b).to(tl.int64)
+    if EARLY != 2:
+        i_s = tl.load(slots + i_b).to(tl.int64)
     if i_s < 0:
         return
     o_h = (i_s * HV + i_hv) * V
@@ -1413,7 +1417,7 @@ def _launch_replay(cache, q, k, v, g, beta, out, slots, scale, l2norm, settings,
         VK=min(settings["VK"], max(16, next_pow2(cache.K))),
         STAGES=settings["STAGES"],
         USE_QK_L2NORM=l2norm,
-        EARLY=bool(settings["EARLY"]),
+        EARLY=settings["EARLY"],
         PRECISION=flush_precision(cache.checkpoint, settings["TF32"]),
         PHASE=phase,
         MMA=bool(settings["MMA"]) and min(settings["BV"], VP) >= 16 and _mma_tile(cache),

@@ -167,7 +167,7 @@ def check_draft(T: int, max_draft: int, name: str = "x") -> None:
 # TF32 is how a replay's flush folds its buffered entries into the checkpoint: 0 in fp32 FMAs, 1 in three TF32
 # products (about fp32's accuracy), 2 in one TF32 product, for a 2-byte checkpoint only (its error, about 2^-11 of
 # the update, is under the checkpoint's own rounding; `flush_precision`).
-CHOICE_KEYS = {"EARLY": (0, 1), "TF32": (0, 1, 2), "MMA": (0, 1), "PHASES": (1, 2), "SFIRST": (0, 1),
+CHOICE_KEYS = {"EARLY": (0, 1, 2), "TF32": (0, 1, 2), "MMA": (0, 1), "PHASES": (1, 2), "SFIRST": (0, 1),
                "CSTRIDES": (0, 1), "PREFETCH": (0, 1), "TAIL": (0, 1), "BCPASS": (0, 1),
                "GPASS": (0, 1, 2), "KSPLIT": (1, 2), "FPASS": (0, 1),
                "FKSPLIT": (1, 2), "FSTREAM": (0, 1), "FPREF": (0, 1),

@@ -161,13 +161,17 @@ def mamba2_replay_kernel(
     NC: tl.constexpr = BN // VN
     o_n3 = tl.arange(0, NC)[:, None] * VN + tl.arange(0, VN)[None, :]
     m_n3 = o_n3 < N
+    if EARLY == 2:
+        # the slot's load issued first, so that it is in flight while what the inputs' layouts wait on arrives
+        i_s = slot_of(slots, i_b, HAS_SLOTS)
     if EARLY:
         # The step's own inputs depend on neither the slot nor the fill: read first, they leave the chain too.
         b_xr, b_Br, b_C, b_dt = _step_inputs(
             x, dt, B, C, dt_bias, i_b, i_h, i_g, o_p, m_p, o_n, m_n, stride_x_b, stride_x_h, stride_dt_b,
             stride_dt_h, stride_B_b, stride_B_g, stride_C_b, stride_C_g, HAS_DT_BIAS, USE_SOFTPLUS)
         b_C3 = tl.load(C + i_b * stride_C_b + i_g * stride_C_g + o_n3, mask=m_n3, other=0.0).to(tl.float32)
-    i_s = slot_of(slots, i_b, HAS_SLOTS)
+    if EARLY != 2:
+        i_s = slot_of(slots, i_b, HAS_SLOTS)
     if i_s < 0:
         return
     i_sh = i_s * H + i_h
