@@ -45,8 +45,10 @@ from replayssm_kernels.gdn.common import (
 # A non-flush step reads its tile as [BV, BK / VK, VK]: with many programs per SM, BV rows at a time through a
 # pipelined loop in 2-warp programs with registers capped (more programs fit); a grid under two programs per SM is
 # latency-bound and splits each head's rows over programs of VP rows, each reading its rows up front and the buffer
-# before the fill ("-small"). A flush walks its rows BVF at a time (benchmarks/sweep_gdn.py, NOTES run 29:
-# BVF=16 took batch 256 from 325 to 303 µs, and a bf16 checkpoint's step from 346 to 201). A row with PHASES=2
+# before the fill ("-small"), the slot's load issued before the step's own inputs (EARLY=2: batch 1 5.04 -> 4.81
+# µs per layer-step under `replayssm profile`, a bf16 state's 4.96 -> 4.68; NOTES run 65). A flush walks its rows
+# BVF at a time (benchmarks/sweep_gdn.py, NOTES run 29: BVF=16 took batch 256 from 325 to 303 µs, and a bf16
+# checkpoint's step from 346 to 201). A row with PHASES=2
 # launches the non-flush steps, which list the heads that flush, and then the flushes with the settings of its
 # "-flush" row (by default the row's own) in PPS programs per SM that loop over the list.
 _ONE_CHUNK = {"EARLY": 0, "TF32": 0, "MMA": 0, "VP": 256, "BV": 128, "BVF": 16, "VK": 32, "STAGES": 2, "num_warps": 4,
@@ -76,7 +78,7 @@ _VERIFY = {"BV": 32, "BVF": 16, "VK": 32, "STAGES": 2, "GPASS": 2, "GKSPLIT": 2,
 LAUNCH = {
     "replay": {"EARLY": 0, "TF32": 0, "MMA": 0, "VP": 256, "BV": 32, "BVF": 16, "VK": 32, "STAGES": 3,
                "num_warps": 2, "num_stages": 1, "maxnreg": 128, "PHASES": 1, "PPS": 6, "HPP": 1},
-    "replay-small": {"EARLY": 1, "TF32": 0, "MMA": 0, "VP": 16, "BV": 16, "BVF": 16, "VK": 32, "STAGES": 1,
+    "replay-small": {"EARLY": 2, "TF32": 0, "MMA": 0, "VP": 16, "BV": 16, "BVF": 16, "VK": 32, "STAGES": 1,
                      "num_warps": 1, "num_stages": 1, "maxnreg": None, "PHASES": 1, "PPS": 6, "HPP": 1},
     # Under split precision a flush also reads the copy and corrects the buffered updates with two more products;
     # in one launch its 4-warp programs set the non-flush step's too (255 µs at batch 256). Apart, the non-flush
@@ -1605,7 +1607,7 @@ def replay(
     Mutates the cache; returns o (batch, HV, V) in v's dtype (written into `out` when given).
     `launch` overrides VP (rows per program: the programs of a head share its fill counter), BV (rows per chunk of a
     non-flush step), BVF (of a flush), VK (width of the K pieces a non-flush step reduces its rows in), EARLY (1: a
-    non-flush step reads the whole buffer before the fill counter), TF32 (1: a flush folds the buffer through 3xTF32
+    non-flush step reads the whole buffer before the fill counter; 2: also the slot before its own inputs), TF32 (1: a flush folds the buffer through 3xTF32
     tensor-core products, 2 through one TF32 product, a 2-byte checkpoint only, 0 through fp32 FMAs), MMA (1: a
     non-flush step sums its tile's rows times k and q as one tensor-core product where the tile is 2-byte and in q's
     and k's dtype, a bf16 state or copy with bf16 inputs, and its chunks are of 16 rows or more; other tiles keep

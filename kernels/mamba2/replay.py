@@ -590,12 +590,13 @@ SPLIT_LAUNCH = [
 ]
 # A small grid's programs take 16 rows, read the buffer before the fill and fold the flush through 3xTF32 (batch 1,
 # fp32: 4.64 µs against 5.23 without the last two, 4.70 without TF32, 5.07 without EARLY, 4.97 in 8-row programs;
-# bf16: 4.09 against 4.60; NOTES runs 34–36).
+# bf16: 4.09 against 4.60; NOTES runs 34–36), their slot's load issued before the step's own inputs (EARLY=2: under
+# `replayssm profile` batch 1 5.13 -> 4.81 µs, a bf16 state's 4.66 -> 4.39; NOTES run 65).
 SMALL_GRID_LAUNCH = [
-    ((4, 1 << 30, 1 << 30), {"BP": 16, "BPF": 16, "VN": 32, "RC": 16, "STAGES": 1, "EARLY": 1, "TF32": 1,
+    ((4, 1 << 30, 1 << 30), {"BP": 16, "BPF": 16, "VN": 32, "RC": 16, "STAGES": 1, "EARLY": 2, "TF32": 1,
                              "num_warps": 1, "num_stages": 1, "PHASES": 1, "PPS": 6, "HPP": 1, "MMA": 0,
                              "PREFETCH": 0, "TAIL": 0}),
-    ((2, 1 << 30, 1 << 30), {"BP": 16, "BPF": 16, "VN": 32, "RC": 16, "STAGES": 1, "EARLY": 1, "TF32": 1,
+    ((2, 1 << 30, 1 << 30), {"BP": 16, "BPF": 16, "VN": 32, "RC": 16, "STAGES": 1, "EARLY": 2, "TF32": 1,
                              "num_warps": 1, "num_stages": 1, "PHASES": 1, "PPS": 6, "HPP": 1, "MMA": 0,
                              "PREFETCH": 0, "TAIL": 0}),
 ]
@@ -690,7 +691,7 @@ def replay(cache: ReplayCache, x, dt, A, B, C, *, D=None, z=None, dt_bias=None, 
         out: optional (batch, H, P) output; padding rows keep what it held.
         launch: overrides of the fixed launch settings: BP (rows of P per program), BPF (rows per flush
             chunk), VN (width of the row pieces a thread sums), RC (rows per streamed chunk), STAGES,
-            EARLY (1: read the buffer before the fill), TF32 (1: fold the flush through 3xTF32; 2: one TF32
+            EARLY (1: read the buffer before the fill; 2: also the slot before the step's inputs), TF32 (1: fold the flush through 3xTF32; 2: one TF32
             product, a 2-byte checkpoint only),
             num_warps, num_stages, maxnreg, PHASES (2: the non-flush steps in one launch, listing the heads that
             flush in cache.work, then the flushes in a second, with these settings overridden by the keys
