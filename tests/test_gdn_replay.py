@@ -121,10 +121,10 @@ LAUNCH_CASES = [
     ("fp16", {"PHASES": 2, "VP": 16, "BV": 16, "VK": 8, "flush_VP": 8, "flush_PPS": 1}),
     (None, {"PHASES": 2, "VK": 8}),
     (None, {"PHASES": 2, "EARLY": 1, "VP": 16, "BV": 16, "VK": 8, "flush_VP": 8}),
-    (None, {"EARLY": 2, "VP": 16, "BV": 16, "VK": 8}),
+    (None, {"EARLY": 2, "LCOUNT": 1, "VP": 16, "BV": 16, "VK": 8}),
     (None, {"EARLY": 1, "BV": 8, "VK": 8}),
     ("bf16", {"EARLY": 2, "VP": 16, "BV": 8, "VK": 8}),
-    (None, {"EARLY": 1, "VP": 4, "BV": 4, "VK": 8}),
+    (None, {"EARLY": 1, "LCOUNT": 1, "VP": 4, "BV": 4, "VK": 8}),
     ("bf16", {"VP": 8, "BV": 8, "VK": 8}),
     (None, {"TF32": 1, "EARLY": 1, "VP": 16, "BV": 16, "VK": 8}),
     ("bf16", {"TF32": 1, "VK": 8}),
@@ -134,6 +134,7 @@ LAUNCH_CASES = [
 @pytest.mark.parametrize("read,launch", LAUNCH_CASES,
                          ids=[f"B3-H2-HV4-K24-V20-W3-fp32-{r or 'full'}-VP{l.get('VP', 'all')}-BV{l.get('BV', 32)}"
                               f"-VK{l['VK']}" + {0: "", 1: "-early", 2: "-early2"}[l.get("EARLY", 0)]
+                              + ("-lcount" if l.get("LCOUNT") else "")
                               + ("-tf32" if l.get("TF32") else "") + (f"-phases{l['PHASES']}" if "PHASES" in l else "")
                               + ("-flush-" + "-".join(f"{k[6:]}{v}" for k, v in l.items() if k.startswith("flush_"))
                                  if any(k.startswith("flush_") for k in l) else "")

@@ -16,6 +16,10 @@ from replayssm_kernels.gdn.common import (
     resolve_dtype,
 )
 
+# A warp's lanes: a small grid's replay programs (one warp) may each count their arrival at a (slot, head) on a
+# counter of their own lane (the replay's LCOUNT).
+ARRIVE_LANES = 32
+
 
 def quantize_read(state: torch.Tensor, read_dtype: torch.dtype):
     """The read copy of fp32 states (..., V, K) and its per-row scales (None unless read_dtype is fp8)."""
@@ -41,8 +45,8 @@ class ReplayCache:
     L2-normalised unscaled keys, both in the buffer dtype (fp32 unless a 2-byte state asks for its own),
     buf_g (nslots, C, HV) fp32 log-decay summed since the checkpoint; fill (nslots, HV) int32, the
     entries in use. Entries at or past fill are never read.
-    arrive (nslots, HV) int32 counts the row-block programs of a step that are done with a (slot, head),
-    zero between steps.
+    arrive (nslots, HV, ARRIVE_LANES) int32 counts the row-block programs of a step that are done with a
+    (slot, head), zero between steps: in its first column, or with the replay's LCOUNT in each lane's own.
     With a read copy a flush corrects the buffered updates, computed from the copy, to those of the full
     checkpoint, so the copy's rounding never reaches the checkpoint: buf_t (nslots, C, HV, C) fp32 keeps row
     j of the lower-triangular T with t_j = beta_j (e_j - sum_{i<j} (k_i·k_j) t_i), entry j's correction key
@@ -136,7 +140,7 @@ class ReplayCache:
             buf_k=torch.zeros(nslots, C, H, K, dtype=buffer_dtype, device=device),
             buf_g=torch.zeros(nslots, C, HV, dtype=torch.float32, device=device),
             fill=torch.zeros(nslots, HV, dtype=torch.int32, device=device),
-            arrive=torch.zeros(nslots, HV, dtype=torch.int32, device=device),
+            arrive=torch.zeros(nslots, HV, ARRIVE_LANES, dtype=torch.int32, device=device),
             window=window,
             max_draft=max_draft,
             io_dtype=io_dtype,

@@ -51,11 +51,11 @@ from replayssm_kernels.gdn.common import (
 # checkpoint's step from 346 to 201). A row with PHASES=2
 # launches the non-flush steps, which list the heads that flush, and then the flushes with the settings of its
 # "-flush" row (by default the row's own) in PPS programs per SM that loop over the list.
-_ONE_CHUNK = {"EARLY": 0, "TF32": 0, "MMA": 0, "VP": 256, "BV": 128, "BVF": 16, "VK": 32, "STAGES": 2, "num_warps": 4,
-              "num_stages": 1, "maxnreg": None, "PPS": 6}
+_ONE_CHUNK = {"EARLY": 0, "LCOUNT": 0, "TF32": 0, "MMA": 0, "VP": 256, "BV": 128, "BVF": 16, "VK": 32, "STAGES": 2,
+              "num_warps": 4, "num_stages": 1, "maxnreg": None, "PPS": 6}
 # A read copy's flushes (and its small grids' whole steps): 4-warp programs of whole heads, 3xTF32 products.
 _COPY_FLUSH = dict(_ONE_CHUNK, BVF=32, TF32=1, maxnreg=168)
-_SPLIT = {"EARLY": 0, "TF32": 0, "MMA": 0, "VP": 256, "BV": 32, "BVF": 16, "VK": 64, "STAGES": 3,
+_SPLIT = {"EARLY": 0, "LCOUNT": 0, "TF32": 0, "MMA": 0, "VP": 256, "BV": 32, "BVF": 16, "VK": 64, "STAGES": 3,
           "num_warps": 1, "num_stages": 1, "maxnreg": 128, "PHASES": 2, "PPS": 6, "HPP": 1}
 # FPASS=1 takes the folds out of the verify into a launch of their own (`_verify_fold_kernel`, after a launch that
 # lists the value heads that fold): PPS programs per SM of FWARPS warps (registers capped at FMAXNREG) loop over
@@ -76,9 +76,9 @@ _VERIFY = {"BV": 32, "BVF": 16, "VK": 32, "STAGES": 2, "GPASS": 2, "GKSPLIT": 2,
            **dict(_FOLD, FPASS=1, FWARPS=2, PPS=4, TF32=0, FKSPLIT=1, FSTREAM=1, FPREF=1, FSPLITW=2, ARRIVE=0,
                    WFILL=1)}
 LAUNCH = {
-    "replay": {"EARLY": 0, "TF32": 0, "MMA": 0, "VP": 256, "BV": 32, "BVF": 16, "VK": 32, "STAGES": 3,
+    "replay": {"EARLY": 0, "LCOUNT": 0, "TF32": 0, "MMA": 0, "VP": 256, "BV": 32, "BVF": 16, "VK": 32, "STAGES": 3,
                "num_warps": 2, "num_stages": 1, "maxnreg": 128, "PHASES": 1, "PPS": 6, "HPP": 1},
-    "replay-small": {"EARLY": 2, "TF32": 0, "MMA": 0, "VP": 16, "BV": 16, "BVF": 16, "VK": 32, "STAGES": 1,
+    "replay-small": {"EARLY": 2, "LCOUNT": 0, "TF32": 0, "MMA": 0, "VP": 16, "BV": 16, "BVF": 16, "VK": 32, "STAGES": 1,
                      "num_warps": 1, "num_stages": 1, "maxnreg": None, "PHASES": 1, "PPS": 6, "HPP": 1},
     # Under split precision a flush also reads the copy and corrects the buffered updates with two more products;
     # in one launch its 4-warp programs set the non-flush step's too (255 µs at batch 256). Apart, the non-flush
@@ -377,6 +377,7 @@ def _replay_kernel(
     BK: tl.constexpr, VP: tl.constexpr, BV: tl.constexpr, BVF: tl.constexpr, BW: tl.constexpr,
     VK: tl.constexpr, STAGES: tl.constexpr, USE_QK_L2NORM: tl.constexpr, HAS_COPY: tl.constexpr,
     IS_FP8: tl.constexpr, EARLY: tl.constexpr, PRECISION: tl.constexpr, PHASE: tl.constexpr, MMA: tl.constexpr,
+    LCOUNT: tl.constexpr, LANES: tl.constexpr,
 ):
     # PHASE 0 takes every row's step; 1 only the non-flush steps, and lists the (row, head, fill) of each head that
     # flushes in `work` for `_flush_kernel` (`replay` launches the two where a cache's row asks for two launches).
@@ -426,14 +427,21 @@ def _replay_kernel(
                             mask=m_c[:, None] & (o_v < V)[None, :], other=0.0).to(tl.float32)
             b_v1 = tl.load(v + i_b * s_vb + i_hv * s_vh + o_v * s_vv, mask=o_v < V, other=0.0)
     p_f = fill + i_s * HV + i_hv
-    p_a = arrive + i_s * HV + i_hv
+    # a (slot, head)'s LANES arrival counts; without LCOUNT only the first
+    o_a = tl.arange(0, LANES)
+    p_a = arrive + (i_s * HV + i_hv) * LANES
     b_f = tl.load(p_f)
     m_w = o_w < b_f
     f_next = tl.where(b_f + 1 >= W, 0, b_f + 1)
     if EARLY:
         if NPB > 1:
             # Arrive as soon as the fill is read (the increment is computed from it, so the read is complete).
-            b_arrived = tl.atomic_add(p_a, tl.where(b_f >= 0, 1, 0), sem="relaxed")
+            if LCOUNT:
+                # each lane counts on its own counter: no lane waits for another's count (a scalar atomic's result
+                # is broadcast to the warp where it is issued), so the round trip is waited on only at the end
+                b_arrived = tl.atomic_add(p_a + o_a, tl.where(b_f >= 0, 1, 0) + o_a * 0, sem="relaxed")
+            else:
+                b_arrived = tl.atomic_add(p_a, tl.where(b_f >= 0, 1, 0), sem="relaxed")
         b_Gl = tl.sum(tl.where(o_w == b_f - 1, b_Gw, 0.0))
         b_Gw = tl.where(m_w, b_Gw, 0.0)
     else:
@@ -526,10 +534,17 @@ def _replay_kernel(
         # suffices: every program has consumed the fill it read before it arrives.
         if not EARLY:
             b_arrived = tl.atomic_add(p_a, 1, sem="relaxed")
-        b_last = b_arrived == NPB - 1
+        if EARLY and LCOUNT:
+            # Every lane's counter saw each program once: the program last on a lane's resets it, the one last on
+            # the first lane's advances the fill.
+            tl.store(p_a + o_a, 0, mask=b_arrived == NPB - 1)
+            b_last = tl.sum(tl.where((o_a == 0) & (b_arrived == NPB - 1), 1, 0)) > 0
+        else:
+            b_last = b_arrived == NPB - 1
+            if b_last:
+                tl.store(p_a, 0)
         if b_last:
             tl.store(p_f, f_next)
-            tl.store(p_a, 0)
     if PHASE == 1:
         if b_last & (b_f + 1 >= W):
             # The flush launch reads the buffer, which no step of this launch overwrites, and this fill.
@@ -1420,6 +1435,8 @@ def _launch_replay(cache, q, k, v, g, beta, out, slots, scale, l2norm, settings,
         STAGES=settings["STAGES"],
         USE_QK_L2NORM=l2norm,
         EARLY=settings["EARLY"],
+        LCOUNT=bool(settings["LCOUNT"]),
+        LANES=cache.arrive.shape[-1],
         PRECISION=flush_precision(cache.checkpoint, settings["TF32"]),
         PHASE=phase,
         MMA=bool(settings["MMA"]) and min(settings["BV"], VP) >= 16 and _mma_tile(cache),
@@ -1607,9 +1624,11 @@ def replay(
     Mutates the cache; returns o (batch, HV, V) in v's dtype (written into `out` when given).
     `launch` overrides VP (rows per program: the programs of a head share its fill counter), BV (rows per chunk of a
     non-flush step), BVF (of a flush), VK (width of the K pieces a non-flush step reduces its rows in), EARLY (1: a
-    non-flush step reads the whole buffer before the fill counter; 2: also the slot before its own inputs), TF32 (1: a flush folds the buffer through 3xTF32
-    tensor-core products, 2 through one TF32 product, a 2-byte checkpoint only, 0 through fp32 FMAs), MMA (1: a
-    non-flush step sums its tile's rows times k and q as one tensor-core product where the tile is 2-byte and in q's
+    non-flush step reads the whole buffer before the fill counter; 2: also the slot before its own inputs), LCOUNT
+    (1, with EARLY and VP < V: the programs of a head count their arrivals lane by lane, so that no lane waits on
+    the count before the program's end), TF32 (1: a flush folds the buffer through 3xTF32 tensor-core products, 2
+    through one TF32 product, a 2-byte checkpoint only, 0 through fp32 FMAs), MMA (1: a non-flush step sums its
+    tile's rows times k and q as one tensor-core product where the tile is 2-byte and in q's
     and k's dtype, a bf16 state or copy with bf16 inputs, and its chunks are of 16 rows or more; other tiles keep
     their fp32 row sums), num_warps, num_stages, maxnreg, PHASES (2: the non-flush steps in one launch, then the
     flushes in a second with their own settings, given by keys prefixed flush_, such as flush_num_warps and
