@@ -77,8 +77,8 @@ for section in $SECTIONS; do
         # head per verify program, their chunks in one pipelined loop (`_verify_heads_kernel`: 160 registers against
         # 154, 987 instructions per chunk against 838, its heads' weights loaded chunk by chunk). FCLAIM: the fold
         # launch's items past each program's first claimed from a counter, one ahead, instead of every PPS·SMs-th
-        # (a served mix's folds, about 6 items a program at 256, end with the slowest program's). The GPU tests, launch by launch and the sweep, then the
-        # reference loop at 64 and 256.
+        # (a served mix's folds, about 6 items a program at 256, end with the slowest program's). The GPU tests,
+        # launch by launch and the sweep, then the reference loop at 64 and 256.
         V="gdn.replay:LAUNCH:verify"
         gpu_tests gdn-verify-next-tests 100 tests/test_gdn_verify.py
         verify_launches gdn-verify-next 120 "256" "16 64 256" "" "HPP=2" "HPP=4" "FCLAIM=1" "FCLAIM=1,FVP=64"
@@ -920,9 +920,9 @@ for section in $SECTIONS; do
         for run in a b; do
             for v in 1 2; do
                 rows "early-2-$run-$v" early-2 120 --set "gdn.replay:LAUNCH:replay-small:EARLY=$v" \
-                    --set "mamba2.replay:SMALL_GRID_LAUNCH:0:EARLY=$v" --set "mamba2.replay:SMALL_GRID_LAUNCH:1:EARLY=$v" \
-                    -- -p nemotron-3-super-120b-a12b -p qwen3.5-122b-a10b --batch 1 --state-dtype fp32,bf16 --repeats 9 \
-                    --no-phases
+                    --set "mamba2.replay:SMALL_GRID_LAUNCH:0:EARLY=$v" \
+                    --set "mamba2.replay:SMALL_GRID_LAUNCH:1:EARLY=$v" -- -p nemotron-3-super-120b-a12b \
+                    -p qwen3.5-122b-a10b --batch 1 --state-dtype fp32,bf16 --repeats 9 --no-phases
             done
         done
         ;;

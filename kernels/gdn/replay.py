@@ -48,9 +48,9 @@ from replayssm_kernels.gdn.common import (
 # before the fill ("-small"), the slot's load issued before the step's own inputs (EARLY=2: batch 1 5.04 -> 4.81
 # µs per layer-step under `replayssm profile`, a bf16 state's 4.96 -> 4.68; NOTES run 65). A flush walks its rows
 # BVF at a time (benchmarks/sweep_gdn.py, NOTES run 29: BVF=16 took batch 256 from 325 to 303 µs, and a bf16
-# checkpoint's step from 346 to 201). A row with PHASES=2
-# launches the non-flush steps, which list the heads that flush, and then the flushes with the settings of its
-# "-flush" row (by default the row's own) in PPS programs per SM that loop over the list.
+# checkpoint's step from 346 to 201). A row with PHASES=2 launches the non-flush steps, which list the heads that
+# flush, and then the flushes with the settings of its "-flush" row (by default the row's own) in PPS programs per
+# SM that loop over the list.
 _ONE_CHUNK = {"EARLY": 0, "LCOUNT": 0, "TF32": 0, "MMA": 0, "VP": 256, "BV": 128, "BVF": 16, "VK": 32, "STAGES": 2,
               "num_warps": 4, "num_stages": 1, "maxnreg": None, "PPS": 6}
 # A read copy's flushes (and its small grids' whole steps): 4-warp programs of whole heads, 3xTF32 products.

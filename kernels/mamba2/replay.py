@@ -691,8 +691,8 @@ def replay(cache: ReplayCache, x, dt, A, B, C, *, D=None, z=None, dt_bias=None, 
         out: optional (batch, H, P) output; padding rows keep what it held.
         launch: overrides of the fixed launch settings: BP (rows of P per program), BPF (rows per flush
             chunk), VN (width of the row pieces a thread sums), RC (rows per streamed chunk), STAGES,
-            EARLY (1: read the buffer before the fill; 2: also the slot before the step's inputs), TF32 (1: fold the flush through 3xTF32; 2: one TF32
-            product, a 2-byte checkpoint only),
+            EARLY (1: read the buffer before the fill; 2: also the slot before the step's inputs), TF32 (1: fold
+            the flush through 3xTF32; 2: one TF32 product, a 2-byte checkpoint only),
             num_warps, num_stages, maxnreg, PHASES (2: the non-flush steps in one launch, listing the heads that
             flush in cache.work, then the flushes in a second, with these settings overridden by the keys
             prefixed flush_, such as flush_maxnreg and flush_PPS, that launch's programs per SM), HPP (with
