@@ -886,14 +886,16 @@ for section in $SECTIONS; do
         # (Prepared, not yet run.) LCOUNT=1: GDN's small-grid replay programs count their arrival at a (slot, head)
         # lane by lane, so that the count's round trip (14% of a batch-1 non-flush step's samples under Nsight
         # Compute, stalls-gdn-1: Triton broadcasts a scalar atomic's result right after it) is waited on only at the
-        # program's end. The GPU tests, the sweep at batch 1 and 2 (fp32 and bf16 states), then the reference loop at
-        # batch 1, LCOUNT 0 against 1 alternating, twice.
+        # program's end. The flush step's fold through 3xTF32 beside it (TF32=1: 8.36 -> 8.25 µs alone in run 35,
+        # with a slower non-flush step then). The GPU tests, the sweep at batch 1 and 2 (fp32 and bf16 states), then
+        # the reference loop at batch 1, LCOUNT 0 against 1 alternating, twice.
         gpu_tests gdn-lcount-tests 150 tests/test_gdn_replay.py
         for st in fp32 bf16; do
             sweep "gdn-lcount-$st" 100 sweep_gdn.py --state-dtype "$st" --kernel decode --kernel replay \
                 --kernel replay-nonflush --kernel replay-flush --batch 1 --batch 2 --launch decode: \
                 --launch replay:LCOUNT=0 --launch replay:LCOUNT=1 --launch replay-nonflush:LCOUNT=0 \
-                --launch replay-nonflush:LCOUNT=1 --launch replay-flush:LCOUNT=0 --launch replay-flush:LCOUNT=1
+                --launch replay-nonflush:LCOUNT=1 --launch replay-flush:LCOUNT=0 --launch replay-flush:LCOUNT=1 \
+                --launch replay:LCOUNT=1,TF32=1 --launch replay-flush:LCOUNT=1,TF32=1
         done
         for run in a b; do
             for v in 0 1; do
