@@ -10,6 +10,13 @@ stores, shuffles, shared-memory traffic, barriers, FP32 arithmetic, special func
     python benchmarks/compile_report.py --op mamba2 --launch replay:BP=64,num_warps=4
     python benchmarks/compile_report.py --op mamba2 --launch verify:BP=32,num_warps=4
     python benchmarks/compile_report.py --op gdn --state-dtype bf16 --launch replay:maxnreg=96
+    python benchmarks/compile_report.py --op gdn --launch replay:EARLY=2,VP=16,BV=16,STAGES=1,num_warps=1,maxnreg=255 \
+        --sass _replay_kernel
+
+With --sass KERNEL it also lists, for each compiled kernel whose name contains KERNEL, its memory and
+synchronisation instructions (global loads, stores and atomics, shared-memory stores and matrix loads, barriers,
+index shuffles, uniform-register moves, exits) in program order, each with its index among all the kernel's
+instructions: what a program waits on, and in which order its loads are issued.
 """
 
 from __future__ import annotations
@@ -32,6 +39,8 @@ OPCODE_GROUPS = {
     "ATOMG": "atomic", "RED": "atomic",
 }
 CASES = ("decode", "replay", "split-bf16", "verify")
+# the instructions --sass lists: what a program issues to memory and where it may wait
+ORDER_OPCODES = re.compile(r"^(LDG|STG|ATOMG|RED|STSM|LDSM|STS|LDS|BAR|SHFL\.IDX|R2UR|EXIT|MEMBAR)\b")
 STATE_DTYPES = ("fp32", "bf16", "fp16")
 
 
@@ -125,18 +134,37 @@ def compile_kernels(op: str, launches: dict[str, dict], arch: int,
     return compiled
 
 
-def cubin_report(cubin: bytes, shared: int) -> dict:
-    """Registers, local (spill) bytes, shared bytes (static plus Triton's dynamic) and SASS opcode counts of a one-kernel cubin."""
+def _sass(cubin: bytes, *options: str) -> str:
+    """cuobjdump's output for a one-kernel cubin (the cuobjdump shipped with Triton)."""
     import triton
 
     tools = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(cubin)
         f.flush()
-        usage = subprocess.run([str(tools / "cuobjdump"), "-res-usage", f.name], capture_output=True, text=True,
-                               check=True).stdout
-        sass = subprocess.run([str(tools / "cuobjdump"), "-sass", f.name], capture_output=True, text=True,
+        return subprocess.run([str(tools / "cuobjdump"), *options, f.name], capture_output=True, text=True,
                               check=True).stdout
+
+
+def sass_order(cubin: bytes) -> list[tuple[int, str]]:
+    """(index among the kernel's instructions, instruction) of each one ORDER_OPCODES names, in program order."""
+    listed = []
+    index = 0
+    for line in _sass(cubin, "-sass").splitlines():
+        m = re.match(r"\s*/\*[0-9a-f]{4,}\*/\s+(.*?)\s*;", line)
+        if not m:
+            continue
+        text = m.group(1)
+        opcode = re.sub(r"^@!?U?P\w+\s+", "", text)
+        if ORDER_OPCODES.match(opcode):
+            listed.append((index, text))
+        index += 1
+    return listed
+
+
+def cubin_report(cubin: bytes, shared: int) -> dict:
+    """Registers, local (spill) bytes, shared bytes (static plus Triton's dynamic) and SASS opcode counts of a one-kernel cubin."""
+    usage, sass = _sass(cubin, "-res-usage"), _sass(cubin, "-sass")
     fields = dict(re.findall(r"(REG|SHARED|LOCAL|STACK):(\d+)", usage))
     ops: collections.Counter = collections.Counter()
     for line in sass.splitlines():
@@ -160,6 +188,9 @@ def main(argv: list[str] | None = None) -> int:
                              "verify keep fp32)")
     parser.add_argument("--launch", action="append", default=[],
                         help="CASE:key=value,... with CASE decode, replay, split-bf16 or verify (repeat)")
+    parser.add_argument("--sass", metavar="KERNEL", default=None,
+                        help="also list the memory and synchronisation instructions, in order, of each kernel whose "
+                             "name contains KERNEL")
     args = parser.parse_args(argv)
     if os.environ.get("TRITON_INTERPRET") == "1":
         print("error: TRITON_INTERPRET=1 runs the kernels in Triton's interpreter instead of compiling them; "
@@ -176,10 +207,21 @@ def main(argv: list[str] | None = None) -> int:
     cols = ("regs", "local", "shared", "total", "global ld", "global st", "shfl", "shared ld", "shared st", "barrier",
             "fp32", "mufu", "mma", "atomic")
     print(f"{'op':7s} {'case':11s} {'kernel':24s} " + " ".join(f"{c:>9s}" for c in cols))
+    listings = []
     for op in ("mamba2", "gdn") if args.op == "both" else (args.op,):
         for case, name, kernel in compile_kernels(op, launches, args.arch, args.state_dtype):
             rep = cubin_report(kernel.asm["cubin"], kernel.metadata.shared)
             print(f"{op:7s} {case:11s} {name:24s} " + " ".join(f"{rep.get(c, 0):9d}" for c in cols))
+            if args.sass is not None and args.sass in name:
+                listings.append((f"{op} {case} {name}", sass_order(kernel.asm["cubin"])))
+    if args.sass is not None and not listings:
+        print(f"error: --sass {args.sass!r}: no compiled kernel's name contains it (the table above names them)",
+              file=sys.stderr)
+        return 2
+    for title, listed in listings:
+        print(f"\n{title}: memory and synchronisation instructions in order (index among all instructions)")
+        for index, text in listed:
+            print(f"{index:6d}  {text}")
     return 0
 
 

@@ -53,3 +53,20 @@ def test_bad_launch_is_one_line_and_a_nonzero_exit():
     # under the interpreter it would run the kernels at full size instead of compiling them
     done = benchmark_scripts.run("compile_report", "--op", "gdn", interpret=True)
     assert done.returncode == 2 and "run compile_report without it" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_sass_lists_a_kernels_memory_instructions_in_order():
+    done = benchmark_scripts.run("compile_report", "--op", "gdn", "--sass", "_verify_list_kernel", interpret=False)
+    assert done.returncode == 0, done.stderr
+    head, _, listing = done.stdout.partition("\ngdn verify _verify_list_kernel: memory and synchronisation instructions")
+    assert listing, done.stdout
+    rows = [line.split(None, 1) for line in listing.strip().splitlines()[1:]]
+    indices = [int(index) for index, _ in rows]
+    assert indices == sorted(set(indices)) and len(indices) >= 3
+    opcodes = [text.split()[1] if text.startswith("@") else text.split()[0] for _, text in rows]
+    # the list kernel reads each row's fills and slot, counts the heads that fold with an atomic, and exits
+    assert any(op.startswith("LDG") for op in opcodes) and "EXIT" in opcodes
+    assert any(op.startswith(("ATOMG", "RED")) for op in opcodes)
+    done = benchmark_scripts.run("compile_report", "--op", "gdn", "--sass", "no_such_kernel", interpret=False)
+    assert done.returncode == 2 and "no compiled kernel's name contains it" in done.stderr
+    assert "Traceback" not in done.stderr
