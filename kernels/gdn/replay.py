@@ -1053,53 +1053,6 @@ def _verify_weights_kernel(
 
 
 @triton.jit
-def _mma_rows(rcopy, rscale, buf_u, v, o_h, o_u, o_v, m_v, m_wc, m_vt, o_t, o_z, o_ka, b_KQa, b_KQb, b_fz, b_Wcz, i_b,
-              i_hv, s_vb, s_vt, s_vh, s_vv, K: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr, BZ: tl.constexpr,
-              BKS: tl.constexpr, KSPLIT: tl.constexpr, NATIVE: tl.constexpr, IS_TILE_EXACT: tl.constexpr,
-              IS_HALF_IO: tl.constexpr, IS_FP8: tl.constexpr):
-    """A verify chunk's [BV, BT] R = V - S K (draft i's v less the committed state's S k_i) and S Q from one
-    [BV, BK] x [BK, BZ] tensor-core product of its tile rows (at o_h) with the drafts' columns (in KSPLIT pieces of
-    BKS), and the committed entries' [BV, BWC] x [BWC, BZ] into its columns, folded onto the drafts' (the rest are
-    zero)."""
-    p_s = rcopy + (o_h + o_v[:, None]) * K + o_ka[None, :]
-    b_s = tl.load(p_s, mask=m_v[:, None] & (o_ka < K)[None, :], other=0.0)
-    b_uw, b_Vd = _chunk_inputs(buf_u, v, o_u, o_v, m_v, m_wc, m_vt, o_t, i_b, i_hv, s_vb, s_vt, s_vh, s_vv)
-    b_P = _tile_product(b_s, b_KQa, None, NATIVE, IS_TILE_EXACT, IS_HALF_IO)
-    if KSPLIT == 2:
-        b_s = tl.load(p_s + BKS, mask=m_v[:, None] & (BKS + o_ka < K)[None, :], other=0.0)
-        b_P = _tile_product(b_s, b_KQb, b_P, NATIVE, IS_TILE_EXACT, IS_HALF_IO)
-    if IS_FP8:
-        b_P *= tl.load(rscale + o_h + o_v, mask=m_v, other=0.0)[:, None]
-    b_P = dot_fp32(b_uw, b_Wcz, False, False, b_P * b_fz[None, :])
-    b_R = b_Vd - tl.sum(tl.reshape(tl.where(o_z[None, :] < BT, b_P, 0.0), (BV, BZ // BT, BT)), 1)
-    return b_R, tl.sum(tl.reshape(tl.where(o_z[None, :] >= BT, b_P, 0.0), (BV, BZ // BT, BT)), 1)
-
-
-@triton.jit
-def _store_chunk(o, buf_u, b_R, b_O, b_A, b_M, i_b, i_s, i_hv, b_fe, o_t, o_v, m_vt, s_ob, s_ot, s_oh, s_ov,
-                 C: tl.constexpr, HV: tl.constexpr, V: tl.constexpr):
-    """U = R Aᵀ into the buffer at the drafts' places (from b_fe), O = S Q + R Mᵀ into o, for a verify chunk's rows."""
-    b_U = tl.sum(b_R[:, :, None] * tl.trans(b_A)[None, :, :], 1)
-    b_O += tl.sum(b_R[:, :, None] * tl.trans(b_M)[None, :, :], 1)
-    p_o = o + i_b * s_ob + o_t[None, :] * s_ot + i_hv * s_oh + o_v[:, None] * s_ov
-    tl.store(p_o, cast(b_O, o.dtype.element_ty), mask=m_vt)
-    tl.store(buf_u + ((i_s * C + b_fe + o_t[None, :]) * HV + i_hv) * V + o_v[:, None],
-             cast(b_U, buf_u.dtype.element_ty), mask=m_vt)
-
-
-@triton.jit
-def _store_draft_keys(k, buf_k, i_b, i_s, i_h, b_fe, o_t, o_k, m_tk, s_kb, s_kt, s_kh, s_kk, C: tl.constexpr,
-                      H: tl.constexpr, K: tl.constexpr, USE_QK_L2NORM: tl.constexpr):
-    """The drafts' keys [BT, BK] of key head i_h (l2-normalised as the buffer keeps them) at their places."""
-    b_K = tl.load(k + i_b * s_kb + o_t[:, None] * s_kt + i_h * s_kh + o_k[None, :] * s_kk, mask=m_tk, other=0.0)
-    b_K = b_K.to(tl.float32)
-    if USE_QK_L2NORM:
-        b_K = b_K / tl.sqrt(tl.sum(b_K * b_K, 1) + 1e-6)[:, None]
-    tl.store(buf_k + ((i_s * C + b_fe + o_t[:, None]) * H + i_h) * K + o_k[None, :],
-             cast(b_K, buf_k.dtype.element_ty), mask=m_tk)
-
-
-@triton.jit
 def _weights(p_w, o_t, BT: tl.constexpr, NW: tl.constexpr):
     """A value head's A, M [BT, BT] and drafts' log-decays [BT] from its row of `_verify_weights_kernel`'s output."""
     b_A = tl.load(p_w + o_t[:, None] * BT + o_t[None, :])
@@ -1259,9 +1212,20 @@ def _verify_kernel(
         # one read of the tile (the read copy, refreshed by a flush above, or the checkpoint without one) for every
         # draft's k and q as given, and the committed entries' terms
         if MMA:
-            b_R, b_O = _mma_rows(rcopy, rscale, buf_u, v, o_h, o_u, o_v, m_v, m_wc, m_vt, o_t, o_z, o_ka, b_KQa,
-                                 b_KQa if KSPLIT == 1 else b_KQb, b_fz, b_Wcz, i_b, i_hv, s_vb, s_vt, s_vh, s_vv, K,
-                                 BV, BT, BZ, BKS, KSPLIT, NATIVE, IS_TILE_EXACT, IS_HALF_IO, IS_FP8)
+            # one [BV, BK] x [BK, BZ] tensor-core product, and the entries' [BV, BWC] x [BWC, BZ] into its columns,
+            # folded onto the drafts' (the rest are zero)
+            p_s = rcopy + (o_h + o_v[:, None]) * K + o_ka[None, :]
+            b_s = tl.load(p_s, mask=m_v[:, None] & (o_ka < K)[None, :], other=0.0)
+            b_uw, b_Vd = _chunk_inputs(buf_u, v, o_u, o_v, m_v, m_wc, m_vt, o_t, i_b, i_hv, s_vb, s_vt, s_vh, s_vv)
+            b_P = _tile_product(b_s, b_KQa, None, NATIVE, IS_TILE_EXACT, IS_HALF_IO)
+            if KSPLIT == 2:
+                b_s = tl.load(p_s + BKS, mask=m_v[:, None] & (BKS + o_ka < K)[None, :], other=0.0)
+                b_P = _tile_product(b_s, b_KQb, b_P, NATIVE, IS_TILE_EXACT, IS_HALF_IO)
+            if IS_FP8:
+                b_P *= tl.load(rscale + o_h + o_v, mask=m_v, other=0.0)[:, None]
+            b_P = dot_fp32(b_uw, b_Wcz, False, False, b_P * b_fz[None, :])
+            b_R = b_Vd - tl.sum(tl.reshape(tl.where(o_z[None, :] < BT, b_P, 0.0), (BV, BZ // BT, BT)), 1)
+            b_O = tl.sum(tl.reshape(tl.where(o_z[None, :] >= BT, b_P, 0.0), (BV, BZ // BT, BT)), 1)
         else:
             # [BV, NC, VK] the tile, its row sums draft by draft
             b_s = tl.load(rcopy + (o_h + o_v[:, None, None]) * K + o_k3[None, :, :],
@@ -1282,8 +1246,13 @@ def _verify_kernel(
             # each product is ordered so that its sum lands in the tile's layout
             b_R = b_Vd - b_SK * b_fk[None, :] - tl.sum(b_uw[:, None, :] * tl.trans(b_Wck)[None, :, :], 2)
             b_O = b_SQ * b_fq[None, :] + tl.sum(b_uw[:, None, :] * tl.trans(b_Wcq)[None, :, :], 2)
-        _store_chunk(o, buf_u, b_R, b_O, b_A, b_M, i_b, i_s, i_hv, b_fe, o_t, o_v, m_vt, s_ob, s_ot, s_oh, s_ov, C,
-                     HV, V)
+        # U = R Aᵀ, O = S Q + R Mᵀ
+        b_U = tl.sum(b_R[:, :, None] * tl.trans(b_A)[None, :, :], 1)
+        b_O += tl.sum(b_R[:, :, None] * tl.trans(b_M)[None, :, :], 1)
+        p_o = o + i_b * s_ob + o_t[None, :] * s_ot + i_hv * s_oh + o_v[:, None] * s_ov
+        tl.store(p_o, cast(b_O, o.dtype.element_ty), mask=m_vt)
+        tl.store(buf_u + ((i_s * C + b_fe + o_t[None, :]) * HV + i_hv) * V + o_v[:, None],
+                 cast(b_U, buf_u.dtype.element_ty), mask=m_vt)
     tl.store(buf_g + (i_s * C + b_fe + o_t) * HV + i_hv, b_Gs, mask=m_t)
     if HAS_COPY:
         tl.store(buf_b + (i_s * C + b_fe + o_t) * HV + i_hv, b_bd, mask=m_t)
@@ -1301,8 +1270,13 @@ def _verify_kernel(
     else:
         b_write = i_hv % (HV // H) == 0
     if b_write:
-        _store_draft_keys(k, buf_k, i_b, i_s, i_h, b_fe, o_t, o_k, m_tk, s_kb, s_kt, s_kh, s_kk, C, H, K,
-                          USE_QK_L2NORM)
+        # [BT, BK]
+        b_K = tl.load(k + i_b * s_kb + o_t[:, None] * s_kt + i_h * s_kh + o_k[None, :] * s_kk, mask=m_tk, other=0.0)
+        b_K = b_K.to(tl.float32)
+        if USE_QK_L2NORM:
+            b_K = b_K / tl.sqrt(tl.sum(b_K * b_K, 1) + 1e-6)[:, None]
+        tl.store(buf_k + ((i_s * C + b_fe + o_t[:, None]) * H + i_h) * K + o_k[None, :],
+                 cast(b_K, buf_k.dtype.element_ty), mask=m_tk)
 
 
 @triton.jit
