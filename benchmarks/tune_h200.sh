@@ -3,7 +3,7 @@
 # writes its table (.txt) and results (.json) under DIR (default runs/tune), and DIR.tar.gz holds them all for
 # machines that return one file; a sweep past its time limit leaves the ones before it.
 # Usage: benchmarks/tune_h200.sh [DIR] [SECTION ...]
-# Sections: tests, gdn-lcount, early-2, stalls-gdn-1, gdn-verify-next, gdn-verify-wfill, gdn-verify-fold-tf32, gdn-verify-arrive, gdn-verify-fsplitw-3, gdn-verify-rows-63-2, gdn-verify-63, gdn-verify-rows-63, gdn-verify-fsplitw-2, gdn-verify-fsplitw, gdn-verify-fpref, gdn-verify-medium, gdn-verify-vsplit, gdn-verify-fstream-3, gdn-verify-fpass2-2, gdn-verify-fpass2, gdn-verify-fstream-2, gdn-verify-fstream, gdn-verify-fpass-4, gdn-verify-fpass-3, gdn-verify-fpass-2, gdn-verify-fpass, gdn-bf16-buffers, gdn-verify-gpass2-2, gdn-verify-gpass2, gdn-verify-tc, gdn-verify-tc-2, gdn-verify-tc-3, gdn-verify-tc-4, gdn-verify-phases, stalls-fold, gdn-verify-gpass, verify-bf16-bc, fla-slots, kernel-tests, mamba2-verify-fstages, mamba2-verify-bpf, mamba2-verify-launches, mamba2-verify-fold, mamba2-verify-bc-3, mamba2-verify-bc-2, mamba2-verify-bc, mamba2-verify-stream, mamba2-verify-stream-2, tail-lead, tail-3, tail-medium, tail-2, tail, gdn-bf16-tf32, prefetch-profile, prefetch, prefetch-2, loops, gdn-decode-chunks, gdn-decode-order, gdn-decode-order-2, mamba2-mma, stalls-bf16, mamba2-bf16-heads, mamba2-bf16-tf32, heads-sanitizer, mamba2-heads-flush-2, gdn-heads-fault, gdn-heads, mamba2-heads-flush, mamba2-heads, mamba2-heads-2, mamba2-heads-3, mamba2-heads-4, verify-tests, gdn-verify-mma, gdn-verify-3, gdn-verify-rows, gdn-verify-warps, gdn-verify-warps-2, mamba2-verify-warps, gdn-split-3, gdn-split-4, two-phase-2, mamba2-split-phases, mamba2-two-phase, gdn-split-flush-vp, gdn-mma, split-launch-cost, split-launch-cost-2, gdn-flush-list, mamba2-flush-list, gdn-split-nonflush, gdn-split-flush-2, one-warp, fp8-one-warp, fp8-one-warp-2, copy-pieces, regs-2byte, stalls, stalls-2, next, small-grid, small-grid-2, small-grid-3, medium-grid, direct, order, vk, gdn-decode, gdn-replay, gdn-early, gdn-replay-256, gdn-fp32-2, gdn-split, gdn-split-2,
+# Sections: tests, gdn-freuse, gdn-lcount, early-2, stalls-gdn-1, gdn-verify-next, gdn-verify-wfill, gdn-verify-fold-tf32, gdn-verify-arrive, gdn-verify-fsplitw-3, gdn-verify-rows-63-2, gdn-verify-63, gdn-verify-rows-63, gdn-verify-fsplitw-2, gdn-verify-fsplitw, gdn-verify-fpref, gdn-verify-medium, gdn-verify-vsplit, gdn-verify-fstream-3, gdn-verify-fpass2-2, gdn-verify-fpass2, gdn-verify-fstream-2, gdn-verify-fstream, gdn-verify-fpass-4, gdn-verify-fpass-3, gdn-verify-fpass-2, gdn-verify-fpass, gdn-bf16-buffers, gdn-verify-gpass2-2, gdn-verify-gpass2, gdn-verify-tc, gdn-verify-tc-2, gdn-verify-tc-3, gdn-verify-tc-4, gdn-verify-phases, stalls-fold, gdn-verify-gpass, verify-bf16-bc, fla-slots, kernel-tests, mamba2-verify-fstages, mamba2-verify-bpf, mamba2-verify-launches, mamba2-verify-fold, mamba2-verify-bc-3, mamba2-verify-bc-2, mamba2-verify-bc, mamba2-verify-stream, mamba2-verify-stream-2, tail-lead, tail-3, tail-medium, tail-2, tail, gdn-bf16-tf32, prefetch-profile, prefetch, prefetch-2, loops, gdn-decode-chunks, gdn-decode-order, gdn-decode-order-2, mamba2-mma, stalls-bf16, mamba2-bf16-heads, mamba2-bf16-tf32, heads-sanitizer, mamba2-heads-flush-2, gdn-heads-fault, gdn-heads, mamba2-heads-flush, mamba2-heads, mamba2-heads-2, mamba2-heads-3, mamba2-heads-4, verify-tests, gdn-verify-mma, gdn-verify-3, gdn-verify-rows, gdn-verify-warps, gdn-verify-warps-2, mamba2-verify-warps, gdn-split-3, gdn-split-4, two-phase-2, mamba2-split-phases, mamba2-two-phase, gdn-split-flush-vp, gdn-mma, split-launch-cost, split-launch-cost-2, gdn-flush-list, mamba2-flush-list, gdn-split-nonflush, gdn-split-flush-2, one-warp, fp8-one-warp, fp8-one-warp-2, copy-pieces, regs-2byte, stalls, stalls-2, next, small-grid, small-grid-2, small-grid-3, medium-grid, direct, order, vk, gdn-decode, gdn-replay, gdn-early, gdn-replay-256, gdn-fp32-2, gdn-split, gdn-split-2,
 # gdn-bf16, gdn-bf16-2, gdn-verify, fla, mamba2-split, mamba2-split2, mamba2-vn, mamba2-bf16, mamba2-bf16-2,
 # mamba2-verify (default: tests gdn-decode gdn-replay gdn-verify mamba2-split mamba2-bf16 mamba2-verify).
 set -uo pipefail
@@ -882,8 +882,31 @@ for section in $SECTIONS; do
             --launch "replay:$R,flush_PPS=12" --launch "replay:$R,flush_STAGES=1" --launch "replay:$R,flush_STAGES=4" \
             --launch "replay:$R,flush_num_warps=1"
         ;;
+    gdn-freuse)
+        # (Prepared, not yet run.) FREUSE=1: GDN's small-grid step that fills the window folds the rows, keys,
+        # updates and v its program read before the fill (one product, as before) instead of reading them again
+        # after the branch. compile_report (batch-1 row, sm_90): 215 -> 255 registers and 664 B of spills with fp32
+        # FMAs; with 3xTF32 (TF32=1) 241 registers, no spills. The GPU tests, the sweep at batch 1, 2 and 4 (fp32 and
+        # bf16 states), then the reference loop at batch 1, FREUSE 0, 1 and 1 with TF32=1 in turn, twice; then the
+        # shipped small-grid reference.
+        gpu_tests gdn-freuse-tests 150 tests/test_gdn_replay.py
+        for st in fp32 bf16; do
+            sweep "gdn-freuse-$st" 120 sweep_gdn.py --state-dtype "$st" --kernel decode --kernel replay \
+                --kernel replay-nonflush --kernel replay-flush --batch 1 --batch 2 --batch 4 --launch decode: \
+                --launch replay:FREUSE=0 --launch replay:FREUSE=1 --launch replay:FREUSE=1,TF32=1 \
+                --launch replay-nonflush:FREUSE=0 --launch replay-nonflush:FREUSE=1 \
+                --launch replay-nonflush:FREUSE=1,TF32=1 --launch replay-flush:FREUSE=0 \
+                --launch replay-flush:FREUSE=1 --launch replay-flush:FREUSE=1,TF32=1
+        done
+        for run in a b; do
+            for v in FREUSE=0 FREUSE=1 FREUSE=1,TF32=1; do
+                rows "gdn-freuse-$run-$v" gdn-freuse 120 --set "gdn.replay:LAUNCH:replay-small:$v" \
+                    -- -p qwen3.5-122b-a10b --batch 1 --state-dtype fp32,bf16 --repeats 9 --no-phases
+            done
+        done
+        ;;
     gdn-lcount)
-        # (Prepared, not yet run.) LCOUNT=1: GDN's small-grid replay programs count their arrival at a (slot, head)
+        # (Runs at e46ac75.) LCOUNT=1: GDN's small-grid replay programs count their arrival at a (slot, head)
         # lane by lane, so that the count's round trip (14% of a batch-1 non-flush step's samples under Nsight
         # Compute, stalls-gdn-1: Triton broadcasts a scalar atomic's result right after it) is waited on only at the
         # program's end. The flush step's fold through 3xTF32 beside it (TF32=1: 8.36 -> 8.25 µs alone in run 35,
