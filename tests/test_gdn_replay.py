@@ -122,8 +122,8 @@ LAUNCH_CASES = [
     (None, {"PHASES": 2, "VK": 8}),
     (None, {"PHASES": 2, "EARLY": 1, "VP": 16, "BV": 16, "VK": 8, "flush_VP": 8}),
     (None, {"EARLY": 2, "LCOUNT": 1, "VP": 16, "BV": 16, "VK": 8}),
-    (None, {"EARLY": 2, "LCOUNT": 1, "FREUSE": 1, "VP": 16, "BV": 16, "VK": 8}),
-    (None, {"EARLY": 1, "FREUSE": 1, "VP": 16, "BV": 16, "VK": 4}),
+    ("bf16", {"EARLY": 2, "LCOUNT": 1, "TF32": 1, "PHASES": 1, "VP": 16, "BV": 16, "VK": 8}),
+    ("fp8", {"EARLY": 2, "LCOUNT": 1, "TF32": 1, "PHASES": 1, "VP": 16, "BV": 16, "VK": 8}),
     (None, {"EARLY": 1, "BV": 8, "VK": 8}),
     ("bf16", {"EARLY": 2, "VP": 16, "BV": 8, "VK": 8}),
     (None, {"EARLY": 1, "LCOUNT": 1, "VP": 4, "BV": 4, "VK": 8}),
@@ -137,7 +137,6 @@ LAUNCH_CASES = [
                          ids=[f"B3-H2-HV4-K24-V20-W3-fp32-{r or 'full'}-VP{l.get('VP', 'all')}-BV{l.get('BV', 32)}"
                               f"-VK{l['VK']}" + {0: "", 1: "-early", 2: "-early2"}[l.get("EARLY", 0)]
                               + ("-lcount" if l.get("LCOUNT") else "")
-                              + ("-freuse" if l.get("FREUSE") else "")
                               + ("-tf32" if l.get("TF32") else "") + (f"-phases{l['PHASES']}" if "PHASES" in l else "")
                               + ("-flush-" + "-".join(f"{k[6:]}{v}" for k, v in l.items() if k.startswith("flush_"))
                                  if any(k.startswith("flush_") for k in l) else "")
@@ -170,7 +169,6 @@ def _replay_staggered(shape, steps, state, read, launch, device, assert_close):
 TF32_CASES = [
     ("bf16", {"TF32": 2, "VK": 8}),
     ("fp16", {"TF32": 2, "VP": 16, "BV": 16, "VK": 8}),
-    ("bf16", {"TF32": 2, "EARLY": 2, "FREUSE": 1, "VP": 16, "BV": 16, "VK": 8}),
     ("bf16", {"PHASES": 2, "VK": 8, "flush_TF32": 2, "flush_PPS": 1}),
 ]
 
@@ -179,8 +177,7 @@ TF32_CASES = [
                          ids=[f"B3-H2-HV4-K24-V20-W3-{s}-full-" + ",".join(f"{k}={v}" for k, v in l.items())
                               for s, l in TF32_CASES])
 def test_replay_one_tf32_product_on_a_2_byte_state(device, assert_close, state, launch):
-    """A 2-byte checkpoint's flushes folded in one TF32 product (TF32=2, in one launch or in the flushes' own, or
-    from the rows, keys and updates the step read before its fill, FREUSE):
+    """A 2-byte checkpoint's flushes folded in one TF32 product (TF32=2, in one launch or in the flushes' own):
     outputs every step and every cache tensor as the reference, through flushes, from NaN-poisoned buffers."""
     _replay_staggered((4, 2, 4, 24, 20), 7, state, None, launch, device, assert_close)
 

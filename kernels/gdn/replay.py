@@ -52,12 +52,12 @@ from replayssm_kernels.gdn.common import (
 # 303 µs, and a bf16 checkpoint's step from 346 to 201). A row with PHASES=2 launches the non-flush steps, which
 # list the heads that flush, and then the flushes with the settings of its "-flush" row (by default the row's own)
 # in PPS programs per SM that loop over the list.
-_ONE_CHUNK = {"EARLY": 0, "LCOUNT": 0, "FREUSE": 0, "TF32": 0, "MMA": 0, "VP": 256, "BV": 128, "BVF": 16, "VK": 32,
-              "STAGES": 2, "num_warps": 4, "num_stages": 1, "maxnreg": None, "PPS": 6}
+_ONE_CHUNK = {"EARLY": 0, "LCOUNT": 0, "TF32": 0, "MMA": 0, "VP": 256, "BV": 128, "BVF": 16, "VK": 32, "STAGES": 2,
+              "num_warps": 4, "num_stages": 1, "maxnreg": None, "PPS": 6}
 # A read copy's flushes (and its small grids' whole steps): 4-warp programs of whole heads, 3xTF32 products.
 _COPY_FLUSH = dict(_ONE_CHUNK, BVF=32, TF32=1, maxnreg=168)
-_SPLIT = {"EARLY": 0, "LCOUNT": 0, "FREUSE": 0, "TF32": 0, "MMA": 0, "VP": 256, "BV": 32, "BVF": 16, "VK": 64,
-          "STAGES": 3, "num_warps": 1, "num_stages": 1, "maxnreg": 128, "PHASES": 2, "PPS": 6, "HPP": 1}
+_SPLIT = {"EARLY": 0, "LCOUNT": 0, "TF32": 0, "MMA": 0, "VP": 256, "BV": 32, "BVF": 16, "VK": 64, "STAGES": 3,
+          "num_warps": 1, "num_stages": 1, "maxnreg": 128, "PHASES": 2, "PPS": 6, "HPP": 1}
 # FPASS=1 takes the folds out of the verify into a launch of their own (`_verify_fold_kernel`, after a launch that
 # lists the value heads that fold): PPS programs per SM of FWARPS warps (registers capped at FMAXNREG) loop over
 # items of FVP rows, each fold one product in 3xTF32 (TF32=1) or fp32 FMAs (0; the verify's own folds always take
@@ -77,11 +77,10 @@ _VERIFY = {"BV": 32, "BVF": 16, "VK": 32, "STAGES": 2, "GPASS": 2, "GKSPLIT": 2,
            **dict(_FOLD, FPASS=1, FWARPS=2, PPS=4, TF32=0, FKSPLIT=1, FSTREAM=1, FPREF=1, FSPLITW=2, ARRIVE=0,
                    WFILL=1)}
 LAUNCH = {
-    "replay": {"EARLY": 0, "LCOUNT": 0, "FREUSE": 0, "TF32": 0, "MMA": 0, "VP": 256, "BV": 32, "BVF": 16, "VK": 32,
-               "STAGES": 3, "num_warps": 2, "num_stages": 1, "maxnreg": 128, "PHASES": 1, "PPS": 6, "HPP": 1},
-    "replay-small": {"EARLY": 2, "LCOUNT": 1, "FREUSE": 0, "TF32": 0, "MMA": 0, "VP": 16, "BV": 16, "BVF": 16,
-                     "VK": 32, "STAGES": 1, "num_warps": 1, "num_stages": 1, "maxnreg": None, "PHASES": 1, "PPS": 6,
-                     "HPP": 1},
+    "replay": {"EARLY": 0, "LCOUNT": 0, "TF32": 0, "MMA": 0, "VP": 256, "BV": 32, "BVF": 16, "VK": 32, "STAGES": 3,
+               "num_warps": 2, "num_stages": 1, "maxnreg": 128, "PHASES": 1, "PPS": 6, "HPP": 1},
+    "replay-small": {"EARLY": 2, "LCOUNT": 1, "TF32": 0, "MMA": 0, "VP": 16, "BV": 16, "BVF": 16, "VK": 32, "STAGES": 1,
+                     "num_warps": 1, "num_stages": 1, "maxnreg": None, "PHASES": 1, "PPS": 6, "HPP": 1},
     # Under split precision a flush also reads the copy and corrects the buffered updates with two more products;
     # in one launch its 4-warp programs set the non-flush step's too (255 µs at batch 256). Apart, the non-flush
     # step runs in the bf16-state replay's 2-warp programs and the flush through 3xTF32 products: batch 256's window
@@ -277,46 +276,15 @@ def _replay_flush(
             C, HV, K, V, HAS_COPY, IS_FP8, PRECISION,
         )
         b_v = tl.load(v + i_b * s_vb + i_hv * s_vh + o_v * s_vv, mask=m_v, other=0.0).to(tl.float32)
-        _flush_step(ckpt, rcopy, rscale, o, b_s, b_v, b_k, b_q, b_g, b_beta, i_b, i_hv, o_v, m_v, o_s, o_r, m_s,
-                    s_ob, s_oh, s_ov, HAS_COPY, IS_FP8)
-
-
-@triton.jit
-def _flush_step(ckpt, rcopy, rscale, o, b_s, b_v, b_k, b_q, b_g, b_beta, i_b, i_hv, o_v, m_v, o_s, o_r, m_s,
-                s_ob, s_oh, s_ov, HAS_COPY: tl.constexpr, IS_FP8: tl.constexpr):
-    """This step from the folded checkpoint rows b_s [BVF, BK]: its output, and the rows after it stored (and their
-    read copy)."""
-    b_s *= tl.exp(b_g)
-    b_u = b_beta * (b_v - tl.sum(b_s * b_k[None, :], 1))
-    b_s += b_u[:, None] * b_k[None, :]
-    b_o = tl.sum(b_s * b_q[None, :], 1)
-    tl.store(o + i_b * s_ob + i_hv * s_oh + o_v * s_ov, cast(b_o, o.dtype.element_ty), mask=m_v)
-    b_s = rounded(b_s, ckpt.dtype.element_ty)
-    tl.store(ckpt + o_s, b_s.to(ckpt.dtype.element_ty), mask=m_s)
-    if HAS_COPY:
-        _store_read_copy(rcopy, rscale, o_s, o_r, b_s, m_s, m_v, IS_FP8)
-
-
-@triton.jit
-def _held_flush(
-    ckpt, o, b_r, b_kw3, b_uw1, b_v1, i_b, i_s, i_hv, o_h, v0, b_f, b_k, b_q, b_g, b_beta, b_Gl, b_Gw, o_w,
-    s_ob, s_oh, s_ov, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BW: tl.constexpr,
-    PRECISION: tl.constexpr,
-):
-    """The step that fills the window for one chunk's rows (no read copy) from what the program read before the
-    fill: its checkpoint rows b_r [BV, NC, VK], the buffered keys b_kw3 [BW, NC, VK] and updates b_uw1 [BW, BV]
-    (masked here to the fill: past it they are unwritten) and v, folded in one product as `_fold` does."""
-    o_v = v0 + tl.arange(0, BV)
-    m_v = o_v < V
-    o_k = tl.arange(0, BK)
-    o_s = (o_h + o_v[:, None]) * K + o_k[None, :]
-    m_w = o_w < b_f
-    b_kw = tl.where(m_w[:, None], tl.reshape(b_kw3, (BW, BK)), 0.0)
-    b_uw = tl.where(m_w[:, None], b_uw1, 0.0) * tl.where(m_w, tl.exp(b_Gl - b_Gw), 0.0)[:, None]
-    b_s = tl.reshape(b_r, (BV, BK)).to(tl.float32) * tl.exp(b_Gl)
-    b_s += tl.dot(tl.trans(b_uw), b_kw, input_precision=PRECISION)
-    _flush_step(ckpt, ckpt, ckpt, o, b_s, b_v1.to(tl.float32), b_k, b_q, b_g, b_beta, i_b, i_hv, o_v, m_v, o_s, o_s,
-                m_v[:, None] & (o_k < K)[None, :], s_ob, s_oh, s_ov, False, False)
+        b_s *= tl.exp(b_g)
+        b_u = b_beta * (b_v - tl.sum(b_s * b_k[None, :], 1))
+        b_s += b_u[:, None] * b_k[None, :]
+        b_o = tl.sum(b_s * b_q[None, :], 1)
+        tl.store(o + i_b * s_ob + i_hv * s_oh + o_v * s_ov, cast(b_o, o.dtype.element_ty), mask=m_v)
+        b_s = rounded(b_s, ckpt.dtype.element_ty)
+        tl.store(ckpt + o_s, b_s.to(ckpt.dtype.element_ty), mask=m_s)
+        if HAS_COPY:
+            _store_read_copy(rcopy, rscale, o_s, o_r, b_s, m_s, m_v, IS_FP8)
 
 
 @triton.jit
@@ -410,7 +378,7 @@ def _replay_kernel(
     BK: tl.constexpr, VP: tl.constexpr, BV: tl.constexpr, BVF: tl.constexpr, BW: tl.constexpr,
     VK: tl.constexpr, STAGES: tl.constexpr, USE_QK_L2NORM: tl.constexpr, HAS_COPY: tl.constexpr,
     IS_FP8: tl.constexpr, EARLY: tl.constexpr, PRECISION: tl.constexpr, PHASE: tl.constexpr, MMA: tl.constexpr,
-    LCOUNT: tl.constexpr, LANES: tl.constexpr, FREUSE: tl.constexpr,
+    LCOUNT: tl.constexpr, LANES: tl.constexpr,
 ):
     # PHASE 0 takes every row's step; 1 only the non-flush steps, and lists the (row, head, fill) of each head that
     # flushes in `work` for `_flush_kernel` (`replay` launches the two where a cache's row asks for two launches).
@@ -498,11 +466,7 @@ def _replay_kernel(
         b_sk, b_sq = _tile_sums(b_r, b_k3, b_q3, b_kqm, b_rk, b_rq, MMA)
 
     if b_f + 1 >= W:
-        if FREUSE:
-            # one chunk, EARLY, PHASE 0, no read copy: the rows, keys, updates and v the program holds
-            _held_flush(ckpt, o, b_r, b_kw3, b_uw1, b_v1, i_b, i_s, i_hv, o_h, v0, b_f, b_k, b_q, b_g, b_beta, b_Gl,
-                        b_Gw, o_w, s_ob, s_oh, s_ov, K, V, BK, BV, BW, PRECISION)
-        elif PHASE == 0:
+        if PHASE == 0:
             # [BW, BK] the buffered keys
             b_kw = tl.load(buf_k + ((i_s * C + o_w[:, None]) * H + i_h) * K + o_k[None, :],
                            mask=m_w[:, None] & m_k[None, :], other=0.0).to(tl.float32)
@@ -1431,18 +1395,8 @@ def _launch_heads(cache, q, k, v, g, beta, out, slots, scale, l2norm, settings, 
     )
 
 
-def _holds_flush(cache: ReplayCache, settings: dict, VP: int, phase: int, mma: bool) -> bool:
-    """Whether the step that fills the window folds what its program read before the fill (FREUSE) rather than
-    reading its rows, keys, updates and v again: a replay of one chunk (BV and BVF no fewer rows than VP, at least
-    16: the fold is one product) that reads the buffer early (EARLY), in one launch, without a read copy, its rows
-    summed in fp32 (no MMA)."""
-    return (bool(settings["FREUSE"]) and bool(settings["EARLY"]) and settings["BV"] >= VP >= 16
-            and settings["BVF"] >= VP and phase == 0 and cache.read_copy is None and not mma)
-
-
 def _launch_replay(cache, q, k, v, g, beta, out, slots, scale, l2norm, settings, phase):
     VP = min(settings["VP"], next_pow2(cache.V))
-    mma = bool(settings["MMA"]) and min(settings["BV"], VP) >= 16 and _mma_tile(cache)
     _replay_kernel[(q.shape[0] * cache.HV * triton.cdiv(cache.V, VP),)](
         **_cache_args(cache), arrive=cache.arrive, work=cache.work,
         q=q, k=k, v=v, g=g, beta=beta, o=out, slots=slots,
@@ -1458,10 +1412,9 @@ def _launch_replay(cache, q, k, v, g, beta, out, slots, scale, l2norm, settings,
         EARLY=settings["EARLY"],
         LCOUNT=bool(settings["LCOUNT"]),
         LANES=cache.arrive.shape[-1],
-        FREUSE=_holds_flush(cache, settings, VP, phase, mma),
         PRECISION=flush_precision(cache.checkpoint, settings["TF32"]),
         PHASE=phase,
-        MMA=mma,
+        MMA=bool(settings["MMA"]) and min(settings["BV"], VP) >= 16 and _mma_tile(cache),
         **compile_options(settings),
     )
 
@@ -1648,9 +1601,7 @@ def replay(
     non-flush step), BVF (of a flush), VK (width of the K pieces a non-flush step reduces its rows in), EARLY (1: a
     non-flush step reads the whole buffer before the fill counter; 2: also the slot before its own inputs), LCOUNT
     (1, with EARLY and VP < V: the programs of a head count their arrivals lane by lane, so that no lane waits on
-    the count before the program's end), FREUSE (1, with EARLY, one chunk of 16 rows or more, one launch and no read
-    copy: the step that fills the window folds the rows, keys, updates and v it read before the fill rather than
-    reading them again), TF32 (1: a flush folds the buffer through 3xTF32 tensor-core products, 2
+    the count before the program's end), TF32 (1: a flush folds the buffer through 3xTF32 tensor-core products, 2
     through one TF32 product, a 2-byte checkpoint only, 0 through fp32 FMAs), MMA (1: a non-flush step sums its
     tile's rows times k and q as one tensor-core product where the tile is 2-byte and in q's
     and k's dtype, a bf16 state or copy with bf16 inputs, and its chunks are of 16 rows or more; other tiles keep
