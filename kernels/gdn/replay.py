@@ -54,7 +54,7 @@ from replayssm_kernels.gdn.common import (
 # in PPS programs per SM that loop over the list.
 _ONE_CHUNK = {"EARLY": 0, "LCOUNT": 0, "TF32": 0, "MMA": 0, "VP": 256, "BV": 128, "BVF": 16, "VK": 32, "STAGES": 2,
               "num_warps": 4, "num_stages": 1, "maxnreg": None, "PPS": 6}
-# A read copy's flushes (and its small grids' whole steps): 4-warp programs of whole heads, 3xTF32 products.
+# A read copy's flushes: 4-warp programs of whole heads, 3xTF32 products.
 _COPY_FLUSH = dict(_ONE_CHUNK, BVF=32, TF32=1, maxnreg=168)
 _SPLIT = {"EARLY": 0, "LCOUNT": 0, "TF32": 0, "MMA": 0, "VP": 256, "BV": 32, "BVF": 16, "VK": 64, "STAGES": 3,
           "num_warps": 1, "num_stages": 1, "maxnreg": 128, "PHASES": 2, "PPS": 6, "HPP": 1}
@@ -76,27 +76,30 @@ _VERIFY = {"BV": 32, "BVF": 16, "VK": 32, "STAGES": 2, "GPASS": 2, "GKSPLIT": 2,
            "num_warps": 2, "num_stages": 1, "maxnreg": 168,
            **dict(_FOLD, FPASS=1, FWARPS=2, PPS=4, TF32=0, FKSPLIT=1, FSTREAM=1, FPREF=1, FSPLITW=2, ARRIVE=0,
                    WFILL=1)}
+_SMALL = {"EARLY": 2, "LCOUNT": 1, "TF32": 0, "MMA": 0, "VP": 16, "BV": 16, "BVF": 16, "VK": 32, "STAGES": 1,
+          "num_warps": 1, "num_stages": 1, "maxnreg": None, "PHASES": 1, "PPS": 6, "HPP": 1}
 LAUNCH = {
     "replay": {"EARLY": 0, "LCOUNT": 0, "TF32": 0, "MMA": 0, "VP": 256, "BV": 32, "BVF": 16, "VK": 32, "STAGES": 3,
                "num_warps": 2, "num_stages": 1, "maxnreg": 128, "PHASES": 1, "PPS": 6, "HPP": 1},
-    "replay-small": {"EARLY": 2, "LCOUNT": 1, "TF32": 0, "MMA": 0, "VP": 16, "BV": 16, "BVF": 16, "VK": 32, "STAGES": 1,
-                     "num_warps": 1, "num_stages": 1, "maxnreg": None, "PHASES": 1, "PPS": 6, "HPP": 1},
+    "replay-small": _SMALL,
     # Under split precision a flush also reads the copy and corrects the buffered updates with two more products;
     # in one launch its 4-warp programs set the non-flush step's too (255 µs at batch 256). Apart, the non-flush
     # step runs in the bf16-state replay's 2-warp programs and the flush through 3xTF32 products: batch 256's window
     # 416 -> 342 µs, batch 64's 128 -> 108 (NOTES run 49); with the flushes' launch over a list of the heads that
     # flush rather than a program per head, 285 and 92, and the non-flush step in 1-warp programs (16-row chunks:
     # non-flush 189 -> 187 µs at 256, 58 -> 55 at 64; 32-row chunks in 64-wide pieces: window 284 -> 277 and 90 ->
-    # 89; run 51). A small grid keeps one launch.
+    # 89; run 51). A small grid keeps one launch, in the fp32 state's 16-row one-warp programs with the flush in
+    # 3xTF32 (from 4-warp programs of whole heads: batch 1 7.77 -> 5.49 µs per layer-step under `replayssm
+    # profile`, an fp8 copy's 7.71 -> 5.91; the sweep at batch 2 9.20 -> 7.19, at 4 13.33 -> 12.41; NOTES run 66).
     "replay-split": _SPLIT,
     "replay-split-flush": _COPY_FLUSH,
-    "replay-split-small": dict(_COPY_FLUSH, PHASES=1, HPP=1),
+    "replay-split-small": dict(_SMALL, TF32=1),
     # An fp8 copy's 1-byte rows are summed in 128-wide pieces (a thread's 16-byte loads): its non-flush launch in
     # 1-warp programs of 32-row chunks, the flushes in the 4-warp row, took batch 256 from 421 µs (one launch) to
     # 292, 64 from 122 to 91, 16 from 47 to 46 (NOTES run 51).
     "replay-fp8": dict(_SPLIT, VK=128),
     "replay-fp8-flush": _COPY_FLUSH,
-    "replay-fp8-small": dict(_COPY_FLUSH, PHASES=1, HPP=1),
+    "replay-fp8-small": dict(_SMALL, TF32=1),
     # verify reads its tile BV rows at a time as a non-flush step does; a row that flushes first folds BVF at a time.
     # MMA=1 takes each chunk's row sums with every draft's k and q as one [BV, K] x [K, 16] tensor-core product (two
     # TF32 passes for an fp32 tile against 16-bit drafts), the committed entries' terms into its accumulator, in K
