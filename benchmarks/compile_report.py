@@ -203,7 +203,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: --launch {text!r}: expected CASE:key=value,... with CASE one of {', '.join(CASES)}",
                   file=sys.stderr)
             return 2
-        launches[case] = common.parse_launch(f"replay:{body}")[1]
+        try:
+            launches[case] = common.parse_launch(f"replay:{body}")[1]
+        except ValueError as e:
+            print(f"error: --launch {text!r}: {str(e).split(': ', 1)[-1]}", file=sys.stderr)
+            return 2
     cols = ("regs", "local", "shared", "total", "global ld", "global st", "shfl", "shared ld", "shared st", "barrier",
             "fp32", "mufu", "mma", "atomic")
     print(f"{'op':7s} {'case':11s} {'kernel':24s} " + " ".join(f"{c:>9s}" for c in cols))
