@@ -297,7 +297,7 @@ def test_verify_launch_settings_match_reference(device, assert_close, launch):
 
 def test_verify_and_replay_take_their_small_grid_rows_under_two_programs_per_sm(monkeypatch):
     """The launch row follows the grid: batch x HV programs under two per SM take the -small row, under 16 the verify's
-    -medium row, a read copy its own."""
+    and a read copy's replay their -medium rows, a read copy its own."""
     gdn_replay = importlib.import_module("replayssm_kernels.gdn.replay")
     monkeypatch.setattr(importlib.import_module("replayssm_kernels.mamba2.args"), "sm_count", lambda device: 132)
     cache = gdn.ReplayCache.create(64, 1, 64, 8, 8, 4, state_dtype="fp32", io_dtype="bf16", max_draft=2, device="cpu")
@@ -313,11 +313,16 @@ def test_verify_and_replay_take_their_small_grid_rows_under_two_programs_per_sm(
     assert gdn_replay.LAUNCH["verify-medium"]["FVP"] < gdn_replay.LAUNCH["verify"]["FVP"]
     assert gdn_replay.launch_name("verify", split, 1) == "verify-split"
     assert gdn_replay.launch_name("replay", split, 4) == "replay-split-small"
-    assert gdn_replay.launch_name("replay", split, 5) == "replay-split"
+    # a copy's staggered flushes on medium grids take items of fewer rows than a head's
+    assert gdn_replay.launch_name("replay", split, 5) == "replay-split-medium"
+    assert gdn_replay.launch_name("replay", split, 33) == "replay-split"
+    settings, flush = gdn_replay._replay_settings("replay-split-medium", None)
+    assert settings["PHASES"] == 2 and flush["VP"] == 64 < gdn_replay._replay_settings("replay-split", None)[1]["VP"]
     fp8 = gdn.ReplayCache.create(64, 1, 64, 8, 8, 4, state_dtype="fp32", read_dtype="fp8", io_dtype="bf16",
                                  device="cpu")
     assert gdn_replay.launch_name("replay", fp8, 4) == "replay-fp8-small"
-    assert gdn_replay.launch_name("replay", fp8, 5) == "replay-fp8"
+    assert gdn_replay.launch_name("replay", fp8, 5) == "replay-fp8-medium"
+    assert gdn_replay.launch_name("replay", fp8, 33) == "replay-fp8"
     assert gdn_replay.LAUNCH["verify-small"]["num_warps"] > gdn_replay.LAUNCH["verify"]["num_warps"]
 
 

@@ -91,14 +91,21 @@ LAUNCH = {
     # 89; run 51). A small grid keeps one launch, in the fp32 state's 16-row one-warp programs with the flush in
     # 3xTF32 (from 4-warp programs of whole heads: batch 1 7.77 -> 5.49 µs per layer-step under `replayssm
     # profile`, an fp8 copy's 7.71 -> 5.91; the sweep at batch 2 9.20 -> 7.19, at 4 13.33 -> 12.41; NOTES run 66).
+    # Under 16 programs per SM ("-medium") a staggered step's flushes are one row's heads in 64-row items (from
+    # whole heads, 64 programs at batch 16 on 132 SMs): the sweep at batch 16 39.4 -> 34.5 µs, at 32 59.3 -> 53.4,
+    # an fp8 copy's 46.6 -> 37.9 and 63.0 -> 52.3 (NOTES run 66).
     "replay-split": _SPLIT,
     "replay-split-flush": _COPY_FLUSH,
+    "replay-split-medium": _SPLIT,
+    "replay-split-medium-flush": dict(_COPY_FLUSH, VP=64),
     "replay-split-small": dict(_SMALL, TF32=1),
     # An fp8 copy's 1-byte rows are summed in 128-wide pieces (a thread's 16-byte loads): its non-flush launch in
     # 1-warp programs of 32-row chunks, the flushes in the 4-warp row, took batch 256 from 421 µs (one launch) to
     # 292, 64 from 122 to 91, 16 from 47 to 46 (NOTES run 51).
     "replay-fp8": dict(_SPLIT, VK=128),
     "replay-fp8-flush": _COPY_FLUSH,
+    "replay-fp8-medium": dict(_SPLIT, VK=128),
+    "replay-fp8-medium-flush": dict(_COPY_FLUSH, VP=64),
     "replay-fp8-small": dict(_SMALL, TF32=1),
     # verify reads its tile BV rows at a time as a non-flush step does; a row that flushes first folds BVF at a time.
     # MMA=1 takes each chunk's row sums with every draft's k and q as one [BV, K] x [K, 16] tensor-core product (two
