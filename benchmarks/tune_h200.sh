@@ -883,7 +883,7 @@ for section in $SECTIONS; do
             --launch "replay:$R,flush_num_warps=1"
         ;;
     gdn-split-medium-2)
-        # (Prepared, not yet run.) The medium-grid split rows (flushes in 64-row items, the sweep's best at 32 and
+        # (Runs at db375ee; shipped there.) The medium-grid split rows (flushes in 64-row items, the sweep's best at 32 and
         # within 1.5% of 32-row items at 16) under the reference loop at batch 16 and 32, against the whole-head
         # items before them (VP=128), alternating, twice.
         for run in a b; do
