@@ -883,7 +883,7 @@ for section in $SECTIONS; do
             --launch "replay:$R,flush_num_warps=1"
         ;;
     gdn-split-large)
-        # (Prepared, not yet run.) The split copies' flush items of 64 and 32 rows (run 66's medium rows) on large
+        # (Runs at 44bd6d9: whole heads stay best.) The split copies' flush items of 64 and 32 rows (run 66's medium rows) on large
         # grids, batch 64 and 256, against whole heads (the shipped `replay-split-flush`): the sweep only.
         launches=()
         for k in split-bf16 split-fp8; do
