@@ -883,8 +883,9 @@ for section in $SECTIONS; do
             --launch "replay:$R,flush_num_warps=1"
         ;;
     gdn-split-large)
-        # (Runs at 44bd6d9: whole heads stay best.) The split copies' flush items of 64 and 32 rows (run 66's medium rows) on large
-        # grids, batch 64 and 256, against whole heads (the shipped `replay-split-flush`): the sweep only.
+        # (Runs at 44bd6d9: whole heads stay best.) The split copies' flush items of 64 and 32 rows (run 66's medium
+        # rows) on large grids, batch 64 and 256, against whole heads (the shipped `replay-split-flush`): the sweep
+        # only.
         launches=()
         for k in split-bf16 split-fp8; do
             launches+=(--kernel "$k" --launch "$k:" --launch "$k:flush_VP=64" --launch "$k:flush_VP=32")
@@ -892,8 +893,8 @@ for section in $SECTIONS; do
         sweep gdn-split-large 200 sweep_gdn.py --kernel decode --launch decode: --batch 64 --batch 256 "${launches[@]}"
         ;;
     gdn-split-medium-2)
-        # (Runs at db375ee; shipped there.) The medium-grid split rows (flushes in 64-row items, the sweep's best at 32 and
-        # within 1.5% of 32-row items at 16) under the reference loop at batch 16 and 32, against the whole-head
+        # (Runs at db375ee; shipped there.) The medium-grid split rows (flushes in 64-row items, the sweep's best at 32
+        # and within 1.5% of 32-row items at 16) under the reference loop at batch 16 and 32, against the whole-head
         # items before them (VP=128), alternating, twice.
         for run in a b; do
             rows "gdn-split-medium-2-$run-128" gdn-split-medium-2 120 \
@@ -905,12 +906,12 @@ for section in $SECTIONS; do
         done
         ;;
     gdn-split-medium)
-        # (Runs at 51d583c.) GDN's split copies at batch 16 and 32 (0.92x and 0.75x at 16 in the reference at
-        # 893a0bb): the non-flush launch runs at 1.64x of a conventional step, but with staggered flushes each step's
-        # flush launch has one row's 64 heads to flush, 64 programs of whole heads (4 warps, 32-row chunks) on 132
-        # SMs, about 17 µs on top of 22. Flush items of fewer rows (flush_VP) spread them over more programs. The
-        # sweep at batch 16 and 32 (both copies), then the reference loop at 16 and 32, the shipped flush row
-        # against 32- and 16-row items, twice.
+        # (Runs at 51d583c.) GDN's split copies at batch 16 and 32 (0.92x and 0.75x at 16 in the reference at 893a0bb):
+        # the non-flush launch runs at 1.64x of a conventional step, but with staggered flushes each step's flush launch
+        # has one row's 64 heads to flush, 64 programs of whole heads (4 warps, 32-row chunks) on 132 SMs, about 17 µs
+        # on top of 22. Flush items of fewer rows (flush_VP) spread them over more programs. The sweep at batch 16 and
+        # 32 (both copies), then the reference loop at 16 and 32, the shipped flush row against 32- and 16-row items,
+        # twice.
         launches=()
         for k in split-bf16 split-fp8; do
             launches+=(--kernel "$k" --launch "$k:" --launch "$k:flush_VP=64" --launch "$k:flush_VP=32"
@@ -924,7 +925,8 @@ for section in $SECTIONS; do
             for v in "" VP=32,BVF=16,num_warps=2 VP=16,BVF=16,num_warps=1; do
                 set_flush=()
                 if [ -n "$v" ]; then
-                    set_flush=(--set "gdn.replay:LAUNCH:replay-split-flush:$v" --set "gdn.replay:LAUNCH:replay-fp8-flush:$v")
+                    set_flush=(--set "gdn.replay:LAUNCH:replay-split-flush:$v"
+                               --set "gdn.replay:LAUNCH:replay-fp8-flush:$v")
                 fi
                 rows "gdn-split-medium-$run-${v:-shipped}" gdn-split-medium 120 "${set_flush[@]}" -- \
                     -p qwen3.5-122b-a10b --batch 16,32 --state-dtype fp32 --read-dtype bf16,fp8 --repeats 9 --no-phases
@@ -932,10 +934,10 @@ for section in $SECTIONS; do
         done
         ;;
     gdn-split-small)
-        # (Runs at 9e85508; shipped at 893a0bb.) GDN's split copies on small grids (batch 1: 0.56x of a conventional step in the
-        # reference at 1bf03ed) take 4-warp programs of whole heads, 64 programs at batch 1 on 132 SMs; the fp32
-        # state's small-grid row (EARLY=2, LCOUNT=1, 16-row one-warp programs) runs 512. The sweep at batch 1, 2 and
-        # 4 (both copies, their non-flush and flush steps apart for bf16) with that row's settings, the flush in
+        # (Runs at 9e85508; shipped at 893a0bb.) GDN's split copies on small grids (batch 1: 0.56x of a conventional
+        # step in the reference at 1bf03ed) take 4-warp programs of whole heads, 64 programs at batch 1 on 132 SMs; the
+        # fp32 state's small-grid row (EARLY=2, LCOUNT=1, 16-row one-warp programs) runs 512. The sweep at batch 1, 2
+        # and 4 (both copies, their non-flush and flush steps apart for bf16) with that row's settings, the flush in
         # 3xTF32 (TF32=1) or fp32 FMAs, 32 and 64 rows a program, and wider K pieces for the fp8 copy; then the
         # reference loop at batch 1, the shipped rows against 16-row one-warp programs (TF32=1), twice.
         S=EARLY=2,LCOUNT=1,VP=16,BV=16,BVF=16,VK=32,STAGES=1,num_warps=1,maxnreg=255
@@ -956,12 +958,12 @@ for section in $SECTIONS; do
         done
         ;;
     gdn-freuse)
-        # (Runs at 1bf03ed; withdrawn, its code removed after.) FREUSE=1: GDN's small-grid step that fills the window folds the rows, keys,
-        # updates and v its program read before the fill (one product, as before) instead of reading them again
-        # after the branch. compile_report (batch-1 row, sm_90): 215 -> 255 registers and 664 B of spills with fp32
-        # FMAs; with 3xTF32 (TF32=1) 241 registers, no spills. The GPU tests, the sweep at batch 1, 2 and 4 (fp32 and
-        # bf16 states), then the reference loop at batch 1, FREUSE 0, 1 and 1 with TF32=1 in turn, twice; then the
-        # shipped small-grid reference.
+        # (Runs at 1bf03ed; withdrawn, its code removed after.) FREUSE=1: GDN's small-grid step that fills the window
+        # folds the rows, keys, updates and v its program read before the fill (one product, as before) instead of
+        # reading them again after the branch. compile_report (batch-1 row, sm_90): 215 -> 255 registers and 664 B of
+        # spills with fp32 FMAs; with 3xTF32 (TF32=1) 241 registers, no spills. The GPU tests, the sweep at batch 1, 2
+        # and 4 (fp32 and bf16 states), then the reference loop at batch 1, FREUSE 0, 1 and 1 with TF32=1 in turn,
+        # twice; then the shipped small-grid reference.
         gpu_tests gdn-freuse-tests 150 tests/test_gdn_replay.py
         for st in fp32 bf16; do
             sweep "gdn-freuse-$st" 120 sweep_gdn.py --state-dtype "$st" --kernel decode --kernel replay \
@@ -979,12 +981,12 @@ for section in $SECTIONS; do
         done
         ;;
     gdn-lcount)
-        # (Runs at e46ac75.) LCOUNT=1: GDN's small-grid replay programs count their arrival at a (slot, head)
-        # lane by lane, so that the count's round trip (14% of a batch-1 non-flush step's samples under Nsight
-        # Compute, stalls-gdn-1: Triton broadcasts a scalar atomic's result right after it) is waited on only at the
-        # program's end. The flush step's fold through 3xTF32 beside it (TF32=1: 8.36 -> 8.25 µs alone in run 35,
-        # with a slower non-flush step then). The GPU tests, the sweep at batch 1 and 2 (fp32 and bf16 states), then
-        # the reference loop at batch 1, LCOUNT 0 against 1 alternating, twice.
+        # (Runs at e46ac75.) LCOUNT=1: GDN's small-grid replay programs count their arrival at a (slot, head) lane by
+        # lane, so that the count's round trip (14% of a batch-1 non-flush step's samples under Nsight Compute,
+        # stalls-gdn-1: Triton broadcasts a scalar atomic's result right after it) is waited on only at the program's
+        # end. The flush step's fold through 3xTF32 beside it (TF32=1: 8.36 -> 8.25 µs alone in run 35, with a slower
+        # non-flush step then). The GPU tests, the sweep at batch 1 and 2 (fp32 and bf16 states), then the reference
+        # loop at batch 1, LCOUNT 0 against 1 alternating, twice.
         gpu_tests gdn-lcount-tests 150 tests/test_gdn_replay.py
         for st in fp32 bf16; do
             sweep "gdn-lcount-$st" 100 sweep_gdn.py --state-dtype "$st" --kernel decode --kernel replay \
