@@ -265,6 +265,13 @@ def test_replay_equals_conventional(device, assert_close, W):
     assert_close(gdn.materialize(cache), conv, torch.float32, what="materialized vs conventional state")
 
 
+def test_launch_rows_are_distinct_dicts():
+    """Each LAUNCH row is its own dict, so that a row changed in place (benchmarks/profile_rows.py --set) leaves the
+    rows built from the same settings as they are."""
+    rows = importlib.import_module("replayssm_kernels.gdn.replay").LAUNCH
+    assert len({id(row) for row in rows.values()}) == len(rows)
+
+
 def test_default_slots_are_the_rows(device, assert_close):
     """Without slots, row b uses slot b."""
     got = make_cache((2, 1, 2, 8, 16), 2, device, io="fp32")

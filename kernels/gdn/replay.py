@@ -96,14 +96,14 @@ LAUNCH = {
     # an fp8 copy's 46.6 -> 37.9 and 63.0 -> 52.3 (NOTES run 66).
     "replay-split": _SPLIT,
     "replay-split-flush": _COPY_FLUSH,
-    "replay-split-medium": _SPLIT,
+    "replay-split-medium": dict(_SPLIT),
     "replay-split-medium-flush": dict(_COPY_FLUSH, VP=64),
     "replay-split-small": dict(_SMALL, TF32=1),
     # An fp8 copy's 1-byte rows are summed in 128-wide pieces (a thread's 16-byte loads): its non-flush launch in
     # 1-warp programs of 32-row chunks, the flushes in the 4-warp row, took batch 256 from 421 µs (one launch) to
     # 292, 64 from 122 to 91, 16 from 47 to 46 (NOTES run 51).
     "replay-fp8": dict(_SPLIT, VK=128),
-    "replay-fp8-flush": _COPY_FLUSH,
+    "replay-fp8-flush": dict(_COPY_FLUSH),
     "replay-fp8-medium": dict(_SPLIT, VK=128),
     "replay-fp8-medium-flush": dict(_COPY_FLUSH, VP=64),
     "replay-fp8-small": dict(_SMALL, TF32=1),
