@@ -470,6 +470,22 @@ def launches_per_step(variant: str, phase: str = "avg") -> float:
     return 2.0 if variant == "spec-replay" else 1.0
 
 
+# The int32 counters a ReplayCache holds per (slot, head) beside the fill that a step reads and writes (the traffic
+# counts the fill only): the arrival counts of the programs that share a head (GDN: one per lane of a warp, for the
+# replay's LCOUNT; kernels/gdn/cache.py ARRIVE_LANES), the head's entry in the flush list a two-launch replay passes
+# (4 int32; its 8-int32 header belongs to no slot), and under drafts GDN's arrivals per key head of `verify`.
+ARRIVE_LANES = {"mamba2": 1, "gdn": 32}
+FLUSH_LIST_ENTRY = 4
+
+
+def _held_counters(shape: SSMShape, draft: int) -> int:
+    """Bytes of one sequence's counters in one layer's ReplayCache (`ARRIVE_LANES`)."""
+    op = shape.op
+    heads = shape.H if op == "mamba2" else shape.HV
+    arrivals = shape.H if op == "gdn" and draft else 0
+    return ((1 + ARRIVE_LANES[op] + FLUSH_LIST_ENTRY) * heads + arrivals) * _I32
+
+
 def memory_per_seq(
     shape: SSMShape,
     variant: str,
@@ -483,9 +499,10 @@ def memory_per_seq(
     """Bytes one sequence holds in one layer, by part, for a variant.
 
     Returns a dict with state (the state, or the replay variants' full-precision checkpoint), read_copy (with
-    its fp8 scales), buffers (W + draft entries: the ReplayCache's capacity; Mamba-2 adds the drafts' B,
-    draft x (G, N)), counters, snapshots (T states for spec-conventional) and total. draft is required (1 to 8) for the speculative variants and sizes the
-    replay buffers when given for the others.
+    its fp8 scales), buffers (W + draft entries: the ReplayCache's capacity; Mamba-2 adds the drafts' B, at least
+    one draft's (G, N), as its cache holds), counters (`_held_counters`: fills, arrival counts, flush-list
+    entries), snapshots (T states for spec-conventional) and total: what a ReplayCache allocates per slot. draft is
+    required (1 to 8) for the speculative variants and sizes the replay buffers when given for the others.
     """
     variant = _choice(variant, VARIANTS, "variant")
     st = _choice(state_dtype, STATE_DTYPES, "state_dtype")
@@ -502,7 +519,8 @@ def memory_per_seq(
         W = _check_window(window)
         T = _check_draft(draft) if variant == "spec-replay" else _check_int(draft, 0, MAX_DRAFT, "draft")
         s = _with_capacity(s, shape, rd, W + T)
-        parts.update(read_copy=s.copy, buffers=(W + T) * s.entry + T * s.draft_b, counters=s.counters)
+        parts.update(read_copy=s.copy, buffers=(W + T) * s.entry + max(T, 1) * s.draft_b,
+                     counters=_held_counters(shape, T))
     parts["total"] = sum(parts.values())
     return parts
 

@@ -42,6 +42,10 @@ GDN_OUT = 2 * 5 * 2  # o (HV, V)
 GDN_ENTRY = (2 * 5 + 1 * 3 + 2) * 4  # u (HV, V), k (H, K), G (HV) fp32
 GDN_COUNTERS = 2 * 4  # (HV) int32
 GDN_SPLIT_ENTRY = GDN_ENTRY + 2 * (1 + 4) * 4  # and, under split precision, beta and a row of T (HV, W) fp32
+# What a cache holds per slot beside the fills: arrival counts (Mamba-2 one per head, GDN 32 per value head) and
+# four int32 of the flush list per head
+M2_HELD_COUNTERS = (1 + 1 + 4) * 2 * 4
+GDN_HELD_COUNTERS = (1 + 32 + 4) * 2 * 4
 
 NEMOTRON_SUPER = Mamba2Shape(H=128, P=64, N=128, G=8)
 
@@ -339,19 +343,42 @@ def test_launches_per_step():
 def test_memory_per_seq():
     zero = {"read_copy": 0, "buffers": 0, "counters": 0, "snapshots": 0}
     assert memory_per_seq(M2, "conventional") == {"state": M2_STATE, **zero, "total": M2_STATE}
-    assert memory_per_seq(M2, "replay", window=W)["total"] == M2_STATE + 4 * M2_ENTRY + M2_COUNTERS
+    # a Mamba-2 cache holds one draft's B even without drafts
+    assert memory_per_seq(M2, "replay", window=W)["total"] == M2_STATE + 4 * M2_ENTRY + M2_DRAFT_B + M2_HELD_COUNTERS
     fp8 = memory_per_seq(M2, "split", window=W, read_dtype="fp8")
     assert fp8["read_copy"] == 2 * 3 * 5 * 1 + 2 * 3 * 4
-    assert fp8["total"] == M2_STATE + (2 * 3 * 5 + 2 * 3 * 4) + 4 * M2_ENTRY + M2_COUNTERS
+    assert fp8["total"] == M2_STATE + (2 * 3 * 5 + 2 * 3 * 4) + 4 * M2_ENTRY + M2_DRAFT_B + M2_HELD_COUNTERS
     assert memory_per_seq(M2, "spec-conventional", draft=2)["total"] == 3 * M2_STATE
     assert memory_per_seq(M2, "spec-replay", window=W, draft=2)["buffers"] == (4 + 2) * M2_ENTRY + 2 * M2_DRAFT_B
     assert memory_per_seq(GDN, "replay", window=W, state_dtype="bf16")["total"] == (
-        GDN_STATE // 2 + 4 * GDN_ENTRY + GDN_COUNTERS
+        GDN_STATE // 2 + 4 * GDN_ENTRY + GDN_HELD_COUNTERS
     )
     split = memory_per_seq(GDN, "split", window=W, read_dtype="bf16", draft=2)
     assert split["buffers"] == (4 + 2) * (GDN_ENTRY + 2 * (1 + 4 + 2) * 4)
+    assert split["counters"] == GDN_HELD_COUNTERS + 1 * 4  # and the verify's arrivals per key head
     with pytest.raises(ValueError, match="draft"):
         memory_per_seq(M2, "spec-replay", window=W)
+
+
+@pytest.mark.parametrize("variant,state,read,draft", [
+    ("replay", "fp32", None, 0), ("replay", "bf16", None, 0), ("split", "fp32", "bf16", 0),
+    ("split", "fp32", "fp8", 0), ("spec-replay", "fp32", None, 2), ("split", "fp32", "fp16", 3),
+])
+def test_memory_per_seq_is_what_a_cache_allocates(variant, state, read, draft):
+    """The model's bytes per sequence against a real ReplayCache of each layer on the CPU: every tensor's bytes over
+    its slots, less the flush list's header, which belongs to no slot."""
+    import torch
+
+    from replayssm_kernels import gdn, mamba2
+
+    nslots = 3
+    for shape, kernels in ((M2, mamba2), (GDN, gdn)):
+        dims = (shape.H, shape.P, shape.N, shape.G) if shape.op == "mamba2" else (shape.H, shape.HV, shape.K, shape.V)
+        cache = kernels.ReplayCache.create(nslots, *dims, W, state_dtype=state, read_dtype=read, io_dtype="bf16",
+                                           max_draft=draft, device="cpu")
+        held = sum(t.numel() * t.element_size() for t in vars(cache).values() if isinstance(t, torch.Tensor))
+        want = memory_per_seq(shape, variant, window=W, state_dtype=state, read_dtype=read, draft=draft)["total"]
+        assert (held - 8 * 4) / nslots == want, (shape.op, held, want)
 
 
 def test_predict_us():
