@@ -478,12 +478,10 @@ ARRIVE_LANES = {"mamba2": 1, "gdn": 32}
 FLUSH_LIST_ENTRY = 4
 
 
-def _held_counters(shape: SSMShape, draft: int) -> int:
-    """Bytes of one sequence's counters in one layer's ReplayCache (`ARRIVE_LANES`)."""
-    op = shape.op
-    heads = shape.H if op == "mamba2" else shape.HV
-    arrivals = shape.H if op == "gdn" and draft else 0
-    return ((1 + ARRIVE_LANES[op] + FLUSH_LIST_ENTRY) * heads + arrivals) * _I32
+def _held_counters(s: _Sizes, shape: SSMShape, draft: int) -> int:
+    """Bytes of one sequence's counters in one layer's ReplayCache: the fills (s.counters) and `ARRIVE_LANES`'s."""
+    arrivals = shape.H if shape.op == "gdn" and draft else 0
+    return s.counters + ((ARRIVE_LANES[shape.op] + FLUSH_LIST_ENTRY) * s.heads + arrivals) * _I32
 
 
 def memory_per_seq(
@@ -520,7 +518,7 @@ def memory_per_seq(
         T = _check_draft(draft) if variant == "spec-replay" else _check_int(draft, 0, MAX_DRAFT, "draft")
         s = _with_capacity(s, shape, rd, W + T)
         parts.update(read_copy=s.copy, buffers=(W + T) * s.entry + max(T, 1) * s.draft_b,
-                     counters=_held_counters(shape, T))
+                     counters=_held_counters(s, shape, T))
     parts["total"] = sum(parts.values())
     return parts
 
