@@ -3,7 +3,7 @@
 # writes its table (.txt) and results (.json) under DIR (default runs/tune), and DIR.tar.gz holds them all for
 # machines that return one file; a sweep past its time limit leaves the ones before it.
 # Usage: benchmarks/tune_h200.sh [DIR] [SECTION ...]
-# Sections: tests, gdn-split-large, gdn-split-medium-2, gdn-split-medium, gdn-split-small, gdn-freuse, gdn-lcount, early-2, stalls-gdn-1, gdn-verify-next, gdn-verify-wfill, gdn-verify-fold-tf32, gdn-verify-arrive, gdn-verify-fsplitw-3, gdn-verify-rows-63-2, gdn-verify-63, gdn-verify-rows-63, gdn-verify-fsplitw-2, gdn-verify-fsplitw, gdn-verify-fpref, gdn-verify-medium, gdn-verify-vsplit, gdn-verify-fstream-3, gdn-verify-fpass2-2, gdn-verify-fpass2, gdn-verify-fstream-2, gdn-verify-fstream, gdn-verify-fpass-4, gdn-verify-fpass-3, gdn-verify-fpass-2, gdn-verify-fpass, gdn-bf16-buffers, gdn-verify-gpass2-2, gdn-verify-gpass2, gdn-verify-tc, gdn-verify-tc-2, gdn-verify-tc-3, gdn-verify-tc-4, gdn-verify-phases, stalls-fold, gdn-verify-gpass, verify-bf16-bc, fla-slots, kernel-tests, mamba2-verify-fstages, mamba2-verify-bpf, mamba2-verify-launches, mamba2-verify-fold, mamba2-verify-bc-3, mamba2-verify-bc-2, mamba2-verify-bc, mamba2-verify-stream, mamba2-verify-stream-2, tail-lead, tail-3, tail-medium, tail-2, tail, gdn-bf16-tf32, prefetch-profile, prefetch, prefetch-2, loops, gdn-decode-chunks, gdn-decode-order, gdn-decode-order-2, mamba2-mma, stalls-bf16, mamba2-bf16-heads, mamba2-bf16-tf32, heads-sanitizer, mamba2-heads-flush-2, gdn-heads-fault, gdn-heads, mamba2-heads-flush, mamba2-heads, mamba2-heads-2, mamba2-heads-3, mamba2-heads-4, verify-tests, gdn-verify-mma, gdn-verify-3, gdn-verify-rows, gdn-verify-warps, gdn-verify-warps-2, mamba2-verify-warps, gdn-split-3, gdn-split-4, two-phase-2, mamba2-split-phases, mamba2-two-phase, gdn-split-flush-vp, gdn-mma, split-launch-cost, split-launch-cost-2, gdn-flush-list, mamba2-flush-list, gdn-split-nonflush, gdn-split-flush-2, one-warp, fp8-one-warp, fp8-one-warp-2, copy-pieces, regs-2byte, stalls, stalls-2, next, small-grid, small-grid-2, small-grid-3, medium-grid, direct, order, vk, gdn-decode, gdn-replay, gdn-early, gdn-replay-256, gdn-fp32-2, gdn-split, gdn-split-2,
+# Sections: tests, gdn-split-ctf32, gdn-split-vform, gdn-split-large, gdn-split-medium-2, gdn-split-medium, gdn-split-small, gdn-freuse, gdn-lcount, early-2, stalls-gdn-1, gdn-verify-next, gdn-verify-wfill, gdn-verify-fold-tf32, gdn-verify-arrive, gdn-verify-fsplitw-3, gdn-verify-rows-63-2, gdn-verify-63, gdn-verify-rows-63, gdn-verify-fsplitw-2, gdn-verify-fsplitw, gdn-verify-fpref, gdn-verify-medium, gdn-verify-vsplit, gdn-verify-fstream-3, gdn-verify-fpass2-2, gdn-verify-fpass2, gdn-verify-fstream-2, gdn-verify-fstream, gdn-verify-fpass-4, gdn-verify-fpass-3, gdn-verify-fpass-2, gdn-verify-fpass, gdn-bf16-buffers, gdn-verify-gpass2-2, gdn-verify-gpass2, gdn-verify-tc, gdn-verify-tc-2, gdn-verify-tc-3, gdn-verify-tc-4, gdn-verify-phases, stalls-fold, gdn-verify-gpass, verify-bf16-bc, fla-slots, kernel-tests, mamba2-verify-fstages, mamba2-verify-bpf, mamba2-verify-launches, mamba2-verify-fold, mamba2-verify-bc-3, mamba2-verify-bc-2, mamba2-verify-bc, mamba2-verify-stream, mamba2-verify-stream-2, tail-lead, tail-3, tail-medium, tail-2, tail, gdn-bf16-tf32, prefetch-profile, prefetch, prefetch-2, loops, gdn-decode-chunks, gdn-decode-order, gdn-decode-order-2, mamba2-mma, stalls-bf16, mamba2-bf16-heads, mamba2-bf16-tf32, heads-sanitizer, mamba2-heads-flush-2, gdn-heads-fault, gdn-heads, mamba2-heads-flush, mamba2-heads, mamba2-heads-2, mamba2-heads-3, mamba2-heads-4, verify-tests, gdn-verify-mma, gdn-verify-3, gdn-verify-rows, gdn-verify-warps, gdn-verify-warps-2, mamba2-verify-warps, gdn-split-3, gdn-split-4, two-phase-2, mamba2-split-phases, mamba2-two-phase, gdn-split-flush-vp, gdn-mma, split-launch-cost, split-launch-cost-2, gdn-flush-list, mamba2-flush-list, gdn-split-nonflush, gdn-split-flush-2, one-warp, fp8-one-warp, fp8-one-warp-2, copy-pieces, regs-2byte, stalls, stalls-2, next, small-grid, small-grid-2, small-grid-3, medium-grid, direct, order, vk, gdn-decode, gdn-replay, gdn-early, gdn-replay-256, gdn-fp32-2, gdn-split, gdn-split-2,
 # gdn-bf16, gdn-bf16-2, gdn-verify, fla, mamba2-split, mamba2-split2, mamba2-vn, mamba2-bf16, mamba2-bf16-2,
 # mamba2-verify (default: tests gdn-decode gdn-replay gdn-verify mamba2-split mamba2-bf16 mamba2-verify).
 set -uo pipefail
@@ -71,6 +71,59 @@ for section in $SECTIONS; do
     case $section in
     tests)
         gpu_tests tests 300 tests
+        ;;
+    gdn-split-ctf32)
+        # CTF32=1: a split flush's correction product, (checkpoint - copy) times the correction keys, in one TF32 pass
+        # rather than three (a bf16 copy's difference is about 2^-9 of the state, so TF32's 2^-11 of it is about
+        # 2^-20). Run gdn-split-vform showed the flush is not bound by its bytes (1.9 TB/s with 12.5 or 10.5 B per
+        # element). The GPU tests; the checkpoint's drift over 2000 steps with and without it (batch 1 one launch,
+        # 64 two); the sweep at 1, 16 and 256; the reference loop at 1, 16, 64 and 256 (bf16 copy), alternating,
+        # twice.
+        gpu_tests gdn-split-ctf32-tests 200 tests/test_gdn_split.py tests/test_gdn_replay.py tests/test_gdn_verify.py
+        timeout 200 python benchmarks/split_drift.py --batch 1 --batch 64 --launch CTF32=1 --launch flush_CTF32=1 \
+            >"$DIR/gdn-split-ctf32-drift.txt" 2>&1
+        echo "drift: exit $?" >&2
+        sweep gdn-split-ctf32 200 sweep_gdn.py --kernel decode --launch decode: --kernel split-bf16 \
+            --launch split-bf16: --launch split-bf16:CTF32=1 --launch split-bf16:flush_CTF32=1 \
+            --kernel split-bf16-flush --launch split-bf16-flush: --launch split-bf16-flush:CTF32=1 \
+            --launch split-bf16-flush:flush_CTF32=1 --batch 1 --batch 16 --batch 256
+        for run in a b; do
+            for v in 0 1; do
+                rows "gdn-split-ctf32-$run-$v" gdn-split-ctf32 150 --set "gdn.replay:LAUNCH:replay-split-flush:CTF32=$v" \
+                    --set "gdn.replay:LAUNCH:replay-split-medium-flush:CTF32=$v" \
+                    --set "gdn.replay:LAUNCH:replay-split-small:CTF32=$v" -- -p qwen3.5-122b-a10b --batch 1,16,64,256 \
+                    --state-dtype fp32 --read-dtype bf16 --repeats 9 --no-phases
+            done
+        done
+        ;;
+    gdn-split-vform)
+        # (Runs at dd1cfa1 with the change given as AB_PATCH; withdrawn, NOTES run 67.) GDN's split-precision flushes
+        # taking each buffered update as the full checkpoint S_0 gives it from the entry's v, u_j = sum_l t_jl
+        # (e^{G_j - G_l} v_l - e^{G_j} S_0 k_l), rather than correcting the update the copy gave by (S_0 - copy) y_j:
+        # the flush reads the checkpoint and not the copy, 12.5 -> 10.5 B per state element (a bf16 copy), and holds
+        # one tile instead of two. The GPU tests; the sweep at batch 1, 16 and 256 (the flush step alone with its
+        # shipped row, 16-row chunks, 2 warps, no register cap); the reference loop at 1, 16, 64 and 256, both
+        # copies; then the kernels before the change (AB_PATCH reversed) in the same sweep and loop, and the
+        # change's loop again.
+        gpu_tests gdn-split-vform-tests 200 tests/test_gdn_split.py tests/test_gdn_replay.py tests/test_gdn_verify.py
+        vform_sweep() {
+            sweep "$1" 200 sweep_gdn.py --kernel decode --launch decode: --kernel split-bf16 --launch split-bf16: \
+                --kernel split-bf16-nonflush --launch split-bf16-nonflush: --kernel split-bf16-flush \
+                --launch split-bf16-flush: --launch split-bf16-flush:flush_BVF=16 \
+                --launch split-bf16-flush:flush_BVF=16,flush_num_warps=2 --launch split-bf16-flush:flush_maxnreg=255 \
+                --kernel split-fp8 --launch split-fp8: --batch 1 --batch 16 --batch 256
+        }
+        vform_rows() {
+            rows "$1" gdn-split-vform 240 -- -p qwen3.5-122b-a10b --batch 1,16,64,256 --state-dtype fp32 \
+                --read-dtype bf16,fp8 --repeats 9 --no-phases
+        }
+        vform_sweep gdn-split-vform-new
+        vform_rows gdn-split-vform-new-a
+        patch -R -p1 <"${AB_PATCH:?the diff of kernels/gdn to take back}" >&2 || exit 1
+        vform_sweep gdn-split-vform-old
+        vform_rows gdn-split-vform-old-a
+        patch -p1 <"$AB_PATCH" >&2 || exit 1
+        vform_rows gdn-split-vform-new-b
         ;;
     gdn-verify-next)
         # (Runs at f748bda; HPP and FCLAIM were withdrawn after it, NOTES run 65.) HPP: 2 or 4 value heads of a key

@@ -401,6 +401,11 @@ BAD_REPLAY = {
     "launch-tf32-fp32": (lambda i: i.update(launch={"TF32": 2}), "TF32 = 2 .* applies only to a 2-byte checkpoint"),
     "launch-flush-tf32-fp32": (lambda i: i.update(launch={"PHASES": 2, "flush_TF32": 2}),
                                "TF32 = 2 .* applies only to a 2-byte checkpoint"),
+    "launch-ctf32": (lambda i: i.update(launch={"CTF32": 2}), r"launch\['CTF32'\] must be 0 or 1"),
+    "launch-ctf32-no-copy": (lambda i: i.update(launch={"CTF32": 1}),
+                             "CTF32 = 1 .* applies only to a bf16 or fp16 read copy; this cache has no read copy"),
+    "launch-flush-ctf32-no-copy": (lambda i: i.update(launch={"PHASES": 2, "flush_CTF32": 1}),
+                                   "CTF32 = 1 .* applies only to a bf16 or fp16 read copy"),
 }
 
 

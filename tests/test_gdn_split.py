@@ -112,3 +112,19 @@ def test_split_kernel_2000_steps_on_gpu():
     quarter = STEPS // 4
     assert max(err_checkpoint) < 1e-4
     assert max(err_split[-quarter:]) < 2 * max(err_split[:quarter])
+
+
+def test_fp8_copy_refuses_one_pass_correction(device):
+    """CTF32 = 1 takes a 2-byte copy's flush correction in one TF32 pass; an fp8 copy's checkpoint - copy is too
+    large for it: refused before either launch of a two-launch step, the cache unchanged."""
+    cache = gdn.ReplayCache.create(2, 1, 2, 12, 10, 4, state_dtype="fp32", read_dtype="fp8", io_dtype="fp32",
+                                   device=device)
+    cache.load(torch.randn(2, 2, 10, 12, device=device))
+    before = {name: t.view(torch.uint8).clone() for name, t in cache.tensors().items() if t.dtype.itemsize == 1}
+    before.update({name: t.clone() for name, t in cache.tensors().items() if t.dtype.itemsize > 1})
+    inp = gdn.random_inputs(2, 1, 2, 12, 10, io_dtype=torch.float32, device=device)
+    with pytest.raises(ValueError, match=r"CTF32 = 1 .* applies only to a bf16 or fp16 read copy; this cache has a "
+                                         r"torch.float8_e4m3fn read copy"):
+        gdn.replay(cache, **inp, launch={"PHASES": 2, "flush_CTF32": 1})
+    for name, t in cache.tensors().items():
+        assert torch.equal(t.view(torch.uint8) if t.dtype.itemsize == 1 else t, before[name]), name

@@ -52,12 +52,12 @@ from replayssm_kernels.gdn.common import (
 # 303 µs, and a bf16 checkpoint's step from 346 to 201). A row with PHASES=2 launches the non-flush steps, which
 # list the heads that flush, and then the flushes with the settings of its "-flush" row (by default the row's own)
 # in PPS programs per SM that loop over the list.
-_ONE_CHUNK = {"EARLY": 0, "LCOUNT": 0, "TF32": 0, "MMA": 0, "VP": 256, "BV": 128, "BVF": 16, "VK": 32, "STAGES": 2,
-              "num_warps": 4, "num_stages": 1, "maxnreg": None, "PPS": 6}
+_ONE_CHUNK = {"EARLY": 0, "LCOUNT": 0, "TF32": 0, "CTF32": 0, "MMA": 0, "VP": 256, "BV": 128, "BVF": 16, "VK": 32,
+              "STAGES": 2, "num_warps": 4, "num_stages": 1, "maxnreg": None, "PPS": 6}
 # A read copy's flushes: 4-warp programs of whole heads, 3xTF32 products.
 _COPY_FLUSH = dict(_ONE_CHUNK, BVF=32, TF32=1, maxnreg=168)
-_SPLIT = {"EARLY": 0, "LCOUNT": 0, "TF32": 0, "MMA": 0, "VP": 256, "BV": 32, "BVF": 16, "VK": 64, "STAGES": 3,
-          "num_warps": 1, "num_stages": 1, "maxnreg": 128, "PHASES": 2, "PPS": 6, "HPP": 1}
+_SPLIT = {"EARLY": 0, "LCOUNT": 0, "TF32": 0, "CTF32": 0, "MMA": 0, "VP": 256, "BV": 32, "BVF": 16, "VK": 64,
+          "STAGES": 3, "num_warps": 1, "num_stages": 1, "maxnreg": 128, "PHASES": 2, "PPS": 6, "HPP": 1}
 # FPASS=1 takes the folds out of the verify into a launch of their own (`_verify_fold_kernel`, after a launch that
 # lists the value heads that fold): PPS programs per SM of FWARPS warps (registers capped at FMAXNREG) loop over
 # items of FVP rows, each fold one product in 3xTF32 (TF32=1) or fp32 FMAs (0; the verify's own folds always take
@@ -76,11 +76,11 @@ _VERIFY = {"BV": 32, "BVF": 16, "VK": 32, "STAGES": 2, "GPASS": 2, "GKSPLIT": 2,
            "num_warps": 2, "num_stages": 1, "maxnreg": 168,
            **dict(_FOLD, FPASS=1, FWARPS=2, PPS=4, TF32=0, FKSPLIT=1, FSTREAM=1, FPREF=1, FSPLITW=2, ARRIVE=0,
                    WFILL=1)}
-_SMALL = {"EARLY": 2, "LCOUNT": 1, "TF32": 0, "MMA": 0, "VP": 16, "BV": 16, "BVF": 16, "VK": 32, "STAGES": 1,
-          "num_warps": 1, "num_stages": 1, "maxnreg": None, "PHASES": 1, "PPS": 6, "HPP": 1}
+_SMALL = {"EARLY": 2, "LCOUNT": 1, "TF32": 0, "CTF32": 0, "MMA": 0, "VP": 16, "BV": 16, "BVF": 16, "VK": 32,
+          "STAGES": 1, "num_warps": 1, "num_stages": 1, "maxnreg": None, "PHASES": 1, "PPS": 6, "HPP": 1}
 LAUNCH = {
-    "replay": {"EARLY": 0, "LCOUNT": 0, "TF32": 0, "MMA": 0, "VP": 256, "BV": 32, "BVF": 16, "VK": 32, "STAGES": 3,
-               "num_warps": 2, "num_stages": 1, "maxnreg": 128, "PHASES": 1, "PPS": 6, "HPP": 1},
+    "replay": {"EARLY": 0, "LCOUNT": 0, "TF32": 0, "CTF32": 0, "MMA": 0, "VP": 256, "BV": 32, "BVF": 16, "VK": 32,
+               "STAGES": 3, "num_warps": 2, "num_stages": 1, "maxnreg": 128, "PHASES": 1, "PPS": 6, "HPP": 1},
     "replay-small": _SMALL,
     # Under split precision a flush also reads the copy and corrects the buffered updates with two more products;
     # in one launch its 4-warp programs set the non-flush step's too (255 µs at batch 256). Apart, the non-flush
@@ -93,12 +93,17 @@ LAUNCH = {
     # profile`, an fp8 copy's 7.71 -> 5.91; the sweep at batch 2 9.20 -> 7.19, at 4 13.33 -> 12.41; NOTES run 66).
     # Under 16 programs per SM ("-medium") a staggered step's flushes are one row's heads in 64-row items (from
     # whole heads, 64 programs at batch 16 on 132 SMs): the sweep at batch 16 39.4 -> 34.5 µs, at 32 59.3 -> 53.4,
-    # an fp8 copy's 46.6 -> 37.9 and 63.0 -> 52.3 (NOTES run 66).
+    # an fp8 copy's 46.6 -> 37.9 and 63.0 -> 52.3 (NOTES run 66). A 2-byte copy's flushes take their correction in
+    # one TF32 pass (CTF32=1: the flush step alone at 256 1476 -> 1173 µs; under `replayssm profile` batch 256
+    # 272.6 -> 253.8 µs per layer-step, 64 87.6 -> 80.6, 16 34.2 -> 31.5, 1 5.43 -> 5.13; the checkpoint's error
+    # over 2000 steps about 1.1e-6 of the state against 0.4e-6, an fp32-only cache's 0.3e-6; NOTES run 67). The
+    # flushes are bound by their products, not their bytes: read from the checkpoint and the buffered v instead of
+    # the copy (10.5 B per element against 12.5) they ran no faster (run 67).
     "replay-split": _SPLIT,
-    "replay-split-flush": _COPY_FLUSH,
+    "replay-split-flush": dict(_COPY_FLUSH, CTF32=1),
     "replay-split-medium": dict(_SPLIT),
-    "replay-split-medium-flush": dict(_COPY_FLUSH, VP=64),
-    "replay-split-small": dict(_SMALL, TF32=1),
+    "replay-split-medium-flush": dict(_COPY_FLUSH, VP=64, CTF32=1),
+    "replay-split-small": dict(_SMALL, TF32=1, CTF32=1),
     # An fp8 copy's 1-byte rows are summed in 128-wide pieces (a thread's 16-byte loads): its non-flush launch in
     # 1-warp programs of 32-row chunks, the flushes in the 4-warp row, took batch 256 from 421 µs (one launch) to
     # 292, 64 from 122 to 91, 16 from 47 to 46 (NOTES run 51).
@@ -218,6 +223,7 @@ def _correction_weights(buf_t, b_kw, b_Gw, i_s, i_hv, o_w, b_f, C: tl.constexpr,
 def _fold(
     b_s, b_d, buf_u, i_s, i_hv, o_v, m_v, o_w, b_f, b_G, b_Gw, b_kw, b_wc,
     C: tl.constexpr, HV: tl.constexpr, V: tl.constexpr, CORRECT: tl.constexpr, PRECISION: tl.constexpr,
+    CPRECISION: tl.constexpr,
 ):
     """b_s [BV, BK] plus sum_{j<f} e^{G - G_j} u_j k_jᵀ; with CORRECT, u_j corrected by b_d · w_j, b_d =
     checkpoint - copy [BV, BK] and b_wc [BW, BK] the rows w_j (`_correction_weights`), one product.
@@ -230,7 +236,7 @@ def _fold(
         buf_u + ((i_s * C + o_w[:, None]) * HV + i_hv) * V + o_v[None, :], mask=m_w[:, None] & m_v[None, :], other=0.0,
     ).to(tl.float32)
     if CORRECT:
-        b_uw += tl.dot(b_wc, tl.trans(b_d), input_precision=PRECISION)
+        b_uw += tl.dot(b_wc, tl.trans(b_d), input_precision=CPRECISION)
     b_cw = tl.where(m_w, tl.exp(b_G - b_Gw), 0.0)
     # One product for the whole rank-f update: fp32 FMAs ("ieee") in a replay flush's small chunks unless its TF32
     # setting asks for 3xTF32 on the tensor cores, which verify's larger ones always use (benchmarks/NOTES.md).
@@ -241,7 +247,7 @@ def _fold(
 def _folded_rows(
     ckpt, rcopy, rscale, buf_u, i_s, i_hv, o_v, m_v, o_k, m_k, o_w, b_f, b_Gl, b_Gw, b_kw, b_wc,
     C: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-    HAS_COPY: tl.constexpr, IS_FP8: tl.constexpr, PRECISION: tl.constexpr,
+    HAS_COPY: tl.constexpr, IS_FP8: tl.constexpr, PRECISION: tl.constexpr, CPRECISION: tl.constexpr,
 ):
     """Checkpoint rows o_v with the f buffered entries folded in (corrected under a read copy), and their offsets."""
     m_s = m_v[:, None] & m_k[None, :]
@@ -251,10 +257,10 @@ def _folded_rows(
     if HAS_COPY:
         b_d = b_s - _read_copy(rcopy, rscale, o_s, o_r, m_s, m_v, IS_FP8)
         b_s = _fold(b_s * tl.exp(b_Gl), b_d, buf_u, i_s, i_hv, o_v, m_v, o_w, b_f, b_Gl, b_Gw, b_kw, b_wc,
-                    C, HV, V, True, PRECISION)
+                    C, HV, V, True, PRECISION, CPRECISION)
     else:
         b_s = _fold(b_s * tl.exp(b_Gl), b_s, buf_u, i_s, i_hv, o_v, m_v, o_w, b_f, b_Gl, b_Gw, b_kw, b_wc,
-                    C, HV, V, False, PRECISION)
+                    C, HV, V, False, PRECISION, CPRECISION)
     return b_s, o_s, o_r, m_s
 
 
@@ -266,6 +272,7 @@ def _replay_flush(
     C: tl.constexpr, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BK: tl.constexpr, VP: tl.constexpr, BVF: tl.constexpr,
     STAGES: tl.constexpr, HAS_COPY: tl.constexpr, IS_FP8: tl.constexpr, PRECISION: tl.constexpr,
+    CPRECISION: tl.constexpr,
 ):
     """The step that fills the window for rows v0 .. v0 + VP: fold the buffer into the full checkpoint, take this
     step from it, store it."""
@@ -283,7 +290,7 @@ def _replay_flush(
         # [BVF, BK] the checkpoint, brought to the state after the buffered entries
         b_s, o_s, o_r, m_s = _folded_rows(
             ckpt, rcopy, rscale, buf_u, i_s, i_hv, o_v, m_v, o_k, m_k, o_w, b_f, b_Gl, b_Gw, b_kw, b_wc,
-            C, HV, K, V, HAS_COPY, IS_FP8, PRECISION,
+            C, HV, K, V, HAS_COPY, IS_FP8, PRECISION, CPRECISION,
         )
         b_v = tl.load(v + i_b * s_vb + i_hv * s_vh + o_v * s_vv, mask=m_v, other=0.0).to(tl.float32)
         b_s *= tl.exp(b_g)
@@ -388,7 +395,7 @@ def _replay_kernel(
     BK: tl.constexpr, VP: tl.constexpr, BV: tl.constexpr, BVF: tl.constexpr, BW: tl.constexpr,
     VK: tl.constexpr, STAGES: tl.constexpr, USE_QK_L2NORM: tl.constexpr, HAS_COPY: tl.constexpr,
     IS_FP8: tl.constexpr, EARLY: tl.constexpr, PRECISION: tl.constexpr, PHASE: tl.constexpr, MMA: tl.constexpr,
-    LCOUNT: tl.constexpr, LANES: tl.constexpr,
+    LCOUNT: tl.constexpr, LANES: tl.constexpr, CPRECISION: tl.constexpr,
 ):
     # PHASE 0 takes every row's step; 1 only the non-flush steps, and lists the (row, head, fill) of each head that
     # flushes in `work` for `_flush_kernel` (`replay` launches the two where a cache's row asks for two launches).
@@ -484,7 +491,7 @@ def _replay_kernel(
                 ckpt, rcopy, rscale, buf_u, buf_t, v, o,
                 i_b, i_s, i_h, i_hv, v0, b_f, b_k, b_q, b_g, b_beta, b_Gl, b_Gw, b_kw, o_w,
                 s_vb, s_vh, s_vv, s_ob, s_oh, s_ov,
-                C, H, HV, K, V, BK, VP, BVF, STAGES, HAS_COPY, IS_FP8, PRECISION,
+                C, H, HV, K, V, BK, VP, BVF, STAGES, HAS_COPY, IS_FP8, PRECISION, CPRECISION,
             )
     else:
         if not EARLY:
@@ -660,6 +667,7 @@ def _flush_kernel(
     C: tl.constexpr, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BK: tl.constexpr, VP: tl.constexpr, BVF: tl.constexpr, BW: tl.constexpr, STAGES: tl.constexpr,
     USE_QK_L2NORM: tl.constexpr, HAS_COPY: tl.constexpr, IS_FP8: tl.constexpr, PRECISION: tl.constexpr,
+    CPRECISION: tl.constexpr,
 ):
     """The flushes the non-flush launch listed in `work` (a count, a done counter, then (row, head, fill) per
     flushing head), VP rows of a head per item: each program loops over the items, so the launch's programs are a
@@ -689,7 +697,7 @@ def _flush_kernel(
             ckpt, rcopy, rscale, buf_u, buf_t, v, o,
             i_b, i_s, i_h, i_hv, (i_j % NPB) * VP, b_f, b_k * b_rk, b_q * b_rq, b_g, b_beta, b_Gl, b_Gw, b_kw, o_w,
             s_vb, s_vh, s_vv, s_ob, s_oh, s_ov,
-            C, H, HV, K, V, BK, VP, BVF, STAGES, HAS_COPY, IS_FP8, PRECISION,
+            C, H, HV, K, V, BK, VP, BVF, STAGES, HAS_COPY, IS_FP8, PRECISION, CPRECISION,
         )
         i_j += n_programs
     list_done(work, tl.num_programs(0))
@@ -743,7 +751,7 @@ def _fold_entries(
             m_v = (o_v < V) & (i_v + tl.arange(0, BVF) < VP)
             b_s, o_s, o_r, m_s = _folded_rows(
                 ckpt, rcopy, rscale, buf_u, i_s, i_hv, o_v, m_v, o_k, m_k, o_w, b_f, b_Gl, b_Gw, b_kw, b_wc,
-                C, HV, K, V, HAS_COPY, IS_FP8, PRECISION,
+                C, HV, K, V, HAS_COPY, IS_FP8, PRECISION, PRECISION,
             )
             if FXW == 4:
                 # their weighted updates [BVF, 4] as four [BVF] vectors, one rank-1 update each
@@ -1314,6 +1322,20 @@ def _cache_args(cache: ReplayCache) -> dict:
     }
 
 
+def _correction_precision(cache: ReplayCache, settings: dict) -> str:
+    """The input precision of a flush's correction product under a read copy: its TF32 setting's, or with CTF32=1
+    one TF32 pass, for a 2-byte copy only (checkpoint - copy is about 2^-9 of the state under a bf16 copy, so
+    TF32's 2^-11 of it is about 2^-20 of the state; an fp8 copy's is about 2^-4)."""
+    precision = flush_precision(cache.checkpoint, settings["TF32"])
+    if not settings.get("CTF32"):
+        return precision
+    if cache.read_dtype is None or cache.read_dtype.itemsize != 2:
+        copy = "no read copy" if cache.read_dtype is None else f"a {cache.read_dtype} read copy"
+        raise ValueError(f"launch CTF32 = 1 (a flush's correction in one TF32 pass) applies only to a bf16 or fp16 "
+                         f"read copy; this cache has {copy}")
+    return "tf32"
+
+
 def _cache_constants(cache: ReplayCache) -> dict:
     return {
         "W": cache.window, "C": cache.capacity,
@@ -1365,6 +1387,7 @@ def _launch_flushes(cache, q, k, v, g, beta, out, slots, scale, l2norm, settings
         STAGES=settings["STAGES"],
         USE_QK_L2NORM=l2norm,
         PRECISION=flush_precision(cache.checkpoint, settings["TF32"]),
+        CPRECISION=_correction_precision(cache, settings),
         **compile_options(settings),
     )
 
@@ -1423,6 +1446,7 @@ def _launch_replay(cache, q, k, v, g, beta, out, slots, scale, l2norm, settings,
         LCOUNT=bool(settings["LCOUNT"]),
         LANES=cache.arrive.shape[-1],
         PRECISION=flush_precision(cache.checkpoint, settings["TF32"]),
+        CPRECISION=_correction_precision(cache, settings),
         PHASE=phase,
         MMA=bool(settings["MMA"]) and min(settings["BV"], VP) >= 16 and _mma_tile(cache),
         **compile_options(settings),
@@ -1627,9 +1651,9 @@ def replay(
     slots = check_slots(slots, batch, cache.nslots, q.device, check)
     out = check_out(out, v.shape, v.dtype, q.device)
     settings, flush = _replay_settings(launch_name("replay", cache, batch), launch)
-    for tf32 in (settings["TF32"], (flush or settings)["TF32"]):
+    for row in (settings, flush or settings):
         # before either launch, so that a refused setting leaves the cache as it was
-        flush_precision(cache.checkpoint, tf32)
+        _correction_precision(cache, row)
     if batch:
         args = (cache, q, k, v, g, beta, out, slots, scale, bool(use_qk_l2norm_in_kernel))
         hpp = _heads_per_program(cache, settings, flush)
