@@ -110,7 +110,8 @@ def test_split_kernel_2000_steps_on_gpu():
         if step % W == W - 1:
             err_checkpoint.append(_rel(split.checkpoint, exact))
     quarter = STEPS // 4
-    assert max(err_checkpoint) < 1e-4
+    # fp32 rounding and, under the small-grid row's one-pass TF32 correction, about 2^-20 of the state per flush
+    assert max(err_checkpoint) < 1e-5
     assert max(err_split[-quarter:]) < 2 * max(err_split[:quarter])
 
 
