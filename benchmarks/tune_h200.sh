@@ -3,7 +3,7 @@
 # writes its table (.txt) and results (.json) under DIR (default runs/tune), and DIR.tar.gz holds them all for
 # machines that return one file; a sweep past its time limit leaves the ones before it.
 # Usage: benchmarks/tune_h200.sh [DIR] [SECTION ...]
-# Sections: tests, gdn-split-ctf32, gdn-split-vform, gdn-split-large, gdn-split-medium-2, gdn-split-medium, gdn-split-small, gdn-freuse, gdn-lcount, early-2, stalls-gdn-1, gdn-verify-next, gdn-verify-wfill, gdn-verify-fold-tf32, gdn-verify-arrive, gdn-verify-fsplitw-3, gdn-verify-rows-63-2, gdn-verify-63, gdn-verify-rows-63, gdn-verify-fsplitw-2, gdn-verify-fsplitw, gdn-verify-fpref, gdn-verify-medium, gdn-verify-vsplit, gdn-verify-fstream-3, gdn-verify-fpass2-2, gdn-verify-fpass2, gdn-verify-fstream-2, gdn-verify-fstream, gdn-verify-fpass-4, gdn-verify-fpass-3, gdn-verify-fpass-2, gdn-verify-fpass, gdn-bf16-buffers, gdn-verify-gpass2-2, gdn-verify-gpass2, gdn-verify-tc, gdn-verify-tc-2, gdn-verify-tc-3, gdn-verify-tc-4, gdn-verify-phases, stalls-fold, gdn-verify-gpass, verify-bf16-bc, fla-slots, kernel-tests, mamba2-verify-fstages, mamba2-verify-bpf, mamba2-verify-launches, mamba2-verify-fold, mamba2-verify-bc-3, mamba2-verify-bc-2, mamba2-verify-bc, mamba2-verify-stream, mamba2-verify-stream-2, tail-lead, tail-3, tail-medium, tail-2, tail, gdn-bf16-tf32, prefetch-profile, prefetch, prefetch-2, loops, gdn-decode-chunks, gdn-decode-order, gdn-decode-order-2, mamba2-mma, stalls-bf16, mamba2-bf16-heads, mamba2-bf16-tf32, heads-sanitizer, mamba2-heads-flush-2, gdn-heads-fault, gdn-heads, mamba2-heads-flush, mamba2-heads, mamba2-heads-2, mamba2-heads-3, mamba2-heads-4, verify-tests, gdn-verify-mma, gdn-verify-3, gdn-verify-rows, gdn-verify-warps, gdn-verify-warps-2, mamba2-verify-warps, gdn-split-3, gdn-split-4, two-phase-2, mamba2-split-phases, mamba2-two-phase, gdn-split-flush-vp, gdn-mma, split-launch-cost, split-launch-cost-2, gdn-flush-list, mamba2-flush-list, gdn-split-nonflush, gdn-split-flush-2, one-warp, fp8-one-warp, fp8-one-warp-2, copy-pieces, regs-2byte, stalls, stalls-2, next, small-grid, small-grid-2, small-grid-3, medium-grid, direct, order, vk, gdn-decode, gdn-replay, gdn-early, gdn-replay-256, gdn-fp32-2, gdn-split, gdn-split-2,
+# Sections: tests, gdn-split-flush-regs, gdn-split-ctf32, gdn-split-vform, gdn-split-large, gdn-split-medium-2, gdn-split-medium, gdn-split-small, gdn-freuse, gdn-lcount, early-2, stalls-gdn-1, gdn-verify-next, gdn-verify-wfill, gdn-verify-fold-tf32, gdn-verify-arrive, gdn-verify-fsplitw-3, gdn-verify-rows-63-2, gdn-verify-63, gdn-verify-rows-63, gdn-verify-fsplitw-2, gdn-verify-fsplitw, gdn-verify-fpref, gdn-verify-medium, gdn-verify-vsplit, gdn-verify-fstream-3, gdn-verify-fpass2-2, gdn-verify-fpass2, gdn-verify-fstream-2, gdn-verify-fstream, gdn-verify-fpass-4, gdn-verify-fpass-3, gdn-verify-fpass-2, gdn-verify-fpass, gdn-bf16-buffers, gdn-verify-gpass2-2, gdn-verify-gpass2, gdn-verify-tc, gdn-verify-tc-2, gdn-verify-tc-3, gdn-verify-tc-4, gdn-verify-phases, stalls-fold, gdn-verify-gpass, verify-bf16-bc, fla-slots, kernel-tests, mamba2-verify-fstages, mamba2-verify-bpf, mamba2-verify-launches, mamba2-verify-fold, mamba2-verify-bc-3, mamba2-verify-bc-2, mamba2-verify-bc, mamba2-verify-stream, mamba2-verify-stream-2, tail-lead, tail-3, tail-medium, tail-2, tail, gdn-bf16-tf32, prefetch-profile, prefetch, prefetch-2, loops, gdn-decode-chunks, gdn-decode-order, gdn-decode-order-2, mamba2-mma, stalls-bf16, mamba2-bf16-heads, mamba2-bf16-tf32, heads-sanitizer, mamba2-heads-flush-2, gdn-heads-fault, gdn-heads, mamba2-heads-flush, mamba2-heads, mamba2-heads-2, mamba2-heads-3, mamba2-heads-4, verify-tests, gdn-verify-mma, gdn-verify-3, gdn-verify-rows, gdn-verify-warps, gdn-verify-warps-2, mamba2-verify-warps, gdn-split-3, gdn-split-4, two-phase-2, mamba2-split-phases, mamba2-two-phase, gdn-split-flush-vp, gdn-mma, split-launch-cost, split-launch-cost-2, gdn-flush-list, mamba2-flush-list, gdn-split-nonflush, gdn-split-flush-2, one-warp, fp8-one-warp, fp8-one-warp-2, copy-pieces, regs-2byte, stalls, stalls-2, next, small-grid, small-grid-2, small-grid-3, medium-grid, direct, order, vk, gdn-decode, gdn-replay, gdn-early, gdn-replay-256, gdn-fp32-2, gdn-split, gdn-split-2,
 # gdn-bf16, gdn-bf16-2, gdn-verify, fla, mamba2-split, mamba2-split2, mamba2-vn, mamba2-bf16, mamba2-bf16-2,
 # mamba2-verify (default: tests gdn-decode gdn-replay gdn-verify mamba2-split mamba2-bf16 mamba2-verify).
 set -uo pipefail
@@ -72,13 +72,36 @@ for section in $SECTIONS; do
     tests)
         gpu_tests tests 300 tests
         ;;
+    gdn-split-flush-regs)
+        # (Runs at bfee5b3; not taken, NOTES run 67.) The split copies' flushes since CTF32 (c033500): 4-warp programs
+        # of whole heads capped at 168 registers, 3 per SM; a staggered step at 256 lists 1024 heads, 2.6 rounds of the
+        # 396 programs resident. With one TF32 pass in the correction the program needs fewer registers; a cap of 128 or
+        # 144 fits 4 or 3 per SM (1.9 rounds at 4). The sweep at 64 and 256 (both copies: register caps, programs per
+        # SM, 16-row chunks, the fold in fp32 FMAs), then the reference loop at 64 and 256 (bf16 copy), the shipped row
+        # against a cap of 128, alternating, twice.
+        launches=()
+        for k in split-bf16 split-fp8; do
+            launches+=(--kernel "$k" --launch "$k:" --launch "$k:flush_maxnreg=128" --launch "$k:flush_maxnreg=144"
+                       --launch "$k:flush_maxnreg=128,flush_PPS=4" --launch "$k:flush_PPS=3"
+                       --launch "$k:flush_BVF=16,flush_maxnreg=128" --launch "$k:flush_TF32=0")
+        done
+        sweep gdn-split-flush-regs 200 sweep_gdn.py --kernel decode --launch decode: --batch 64 --batch 256 \
+            "${launches[@]}"
+        for run in a b; do
+            for v in 168 128; do
+                rows "gdn-split-flush-regs-$run-$v" gdn-split-flush-regs 100 \
+                    --set "gdn.replay:LAUNCH:replay-split-flush:maxnreg=$v" -- -p qwen3.5-122b-a10b --batch 64,256 \
+                    --state-dtype fp32 --read-dtype bf16 --repeats 9 --no-phases
+            done
+        done
+        ;;
     gdn-split-ctf32)
-        # CTF32=1: a split flush's correction product, (checkpoint - copy) times the correction keys, in one TF32 pass
-        # rather than three (a bf16 copy's difference is about 2^-9 of the state, so TF32's 2^-11 of it is about
-        # 2^-20). Run gdn-split-vform showed the flush is not bound by its bytes (1.9 TB/s with 12.5 or 10.5 B per
-        # element). The GPU tests; the checkpoint's drift over 2000 steps with and without it (batch 1 one launch,
-        # 64 two); the sweep at 1, 16 and 256; the reference loop at 1, 16, 64 and 256 (bf16 copy), alternating,
-        # twice.
+        # (Runs at dd1cfa1 with CTF32 added; shipped at c033500, NOTES run 67.) CTF32=1: a split flush's correction
+        # product, (checkpoint - copy) times the correction keys, in one TF32 pass rather than three (a bf16 copy's
+        # difference is about 2^-9 of the state, so TF32's 2^-11 of it is about 2^-20). Run gdn-split-vform showed the
+        # flush is not bound by its bytes (1.9 TB/s with 12.5 or 10.5 B per element). The GPU tests; the checkpoint's
+        # drift over 2000 steps with and without it (batch 1 one launch, 64 two); the sweep at 1, 16 and 256; the
+        # reference loop at 1, 16, 64 and 256 (bf16 copy), alternating, twice.
         gpu_tests gdn-split-ctf32-tests 200 tests/test_gdn_split.py tests/test_gdn_replay.py tests/test_gdn_verify.py
         timeout 200 python benchmarks/split_drift.py --batch 1 --batch 64 --launch CTF32=1 --launch flush_CTF32=1 \
             >"$DIR/gdn-split-ctf32-drift.txt" 2>&1
@@ -89,7 +112,8 @@ for section in $SECTIONS; do
             --launch split-bf16-flush:flush_CTF32=1 --batch 1 --batch 16 --batch 256
         for run in a b; do
             for v in 0 1; do
-                rows "gdn-split-ctf32-$run-$v" gdn-split-ctf32 150 --set "gdn.replay:LAUNCH:replay-split-flush:CTF32=$v" \
+                rows "gdn-split-ctf32-$run-$v" gdn-split-ctf32 150 \
+                    --set "gdn.replay:LAUNCH:replay-split-flush:CTF32=$v" \
                     --set "gdn.replay:LAUNCH:replay-split-medium-flush:CTF32=$v" \
                     --set "gdn.replay:LAUNCH:replay-split-small:CTF32=$v" -- -p qwen3.5-122b-a10b --batch 1,16,64,256 \
                     --state-dtype fp32 --read-dtype bf16 --repeats 9 --no-phases
