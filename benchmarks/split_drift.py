@@ -25,24 +25,30 @@ def _rel(got: torch.Tensor, exact: torch.Tensor) -> float:
 
 
 def _launch(text: str) -> dict:
-    """key=value,... as a launch dict; "" is the shipped row."""
-    pairs = [item.split("=", 1) for item in text.split(",") if item]
-    return {key: int(value) for key, value in pairs}
+    """key=value,... (integer values) as a launch dict; "" is the shipped row."""
+    launch = {}
+    for item in filter(None, text.split(",")):
+        key, _, value = item.partition("=")
+        if not key or not value.lstrip("-").isdigit():
+            raise argparse.ArgumentTypeError(f"{item!r} is not key=integer (for example CTF32=1)")
+        launch[key] = int(value)
+    return launch
 
 
-def drift(batch: int, steps: int, window: int, read_dtype: str, launch: dict, seed: int) -> dict:
-    H, HV, K, V = SHAPE["H"], SHAPE["HV"], SHAPE["K"], SHAPE["V"]
+def drift(batch: int, steps: int, window: int, read_dtype: str, launch: dict, seed: int, shape: dict = SHAPE,
+          device: str = "cuda") -> dict:
+    H, HV, K, V = shape["H"], shape["HV"], shape["K"], shape["V"]
     gen = torch.Generator().manual_seed(seed)
-    start = torch.randn(batch, HV, V, K, generator=gen).cuda() * 0.1
+    start = torch.randn(batch, HV, V, K, generator=gen).to(device) * 0.1
     split = gdn.ReplayCache.create(batch, H, HV, K, V, window, state_dtype="fp32", read_dtype=read_dtype,
-                                   io_dtype="bf16", device="cuda")
-    full = gdn.ReplayCache.create(batch, H, HV, K, V, window, state_dtype="fp32", io_dtype="bf16", device="cuda")
+                                   io_dtype="bf16", device=device)
+    full = gdn.ReplayCache.create(batch, H, HV, K, V, window, state_dtype="fp32", io_dtype="bf16", device=device)
     split.load(start)
     full.load(start)
     exact = start.double()
     out_err, ckpt_split, ckpt_full = [], [], []
     for step in range(steps):
-        inp = gdn.random_inputs(batch, H, HV, K, V, device="cuda", generator=gen)
+        inp = gdn.random_inputs(batch, H, HV, K, V, device=device, generator=gen)
         y_split = gdn.replay(split, **inp, use_qk_l2norm_in_kernel=True, launch=launch or None)
         gdn.replay(full, **inp, use_qk_l2norm_in_kernel=True)
         y_exact = gdn.decode_ref(exact, **{k: v.double() for k, v in inp.items()}, use_qk_l2norm_in_kernel=True)
@@ -61,7 +67,7 @@ def drift(batch: int, steps: int, window: int, read_dtype: str, launch: dict, se
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--batch", type=int, action="append", help="repeatable (default 1 and 64)")
-    parser.add_argument("--launch", action="append", default=None,
+    parser.add_argument("--launch", action="append", type=_launch, default=None,
                         help="key=value,... for gdn.replay, repeatable; each is run at each batch where it applies "
                              "(flush_ keys on two-launch rows only); the shipped row always")
     parser.add_argument("--steps", type=int, default=2000)
@@ -72,11 +78,11 @@ def main() -> None:
     if not torch.cuda.is_available():
         parser.error("needs a CUDA GPU")
     for batch in args.batch or [1, 64]:
-        for text in [""] + (args.launch or []):
+        for launch in [{}] + (args.launch or []):
             try:
-                row = drift(batch, args.steps, args.window, args.read_dtype, _launch(text), args.seed)
-            except ValueError as exc:
-                row = {"batch": batch, "launch": text, "skipped": str(exc)}
+                row = drift(batch, args.steps, args.window, args.read_dtype, launch, args.seed)
+            except ValueError as exc:  # a setting this batch's row refuses (gdn.replay checks before any launch)
+                row = {"batch": batch, "launch": launch, "skipped": str(exc)}
             print(json.dumps(row), flush=True)
 
 

@@ -129,3 +129,16 @@ def test_fp8_copy_refuses_one_pass_correction(device):
         gdn.replay(cache, **inp, launch={"PHASES": 2, "flush_CTF32": 1})
     for name, t in cache.tensors().items():
         assert torch.equal(t.view(torch.uint8) if t.dtype.itemsize == 1 else t, before[name]), name
+
+
+def test_split_drift_script(device):
+    """benchmarks/split_drift.py on a small shape: the split checkpoint at fp32 rounding of the exact recurrence,
+    the outputs at the bf16 copy's level; a launch setting that is not key=integer is one line and exit 2."""
+    from benchmark_scripts import load, run
+
+    drift = load("split_drift")
+    row = drift.drift(2, 3 * 4, 4, "bf16", {}, 0, shape={"H": 1, "HV": 2, "K": 16, "V": 16}, device=device)
+    assert 0 < row["checkpoint_split_max"] < 1e-5 and 0 < row["checkpoint_fp32_max"] < 1e-5
+    assert 2.0**-12 < row["output_last_quarter"] < 2.0**-6
+    bad = run("split_drift", "--launch", "CTF32")
+    assert bad.returncode == 2 and "'CTF32' is not key=integer" in bad.stderr and "Traceback" not in bad.stderr

@@ -48,10 +48,10 @@ class ReplayCache:
     arrive (nslots, HV, ARRIVE_LANES) int32 counts the row-block programs of a step that are done with a
     (slot, head), zero between steps: in its first column, or with the replay's LCOUNT in each lane's own.
     With a read copy a flush corrects the buffered updates, computed from the copy, to those of the full
-    checkpoint, so the copy's rounding never reaches the checkpoint: buf_t (nslots, C, HV, C) fp32 keeps row
+    checkpoint, so the copy's rounding does not reach the checkpoint: buf_t (nslots, C, HV, C) fp32 keeps row
     j of the lower-triangular T with t_j = beta_j (e_j - sum_{i<j} (k_i·k_j) t_i), entry j's correction key
-    being y_j = sum_l t_jl k_l, and the correction one product with them (in one TF32 pass under a 2-byte copy:
-    the copy's rounding then reaches the checkpoint at about 2^-20 of the state); buf_beta (nslots, C, HV) fp32
+    being y_j = sum_l t_jl k_l, and the correction one product with them (in one TF32 pass under a 2-byte copy,
+    which leaves about 2^-20 of the state of the copy's rounding in the checkpoint); buf_beta (nslots, C, HV) fp32
     keeps each entry's beta, with which `materialize` carries the correction entry by entry. With max_draft > 0,
     arrivals (nslots, H) int32, zero between calls, lets `verify` elect the last value head of each key head to
     write the drafts' keys; last_draft is the T of the last `verify` (what `accept` may commit).

@@ -54,7 +54,8 @@ from replayssm_kernels.gdn.common import (
 # in PPS programs per SM that loop over the list.
 _ONE_CHUNK = {"EARLY": 0, "LCOUNT": 0, "TF32": 0, "CTF32": 0, "MMA": 0, "VP": 256, "BV": 128, "BVF": 16, "VK": 32,
               "STAGES": 2, "num_warps": 4, "num_stages": 1, "maxnreg": None, "PPS": 6}
-# A read copy's flushes: 4-warp programs of whole heads, 3xTF32 products.
+# A read copy's flushes: 4-warp programs of whole heads, 3xTF32 products (the `-split` rows' correction in one TF32
+# pass, CTF32; `_correction_precision`).
 _COPY_FLUSH = dict(_ONE_CHUNK, BVF=32, TF32=1, maxnreg=168)
 _SPLIT = {"EARLY": 0, "LCOUNT": 0, "TF32": 0, "CTF32": 0, "MMA": 0, "VP": 256, "BV": 32, "BVF": 16, "VK": 64,
           "STAGES": 3, "num_warps": 1, "num_stages": 1, "maxnreg": 128, "PHASES": 2, "PPS": 6, "HPP": 1}
@@ -226,7 +227,7 @@ def _fold(
     CPRECISION: tl.constexpr,
 ):
     """b_s [BV, BK] plus sum_{j<f} e^{G - G_j} u_j k_jᵀ; with CORRECT, u_j corrected by b_d · w_j, b_d =
-    checkpoint - copy [BV, BK] and b_wc [BW, BK] the rows w_j (`_correction_weights`), one product.
+    checkpoint - copy [BV, BK] and b_wc [BW, BK] the rows w_j (`_correction_weights`), one product in CPRECISION.
 
     b_Gw [BW] and b_kw [BW, BK] are the buffered log-decays and keys, zero past the fill.
     """
