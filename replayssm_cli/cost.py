@@ -198,6 +198,13 @@ class _GDNFlops:
         terms = T * f + T * (T - 1) / 2
         return HV * (T * (2 + 3 * K + 8 * V + 4 * V * K) + terms * (4 * K + 4 * V + 4))
 
+    def correction(self, f: float, fp8: bool) -> float:
+        """A split flush's correction of f buffered updates (`_Sizes.flush_copy`): per head the keys y_j (a [f, f] x
+        [f, K] product, scaled) and per element checkpoint - copy (after dequantising an fp8 copy) and its product
+        with them, added to the updates."""
+        HV, K, V = self.HV, self.K, self.V
+        return HV * (2 * f * f * K + f * K + V * K * (1 + 2 * f + (1 if fp8 else 0)) + f * V)
+
     def flush(self, f: float, quantise: bool) -> float:
         HV, K, V = self.HV, self.K, self.V
         quant = V * K + V if quantise else 0
@@ -302,7 +309,7 @@ def _flush(s: _Sizes, fl: _Flops, b: int, f: int) -> _Count:
     row = _Count(
         s.state + s.flush_copy + f * s.entry + s.inputs + s.counters,
         s.state + s.copy + s.outputs + s.counters,
-        fl.flush(f, quantise=s.fp8),
+        fl.flush(f, quantise=s.fp8) + (fl.correction(f, s.fp8) if s.flush_copy else 0),
     )
     return row * b + _Count(read=s.params)
 
@@ -311,7 +318,7 @@ def _verify_after_fold(s: _Sizes, fl: _Flops, b: int, F: float, T: int) -> _Coun
     row = _Count(
         s.state + F * s.entry + T * s.inputs + s.counters,
         s.state + s.copy + T * s.entry + T * s.outputs + s.counters,
-        fl.fold(F, quantise=s.fp8) + fl.verify(0, T),
+        fl.fold(F, quantise=s.fp8) + (fl.correction(F, s.fp8) if s.flush_copy else 0) + fl.verify(0, T),
     )
     return row * b + _Count(read=s.params)
 
@@ -428,7 +435,9 @@ def step_cost(
       (f + i terms for draft i) two key dots 4K, coefficient 4, two accumulations 4V. An fp8 copy costs 2
       per row v on a nonflush step and 1 per element once per verify.
     - flush at f: the nonflush work plus 1 + 2 (f + 1) per element and (f + 1) V; fold of F: 1 + 2F per
-      element, F (2 + V) + 1 more; an fp8 copy adds 1 per element, 1 per row.
+      element, F (2 + V) + 1 more; an fp8 copy adds 1 per element, 1 per row. Under split precision each also
+      corrects its f (or F) updates: 1 + 2f per element (checkpoint - copy and its product with the keys y_j; an
+      fp8 copy 1 more to dequantise it), 2f²K + fK for y_j and fV to add the corrections.
 
     Accept: one add per counter.
     """

@@ -238,12 +238,17 @@ def test_step_cost_gdn():
         B * (GDN_SPLIT_ENTRY + GDN_OUT + GDN_COUNTERS),
         B * 2 * (nonflush_flops + 2 * 5),
     )
-    # The flush reads the copy too: it corrects the buffered updates for checkpoint - copy.
+    # The flush reads the copy too: it corrects the buffered updates for checkpoint - copy. Per head: the keys y_j
+    # 2 f² K + f K, per element the difference (after the fp8 copy's dequantisation) and its product 1 + 1 + 2f,
+    # the corrections added f V.
+    correction = 2 * 9 * 3 + 3 * 3 + 15 * (1 + 1 + 2 * 3) + 3 * 5
     assert gdn("split", "flush", read_dtype="fp8") == Cost(
         B * (GDN_STATE + fp8_copy + 3 * GDN_SPLIT_ENTRY + GDN_INPUTS + GDN_COUNTERS),
         B * (GDN_STATE + fp8_copy + GDN_OUT + GDN_COUNTERS),
-        B * 2 * (flush_flops + 15 + 5),
+        B * 2 * (flush_flops + 15 + 5 + correction),
     )
+    assert (gdn("split", "flush", read_dtype="fp8").flops - gdn("split", "flush", read_dtype="bf16").flops
+            == B * 2 * (15 + 5 + 15))
     assert gdn("spec-conventional", draft=2) == Cost(
         B * (GDN_STATE + 2 * GDN_INPUTS), B * (2 * GDN_STATE + 2 * GDN_OUT), 2 * B * 2 * (1 + 3 + 7 * 15 + 2 * 5)
     )
