@@ -146,11 +146,12 @@ def _sass(cubin: bytes, *options: str) -> str:
                               check=True).stdout
 
 
-def sass_order(cubin: bytes) -> list[tuple[int, str]]:
-    """(index among the kernel's instructions, instruction) of each one ORDER_OPCODES names, in program order."""
+def sass_order(sass: str) -> list[tuple[int, str]]:
+    """(index among the kernel's instructions, instruction) of each one ORDER_OPCODES names in a one-kernel cubin's
+    SASS (`_sass(cubin, "-sass")`), in program order."""
     listed = []
     index = 0
-    for line in _sass(cubin, "-sass").splitlines():
+    for line in sass.splitlines():
         m = re.match(r"\s*/\*[0-9a-f]{4,}\*/\s+(.*?)\s*;", line)
         if not m:
             continue
@@ -162,9 +163,10 @@ def sass_order(cubin: bytes) -> list[tuple[int, str]]:
     return listed
 
 
-def cubin_report(cubin: bytes, shared: int) -> dict:
-    """Registers, local (spill) bytes, shared bytes (static plus Triton's dynamic) and SASS opcode counts of a one-kernel cubin."""
-    usage, sass = _sass(cubin, "-res-usage"), _sass(cubin, "-sass")
+def cubin_report(cubin: bytes, shared: int, sass: str) -> dict:
+    """Registers, local (spill) bytes, shared bytes (static plus Triton's dynamic) and SASS opcode counts of a
+    one-kernel cubin, given its SASS (`_sass(cubin, "-sass")`)."""
+    usage = _sass(cubin, "-res-usage")
     fields = dict(re.findall(r"(REG|SHARED|LOCAL|STACK):(\d+)", usage))
     ops: collections.Counter = collections.Counter()
     for line in sass.splitlines():
@@ -214,10 +216,11 @@ def main(argv: list[str] | None = None) -> int:
     listings = []
     for op in ("mamba2", "gdn") if args.op == "both" else (args.op,):
         for case, name, kernel in compile_kernels(op, launches, args.arch, args.state_dtype):
-            rep = cubin_report(kernel.asm["cubin"], kernel.metadata.shared)
+            sass = _sass(kernel.asm["cubin"], "-sass")
+            rep = cubin_report(kernel.asm["cubin"], kernel.metadata.shared, sass)
             print(f"{op:7s} {case:11s} {name:24s} " + " ".join(f"{rep.get(c, 0):9d}" for c in cols))
             if args.sass is not None and args.sass in name:
-                listings.append((f"{op} {case} {name}", sass_order(kernel.asm["cubin"])))
+                listings.append((f"{op} {case} {name}", sass_order(sass)))
     if args.sass is not None and not listings:
         print(f"error: --sass {args.sass!r}: no compiled kernel's name contains it (the table above names them)",
               file=sys.stderr)
