@@ -3,7 +3,7 @@
 # writes its table (.txt) and results (.json) under DIR (default runs/tune), and DIR.tar.gz holds them all for
 # machines that return one file; a sweep past its time limit leaves the ones before it.
 # Usage: benchmarks/tune_h200.sh [DIR] [SECTION ...]
-# Sections: tests, gdn-split-flush-regs, gdn-split-ctf32, gdn-split-vform, gdn-split-large, gdn-split-medium-2, gdn-split-medium, gdn-split-small, gdn-freuse, gdn-lcount, early-2, stalls-gdn-1, gdn-verify-next, gdn-verify-wfill, gdn-verify-fold-tf32, gdn-verify-arrive, gdn-verify-fsplitw-3, gdn-verify-rows-63-2, gdn-verify-63, gdn-verify-rows-63, gdn-verify-fsplitw-2, gdn-verify-fsplitw, gdn-verify-fpref, gdn-verify-medium, gdn-verify-vsplit, gdn-verify-fstream-3, gdn-verify-fpass2-2, gdn-verify-fpass2, gdn-verify-fstream-2, gdn-verify-fstream, gdn-verify-fpass-4, gdn-verify-fpass-3, gdn-verify-fpass-2, gdn-verify-fpass, gdn-bf16-buffers, gdn-verify-gpass2-2, gdn-verify-gpass2, gdn-verify-tc, gdn-verify-tc-2, gdn-verify-tc-3, gdn-verify-tc-4, gdn-verify-phases, stalls-fold, gdn-verify-gpass, verify-bf16-bc, fla-slots, kernel-tests, mamba2-verify-fstages, mamba2-verify-bpf, mamba2-verify-launches, mamba2-verify-fold, mamba2-verify-bc-3, mamba2-verify-bc-2, mamba2-verify-bc, mamba2-verify-stream, mamba2-verify-stream-2, tail-lead, tail-3, tail-medium, tail-2, tail, gdn-bf16-tf32, prefetch-profile, prefetch, prefetch-2, loops, gdn-decode-chunks, gdn-decode-order, gdn-decode-order-2, mamba2-mma, stalls-bf16, mamba2-bf16-heads, mamba2-bf16-tf32, heads-sanitizer, mamba2-heads-flush-2, gdn-heads-fault, gdn-heads, mamba2-heads-flush, mamba2-heads, mamba2-heads-2, mamba2-heads-3, mamba2-heads-4, verify-tests, gdn-verify-mma, gdn-verify-3, gdn-verify-rows, gdn-verify-warps, gdn-verify-warps-2, mamba2-verify-warps, gdn-split-3, gdn-split-4, two-phase-2, mamba2-split-phases, mamba2-two-phase, gdn-split-flush-vp, gdn-mma, split-launch-cost, split-launch-cost-2, gdn-flush-list, mamba2-flush-list, gdn-split-nonflush, gdn-split-flush-2, one-warp, fp8-one-warp, fp8-one-warp-2, copy-pieces, regs-2byte, stalls, stalls-2, next, small-grid, small-grid-2, small-grid-3, medium-grid, direct, order, vk, gdn-decode, gdn-replay, gdn-early, gdn-replay-256, gdn-fp32-2, gdn-split, gdn-split-2,
+# Sections: tests, gdn-sload, stalls-flushes, gdn-split-flush-regs, gdn-split-ctf32, gdn-split-vform, gdn-split-large, gdn-split-medium-2, gdn-split-medium, gdn-split-small, gdn-freuse, gdn-lcount, early-2, stalls-gdn-1, gdn-verify-next, gdn-verify-wfill, gdn-verify-fold-tf32, gdn-verify-arrive, gdn-verify-fsplitw-3, gdn-verify-rows-63-2, gdn-verify-63, gdn-verify-rows-63, gdn-verify-fsplitw-2, gdn-verify-fsplitw, gdn-verify-fpref, gdn-verify-medium, gdn-verify-vsplit, gdn-verify-fstream-3, gdn-verify-fpass2-2, gdn-verify-fpass2, gdn-verify-fstream-2, gdn-verify-fstream, gdn-verify-fpass-4, gdn-verify-fpass-3, gdn-verify-fpass-2, gdn-verify-fpass, gdn-bf16-buffers, gdn-verify-gpass2-2, gdn-verify-gpass2, gdn-verify-tc, gdn-verify-tc-2, gdn-verify-tc-3, gdn-verify-tc-4, gdn-verify-phases, stalls-fold, gdn-verify-gpass, verify-bf16-bc, fla-slots, kernel-tests, mamba2-verify-fstages, mamba2-verify-bpf, mamba2-verify-launches, mamba2-verify-fold, mamba2-verify-bc-3, mamba2-verify-bc-2, mamba2-verify-bc, mamba2-verify-stream, mamba2-verify-stream-2, tail-lead, tail-3, tail-medium, tail-2, tail, gdn-bf16-tf32, prefetch-profile, prefetch, prefetch-2, loops, gdn-decode-chunks, gdn-decode-order, gdn-decode-order-2, mamba2-mma, stalls-bf16, mamba2-bf16-heads, mamba2-bf16-tf32, heads-sanitizer, mamba2-heads-flush-2, gdn-heads-fault, gdn-heads, mamba2-heads-flush, mamba2-heads, mamba2-heads-2, mamba2-heads-3, mamba2-heads-4, verify-tests, gdn-verify-mma, gdn-verify-3, gdn-verify-rows, gdn-verify-warps, gdn-verify-warps-2, mamba2-verify-warps, gdn-split-3, gdn-split-4, two-phase-2, mamba2-split-phases, mamba2-two-phase, gdn-split-flush-vp, gdn-mma, split-launch-cost, split-launch-cost-2, gdn-flush-list, mamba2-flush-list, gdn-split-nonflush, gdn-split-flush-2, one-warp, fp8-one-warp, fp8-one-warp-2, copy-pieces, regs-2byte, stalls, stalls-2, next, small-grid, small-grid-2, small-grid-3, medium-grid, direct, order, vk, gdn-decode, gdn-replay, gdn-early, gdn-replay-256, gdn-fp32-2, gdn-split, gdn-split-2,
 # gdn-bf16, gdn-bf16-2, gdn-verify, fla, mamba2-split, mamba2-split2, mamba2-vn, mamba2-bf16, mamba2-bf16-2,
 # mamba2-verify (default: tests gdn-decode gdn-replay gdn-verify mamba2-split mamba2-bf16 mamba2-verify).
 set -uo pipefail
@@ -43,6 +43,13 @@ verify_launches() {  # NAME LIMIT_S PHASE_BATCHES SWEEP_BATCHES LAUNCH...: GDN's
     sweep "$name" 200 sweep_gdn.py --kernel verify "${sweeps[@]}"
 }
 
+stalls() {  # NAME ARGS...: benchmarks/ncu_stalls.py ARGS under $DIR/stalls, its summary in $DIR/stalls-NAME.txt
+    local name=$1
+    shift
+    timeout 200 python benchmarks/ncu_stalls.py "$@" "$DIR/stalls" >"$DIR/stalls-$name.txt" 2>&1
+    echo "stalls $name: exit $?" >&2
+}
+
 rows() {  # NAME LOG LIMIT_S ARGS...: benchmarks/profile_rows.py ARGS (its --set, then -- and `replayssm profile`'s
           # options) into $DIR/NAME.json, its output appended to $DIR/LOG.txt
     local name=$1 log=$2 limit=$3 start=$SECONDS
@@ -71,6 +78,52 @@ for section in $SECTIONS; do
     case $section in
     tests)
         gpu_tests tests 300 tests
+        ;;
+    gdn-sload)
+        # SLOAD: where a flush reads its checkpoint rows. Under Nsight Compute (stalls-flushes) the split copy's flushes
+        # at 256 spend 37% of their shared-memory wavefronts on bank conflicts: the pipelined loop lands each chunk's
+        # rows in an unswizzled buffer and reads them from it in the products' accumulator layout and in the
+        # correction's operand layout, 4-way conflicted both (two groups of 16 LDS.64 each, 5e7 of the 1.6e8
+        # wavefronts). SLOAD=1 reads the rows under a branch (a plain load, converted once), SLOAD=2 a chunk ahead
+        # into registers; both need about 230-250 registers (2 programs per SM) where the shipped row fits 168 (3).
+        # The GPU tests, then the conflicts of each form under Nsight Compute, the sweep (window and flush step,
+        # split copy at 64 and 256; the fp32 and bf16-state replays at 256), then the reference loop at 64 and 256.
+        gpu_tests gdn-sload-tests 200 tests/test_gdn_split.py tests/test_gdn_replay.py
+        for v in 1 2; do
+            timeout 120 python benchmarks/ncu_stalls.py --op gdn --kernel split-bf16 --batch 256 --fill 15 \
+                --kernel-name flush_kernel --launch "split-bf16:flush_SLOAD=$v,flush_maxnreg=255" "$DIR/stalls-$v" \
+                >"$DIR/stalls-sload-$v.txt" 2>&1
+            echo "stalls sload $v: exit $?" >&2
+        done
+        launches=()
+        for k in split-bf16 split-bf16-flush; do
+            launches+=(--kernel "$k" --launch "$k:" --launch "$k:flush_maxnreg=255" --launch "$k:flush_SLOAD=1"
+                       --launch "$k:flush_SLOAD=1,flush_maxnreg=255" --launch "$k:flush_SLOAD=2"
+                       --launch "$k:flush_SLOAD=2,flush_maxnreg=255"
+                       --launch "$k:flush_SLOAD=1,flush_BVF=16,flush_maxnreg=255")
+        done
+        sweep gdn-sload-split 200 sweep_gdn.py --kernel decode --launch decode: --batch 64 --batch 256 "${launches[@]}"
+        for st in fp32 bf16; do
+            sweep "gdn-sload-$st" 100 sweep_gdn.py --state-dtype "$st" --kernel decode --launch decode: --batch 256 \
+                --kernel replay --kernel replay-flush --launch replay: --launch replay:SLOAD=1 --launch replay:SLOAD=2 \
+                --launch replay-flush: --launch replay-flush:SLOAD=1 --launch replay-flush:SLOAD=2
+        done
+        for v in "0:168" "1:255" "2:255"; do
+            rows "gdn-sload-${v%%:*}" gdn-sload 100 --set "gdn.replay:LAUNCH:replay-split-flush:SLOAD=${v%%:*}" \
+                --set "gdn.replay:LAUNCH:replay-split-flush:maxnreg=${v##*:}" -- -p qwen3.5-122b-a10b --batch 64,256 \
+                --state-dtype fp32 --read-dtype bf16 --repeats 9 --no-phases
+        done
+        ;;
+    stalls-flushes)
+        # Where the flushes wait since LCOUNT and CTF32 (run 64's captures were before both): GDN's batch-1 step at a
+        # fill of 15 (every head flushing: 7.56 µs in the sweep against a non-flush 4.26 and a decode 4.14) and of 0,
+        # the decode beside them; the split copy's flushes' launch at 256 with every head flushing (1164 µs, 2.9
+        # TB/s); the bf16 state's replay at 256 (79% of copy). One launch each under Nsight Compute.
+        stalls gdn-1-flush --op gdn --kernel replay --batch 1 --fill 15
+        stalls gdn-1-replay --op gdn --kernel replay --batch 1 --fill 0
+        stalls gdn-1-decode --op gdn --kernel decode --batch 1
+        stalls gdn-split-flush --op gdn --kernel split-bf16 --batch 256 --fill 15 --kernel-name flush_kernel
+        stalls gdn-bf16 --op gdn --kernel replay --batch 256 --state-dtype bf16
         ;;
     gdn-split-flush-regs)
         # (Runs at bfee5b3; not taken, NOTES run 67.) The split copies' flushes since CTF32 (c033500): 4-warp programs
@@ -1107,12 +1160,6 @@ for section in $SECTIONS; do
         # Where GDN's batch-1 steps wait (decode 4.17 µs in the sweep, the replay's non-flush step 4.57 and its flush
         # 8.05, 0.87x; 0.95x needs a window of 4.39): the conventional step, then the replay at a fill of 0 (no
         # flush) and of W - 1 = 15 (every head flushes), each one launch under Nsight Compute.
-        stalls() {  # NAME ARGS...
-            local name=$1
-            shift
-            timeout 200 python benchmarks/ncu_stalls.py "$@" "$DIR/stalls" >"$DIR/stalls-$name.txt" 2>&1
-            echo "stalls $name: exit $?" >&2
-        }
         stalls gdn-1-decode --op gdn --kernel decode --batch 1
         stalls gdn-1-replay --op gdn --kernel replay --batch 1 --fill 0
         stalls gdn-1-flush --op gdn --kernel replay --batch 1 --fill 15
@@ -1120,12 +1167,6 @@ for section in $SECTIONS; do
     stalls-bf16)
         # Where a bf16 state's two launches wait at batch 256 (its window 184.7 µs, 1.57x; 1.6x is 181.3): the
         # non-flush heads launch, the flushes' launch (496 µs alone with one TF32 product), and the conventional step.
-        stalls() {  # NAME ARGS...
-            local name=$1
-            shift
-            timeout 200 python benchmarks/ncu_stalls.py "$@" "$DIR/stalls" >"$DIR/stalls-$name.txt" 2>&1
-            echo "stalls $name: exit $?" >&2
-        }
         stalls mamba2-bf16-heads --op mamba2 --kernel replay --batch 256 --state-dtype bf16
         stalls mamba2-bf16-flush --op mamba2 --kernel replay --batch 256 --state-dtype bf16 --kernel-name flush_kernel
         stalls mamba2-bf16-decode --op mamba2 --kernel decode --batch 256 --state-dtype bf16
@@ -1690,12 +1731,6 @@ for section in $SECTIONS; do
     stalls-2)
         # The same for the steps on 2-byte tiles (split precision's read copy, a bf16 state) beside the fp32 replay,
         # and, where runs/alt holds another tree's kernels/, GDN's verify from that tree.
-        stalls() {  # NAME ARGS...
-            local name=$1
-            shift
-            timeout 200 python benchmarks/ncu_stalls.py "$@" "$DIR/stalls" >"$DIR/stalls-$name.txt" 2>&1
-            echo "stalls $name: exit $?" >&2
-        }
         stalls mamba2-replay --op mamba2 --kernel replay --batch 256
         stalls mamba2-split --op mamba2 --kernel split-bf16 --batch 256
         stalls mamba2-bf16 --op mamba2 --kernel replay --batch 256 --state-dtype bf16

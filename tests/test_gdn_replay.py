@@ -130,6 +130,10 @@ LAUNCH_CASES = [
     ("bf16", {"VP": 8, "BV": 8, "VK": 8}),
     (None, {"TF32": 1, "EARLY": 1, "VP": 16, "BV": 16, "VK": 8}),
     ("bf16", {"TF32": 1, "VK": 8}),
+    ("bf16", {"PHASES": 2, "VK": 8, "flush_SLOAD": 1}),
+    ("bf16", {"PHASES": 2, "VK": 8, "flush_SLOAD": 2, "flush_BVF": 16}),
+    ("fp8", {"PHASES": 1, "VK": 8, "SLOAD": 1}),
+    (None, {"VK": 8, "SLOAD": 2}),
 ]
 
 
@@ -138,13 +142,15 @@ LAUNCH_CASES = [
                               f"-VK{l['VK']}" + {0: "", 1: "-early", 2: "-early2"}[l.get("EARLY", 0)]
                               + ("-lcount" if l.get("LCOUNT") else "")
                               + ("-tf32" if l.get("TF32") else "") + (f"-phases{l['PHASES']}" if "PHASES" in l else "")
+                              + (f"-sload{l['SLOAD']}" if "SLOAD" in l else "")
                               + ("-flush-" + "-".join(f"{k[6:]}{v}" for k, v in l.items() if k.startswith("flush_"))
                                  if any(k.startswith("flush_") for k in l) else "")
                               for r, l in LAUNCH_CASES])
 def test_replay_launch_settings_match_reference(device, assert_close, read, launch):
     """Rows in several chunks (tile read after the fill), other K piece widths, each head's rows split over
     programs (VP = 16 of V = 20: two programs share a fill counter), the buffer read whole before the fill
-    (EARLY: its NaN entries past the fill weighted out) and the flush folded through 3xTF32, through flushes."""
+    (EARLY: its NaN entries past the fill weighted out), the flush folded through 3xTF32 and its checkpoint rows
+    read under a branch or a chunk ahead (SLOAD), through flushes."""
     _replay_staggered((4, 2, 4, 24, 20), 5, "fp32", read, launch, device, assert_close)
 
 
@@ -402,6 +408,7 @@ BAD_REPLAY = {
     "launch-flush-tf32-fp32": (lambda i: i.update(launch={"PHASES": 2, "flush_TF32": 2}),
                                "TF32 = 2 .* applies only to a 2-byte checkpoint"),
     "launch-ctf32": (lambda i: i.update(launch={"CTF32": 2}), r"launch\['CTF32'\] must be 0 or 1"),
+    "launch-sload": (lambda i: i.update(launch={"SLOAD": 3}), r"launch\['SLOAD'\] must be 0 or 1 or 2"),
     "launch-ctf32-no-copy": (lambda i: i.update(launch={"CTF32": 1}),
                              "CTF32 = 1 .* applies only to a bf16 or fp16 read copy; this cache has no read copy"),
     "launch-flush-ctf32-no-copy": (lambda i: i.update(launch={"PHASES": 2, "flush_CTF32": 1}),

@@ -52,13 +52,13 @@ from replayssm_kernels.gdn.common import (
 # 303 µs, and a bf16 checkpoint's step from 346 to 201). A row with PHASES=2 launches the non-flush steps, which
 # list the heads that flush, and then the flushes with the settings of its "-flush" row (by default the row's own)
 # in PPS programs per SM that loop over the list.
-_ONE_CHUNK = {"EARLY": 0, "LCOUNT": 0, "TF32": 0, "CTF32": 0, "MMA": 0, "VP": 256, "BV": 128, "BVF": 16, "VK": 32,
-              "STAGES": 2, "num_warps": 4, "num_stages": 1, "maxnreg": None, "PPS": 6}
+_ONE_CHUNK = {"EARLY": 0, "LCOUNT": 0, "TF32": 0, "CTF32": 0, "SLOAD": 0, "MMA": 0, "VP": 256, "BV": 128, "BVF": 16,
+              "VK": 32, "STAGES": 2, "num_warps": 4, "num_stages": 1, "maxnreg": None, "PPS": 6}
 # A read copy's flushes: 4-warp programs of whole heads, 3xTF32 products (the `-split` rows' correction in one TF32
 # pass, CTF32; `_correction_precision`).
 _COPY_FLUSH = dict(_ONE_CHUNK, BVF=32, TF32=1, maxnreg=168)
-_SPLIT = {"EARLY": 0, "LCOUNT": 0, "TF32": 0, "CTF32": 0, "MMA": 0, "VP": 256, "BV": 32, "BVF": 16, "VK": 64,
-          "STAGES": 3, "num_warps": 1, "num_stages": 1, "maxnreg": 128, "PHASES": 2, "PPS": 6, "HPP": 1}
+_SPLIT = {"EARLY": 0, "LCOUNT": 0, "TF32": 0, "CTF32": 0, "SLOAD": 0, "MMA": 0, "VP": 256, "BV": 32, "BVF": 16,
+          "VK": 64, "STAGES": 3, "num_warps": 1, "num_stages": 1, "maxnreg": 128, "PHASES": 2, "PPS": 6, "HPP": 1}
 # FPASS=1 takes the folds out of the verify into a launch of their own (`_verify_fold_kernel`, after a launch that
 # lists the value heads that fold): PPS programs per SM of FWARPS warps (registers capped at FMAXNREG) loop over
 # items of FVP rows, each fold one product in 3xTF32 (TF32=1) or fp32 FMAs (0; the verify's own folds always take
@@ -77,11 +77,11 @@ _VERIFY = {"BV": 32, "BVF": 16, "VK": 32, "STAGES": 2, "GPASS": 2, "GKSPLIT": 2,
            "num_warps": 2, "num_stages": 1, "maxnreg": 168,
            **dict(_FOLD, FPASS=1, FWARPS=2, PPS=4, TF32=0, FKSPLIT=1, FSTREAM=1, FPREF=1, FSPLITW=2, ARRIVE=0,
                    WFILL=1)}
-_SMALL = {"EARLY": 2, "LCOUNT": 1, "TF32": 0, "CTF32": 0, "MMA": 0, "VP": 16, "BV": 16, "BVF": 16, "VK": 32,
-          "STAGES": 1, "num_warps": 1, "num_stages": 1, "maxnreg": None, "PHASES": 1, "PPS": 6, "HPP": 1}
+_SMALL = {"EARLY": 2, "LCOUNT": 1, "TF32": 0, "CTF32": 0, "SLOAD": 0, "MMA": 0, "VP": 16, "BV": 16, "BVF": 16,
+          "VK": 32, "STAGES": 1, "num_warps": 1, "num_stages": 1, "maxnreg": None, "PHASES": 1, "PPS": 6, "HPP": 1}
 LAUNCH = {
-    "replay": {"EARLY": 0, "LCOUNT": 0, "TF32": 0, "CTF32": 0, "MMA": 0, "VP": 256, "BV": 32, "BVF": 16, "VK": 32,
-               "STAGES": 3, "num_warps": 2, "num_stages": 1, "maxnreg": 128, "PHASES": 1, "PPS": 6, "HPP": 1},
+    "replay": {"EARLY": 0, "LCOUNT": 0, "TF32": 0, "CTF32": 0, "SLOAD": 0, "MMA": 0, "VP": 256, "BV": 32, "BVF": 16,
+               "VK": 32, "STAGES": 3, "num_warps": 2, "num_stages": 1, "maxnreg": 128, "PHASES": 1, "PPS": 6, "HPP": 1},
     "replay-small": _SMALL,
     # Under split precision a flush also reads the copy and corrects the buffered updates with two more products;
     # in one launch its 4-warp programs set the non-flush step's too (255 µs at batch 256). Apart, the non-flush
@@ -246,15 +246,26 @@ def _fold(
 
 @triton.jit
 def _folded_rows(
-    ckpt, rcopy, rscale, buf_u, i_s, i_hv, o_v, m_v, o_k, m_k, o_w, b_f, b_Gl, b_Gw, b_kw, b_wc,
+    ckpt, rcopy, rscale, buf_u, i_s, i_hv, o_v, m_v, o_k, m_k, o_w, b_f, b_Gl, b_Gw, b_kw, b_wc, b_held,
     C: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     HAS_COPY: tl.constexpr, IS_FP8: tl.constexpr, PRECISION: tl.constexpr, CPRECISION: tl.constexpr,
+    SLOAD: tl.constexpr,
 ):
-    """Checkpoint rows o_v with the f buffered entries folded in (corrected under a read copy), and their offsets."""
+    """Checkpoint rows o_v with the f buffered entries folded in (corrected under a read copy), and their offsets.
+
+    The rows are read here (SLOAD=0: in a pipelined loop, through shared memory; 1: under a branch on the fill,
+    which the pipeliner leaves to a plain load), or were read a chunk ahead into b_held (2, `_replay_flush`)."""
     m_s = m_v[:, None] & m_k[None, :]
     o_s = ((i_s * HV + i_hv) * V + o_v[:, None]) * K + o_k[None, :]
     o_r = (i_s * HV + i_hv) * V + o_v
-    b_s = tl.load(ckpt + o_s, mask=m_s, other=0.0).to(tl.float32)
+    if SLOAD == 2:
+        b_s = b_held.to(tl.float32)
+    elif SLOAD == 1:
+        b_s = tl.zeros(o_s.shape, tl.float32)
+        if b_f >= 0:
+            b_s = tl.load(ckpt + o_s, mask=m_s, other=0.0).to(tl.float32)
+    else:
+        b_s = tl.load(ckpt + o_s, mask=m_s, other=0.0).to(tl.float32)
     if HAS_COPY:
         b_d = b_s - _read_copy(rcopy, rscale, o_s, o_r, m_s, m_v, IS_FP8)
         b_s = _fold(b_s * tl.exp(b_Gl), b_d, buf_u, i_s, i_hv, o_v, m_v, o_w, b_f, b_Gl, b_Gw, b_kw, b_wc,
@@ -273,10 +284,10 @@ def _replay_flush(
     C: tl.constexpr, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BK: tl.constexpr, VP: tl.constexpr, BVF: tl.constexpr,
     STAGES: tl.constexpr, HAS_COPY: tl.constexpr, IS_FP8: tl.constexpr, PRECISION: tl.constexpr,
-    CPRECISION: tl.constexpr,
+    CPRECISION: tl.constexpr, SLOAD: tl.constexpr,
 ):
     """The step that fills the window for rows v0 .. v0 + VP: fold the buffer into the full checkpoint, take this
-    step from it, store it."""
+    step from it, store it (the checkpoint's rows read as SLOAD says, `_folded_rows`)."""
     o_k = tl.arange(0, BK)
     m_k = o_k < K
     b_wc = b_kw
@@ -284,14 +295,27 @@ def _replay_flush(
         b_wc = _correction_weights(buf_t, b_kw, b_Gw, i_s, i_hv, o_w, b_f, C, HV, PRECISION)
     # BVF rows at a time (a pipelined loop), so that this rare branch does not raise the register count of the common
     # one.
+    o_h = (i_s * HV + i_hv) * V
+    # With SLOAD=2 each chunk's checkpoint rows are read during the chunk before (the first before the loop).
+    b_next = tl.zeros((BVF, BK), ckpt.dtype.element_ty)
+    if SLOAD == 2:
+        o_n = v0 + tl.arange(0, BVF)
+        m_n = (o_n < V) & (tl.arange(0, BVF) < VP)
+        b_next = tl.load(ckpt + (o_h + o_n[:, None]) * K + o_k[None, :], mask=m_n[:, None] & m_k[None, :], other=0.0)
     for i_v in tl.range(0, VP, BVF, num_stages=STAGES):
         o_v = v0 + i_v + tl.arange(0, BVF)
         # A chunk is at least 16 rows (the fold is one product); with VP < 16 it is masked to this program's rows.
         m_v = (o_v < V) & (i_v + tl.arange(0, BVF) < VP)
+        b_held = b_next
+        if SLOAD == 2:
+            o_n = o_v + BVF
+            m_n = (o_n < V) & (i_v + BVF + tl.arange(0, BVF) < VP)
+            b_next = tl.load(ckpt + (o_h + o_n[:, None]) * K + o_k[None, :], mask=m_n[:, None] & m_k[None, :],
+                             other=0.0)
         # [BVF, BK] the checkpoint, brought to the state after the buffered entries
         b_s, o_s, o_r, m_s = _folded_rows(
-            ckpt, rcopy, rscale, buf_u, i_s, i_hv, o_v, m_v, o_k, m_k, o_w, b_f, b_Gl, b_Gw, b_kw, b_wc,
-            C, HV, K, V, HAS_COPY, IS_FP8, PRECISION, CPRECISION,
+            ckpt, rcopy, rscale, buf_u, i_s, i_hv, o_v, m_v, o_k, m_k, o_w, b_f, b_Gl, b_Gw, b_kw, b_wc, b_held,
+            C, HV, K, V, HAS_COPY, IS_FP8, PRECISION, CPRECISION, SLOAD,
         )
         b_v = tl.load(v + i_b * s_vb + i_hv * s_vh + o_v * s_vv, mask=m_v, other=0.0).to(tl.float32)
         b_s *= tl.exp(b_g)
@@ -396,7 +420,7 @@ def _replay_kernel(
     BK: tl.constexpr, VP: tl.constexpr, BV: tl.constexpr, BVF: tl.constexpr, BW: tl.constexpr,
     VK: tl.constexpr, STAGES: tl.constexpr, USE_QK_L2NORM: tl.constexpr, HAS_COPY: tl.constexpr,
     IS_FP8: tl.constexpr, EARLY: tl.constexpr, PRECISION: tl.constexpr, PHASE: tl.constexpr, MMA: tl.constexpr,
-    LCOUNT: tl.constexpr, LANES: tl.constexpr, CPRECISION: tl.constexpr,
+    LCOUNT: tl.constexpr, LANES: tl.constexpr, CPRECISION: tl.constexpr, SLOAD: tl.constexpr,
 ):
     # PHASE 0 takes every row's step; 1 only the non-flush steps, and lists the (row, head, fill) of each head that
     # flushes in `work` for `_flush_kernel` (`replay` launches the two where a cache's row asks for two launches).
@@ -492,7 +516,7 @@ def _replay_kernel(
                 ckpt, rcopy, rscale, buf_u, buf_t, v, o,
                 i_b, i_s, i_h, i_hv, v0, b_f, b_k, b_q, b_g, b_beta, b_Gl, b_Gw, b_kw, o_w,
                 s_vb, s_vh, s_vv, s_ob, s_oh, s_ov,
-                C, H, HV, K, V, BK, VP, BVF, STAGES, HAS_COPY, IS_FP8, PRECISION, CPRECISION,
+                C, H, HV, K, V, BK, VP, BVF, STAGES, HAS_COPY, IS_FP8, PRECISION, CPRECISION, SLOAD,
             )
     else:
         if not EARLY:
@@ -668,7 +692,7 @@ def _flush_kernel(
     C: tl.constexpr, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BK: tl.constexpr, VP: tl.constexpr, BVF: tl.constexpr, BW: tl.constexpr, STAGES: tl.constexpr,
     USE_QK_L2NORM: tl.constexpr, HAS_COPY: tl.constexpr, IS_FP8: tl.constexpr, PRECISION: tl.constexpr,
-    CPRECISION: tl.constexpr,
+    CPRECISION: tl.constexpr, SLOAD: tl.constexpr,
 ):
     """The flushes the non-flush launch listed in `work` (a count, a done counter, then (row, head, fill) per
     flushing head), VP rows of a head per item: each program loops over the items, so the launch's programs are a
@@ -698,7 +722,7 @@ def _flush_kernel(
             ckpt, rcopy, rscale, buf_u, buf_t, v, o,
             i_b, i_s, i_h, i_hv, (i_j % NPB) * VP, b_f, b_k * b_rk, b_q * b_rq, b_g, b_beta, b_Gl, b_Gw, b_kw, o_w,
             s_vb, s_vh, s_vv, s_ob, s_oh, s_ov,
-            C, H, HV, K, V, BK, VP, BVF, STAGES, HAS_COPY, IS_FP8, PRECISION, CPRECISION,
+            C, H, HV, K, V, BK, VP, BVF, STAGES, HAS_COPY, IS_FP8, PRECISION, CPRECISION, SLOAD,
         )
         i_j += n_programs
     list_done(work, tl.num_programs(0))
@@ -751,8 +775,8 @@ def _fold_entries(
             o_v = v0 + i_v + tl.arange(0, BVF)
             m_v = (o_v < V) & (i_v + tl.arange(0, BVF) < VP)
             b_s, o_s, o_r, m_s = _folded_rows(
-                ckpt, rcopy, rscale, buf_u, i_s, i_hv, o_v, m_v, o_k, m_k, o_w, b_f, b_Gl, b_Gw, b_kw, b_wc,
-                C, HV, K, V, HAS_COPY, IS_FP8, PRECISION, PRECISION,
+                ckpt, rcopy, rscale, buf_u, i_s, i_hv, o_v, m_v, o_k, m_k, o_w, b_f, b_Gl, b_Gw, b_kw, b_wc, b_wc,
+                C, HV, K, V, HAS_COPY, IS_FP8, PRECISION, PRECISION, 0,
             )
             if FXW == 4:
                 # their weighted updates [BVF, 4] as four [BVF] vectors, one rank-1 update each
@@ -1389,6 +1413,7 @@ def _launch_flushes(cache, q, k, v, g, beta, out, slots, scale, l2norm, settings
         USE_QK_L2NORM=l2norm,
         PRECISION=flush_precision(cache.checkpoint, settings["TF32"]),
         CPRECISION=_correction_precision(cache, settings),
+        SLOAD=settings["SLOAD"],
         **compile_options(settings),
     )
 
@@ -1448,6 +1473,7 @@ def _launch_replay(cache, q, k, v, g, beta, out, slots, scale, l2norm, settings,
         LANES=cache.arrive.shape[-1],
         PRECISION=flush_precision(cache.checkpoint, settings["TF32"]),
         CPRECISION=_correction_precision(cache, settings),
+        SLOAD=settings["SLOAD"],
         PHASE=phase,
         MMA=bool(settings["MMA"]) and min(settings["BV"], VP) >= 16 and _mma_tile(cache),
         **compile_options(settings),
