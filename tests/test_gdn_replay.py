@@ -409,6 +409,8 @@ BAD_REPLAY = {
                                "TF32 = 2 .* applies only to a 2-byte checkpoint"),
     "launch-ctf32": (lambda i: i.update(launch={"CTF32": 2}), r"launch\['CTF32'\] must be 0 or 1"),
     "launch-sload": (lambda i: i.update(launch={"SLOAD": 3}), r"launch\['SLOAD'\] must be 0 or 1 or 2"),
+    "launch-fcap": (lambda i: i.update(launch={"FCAP": 255}),
+                    "FCAP = 255 .* applies to a flush launch: give it as flush_FCAP, with PHASES=2"),
     "launch-ctf32-no-copy": (lambda i: i.update(launch={"CTF32": 1}),
                              "CTF32 = 1 .* applies only to a bf16 or fp16 read copy; this cache has no read copy"),
     "launch-flush-ctf32-no-copy": (lambda i: i.update(launch={"PHASES": 2, "flush_CTF32": 1}),

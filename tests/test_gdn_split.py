@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib
+
 import pytest
 import torch
 
@@ -129,6 +131,44 @@ def test_fp8_copy_refuses_one_pass_correction(device):
         gdn.replay(cache, **inp, launch={"PHASES": 2, "flush_CTF32": 1})
     for name, t in cache.tensors().items():
         assert torch.equal(t.view(torch.uint8) if t.dtype.itemsize == 1 else t, before[name]), name
+
+
+def test_split_flush_register_cap_by_rounds():
+    """A copy's flush launch runs at FCAP's 255 registers (2 four-warp programs per SM, each faster) where a staggered
+    step's flushes take no more rounds of resident programs than at 168 (3 per SM), as measured on an H200 (132 SMs,
+    Qwen3.5-122B's 64 value heads of 128 rows, W = 16; NOTES run 68): 255 at batch 16 to 64 and at 128, 168 at 96
+    (384 heads: one round at 168, two at 255), 256 and 512; never on the CPU, nor without FCAP."""
+    flush_cap = importlib.import_module("replayssm_kernels.mamba2.args").flush_cap
+    replay = importlib.import_module("replayssm_kernels.gdn.replay")
+    rows = (("replay-split", (48, 64, 96, 128, 256, 512), 1), ("replay-split-medium", (16, 32), 2),
+            ("replay-fp8", (64, 96), 1))
+    for row, batches, per_head in rows:
+        flush = replay._replay_settings(row, None)[1]
+        assert min(flush["VP"], 128) == 128 // per_head
+        caps = [flush_cap(flush["maxnreg"], flush["FCAP"], -(-batch // 16) * 64 * per_head, flush["num_warps"],
+                          flush["PPS"], 132) for batch in batches]
+        assert caps == {"replay-split": [255, 255, 168, 255, 168, 168], "replay-split-medium": [255, 255],
+                        "replay-fp8": [255, 168]}[row], row
+    assert flush_cap(168, 255, 256, 4, 6, 0) == 168 and flush_cap(168, None, 256, 4, 6, 132) == 168
+
+
+def test_split_flush_launch_counts_a_staggered_step(monkeypatch, device):
+    """The flush launch asks `flush_cap` about the items of batch / W rows' heads (a staggered step), not of every
+    row: at batch 10, W = 4, 2 value heads of 20 rows in 32-row items, 3 rows' 6 items."""
+    replay = importlib.import_module("replayssm_kernels.gdn.replay")
+    asked = []
+
+    def record(maxnreg, fcap, items, num_warps, pps, sms):
+        asked.append((maxnreg, fcap, items))
+        return maxnreg
+
+    monkeypatch.setattr(replay, "flush_cap", record)
+    cache = gdn.ReplayCache.create(10, 1, 2, 12, 20, 4, state_dtype="fp32", read_dtype="bf16", io_dtype="fp32",
+                                   device=device)
+    cache.load(torch.randn(10, 2, 20, 12, device=device))
+    gdn.replay(cache, **gdn.random_inputs(10, 1, 2, 12, 20, io_dtype=torch.float32, device=device),
+               launch={"PHASES": 2})
+    assert asked == [(168, 255, 6)]
 
 
 def test_split_drift_script(device):

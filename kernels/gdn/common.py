@@ -14,12 +14,14 @@ from replayssm_kernels.mamba2.args import (  # noqa: F401
     check_flush_keys,
     check_heads_warps,
     compile_options,
+    flush_cap,
     flush_grid,
     flush_list,
     flush_precision,
     medium_grid,
     pop_flush_keys,
     small_grid,
+    sm_count,
 )
 from replayssm_kernels.mamba2.common import (  # noqa: F401
     advance_heads,
@@ -128,7 +130,7 @@ def launch_settings(table: dict, name: str, launch: dict | None) -> dict:
     for key, value in (launch or {}).items():
         if key not in settings:
             raise ValueError(f"launch has unknown key {key!r} for {name}; expected some of {', '.join(settings)}")
-        if key in ("maxnreg", "FMAXNREG") and value is None:
+        if key in ("maxnreg", "FMAXNREG", "FCAP") and value is None:
             settings[key] = None
             continue
         if key in CHOICE_KEYS:

@@ -23,6 +23,7 @@ from replayssm_kernels.gdn.common import (
     default_scale,
     dot_fp32,
     flat_program_ids,
+    flush_cap,
     flush_grid,
     flush_precision,
     list_done,
@@ -37,6 +38,7 @@ from replayssm_kernels.gdn.common import (
     pop_flush_keys,
     quantize_e4m3,
     rounded,
+    sm_count,
     small_grid,
 )
 
@@ -53,12 +55,14 @@ from replayssm_kernels.gdn.common import (
 # list the heads that flush, and then the flushes with the settings of its "-flush" row (by default the row's own)
 # in PPS programs per SM that loop over the list.
 _ONE_CHUNK = {"EARLY": 0, "LCOUNT": 0, "TF32": 0, "CTF32": 0, "SLOAD": 0, "MMA": 0, "VP": 256, "BV": 128, "BVF": 16,
-              "VK": 32, "STAGES": 2, "num_warps": 4, "num_stages": 1, "maxnreg": None, "PPS": 6}
+              "VK": 32, "STAGES": 2, "num_warps": 4, "num_stages": 1, "maxnreg": None, "PPS": 6, "FCAP": None}
 # A read copy's flushes: 4-warp programs of whole heads, 3xTF32 products (the `-split` rows' correction in one TF32
-# pass, CTF32; `_correction_precision`).
-_COPY_FLUSH = dict(_ONE_CHUNK, BVF=32, TF32=1, maxnreg=168)
+# pass, CTF32; `_correction_precision`), 168 registers (3 programs per SM), or 255 (FCAP: 2 per SM, each faster) where
+# a staggered step's flushes take no more rounds of resident programs at 255 (`flush_cap`).
+_COPY_FLUSH = dict(_ONE_CHUNK, BVF=32, TF32=1, maxnreg=168, FCAP=255)
 _SPLIT = {"EARLY": 0, "LCOUNT": 0, "TF32": 0, "CTF32": 0, "SLOAD": 0, "MMA": 0, "VP": 256, "BV": 32, "BVF": 16,
-          "VK": 64, "STAGES": 3, "num_warps": 1, "num_stages": 1, "maxnreg": 128, "PHASES": 2, "PPS": 6, "HPP": 1}
+          "VK": 64, "STAGES": 3, "num_warps": 1, "num_stages": 1, "maxnreg": 128, "PHASES": 2, "PPS": 6,
+          "FCAP": None, "HPP": 1}
 # FPASS=1 takes the folds out of the verify into a launch of their own (`_verify_fold_kernel`, after a launch that
 # lists the value heads that fold): PPS programs per SM of FWARPS warps (registers capped at FMAXNREG) loop over
 # items of FVP rows, each fold one product in 3xTF32 (TF32=1) or fp32 FMAs (0; the verify's own folds always take
@@ -78,10 +82,12 @@ _VERIFY = {"BV": 32, "BVF": 16, "VK": 32, "STAGES": 2, "GPASS": 2, "GKSPLIT": 2,
            **dict(_FOLD, FPASS=1, FWARPS=2, PPS=4, TF32=0, FKSPLIT=1, FSTREAM=1, FPREF=1, FSPLITW=2, ARRIVE=0,
                    WFILL=1)}
 _SMALL = {"EARLY": 2, "LCOUNT": 1, "TF32": 0, "CTF32": 0, "SLOAD": 0, "MMA": 0, "VP": 16, "BV": 16, "BVF": 16,
-          "VK": 32, "STAGES": 1, "num_warps": 1, "num_stages": 1, "maxnreg": None, "PHASES": 1, "PPS": 6, "HPP": 1}
+          "VK": 32, "STAGES": 1, "num_warps": 1, "num_stages": 1, "maxnreg": None, "PHASES": 1, "PPS": 6,
+          "FCAP": None, "HPP": 1}
 LAUNCH = {
     "replay": {"EARLY": 0, "LCOUNT": 0, "TF32": 0, "CTF32": 0, "SLOAD": 0, "MMA": 0, "VP": 256, "BV": 32, "BVF": 16,
-               "VK": 32, "STAGES": 3, "num_warps": 2, "num_stages": 1, "maxnreg": 128, "PHASES": 1, "PPS": 6, "HPP": 1},
+               "VK": 32, "STAGES": 3, "num_warps": 2, "num_stages": 1, "maxnreg": 128, "PHASES": 1,
+               "PPS": 6, "FCAP": None, "HPP": 1},
     "replay-small": _SMALL,
     # Under split precision a flush also reads the copy and corrects the buffered updates with two more products;
     # in one launch its 4-warp programs set the non-flush step's too (255 µs at batch 256). Apart, the non-flush
@@ -99,7 +105,14 @@ LAUNCH = {
     # 272.6 -> 253.8 µs per layer-step, 64 87.6 -> 80.6, 16 34.2 -> 31.5, 1 5.43 -> 5.13; the checkpoint's error
     # over 2000 steps about 1.1e-6 of the state against 0.4e-6, an fp32-only cache's 0.3e-6; NOTES run 67). The
     # flushes are bound by their products, not their bytes: read from the checkpoint and the buffered v instead of
-    # the copy (10.5 B per element against 12.5) they ran no faster (run 67).
+    # the copy (10.5 B per element against 12.5) they ran no faster (run 67). A flush program at 255 registers takes
+    # an item sooner than at 168 but fits 2 per SM rather than 3, so the cap goes by the rounds of resident programs a
+    # staggered step's flushes take (FCAP, `flush_cap`): under `replayssm profile` a bf16 copy at 64 80.5 -> 76.8 µs
+    # per layer-step (1.65x -> 1.73x), 128 145.8 -> 140.5 (1.80x -> 1.87x), an fp8 copy's 90.5 -> 82.8 and 169.1 ->
+    # 155.0; at 96 (384 items: one round at 168, two at 255) 168 keeps 103.7 against 116.8, and at 256 254 against 263
+    # (NOTES run 68). Reading each chunk's checkpoint rows outside the pipelined loop's shared memory (SLOAD=1 or 2)
+    # takes the flush's 4-way bank conflicts away (6.1e7 of its 1.6e8 shared wavefronts -> 0.8e7) but needs 227-252
+    # registers: at the same 255 a flush at 256 1359 -> 1339 µs, against 1166 at 168 (run 68).
     "replay-split": _SPLIT,
     "replay-split-flush": dict(_COPY_FLUSH, CTF32=1),
     "replay-split-medium": dict(_SPLIT),
@@ -1397,9 +1410,14 @@ def _step_strides(q, k, v, g, beta, out) -> dict:
 
 
 def _launch_flushes(cache, q, k, v, g, beta, out, slots, scale, l2norm, settings):
-    """The flushes a PHASE 1 launch listed: PPS programs per SM (PPS in all on the CPU), at most one per item."""
+    """The flushes a PHASE 1 launch listed: PPS programs per SM (PPS in all on the CPU), at most one per item, their
+    register cap FCAP where a step with the rows' fills staggered (batch / W rows flushing) takes no more rounds of
+    resident programs at it than at maxnreg (`flush_cap`)."""
     VP = min(settings["VP"], next_pow2(cache.V))
     items = q.shape[0] * cache.HV * triton.cdiv(cache.V, VP)
+    staggered = triton.cdiv(q.shape[0], cache.window) * cache.HV * triton.cdiv(cache.V, VP)
+    maxnreg = flush_cap(settings["maxnreg"], settings["FCAP"], staggered, settings["num_warps"], settings["PPS"],
+                        sm_count(cache.device))
     constants = _cache_constants(cache)
     _flush_kernel[flush_grid(items, settings["PPS"], cache.device)](
         **{key: value for key, value in _cache_args(cache).items() if key not in ("buf_b", "fill")}, work=cache.work,
@@ -1414,7 +1432,7 @@ def _launch_flushes(cache, q, k, v, g, beta, out, slots, scale, l2norm, settings
         PRECISION=flush_precision(cache.checkpoint, settings["TF32"]),
         CPRECISION=_correction_precision(cache, settings),
         SLOAD=settings["SLOAD"],
-        **compile_options(settings),
+        **compile_options(dict(settings, maxnreg=maxnreg)),
     )
 
 
@@ -1681,6 +1699,9 @@ def replay(
     for row in (settings, flush or settings):
         # before either launch, so that a refused setting leaves the cache as it was
         _correction_precision(cache, row)
+    if settings["FCAP"] is not None:
+        raise ValueError(f"launch FCAP = {settings['FCAP']} (a register cap by rounds) applies to a flush launch: "
+                         "give it as flush_FCAP, with PHASES=2")
     if batch:
         args = (cache, q, k, v, g, beta, out, slots, scale, bool(use_qk_l2norm_in_kernel))
         hpp = _heads_per_program(cache, settings, flush)

@@ -202,6 +202,23 @@ def flush_grid(items: int, pps: int, device: torch.device) -> tuple[int]:
     return (min(items, pps * max(1, sm_count(device))),)
 
 
+# 64K 32-bit registers per SM (every NVIDIA GPU since Volta), allocated to a warp 8 per thread at a time.
+REGISTERS_PER_SM = 65536
+
+
+def flush_cap(maxnreg: int | None, fcap: int | None, items: int, num_warps: int, pps: int, sms: int) -> int | None:
+    """A flush launch's register cap: `fcap` (fewer programs per SM, each faster) where a step's `items` take no more
+    rounds of the launch's resident programs at it than at `maxnreg`, else `maxnreg` (and on the CPU, `sms` 0)."""
+    if fcap is None or maxnreg is None or not sms:
+        return maxnreg
+
+    def rounds(cap: int) -> int:
+        per_sm = min(pps, REGISTERS_PER_SM // (-(-cap // 8) * 8 * 32 * num_warps))
+        return -(-items // (max(1, per_sm) * sms))
+
+    return fcap if rounds(fcap) <= rounds(maxnreg) else maxnreg
+
+
 def check_heads_warps(hpp: int, num_warps: int) -> None:
     """Heads-per-program launches (HPP > 1) run in programs of 1 or 2 warps: in 4-warp programs both ops' heads
     kernels hit illegal addresses on an H200 at large batches (a flush-list write far out of bounds under
