@@ -154,7 +154,8 @@ def test_split_flush_register_cap_by_rounds():
 
 def test_split_flush_launch_counts_a_staggered_step(monkeypatch, device):
     """The flush launch asks `flush_cap` about the items of batch / W rows' heads (a staggered step), not of every
-    row: at batch 10, W = 4, 2 value heads of 20 rows in 32-row items, 3 rows' 6 items."""
+    row: at batch 10, W = 4, 2 value heads of 20 rows in 32-row items, 3 rows' 6 items (the flush row's settings
+    given, so that a GPU's small-grid row and the CPU's large one ask the same)."""
     replay = importlib.import_module("replayssm_kernels.gdn.replay")
     asked = []
 
@@ -167,7 +168,7 @@ def test_split_flush_launch_counts_a_staggered_step(monkeypatch, device):
                                    device=device)
     cache.load(torch.randn(10, 2, 20, 12, device=device))
     gdn.replay(cache, **gdn.random_inputs(10, 1, 2, 12, 20, io_dtype=torch.float32, device=device),
-               launch={"PHASES": 2})
+               launch={"PHASES": 2, "flush_VP": 32, "flush_maxnreg": 168, "flush_FCAP": 255})
     assert asked == [(168, 255, 6)]
 
 
