@@ -3,7 +3,7 @@
 # writes its table (.txt) and results (.json) under DIR (default runs/tune), and DIR.tar.gz holds them all for
 # machines that return one file; a sweep past its time limit leaves the ones before it.
 # Usage: benchmarks/tune_h200.sh [DIR] [SECTION ...]
-# Sections: tests, gdn-split-flush-rounds, gdn-sload, stalls-flushes, gdn-split-flush-regs, gdn-split-ctf32, gdn-split-vform, gdn-split-large, gdn-split-medium-2, gdn-split-medium, gdn-split-small, gdn-freuse, gdn-lcount, early-2, stalls-gdn-1, gdn-verify-next, gdn-verify-wfill, gdn-verify-fold-tf32, gdn-verify-arrive, gdn-verify-fsplitw-3, gdn-verify-rows-63-2, gdn-verify-63, gdn-verify-rows-63, gdn-verify-fsplitw-2, gdn-verify-fsplitw, gdn-verify-fpref, gdn-verify-medium, gdn-verify-vsplit, gdn-verify-fstream-3, gdn-verify-fpass2-2, gdn-verify-fpass2, gdn-verify-fstream-2, gdn-verify-fstream, gdn-verify-fpass-4, gdn-verify-fpass-3, gdn-verify-fpass-2, gdn-verify-fpass, gdn-bf16-buffers, gdn-verify-gpass2-2, gdn-verify-gpass2, gdn-verify-tc, gdn-verify-tc-2, gdn-verify-tc-3, gdn-verify-tc-4, gdn-verify-phases, stalls-fold, gdn-verify-gpass, verify-bf16-bc, fla-slots, kernel-tests, mamba2-verify-fstages, mamba2-verify-bpf, mamba2-verify-launches, mamba2-verify-fold, mamba2-verify-bc-3, mamba2-verify-bc-2, mamba2-verify-bc, mamba2-verify-stream, mamba2-verify-stream-2, tail-lead, tail-3, tail-medium, tail-2, tail, gdn-bf16-tf32, prefetch-profile, prefetch, prefetch-2, loops, gdn-decode-chunks, gdn-decode-order, gdn-decode-order-2, mamba2-mma, stalls-bf16, mamba2-bf16-heads, mamba2-bf16-tf32, heads-sanitizer, mamba2-heads-flush-2, gdn-heads-fault, gdn-heads, mamba2-heads-flush, mamba2-heads, mamba2-heads-2, mamba2-heads-3, mamba2-heads-4, verify-tests, gdn-verify-mma, gdn-verify-3, gdn-verify-rows, gdn-verify-warps, gdn-verify-warps-2, mamba2-verify-warps, gdn-split-3, gdn-split-4, two-phase-2, mamba2-split-phases, mamba2-two-phase, gdn-split-flush-vp, gdn-mma, split-launch-cost, split-launch-cost-2, gdn-flush-list, mamba2-flush-list, gdn-split-nonflush, gdn-split-flush-2, one-warp, fp8-one-warp, fp8-one-warp-2, copy-pieces, regs-2byte, stalls, stalls-2, next, small-grid, small-grid-2, small-grid-3, medium-grid, direct, order, vk, gdn-decode, gdn-replay, gdn-early, gdn-replay-256, gdn-fp32-2, gdn-split, gdn-split-2,
+# Sections: tests, gdn-pdl, gdn-split-flush-rounds, gdn-sload, stalls-flushes, gdn-split-flush-regs, gdn-split-ctf32, gdn-split-vform, gdn-split-large, gdn-split-medium-2, gdn-split-medium, gdn-split-small, gdn-freuse, gdn-lcount, early-2, stalls-gdn-1, gdn-verify-next, gdn-verify-wfill, gdn-verify-fold-tf32, gdn-verify-arrive, gdn-verify-fsplitw-3, gdn-verify-rows-63-2, gdn-verify-63, gdn-verify-rows-63, gdn-verify-fsplitw-2, gdn-verify-fsplitw, gdn-verify-fpref, gdn-verify-medium, gdn-verify-vsplit, gdn-verify-fstream-3, gdn-verify-fpass2-2, gdn-verify-fpass2, gdn-verify-fstream-2, gdn-verify-fstream, gdn-verify-fpass-4, gdn-verify-fpass-3, gdn-verify-fpass-2, gdn-verify-fpass, gdn-bf16-buffers, gdn-verify-gpass2-2, gdn-verify-gpass2, gdn-verify-tc, gdn-verify-tc-2, gdn-verify-tc-3, gdn-verify-tc-4, gdn-verify-phases, stalls-fold, gdn-verify-gpass, verify-bf16-bc, fla-slots, kernel-tests, mamba2-verify-fstages, mamba2-verify-bpf, mamba2-verify-launches, mamba2-verify-fold, mamba2-verify-bc-3, mamba2-verify-bc-2, mamba2-verify-bc, mamba2-verify-stream, mamba2-verify-stream-2, tail-lead, tail-3, tail-medium, tail-2, tail, gdn-bf16-tf32, prefetch-profile, prefetch, prefetch-2, loops, gdn-decode-chunks, gdn-decode-order, gdn-decode-order-2, mamba2-mma, stalls-bf16, mamba2-bf16-heads, mamba2-bf16-tf32, heads-sanitizer, mamba2-heads-flush-2, gdn-heads-fault, gdn-heads, mamba2-heads-flush, mamba2-heads, mamba2-heads-2, mamba2-heads-3, mamba2-heads-4, verify-tests, gdn-verify-mma, gdn-verify-3, gdn-verify-rows, gdn-verify-warps, gdn-verify-warps-2, mamba2-verify-warps, gdn-split-3, gdn-split-4, two-phase-2, mamba2-split-phases, mamba2-two-phase, gdn-split-flush-vp, gdn-mma, split-launch-cost, split-launch-cost-2, gdn-flush-list, mamba2-flush-list, gdn-split-nonflush, gdn-split-flush-2, one-warp, fp8-one-warp, fp8-one-warp-2, copy-pieces, regs-2byte, stalls, stalls-2, next, small-grid, small-grid-2, small-grid-3, medium-grid, direct, order, vk, gdn-decode, gdn-replay, gdn-early, gdn-replay-256, gdn-fp32-2, gdn-split, gdn-split-2,
 # gdn-bf16, gdn-bf16-2, gdn-verify, fla, mamba2-split, mamba2-split2, mamba2-vn, mamba2-bf16, mamba2-bf16-2,
 # mamba2-verify (default: tests gdn-decode gdn-replay gdn-verify mamba2-split mamba2-bf16 mamba2-verify).
 set -uo pipefail
@@ -78,6 +78,22 @@ for section in $SECTIONS; do
     case $section in
     tests)
         gpu_tests tests 300 tests
+        ;;
+    gdn-pdl)
+        # PDL=1: a two-launch step's flushes' launch as a programmatic dependent launch, its programs begun while the
+        # non-flush launch's last programs run (each of those signals at its start) and waiting for that launch's end
+        # before they read the list. At 64 a staggered step's flushes (256 heads, one round) take about 20 µs of the
+        # 77 µs window, so the launch's gap between the two is a few per cent there, less at 256 (254 µs). The sweep of
+        # both copies at 16, 64 and 256 (with 64-row flush items at 64 beside), then the reference loop at 16, 64 and
+        # 256 (bf16 copy), PDL 0 against 1, alternating.
+        sweep gdn-pdl 200 sweep_gdn.py --kernel decode --launch decode: --kernel split-bf16 --launch split-bf16: \
+            --launch split-bf16:PDL=1 --launch split-bf16:PDL=1,flush_VP=64 --kernel split-fp8 --launch split-fp8: \
+            --launch split-fp8:PDL=1 --batch 16 --batch 64 --batch 256
+        for v in 0 1; do
+            rows "gdn-pdl-$v" gdn-pdl 100 --set "gdn.replay:LAUNCH:replay-split:PDL=$v" \
+                --set "gdn.replay:LAUNCH:replay-split-medium:PDL=$v" -- -p qwen3.5-122b-a10b --batch 16,64,256 \
+                --state-dtype fp32 --read-dtype bf16 --repeats 9 --no-phases
+        done
         ;;
     gdn-split-flush-rounds)
         # Run gdn-sload: with 255 registers (2 programs per SM, not 168's 3) the split copy's window at 64 took 81.1 ->

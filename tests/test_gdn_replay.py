@@ -134,6 +134,8 @@ LAUNCH_CASES = [
     ("bf16", {"PHASES": 2, "VK": 8, "flush_SLOAD": 2, "flush_BVF": 16}),
     ("fp8", {"PHASES": 1, "VK": 8, "SLOAD": 1}),
     (None, {"VK": 8, "SLOAD": 2}),
+    ("bf16", {"PHASES": 2, "VK": 8, "PDL": 1}),
+    (None, {"PHASES": 2, "VK": 8, "PDL": 1, "flush_PPS": 1}),
 ]
 
 
@@ -142,7 +144,7 @@ LAUNCH_CASES = [
                               f"-VK{l['VK']}" + {0: "", 1: "-early", 2: "-early2"}[l.get("EARLY", 0)]
                               + ("-lcount" if l.get("LCOUNT") else "")
                               + ("-tf32" if l.get("TF32") else "") + (f"-phases{l['PHASES']}" if "PHASES" in l else "")
-                              + (f"-sload{l['SLOAD']}" if "SLOAD" in l else "")
+                              + (f"-sload{l['SLOAD']}" if "SLOAD" in l else "") + ("-pdl" if l.get("PDL") else "")
                               + ("-flush-" + "-".join(f"{k[6:]}{v}" for k, v in l.items() if k.startswith("flush_"))
                                  if any(k.startswith("flush_") for k in l) else "")
                               for r, l in LAUNCH_CASES])
@@ -150,7 +152,8 @@ def test_replay_launch_settings_match_reference(device, assert_close, read, laun
     """Rows in several chunks (tile read after the fill), other K piece widths, each head's rows split over
     programs (VP = 16 of V = 20: two programs share a fill counter), the buffer read whole before the fill
     (EARLY: its NaN entries past the fill weighted out), the flush folded through 3xTF32 and its checkpoint rows
-    read under a branch or a chunk ahead (SLOAD), through flushes."""
+    read under a branch or a chunk ahead (SLOAD), the flushes' launch begun while the non-flush launch ends (PDL,
+    on a GPU), through flushes."""
     _replay_staggered((4, 2, 4, 24, 20), 5, "fp32", read, launch, device, assert_close)
 
 
@@ -409,6 +412,7 @@ BAD_REPLAY = {
                                "TF32 = 2 .* applies only to a 2-byte checkpoint"),
     "launch-ctf32": (lambda i: i.update(launch={"CTF32": 2}), r"launch\['CTF32'\] must be 0 or 1"),
     "launch-sload": (lambda i: i.update(launch={"SLOAD": 3}), r"launch\['SLOAD'\] must be 0 or 1 or 2"),
+    "launch-pdl": (lambda i: i.update(launch={"PHASES": 1, "PDL": 1}), "PDL = 1 .* applies only with PHASES=2"),
     "launch-fcap": (lambda i: i.update(launch={"FCAP": 255}),
                     "FCAP = 255 .* applies to a flush launch: give it as flush_FCAP, with PHASES=2"),
     "launch-ctf32-no-copy": (lambda i: i.update(launch={"CTF32": 1}),

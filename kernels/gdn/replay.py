@@ -7,6 +7,7 @@ import contextlib
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from replayssm_kernels.gdn.cache import ReplayCache, dequantize_read
 from replayssm_kernels.gdn.common import (
@@ -62,7 +63,7 @@ _ONE_CHUNK = {"EARLY": 0, "LCOUNT": 0, "TF32": 0, "CTF32": 0, "SLOAD": 0, "MMA":
 _COPY_FLUSH = dict(_ONE_CHUNK, BVF=32, TF32=1, maxnreg=168, FCAP=255)
 _SPLIT = {"EARLY": 0, "LCOUNT": 0, "TF32": 0, "CTF32": 0, "SLOAD": 0, "MMA": 0, "VP": 256, "BV": 32, "BVF": 16,
           "VK": 64, "STAGES": 3, "num_warps": 1, "num_stages": 1, "maxnreg": 128, "PHASES": 2, "PPS": 6,
-          "FCAP": None, "HPP": 1}
+          "FCAP": None, "HPP": 1, "PDL": 0}
 # FPASS=1 takes the folds out of the verify into a launch of their own (`_verify_fold_kernel`, after a launch that
 # lists the value heads that fold): PPS programs per SM of FWARPS warps (registers capped at FMAXNREG) loop over
 # items of FVP rows, each fold one product in 3xTF32 (TF32=1) or fp32 FMAs (0; the verify's own folds always take
@@ -83,11 +84,11 @@ _VERIFY = {"BV": 32, "BVF": 16, "VK": 32, "STAGES": 2, "GPASS": 2, "GKSPLIT": 2,
                    WFILL=1)}
 _SMALL = {"EARLY": 2, "LCOUNT": 1, "TF32": 0, "CTF32": 0, "SLOAD": 0, "MMA": 0, "VP": 16, "BV": 16, "BVF": 16,
           "VK": 32, "STAGES": 1, "num_warps": 1, "num_stages": 1, "maxnreg": None, "PHASES": 1, "PPS": 6,
-          "FCAP": None, "HPP": 1}
+          "FCAP": None, "HPP": 1, "PDL": 0}
 LAUNCH = {
     "replay": {"EARLY": 0, "LCOUNT": 0, "TF32": 0, "CTF32": 0, "SLOAD": 0, "MMA": 0, "VP": 256, "BV": 32, "BVF": 16,
                "VK": 32, "STAGES": 3, "num_warps": 2, "num_stages": 1, "maxnreg": 128, "PHASES": 1,
-               "PPS": 6, "FCAP": None, "HPP": 1},
+               "PPS": 6, "FCAP": None, "HPP": 1, "PDL": 0},
     "replay-small": _SMALL,
     # Under split precision a flush also reads the copy and corrects the buffered updates with two more products;
     # in one launch its 4-warp programs set the non-flush step's too (255 µs at batch 256). Apart, the non-flush
@@ -433,11 +434,13 @@ def _replay_kernel(
     BK: tl.constexpr, VP: tl.constexpr, BV: tl.constexpr, BVF: tl.constexpr, BW: tl.constexpr,
     VK: tl.constexpr, STAGES: tl.constexpr, USE_QK_L2NORM: tl.constexpr, HAS_COPY: tl.constexpr,
     IS_FP8: tl.constexpr, EARLY: tl.constexpr, PRECISION: tl.constexpr, PHASE: tl.constexpr, MMA: tl.constexpr,
-    LCOUNT: tl.constexpr, LANES: tl.constexpr, CPRECISION: tl.constexpr, SLOAD: tl.constexpr,
+    LCOUNT: tl.constexpr, LANES: tl.constexpr, CPRECISION: tl.constexpr, SLOAD: tl.constexpr, PDL: tl.constexpr,
 ):
     # PHASE 0 takes every row's step; 1 only the non-flush steps, and lists the (row, head, fill) of each head that
     # flushes in `work` for `_flush_kernel` (`replay` launches the two where a cache's row asks for two launches).
-    # Both advance every fill.
+    # Both advance every fill. With PDL the flushes' launch may begin once every program here has begun.
+    if PDL:
+        gdc_launch_dependents()
     # Each program takes VP rows of its (row, value head): NPB programs share the head's buffer and fill counter.
     NPB: tl.constexpr = (V + VP - 1) // VP
     i_b, i_hv, i_p = flat_program_ids(HV, NPB)
@@ -621,12 +624,14 @@ def _heads_kernel(
     W: tl.constexpr, C: tl.constexpr,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BK: tl.constexpr, BVH: tl.constexpr, BV: tl.constexpr, BW: tl.constexpr, VK: tl.constexpr, STAGES: tl.constexpr,
-    HPP: tl.constexpr, USE_QK_L2NORM: tl.constexpr, HAS_COPY: tl.constexpr, IS_FP8: tl.constexpr,
+    HPP: tl.constexpr, USE_QK_L2NORM: tl.constexpr, HAS_COPY: tl.constexpr, IS_FP8: tl.constexpr, PDL: tl.constexpr,
 ):
     """A two-launch step's non-flush launch with HPP value heads of one k-head per program (whole heads, BVH ≥ V
     rows each): the buffered keys' sums against this step's k and q are taken once for all of them, and one
     pipelined loop streams their tiles BV rows at a time, head after head. Heads that flush are listed in `work`
-    for `_flush_kernel`."""
+    for `_flush_kernel` (which, with PDL, may begin once every program here has begun)."""
+    if PDL:
+        gdc_launch_dependents()
     i_b, i_hp, _ = flat_program_ids(HV // HPP, 1)
     hv0 = i_hp * HPP
     i_h = hv0 // (HV // H)
@@ -705,11 +710,15 @@ def _flush_kernel(
     C: tl.constexpr, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BK: tl.constexpr, VP: tl.constexpr, BVF: tl.constexpr, BW: tl.constexpr, STAGES: tl.constexpr,
     USE_QK_L2NORM: tl.constexpr, HAS_COPY: tl.constexpr, IS_FP8: tl.constexpr, PRECISION: tl.constexpr,
-    CPRECISION: tl.constexpr, SLOAD: tl.constexpr,
+    CPRECISION: tl.constexpr, SLOAD: tl.constexpr, PDL: tl.constexpr,
 ):
     """The flushes the non-flush launch listed in `work` (a count, a done counter, then (row, head, fill) per
     flushing head), VP rows of a head per item: each program loops over the items, so the launch's programs are a
-    few per SM however few rows flush. The last program to finish zeroes the counters for the next step."""
+    few per SM however few rows flush. The last program to finish zeroes the counters for the next step. With PDL
+    (a programmatic dependent launch) its programs may begin while the non-flush launch's last ones run, and wait
+    for that launch's end, its writes visible, before they read anything."""
+    if PDL:
+        gdc_wait()
     NPB: tl.constexpr = (V + VP - 1) // VP
     n_items = tl.load(work) * NPB
     n_programs = tl.num_programs(0)
@@ -1393,7 +1402,7 @@ def _replay_settings(name: str, launch: dict | None) -> tuple[dict, dict | None]
     check_flush_keys(flush_keys, phases)
     if phases == 1:
         return settings, None
-    own = {key: value for key, value in settings.items() if key not in ("PHASES", "HPP")}
+    own = {key: value for key, value in settings.items() if key not in ("PHASES", "HPP", "PDL")}
     flush = launch_settings({f"{name}-flush": LAUNCH.get(f"{name}-flush", own)}, f"{name}-flush", flush_keys)
     return settings, flush
 
@@ -1409,7 +1418,7 @@ def _step_strides(q, k, v, g, beta, out) -> dict:
     )
 
 
-def _launch_flushes(cache, q, k, v, g, beta, out, slots, scale, l2norm, settings):
+def _launch_flushes(cache, q, k, v, g, beta, out, slots, scale, l2norm, settings, pdl):
     """The flushes a PHASE 1 launch listed: PPS programs per SM (PPS in all on the CPU), at most one per item, their
     register cap FCAP where a step with the rows' fills staggered (batch / W rows flushing) takes no more rounds of
     resident programs at it than at maxnreg (`flush_cap`)."""
@@ -1432,7 +1441,9 @@ def _launch_flushes(cache, q, k, v, g, beta, out, slots, scale, l2norm, settings
         PRECISION=flush_precision(cache.checkpoint, settings["TF32"]),
         CPRECISION=_correction_precision(cache, settings),
         SLOAD=settings["SLOAD"],
+        PDL=pdl,
         **compile_options(dict(settings, maxnreg=maxnreg)),
+        **({"launch_pdl": True} if pdl else {}),
     )
 
 
@@ -1454,7 +1465,7 @@ def _heads_per_program(cache: ReplayCache, settings: dict, flush: dict | None) -
     return hpp
 
 
-def _launch_heads(cache, q, k, v, g, beta, out, slots, scale, l2norm, settings, hpp):
+def _launch_heads(cache, q, k, v, g, beta, out, slots, scale, l2norm, settings, hpp, pdl):
     BVH = next_pow2(cache.V)
     _heads_kernel[(q.shape[0] * (cache.HV // hpp),)](
         **{key: value for key, value in _cache_args(cache).items() if key != "ckpt"}, work=cache.work,
@@ -1468,11 +1479,12 @@ def _launch_heads(cache, q, k, v, g, beta, out, slots, scale, l2norm, settings, 
         STAGES=settings["STAGES"],
         HPP=hpp,
         USE_QK_L2NORM=l2norm,
+        PDL=pdl,
         **compile_options(settings),
     )
 
 
-def _launch_replay(cache, q, k, v, g, beta, out, slots, scale, l2norm, settings, phase):
+def _launch_replay(cache, q, k, v, g, beta, out, slots, scale, l2norm, settings, phase, pdl=False):
     VP = min(settings["VP"], next_pow2(cache.V))
     _replay_kernel[(q.shape[0] * cache.HV * triton.cdiv(cache.V, VP),)](
         **_cache_args(cache), arrive=cache.arrive, work=cache.work,
@@ -1493,6 +1505,7 @@ def _launch_replay(cache, q, k, v, g, beta, out, slots, scale, l2norm, settings,
         CPRECISION=_correction_precision(cache, settings),
         SLOAD=settings["SLOAD"],
         PHASE=phase,
+        PDL=pdl,
         MMA=bool(settings["MMA"]) and min(settings["BV"], VP) >= 16 and _mma_tile(cache),
         **compile_options(settings),
     )
@@ -1702,17 +1715,22 @@ def replay(
     if settings["FCAP"] is not None:
         raise ValueError(f"launch FCAP = {settings['FCAP']} (a register cap by rounds) applies to a flush launch: "
                          "give it as flush_FCAP, with PHASES=2")
+    if settings["PDL"] and flush is None:
+        raise ValueError("launch PDL = 1 (the flushes' launch begun while the non-flush launch ends) applies only with "
+                         "PHASES=2")
     if batch:
         args = (cache, q, k, v, g, beta, out, slots, scale, bool(use_qk_l2norm_in_kernel))
         hpp = _heads_per_program(cache, settings, flush)
+        # On the CPU the interpreter runs the launches one after the other: nothing to overlap, no GPU instruction.
+        pdl = bool(settings["PDL"]) and cache.device.type == "cuda"
         if flush is None:
             _launch_replay(*args, settings, 0)
         else:
             if hpp > 1:
-                _launch_heads(*args, settings, hpp)
+                _launch_heads(*args, settings, hpp, pdl)
             else:
-                _launch_replay(*args, settings, 1)
-            _launch_flushes(*args, flush)
+                _launch_replay(*args, settings, 1, pdl)
+            _launch_flushes(*args, flush, pdl)
     return out
 
 

@@ -173,7 +173,7 @@ CHOICE_KEYS = {"EARLY": (0, 1, 2), "TF32": (0, 1, 2), "MMA": (0, 1), "PHASES": (
                "FKSPLIT": (1, 2), "FSTREAM": (0, 1), "FPREF": (0, 1),
                "FSPLITW": (0, 1, 2), "ARRIVE": (0, 1),
                "WFILL": (0, 1), "LCOUNT": (0, 1), "CTF32": (0, 1),
-               "SLOAD": (0, 1, 2)}
+               "SLOAD": (0, 1, 2), "PDL": (0, 1)}
 FLUSH_PREFIX = "flush_"
 _PRECISION = {0: "ieee", 1: "tf32x3", 2: "tf32"}
 
