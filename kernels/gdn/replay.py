@@ -54,7 +54,7 @@ from replayssm_kernels.gdn.common import (
 # flush walks its rows BVF at a time (benchmarks/sweep_gdn.py, NOTES run 29: BVF=16 took batch 256 from 325 to
 # 303 µs, and a bf16 checkpoint's step from 346 to 201). A row with PHASES=2 launches the non-flush steps, which
 # list the heads that flush, and then the flushes with the settings of its "-flush" row (by default the row's own)
-# in PPS programs per SM that loop over the list.
+# in PPS programs per SM that loop over the list; with PDL=1 the second as a programmatic dependent launch.
 _ONE_CHUNK = {"EARLY": 0, "LCOUNT": 0, "TF32": 0, "CTF32": 0, "SLOAD": 0, "MMA": 0, "VP": 256, "BV": 128, "BVF": 16,
               "VK": 32, "STAGES": 2, "num_warps": 4, "num_stages": 1, "maxnreg": None, "PPS": 6, "FCAP": None}
 # A read copy's flushes: 4-warp programs of whole heads, 3xTF32 products (the `-split` rows' correction in one TF32
@@ -63,7 +63,7 @@ _ONE_CHUNK = {"EARLY": 0, "LCOUNT": 0, "TF32": 0, "CTF32": 0, "SLOAD": 0, "MMA":
 _COPY_FLUSH = dict(_ONE_CHUNK, BVF=32, TF32=1, maxnreg=168, FCAP=255)
 _SPLIT = {"EARLY": 0, "LCOUNT": 0, "TF32": 0, "CTF32": 0, "SLOAD": 0, "MMA": 0, "VP": 256, "BV": 32, "BVF": 16,
           "VK": 64, "STAGES": 3, "num_warps": 1, "num_stages": 1, "maxnreg": 128, "PHASES": 2, "PPS": 6,
-          "FCAP": None, "HPP": 1, "PDL": 0}
+          "FCAP": None, "HPP": 1, "PDL": 1}
 # FPASS=1 takes the folds out of the verify into a launch of their own (`_verify_fold_kernel`, after a launch that
 # lists the value heads that fold): PPS programs per SM of FWARPS warps (registers capped at FMAXNREG) loop over
 # items of FVP rows, each fold one product in 3xTF32 (TF32=1) or fp32 FMAs (0; the verify's own folds always take
@@ -113,7 +113,10 @@ LAUNCH = {
     # 155.0; at 96 (384 items: one round at 168, two at 255) 168 keeps 103.7 against 116.8, and at 256 254 against 263
     # (NOTES run 68). Reading each chunk's checkpoint rows outside the pipelined loop's shared memory (SLOAD=1 or 2)
     # takes the flush's 4-way bank conflicts away (6.1e7 of its 1.6e8 shared wavefronts -> 0.8e7) but needs 227-252
-    # registers: at the same 255 a flush at 256 1359 -> 1339 µs, against 1166 at 168 (run 68).
+    # registers: at the same 255 a flush at 256 1359 -> 1339 µs, against 1166 at 168 (run 68). The flushes' launch
+    # begins while the non-flush launch's last programs run (PDL=1, a programmatic dependent launch): under `replayssm
+    # profile` a bf16 copy at 16 30.9 -> 28.6 µs per layer-step (1.15x -> 1.24x), 64 76.8 -> 76.0, 256 level; the
+    # sweep's fp8 copy at 16 36.5 -> 33.6, level at 64 and 256 (run 68).
     "replay-split": _SPLIT,
     "replay-split-flush": dict(_COPY_FLUSH, CTF32=1),
     "replay-split-medium": dict(_SPLIT),
@@ -1701,8 +1704,11 @@ def replay(
     flushes in a second with their own settings, given by keys prefixed flush_, such as flush_num_warps and
     flush_PPS, the second launch's programs per SM; 1: one launch), HPP (with PHASES=2: the non-flush launch in
     programs of HPP whole value heads of a k-head, which sum the buffered keys against k and q once; lowered to a
-    power of two dividing HV / H). `check` range-checks slots on the host, a device sync: pass check=False for a
-    step with no host synchronisation (it is skipped anyway while a CUDA graph is captured).
+    power of two dividing HV / H), PDL (with PHASES=2: 1 begins the flushes' launch while the non-flush launch's
+    last programs run; on a GPU only), SLOAD (where a flush reads its checkpoint rows, `_folded_rows`), FCAP (a
+    flush launch's register cap where its staggered flushes take no more rounds of programs at it, `flush_cap`).
+    `check` range-checks slots on the host, a device sync: pass check=False for a step with no host
+    synchronisation (it is skipped anyway while a CUDA graph is captured).
     """
     batch, _ = _check_against_cache(cache, _replay_kernel, q, k, v, g, beta, tokens=False)
     scale = default_scale(cache.K, scale)
@@ -1715,14 +1721,15 @@ def replay(
     if settings["FCAP"] is not None:
         raise ValueError(f"launch FCAP = {settings['FCAP']} (a register cap by rounds) applies to a flush launch: "
                          "give it as flush_FCAP, with PHASES=2")
-    if settings["PDL"] and flush is None:
+    if (launch or {}).get("PDL") and flush is None:
+        # (a row's own PDL=1 is left as it is under PHASES=1: one launch has nothing to overlap)
         raise ValueError("launch PDL = 1 (the flushes' launch begun while the non-flush launch ends) applies only with "
                          "PHASES=2")
     if batch:
         args = (cache, q, k, v, g, beta, out, slots, scale, bool(use_qk_l2norm_in_kernel))
         hpp = _heads_per_program(cache, settings, flush)
         # On the CPU the interpreter runs the launches one after the other: nothing to overlap, no GPU instruction.
-        pdl = bool(settings["PDL"]) and cache.device.type == "cuda"
+        pdl = bool(settings["PDL"]) and flush is not None and cache.device.type == "cuda"
         if flush is None:
             _launch_replay(*args, settings, 0)
         else:
