@@ -80,12 +80,13 @@ for section in $SECTIONS; do
         gpu_tests tests 300 tests
         ;;
     gdn-pdl)
-        # PDL=1: a two-launch step's flushes' launch as a programmatic dependent launch, its programs begun while the
-        # non-flush launch's last programs run (each of those signals at its start) and waiting for that launch's end
-        # before they read the list. At 64 a staggered step's flushes (256 heads, one round) take about 20 µs of the
-        # 77 µs window, so the launch's gap between the two is a few per cent there, less at 256 (254 µs). The sweep of
-        # both copies at 16, 64 and 256 (with 64-row flush items at 64 beside), then the reference loop at 16, 64 and
-        # 256 (bf16 copy), PDL 0 against 1, alternating.
+        # (Runs at 98c549b; shipped at 20311e8, NOTES run 68.) PDL=1: a two-launch step's flushes' launch as a
+        # programmatic dependent launch, its programs begun while the non-flush launch's last programs run (each of
+        # those signals at its start) and waiting for that launch's end before they read the list. At 64 a staggered
+        # step's flushes (256 heads, one round) take about 20 µs of the 77 µs window, so the launch's gap between the
+        # two is a few per cent there, less at 256 (254 µs). The sweep of both copies at 16, 64 and 256 (with 64-row
+        # flush items at 64 beside), then the reference loop at 16, 64 and 256 (bf16 copy), PDL 0 against 1,
+        # alternating.
         sweep gdn-pdl 200 sweep_gdn.py --kernel decode --launch decode: --kernel split-bf16 --launch split-bf16: \
             --launch split-bf16:PDL=1 --launch split-bf16:PDL=1,flush_VP=64 --kernel split-fp8 --launch split-fp8: \
             --launch split-fp8:PDL=1 --batch 16 --batch 64 --batch 256
@@ -96,11 +97,12 @@ for section in $SECTIONS; do
         done
         ;;
     gdn-split-flush-rounds)
-        # Run gdn-sload: with 255 registers (2 programs per SM, not 168's 3) the split copy's window at 64 took 81.1 ->
-        # 77.0 µs in the sweep (the reference loop 80.8 -> 76.6-77.0, 1.65x -> 1.73x) and at 256 254.2 -> 263.0. A
-        # staggered step at 64 lists 256 heads, under two per SM; at 256, 1024, about eight. Where the cap should
-        # change: the sweep of both copies, 168 against 255 registers in the flush, at 16 to 128 (16 and 32 take the
-        # medium rows' 64-row items), then the reference loop at 64, 96 and 128 with each cap, alternating.
+        # (Runs at aa8bd00; shipped as FCAP at cf04d18, NOTES run 68.) Run gdn-sload: with 255 registers (2 programs per
+        # SM, not 168's 3) the split copy's window at 64 took 81.1 -> 77.0 µs in the sweep (the reference loop 80.8 ->
+        # 76.6-77.0, 1.65x -> 1.73x) and at 256 254.2 -> 263.0. A staggered step at 64 lists 256 heads, under two per
+        # SM; at 256, 1024, about eight. Where the cap should change: the sweep of both copies, 168 against 255
+        # registers in the flush, at 16 to 128 (16 and 32 take the medium rows' 64-row items), then the reference loop
+        # at 64, 96 and 128 with each cap, alternating.
         sweep gdn-split-flush-rounds 200 sweep_gdn.py --kernel decode --launch decode: --kernel split-bf16 \
             --launch split-bf16: --launch split-bf16:flush_maxnreg=255 --kernel split-fp8 --launch split-fp8: \
             --launch split-fp8:flush_maxnreg=255 --batch 16 --batch 32 --batch 48 --batch 64 --batch 96 --batch 128
@@ -114,14 +116,15 @@ for section in $SECTIONS; do
         done
         ;;
     gdn-sload)
-        # SLOAD: where a flush reads its checkpoint rows. Under Nsight Compute (stalls-flushes) the split copy's flushes
-        # at 256 spend 37% of their shared-memory wavefronts on bank conflicts: the pipelined loop lands each chunk's
-        # rows in an unswizzled buffer and reads them from it in the products' accumulator layout and in the
-        # correction's operand layout, 4-way conflicted both (two groups of 16 LDS.64 each, 5e7 of the 1.6e8
-        # wavefronts). SLOAD=1 reads the rows under a branch (a plain load, converted once), SLOAD=2 a chunk ahead
-        # into registers; both need about 230-250 registers (2 programs per SM) where the shipped row fits 168 (3).
-        # The GPU tests, then the conflicts of each form under Nsight Compute, the sweep (window and flush step,
-        # split copy at 64 and 256; the fp32 and bf16-state replays at 256), then the reference loop at 64 and 256.
+        # (Runs at 3bc37a9; SLOAD not taken, NOTES run 68.) SLOAD: where a flush reads its checkpoint rows. Under Nsight
+        # Compute (stalls-flushes) the split copy's flushes at 256 spend 37% of their shared-memory wavefronts on bank
+        # conflicts: the pipelined loop lands each chunk's rows in an unswizzled buffer and reads them from it in the
+        # products' accumulator layout and in the correction's operand layout, 4-way conflicted both (two groups of 16
+        # LDS.64 each, 5e7 of the 1.6e8 wavefronts). SLOAD=1 reads the rows under a branch (a plain load, converted
+        # once), SLOAD=2 a chunk ahead into registers; both need about 230-250 registers (2 programs per SM) where the
+        # shipped row fits 168 (3). The GPU tests, then the conflicts of each form under Nsight Compute, the sweep
+        # (window and flush step, split copy at 64 and 256; the fp32 and bf16-state replays at 256), then the reference
+        # loop at 64 and 256.
         gpu_tests gdn-sload-tests 200 tests/test_gdn_split.py tests/test_gdn_replay.py
         for v in 1 2; do
             timeout 120 python benchmarks/ncu_stalls.py --op gdn --kernel split-bf16 --batch 256 --fill 15 \
@@ -149,10 +152,11 @@ for section in $SECTIONS; do
         done
         ;;
     stalls-flushes)
-        # Where the flushes wait since LCOUNT and CTF32 (run 64's captures were before both): GDN's batch-1 step at a
-        # fill of 15 (every head flushing: 7.56 µs in the sweep against a non-flush 4.26 and a decode 4.14) and of 0,
-        # the decode beside them; the split copy's flushes' launch at 256 with every head flushing (1164 µs, 2.9
-        # TB/s); the bf16 state's replay at 256 (79% of copy). One launch each under Nsight Compute.
+        # (Runs at 72d53d0 with the section added; NOTES run 68.) Where the flushes wait since LCOUNT and CTF32 (run
+        # 64's captures were before both): GDN's batch-1 step at a fill of 15 (every head flushing: 7.56 µs in the sweep
+        # against a non-flush 4.26 and a decode 4.14) and of 0, the decode beside them; the split copy's flushes' launch
+        # at 256 with every head flushing (1164 µs, 2.9 TB/s); the bf16 state's replay at 256 (79% of copy). One launch
+        # each under Nsight Compute.
         stalls gdn-1-flush --op gdn --kernel replay --batch 1 --fill 15
         stalls gdn-1-replay --op gdn --kernel replay --batch 1 --fill 0
         stalls gdn-1-decode --op gdn --kernel decode --batch 1

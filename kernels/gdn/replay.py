@@ -310,8 +310,6 @@ def _replay_flush(
     b_wc = b_kw
     if HAS_COPY:
         b_wc = _correction_weights(buf_t, b_kw, b_Gw, i_s, i_hv, o_w, b_f, C, HV, PRECISION)
-    # BVF rows at a time (a pipelined loop), so that this rare branch does not raise the register count of the common
-    # one.
     o_h = (i_s * HV + i_hv) * V
     # With SLOAD=2 each chunk's checkpoint rows are read during the chunk before (the first before the loop).
     b_next = tl.zeros((BVF, BK), ckpt.dtype.element_ty)
@@ -319,6 +317,8 @@ def _replay_flush(
         o_n = v0 + tl.arange(0, BVF)
         m_n = (o_n < V) & (tl.arange(0, BVF) < VP)
         b_next = tl.load(ckpt + (o_h + o_n[:, None]) * K + o_k[None, :], mask=m_n[:, None] & m_k[None, :], other=0.0)
+    # BVF rows at a time (a pipelined loop), so that this rare branch does not raise the register count of the common
+    # one.
     for i_v in tl.range(0, VP, BVF, num_stages=STAGES):
         o_v = v0 + i_v + tl.arange(0, BVF)
         # A chunk is at least 16 rows (the fold is one product); with VP < 16 it is masked to this program's rows.
