@@ -1426,8 +1426,9 @@ def _launch_flushes(cache, q, k, v, g, beta, out, slots, scale, l2norm, settings
     register cap FCAP where a step with the rows' fills staggered (batch / W rows flushing) takes no more rounds of
     resident programs at it than at maxnreg (`flush_cap`)."""
     VP = min(settings["VP"], next_pow2(cache.V))
-    items = q.shape[0] * cache.HV * triton.cdiv(cache.V, VP)
-    staggered = triton.cdiv(q.shape[0], cache.window) * cache.HV * triton.cdiv(cache.V, VP)
+    per_row = cache.HV * triton.cdiv(cache.V, VP)
+    items = q.shape[0] * per_row
+    staggered = triton.cdiv(q.shape[0], cache.window) * per_row
     maxnreg = flush_cap(settings["maxnreg"], settings["FCAP"], staggered, settings["num_warps"], settings["PPS"],
                         sm_count(cache.device))
     constants = _cache_constants(cache)
@@ -1728,11 +1729,11 @@ def replay(
     if batch:
         args = (cache, q, k, v, g, beta, out, slots, scale, bool(use_qk_l2norm_in_kernel))
         hpp = _heads_per_program(cache, settings, flush)
-        # On the CPU the interpreter runs the launches one after the other: nothing to overlap, no GPU instruction.
-        pdl = bool(settings["PDL"]) and flush is not None and cache.device.type == "cuda"
         if flush is None:
             _launch_replay(*args, settings, 0)
         else:
+            # On the CPU the interpreter runs the launches one after the other: nothing to overlap, no GPU instruction.
+            pdl = bool(settings["PDL"]) and cache.device.type == "cuda"
             if hpp > 1:
                 _launch_heads(*args, settings, hpp, pdl)
             else:
