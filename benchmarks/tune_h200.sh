@@ -3,7 +3,7 @@
 # writes its table (.txt) and results (.json) under DIR (default runs/tune), and DIR.tar.gz holds them all for
 # machines that return one file; a sweep past its time limit leaves the ones before it.
 # Usage: benchmarks/tune_h200.sh [DIR] [SECTION ...]
-# Sections: tests, gdn-pdl, gdn-split-flush-rounds, gdn-sload, stalls-flushes, gdn-split-flush-regs, gdn-split-ctf32, gdn-split-vform, gdn-split-large, gdn-split-medium-2, gdn-split-medium, gdn-split-small, gdn-freuse, gdn-lcount, early-2, stalls-gdn-1, gdn-verify-next, gdn-verify-wfill, gdn-verify-fold-tf32, gdn-verify-arrive, gdn-verify-fsplitw-3, gdn-verify-rows-63-2, gdn-verify-63, gdn-verify-rows-63, gdn-verify-fsplitw-2, gdn-verify-fsplitw, gdn-verify-fpref, gdn-verify-medium, gdn-verify-vsplit, gdn-verify-fstream-3, gdn-verify-fpass2-2, gdn-verify-fpass2, gdn-verify-fstream-2, gdn-verify-fstream, gdn-verify-fpass-4, gdn-verify-fpass-3, gdn-verify-fpass-2, gdn-verify-fpass, gdn-bf16-buffers, gdn-verify-gpass2-2, gdn-verify-gpass2, gdn-verify-tc, gdn-verify-tc-2, gdn-verify-tc-3, gdn-verify-tc-4, gdn-verify-phases, stalls-fold, gdn-verify-gpass, verify-bf16-bc, fla-slots, kernel-tests, mamba2-verify-fstages, mamba2-verify-bpf, mamba2-verify-launches, mamba2-verify-fold, mamba2-verify-bc-3, mamba2-verify-bc-2, mamba2-verify-bc, mamba2-verify-stream, mamba2-verify-stream-2, tail-lead, tail-3, tail-medium, tail-2, tail, gdn-bf16-tf32, prefetch-profile, prefetch, prefetch-2, loops, gdn-decode-chunks, gdn-decode-order, gdn-decode-order-2, mamba2-mma, stalls-bf16, mamba2-bf16-heads, mamba2-bf16-tf32, heads-sanitizer, mamba2-heads-flush-2, gdn-heads-fault, gdn-heads, mamba2-heads-flush, mamba2-heads, mamba2-heads-2, mamba2-heads-3, mamba2-heads-4, verify-tests, gdn-verify-mma, gdn-verify-3, gdn-verify-rows, gdn-verify-warps, gdn-verify-warps-2, mamba2-verify-warps, gdn-split-3, gdn-split-4, two-phase-2, mamba2-split-phases, mamba2-two-phase, gdn-split-flush-vp, gdn-mma, split-launch-cost, split-launch-cost-2, gdn-flush-list, mamba2-flush-list, gdn-split-nonflush, gdn-split-flush-2, one-warp, fp8-one-warp, fp8-one-warp-2, copy-pieces, regs-2byte, stalls, stalls-2, next, small-grid, small-grid-2, small-grid-3, medium-grid, direct, order, vk, gdn-decode, gdn-replay, gdn-early, gdn-replay-256, gdn-fp32-2, gdn-split, gdn-split-2,
+# Sections: tests, gdn-flush-128, gdn-small-warps, gdn-pdl, gdn-split-flush-rounds, gdn-sload, stalls-flushes, gdn-split-flush-regs, gdn-split-ctf32, gdn-split-vform, gdn-split-large, gdn-split-medium-2, gdn-split-medium, gdn-split-small, gdn-freuse, gdn-lcount, early-2, stalls-gdn-1, gdn-verify-next, gdn-verify-wfill, gdn-verify-fold-tf32, gdn-verify-arrive, gdn-verify-fsplitw-3, gdn-verify-rows-63-2, gdn-verify-63, gdn-verify-rows-63, gdn-verify-fsplitw-2, gdn-verify-fsplitw, gdn-verify-fpref, gdn-verify-medium, gdn-verify-vsplit, gdn-verify-fstream-3, gdn-verify-fpass2-2, gdn-verify-fpass2, gdn-verify-fstream-2, gdn-verify-fstream, gdn-verify-fpass-4, gdn-verify-fpass-3, gdn-verify-fpass-2, gdn-verify-fpass, gdn-bf16-buffers, gdn-verify-gpass2-2, gdn-verify-gpass2, gdn-verify-tc, gdn-verify-tc-2, gdn-verify-tc-3, gdn-verify-tc-4, gdn-verify-phases, stalls-fold, gdn-verify-gpass, verify-bf16-bc, fla-slots, kernel-tests, mamba2-verify-fstages, mamba2-verify-bpf, mamba2-verify-launches, mamba2-verify-fold, mamba2-verify-bc-3, mamba2-verify-bc-2, mamba2-verify-bc, mamba2-verify-stream, mamba2-verify-stream-2, tail-lead, tail-3, tail-medium, tail-2, tail, gdn-bf16-tf32, prefetch-profile, prefetch, prefetch-2, loops, gdn-decode-chunks, gdn-decode-order, gdn-decode-order-2, mamba2-mma, stalls-bf16, mamba2-bf16-heads, mamba2-bf16-tf32, heads-sanitizer, mamba2-heads-flush-2, gdn-heads-fault, gdn-heads, mamba2-heads-flush, mamba2-heads, mamba2-heads-2, mamba2-heads-3, mamba2-heads-4, verify-tests, gdn-verify-mma, gdn-verify-3, gdn-verify-rows, gdn-verify-warps, gdn-verify-warps-2, mamba2-verify-warps, gdn-split-3, gdn-split-4, two-phase-2, mamba2-split-phases, mamba2-two-phase, gdn-split-flush-vp, gdn-mma, split-launch-cost, split-launch-cost-2, gdn-flush-list, mamba2-flush-list, gdn-split-nonflush, gdn-split-flush-2, one-warp, fp8-one-warp, fp8-one-warp-2, copy-pieces, regs-2byte, stalls, stalls-2, next, small-grid, small-grid-2, small-grid-3, medium-grid, direct, order, vk, gdn-decode, gdn-replay, gdn-early, gdn-replay-256, gdn-fp32-2, gdn-split, gdn-split-2,
 # gdn-bf16, gdn-bf16-2, gdn-verify, fla, mamba2-split, mamba2-split2, mamba2-vn, mamba2-bf16, mamba2-bf16-2,
 # mamba2-verify (default: tests gdn-decode gdn-replay gdn-verify mamba2-split mamba2-bf16 mamba2-verify).
 set -uo pipefail
@@ -78,6 +78,33 @@ for section in $SECTIONS; do
     case $section in
     tests)
         gpu_tests tests 300 tests
+        ;;
+    gdn-flush-128)
+        # A staggered step at 256 lists 1024 flushing heads: 3 rounds of the 396 programs resident at 168 registers,
+        # the last 59% full, 4 at 255. At 128 registers (192 B of spills in compile_report; 96 B with 16-row chunks,
+        # BVF=16) 528 programs are resident: 2 rounds at 256, 1 at 128 (512 heads), 4 at 512. Predicted: if a round
+        # of 4 programs per SM takes at most 4/3 of a round of 3, the window at 256 about 8 µs shorter (2.08x ->
+        # 2.15x). The sweep of both copies at 96 to 512, the flush at 168/255 by rounds (shipped), 128/255 by rounds,
+        # 128 with 16-row chunks, and 168 with 16-row chunks.
+        sweep gdn-flush-128 300 sweep_gdn.py --kernel decode --launch decode: --kernel split-bf16 \
+            --launch split-bf16: --launch split-bf16:flush_maxnreg=128 \
+            --launch split-bf16:flush_maxnreg=128,flush_BVF=16 --launch split-bf16:flush_BVF=16 \
+            --kernel split-fp8 --launch split-fp8: --launch split-fp8:flush_maxnreg=128 \
+            --launch split-fp8:flush_maxnreg=128,flush_BVF=16 --batch 96 --batch 128 --batch 256 --batch 512
+        ;;
+    gdn-small-warps)
+        # GDN's batch-1 flush step is bound by one warp per scheduler issuing its fold (run 68): 512 one-warp
+        # programs of 16 rows, about 1000 FFMAs a lane. In 2 warps (255 registers, 8 B of spills in compile_report;
+        # 202 and none with the fold in 3xTF32, TF32=1) or 4 (195), a program's fold is spread over more lanes, at the
+        # cost of the non-flush step's row sums over more warps. The sweep at batch 1 and 2: the window, its
+        # non-flush and flush steps, 1, 2 and 4 warps, with and without TF32.
+        S=EARLY=2,LCOUNT=1,VP=16,BV=16,BVF=16,VK=32,STAGES=1
+        launches=()
+        for k in replay replay-nonflush replay-flush; do
+            launches+=(--kernel "$k" --launch "$k:" --launch "$k:$S,num_warps=2" --launch "$k:$S,num_warps=2,TF32=1"
+                       --launch "$k:$S,num_warps=4" --launch "$k:$S,num_warps=4,TF32=1")
+        done
+        sweep gdn-small-warps 200 sweep_gdn.py --kernel decode --launch decode: --batch 1 --batch 2 "${launches[@]}"
         ;;
     gdn-pdl)
         # (Runs at 98c549b; shipped at 20311e8, NOTES run 68.) PDL=1: a two-launch step's flushes' launch as a
