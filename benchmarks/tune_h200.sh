@@ -80,12 +80,13 @@ for section in $SECTIONS; do
         gpu_tests tests 300 tests
         ;;
     gdn-flush-128)
-        # A staggered step at 256 lists 1024 flushing heads: 3 rounds of the 396 programs resident at 168 registers,
-        # the last 59% full, 4 at 255. At 128 registers (192 B of spills in compile_report; 96 B with 16-row chunks,
-        # BVF=16) 528 programs are resident: 2 rounds at 256, 1 at 128 (512 heads), 4 at 512. Predicted: if a round
-        # of 4 programs per SM takes at most 4/3 of a round of 3, the window at 256 about 8 µs shorter (2.08x ->
-        # 2.15x). The sweep of both copies at 96 to 512, the flush at 168/255 by rounds (shipped), 128/255 by rounds,
-        # 128 with 16-row chunks, and 168 with 16-row chunks.
+        # (Runs at 2adf3f9; not taken, NOTES run 69: 1-14% slower at 96 to 512, level for the fp8 copy at 256.) A
+        # staggered step at 256 lists 1024 flushing heads: 3 rounds of the 396 programs resident at 168 registers, the
+        # last 59% full, 4 at 255. At 128 registers (192 B of spills in compile_report; 96 B with 16-row chunks, BVF=16)
+        # 528 programs are resident: 2 rounds at 256, 1 at 128 (512 heads), 4 at 512. Predicted: if a round of 4
+        # programs per SM takes at most 4/3 of a round of 3, the window at 256 about 8 µs shorter (2.08x -> 2.15x). The
+        # sweep of both copies at 96 to 512, the flush at 168/255 by rounds (shipped), 128/255 by rounds, 128 with
+        # 16-row chunks, and 168 with 16-row chunks.
         sweep gdn-flush-128 300 sweep_gdn.py --kernel decode --launch decode: --kernel split-bf16 \
             --launch split-bf16: --launch split-bf16:flush_maxnreg=128 \
             --launch split-bf16:flush_maxnreg=128,flush_BVF=16 --launch split-bf16:flush_BVF=16 \
@@ -93,11 +94,12 @@ for section in $SECTIONS; do
             --launch split-fp8:flush_maxnreg=128,flush_BVF=16 --batch 96 --batch 128 --batch 256 --batch 512
         ;;
     gdn-small-warps)
-        # GDN's batch-1 flush step is bound by one warp per scheduler issuing its fold (run 68): 512 one-warp
-        # programs of 16 rows, about 1000 FFMAs a lane. In 2 warps (255 registers, 8 B of spills in compile_report;
-        # 202 and none with the fold in 3xTF32, TF32=1) or 4 (195), a program's fold is spread over more lanes, at the
-        # cost of the non-flush step's row sums over more warps. The sweep at batch 1 and 2: the window, its
-        # non-flush and flush steps, 1, 2 and 4 warps, with and without TF32.
+        # (Runs at 2adf3f9; not taken, NOTES run 69: batch 1 4.44 -> 5.12 µs in 2 warps.) GDN's batch-1 flush step is
+        # bound by one warp per scheduler issuing its fold (run 68): 512 one-warp programs of 16 rows, about 1000 FFMAs
+        # a lane. In 2 warps (255 registers, 8 B of spills in compile_report; 202 and none with the fold in 3xTF32,
+        # TF32=1) or 4 (195), a program's fold is spread over more lanes, at the cost of the non-flush step's row sums
+        # over more warps. The sweep at batch 1 and 2: the window, its non-flush and flush steps, 1, 2 and 4 warps, with
+        # and without TF32.
         S=EARLY=2,LCOUNT=1,VP=16,BV=16,BVF=16,VK=32,STAGES=1
         launches=()
         for k in replay replay-nonflush replay-flush; do
