@@ -7,7 +7,8 @@
 # gdn-bf16 spec-small gdn-spec (default: all but the last five, in order). small re-measures batches 1 and 16 alone
 # (both presets, fp32 with split precision, and bf16 state), mamba2-bf16 and gdn-bf16 each layer's bf16 state alone,
 # spec-small the speculative rows at batch 1 and gdn-spec the GDN layer's speculative rows alone, into files of their
-# own; the merged reference takes each configuration from the newest file that measured it.
+# own; the merged reference takes each configuration from the newest file that measured it. Last, the README's table
+# from this GPU's files (benchmarks/reference_table.py).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 M=nemotron-3-super-120b-a12b
@@ -51,3 +52,5 @@ for part in ${*:-ceilings mamba2 gdn bf16 spec}; do
     esac
     echo "profile_reference: $part in $((SECONDS - start)) s" >&2
 done
+# the README's table from this GPU's files, each cell from the newest file that measured it
+python3 benchmarks/reference_table.py --gpu "$GPU" --dir "$OUT" || true

@@ -230,16 +230,23 @@ CONFIG_FIELDS = ("kind", "op", "preset", "variant", "phase", "batch", "window", 
                  "draft", "accepted", "tp", "flush", "source")
 
 
+def reference_profiles(gpu_key: str = "h200", directory: str | Path | None = None) -> list[Results]:
+    """The reference profiles measured on `gpu_key` (files named `<gpu_key>-*.json`), newest first: the shipped ones,
+    or those in `directory`."""
+    try:
+        found = sorted(Path(directory).glob("*.json")) if directory is not None else reference_files()
+    except (FileNotFoundError, ModuleNotFoundError):
+        return []
+    files = [f for f in found if f.name.startswith(f"{gpu_key}-")]
+    return sorted((load(f) for f in files), key=lambda r: r.created, reverse=True)
+
+
 def load_reference(gpu_key: str = "h200") -> Results | None:
     """The shipped reference profiles measured on `gpu_key` merged into one, newest file first; a configuration
     measured in several files is kept from the newest. None when none ships."""
-    try:
-        files = [f for f in reference_files() if f.name.startswith(f"{gpu_key}-")]
-    except (FileNotFoundError, ModuleNotFoundError):
+    loaded = reference_profiles(gpu_key)
+    if not loaded:
         return None
-    if not files:
-        return None
-    loaded = sorted((load(f) for f in files), key=lambda r: r.created, reverse=True)
     # The merged profile takes the environment of a file that recorded the measured ceilings.
     first = next((r for r in loaded if r.environment.get("ceilings")), loaded[0])
     rows, seen = [], set()
@@ -249,7 +256,7 @@ def load_reference(gpu_key: str = "h200") -> Results | None:
             seen.add(key)
             rows.append(row)
     return Results(
-        path=files[0].parent,
+        path=loaded[0].path.parent if loaded[0].path else None,
         environment=first.environment,
         spec=first.spec,
         rows=rows,
