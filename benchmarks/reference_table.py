@@ -92,16 +92,19 @@ def table(profiles, batches: tuple[int, ...] = (1, 64, 256, 512)) -> tuple[str, 
                 first_pct = False
                 bold = batch >= COPY_BATCH and pct >= COPY_TARGET
                 cells[0] += f" ({'**' + share + '**' if bold else share})"
-            replay = take(_newest(profiles, dict(base, variant="replay")))
-            cells.append(_ratio(replay[0]["speedup"], _target("replay", batch, preset.kind)) if replay else "–")
-            split = take(_newest(profiles, dict(base, variant="split", read="bf16")))
-            cell = _ratio(split[0]["speedup"], _target("split", batch, preset.kind)) if split else "–"
-            fp8 = take(_newest(profiles, dict(base, variant="split", read="fp8")))
-            if fp8:
-                cell += f" (fp8 copy {_ratio(fp8[0]['speedup'], _target('split', batch, preset.kind))})"
-            cells.append(cell)
-            bf16 = take(_newest(profiles, dict(base, variant="replay", state="bf16")))
-            cells.append(_ratio(bf16[0]["speedup"], _target("bf16", batch, preset.kind)) if bf16 else "–")
+
+            def speedup(column: str, **where) -> str | None:
+                """The row's own ratio over its file's conventional step, or None where no file has it."""
+                found = take(_newest(profiles, dict(base, **where)))
+                if found is None or found[0].get("speedup") is None:
+                    return None
+                return _ratio(found[0]["speedup"], _target(column, batch, preset.kind))
+
+            cells.append(speedup("replay", variant="replay") or "–")
+            cell = speedup("split", variant="split", read="bf16") or "–"
+            fp8 = speedup("split", variant="split", read="fp8")
+            cells.append(cell + (f" (fp8 copy {fp8})" if fp8 else ""))
+            cells.append(speedup("bf16", variant="replay", state="bf16") or "–")
             spec = take(_newest(profiles, dict(base, variant="spec-conventional", draft=DRAFT),
                                 dict(base, variant="spec-replay", draft=DRAFT)))
             cells.append(_ratio(spec[0]["us_per_token"] / spec[1]["us_per_token"], _target("spec", batch, preset.kind))
