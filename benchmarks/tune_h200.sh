@@ -84,12 +84,12 @@ for section in $SECTIONS; do
         # a programmatic dependent launch of the folds: its programs become resident and read their slot, fill and
         # log-decay while the fold launch's last items run, then wait for it (and read their weights). Predicted: the
         # gap between the two launches and the verify's ramp off the step, a few µs of about 445 at 256 (1-2%: GDN's
-        # T = 4 3.03x -> about 3.07x). The GPU tests, the sweep at 16, 64 and 256, then the reference loop at 64 and
+        # T = 4 3.03x -> about 3.07x). The GPU tests, the sweep at 64 and 256, then the reference loop at 64 and
         # 256, PDL 0 against 1, twice.
         V="gdn.replay:LAUNCH:verify"
-        gpu_tests gdn-verify-pdl-tests 120 tests/test_gdn_verify.py
-        sweep gdn-verify-pdl 150 sweep_gdn.py --kernel verify --launch verify: --launch verify:PDL=1 --batch 16 \
-            --batch 64 --batch 256
+        gpu_tests gdn-verify-pdl-tests 100 tests/test_gdn_verify.py
+        sweep gdn-verify-pdl 120 sweep_gdn.py --kernel verify --launch verify: --launch verify:PDL=1 --batch 64 \
+            --batch 256
         for run in a b; do
             for v in 0 1; do
                 spec_rows "gdn-verify-pdl-$run-$v" gdn-verify-pdl 90 qwen3.5-122b-a10b 64,256 "$V:PDL=$v"
