@@ -80,12 +80,13 @@ for section in $SECTIONS; do
         gpu_tests tests 300 tests
         ;;
     gdn-verify-pdl)
-        # PDL=1: the key products and the weights on the second stream, the folds on the verify's stream, and the verify
-        # a programmatic dependent launch of the folds: its programs become resident and read their slot, fill and
-        # log-decay while the fold launch's last items run, then wait for it (and read their weights). Predicted: the
-        # gap between the two launches and the verify's ramp off the step, a few µs of about 445 at 256 (1-2%: GDN's
-        # T = 4 3.03x -> about 3.07x). The GPU tests, the sweep at 64 and 256, then the reference loop at 64 and
-        # 256, PDL 0 against 1, twice.
+        # (Runs at e472e77; withdrawn, its code removed after, NOTES run 69: T = 4 at 256 110.9 -> 121.4 µs per token,
+        # 3.06x -> 2.80x.) PDL=1: the key products and the weights on the second stream, the folds on the verify's
+        # stream, and the verify a programmatic dependent launch of the folds: its programs become resident and read
+        # their slot, fill and log-decay while the fold launch's last items run, then wait for it (and read their
+        # weights). Predicted: the gap between the two launches and the verify's ramp off the step, a few µs of about
+        # 445 at 256 (1-2%: GDN's T = 4 3.03x -> about 3.07x). The GPU tests, the sweep at 64 and 256, then the
+        # reference loop at 64 and 256, PDL 0 against 1, twice.
         V="gdn.replay:LAUNCH:verify"
         gpu_tests gdn-verify-pdl-tests 100 tests/test_gdn_verify.py
         sweep gdn-verify-pdl 120 sweep_gdn.py --kernel verify --launch verify: --launch verify:PDL=1 --batch 64 \

@@ -114,8 +114,6 @@ FOLD_CASES = [
     ("fp32", None, "bf16", 2, 2, {"ARRIVE": 1, "WFILL": 0}),
     ("fp32", "bf16", "fp32", 1, 1, {"PPS": 2, "ARRIVE": 0}),
     ("fp32", None, "fp16", 0, 0, {"FVP": 8, "ARRIVE": 0}),
-    ("fp32", None, "bf16", 2, 2, {"TF32": 0, "FKSPLIT": 1, "FSTREAM": 1, "FPREF": 1, "ARRIVE": 0, "WFILL": 1, "PDL": 1}),
-    ("bf16", None, "fp32", 2, 2, {"FSTREAM": 1, "PPS": 1, "WFILL": 0, "PDL": 1}),
 ]
 
 
@@ -136,7 +134,6 @@ EVERY_ROW_CASES = [
     ("fp32", 16, {"FPASS": 0, "FSPLITW": 2}), ("bf16", 16, {"FPREF": 1, "PPS": 2, "FSPLITW": 2}),
     ("fp32", 16, {"FPREF": 1, "PPS": 2, "FSPLITW": 2, "ARRIVE": 0}),
     ("fp32", 16, {"FPREF": 1, "PPS": 2, "FSPLITW": 2, "ARRIVE": 0, "WFILL": 1}),
-    ("fp32", 16, {"FPREF": 1, "PPS": 2, "FSPLITW": 2, "ARRIVE": 0, "WFILL": 1, "FSTREAM": 1, "PDL": 1}),
 ]
 
 
@@ -360,8 +357,6 @@ def test_verify_and_accept_bad_input(device):
         ({"GPASS": 1, "GKSPLIT": 3}, r"launch\['GKSPLIT'\] must be a power of two; got 3"),
         ({"FPASS": 1, "ARRIVE": 2}, r"launch\['ARRIVE'\] must be 0 or 1; got 2"),
         ({"GPASS": 2, "WFILL": 2}, r"launch\['WFILL'\] must be 0 or 1; got 2"),
-        ({"FPASS": 1, "FSTREAM": 0, "PDL": 1}, r"PDL = 1 .* takes FPASS = 1 and FSTREAM = 1"),
-        ({"FPASS": 0, "FSTREAM": 1, "PDL": 1}, r"PDL = 1 .* takes FPASS = 1 and FSTREAM = 1"),
     ]:
         with pytest.raises(ValueError, match=message):
             gdn.verify(cache, **inp, launch=launch)
@@ -378,16 +373,11 @@ def test_verify_and_accept_bad_input(device):
                                     {"GPASS": 2, "FPASS": 1, "FSPLITW": 2},
                                     {"GPASS": 2, "FPASS": 1, "FSTREAM": 1, "FSPLITW": 2, "ARRIVE": 0},
                                     {"GPASS": 2, "FPASS": 1, "FSTREAM": 1, "FSPLITW": 2, "ARRIVE": 0, "WFILL": 1},
-                                    {"GPASS": 2, "FPASS": 1, "FSTREAM": 1, "FSPLITW": 2, "ARRIVE": 0, "WFILL": 1,
-                                     "PDL": 1},
-                                    {"GPASS": 2, "FPASS": 1, "FSTREAM": 1, "FSPLITW": 2, "ARRIVE": 0, "WFILL": 0,
-                                     "PDL": 1},
                                     {"GPASS": 1, "BV": 64, "num_warps": 4, "FPASS": 0, "FSPLITW": 1}],
                          ids=["row", "MMA-GPASS", "MMA-GPASS-BV32-warps4", "MMA-GPASS-KSPLIT2-BV32", "row-GPASS2",
                               "small-row-GPASS2", "row-FPASS-one-stream", "row-FPASS-FSTREAM",
                               "row-FPREF-GKSPLIT2", "row-FPREF-FVP16-PPS1-GKSPLIT4-FSPLITW", "row-FSPLITW",
-                              "row-FSPLITW2", "row-ARRIVE0", "row-WFILL", "row-PDL", "row-PDL-WFILL0",
-                              "small-row-FSPLITW"])
+                              "row-FSPLITW2", "row-ARRIVE0", "row-WFILL", "small-row-FSPLITW"])
 def test_verify_qwen_shape_on_gpu(assert_close, launch):
     """The Qwen3.5-122B layer shape, T = 4, fills crossing W, against the references."""
     shape = (4, 16, 64, 128, 128)

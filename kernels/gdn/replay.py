@@ -75,12 +75,9 @@ _SPLIT = {"EARLY": 0, "LCOUNT": 0, "TF32": 0, "CTF32": 0, "SLOAD": 0, "MMA": 0, 
 # verify writes the drafts' keys (an atomic count of arrivals), as a verify that folds its own rows needs; ARRIVE=0
 # has the key head's first value head write them, its programs ending without the count (with FPASS=1 only: a
 # verify that folds its own rows counts regardless). WFILL=1 has a verify program read its value head's fill from
-# the weights launch's output (GPASS=2 only), beside its slot, rather than from the cache after the slot. PDL=1 (with
-# FPASS=1 and FSTREAM=1) puts the key products and the weights on the second stream and the folds on the verify's,
-# which it begins as a programmatic dependent launch while they end, reading its slot, fill and log-decay before
-# it waits for them (and its weights after).
+# the weights launch's output (GPASS=2 only), beside its slot, rather than from the cache after the slot.
 _FOLD = {"FPASS": 0, "FVP": 128, "FWARPS": 4, "FMAXNREG": None, "PPS": 4, "TF32": 1, "FKSPLIT": 2, "FSTREAM": 0,
-         "FPREF": 0, "FSPLITW": 0, "ARRIVE": 1, "WFILL": 0, "PDL": 0}
+         "FPREF": 0, "FSPLITW": 0, "ARRIVE": 1, "WFILL": 0}
 _VERIFY = {"BV": 32, "BVF": 16, "VK": 32, "STAGES": 2, "GPASS": 2, "GKSPLIT": 2, "MMA": 1, "KSPLIT": 2, "FSTAGES": 3,
            "num_warps": 2, "num_stages": 1, "maxnreg": 168,
            **dict(_FOLD, FPASS=1, FWARPS=2, PPS=4, TF32=0, FKSPLIT=1, FSTREAM=1, FPREF=1, FSPLITW=2, ARRIVE=0,
@@ -1044,7 +1041,7 @@ def _verify_fold_kernel(
     C: tl.constexpr, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BK: tl.constexpr, BVF: tl.constexpr, VP: tl.constexpr, HAS_COPY: tl.constexpr,
     IS_FP8: tl.constexpr, FKSPLIT: tl.constexpr, FSTAGES: tl.constexpr, PRECISION: tl.constexpr,
-    FPREF: tl.constexpr, FWM: tl.constexpr, BW: tl.constexpr, FXW: tl.constexpr, PDL: tl.constexpr,
+    FPREF: tl.constexpr, FWM: tl.constexpr, BW: tl.constexpr, FXW: tl.constexpr,
 ):
     """The folds a verify's rows take first (FPASS), in a launch of their own between `_verify_list_kernel`, which
     listed the value heads whose buffers hold W entries or more in `work`, and the verify, which then skips its own
@@ -1052,9 +1049,7 @@ def _verify_fold_kernel(
     rows of a head per item, each program looping over the items (a few programs per SM however few rows fold). With
     FPREF a program loads its next item's list entry and slot while it folds the one before (the entry two items
     ahead, the slot one), so that an item begins with the loads of its rows. The last program to finish zeroes the
-    list's counters for the next step. With PDL the verify's launch may begin once every program here has begun."""
-    if PDL:
-        gdc_launch_dependents()
+    list's counters for the next step."""
     NPB: tl.constexpr = (V + VP - 1) // VP
     n_items = tl.load(work) * NPB
     n_programs = tl.num_programs(0)
@@ -1158,7 +1153,7 @@ def _verify_kernel(
     IS_FP8: tl.constexpr, GPASS: tl.constexpr, BE: tl.constexpr, BZ: tl.constexpr, MMA: tl.constexpr,
     NATIVE: tl.constexpr, IS_TILE_EXACT: tl.constexpr, IS_HALF_IO: tl.constexpr, KSPLIT: tl.constexpr,
     FKSPLIT: tl.constexpr, FSTAGES: tl.constexpr, NW: tl.constexpr, FPASS: tl.constexpr, FWM: tl.constexpr,
-    FXW: tl.constexpr, ARRIVE: tl.constexpr, WFILL: tl.constexpr, PDL: tl.constexpr,
+    FXW: tl.constexpr, ARRIVE: tl.constexpr, WFILL: tl.constexpr,
 ):
     i_b, i_hv = tl.program_id(0), tl.program_id(1)
     o_t = tl.arange(0, BT)
@@ -1167,7 +1162,7 @@ def _verify_kernel(
     # a slot are never used).
     if GPASS == 2:
         p_w = wts + (i_b * HV + i_hv) * NW
-    if WFILL and not PDL:
+    if WFILL:
         b_A, b_M, b_Gs = _weights(p_w, o_t, BT, NW)
         b_fw = _weights_fill(p_w, BT, NW)
     i_s = tl.load(slots + i_b).to(tl.int64)
@@ -1187,7 +1182,7 @@ def _verify_kernel(
     m_k3 = o_k3 < K
     o_h = (i_s * HV + i_hv) * V
     p_f = fill + i_s * HV + i_hv
-    if WFILL and not PDL:
+    if WFILL:
         b_f = b_fw
     else:
         b_f = tl.load(p_f)
@@ -1195,10 +1190,6 @@ def _verify_kernel(
     # Position of the first draft: after the committed entries, or at 0 when they are folded first.
     b_fe = tl.where(b_flush, 0, b_f)
     b_Gl = tl.load(buf_g + (i_s * C + tl.maximum(b_f - 1, 0)) * HV + i_hv, mask=b_f > 0, other=0.0)
-    if PDL:
-        # Begun while the fold launch ran (`_launch_verify`): the slot, fill and buffered log-decay above are written
-        # by neither launch before this one; the folded rows, the weights and every write wait for both to end.
-        gdc_wait()
     # Every committed entry is read before any draft's key is written (the arrivals below; with FPASS the fold
     # launch, before this one, has read the entries the drafts' keys overwrite).
     # With FPASS `_verify_fold_kernel` has folded the rows with W entries or more.
@@ -1222,7 +1213,7 @@ def _verify_kernel(
     # drafts' q and k as given, their factors (l2-norm, scale) going on the products. b_gd and b_bd: the drafts'
     # log-decays and betas, b_cum [BT] the log-decay after each since the committed state.
     if GPASS == 2:
-        if not WFILL or PDL:
+        if not WFILL:
             b_A, b_M, b_Gs = _weights(p_w, o_t, BT, NW)
     elif GPASS == 1:
         b_gd, b_bd, b_cum, b_ec = _draft_gates(g, beta, i_b, i_hv, o_t, m_t, m_upto, s_gb, s_gt, s_gh, s_bb, s_bt,
@@ -1529,9 +1520,6 @@ def _launch_verify(cache, q, k, v, g, beta, out, slots, scale, l2norm, settings)
     if settings["GPASS"] == 2 and (cache.read_copy is not None or not settings["MMA"]):
         raise ValueError("launch GPASS = 2 (each value head's weights from a launch of their own) takes MMA = 1 and no "
                          "read copy; a read copy's verify stores its drafts' rows of T from its own prologue")
-    if settings["PDL"] and not (settings["FPASS"] and settings["FSTREAM"]):
-        raise ValueError("launch PDL = 1 (the verify begun while the fold launch ends) takes FPASS = 1 and FSTREAM = 1, "
-                         "the folds then on the verify's stream and the key products beside them")
     BT, BWC = next_pow2(T), max(16, next_pow2(cache.window))
     # the Gram pass's rows (committed keys, the drafts' keys, their queries) and columns (keys, queries)
     BE, BZ = next_pow2(BWC + 2 * BT), max(16, 2 * BT)
@@ -1547,12 +1535,30 @@ def _launch_verify(cache, q, k, v, g, beta, out, slots, scale, l2norm, settings)
     NW = 2 * BT * BT + BZ + BWC * BZ + 2 * BT
     gram = wts = None
     # With FSTREAM the folds run on a stream of their own beside the key products and the weights (neither reads what
-    # a fold writes), and the verify waits for both. With PDL the other way round: the key products and the weights
-    # on the second stream, the folds on this one right before the verify, which begins while the folds end.
+    # a fold writes), and the verify waits for both.
     side = _side_stream(cache.device) if settings["FPASS"] and settings["FSTREAM"] else None
-    pdl = bool(settings["PDL"]) and side is not None
-    main = torch.cuda.current_stream(cache.device) if side is not None else None
     fold_widths = _fold_widths(cache, settings, constants["BW"])
+    if settings["FPASS"]:
+        _verify_list_kernel[(batch,)](cache.fill, slots, cache.work, W=cache.window, HV=cache.HV,
+                                      BHV=next_pow2(cache.HV), num_warps=1)
+        FVP = min(settings["FVP"], next_pow2(cache.V))
+        items = batch * cache.HV * triton.cdiv(cache.V, FVP)
+        main = None
+        if side is not None:
+            main = torch.cuda.current_stream(cache.device)
+            side.wait_stream(main)
+        with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
+            _verify_fold_kernel[flush_grid(items, settings["PPS"], cache.device)](
+                **{key: value for key, value in _cache_args(cache).items() if key not in ("buf_b", "fill")},
+                slots=slots, work=cache.work,
+                **{key: constants[key] for key in ("C", "H", "HV", "K", "V", "BK", "BW", "HAS_COPY", "IS_FP8")},
+                BVF=max(16, min(settings["BVF"], FVP)), VP=FVP,
+                FKSPLIT=1 if cache.read_copy is not None or BK < 32 else settings["FKSPLIT"],
+                FSTAGES=settings["FSTAGES"], PRECISION=flush_precision(cache.checkpoint, settings["TF32"]),
+                FPREF=bool(settings["FPREF"]), **fold_widths,
+                **compile_options({"num_warps": settings["FWARPS"], "num_stages": 1,
+                                   "maxnreg": settings["FMAXNREG"]}),
+            )
     qk_strides = dict(s_qb=q.stride(0), s_qt=q.stride(1), s_qh=q.stride(2), s_qk=q.stride(3),
                       s_kb=k.stride(0), s_kt=k.stride(1), s_kh=k.stride(2), s_kk=k.stride(3))
     vo_strides = dict(s_vb=v.stride(0), s_vt=v.stride(1), s_vh=v.stride(2), s_vv=v.stride(3),
@@ -1563,59 +1569,23 @@ def _launch_verify(cache, q, k, v, g, beta, out, slots, scale, l2norm, settings)
     BV = max(16, min(settings["BV"], next_pow2(cache.V)))
     tile_product = dict(NATIVE=tile.itemsize == 2 and q.dtype == k.dtype == tile, IS_TILE_EXACT=tile != torch.float32,
                         IS_HALF_IO=half_io)
-    # allocated on this stream, which the verify that reads them runs on
     if settings["GPASS"]:
         gram = torch.empty(batch, cache.H, BE, BZ, dtype=torch.float32, device=cache.device)
+        _verify_gram_kernel[(batch, cache.H)](
+            buf_k=cache.buf_k, fill=cache.fill, q=q, k=k, slots=slots, gram=gram, **qk_strides,
+            T=T, W=cache.window, C=cache.capacity, H=cache.H, HV=cache.HV, K=cache.K, BK=BK,
+            BT=BT, BWC=BWC, BE=BE, BZ=BZ, IS_HALF_IO=half_io, GKSPLIT=min(settings["GKSPLIT"], BK // 16),
+            num_warps=GRAM_WARPS,
+        )
     if settings["GPASS"] == 2:
         wts = torch.empty(batch, cache.HV, NW, dtype=torch.float32, device=cache.device)
-
-    def key_products():
-        if settings["GPASS"]:
-            _verify_gram_kernel[(batch, cache.H)](
-                buf_k=cache.buf_k, fill=cache.fill, q=q, k=k, slots=slots, gram=gram, **qk_strides,
-                T=T, W=cache.window, C=cache.capacity, H=cache.H, HV=cache.HV, K=cache.K, BK=BK,
-                BT=BT, BWC=BWC, BE=BE, BZ=BZ, IS_HALF_IO=half_io, GKSPLIT=min(settings["GKSPLIT"], BK // 16),
-                num_warps=GRAM_WARPS,
-            )
-        if settings["GPASS"] == 2:
-            _verify_weights_kernel[(batch, cache.HV)](
-                buf_g=cache.buf_g, fill=cache.fill, g=g, beta=beta, slots=slots, gram=gram, wts=wts, **gate_strides,
-                scale=scale,
-                T=T, W=cache.window, C=cache.capacity, H=cache.H, HV=cache.HV,
-                BT=BT, BWC=BWC, BE=BE, BZ=BZ, NW=NW, USE_QK_L2NORM=l2norm,
-                num_warps=WEIGHTS_WARPS,
-            )
-
-    def folds(stream):
-        """The list of the value heads that fold, then their folds on `stream` (None: this one)."""
-        _verify_list_kernel[(batch,)](cache.fill, slots, cache.work, W=cache.window, HV=cache.HV,
-                                      BHV=next_pow2(cache.HV), num_warps=1)
-        FVP = min(settings["FVP"], next_pow2(cache.V))
-        items = batch * cache.HV * triton.cdiv(cache.V, FVP)
-        if stream is not None:
-            stream.wait_stream(main)
-        with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
-            _verify_fold_kernel[flush_grid(items, settings["PPS"], cache.device)](
-                **{key: value for key, value in _cache_args(cache).items() if key not in ("buf_b", "fill")},
-                slots=slots, work=cache.work,
-                **{key: constants[key] for key in ("C", "H", "HV", "K", "V", "BK", "BW", "HAS_COPY", "IS_FP8")},
-                BVF=max(16, min(settings["BVF"], FVP)), VP=FVP,
-                FKSPLIT=1 if cache.read_copy is not None or BK < 32 else settings["FKSPLIT"],
-                FSTAGES=settings["FSTAGES"], PRECISION=flush_precision(cache.checkpoint, settings["TF32"]),
-                FPREF=bool(settings["FPREF"]), **fold_widths, PDL=pdl,
-                **compile_options({"num_warps": settings["FWARPS"], "num_stages": 1,
-                                   "maxnreg": settings["FMAXNREG"]}),
-            )
-
-    if pdl:
-        side.wait_stream(main)
-        with torch.cuda.stream(side):
-            key_products()
-        folds(None)
-    else:
-        if settings["FPASS"]:
-            folds(side)
-        key_products()
+        _verify_weights_kernel[(batch, cache.HV)](
+            buf_g=cache.buf_g, fill=cache.fill, g=g, beta=beta, slots=slots, gram=gram, wts=wts, **gate_strides,
+            scale=scale,
+            T=T, W=cache.window, C=cache.capacity, H=cache.H, HV=cache.HV,
+            BT=BT, BWC=BWC, BE=BE, BZ=BZ, NW=NW, USE_QK_L2NORM=l2norm,
+            num_warps=WEIGHTS_WARPS,
+        )
     if side is not None:
         main.wait_stream(side)
     _verify_kernel[(batch, cache.HV)](
@@ -1633,8 +1603,7 @@ def _launch_verify(cache, q, k, v, g, beta, out, slots, scale, l2norm, settings)
         FSTAGES=settings["FSTAGES"], NW=NW, FPASS=bool(settings["FPASS"]), **fold_widths,
         # a verify that folds its own rows counts its arrivals whatever ARRIVE says; WFILL needs the weights launch
         ARRIVE=bool(settings["ARRIVE"]) or not settings["FPASS"],
-        WFILL=bool(settings["WFILL"]) and settings["GPASS"] == 2, PDL=pdl, **compile_options(settings),
-        **({"launch_pdl": True} if pdl else {}),
+        WFILL=bool(settings["WFILL"]) and settings["GPASS"] == 2, **compile_options(settings),
     )
 
 
@@ -1809,9 +1778,8 @@ def verify(
     ahead), FSPLITW (1: a fill of W folds in a product over the window's entries, not the capacity's; 2:
     a fill past W too, and the entries past them one by one), ARRIVE (0: the drafts' keys written by each
     key head's first value head, not the last to finish; taken with FPASS = 1 only), WFILL (1: each value
-    head's fill read from its weights; with GPASS = 2 only), PDL (1, with FPASS = 1 and FSTREAM = 1: the folds on the
-    verify's stream, the key products and the weights beside them, and the verify a programmatic dependent launch of
-    the folds, begun while they end; on a GPU only), num_warps, num_stages, maxnreg; slots, check: as in `replay`.
+    head's fill read from its weights; with GPASS = 2 only), num_warps, num_stages, maxnreg; slots,
+    check: as in `replay`.
     """
     batch, T = _check_against_cache(cache, _verify_kernel, q, k, v, g, beta, tokens=True)
     if not 1 <= T <= cache.max_draft:
