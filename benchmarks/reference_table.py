@@ -18,7 +18,7 @@ from typing import Any
 HEADER = ("| layer | batch | conventional | ReplaySSM | split (bf16 read copy) | bf16 state | speculative T=4 |\n"
           "|---|---|---|---|---|---|---|")
 FAMILY = {"mamba2": "Mamba-2", "gdn": "GDN"}
-DRAFT = 4
+WINDOW, DRAFT = 16, 4
 # DESIGN.md §7, by column and batch: ReplaySSM's (by layer kind at 256), the other columns' at 256; the conventional
 # step's share of copy bandwidth from batch 128 up.
 TARGETS: dict[tuple[str, int], Any] = {
@@ -34,7 +34,8 @@ def _row(profile, preset: str, batch: int, variant: str, state: str = "fp32", re
         if (row.get("kind") == "kernel" and row.get("flush") == "staggered" and row.get("phase") == "avg"
                 and row.get("preset") == preset and row.get("batch") == batch and row.get("variant") == variant
                 and row.get("state_dtype") == state and row.get("read_dtype") == read
-                and (row.get("draft") or 0) == draft and row.get("us_per_token")):
+                and (row.get("draft") or 0) == draft and row.get("window") in (None, WINDOW)
+                and row.get("us_per_token")):
             return row
     return None
 
@@ -111,7 +112,7 @@ def table(profiles, batches: tuple[int, ...] = (1, 64, 256, 512)) -> tuple[str, 
                          if spec else "–")
             lines.append(f"| {label} | {batch} | ".replace("|  |", "| |") + " | ".join(cells) + " |")
             label = ""
-    return "\n".join(lines), used
+    return "\n".join(lines), sorted(used, key=lambda profile: profile.created, reverse=True)
 
 
 def main(argv: list[str] | None = None) -> int:

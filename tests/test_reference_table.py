@@ -42,12 +42,14 @@ def _profile(name: str, created: str, rows: list[dict]) -> Results:
 
 def test_cells_come_from_the_newest_file_and_show_their_target(reference_table):
     older = _profile("h200-a.json", "2026-11-29T00:00:00", [
-        _kernel("conventional", 256, 520.0), _kernel("replay", 256, 290.0, 1.80),
+        _kernel("conventional", 256, 520.0), _kernel("replay", 256, 290.0, 1.80, window=16),
         _kernel("conventional", 1, 4.4), _kernel("replay", 1, 4.5, 0.99),
         _kernel("spec-conventional", 256, 340.0, draft=4), _kernel("spec-replay", 256, 110.0, draft=4),
     ])
     newer = _profile("h200-b.json", "2026-11-30T00:00:00", [
-        _kernel("conventional", 256, 524.0), _kernel("replay", 256, 310.0, 1.69),
+        # another window's row of the same step, first in the file, is not the table's (W = 16)
+        _kernel("conventional", 256, 524.0), _kernel("replay", 256, 200.0, 2.62, window=8),
+        _kernel("replay", 256, 310.0, 1.69, window=16),
         _kernel("conventional", 1, 4.4), _kernel("replay", 1, 4.63, 0.9496),
         # a speculative pair missing its snapshot row: the pair comes whole from the older file
         _kernel("spec-replay", 256, 120.0, draft=4),
