@@ -30,14 +30,12 @@ COPY_TARGET, COPY_BATCH = 90.0, 128
 
 def _row(profile, preset: str, batch: int, variant: str, state: str = "fp32", read: str | None = None,
          draft: int = 0) -> dict | None:
-    for row in profile.rows:
-        if (row.get("kind") == "kernel" and row.get("flush") == "staggered" and row.get("phase") == "avg"
-                and row.get("preset") == preset and row.get("batch") == batch and row.get("variant") == variant
-                and row.get("state_dtype") == state and row.get("read_dtype") == read
-                and (row.get("draft") or 0) == draft and row.get("window") in (None, WINDOW)
-                and row.get("us_per_token")):
-            return row
-    return None
+    from replayssm_cli.results import rows_matching
+
+    rows = rows_matching(profile.rows, kind="kernel", flush="staggered", phase="avg", preset=preset, batch=batch,
+                         variant=variant, state_dtype=state, read_dtype=read)
+    return next((row for row in rows if (row.get("draft") or 0) == draft and row.get("window") in (None, WINDOW)
+                 and row.get("us_per_token")), None)
 
 
 def _newest(profiles, *wanted: dict) -> tuple[list[dict], Any] | None:
@@ -52,6 +50,13 @@ def _newest(profiles, *wanted: dict) -> tuple[list[dict], Any] | None:
 def _ratio(value: float, target: float | None) -> str:
     text = f"{value:.3f}" if target is not None and abs(value - target) < 0.005 else f"{value:.2f}"
     return f"**{text}x**" if target is not None and value >= target else f"{text}x"
+
+
+def _speedup(rows: list[dict] | None, target: float | None) -> str | None:
+    """A row's own ratio over its file's conventional step, or None where no file has it."""
+    if rows is None or rows[0].get("speedup") is None:
+        return None
+    return _ratio(rows[0]["speedup"], target)
 
 
 def _target(column: str, batch: int, kind: str) -> float | None:
@@ -93,19 +98,14 @@ def table(profiles, batches: tuple[int, ...] = (1, 64, 256, 512)) -> tuple[str, 
                 first_pct = False
                 bold = batch >= COPY_BATCH and pct >= COPY_TARGET
                 cells[0] += f" ({'**' + share + '**' if bold else share})"
-
-            def speedup(column: str, **where) -> str | None:
-                """The row's own ratio over its file's conventional step, or None where no file has it."""
-                found = take(_newest(profiles, dict(base, **where)))
-                if found is None or found[0].get("speedup") is None:
-                    return None
-                return _ratio(found[0]["speedup"], _target(column, batch, preset.kind))
-
-            cells.append(speedup("replay", variant="replay") or "–")
-            cell = speedup("split", variant="split", read="bf16") or "–"
-            fp8 = speedup("split", variant="split", read="fp8")
+            split = _target("split", batch, preset.kind)
+            cells.append(_speedup(take(_newest(profiles, dict(base, variant="replay"))),
+                                  _target("replay", batch, preset.kind)) or "–")
+            cell = _speedup(take(_newest(profiles, dict(base, variant="split", read="bf16"))), split) or "–"
+            fp8 = _speedup(take(_newest(profiles, dict(base, variant="split", read="fp8"))), split)
             cells.append(cell + (f" (fp8 copy {fp8})" if fp8 else ""))
-            cells.append(speedup("bf16", variant="replay", state="bf16") or "–")
+            cells.append(_speedup(take(_newest(profiles, dict(base, variant="replay", state="bf16"))),
+                                  _target("bf16", batch, preset.kind)) or "–")
             spec = take(_newest(profiles, dict(base, variant="spec-conventional", draft=DRAFT),
                                 dict(base, variant="spec-replay", draft=DRAFT)))
             cells.append(_ratio(spec[0]["us_per_token"] / spec[1]["us_per_token"], _target("spec", batch, preset.kind))

@@ -12,10 +12,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import sys
 
 import torch
 
 from replayssm_kernels import gdn
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import sweep_common as common  # noqa: E402
 
 SHAPE = {"H": 16, "HV": 64, "K": 128, "V": 128}
 
@@ -25,14 +30,11 @@ def _rel(got: torch.Tensor, exact: torch.Tensor) -> float:
 
 
 def _launch(text: str) -> dict:
-    """key=value,... (integer values) as a launch dict; "" is the shipped row."""
-    launch = {}
-    for item in filter(None, text.split(",")):
-        key, _, value = item.partition("=")
-        if not key or not value.lstrip("-").isdigit():
-            raise argparse.ArgumentTypeError(f"{item!r} is not key=integer (for example CTF32=1)")
-        launch[key] = int(value)
-    return launch
+    """key=value,... (integer values) as a launch dict (the sweeps' parser); "" is the shipped row."""
+    try:
+        return common.parse_launch(f"replay:{text}", ("replay",))[1]
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{exc} (for example CTF32=1)") from None
 
 
 def drift(batch: int, steps: int, window: int, read_dtype: str, launch: dict, seed: int, shape: dict = SHAPE,
