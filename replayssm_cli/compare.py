@@ -6,6 +6,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from replayssm_cli import provenance
 from replayssm_cli.errors import UserError
 from replayssm_cli.profile import CONFIG_KEYS
 
@@ -24,6 +25,8 @@ class Comparison:
     geomean: float | None = None
     geomean_rows: int = 0
     differences: list[str] = field(default_factory=list)
+    label_a: str = ""
+    label_b: str = ""
 
 
 def environment_differences(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
@@ -71,16 +74,18 @@ def compare_results(a: Any, b: Any, *, force: bool = False) -> Comparison:
             only_a.append(ra)
             continue
         seen.add(key)
-        matched.append(_pair(ra, rb))
+        matched.append(_pair(ra, rb, a, b))
     only_b = [r for r in b.rows if row_key(r) not in seen]
     speedups = [m["speedup"] for m in matched if m["speedup"] and m["phase"] == "avg"]
     geo = math.exp(sum(math.log(s) for s in speedups) / len(speedups)) if speedups else None
-    return Comparison(rows=matched, only_a=only_a, only_b=only_b, geomean=geo, geomean_rows=len(speedups), differences=diffs)
+    return Comparison(rows=matched, only_a=only_a, only_b=only_b, geomean=geo, geomean_rows=len(speedups), differences=diffs,
+                      label_a=provenance.file_label(a), label_b=provenance.file_label(b))
 
 
-def _pair(ra: dict[str, Any], rb: dict[str, Any]) -> dict[str, Any]:
+def _pair(ra: dict[str, Any], rb: dict[str, Any], a: Any = None, b: Any = None) -> dict[str, Any]:
     out = {k: ra.get(k) for k in CONFIG_KEYS}
     out.update(status_a=ra["status"], status_b=rb["status"], source_a=ra["source"], source_b=rb["source"])
+    out.update(provenance_a=provenance.row_label(ra, a), provenance_b=provenance.row_label(rb, b))
     out.update(us_a=ra.get("us_per_token"), us_b=rb.get("us_per_token"), speedup=None, within_noise=None, verdict="")
     failed = [side for side, r in (("A", ra), ("B", rb)) if r["status"] != "ok"]
     if failed:
@@ -104,7 +109,8 @@ def render(comp: Comparison, *, name_a: str, name_b: str):
     """The rich table of a comparison."""
     from rich.table import Table
 
-    caption = [f"speedup: A's µs per token over B's (A = {name_a}, B = {name_b}); within noise: the interquartile ranges overlap"]
+    caption = [f"A = {name_a}: {comp.label_a or 'results'}", f"B = {name_b}: {comp.label_b or 'results'}",
+               "speedup: A's µs per token over B's; within noise: the interquartile ranges overlap"]
     if comp.geomean is not None:
         caption.append(f"geometric mean over {comp.geomean_rows} whole-window rows: {comp.geomean:.3f}x")
     if comp.only_a or comp.only_b:

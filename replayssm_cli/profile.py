@@ -295,7 +295,8 @@ def _cost(point: Point, preset: Any, phase: str, accepted: float | None):
 
 
 def memory_fields(point: Point, preset: Any, free_bytes: int | None) -> dict[str, Any]:
-    """mem_per_seq (per layer), its parts as x_mem_*, and how many sequences fit in free_bytes over all SSM layers."""
+    """mem_per_seq (one layer), mem_per_seq_model (all the preset's SSM layers), the parts as x_mem_* and how many
+    sequences fit in free_bytes."""
     from replayssm_cli import cost
 
     mem = cost.memory_per_seq(
@@ -308,7 +309,7 @@ def memory_fields(point: Point, preset: Any, free_bytes: int | None) -> dict[str
         draft=point.draft,
     )
     per_seq = int(mem["total"])
-    fields: dict[str, Any] = {"mem_per_seq": per_seq}
+    fields: dict[str, Any] = {"mem_per_seq": per_seq, "mem_per_seq_model": per_seq * preset.ssm_layers}
     fields.update({f"x_mem_{k}": int(v) for k, v in mem.items() if k != "total"})
     fields["seqs_fit"] = int(free_bytes // (per_seq * preset.ssm_layers)) if free_bytes and per_seq else None
     return fields
@@ -361,19 +362,33 @@ def timing_fields(row: dict[str, Any], point: Point, preset: Any, us: float, acc
     row["flops_per_s"] = c.flops / (us * 1e-6) if us > 0 else None
 
 
-def predicted_rows(point: Point, preset: Any, ceilings: Any, free_bytes: int | None) -> list[dict[str, Any]]:
-    """The rows the cost model predicts for one point on a GPU with these ceilings; every row marked predicted."""
-    from replayssm_cli import cost
+def predicted_rows(point: Point, preset: Any, ceilings: Any, free_bytes: int | None, *, gpu: str = "h200",
+                   reference: dict[tuple, dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+    """The rows predicted for one point on `gpu` (a GPU spec key), every row marked predicted, with x_prediction.
+
+    Times come from calibration.predict_step: the cost model's bytes and FLOPs over the GPU's datasheet ceilings
+    divided by the efficiency fitted to the shipped measured profiles (the roofline over `ceilings` where no
+    calibration covers the kernel). `reference` (calibration.reference_index) adds x_reference to a row whose
+    configuration a shipped file measured on this GPU: its µs, speedup and file, GPU, date and commit.
+    """
+    from replayssm_cli import calibration
 
     accepted = mean_accepted(list(point.accept)) if point.draft else None
     rows = []
     for phase in point_phases(point):
         row = base_row(point, preset, phase, source="predicted", status="ok", layers=preset.ssm_layers)
-        c = _cost(point, preset, phase, accepted)
-        us = cost.predict_us(c, ceilings, cost.launches_per_step(point.cost_variant, phase))
-        timing_fields(row, point, preset, us, accepted, ceilings, phase)
-        row.update(us_p50=us, us_p95=us, us_p99=us, spread=None, check_max_err=None)
+        pred = calibration.predict_step(
+            preset, point.cost_variant, batch=point.batch, phase=phase, window=point.window, state_dtype=point.state_dtype,
+            read_dtype=point.read_dtype, io_dtype=point.io_dtype, draft=point.draft, accepted=accepted, fill=row["x_fill"],
+            gpu=gpu,
+        )
+        timing_fields(row, point, preset, pred.us, accepted, ceilings, phase)
+        row.update(us_p50=pred.us, us_p95=pred.us, us_p99=pred.us, spread=None, check_max_err=None)
+        row["x_prediction"] = pred.x_prediction()
         row.update(memory_fields(point, preset, free_bytes))
+        measured = (reference or {}).get(calibration.reference_key({**row, "source": "measured"}))
+        if measured is not None:
+            row["x_reference"] = {"us": measured["us"], "speedup": measured.get("speedup"), **measured.get("x_origin", {})}
         rows.append(row)
     return _derived_fields(rows)
 
@@ -431,55 +446,70 @@ def _derived_fields(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
-def _baseline(row: dict[str, Any], rows: list[dict[str, Any]], variant: str, draft: int = 0) -> dict[str, Any] | None:
+def _baseline(row: dict[str, Any], rows: list[dict[str, Any]], variant: str, draft: int = 0, state_dtype: str | None = None) -> dict[str, Any] | None:
+    """The avg row of `variant` (at `draft`) of the same preset, batch, io dtype, tp and source; the same state dtype
+    as `row` unless `state_dtype` names another."""
+    want = {k: row.get(k) for k in ("preset", "batch", "state_dtype", "io_dtype", "tp", "source")}
+    if state_dtype is not None:
+        want["state_dtype"] = state_dtype
     for r in rows:
         if (
             r["variant"] == variant
             and r["phase"] == "avg"
             and r["status"] == "ok"
             and r.get("draft", 0) == draft
-            and all(r.get(k) == row.get(k) for k in ("preset", "batch", "state_dtype", "io_dtype", "tp", "source"))
+            and all(r.get(k) == v for k, v in want.items())
         ):
             return r
     return None
 
 
 def attach_speedup(row: dict[str, Any], rows: list[dict[str, Any]]) -> None:
-    """Speedup over the conventional row of the same preset, batch and dtypes (per token), with a range from the quartiles.
+    """speedup (per token, with a range from the quartiles) over the row's own baseline, named in speedup_over.
 
-    A baseline row also gets x_vs_ours: its µs per token over that of our kernel of the variant it
-    competes with (same window), so above 1 ours is faster.
+    ReplaySSM and baseline kernels: over the conventional step at the same state precision ("conventional"); split
+    precision: over the fp32 conventional step ("fp32-conventional"; the same-precision one where the run has no
+    fp32 conventional row); spec-replay: over the snapshot-writing spec-conventional step at the same draft width
+    ("snapshots"). Speculative rows also get speedup_vs_decode, over plain conventional decode; conventional and
+    spec-conventional rows are baselines (speedup None). A baseline row also gets x_vs_ours: its µs per token over
+    that of our kernel of the variant it competes with (same window), so above 1 ours is faster.
     """
-    row.setdefault("speedup", None)
-    row.setdefault("speedup_lo", None)
-    row.setdefault("speedup_hi", None)
+    for key in ("speedup", "speedup_over", "speedup_lo", "speedup_hi", "speedup_vs_decode"):
+        row.setdefault(key, None)
     if row["variant"] == "conventional" or row["status"] != "ok":
         return
     conv = _baseline(row, rows, "conventional")
+    if row["variant"] in ("spec-conventional", "spec-replay"):
+        if conv is not None:
+            row["speedup_vs_decode"] = conv["us_per_token"] / row["us_per_token"]
+        snap = _baseline(row, rows, "spec-conventional", row.get("draft", 0)) if row["variant"] == "spec-replay" else None
+        if snap is not None:
+            _ratio(row, snap, "snapshots")
+        return
+    if row["variant"] == "split":
+        fp32 = _baseline(row, rows, "conventional", state_dtype="fp32")
+        if fp32 is not None:
+            _ratio(row, fp32, "fp32-conventional")
+            return
     if conv is not None:
-        _ratio(row, conv, "")
+        _ratio(row, conv, "conventional")
     if row["variant"].startswith("baseline:") and row.get("x_competes"):
         ours = next((r for r in rows if r["variant"] == row["x_competes"] and r["window"] == row.get("window")
                      and _baseline(row, [r], r["variant"]) is not None), None)
         if ours is not None:
             row["x_vs_ours"] = row["us_per_token"] / ours["us_per_token"]
             row["x_ours_us"] = ours["us_per_token"]
-    if row["variant"] == "spec-replay":
-        snap = _baseline(row, rows, "spec-conventional", row.get("draft", 0))
-        if snap is not None:
-            _ratio(row, snap, "x_spec_")
 
 
-def _ratio(row: dict[str, Any], base: dict[str, Any], prefix: str) -> None:
+def _ratio(row: dict[str, Any], base: dict[str, Any], over: str) -> None:
     tok, btok = row["tokens_per_step"], base["tokens_per_step"]
-    key = (prefix + "speedup") if prefix else "speedup"
-    row[key] = base["us_per_token"] / row["us_per_token"]
-    lo_key, hi_key = (prefix + "speedup_lo", prefix + "speedup_hi") if prefix else ("speedup_lo", "speedup_hi")
+    row["speedup"] = base["us_per_token"] / row["us_per_token"]
+    row["speedup_over"] = over
     if row.get("x_us_p75") and base.get("x_us_p25"):
-        row[lo_key] = (base["x_us_p25"] / btok) / (row["x_us_p75"] / tok)
-        row[hi_key] = (base["x_us_p75"] / btok) / (row["x_us_p25"] / tok)
+        row["speedup_lo"] = (base["x_us_p25"] / btok) / (row["x_us_p75"] / tok)
+        row["speedup_hi"] = (base["x_us_p75"] / btok) / (row["x_us_p25"] / tok)
     else:
-        row[lo_key] = row[hi_key] = row[key]
+        row["speedup_lo"] = row["speedup_hi"] = row["speedup"]
 
 
 def _is_oom(exc: BaseException) -> bool:
@@ -574,7 +604,7 @@ def _finish(writer: Any, on_close: Callable[[], dict[str, Any]] | None) -> None:
 def _run_point(point, preset, writer, run: ProfileRun, mode, ceilings, free_bytes, runner, context) -> None:
     try:
         if mode == "predicted":
-            rows = predicted_rows(point, preset, ceilings, free_bytes)
+            rows = predicted_rows(point, preset, ceilings, free_bytes, gpu=context.get("gpu", "h200"), reference=context.get("reference"))
         else:
             rows = measured_rows(point, preset, runner(point, context), ceilings, free_bytes)
     except KeyboardInterrupt:
@@ -709,7 +739,11 @@ def predicted_setup(gpu: str | None) -> dict[str, Any]:
         gpu={"name": spec.name, "key": spec.key, "memory_gib": spec.memory_gib, "l2_mib": spec.l2_mib, "sm_count": spec.sm_count, "source": "spec"},
         ceilings=_plain(ceilings),
     )
-    return {"environment": env, "ceilings": ceilings, "free_bytes": int(spec.memory_gib * 2**30), "gpu_key": spec.key, "gpu_name": spec.name}
+    from replayssm_cli import calibration
+
+    context = {"gpu": spec.key, "reference": calibration.reference_index(spec.key)}
+    return {"environment": env, "ceilings": ceilings, "free_bytes": int(spec.memory_gib * 2**30), "gpu_key": spec.key,
+            "gpu_name": spec.name, "context": context}
 
 
 def measured_setup(gpu: str | None, spec: ProfileSpec) -> dict[str, Any]:
@@ -782,18 +816,24 @@ def render_table(rows: list[dict[str, Any]], *, title: str, caption: str | None 
     from rich import box
     from rich.table import Table
 
+    from replayssm_cli.provenance import row_label
+
+    labels = [row_label(r) for r in rows]
+    mixed = len(set(labels)) > 1
+    if labels and not mixed:
+        caption = f"figures: {labels[0]}" + (f"\n{caption}" if caption else "")
     has_draft = any(r.get("draft") for r in rows)
     table = Table(title=title, caption=caption, caption_justify="left", header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False)
     columns = [
         ("preset", "left"), ("variant", "left"), ("B", "right"), ("W", "right"), ("state→read", "left"),
         *([("T/acc", "right")] if has_draft else []), ("µs/tok/layer", "right"), ("µs/model step", "right"),
         ("GB/s", "right"), ("%BW", "right"), ("TFLOP/s", "right"), ("AI", "right"), ("speedup", "right"),
-        ("flush cost/share", "right"), ("MiB/seq", "right"), ("seqs fit", "right"),
+        ("flush cost/share", "right"), ("MiB/seq", "right"), ("seqs fit", "right"), *([("from", "left")] if mixed else []),
     ]
     for name, just in columns:
         table.add_column(name, justify=just, no_wrap=name in ("preset", "µs/tok/layer", "speedup", "variant", "state→read", "flush cost/share"))
     previous = None
-    for r in rows:
+    for r, label in zip(rows, labels):
         if previous is not None and r["preset"] != previous:
             table.add_section()
         preset = r["preset"] if r["preset"] != previous else ""
@@ -815,11 +855,10 @@ def render_table(rows: list[dict[str, Any]], *, title: str, caption: str | None 
                 _speedup_cell(r),
                 _flush_cell(r),
             ]
-        per_seq = r.get("mem_per_seq")
-        layers = (layers_of or {}).get(r["preset"])
-        mem = _mib(per_seq * layers) if per_seq is not None and layers else _mib(per_seq)
+        mem = _mib(r.get("mem_per_seq_model") if r.get("mem_per_seq_model") is not None else r.get("mem_per_seq"))
         table.add_row(
             preset, variant, str(r["batch"]), _fmt(r.get("window"), "d"), dtypes, *draft, *timing, mem, _fmt(r.get("seqs_fit"), "d"),
+            *([label] if mixed else []),
         )
     return table
 
@@ -835,13 +874,17 @@ def _us_cell(r: dict[str, Any]) -> str:
 
 
 def _speedup_cell(r: dict[str, Any]) -> str:
-    if r.get("speedup") is None:
-        return "–"
-    cell = f"{r['speedup']:.2f}x"
-    if r.get("speedup_lo") is not None and r.get("speedup_hi") is not None and r["speedup_lo"] != r["speedup_hi"]:
-        cell += f" [dim]({r['speedup_lo']:.2f}–{r['speedup_hi']:.2f})[/]"
-    if r.get("x_spec_speedup") is not None:
-        cell += f" [dim]· {r['x_spec_speedup']:.2f}x vs snapshots[/]"
+    """The speedup over the row's own baseline first (over snapshots for spec-replay), then the speculative rows'
+    figure over plain decode."""
+    cell = "–"
+    if r.get("speedup") is not None:
+        cell = f"{r['speedup']:.2f}x"
+        if r.get("speedup_lo") is not None and r.get("speedup_hi") is not None and r["speedup_lo"] != r["speedup_hi"]:
+            cell += f" [dim]({r['speedup_lo']:.2f}–{r['speedup_hi']:.2f})[/]"
+        if r.get("speedup_over") == "snapshots":
+            cell += " vs snapshots"
+    if r.get("speedup_vs_decode") is not None:
+        cell += f" [dim]· {r['speedup_vs_decode']:.2f}x vs decode[/]"
     if r.get("x_vs_ours") is not None:
         cell += f" [dim]· ours {r['x_vs_ours']:.2f}x[/]"
     return cell

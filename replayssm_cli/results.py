@@ -13,8 +13,13 @@ from typing import Any, Iterable
 
 from replayssm_cli.errors import UserError
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 KIND = "replayssm-results"
+# Version 1 named a speculative step's speedup over plain decode `speedup` (x_spec_speedup: over snapshots) and had
+# no speedup_over or mem_per_seq_model; `upgrade` turns such a document into the current version on load.
+READABLE_VERSIONS = (1, SCHEMA_VERSION)
+
+SPEEDUP_OVER = ("conventional", "snapshots", "fp32-conventional")
 
 # Every kernel row carries these keys (a value may be None where it does not apply).
 ROW_FIELDS: dict[str, str] = {
@@ -36,29 +41,228 @@ ROW_FIELDS: dict[str, str] = {
     "source": "'measured' or 'predicted'",
     "status": "'ok' or 'failed' (a failed kernel carries no time)",
     "us": "median time of one decode step of one layer, microseconds",
-    "us_p50": "50th percentile of per-step samples",
-    "us_p95": "95th percentile of per-step samples",
-    "us_p99": "99th percentile of per-step samples",
-    "spread": "(p75 - p25) / median of the samples",
+    "us_p50": "50th percentile of per-step samples, microseconds",
+    "us_p95": "95th percentile of per-step samples, microseconds",
+    "us_p99": "99th percentile of per-step samples, microseconds",
+    "spread": "(p75 - p25) / median of the samples (a fraction)",
     "tokens_per_step": "tokens committed per step (1, or accepted + 1 with drafts)",
-    "us_per_token": "us / tokens_per_step",
-    "us_model_step": "us times the preset's SSM layer count (all SSM layers of one model step)",
+    "us_per_token": "us / tokens_per_step, microseconds",
+    "us_model_step": "us times the preset's SSM layer count (all SSM layers of one model step), microseconds",
     "bytes_read": "modelled DRAM bytes read per step per layer",
     "bytes_written": "modelled DRAM bytes written per step per layer",
     "flops": "modelled FLOPs per step per layer",
-    "intensity": "flops / (bytes_read + bytes_written)",
+    "intensity": "flops / (bytes_read + bytes_written), FLOP per byte",
     "gbs": "achieved bandwidth, GB/s (modelled bytes over measured or predicted time)",
     "pct_copy_bw": "gbs as a percentage of the ceiling used (measured copy bandwidth where known)",
     "flops_per_s": "achieved FLOP/s",
-    "speedup": "conventional us_per_token over this row's, same preset/batch/dtypes (None for conventional)",
-    "speedup_lo": "pessimistic speedup from the samples' p75 and the conventional p25",
-    "speedup_hi": "optimistic speedup from the samples' p25 and the conventional p75",
-    "mem_per_seq": "bytes per sequence per layer: checkpoint or state, read copy, buffers, snapshots",
+    "speedup": "us_per_token of the row named by speedup_over over this row's, same preset, batch and dtypes (None for a baseline row)",
+    "speedup_over": "what speedup is over: 'conventional' (the conventional step at the same state precision), "
+                    "'snapshots' (the snapshot-writing decode_multi, for spec-replay), 'fp32-conventional' (the fp32 "
+                    "conventional step, for split precision) or None for a baseline row",
+    "speedup_lo": "pessimistic speedup: this row's p75 against the baseline's p25",
+    "speedup_hi": "optimistic speedup: this row's p25 against the baseline's p75",
+    "speedup_vs_decode": "speculative rows: plain conventional decode's us_per_token over this row's (None otherwise)",
+    "mem_per_seq": "bytes one sequence holds in one SSM layer: checkpoint or state, read copy, buffers, snapshots",
+    "mem_per_seq_model": "mem_per_seq times the preset's SSM layer count: bytes one sequence holds in the whole model",
     "seqs_fit": "sequences whose per-layer state of every SSM layer fits in the GPU's free memory",
     "check_max_err": "max relative error against the reference before timing (None when predicted)",
 }
 
+_NUM = {"type": ["number", "null"], "minimum": 0}
+_POS = {"type": ["number", "null"], "exclusiveMinimum": 0}
+_INT = {"type": ["integer", "null"], "minimum": 0}
+_DTYPES = ["fp32", "bf16", "fp16", "fp8"]
+# The JSON Schema type of each row field (ROW_FIELDS gives its meaning).
+ROW_TYPES: dict[str, dict[str, Any]] = {
+    "kind": {"enum": ["kernel", "e2e"]},
+    "op": {"enum": ["mamba2", "gdn"]},
+    "preset": {"type": "string", "minLength": 1},
+    "variant": {"type": "string", "pattern": "^(conventional|replay|split|spec-conventional|spec-replay|baseline:.+)$"},
+    "phase": {"enum": ["avg", "nonflush", "flush"]},
+    "batch": {"type": "integer", "minimum": 1},
+    "window": {"type": ["integer", "null"], "minimum": 1},
+    "state_dtype": {"enum": [*_DTYPES, None]},
+    "read_dtype": {"enum": [*_DTYPES, None]},
+    "io_dtype": {"enum": [*_DTYPES, None]},
+    "draft": _INT,
+    "accepted": _NUM,
+    "tp": {"type": ["integer", "null"], "minimum": 1},
+    "layers": {"type": ["integer", "null"], "minimum": 1},
+    "flush": {"enum": ["staggered", "aligned", None]},
+    "source": {"enum": ["measured", "predicted"]},
+    "status": {"enum": ["ok", "failed"]},
+    **dict.fromkeys(("us", "us_p50", "us_p95", "us_p99", "us_per_token", "us_model_step"), _POS),
+    "spread": _NUM,
+    "tokens_per_step": _POS,
+    **dict.fromkeys(("bytes_read", "bytes_written", "flops"), _INT),
+    **dict.fromkeys(("intensity", "gbs", "pct_copy_bw", "flops_per_s", "check_max_err"), _NUM),
+    **dict.fromkeys(("speedup", "speedup_lo", "speedup_hi", "speedup_vs_decode"), _POS),
+    "speedup_over": {"enum": [*SPEEDUP_OVER, None]},
+    **dict.fromkeys(("mem_per_seq", "mem_per_seq_model", "seqs_fit"), _INT),
+}
+
+# Structured extra fields every reader may rely on (other x_ fields are free-form).
+EXTRA_TYPES: dict[str, dict[str, Any]] = {
+    "x_prediction": {
+        "description": "how a predicted row was predicted: method ('calibrated': the cost model's bytes and FLOPs over the "
+                       "ceilings times an efficiency fitted to measured profiles; 'roofline': over the ceilings alone), the "
+                       "GPU the efficiencies were fitted on, and the fit's relative error (a fraction)",
+        "type": "object",
+        "required": ["method"],
+        "properties": {
+            "method": {"enum": ["calibrated", "roofline"]},
+            "calibrated_on": {"type": ["string", "null"]},
+            "fit_error": {"type": ["number", "null"], "minimum": 0},
+        },
+    },
+    "x_reference": {
+        "description": "the shipped measurement of the same configuration beside a predicted row: its us, speedup "
+                       "and the file, GPU, date and commit it was measured at",
+        "type": "object",
+        "required": ["us", "file"],
+        "properties": {
+            "us": _POS, "speedup": _POS, "file": {"type": "string"}, "gpu": {"type": ["string", "null"]},
+            "date": {"type": ["string", "null"]}, "commit": {"type": ["string", "null"]},
+        },
+    },
+}
+
 REQUIRED = ("kind", "op", "preset", "variant", "phase", "batch", "source", "status")
+
+SCHEMA_ID = "https://github.com/replayssm/replayssm/profiles/schema/results.schema.json"
+
+
+def json_schema() -> dict[str, Any]:
+    """The JSON Schema (draft 2020-12) of a results file of SCHEMA_VERSION; profiles/schema/results.schema.json is
+    this, written by `python -m replayssm_cli.results --schema`."""
+    row_props = {k: {"description": ROW_FIELDS[k], **ROW_TYPES[k]} for k in ROW_FIELDS}
+    row_props.update(EXTRA_TYPES)
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "$id": SCHEMA_ID,
+        "title": f"replayssm results file, schema version {SCHEMA_VERSION}",
+        "description": "Written by `replayssm profile` and `replayssm e2e`: the environment it ran in, what was run "
+                       "(spec), one row per measured or predicted configuration, and what was not run (skipped). "
+                       "Times are microseconds, bytes are bytes, bandwidth GB/s. Load the rows with pandas: "
+                       "pd.json_normalize(json.load(open(path)), 'rows'). Files of schema version 1 are upgraded "
+                       "on load by replayssm_cli.results.upgrade.",
+        "type": "object",
+        "required": ["kind", "schema_version", "environment", "rows"],
+        "properties": {
+            "kind": {"const": KIND},
+            "schema_version": {"const": SCHEMA_VERSION},
+            "created": {"type": "string", "description": "when the run started, ISO 8601 UTC"},
+            "complete": {"type": "boolean", "description": "false while the run is going and when it was cut short"},
+            "environment": {
+                "type": "object",
+                "description": "GPU (name, driver, key, ...), software versions (replayssm, torch, triton, cuda), git "
+                               "commit, the ceilings used (GB/s, TFLOP/s) and the clocks sampled during the run",
+                "properties": {"gpu": {"type": "object"}, "ceilings": {"type": ["object", "null"]},
+                               "commit": {"type": ["string", "null"]}},
+            },
+            "spec": {"type": "object", "description": "what was run: the grid's axes and the timing settings"},
+            "rows": {"type": "array", "items": {"$ref": "#/$defs/row"}},
+            "skipped": {
+                "type": "array",
+                "description": "configurations not run, each with why",
+                "items": {"type": "object", "required": ["what", "why"],
+                          "properties": {"what": {"type": "string"}, "why": {"type": "string"}}},
+            },
+        },
+        "$defs": {
+            "row": {
+                "type": "object",
+                "description": "one configuration's figures; extra fields start with x_",
+                "required": list(REQUIRED),
+                "properties": row_props,
+                "patternProperties": {"^x_": {}},
+                "additionalProperties": False,
+            },
+        },
+    }
+
+
+def schema_path() -> Path:
+    """The shipped JSON Schema of the results file."""
+    from importlib import resources
+
+    return Path(str(resources.files("replayssm_profiles") / "schema" / "results.schema.json"))
+
+
+def speedup_over_of(row: dict[str, Any]) -> str | None:
+    """What a row's speedup is over, from its variant (for rows written without speedup_over)."""
+    if row.get("speedup") is None:
+        return None
+    variant = row.get("variant") or ""
+    if variant == "spec-replay":
+        return "snapshots"
+    if variant == "split" and row.get("state_dtype") == "fp32":
+        return "fp32-conventional"
+    return "conventional"
+
+
+def upgrade(doc: dict[str, Any]) -> dict[str, Any]:
+    """A results document of an older schema version as the current version (a new dict; rows copied).
+
+    Version 1 -> 2: a speculative row's `speedup` (over plain decode) becomes `speedup_vs_decode`; spec-replay's
+    x_spec_speedup (over snapshots) becomes `speedup`, spec-conventional (the snapshot baseline) gets none;
+    `speedup_over` names each speedup's baseline; `mem_per_seq_model` is mem_per_seq times the preset's SSM layers
+    (us_model_step / us).
+    """
+    if doc.get("schema_version") == SCHEMA_VERSION:
+        return doc
+    old_rows = doc.get("rows") if isinstance(doc.get("rows"), list) else []
+    rows = []
+    for old in old_rows:
+        if not isinstance(old, dict):
+            rows.append(old)
+            continue
+        r = dict(old)
+        if r.get("variant") in ("spec-replay", "spec-conventional"):
+            r["speedup_vs_decode"] = r.get("speedup")
+            r["speedup"] = r.pop("x_spec_speedup", None)
+            r["speedup_lo"] = r.pop("x_spec_speedup_lo", None)
+            r["speedup_hi"] = r.pop("x_spec_speedup_hi", None)
+            if r["variant"] == "spec-replay" and r["speedup"] is None:
+                r["speedup"] = r["speedup_lo"] = r["speedup_hi"] = _over_snapshots(r, old_rows)
+        r.setdefault("speedup_vs_decode", None)
+        r["speedup_over"] = speedup_over_of(r)
+        if "mem_per_seq_model" not in r:
+            per_seq, us, model = r.get("mem_per_seq"), r.get("us"), r.get("us_model_step")
+            layers = round(model / us) if isinstance(us, (int, float)) and isinstance(model, (int, float)) and us > 0 else None
+            r["mem_per_seq_model"] = per_seq * layers if isinstance(per_seq, int) and layers else None
+        if r.get("source") == "predicted" and "x_prediction" not in r:
+            r["x_prediction"] = {"method": "roofline", "calibrated_on": None, "fit_error": None}
+        rows.append(r)
+    return {**doc, "schema_version": SCHEMA_VERSION, "rows": rows}
+
+
+def _over_snapshots(row: dict[str, Any], rows: list[Any]) -> float | None:
+    """A spec-replay row's speedup over its file's spec-conventional row of the same configuration, per token."""
+    same = ("preset", "batch", "state_dtype", "io_dtype", "tp", "draft", "source")
+    for r in rows:
+        if (isinstance(r, dict) and r.get("variant") == "spec-conventional" and r.get("phase") == "avg"
+                and r.get("status") == "ok" and all(r.get(k) == row.get(k) for k in same)):
+            base, mine = r.get("us_per_token"), row.get("us_per_token")
+            if isinstance(base, (int, float)) and isinstance(mine, (int, float)) and mine > 0:
+                return base / mine
+    return None
+
+
+def schema_errors(doc: Any, limit: int = 5) -> list[str]:
+    """Where a results document breaks the shipped JSON Schema (empty when it conforms), at most `limit` lines."""
+    import jsonschema
+
+    validator = jsonschema.Draft202012Validator(json.loads(schema_path().read_text()))
+    errors = []
+    for e in validator.iter_errors(doc):
+        where = "/".join(str(p) for p in e.absolute_path) or "(document)"
+        errors.append(f"{where}: {e.message}")
+        if len(errors) >= limit:
+            break
+    return errors
+
+
 
 
 @dataclass
@@ -146,6 +350,8 @@ class ResultsWriter:
         return self.results.rows
 
     def add(self, row: dict[str, Any]) -> None:
+        if "speedup" in row and "speedup_over" not in row:
+            row["speedup_over"] = speedup_over_of(row)
         validate_row(row)
         self.results.rows.append(row)
         self._flush()
@@ -183,11 +389,13 @@ def from_dict(doc: Any, path: Path | None = None) -> Results:
     if not isinstance(doc, dict) or doc.get("kind") != KIND:
         raise UserError(f"{where} is not a replayssm results file (no kind '{KIND}')", "pass a file written by `replayssm profile`")
     version = doc.get("schema_version")
-    if version != SCHEMA_VERSION:
+    if version not in READABLE_VERSIONS:
         raise UserError(
-            f"{where} has schema_version {version!r}; this replayssm reads version {SCHEMA_VERSION}",
+            f"{where} has schema_version {version!r}; this replayssm reads versions {', '.join(map(str, READABLE_VERSIONS))}",
             "re-run `replayssm profile` with this version",
         )
+    doc = upgrade(doc)
+    version = doc["schema_version"]
     rows = doc.get("rows")
     if not isinstance(rows, list) or not isinstance(doc.get("environment"), dict):
         raise UserError(f"{where} lacks its rows or environment", "re-run `replayssm profile`")
@@ -250,11 +458,13 @@ def load_reference(gpu_key: str = "h200") -> Results | None:
     # The merged profile takes the environment of a file that recorded the measured ceilings.
     first = next((r for r in loaded if r.environment.get("ceilings")), loaded[0])
     rows, seen = [], set()
-    for row in (row for r in loaded for row in r.rows):
-        key = tuple(row.get(f) for f in CONFIG_FIELDS)
-        if key not in seen:
-            seen.add(key)
-            rows.append(row)
+    for r in loaded:
+        origin = origin_of(r)
+        for row in r.rows:
+            key = tuple(row.get(f) for f in CONFIG_FIELDS)
+            if key not in seen:
+                seen.add(key)
+                rows.append({**row, "x_origin": origin})
     return Results(
         path=loaded[0].path.parent if loaded[0].path else None,
         environment=first.environment,
@@ -266,5 +476,26 @@ def load_reference(gpu_key: str = "h200") -> Results | None:
     )
 
 
+def origin_of(results: Results) -> dict[str, Any]:
+    """Where a loaded file's rows were measured: its file name, GPU, date and commit (a row of a merged reference
+    carries this as x_origin)."""
+    env = results.environment or {}
+    gpu = env.get("gpu") if isinstance(env.get("gpu"), dict) else {}
+    return {
+        "file": results.path.name if results.path else None,
+        "gpu": gpu.get("name") or env.get("device_name"),
+        "date": (results.created or "")[:10] or None,
+        "commit": env.get("commit"),
+    }
+
+
 def rows_matching(rows: Iterable[dict[str, Any]], **where: Any) -> list[dict[str, Any]]:
     return [r for r in rows if all(r.get(k) == v for k, v in where.items())]
+
+
+if __name__ == "__main__":
+    import sys
+
+    if sys.argv[1:] != ["--schema"]:
+        sys.exit("usage: python -m replayssm_cli.results --schema  (prints the results file's JSON Schema)")
+    print(json.dumps(json_schema(), indent=1, ensure_ascii=False))

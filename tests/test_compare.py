@@ -126,3 +126,14 @@ def test_compare_cli_truncated_file(tmp_path, files):
     cut.write_text(files[0].read_text()[:200])
     res = CliRunner().invoke(app, ["compare", str(cut), str(files[1])])
     assert res.exit_code != 0 and len(res.stderr.strip().splitlines()) == 1 and "truncated" in res.stderr
+
+
+def test_compare_names_where_each_side_came_from(files):
+    res = CliRunner().invoke(app, ["compare", str(files[0]), str(files[1]), "--json"])
+    assert res.exit_code == 0, res.output
+    got = json.loads(res.stdout)
+    created = load(files[0]).created[:10]
+    assert got["label_a"] == f"a.json (NVIDIA H200, {created}, aaa)"
+    assert {(r["provenance_a"], r["provenance_b"]) for r in got["rows"]} == {(got["label_a"], got["label_b"])}
+    table = CliRunner().invoke(app, ["compare", str(files[0]), str(files[1])])
+    assert got["label_a"] in " ".join(table.stdout.split())

@@ -36,6 +36,7 @@ def test_profile_predicted_without_gpu(tmp_path, no_cuda):
     assert res.exit_code == 0, res.output
     assert "no CUDA GPU" in res.stderr.splitlines()[0]
     rows = json.loads(res.stdout)
+    assert {r.pop("x_provenance") for r in rows} == {"predicted (roofline, uncalibrated)"}
     got = load(out)
     assert got.complete and got.rows == rows
     assert got.environment["gpu"]["key"] == "h200" and got.spec["mode"] == "predicted"
@@ -44,12 +45,19 @@ def test_profile_predicted_without_gpu(tmp_path, no_cuda):
     assert len(rows) == 2 * 2 * 9
     for r in rows:
         assert r["us"] > 0 and r["gbs"] > 0 and r["mem_per_seq"] > 0 and r["seqs_fit"] > 0
-        assert (r["speedup"] is None) == (r["variant"] == "conventional")
+        assert (r["speedup"] is None) == (r["variant"] in ("conventional", "spec-conventional"))
     big = {(r["preset"], r["variant"], r["phase"]): r for r in rows if r["batch"] == 256}
     assert big[SUPER, "replay", "avg"]["speedup"] > 1.3, "ReplaySSM moves fewer bytes: predicted faster at batch 256"
     assert big[SUPER, "split", "avg"]["speedup"] > big[SUPER, "replay", "avg"]["speedup"]
     assert big[SUPER, "replay", "avg"]["x_flush_cost_us"] > 0 and 0 < big[SUPER, "replay", "avg"]["x_flush_share"] < 1
-    assert big[SUPER, "spec-replay", "avg"]["x_spec_speedup"] > 1
+    spec, snap = big[SUPER, "spec-replay", "avg"], big[SUPER, "spec-conventional", "avg"]
+    assert spec["speedup_over"] == "snapshots" and spec["speedup"] == pytest.approx(snap["us_per_token"] / spec["us_per_token"])
+    assert spec["speedup_vs_decode"] == pytest.approx(big[SUPER, "conventional", "avg"]["us_per_token"] / spec["us_per_token"])
+    assert snap["speedup"] is None and snap["speedup_over"] is None and snap["speedup_vs_decode"] > 0
+    assert big[SUPER, "split", "avg"]["speedup_over"] == "fp32-conventional"
+    assert big[SUPER, "replay", "avg"]["speedup_over"] == "conventional" and big[SUPER, "conventional", "avg"]["speedup_over"] is None
+    layers = presets.resolve(SUPER, 1).ssm_layers
+    assert all(r["mem_per_seq_model"] == r["mem_per_seq"] * layers for r in rows if r["preset"] == SUPER)
     assert big[SUPER, "spec-replay", "avg"]["accepted"] == pytest.approx(0.8 + 0.8**2)
 
 
@@ -175,7 +183,8 @@ def test_profile_measured_rows(tmp_path, measured):
     assert spec["accepted"] == pytest.approx(accepted) and spec["x_accepted_drawn"] == 1.5
     assert spec["us_per_token"] == pytest.approx(spec["us"] / (accepted + 1))
     assert "not timed" in by["spec-conventional", "avg", 64]["x_note"]
-    assert spec["x_spec_speedup"] == pytest.approx(by["spec-conventional", "avg", 64]["us_per_token"] / spec["us_per_token"])
+    assert spec["speedup"] == pytest.approx(by["spec-conventional", "avg", 64]["us_per_token"] / spec["us_per_token"])
+    assert spec["speedup_over"] == "snapshots" and spec["speedup_vs_decode"] > spec["speedup"]
     assert by["split", "avg", 64]["spread"] > prof.NOISY_SPREAD
     assert "noisy" in res.stdout
 
@@ -291,3 +300,15 @@ def test_run_profile_library_predicts_on_request(tmp_path):
     assert run.layers_of == {QWEN: presets.resolve(QWEN).ssm_layers}
     assert [r["variant"] for r in load(tmp_path / "r.json").rows] == [
         "conventional", "replay", "replay", "replay", "spec-conventional", "spec-replay"]
+
+
+def test_profile_table_shows_speculative_speedup_over_snapshots_first(tmp_path, no_cuda):
+    res = CliRunner().invoke(app, ["profile", "--preset", SUPER, "--batch", "256", "--draft", "4", "--no-phases",
+                                   "--out", str(tmp_path / "s.json")], terminal_width=240)
+    assert res.exit_code == 0, res.output
+    row = next(r for r in load(tmp_path / "s.json").rows if r["variant"] == "spec-replay")
+    line = next(line for line in res.stdout.splitlines() if "spec-replay" in line)
+    over, decode = f"{row['speedup']:.2f}x", f"{row['speedup_vs_decode']:.2f}x vs decode"
+    assert over in line and decode in line and line.index(over) < line.index(decode)
+    assert "vs snapshots" in line
+    assert "figures: predicted" in res.stdout

@@ -154,3 +154,77 @@ def test_load_reference_reads_the_newest_run_first(tmp_path, monkeypatch):
     assert results.load_reference("h100") is None
     monkeypatch.setattr(results, "reference_files", lambda: [])
     assert results.load_reference("h200") is None
+
+
+def test_results_schema_file_is_the_one_the_code_writes():
+    """profiles/schema/results.schema.json is json_schema() (regenerate with `python -m replayssm_cli.results --schema`)."""
+    shipped = json.loads(results.schema_path().read_text())
+    assert shipped == results.json_schema()
+    assert shipped["properties"]["schema_version"] == {"const": SCHEMA_VERSION}
+    documented = shipped["$defs"]["row"]["properties"]
+    assert set(ROW_FIELDS) <= set(documented) and all(documented[k]["description"] for k in ROW_FIELDS)
+
+
+def _shipped_files():
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent / "profiles"
+    return sorted([*root.glob("reference/*.json"), *root.glob("partial/*.json")])
+
+
+@pytest.mark.parametrize("path", _shipped_files(), ids=lambda p: p.name)
+def test_results_shipped_file_matches_schema(path):
+    """Every shipped results file, upgraded from its version on load, conforms to the shipped JSON Schema."""
+    doc = json.loads(path.read_text())
+    assert doc["schema_version"] in results.READABLE_VERSIONS
+    upgraded = results.upgrade(doc)
+    assert results.schema_errors(upgraded) == []
+    assert load(path).rows == upgraded["rows"]
+
+
+@pytest.mark.parametrize(
+    "change, where",
+    [
+        ({"batch": "256"}, "rows/0/batch"),
+        ({"us": -1.0}, "rows/0/us"),
+        ({"speedup_over": "decode"}, "rows/0/speedup_over"),
+        ({"variant": "fast"}, "rows/0/variant"),
+        ({"gpu_clock": 1}, "rows/0"),
+    ],
+    ids=["batch-string", "negative-time", "unknown-baseline", "unknown-variant", "unknown-field"],
+)
+def test_results_schema_rejects_wrong_types(change, where):
+    doc = _doc(rows=[{**row(), "speedup_over": None, "speedup_vs_decode": None, "mem_per_seq_model": None, **change}])
+    errors = results.schema_errors(doc)
+    assert errors and errors[0].startswith(where)
+
+
+def test_results_version_1_upgraded_on_load(tmp_path):
+    """A version-1 file: a speculative row's `speedup` was over plain decode, x_spec_speedup over snapshots."""
+    conv = row(64, us=100.0, us_model_step=4000.0, mem_per_seq=1000)
+    for key in ("speedup_over", "speedup_vs_decode", "mem_per_seq_model"):
+        conv.pop(key)
+    snap = {**conv, "variant": "spec-conventional", "draft": 4, "speedup": 1.5, "speedup_lo": 1.4, "speedup_hi": 1.6}
+    spec = {**conv, "variant": "spec-replay", "window": 16, "draft": 4, "speedup": 4.5, "speedup_lo": 4.4,
+            "speedup_hi": 4.6, "x_spec_speedup": 3.0, "x_spec_speedup_lo": 2.9, "x_spec_speedup_hi": 3.1}
+    split = {**conv, "variant": "split", "window": 16, "read_dtype": "bf16", "speedup": 2.5}
+    doc = _doc(schema_version=1, rows=[conv, snap, spec, split])
+    path = tmp_path / "v1.json"
+    path.write_text(json.dumps(doc))
+    got = load(path)
+    assert got.schema_version == SCHEMA_VERSION
+    c, s, r, p = got.rows
+    assert c["speedup"] is None and c["speedup_over"] is None and c["mem_per_seq_model"] == 40 * 1000
+    assert s["speedup"] is None and s["speedup_over"] is None and s["speedup_vs_decode"] == 1.5
+    assert (r["speedup"], r["speedup_lo"], r["speedup_hi"], r["speedup_over"], r["speedup_vs_decode"]) == (3.0, 2.9, 3.1, "snapshots", 4.5)
+    assert "x_spec_speedup" not in r
+    assert p["speedup"] == 2.5 and p["speedup_over"] == "fp32-conventional"
+    assert results.schema_errors(results.upgrade(doc)) == []
+
+
+def test_results_writer_names_the_baseline_of_a_speedup(tmp_path):
+    w = ResultsWriter(tmp_path / "a.json", ENV, SPEC)
+    r = row(variant="replay", speedup=1.8)
+    r.pop("speedup_over")
+    w.add(r)
+    assert load(tmp_path / "a.json").rows[0]["speedup_over"] == "conventional"

@@ -112,6 +112,7 @@ def profile(
     """
     from replayssm_cli import presets as presets_mod
     from replayssm_cli import profile as prof
+    from replayssm_cli import provenance
     from replayssm_cli.console import err, note, print_json, warn
     from replayssm_cli.console import out as stdout
 
@@ -144,10 +145,11 @@ def profile(
     elif ncu:
         warn("--ncu needs measured rows on a CUDA GPU: this profile has no Nsight Compute figures")
     if json_:
-        print_json(rows)
+        print_json([{**r, "x_provenance": provenance.row_label(r)} for r in rows])
     else:
         title = f"replayssm profile · {run.gpu_name} · {run.mode}"
-        table = prof.render_table(rows, title=title, caption=_caption(run.mode, run.ceilings, any(r["variant"].startswith("baseline:") for r in rows)), layers_of=run.layers_of)
+        caption = _caption(run.mode, run.ceilings, any(r["variant"].startswith("baseline:") for r in rows))
+        table = prof.render_table(rows, title=title, caption=caption, layers_of=run.layers_of)
         _wide(stdout).print(table)
         if ncu and run.mode == "measured" and (ncu_table := ncu_mod.comparison_table(rows)) is not None:
             _wide(stdout).print(ncu_table)
@@ -182,8 +184,9 @@ def _caption(mode: str, c: Any, baselines: bool = False) -> str:
     lines = [
         "µs per token per layer: median per-step time " + ("predicted by the cost model, no kernel ran" if mode == "predicted" else "over CUDA-graph replays, ± half the interquartile range (noisy above 10%)"),
         f"%BW: modelled bytes over the time, as a share of the {bw}; AI: FLOP per byte",
-        "speedup: conventional µs per token over the row's, same preset, batch and dtypes (quartile range); spec-conventional times decode_multi only (accept is a pointer move, as in vLLM)",
-        "flush cost/share: extra µs of a flush step over a non-flush one / its share of the average step; MiB/seq over all SSM layers; seqs fit in free GPU memory",
+        "speedup: the baseline's µs per token over the row's, same preset, batch and dtypes (quartile range); the baseline is the conventional step at the same state precision, "
+        "for split precision the fp32 conventional step, for spec-replay the snapshot-writing spec-conventional step (vs decode: over plain conventional decode); spec-conventional times decode_multi only (accept is a pointer move, as in vLLM)",
+        "flush cost/share: extra µs of a flush step over a non-flush one / its share of the average step; MiB/seq over all SSM layers of the preset; seqs fit in free GPU memory",
     ]
     if baselines:
         lines.append("baseline:<name>: an outside kernel at its fastest launch settings; 'ours N.NNx': its µs over our kernel's of the variant it competes with (above 1, ours is faster)")

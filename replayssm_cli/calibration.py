@@ -1,0 +1,299 @@
+"""Predicted kernel times calibrated by measurement: the cost model's bytes and FLOPs over a GPU's datasheet ceilings,
+divided by an efficiency (the achieved share of those ceilings) fitted to the shipped measured profiles.
+
+The efficiency of a kernel is kept per (op, variant, phase, state dtype, read dtype, draft) as a curve over its grid
+size, x = (sequence, head) pairs per SM: measured points, linear in log x between them, constant above the largest
+(bandwidth-bound) and proportional to x below the smallest (a latency floor: the time stays that of the smallest
+grid). The curves ship as profiles/calibration/<gpu>.json, written by `python benchmarks/calibrate.py`; the tuner
+calls `predict_step` for a candidate's µs and its error.
+"""
+
+from __future__ import annotations
+
+import bisect
+import functools
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable
+
+KIND = "replayssm-calibration"
+VERSION = 1
+VARIANTS = ("conventional", "replay", "split", "spec-conventional", "spec-replay")
+# Two grids within this relative distance are the same calibration point.
+SAME_X = 0.01
+_DIGITS = 6
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """A predicted step time: us (µs per step per layer), error (the relative error expected of it, a fraction: the
+    measured spread where the configuration was measured, the leave-one-out error of the curve between points),
+    method ('calibrated' or 'roofline'), calibrated_on (the GPU the efficiency was fitted on), basis (the curve used,
+    when not the configuration's own) and efficiency (achieved share of the datasheet ceilings)."""
+
+    us: float
+    error: float | None
+    method: str
+    calibrated_on: str | None
+    basis: str | None = None
+    efficiency: float | None = None
+
+    def x_prediction(self) -> dict[str, Any]:
+        """The row field x_prediction of the results contract."""
+        out = {"method": self.method, "calibrated_on": self.calibrated_on, "fit_error": self.error}
+        if self.basis:
+            out["basis"] = self.basis
+        return out
+
+
+def heads(shape: Any) -> int:
+    """The heads a decode kernel's grid spans per sequence: H for Mamba-2, the value heads HV for GDN."""
+    return shape.HV if shape.op == "gdn" else shape.H
+
+
+def grid_per_sm(shape: Any, batch: int, sm_count: int) -> float:
+    """(sequence, head) pairs per SM: the grid-size axis of the efficiency curves."""
+    return batch * heads(shape) / sm_count
+
+
+def ideal_us(cost: Any, hbm_gbs: float, fp32_tflops: float) -> float:
+    """Time at the datasheet ceilings, µs: the larger of all bytes at hbm_gbs and all FLOPs at fp32_tflops."""
+    return max(cost.total_bytes / (hbm_gbs * 1e3), cost.flops / (fp32_tflops * 1e6))
+
+
+def _key(op: str, variant: str, phase: str, state: str | None, read: str | None, draft: int) -> str:
+    return f"{op} {variant} {phase} {state}" + (f"-{read}" if read else "") + (f" T{draft}" if draft else "")
+
+
+def _row_cost(row: dict[str, Any], preset: Any) -> Any:
+    from replayssm_cli import cost
+    from replayssm_cli.profile import nonflush_fill
+
+    phase, window = row["phase"], row.get("window")
+    fill = nonflush_fill(window) if phase == "nonflush" else (window - 1 if phase == "flush" else None)
+    return cost.step_cost(
+        preset.shape, row["variant"], phase, batch=row["batch"], window=window, fill=fill,
+        state_dtype=row["state_dtype"], read_dtype=row.get("read_dtype"), io_dtype=row["io_dtype"],
+        draft=row.get("draft") or 0, accepted=row.get("accepted"), has_z=getattr(preset, "has_z", True),
+    )
+
+
+def _interpolate(points: list[dict[str, Any]], x: float, skip: int | None = None) -> float:
+    """The efficiency at grid x from a curve's points (sorted by x), leaving out point `skip`."""
+    pts = [p for i, p in enumerate(points) if i != skip]
+    xs = [p["x"] for p in pts]
+    if x <= xs[0]:
+        return pts[0]["eff"] * x / xs[0]
+    if x >= xs[-1]:
+        return pts[-1]["eff"]
+    i = bisect.bisect_left(xs, x)
+    lo, hi = pts[i - 1], pts[i]
+    t = (math.log(x) - math.log(lo["x"])) / (math.log(hi["x"]) - math.log(lo["x"]))
+    return lo["eff"] + t * (hi["eff"] - lo["eff"])
+
+
+def fit(profiles: Iterable[Any], gpu: Any) -> dict[str, Any]:
+    """The calibration document fitted to measured profiles of one GPU (`gpu`: its GpuSpec, whose datasheet ceilings
+    the efficiencies are shares of).
+
+    Every ok, measured kernel row of our variants counts (the cost model's bytes and FLOPs recomputed now); the rows
+    of one configuration measured in several files make one point, their efficiencies' mean, with the largest
+    relative deviation from it (or half the largest sample spread, if larger) as the point's error. Each point also
+    carries loo: the relative error of its time predicted from the other points of its curve.
+    """
+    from replayssm_cli import presets as presets_mod
+
+    groups: dict[str, dict[str, Any]] = {}
+    files = []
+    for prof in profiles:
+        env = prof.environment or {}
+        files.append({"file": prof.path.name if prof.path else None, "created": prof.created, "commit": env.get("commit")})
+        for row in prof.rows:
+            if (row.get("kind") != "kernel" or row.get("source") != "measured" or row.get("status") != "ok"
+                    or row.get("variant") not in VARIANTS or not row.get("us")):
+                continue
+            preset = presets_mod.resolve(row["preset"], row.get("tp") or 1)
+            eff = ideal_us(_row_cost(row, preset), gpu.hbm_gbs, gpu.fp32_tflops) / row["us"]
+            key = _key(preset.kind, row["variant"], row["phase"], row["state_dtype"], row.get("read_dtype"), row.get("draft") or 0)
+            x = grid_per_sm(preset.shape, row["batch"], gpu.sm_count)
+            curve = groups.setdefault(key, {"key": key, "op": preset.kind, "variant": row["variant"], "phase": row["phase"],
+                                            "state_dtype": row["state_dtype"], "read_dtype": row.get("read_dtype"),
+                                            "draft": row.get("draft") or 0, "samples": []})
+            curve["samples"].append((x, eff, row.get("spread") or 0.0))
+    curves = []
+    for key in sorted(groups):
+        curve = groups.pop(key)
+        points: list[dict[str, Any]] = []
+        for x, eff, spread in sorted(curve.pop("samples")):
+            if points and abs(x / points[-1]["x"] - 1) <= SAME_X:
+                points[-1]["_s"].append((eff, spread))
+            else:
+                points.append({"x": x, "_s": [(eff, spread)]})
+        for p in points:
+            effs = [e for e, _ in p["_s"]]
+            p["eff"] = sum(effs) / len(effs)
+            p["n"] = len(effs)
+            p["error"] = max(max(abs(e / p["eff"] - 1) for e in effs), max(s for _, s in p.pop("_s")) / 2)
+        for i, p in enumerate(points):
+            p["loo"] = (_interpolate(points, p["x"], skip=i) / p["eff"] - 1) if len(points) > 1 else None
+        curves.append({**curve, "points": [{k: _round(v) for k, v in p.items()} for p in points]})
+    loo = sorted(abs(p["loo"]) for c in curves for p in c["points"] if p["loo"] is not None)
+    errors = [p["error"] for c in curves for p in c["points"]]
+    return {
+        "kind": KIND,
+        "version": VERSION,
+        "gpu": gpu.key,
+        "gpu_name": gpu.name,
+        "basis": {"hbm_gbs": gpu.hbm_gbs, "fp32_tflops": gpu.fp32_tflops, "sm_count": gpu.sm_count,
+                  "what": "efficiency = time at these datasheet ceilings / measured time; x = (sequence, head) pairs per SM"},
+        "files": files,
+        "fit_error": {
+            "points": len(errors),
+            "max": _round(max(errors, default=0.0)),
+            "loo_median": _round(loo[len(loo) // 2]) if loo else None,
+            "loo_max": _round(loo[-1]) if loo else None,
+            "what": "max: largest relative error of a calibrated point (deviation between files, or half the sample "
+                    "spread); loo: relative error of each point's time predicted from the rest of its curve",
+        },
+        "curves": curves,
+    }
+
+
+def _round(v: Any) -> Any:
+    return float(f"{v:.{_DIGITS}g}") if isinstance(v, float) else v
+
+
+def calibration_path(gpu_key: str = "h200") -> Path:
+    from importlib import resources
+
+    return Path(str(resources.files("replayssm_profiles") / "calibration" / f"{gpu_key}.json"))
+
+
+@functools.lru_cache(maxsize=4)
+def load(gpu_key: str = "h200") -> dict[str, Any] | None:
+    """The shipped calibration fitted on `gpu_key`, or None where none ships."""
+    path = calibration_path(gpu_key)
+    if not path.is_file():
+        return None
+    doc = json.loads(path.read_text())
+    if doc.get("kind") != KIND or doc.get("version") != VERSION:
+        return None
+    return doc
+
+
+def _short_gpu(name: str | None) -> str | None:
+    return name.removeprefix("NVIDIA ").strip() if name else name
+
+
+def _curve(doc: dict[str, Any], op: str, variant: str, phase: str, state: str, read: str | None, draft: int):
+    """The curve of this configuration, else the nearest one (fp16 as bf16, the nearest draft width, another state
+    dtype's), with a basis line saying which; (None, None) when the variant and phase were never measured."""
+    by_key = {c["key"]: c for c in doc["curves"]}
+    same = {"fp16": "bf16"}
+    exact = by_key.get(_key(op, variant, phase, state, read, draft))
+    if exact is not None:
+        return exact, None
+    candidates = [c for c in doc["curves"] if c["op"] == op and c["variant"] == variant and c["phase"] == phase]
+    if not candidates:
+        return None, None
+
+    def distance(c: dict[str, Any]) -> tuple:
+        return (
+            c["state_dtype"] not in (state, same.get(state)),
+            c["state_dtype"] != "fp32",
+            (c["read_dtype"] or "") not in (read or "", same.get(read or "", "")),
+            abs((c["draft"] or 0) - draft),
+        )
+
+    best = min(candidates, key=distance)
+    return best, f"efficiency of {best['key']}"
+
+
+def predict_step(
+    preset: Any,
+    variant: str,
+    *,
+    batch: int,
+    phase: str = "avg",
+    window: int | None = None,
+    state_dtype: str = "fp32",
+    read_dtype: str | None = None,
+    io_dtype: str = "bf16",
+    draft: int = 0,
+    accepted: float | None = None,
+    fill: float | None = None,
+    gpu: str = "h200",
+    calibrated_on: str = "h200",
+) -> Prediction:
+    """Predict one decode step of one SSM layer (µs) and its relative error, for a preset (a presets.Preset) on `gpu`
+    (a GPU spec key), from the efficiencies fitted on `calibrated_on`'s measured profiles applied to `gpu`'s
+    datasheet ceilings.
+
+    The tuner's entry point for a candidate that no profile measured: `prediction.us` is µs per step per layer
+    (divide by accepted + 1 for µs per token with drafts), `prediction.error` the relative error to expect. Where no
+    calibration ships, or the variant and phase were never measured, it falls back to the roofline model
+    (cost.predict_us over the ceilings, method 'roofline', error None).
+    """
+    from replayssm_cli import cost, gpus
+    from replayssm_cli.profile import nonflush_fill
+
+    spec = gpus.load_gpu(gpu)
+    if fill is None and phase in ("nonflush", "flush") and window:
+        fill = nonflush_fill(window) if phase == "nonflush" else window - 1
+    c = cost.step_cost(preset.shape, variant, phase, batch=batch, window=window, fill=fill, state_dtype=state_dtype,
+                       read_dtype=read_dtype, io_dtype=io_dtype, draft=draft, accepted=accepted,
+                       has_z=getattr(preset, "has_z", True))
+    doc = load(calibrated_on)
+    curve, basis = _curve(doc, preset.kind, variant, phase, state_dtype, read_dtype, draft) if doc else (None, None)
+    if curve is None:
+        us = cost.predict_us(c, gpus.ceilings_for(spec), cost.launches_per_step(variant, phase))
+        return Prediction(us=us, error=None, method="roofline", calibrated_on=None)
+    x = grid_per_sm(preset.shape, batch, spec.sm_count)
+    points = curve["points"]
+    eff = _interpolate(points, x)
+    return Prediction(
+        us=ideal_us(c, spec.hbm_gbs, spec.fp32_tflops) / eff,
+        error=_error_at(points, x),
+        method="calibrated",
+        calibrated_on=_short_gpu(doc.get("gpu_name")) or calibrated_on,
+        basis=basis,
+        efficiency=eff,
+    )
+
+
+def _error_at(points: list[dict[str, Any]], x: float) -> float:
+    """The relative error to expect at grid x: a measured point's own error there, else the leave-one-out errors of
+    the points either side (the end point's beyond the curve)."""
+    xs = [p["x"] for p in points]
+    i = bisect.bisect_left(xs, x)
+    near = [p for p in points[max(i - 1, 0): i + 1] if abs(x / p["x"] - 1) <= SAME_X]
+    if near:
+        return near[0]["error"]
+    side = points[max(i - 1, 0): i + 1] or points[-1:]
+    loo = [abs(p["loo"]) for p in side if p.get("loo") is not None]
+    return _round(max(loo + [p["error"] for p in side]))
+
+
+def reference_index(gpu_key: str = "h200") -> dict[tuple, dict[str, Any]]:
+    """The shipped measurements of `gpu_key` by configuration (newest file first), each with its file's origin."""
+    from replayssm_cli import results
+
+    merged = results.load_reference(gpu_key)
+    if merged is None:
+        return {}
+    return {reference_key(r): r for r in merged.rows if r.get("status") == "ok" and r.get("kind") == "kernel"}
+
+
+def reference_key(row: dict[str, Any]) -> tuple:
+    """A configuration's identity for matching a prediction with a measurement (acceptance to 1e-6)."""
+    from replayssm_cli.profile import CONFIG_KEYS
+
+    accepted = row.get("accepted")
+    return tuple(row.get(k) for k in CONFIG_KEYS) + (round(accepted, 6) if accepted is not None else None,)
+
+
+def write(doc: dict[str, Any], path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc, indent=1) + "\n")
