@@ -13,7 +13,7 @@ _BASES = {cls.__name__: cls for cls in typer.BadParameter.__mro__}
 UsageError, ClickException = _BASES["UsageError"], _BASES["ClickException"]
 
 from replayssm_cli import __version__
-from replayssm_cli.commands import check, compare, cost, e2e, gpu, presets, profile, roofline, tune
+from replayssm_cli.commands import check, compare, cost, e2e, gpu, plan, presets, profile, roofline, tune
 
 
 
@@ -69,6 +69,7 @@ app.command("profile")(profile.profile)
 app.command("roofline")(roofline.roofline)
 app.command("tune")(tune.tune)
 app.command("e2e")(e2e.e2e)
+app.command("plan")(plan.plan)
 app.command("cost")(cost.cost)
 app.command("compare")(compare.compare)
 app.command("check")(check.check)

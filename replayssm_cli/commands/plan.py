@@ -1,0 +1,112 @@
+"""`replayssm plan --traffic FILE`: where ReplaySSM pays on recorded serving traffic, cohort by cohort."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from replayssm_cli.errors import UserError, cli_command
+
+WIDE = 140
+
+
+def _edges(value: str | None) -> tuple[int, ...] | None:
+    if value is None:
+        return None
+    try:
+        edges = tuple(int(p) for p in value.split(",") if p.strip())
+    except ValueError:
+        raise UserError(f"--cohorts {value!r} is not a list of integers", "e.g. --cohorts 1,16,64,128,256") from None
+    if not edges or edges[0] < 1 or list(edges) != sorted(set(edges)):
+        raise UserError(f"--cohorts {value!r} must be increasing positive integers", "e.g. --cohorts 1,16,64,128,256")
+    return edges
+
+
+def _preset_for(name: str | None, traffic, tp: int):
+    """The named preset, else the one whose Hugging Face id is the traffic's model_id."""
+    from replayssm_cli import presets
+
+    if name:
+        return presets.resolve(name, tp)
+    model = str(traffic.metadata.get("model_id") or "")
+    tail = model.rstrip("/").split("/")[-1].lower()
+    for p in presets.list_presets():
+        if p.hf_id and tail and p.hf_id.split("/")[-1].lower() == tail:
+            return presets.with_tp(p, tp) if tp != 1 else p
+    found = f"its model_id {model!r} is no preset's" if model else "the traffic names no model"
+    raise UserError(f"plan needs a preset ({found})", "pass --preset NAME (see `replayssm presets`)")
+
+
+@cli_command
+def plan(
+    traffic: Annotated[Path, typer.Option("--traffic", "-t", help="Recorded traffic: vLLM's `bench serve --save-result --save-detailed` file, SGLang's `bench_serving --output-details` file, or a CSV of time,running.")],
+    preset: Annotated[Optional[str], typer.Option("--preset", "-p", help="Model preset or preset file. [default: the preset whose Hugging Face id is the traffic's model_id]", show_default=False)] = None,
+    results: Annotated[Optional[Path], typer.Option("--results", "-r", help="Kernel times from this results file. [default: the shipped H200 reference profiles]", show_default=False)] = None,
+    cohorts: Annotated[Optional[str], typer.Option("--cohorts", help="Concurrency cohort edges: [1,16), [16,64), ... [256, inf). [default: 1,16,64,128,256]", show_default=False)] = None,
+    error_budget: Annotated[float, typer.Option("--error-budget", help="Largest relative output error against fp64 at the cohort's generation lengths.")] = 1e-3,
+    memory_budget: Annotated[Optional[float], typer.Option("--memory-budget", help="GiB per GPU for SSM states and buffers. [default: the GPU's memory]", show_default=False)] = None,
+    steps: Annotated[Optional[int], typer.Option("--steps", help="Generated tokens the quality run decodes; 0 skips it. [default: the traffic's p99 generation length, 128-4096]", show_default=False)] = None,
+    heads: Annotated[int, typer.Option("--heads", help="Heads of one layer the quality run decodes.")] = 2,
+    tp: Annotated[int, typer.Option("--tp", help="Tensor-parallel degree the heads are divided by.")] = 1,
+    out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Also write the full plan as JSON to this file.")] = None,
+    json_: Annotated[bool, typer.Option("--json", help="Print the plan as JSON on stdout instead of tables.")] = False,
+) -> None:
+    """Project ReplaySSM's measured gain onto recorded serving traffic: per concurrency cohort the configuration to run, its kernel and end-to-end gain, flush frequency, memory and quality margin; the traffic-weighted gain in ITL and tokens/s; and where to switch.
+
+    Kernel times come from --results or the shipped H200 reference, through the tuner's decision at each cohort's
+    token-weighted concurrency, interpolated linearly in batch between measured batches (each figure says which).
+    End-to-end: the traffic's own ITL at each concurrency less the SSM time saved per step (the engine's
+    conventional SSM kernel taken as ours), or the shipped whole-model step where the traffic has no ITLs.
+
+    Examples:
+
+      replayssm plan --traffic vllm-day.json --preset nemotron-3-super-120b-a12b
+
+      replayssm plan --traffic running.csv --preset qwen3.5-122b-a10b --cohorts 1,32,128 --json
+
+      replayssm plan -t sglang.jsonl -r runs/h200.json --memory-budget 40 --out plan.json
+    """
+    from replayssm_cli import plan as lib
+    from replayssm_cli import traffic as traffic_mod
+
+    edges = _edges(cohorts) or lib.DEFAULT_COHORTS
+    if not error_budget > 0:
+        raise UserError(f"--error-budget {error_budget} must be positive", "e.g. --error-budget 1e-3")
+    if memory_budget is not None and not memory_budget > 0:
+        raise UserError(f"--memory-budget {memory_budget} must be a positive number of GiB", "e.g. --memory-budget 40")
+    if steps is not None and steps < 0:
+        raise UserError(f"--steps {steps} must be 0 (no quality run) or more", "e.g. --steps 1024")
+    if heads < 1:
+        raise UserError(f"--heads {heads} must be at least 1", "e.g. --heads 2")
+    if tp < 1:
+        raise UserError(f"--tp {tp} is not a tensor-parallel degree", "pass a positive integer")
+    t = traffic_mod.read(traffic)
+    p = _preset_for(preset, t, tp)
+    source = lib.load_source(results, p.name)
+    cands = lib.measured_candidates(source)
+    n_steps = lib.quality_steps(t) if steps is None else steps
+    quality = lib.run_quality(p, cands, steps=n_steps, heads=heads, progress=not json_) if n_steps else None
+    result = lib.build(t, p, source, cohort_edges=edges, error_budget=error_budget,
+                       memory_budget=memory_budget * 2**30 if memory_budget else None, quality=quality)
+    doc = result.to_dict()
+    if out is not None:
+        from replayssm_cli.console import note
+        from replayssm_cli.results import write_atomic
+
+        try:
+            write_atomic(Path(out), doc)
+        except OSError as exc:
+            raise UserError(f"cannot write {out} ({exc.strerror or exc})", "pass a writable --out") from None
+        note(f"plan: {out}")
+    if json_:
+        from replayssm_cli.console import print_json
+
+        print_json(doc)
+        return
+    from rich.console import Console
+
+    from replayssm_cli.console import out as stdout
+
+    lib.render(result, stdout if stdout.is_terminal else Console(file=stdout.file, width=WIDE))

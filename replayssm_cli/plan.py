@@ -1,0 +1,728 @@
+"""Recorded serving traffic projected onto measured kernel times: cohorts by concurrency, the gain of the recommended
+configuration in each, the traffic-weighted gain, and where to switch ReplaySSM on."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from replayssm_cli import tuner
+from replayssm_cli.errors import UserError
+from replayssm_cli.traffic import Traffic
+from replayssm_cli.tuner import Candidate, Timing
+
+DEFAULT_COHORTS = (1, 16, 64, 128, 256)
+DEFAULT_ERROR_BUDGET = tuner.DEFAULT_ERROR_BUDGET
+# The quality run covers the traffic's long generations, within these bounds (its cost grows with the length).
+MIN_QUALITY_STEPS, MAX_QUALITY_STEPS = 128, 4096
+
+
+@dataclass
+class TimeFile:
+    """One results file's rows for the preset, with the label every figure taken from it carries."""
+
+    label: str
+    rows: list[dict[str, Any]]
+    environment: dict[str, Any]
+
+
+@dataclass
+class TimeSource:
+    """Where kernel and whole-model step times come from: result files, newest first, each with its label."""
+
+    describe: str
+    files: list[TimeFile]
+
+    @property
+    def environment(self) -> dict[str, Any]:
+        return self.files[0].environment if self.files else {}
+
+    @property
+    def gpu_name(self) -> str:
+        gpu = self.environment.get("gpu") if isinstance(self.environment.get("gpu"), dict) else {}
+        return gpu.get("name") or self.environment.get("device_name") or "unknown GPU"
+
+    @property
+    def memory_bytes(self) -> int | None:
+        gpu = self.environment.get("gpu") if isinstance(self.environment.get("gpu"), dict) else {}
+        return gpu.get("memory_total") or self.environment.get("total_memory")
+
+
+def file_label(res) -> str:
+    """`name (GPU, date, commit)` for a loaded results file."""
+    env = res.environment
+    gpu = env.get("gpu") if isinstance(env.get("gpu"), dict) else {}
+    parts = [gpu.get("name") or env.get("device_name") or "unknown GPU", (res.created or "")[:10] or None, env.get("commit")]
+    name = res.path.name if res.path else "results"
+    mode = "" if env.get("mode", "measured") == "measured" else f", {env.get('mode')}"
+    return f"{name} ({', '.join(p for p in parts if p)}{mode})"
+
+
+def load_source(results_path: Path | None, preset_name: str) -> TimeSource:
+    """The rows for the preset from --results, else from the shipped H200 reference profiles (newest file first)."""
+    from replayssm_cli import results as results_mod
+
+    if results_path is not None:
+        res = results_mod.load(results_path)
+        loaded, describe = [res], str(results_path)
+    else:
+        loaded = results_mod.reference_profiles("h200")
+        describe = "the shipped H200 reference profiles (profiles/reference/h200-*.json), newest file first"
+    files = [TimeFile(file_label(r), [row for row in r.rows if row.get("preset") == preset_name], r.environment) for r in loaded]
+    files = [f for f in files if f.rows]
+    if not files:
+        where = str(results_path) if results_path else "the shipped H200 reference"
+        have = sorted({str(row.get("preset")) for r in loaded for row in r.rows})
+        raise UserError(f"{where} has no rows for preset {preset_name}",
+                        f"it has: {', '.join(have) or 'no rows'}; or pass --results FILE from `replayssm profile`")
+    return TimeSource(describe, files)
+
+
+def measured_candidates(source: TimeSource) -> list[Candidate]:
+    """The plain-decode configurations the source timed (kernel rows, window average), conventional first."""
+    seen: dict[tuple, Candidate] = {}
+    for f in source.files:
+        for r in f.rows:
+            if r.get("kind", "kernel") != "kernel" or r.get("phase", "avg") != "avg" or (r.get("draft") or 0):
+                continue
+            if r.get("variant") not in tuner.CONVENTIONAL + tuner.REPLAY or r.get("status") != "ok":
+                continue
+            replay = r["variant"] in tuner.REPLAY
+            c = Candidate(r["variant"], r["state_dtype"], r.get("window") if replay else None, r.get("read_dtype"))
+            seen.setdefault((c.variant, c.state_dtype, c.window, c.read_dtype), c)
+    return sorted(seen.values(), key=lambda c: (c.is_replay, c.label()))
+
+
+@dataclass
+class Point:
+    """A measured time at one batch and the file it came from."""
+
+    batch: int
+    timing: Timing
+    label: str
+
+
+class Times:
+    """Per-candidate step times at any batch: the measured batch itself, else linear in batch between the measured
+    batches either side (a memory-bound step's time grows linearly with the rows it moves), else extrapolated from
+    the two largest; each Timing's note says which and from where."""
+
+    def __init__(self, source: TimeSource, preset: str, kind: str = "kernel"):
+        self.source = source
+        self.preset = preset
+        self.kind = kind
+        self._points: dict[Candidate, list[Point]] = {}
+
+    def points(self, c: Candidate) -> list[Point]:
+        if c not in self._points:
+            found: dict[int, Point] = {}
+            for f in self.source.files:
+                rows = [r for r in f.rows if r.get("kind", "kernel") == self.kind]
+                # The tuner matches kernel rows only; a whole-model row names its configuration the same way.
+                rows = [{**r, "kind": "kernel"} for r in rows] if self.kind != "kernel" else rows
+                for b in sorted({int(r["batch"]) for r in rows} - set(found)):
+                    t = tuner.timing_from_rows(rows, c, b, preset=self.preset)
+                    if t is not None and t.status == "ok":
+                        found[b] = Point(b, t, f.label)
+            self._points[c] = [found[b] for b in sorted(found)]
+        return self._points[c]
+
+    def __call__(self, c: Candidate, batch: int) -> Timing | None:
+        pts = self.points(c)
+        if not pts:
+            return None
+        exact = next((p for p in pts if p.batch == batch), None)
+        if exact is not None:
+            t = exact.timing
+            return Timing(t.us, t.us_per_token, t.spread, t.source, t.status, _join(t.note, f"batch {batch} of {exact.label}"))
+        below = [p for p in pts if p.batch < batch]
+        above = [p for p in pts if p.batch > batch]
+        if below and above:
+            a, b = below[-1], above[0]
+            how = f"interpolated between batch {a.batch} and {b.batch} of " + (a.label if a.label == b.label else f"{a.label} and {b.label}")
+            spread = max(a.timing.spread, b.timing.spread)
+        elif len(below) >= 2:
+            a, b = below[-2], below[-1]
+            how = f"extrapolated beyond batch {b.batch} of {b.label} (linear in batch from {a.batch} and {b.batch})"
+            spread = max(a.timing.spread, b.timing.spread, tuner.PREDICTED_SPREAD)
+        else:
+            return None
+        f = (batch - a.batch) / (b.batch - a.batch)
+        us = a.timing.us + f * (b.timing.us - a.timing.us)
+        per_token = a.timing.us_per_token + f * (b.timing.us_per_token - a.timing.us_per_token)
+        if not us > 0 or not per_token > 0:
+            return None
+        return Timing(us, per_token, spread, "measured", note=how)
+
+    def batches(self, c: Candidate) -> list[int]:
+        return [p.batch for p in self.points(c)]
+
+
+def _join(*notes: str) -> str:
+    return "; ".join(n for n in notes if n)
+
+
+def pct(values: np.ndarray, weights: np.ndarray, q: float) -> float | None:
+    """The weighted q-quantile (0-1) of values, or None without weight."""
+    if values.size == 0 or weights.sum() <= 0:
+        return None
+    order = np.argsort(values, kind="stable")
+    v, w = values[order], weights[order]
+    cum = np.cumsum(w)
+    return float(v[min(np.searchsorted(cum, q * cum[-1]), len(v) - 1)])
+
+
+@dataclass
+class Load:
+    """The traffic reduced to what the projection needs: seconds and tokens at each integer concurrency n."""
+
+    time_at: np.ndarray
+    tokens_at: np.ndarray | None
+    itl_sum_at: np.ndarray | None
+    token_n: np.ndarray | None
+    token_itl: np.ndarray | None
+    token_out_len: np.ndarray | None
+    idle_s: float
+    duration: float
+    note: str
+
+    @property
+    def peak(self) -> int:
+        nz = np.flatnonzero(self.time_at[1:] > 0)
+        return int(nz[-1] + 1) if nz.size else 0
+
+
+def load_of(t: Traffic) -> Load | None:
+    """Time and tokens per concurrency level, from the timeline (and each inter-token gap where the file has them)."""
+    if t.timeline is None:
+        if t.mean_concurrency is None or t.duration is None:
+            return None
+        n = max(1, int(round(t.mean_concurrency)))
+        time_at = np.zeros(n + 1)
+        time_at[n] = t.duration
+        return Load(time_at, None, None, None, None, None, 0.0, t.duration,
+                    f"one level at the mean concurrency {t.mean_concurrency:.1f} (decode time over duration)")
+    edges, running = t.timeline
+    n_seg = np.rint(running).astype(np.int64)
+    dur = np.diff(edges)
+    time_at = np.bincount(n_seg, weights=dur)
+    idle = float(time_at[0]) if time_at.size else 0.0
+    load = Load(time_at, None, None, None, None, None, idle, float(edges[-1] - edges[0]), t.timeline_note)
+    if t.itl_times is not None:
+        seg = np.clip(np.searchsorted(edges, t.itl_times, side="right") - 1, 0, len(n_seg) - 1)
+        tok_n = np.maximum(n_seg[seg], 1)
+        size = max(time_at.size, int(tok_n.max()) + 1)
+        load.time_at = np.pad(time_at, (0, size - time_at.size))
+        load.tokens_at = np.bincount(tok_n, minlength=size).astype(float)
+        load.itl_sum_at = np.bincount(tok_n, weights=t.itl_values, minlength=size)
+        load.token_n, load.token_itl = tok_n, t.itl_values
+        if t.output_lens is not None:
+            load.token_out_len = t.output_lens[t.itl_request]
+    return load
+
+
+@dataclass
+class Cohort:
+    """One range of concurrency [lo, hi) and what the traffic did in it."""
+
+    lo: int
+    hi: int | None
+    time_s: float
+    time_share: float
+    token_share: float | None
+    mean_n: float
+    p50_n: int | None
+    p95_n: int | None
+    peak_n: int
+    batch: int
+    out_len_p50: float | None = None
+    out_len_p95: float | None = None
+    decision: tuner.Decision | None = None
+    rows: dict[str, Any] = field(default_factory=dict)
+
+    def label(self) -> str:
+        return f"{self.lo}+" if self.hi is None else (f"{self.lo}" if self.hi == self.lo + 1 else f"{self.lo}-{self.hi - 1}")
+
+
+def cohorts_of(load: Load, edges: Sequence[int]) -> list[Cohort]:
+    """The non-empty cohorts [edges[i], edges[i+1]) and [edges[-1], inf) of decoding time."""
+    if list(edges) != sorted(set(edges)) or not edges or edges[0] < 1:
+        raise ValueError(f"cohort edges must be increasing positive integers, got {list(edges)}")
+    n_all = np.arange(load.time_at.size)
+    busy = load.time_at[1:].sum()
+    out = []
+    bounds = list(edges) + [None]
+    for lo, hi in zip(bounds[:-1], bounds[1:]):
+        m = (n_all >= lo) & (n_all < (hi if hi is not None else np.inf))
+        secs = float(load.time_at[m].sum())
+        if secs <= 0:
+            continue
+        n, w = n_all[m], load.time_at[m]
+        c = Cohort(
+            lo, hi, secs, secs / load.duration if load.duration else 0.0, None,
+            float((n * w).sum() / w.sum()), int(pct(n, w, 0.5)), int(pct(n, w, 0.95)), int(n[w > 0].max()), 0,
+        )
+        c.batch = max(1, int(round(c.mean_n)))
+        if load.tokens_at is not None:
+            tok = load.tokens_at[m]
+            c.token_share = float(tok.sum() / load.tokens_at.sum()) if load.tokens_at.sum() else None
+            if tok.sum() > 0:
+                c.batch = max(1, int(round((n * tok).sum() / tok.sum())))
+            if load.token_n is not None:
+                sel = (load.token_n >= lo) & (load.token_n < (hi if hi is not None else np.inf))
+                if load.token_out_len is not None and sel.any():
+                    ones = np.ones(int(sel.sum()))
+                    c.out_len_p50 = pct(load.token_out_len[sel].astype(float), ones, 0.5)
+                    c.out_len_p95 = pct(load.token_out_len[sel].astype(float), ones, 0.95)
+        elif busy > 0:
+            # Without ITLs, tokens taken as time x concurrency (one ITL at every level).
+            c.token_share = float((n * w).sum() / (n_all * load.time_at).sum())
+        out.append(c)
+    return out
+
+
+def bucket_for(length: float | None, labels: Sequence[str]) -> str | None:
+    """The quality bucket (quality.BUCKETS) that a generation length falls in, capped at the longest that ran."""
+    from replayssm_cli.quality import BUCKETS
+
+    if not labels:
+        return None
+    if length is None:
+        return labels[-1]
+    for label, first, last in BUCKETS:
+        if label in labels and (last is None or length <= last):
+            return label
+    return labels[-1]
+
+
+def quality_steps(t: Traffic) -> int:
+    """Generated tokens the quality run decodes: the traffic's 99th-percentile generation length, within bounds."""
+    if t.output_lens is None or t.output_lens.size == 0:
+        return MAX_QUALITY_STEPS
+    p99 = float(np.percentile(t.output_lens, 99))
+    return int(min(max(p99, MIN_QUALITY_STEPS), MAX_QUALITY_STEPS))
+
+
+def run_quality(preset, cands: Sequence[Candidate], *, steps: int, heads: int, seed: int = 0, progress: bool = True):
+    """The long-decode quality run (replayssm_cli.quality) for the stored precisions of the candidates."""
+    from replayssm_cli import quality
+
+    a_range = preset.a_log_range or ((0.0, 16.0) if preset.kind == "gdn" else (1.0, 16.0))
+    inputs = quality.synthetic_inputs(preset.shape, a_range=a_range, dt_softplus=preset.dt_softplus, steps=steps,
+                                      heads=heads, seed=seed)
+    configs = list(dict.fromkeys(quality.Config(*c.quality_key()) for c in cands))
+    if not progress:
+        return quality.run(inputs, configs)
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from replayssm_cli.console import err
+
+    bar = Progress(TextColumn("[bold]quality[/]"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=err,
+                   transient=True)
+    with bar:
+        task = bar.add_task("quality", total=inputs.generated)
+        return quality.run(inputs, configs, on_step=lambda n: bar.update(task, completed=n))
+
+
+@dataclass
+class Plan:
+    """Everything `replayssm plan` reports."""
+
+    traffic: Traffic
+    load: Load | None
+    preset: Any
+    source: TimeSource
+    cohorts: list[Cohort]
+    candidates: list[Candidate]
+    error_budget: float
+    memory_budget: float | None
+    memory_note: str
+    quality: Any
+    switch: list[dict[str, Any]]
+    totals: dict[str, Any]
+    notes: list[str]
+
+    def to_dict(self) -> dict[str, Any]:
+        p = self.preset
+        return {
+            "traffic": self.traffic.to_dict(),
+            "preset": {"name": p.name, "kind": p.kind, "shape": p.label(), "ssm_layers": p.ssm_layers, "tp": p.tp},
+            "times": {"describe": self.source.describe, "gpu": self.source.gpu_name, "files": [f.label for f in self.source.files]},
+            "candidates": [c.label() for c in self.candidates],
+            "error_budget": self.error_budget,
+            "memory_budget_bytes": self.memory_budget,
+            "memory_budget_note": self.memory_note,
+            "load": None if self.load is None else {
+                "duration_s": self.load.duration,
+                "idle_share": self.load.idle_s / self.load.duration if self.load.duration else None,
+                "peak_concurrency": self.load.peak,
+                "how": self.load.note,
+                "seconds_at_concurrency": {int(n): float(s) for n, s in enumerate(self.load.time_at) if s > 0 and n > 0},
+            },
+            "cohorts": [c.rows for c in self.cohorts],
+            "switch": self.switch,
+            "totals": self.totals,
+            "quality": self.quality.to_dict() if self.quality is not None else None,
+            "notes": self.notes,
+        }
+
+
+def _memory(preset):
+    def memory(c: Candidate):
+        try:
+            return tuner.memory_of(preset.shape, c)
+        except ValueError:
+            return None
+
+    return memory
+
+
+def _error_at(quality, labels: Sequence[str]):
+    """error(candidate) for the tuner: the config's error in the bucket `labels` picks, or None without a run."""
+    from replayssm_cli.quality import Config
+
+    def error(c: Candidate, bucket: str | None = None):
+        if quality is None:
+            return None
+        e = quality.get(Config(*c.quality_key()))
+        if e is None:
+            return None
+        return e.buckets.get(bucket or labels[-1], e.longest)
+
+    return error
+
+
+def _saved_us(times: Times, base: Candidate, choice: Candidate, n: np.ndarray, layers: int) -> tuple[np.ndarray, ...]:
+    """Microseconds per model step that `choice` saves over `base` at each concurrency in n: point, low, high."""
+    point, lo, hi = (np.zeros(n.size) for _ in range(3))
+    if choice == base:
+        return point, lo, hi
+    for i, b in enumerate(n):
+        tb, tc = times(base, int(b)), times(choice, int(b))
+        if tb is None or tc is None:
+            point[i] = lo[i] = hi[i] = math.nan
+            continue
+        point[i] = layers * (tb.us_per_token - tc.us_per_token)
+        lo[i] = layers * (tb.lo - tc.hi)
+        hi[i] = layers * (tb.hi - tc.lo)
+    return point, lo, hi
+
+
+def _e2e_step_us(e2e: Times, n: np.ndarray) -> np.ndarray | None:
+    """The whole-model conventional step at each concurrency, from the e2e rows of the source; None without them."""
+    conv = next((c for c in [Candidate("conventional", "fp32"), Candidate("conventional", "bf16")] if e2e.points(c)), None)
+    if conv is None:
+        return None
+    return np.array([t.us if (t := e2e(conv, int(b))) is not None else math.nan for b in n])
+
+
+def build(
+    traffic: Traffic,
+    preset,
+    source: TimeSource,
+    *,
+    cohort_edges: Sequence[int] = DEFAULT_COHORTS,
+    error_budget: float = DEFAULT_ERROR_BUDGET,
+    memory_budget: float | None = None,
+    quality=None,
+) -> Plan:
+    """Project the traffic onto the source's times: per cohort the tuner's decision at its token-weighted
+    concurrency, and over the whole traffic the gain in ITL and tokens per second."""
+    notes = list(traffic.missing)
+    cands = measured_candidates(source)
+    if not any(not c.is_replay for c in cands):
+        raise UserError(f"the times ({source.describe}) hold no conventional rows for {preset.name}",
+                        "profile both variants: `replayssm profile --preset NAME`")
+    times = Times(source, preset.name)
+    e2e_times = Times(source, preset.name, kind="e2e")
+    memory_note = "none (pass --memory-budget GiB for what weights and KV cache leave to SSM states)"
+    if memory_budget is None and source.memory_bytes:
+        memory_budget = float(source.memory_bytes)
+        memory_note = (f"{memory_budget / 2**30:.0f} GiB, the whole {source.gpu_name}; pass --memory-budget for what "
+                       "weights and KV cache leave")
+    elif memory_budget is not None:
+        memory_note = f"{memory_budget / 2**30:g} GiB (--memory-budget)"
+    labels = quality.bucket_labels if quality is not None else []
+    error = _error_at(quality, labels)
+    overall_bucket = bucket_for(float(np.percentile(traffic.output_lens, 95)) if traffic.output_lens is not None else None, labels)
+    if quality is None:
+        notes.append("quality margins: no quality run (--steps 0)")
+    conventional = [c for c in cands if not c.is_replay]
+    base_cand = next((c for c in conventional if c.state_dtype == preset.state_dtype), conventional[0])
+    baseline = base_cand.state_dtype
+
+    def decide(batch: int, bucket: str | None) -> tuner.Decision:
+        return tuner.decide(batch, cands, timing=times, error=lambda c: error(c, bucket), memory=_memory(preset),
+                            layers=preset.ssm_layers, error_budget=error_budget, memory_budget=None, baseline_dtype=baseline)
+
+    load = load_of(traffic)
+    if load is None:
+        return Plan(traffic, None, preset, source, [], cands, error_budget, memory_budget, memory_note, quality, [], {}, notes)
+    n_levels = np.arange(load.time_at.size)
+    e2e_conv = _e2e_step_us(e2e_times, n_levels)
+    e2e_label = next((f.label for f in source.files if any(r.get("kind") == "e2e" for r in f.rows)), None)
+    # The concurrency level's ITL: the traffic's own mean where it has gaps, else the shipped whole-model step.
+    itl_at = None
+    itl_how = None
+    if load.itl_sum_at is not None:
+        with np.errstate(invalid="ignore", divide="ignore"):
+            itl_at = load.itl_sum_at / load.tokens_at * 1e6
+        itl_how = "your ITL (the traffic's inter-token gaps at each concurrency)"
+    elif e2e_conv is not None:
+        itl_at = e2e_conv
+        itl_how = f"the whole-model conventional step of {e2e_label} (the traffic has no ITLs)"
+        ok = np.isfinite(itl_at) & (itl_at > 0)
+        load.tokens_at = np.where(ok, load.time_at * n_levels / np.where(ok, itl_at, 1.0) * 1e6, 0.0)
+        load.tokens_at[0] = 0.0
+        notes.append("tokens per concurrency level: estimated as time x concurrency / the whole-model step (the traffic "
+                     "has no inter-token gaps)")
+    cohorts = cohorts_of(load, cohort_edges)
+    level_choice: dict[int, Candidate] = {}
+    for c in cohorts:
+        bucket = bucket_for(c.out_len_p95, labels) if c.out_len_p95 is not None else overall_bucket
+        d = decide(c.batch, bucket)
+        c.decision = d
+        choice = d.choice
+        m = (n_levels >= c.lo) & (n_levels < (c.hi if c.hi is not None else np.inf)) & (load.time_at > 0)
+        for n in n_levels[m]:
+            level_choice[int(n)] = choice.candidate if choice else base_cand
+        c.rows = _cohort_row(c, d, preset, times, load, n_levels[m], itl_at, itl_how, e2e_conv, e2e_label, memory_budget,
+                             error_budget, quality, bucket, error)
+    switch = _switch(decide, load.peak, overall_bucket)
+    totals = _totals(load, times, base_cand, level_choice, preset.ssm_layers, itl_at, itl_how)
+    return Plan(traffic, load, preset, source, cohorts, cands, error_budget, memory_budget, memory_note, quality, switch,
+                totals, notes)
+
+
+def _cohort_row(c: Cohort, d: tuner.Decision, preset, times: Times, load: Load, levels: np.ndarray, itl_at, itl_how,
+                e2e_conv, e2e_label, memory_budget, error_budget, quality, bucket, error) -> dict[str, Any]:
+    a = d.choice
+    row: dict[str, Any] = {
+        "cohort": c.label(), "lo": c.lo, "hi": c.hi, "seconds": c.time_s, "time_share": c.time_share,
+        "token_share": c.token_share, "mean_concurrency": c.mean_n, "p50_concurrency": c.p50_n,
+        "p95_concurrency": c.p95_n, "peak_concurrency": c.peak_n, "batch": c.batch,
+        "output_len_p50": c.out_len_p50, "output_len_p95": c.out_len_p95,
+        "summary": d.summary, "replay_pays": d.replay_pays,
+    }
+    if a is None:
+        row["recommended"] = None
+        return row
+    cand = a.candidate
+    t = a.timing
+    base = d.baseline.candidate if d.baseline else None
+    row.update({
+        "recommended": cand.to_dict(),
+        "kernel_speedup": a.speedup, "kernel_speedup_lo": a.speedup_lo, "kernel_speedup_hi": a.speedup_hi,
+        "speedup_over": base.label() if base else None,
+        "us_per_token_layer": a.us_per_token,
+        "time_from": t.note if t else None,
+        "baseline_time_from": d.baseline.timing.note if d.baseline and d.baseline.timing else None,
+    })
+    # Flushes: one per W tokens per sequence, so a step at batch n flushes about n / W rows (staggered).
+    if cand.is_replay and cand.window:
+        itl_us = itl_at[c.batch] if itl_at is not None and c.batch < len(itl_at) and np.isfinite(itl_at[c.batch]) else None
+        row["flush"] = {
+            "every_tokens": cand.window,
+            "rows_per_step": c.batch / cand.window,
+            "every_ms": itl_us * cand.window / 1e3 if itl_us else None,
+        }
+    mem = a.mem_per_seq
+    row["mem_per_seq_model"] = mem
+    if mem is not None and memory_budget:
+        need = c.peak_n * mem
+        row["peak_need_bytes"] = need
+        row["peak_fits"] = need <= memory_budget
+        row["memory_headroom"] = 1 - need / memory_budget
+        row["seqs_fit"] = int(memory_budget // mem)
+    err = error(cand, bucket) if quality is not None else None
+    row["quality_bucket"] = bucket
+    row["quality_error"] = err
+    row["quality_margin"] = (error_budget / err) if err else None
+    if base is not None and base != cand:
+        saved, saved_lo, saved_hi = _saved_us(times, base, cand, levels, preset.ssm_layers)
+        if itl_at is not None:
+            w = load.tokens_at[levels]
+            itl = itl_at[levels]
+            ok = np.isfinite(saved) & np.isfinite(itl) & (w > 0)
+            if ok.any():
+                before = (w[ok] * itl[ok]).sum()
+                row["e2e_speedup"] = float(before / (w[ok] * (itl[ok] - saved[ok])).sum())
+                row["e2e_speedup_lo"] = float(before / (w[ok] * (itl[ok] - saved_lo[ok])).sum())
+                row["e2e_speedup_hi"] = float(before / (w[ok] * (itl[ok] - saved_hi[ok])).sum())
+                row["e2e_from"] = f"{itl_how}, less the SSM time the configuration saves per step"
+                row["itl_ms"] = float(before / w[ok].sum() / 1e3)
+        if e2e_conv is not None and itl_how and not itl_how.startswith("the whole-model") and np.isfinite(e2e_conv[c.batch]):
+            step = e2e_conv[c.batch]
+            s = _saved_us(times, base, cand, np.array([c.batch]), preset.ssm_layers)[0][0]
+            if np.isfinite(s):
+                row["model_step_speedup"] = float(step / (step - s))
+                row["model_step_from"] = f"the whole-model conventional step of {e2e_label} at batch {c.batch}, less the SSM time saved"
+    else:
+        row["e2e_speedup"] = 1.0 if itl_at is not None else None
+    return row
+
+
+def _switch(decide, peak: int, bucket: str | None) -> list[dict[str, Any]]:
+    """Ranges of concurrency 1..peak over which one configuration is recommended, from the tuner at every level."""
+    out: list[dict[str, Any]] = []
+    for n in range(1, max(peak, 1) + 1):
+        d = decide(n, bucket)
+        label = d.choice.candidate.label() if d.choice else "none"
+        if out and out[-1]["run"] == label:
+            out[-1]["to"] = n
+            continue
+        out.append({"from": n, "to": n, "run": label, "replay": bool(d.choice and d.choice.candidate.is_replay)})
+    return out
+
+
+def switch_line(switch: list[dict[str, Any]]) -> str:
+    """One sentence: where ReplaySSM is switched on, from the ranges of `_switch`."""
+    if not switch:
+        return "no decoding in the traffic: nothing to switch"
+    replay = [s for s in switch if s["replay"]]
+    if not replay:
+        return f"conventional decode throughout (1-{switch[-1]['to']} running sequences): ReplaySSM does not pay on this traffic"
+    first = replay[0]["from"]
+    if all(s["replay"] for s in switch if s["from"] >= first):
+        runs = ", ".join(f"{s['run']} at {s['from']}-{s['to']}" for s in switch if s["replay"])
+        below = f", conventional below {first}" if first > 1 else ""
+        return f"ReplaySSM at {first} or more running sequences ({runs}){below}"
+    parts = ", ".join(f"{s['from']}-{s['to']}: {s['run']}" for s in switch)
+    return f"by running sequences: {parts}"
+
+
+def _totals(load: Load, times: Times, base: Candidate, choice: dict[int, Candidate], layers: int, itl_at, itl_how) -> dict[str, Any]:
+    """Traffic-weighted gains: mean ITL over every generated token, and tokens per second over the decoding time."""
+    if itl_at is None:
+        return {"note": "no ITL: the traffic has no inter-token gaps and the times hold no whole-model step"}
+    levels = np.array(sorted(choice))
+    saved = np.zeros((3, levels.size))
+    for cand in set(choice.values()):
+        m = np.array([choice[int(n)] == cand for n in levels])
+        saved[:, m] = np.vstack(_saved_us(times, base, cand, levels[m], layers))
+    itl = itl_at[levels]
+    secs = load.time_at[levels]
+    tokens = load.tokens_at[levels]
+    ok = np.isfinite(itl) & np.all(np.isfinite(saved), axis=0) & (tokens > 0)
+    if not ok.any():
+        return {"note": "no concurrency level has both an ITL and the configurations' times"}
+    out: dict[str, Any] = {"itl_from": itl_how, "levels_left_out": int((~ok).sum())}
+    itl, secs, tokens, saved, levels = itl[ok], secs[ok], tokens[ok], saved[:, ok], levels[ok]
+    before = (tokens * itl).sum() / tokens.sum()
+    out["itl_ms_before"] = float(before / 1e3)
+    for name, s in (("", saved[0]), ("_lo", saved[1]), ("_hi", saved[2])):
+        after = (tokens * (itl - s)).sum() / tokens.sum()
+        if name == "":
+            out["itl_ms_after"] = float(after / 1e3)
+        out[f"itl_speedup{name}"] = float(before / after)
+        # Over the same decoding time, a level's tokens per second scale as concurrency over ITL.
+        out[f"tokens_per_s_gain{name}"] = float((secs * levels / (itl - s)).sum() / (secs * levels / itl).sum())
+    out["tokens_per_s_before"] = float((secs * levels / itl * 1e6).sum() / secs.sum())
+    out["tokens_per_s_after"] = out["tokens_per_s_before"] * out["tokens_per_s_gain"]
+    return out
+
+
+def _x(value: float | None, lo: float | None = None, hi: float | None = None) -> str:
+    if value is None or not math.isfinite(value):
+        return "-"
+    if lo is None or hi is None:
+        return f"{value:.2f}x"
+    return f"{value:.2f}x ({lo:.2f}-{hi:.2f})"
+
+
+def _share(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.0f}%"
+
+
+def _len(value: float | None) -> str:
+    return "-" if value is None else f"{value:,.0f}"
+
+
+def render(plan: Plan, console) -> None:
+    """The plan for people: the load, one row per cohort, the traffic-weighted gain, where to switch, and where every
+    figure came from."""
+    from rich import box
+    from rich.table import Table
+
+    t, p, load = plan.traffic, plan.preset, plan.load
+    failed = f" ({t.failed} failed, left out)" if t.failed else ""
+    span = f", {t.duration:,.0f} s" if t.duration else ""
+    console.print(
+        f"[bold]replayssm plan[/] · {p.display} ({p.label()}, {p.ssm_layers} SSM layers, tp {p.tp}) · {plan.source.gpu_name}\n"
+        f"traffic: {t.path.name}, {t.describe}: {t.requests:,} requests{failed}{span}"
+        + (f"; {load.note}" if load else "") + "\n"
+        f"times: {plan.source.describe}; between measured batches they are interpolated, and each row says so below\n"
+        f"error budget {plan.error_budget:.0e} · memory budget {plan.memory_note}",
+        highlight=False,
+    )
+    if load is None:
+        for n in plan.notes:
+            console.print(f"could not compute {n}", highlight=False)
+        return
+    idle = f"; idle (nothing decoding) {_share(load.idle_s / load.duration)} of the time" if load.duration else ""
+    console.print(f"peak {load.peak} sequences decoding{idle}", highlight=False)
+    dist = Table(title="Sequences decoding over time, by cohort", title_justify="left", box=box.SIMPLE_HEAD)
+    for name in ("cohort", "time", "tokens", "mean", "p95", "peak", "gen. len p50", "p95"):
+        dist.add_column(name, justify="left" if name == "cohort" else "right", no_wrap=True)
+    for c in plan.cohorts:
+        dist.add_row(c.label(), _share(c.time_share), _share(c.token_share), f"{c.mean_n:.1f}", str(c.p95_n), str(c.peak_n),
+                     _len(c.out_len_p50), _len(c.out_len_p95))
+    console.print(dist)
+    tab = Table(title="Per cohort: the configuration to run at its token-weighted concurrency", title_justify="left",
+                box=box.SIMPLE_HEAD)
+    for name in ("cohort", "at", "run", "kernel", "end-to-end", "flush", "MiB/seq", "peak fits", "quality"):
+        tab.add_column(name, justify="left" if name in ("cohort", "run") else "right", no_wrap=name != "run")
+    foot: list[str] = []
+    for i, c in enumerate(plan.cohorts, 1):
+        r = c.rows
+        rec = r.get("recommended")
+        if rec is None:
+            tab.add_row(c.label(), str(c.batch), "[red]nothing within the budgets[/]", *["-"] * 6)
+            continue
+        run = rec["label"] if r["replay_pays"] or not rec["variant"] in tuner.CONVENTIONAL else f"{rec['label']} [dim](ReplaySSM does not pay)[/]"
+        flush = r.get("flush")
+        fl = f"1/{flush['every_tokens']} tok" + (f", {flush['every_ms']:.0f} ms" if flush.get("every_ms") else "") if flush else "-"
+        mem = r.get("mem_per_seq_model")
+        fits = "-" if "peak_fits" not in r else (f"yes, {_share(r['memory_headroom'])} free" if r["peak_fits"] else "[red]no[/]")
+        margin = r.get("quality_margin")
+        q = f"{margin:.1f}x ({r['quality_bucket']})" if margin else "-"
+        tab.add_row(c.label(), str(c.batch), run, _x(r.get("kernel_speedup"), r.get("kernel_speedup_lo"), r.get("kernel_speedup_hi")),
+                    _x(r.get("e2e_speedup"), r.get("e2e_speedup_lo"), r.get("e2e_speedup_hi")), fl,
+                    "-" if mem is None else f"{mem / 2**20:,.0f}", fits, q)
+        foot.append(f"{c.label()}: {rec['label']}: {r.get('time_from') or '-'}; over {r.get('speedup_over')}: "
+                    f"{r.get('baseline_time_from') or '-'}")
+        if r.get("e2e_from"):
+            foot.append(f"{c.label()}: end-to-end: {r['e2e_from']} (ITL {r['itl_ms']:.1f} ms)"
+                        + (f"; the whole-model step: {_x(r['model_step_speedup'])} ({r['model_step_from']})" if r.get("model_step_speedup") else ""))
+    console.print(tab)
+    legend = {f.label: f"#{k}" for k, f in enumerate(plan.source.files, 1)}
+    tot = plan.totals
+    if "itl_speedup" in tot:
+        console.print(
+            f"traffic-weighted: mean ITL {tot['itl_ms_before']:.2f} -> {tot['itl_ms_after']:.2f} ms "
+            f"({_x(tot['itl_speedup'], tot['itl_speedup_lo'], tot['itl_speedup_hi'])}), decode tokens/s "
+            f"{_x(tot['tokens_per_s_gain'], tot['tokens_per_s_gain_lo'], tot['tokens_per_s_gain_hi'])}, over {tot['itl_from']}",
+            highlight=False,
+        )
+    else:
+        console.print(f"traffic-weighted gain: not computed ({tot.get('note')})", highlight=False)
+    console.print(f"[bold]switch[/]: {switch_line(plan.switch)}", highlight=False)
+    console.print("kernel speedups: over the conventional step at the same state precision (split: over fp32 conventional); "
+                  "ranges from each time's interquartile spread", style="dim", highlight=False)
+    for label, ref in legend.items():
+        foot = [line.replace(label, ref) for line in foot]
+    for line in foot:
+        console.print(line, style="dim", highlight=False)
+    for label, ref in legend.items():
+        if any(ref in line for line in foot):
+            console.print(f"{ref} {label}", style="dim", highlight=False)
+    q = plan.quality
+    if q is not None and any(c.out_len_p95 and c.out_len_p95 > q.steps for c in plan.cohorts):
+        console.print(f"quality: the run decoded {q.steps:,} tokens ({q.source}); a cohort generating longer is taken at its "
+                      "longest bucket (--steps runs longer)", style="dim", highlight=False)
+    for n in plan.notes:
+        console.print(f"could not compute {n}", style="yellow", highlight=False)
