@@ -52,19 +52,10 @@ class TimeSource:
         return gpu.get("memory_total") or self.environment.get("total_memory")
 
 
-def file_label(res) -> str:
-    """`name (GPU, date, commit)` for a loaded results file."""
-    env = res.environment
-    gpu = env.get("gpu") if isinstance(env.get("gpu"), dict) else {}
-    parts = [gpu.get("name") or env.get("device_name") or "unknown GPU", (res.created or "")[:10] or None, env.get("commit")]
-    name = res.path.name if res.path else "results"
-    mode = "" if env.get("mode", "measured") == "measured" else f", {env.get('mode')}"
-    return f"{name} ({', '.join(p for p in parts if p)}{mode})"
-
-
 def load_source(results_path: Path | None, preset_name: str) -> TimeSource:
     """The rows for the preset from --results, else from the shipped H200 reference profiles (newest file first)."""
     from replayssm_cli import results as results_mod
+    from replayssm_cli.provenance import file_label
 
     if results_path is not None:
         res = results_mod.load(results_path)
