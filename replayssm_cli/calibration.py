@@ -2,9 +2,8 @@
 divided by an efficiency (the achieved share of those ceilings) fitted to the shipped measured profiles.
 
 The efficiency of a kernel is kept per (op, variant, phase, state dtype, read dtype, draft) as a curve over its grid
-size, x = (sequence, head) pairs per SM: measured points, linear in log x between them, constant above the largest
-(bandwidth-bound) and proportional to x below the smallest (a latency floor: the time stays that of the smallest
-grid). The curves ship as profiles/calibration/<gpu>.json, written by `python benchmarks/calibrate.py`; the tuner
+size, x = (sequence, head) pairs per SM: measured points, between which the time is a fixed cost plus a bandwidth
+term (`_interpolate`), the efficiency constant above the largest grid (bandwidth-bound). The curves ship as profiles/calibration/<gpu>.json, written by `python benchmarks/calibrate.py`; the tuner
 calls `predict_step` for a candidate's µs and its error.
 """
 
@@ -14,7 +13,7 @@ import bisect
 import functools
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -81,33 +80,40 @@ def _row_cost(row: dict[str, Any], preset: Any) -> Any:
 
 
 def _interpolate(points: list[dict[str, Any]], x: float, skip: int | None = None) -> float:
-    """The efficiency at grid x from a curve's points (sorted by x), leaving out point `skip`."""
+    """The efficiency at grid x from a curve's points (sorted by x), leaving out point `skip`.
+
+    Along a curve the time at the ceilings grows as x, so t = x / eff in units of that; t is taken linear in x between
+    points (a fixed cost plus a bandwidth term) and beyond the smallest grid along the first segment (down to a
+    constant efficiency where that line would cross zero); above the largest grid the efficiency stays the last.
+    """
     pts = [p for i, p in enumerate(points) if i != skip]
+    if len(pts) == 1 or x >= pts[-1]["x"]:
+        return pts[0]["eff"] if len(pts) == 1 else pts[-1]["eff"]
     xs = [p["x"] for p in pts]
-    if x <= xs[0]:
-        return pts[0]["eff"] * x / xs[0]
-    if x >= xs[-1]:
-        return pts[-1]["eff"]
-    i = bisect.bisect_left(xs, x)
+    i = min(max(bisect.bisect_left(xs, x), 1), len(pts) - 1)
     lo, hi = pts[i - 1], pts[i]
-    t = (math.log(x) - math.log(lo["x"])) / (math.log(hi["x"]) - math.log(lo["x"]))
-    return lo["eff"] + t * (hi["eff"] - lo["eff"])
+    t_lo, t_hi = lo["x"] / lo["eff"], hi["x"] / hi["eff"]
+    t = t_lo + (t_hi - t_lo) * (x - lo["x"]) / (hi["x"] - lo["x"])
+    if x < lo["x"]:
+        t = max(t, t_lo * x / lo["x"])
+    return x / t
 
 
 def fit(profiles: Iterable[Any], gpu: Any) -> dict[str, Any]:
     """The calibration document fitted to measured profiles of one GPU (`gpu`: its GpuSpec, whose datasheet ceilings
     the efficiencies are shares of).
 
-    Every ok, measured kernel row of our variants counts (the cost model's bytes and FLOPs recomputed now); the rows
-    of one configuration measured in several files make one point, their efficiencies' mean, with the largest
-    relative deviation from it (or half the largest sample spread, if larger) as the point's error. Each point also
-    carries loo: the relative error of its time predicted from the other points of its curve.
+    `profiles` come newest first (results.reference_profiles). Every ok, measured kernel row of our variants counts,
+    the cost model's bytes and FLOPs recomputed now. A configuration measured in several files is one point with the
+    newest file's efficiency, as the merged reference keeps it; its error is the largest relative deviation of the
+    files at the same commit (or half the largest sample spread, if larger), n their count. Each point also carries
+    loo: the relative error of its time predicted from the other points of its curve.
     """
     from replayssm_cli import presets as presets_mod
 
     groups: dict[str, dict[str, Any]] = {}
     files = []
-    for prof in profiles:
+    for order, prof in enumerate(profiles):
         env = prof.environment or {}
         files.append({"file": prof.path.name if prof.path else None, "created": prof.created, "commit": env.get("commit")})
         for row in prof.rows:
@@ -121,21 +127,23 @@ def fit(profiles: Iterable[Any], gpu: Any) -> dict[str, Any]:
             curve = groups.setdefault(key, {"key": key, "op": preset.kind, "variant": row["variant"], "phase": row["phase"],
                                             "state_dtype": row["state_dtype"], "read_dtype": row.get("read_dtype"),
                                             "draft": row.get("draft") or 0, "samples": []})
-            curve["samples"].append((x, eff, row.get("spread") or 0.0))
+            curve["samples"].append((x, order, env.get("commit"), eff, row.get("spread") or 0.0))
     curves = []
     for key in sorted(groups):
         curve = groups.pop(key)
         points: list[dict[str, Any]] = []
-        for x, eff, spread in sorted(curve.pop("samples")):
-            if points and abs(x / points[-1]["x"] - 1) <= SAME_X:
-                points[-1]["_s"].append((eff, spread))
+        for sample in sorted(curve.pop("samples")):
+            if points and abs(sample[0] / points[-1]["x"] - 1) <= SAME_X:
+                points[-1]["_s"].append(sample)
             else:
-                points.append({"x": x, "_s": [(eff, spread)]})
+                points.append({"x": sample[0], "_s": [sample]})
         for p in points:
-            effs = [e for e, _ in p["_s"]]
-            p["eff"] = sum(effs) / len(effs)
-            p["n"] = len(effs)
-            p["error"] = max(max(abs(e / p["eff"] - 1) for e in effs), max(s for _, s in p.pop("_s")) / 2)
+            samples = sorted(p.pop("_s"), key=lambda smp: smp[1])
+            _, _, commit, eff, _ = samples[0]
+            same = [smp for smp in samples if smp[2] == commit]
+            p["eff"] = eff
+            p["n"] = len(same)
+            p["error"] = max(max(abs(smp[3] / eff - 1) for smp in same), max(smp[4] for smp in same) / 2)
         for i, p in enumerate(points):
             p["loo"] = (_interpolate(points, p["x"], skip=i) / p["eff"] - 1) if len(points) > 1 else None
         curves.append({**curve, "points": [{k: _round(v) for k, v in p.items()} for p in points]})
@@ -276,6 +284,7 @@ def _error_at(points: list[dict[str, Any]], x: float) -> float:
     return _round(max(loo + [p["error"] for p in side]))
 
 
+@functools.lru_cache(maxsize=4)
 def reference_index(gpu_key: str = "h200") -> dict[tuple, dict[str, Any]]:
     """The shipped measurements of `gpu_key` by configuration (newest file first), each with its file's origin."""
     from replayssm_cli import results
@@ -297,3 +306,42 @@ def reference_key(row: dict[str, Any]) -> tuple:
 def write(doc: dict[str, Any], path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(doc, indent=1) + "\n")
+
+
+def check_reference(gpu_key: str = "h200") -> list[dict[str, Any]]:
+    """Every speedup the shipped reference of `gpu_key` holds (newest file per configuration, our kernels) beside the
+    speedup a no-GPU profile of the same grid predicts: dicts with the row's configuration, file, measured, predicted
+    and error (predicted / measured - 1)."""
+    from replayssm_cli import presets as presets_mod
+    from replayssm_cli import profile as prof
+    from replayssm_cli import results
+
+    merged = results.load_reference(gpu_key)
+    if merged is None:
+        return []
+    wanted = {reference_key(r): r for r in merged.rows
+              if r.get("kind") == "kernel" and r.get("speedup") is not None and r["variant"] in VARIANTS}
+    fields = set(prof.ProfileSpec.__dataclass_fields__)
+    out = []
+    for profile in results.reference_profiles(gpu_key):
+        mine = [k for k, r in wanted.items() if r["x_origin"]["file"] == profile.path.name]
+        if not mine:
+            continue
+        spec = prof.ProfileSpec(**{k: tuple(v) if isinstance(v, list) else v for k, v in profile.spec.items() if k in fields})
+        presets = {name: presets_mod.resolve(name, spec.tp) for name in spec.presets}
+        rows: list[dict[str, Any]] = []
+        for point in prof.plan(replace(spec, baselines=()), list(presets.values())):
+            for row in prof.predicted_rows(point, presets[point.preset], None, None, gpu=gpu_key):
+                prof.attach_speedup(row, rows)
+                rows.append(row)
+        predicted = {reference_key({**r, "source": "measured"}): r for r in rows}
+        for key in mine:
+            measured, got = wanted[key], predicted.get(key)
+            speedup = got.get("speedup") if got else None
+            out.append({
+                **{k: measured.get(k) for k in ("op", "preset", "variant", "phase", "batch", "window", "state_dtype",
+                                                 "read_dtype", "draft", "speedup_over")},
+                "file": profile.path.name, "measured": measured["speedup"], "predicted": speedup,
+                "error": speedup / measured["speedup"] - 1 if speedup else None,
+            })
+    return out

@@ -816,17 +816,22 @@ def render_table(rows: list[dict[str, Any]], *, title: str, caption: str | None 
     from rich import box
     from rich.table import Table
 
-    from replayssm_cli.provenance import row_label
+    from replayssm_cli.provenance import reference_label, row_label
 
-    labels = [row_label(r) for r in rows]
+    labels = [row_label(r, error=False) for r in rows]
     mixed = len(set(labels)) > 1
     if labels and not mixed:
         caption = f"figures: {labels[0]}" + (f"\n{caption}" if caption else "")
+    references = list(dict.fromkeys(reference_label(r["x_reference"]) for r in rows if r.get("x_reference")))
+    if references:
+        caption += "\nmeasured: µs per token and speedup of the same configuration in the shipped reference, " + "; ".join(
+            f"[{i}] {label}" for i, label in enumerate(references, 1))
     has_draft = any(r.get("draft") for r in rows)
     table = Table(title=title, caption=caption, caption_justify="left", header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False)
     columns = [
         ("preset", "left"), ("variant", "left"), ("B", "right"), ("W", "right"), ("state→read", "left"),
-        *([("T/acc", "right")] if has_draft else []), ("µs/tok/layer", "right"), ("µs/model step", "right"),
+        *([("T/acc", "right")] if has_draft else []), ("µs/tok/layer", "right"), *([("measured", "right")] if references else []),
+        ("µs/model step", "right"),
         ("GB/s", "right"), ("%BW", "right"), ("TFLOP/s", "right"), ("AI", "right"), ("speedup", "right"),
         ("flush cost/share", "right"), ("MiB/seq", "right"), ("seqs fit", "right"), *([("from", "left")] if mixed else []),
     ]
@@ -843,10 +848,11 @@ def render_table(rows: list[dict[str, Any]], *, title: str, caption: str | None 
         draft = [f"{r['draft']}/{_fmt(r.get('accepted'), '.2f')}" if r.get("draft") else "–"] if has_draft else []
         if r["status"] != "ok":
             err = _fmt(r.get("check_max_err"), ".1e")
-            timing = [f"[red]FAILED[/] (err {err})", *[""] * 7]
+            timing = [f"[red]FAILED[/] (err {err})", *[""] * (7 + bool(references))]
         else:
             timing = [
                 _us_cell(r),
+                *([_reference_cell(r, references)] if references else []),
                 _num(r.get("us_model_step")),
                 _fmt(r.get("gbs"), ".0f"),
                 _fmt(r.get("pct_copy_bw"), ".0f"),
@@ -863,8 +869,25 @@ def render_table(rows: list[dict[str, Any]], *, title: str, caption: str | None 
     return table
 
 
+def _reference_cell(r: dict[str, Any], references: list[str]) -> str:
+    """A predicted row's shipped measurement: µs per token, speedup and which file ([n] in the caption)."""
+    from replayssm_cli.provenance import reference_label
+
+    ref = r.get("x_reference")
+    if not ref:
+        return "–"
+    tokens = r.get("tokens_per_step") or 1.0
+    speed = f" {ref['speedup']:.2f}x" if ref.get("speedup") else ""
+    return f"{_num(ref['us'] / tokens)}{speed} [dim][{references.index(reference_label(ref)) + 1}][/]"
+
+
 def _us_cell(r: dict[str, Any]) -> str:
     us = _num(r.get("us_per_token"))
+    fit = (r.get("x_prediction") or {}).get("fit_error")
+    if fit is not None:
+        from replayssm_cli.provenance import percent
+
+        return us + f" [dim]±{percent(fit)}[/]"
     spread = r.get("spread")
     if spread is None:
         return us

@@ -29,25 +29,31 @@ def file_label(results: Any) -> str:
     return _origin_label(origin)
 
 
-def prediction_label(row: dict[str, Any]) -> str:
-    """How a predicted row was predicted: 'predicted (calibrated on H200, ±4%)' or 'predicted (roofline, uncalibrated)'."""
+def prediction_label(row: dict[str, Any], error: bool = True) -> str:
+    """How a predicted row was predicted: 'predicted (calibrated on H200, ±4%)' (without the fit's error when `error`
+    is false) or 'predicted (roofline, uncalibrated)'."""
     how = row.get("x_prediction") or {}
     if how.get("method") == "calibrated":
-        err = how.get("fit_error")
+        err = how.get("fit_error") if error else None
         on = how.get("calibrated_on") or "measured profiles"
-        return f"predicted (calibrated on {on}" + (f", ±{100 * err:.0f}%" if err is not None else "") + ")"
+        return f"predicted (calibrated on {on}" + (f", ±{percent(err)}" if err is not None else "") + ")"
     return "predicted (roofline, uncalibrated)"
 
 
-def row_label(row: dict[str, Any], results: Any = None) -> str:
+def percent(fraction: float) -> str:
+    """A relative error as a whole percentage, '<1%' below one."""
+    return f"{100 * fraction:.0f}%" if fraction >= 0.01 else "<1%"
+
+
+def row_label(row: dict[str, Any], results: Any = None, error: bool = True) -> str:
     """One row's provenance.
 
-    A predicted row says how (prediction_label). A measured row carrying x_origin (a row of a merged reference)
+    A predicted row says how (prediction_label; `error` false leaves out the fit's error). A measured row carrying x_origin (a row of a merged reference)
     names that file; one from a loaded `results` file names it (file_label's form); with neither, the row was
     measured in this process: 'measured here'.
     """
     if row.get("source") == "predicted":
-        return prediction_label(row)
+        return prediction_label(row, error)
     if isinstance(row.get("x_origin"), dict):
         return _origin_label(row["x_origin"])
     if results is not None:

@@ -182,7 +182,10 @@ def _wide(console: Any) -> Any:
 def _caption(mode: str, c: Any, baselines: bool = False) -> str:
     bw = f"{c.copy_gbs:.0f} GB/s copy bandwidth ({c.source})" if c is not None else "no known ceiling"
     lines = [
-        "µs per token per layer: median per-step time " + ("predicted by the cost model, no kernel ran" if mode == "predicted" else "over CUDA-graph replays, ± half the interquartile range (noisy above 10%)"),
+        "µs per token per layer: " + (
+            "predicted, no kernel ran: the cost model's bytes and FLOPs over the GPU's datasheet ceilings divided by the efficiency "
+            "fitted to the shipped measurements (± the fit's error; the roofline alone where no measurement covers the kernel)"
+            if mode == "predicted" else "median per-step time over CUDA-graph replays, ± half the interquartile range (noisy above 10%)"),
         f"%BW: modelled bytes over the time, as a share of the {bw}; AI: FLOP per byte",
         "speedup: the baseline's µs per token over the row's, same preset, batch and dtypes (quartile range); the baseline is the conventional step at the same state precision, "
         "for split precision the fp32 conventional step, for spec-replay the snapshot-writing spec-conventional step (vs decode: over plain conventional decode); spec-conventional times decode_multi only (accept is a pointer move, as in vLLM)",
