@@ -340,3 +340,84 @@ def test_plan_table_names_its_sources(files):
 def test_help_has_examples():
     res = invoke("--help")
     assert res.exit_code == 0 and "Examples" in res.stdout and "replayssm plan --traffic" in res.stdout
+
+
+# The rollout gate.
+
+
+def _gate_case(tmp_path, spread: float = 0.3):
+    """One level of 256 sequences; replay 60 us against conventional 100 us per layer, a 9 ms model step: the
+    tokens/s gain is 9000 / (9000 - 40 x 40) and its pessimistic bound 9000 / (9000 - 40 x (85 - 69))."""
+    res = _results(tmp_path, {1: 5.0, 256: 100.0}, {1: 4.0, 256: 60.0}, {1: 8000.0, 256: 9000.0})
+    doc = json.loads(res.read_text())
+    for r in doc["rows"]:
+        r["spread"] = spread
+    res.write_text(json.dumps(doc))
+    return str(res), str(_csv(tmp_path, [(100.0, 256)]))
+
+
+def test_gate_parses_thresholds():
+    from replayssm_cli import gate
+
+    g = gate.parse(["min-gain=1.05,quality-margin=2", "memory-headroom=10%"])
+    assert g == gate.Gate(min_gain=1.05, min_gain_lo=1.0, quality_margin=2.0, memory_headroom=0.1)
+    assert not gate.parse(None).active
+
+
+@pytest.mark.parametrize("spec, words", [("speed=2", "is not a threshold"), ("min-gain=fast", "is not a number"),
+                                         ("min-gain=-1", "must be positive"), ("memory-headroom=150%", "below 1")],
+                         ids=["unknown-key", "not-a-number", "negative", "headroom-over-1"])
+def test_gate_bad_thresholds_are_one_line(tmp_path, spec, words):
+    res, traffic_file = _gate_case(tmp_path)
+    one_line_error(invoke("--traffic", traffic_file, "-p", SUPER, "-r", res, "--steps", "0", "--gpu", "h200", "--gate", spec), words)
+
+
+def test_gate_practical_and_statistical_thresholds(tmp_path):
+    res, traffic_file = _gate_case(tmp_path)
+    gain, lo = 9000 / (9000 - 40 * 40), 9000 / (9000 - 40 * (85 - 69))
+    base = ("--traffic", traffic_file, "-p", SUPER, "-r", res, "--steps", "0", "--gpu", "NVIDIA H200", "--json")
+    ok = invoke(*base, "--gate", f"min-gain={gain - 0.01:.3f}")
+    assert ok.exit_code == 0, ok.output
+    doc = json.loads(ok.stdout)
+    assert doc["gate"]["passed"] and doc["totals"]["tokens_per_s_gain"] == pytest.approx(gain)
+    assert doc["totals"]["tokens_per_s_gain_lo"] == pytest.approx(lo)
+    practical = invoke(*base, "--gate", f"min-gain={gain + 0.01:.3f}")
+    assert practical.exit_code == 1 and "gate failed: min-gain" in practical.stderr
+    # The gain clears the practical threshold but not the statistical one: the gate still fails, and says which.
+    statistical = invoke(*base, "--gate", f"min-gain={gain - 0.01:.3f},min-gain-lo={lo + 0.01:.3f}")
+    assert statistical.exit_code == 1
+    failed = [t["threshold"] for t in json.loads(statistical.stdout)["gate"]["thresholds"] if not t["passed"]]
+    assert failed == ["min-gain-lo"] and "min-gain-lo" in statistical.stderr
+
+
+def test_gate_memory_headroom_and_quality_margin(tmp_path):
+    res, traffic_file = _gate_case(tmp_path)
+    base = ("--traffic", traffic_file, "-p", SUPER, "-r", res, "--gpu", "h200", "--json")
+    p = presets.load_preset(SUPER)
+    mem = tuner.memory_of(p.shape, Candidate("replay", "fp32", 16))["total"] * p.ssm_layers
+    budget_gib = 256 * mem / 0.8 / 2**30  # the peak takes 80% of it: 20% free
+    out = invoke(*base, "--steps", "0", "--memory-budget", f"{budget_gib:.6f}", "--gate", "memory-headroom=25%")
+    assert out.exit_code == 1
+    v = json.loads(out.stdout)["gate"]["thresholds"][0]
+    assert v["threshold"] == "memory-headroom" and v["value"] == pytest.approx(0.2, abs=1e-4) and not v["passed"]
+    # Without a quality run there is no margin to check: the gate fails rather than passes it.
+    out = invoke(*base, "--steps", "0", "--gate", "quality-margin=2")
+    assert out.exit_code == 1 and "no quality margin" in out.stderr
+    out = invoke(*base, "--steps", "150", "--heads", "1", "--gate", "quality-margin=1.5")
+    doc = json.loads(out.stdout)
+    margin = doc["cohorts"][0]["quality_margin"]
+    assert doc["gate"]["thresholds"][0]["value"] == margin and out.exit_code == (0 if margin >= 1.5 else 1)
+
+
+def test_gate_refuses_results_from_another_environment(tmp_path, files):
+    res, traffic_file = _gate_case(tmp_path)
+    base = ("--traffic", traffic_file, "-p", SUPER, "-r", res, "--steps", "0", "--gate", "min-gain=1.01")
+    one_line_error(invoke(*base), "the gate needs the GPU the traffic is served on")
+    one_line_error(invoke(*base, "--gpu", "b200"), "refuses crafted.json", "gpu NVIDIA H200", "b200")
+    one_line_error(invoke(*base, "--gpu", "h200", "--driver", "550.54.15"), "driver 580.159.04", "550.54.15")
+    one_line_error(invoke(*base, "--gpu", "h200", "--torch", "2.11"), "does not record its torch")
+    # The vLLM file names its GPU (vllm bench serve --metadata gpu=...): the gate reads it from there.
+    ok = invoke("--traffic", str(files["vllm"]), "--steps", "0", "--gate", "min-gain=1.0001", "--torch", "2.11", "--json")
+    assert ok.exit_code in (0, 1), ok.output
+    assert json.loads(ok.stdout)["gate"]["target"]["gpu"] == "NVIDIA H200"
+    assert "driver, triton not named" in " ".join(ok.stderr.split())

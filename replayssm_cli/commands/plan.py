@@ -50,6 +50,11 @@ def plan(
     steps: Annotated[Optional[int], typer.Option("--steps", help="Generated tokens the quality run decodes; 0 skips it. [default: the traffic's p99 generation length, 128-4096]", show_default=False)] = None,
     heads: Annotated[int, typer.Option("--heads", help="Heads of one layer the quality run decodes.")] = 2,
     tp: Annotated[int, typer.Option("--tp", help="Tensor-parallel degree the heads are divided by.")] = 1,
+    gate: Annotated[Optional[list[str]], typer.Option("--gate", help="Rollout thresholds KEY=VALUE, comma-separated or repeated: min-gain (tokens/s, with its pessimistic bound over min-gain-lo, default 1), min-gain-lo, quality-margin, memory-headroom. Exit 1 when one fails.", show_default=False)] = None,
+    gpu: Annotated[Optional[str], typer.Option("--gpu", help="GPU the traffic is served on; the gate refuses times from another. [default: the traffic file's `gpu` metadata]", show_default=False)] = None,
+    driver: Annotated[Optional[str], typer.Option("--driver", help="NVIDIA driver of the target; the gate refuses times from another. [default: the traffic file's, else unchecked]", show_default=False)] = None,
+    torch_version: Annotated[Optional[str], typer.Option("--torch", help="torch version of the target (2.11 matches 2.11.0). [default: the traffic file's, else unchecked]", show_default=False)] = None,
+    triton_version: Annotated[Optional[str], typer.Option("--triton", help="triton version of the target. [default: the traffic file's, else unchecked]", show_default=False)] = None,
     out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Also write the full plan as JSON to this file.")] = None,
     json_: Annotated[bool, typer.Option("--json", help="Print the plan as JSON on stdout instead of tables.")] = False,
 ) -> None:
@@ -67,9 +72,13 @@ def plan(
       replayssm plan --traffic running.csv --preset qwen3.5-122b-a10b --cohorts 1,32,128 --json
 
       replayssm plan -t sglang.jsonl -r runs/h200.json --memory-budget 40 --out plan.json
+
+      replayssm plan -t day.json --gpu h200 --driver 580.159.04 --gate min-gain=1.05,quality-margin=2,memory-headroom=10%
     """
+    from replayssm_cli import gate as gate_mod
     from replayssm_cli import plan as lib
     from replayssm_cli import traffic as traffic_mod
+    from replayssm_cli.console import note, warn
 
     edges = _edges(cohorts) or lib.DEFAULT_COHORTS
     if not error_budget > 0:
@@ -85,14 +94,28 @@ def plan(
     t = traffic_mod.read(traffic)
     p = _preset_for(preset, t, tp)
     source = lib.load_source(results, p.name)
+    thresholds = gate_mod.parse(gate)
+    target = gate_mod.Target.resolve({"gpu": gpu, "driver": driver, "torch": torch_version, "triton": triton_version}, t.metadata)
+    files = [(f.label, f.environment) for f in source.files]
+    unchecked: list[str] = []
+    if thresholds.active:
+        unchecked = gate_mod.check_environment(target, files)
+    elif target.gpu:
+        try:
+            gate_mod.check_environment(target, files)
+        except UserError as exc:
+            warn(exc.message)
     cands = lib.measured_candidates(source)
     n_steps = lib.quality_steps(t) if steps is None else steps
     quality = lib.run_quality(p, cands, steps=n_steps, heads=heads, progress=not json_) if n_steps else None
     result = lib.build(t, p, source, cohort_edges=edges, error_budget=error_budget,
                        memory_budget=memory_budget * 2**30 if memory_budget else None, quality=quality)
     doc = result.to_dict()
+    verdicts = gate_mod.evaluate(thresholds, doc) if thresholds.active else []
+    if thresholds.active:
+        doc["gate"] = {"passed": all(v["passed"] for v in verdicts), "thresholds": verdicts,
+                       "target": {k: getattr(target, k) for k in gate_mod.ENV_FIELDS}, "unchecked": unchecked}
     if out is not None:
-        from replayssm_cli.console import note
         from replayssm_cli.results import write_atomic
 
         try:
@@ -104,9 +127,21 @@ def plan(
         from replayssm_cli.console import print_json
 
         print_json(doc)
-        return
-    from rich.console import Console
+    else:
+        from rich.console import Console
 
-    from replayssm_cli.console import out as stdout
+        from replayssm_cli.console import out as stdout
 
-    lib.render(result, stdout if stdout.is_terminal else Console(file=stdout.file, width=WIDE))
+        console = stdout if stdout.is_terminal else Console(file=stdout.file, width=WIDE)
+        lib.render(result, console)
+        if thresholds.active:
+            for v in verdicts:
+                console.print(("[green]pass[/] " if v["passed"] else "[red]FAIL[/] ") + v["text"], highlight=False)
+    if thresholds.active:
+        if unchecked:
+            note(f"gate: the target's {', '.join(unchecked)} not named, so not checked (pass --{' --'.join(unchecked)})")
+        failed = [v["text"] for v in verdicts if not v["passed"]]
+        if failed:
+            note("gate failed: " + "; ".join(failed))
+            raise typer.Exit(gate_mod.EXIT_GATE_FAILED)
+        note("gate passed: " + "; ".join(v["text"] for v in verdicts))
