@@ -6,8 +6,10 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Sequence
 
-# A prediction from the cost model counts as this wide (relative) for the "beats it by more than the spread" test.
+# A prediction scaled by measured neighbours counts as this wide (relative, whole interval) at the least.
 PREDICTED_SPREAD = 0.05
+# The cost model alone is a roofline bound: measured kernels miss it by up to about this much (relative, ±).
+UNCALIBRATED_ERROR = 0.30
 # Repeat runs of one measurement differ by about this much even when its own samples agree.
 MIN_SPREAD = 0.02
 DEFAULT_WINDOWS = (4, 8, 16, 32, 64)
@@ -106,6 +108,7 @@ class Timing:
     source: str
     status: str = "ok"
     note: str = ""
+    origin: str = ""
 
     @property
     def lo(self) -> float:
@@ -114,6 +117,17 @@ class Timing:
     @property
     def hi(self) -> float:
         return self.us_per_token * (1 + self.spread / 2)
+
+    @property
+    def measured(self) -> bool:
+        return self.source == "measured"
+
+    def label(self) -> str:
+        """Where the time came from, in a few words: measured (where), or predicted (how, and how far off)."""
+        if self.measured:
+            return f"measured, {self.origin}" if self.origin else "measured"
+        how = self.origin or "the cost model"
+        return f"predicted ({how}, ±{self.spread / 2:.0%})"
 
 
 def _tokens(c: Candidate) -> float:
@@ -166,9 +180,13 @@ def timing_from_rows(
     else:
         per_token = float(r.get("us_per_token") or us)
     measured = r.get("source") == "measured"
-    spread = max(float(r.get("spread") or 0.0), MIN_SPREAD) if measured else PREDICTED_SPREAD
+    if measured:
+        spread = max(float(r.get("spread") or 0.0), MIN_SPREAD)
+    else:
+        fit = (r.get("x_prediction") or {}).get("fit_error") if isinstance(r.get("x_prediction"), dict) else None
+        spread = 2 * float(fit) if isinstance(fit, (int, float)) and fit > 0 else 2 * UNCALIBRATED_ERROR
     note = "aligned flush" if r.get("flush") == "aligned" else ""
-    return Timing(us, per_token, spread, "measured" if measured else "predicted", note=note)
+    return Timing(us, per_token, spread, "measured" if measured else "predicted", note=note, origin=str(r.get("x_origin") or ""))
 
 
 def predicted_timing(shape, candidate: Candidate, batch: int, ceilings, *, io_dtype: str = "bf16", has_z: bool = False) -> Timing:
@@ -190,19 +208,26 @@ def predicted_timing(shape, candidate: Candidate, batch: int, ceilings, *, io_dt
         has_z=has_z,
     )
     us = cost.predict_us(step, ceilings, cost.launches_per_step(c.variant, "avg"))
-    return Timing(us, us / _tokens(c), PREDICTED_SPREAD, "predicted")
+    return Timing(us, us / _tokens(c), 2 * UNCALIBRATED_ERROR, "predicted", origin="the cost model")
 
 
 def calibrated(prediction: Timing, pairs: Sequence[tuple[Timing, Timing]], like: str) -> Timing:
     """A prediction scaled by the median measured / predicted time of `pairs` (measured candidates of the same
     variant at the same batch, each with its own prediction), since the cost model is a roofline bound that
-    real kernels miss by a variant-dependent margin. Without pairs, the prediction as it is."""
+    real kernels miss by a variant-dependent margin. Without pairs, the prediction as it is.
+
+    Its interval is as wide as the pairs' ratios stray from their median (at least PREDICTED_SPREAD); with
+    one pair nothing says how far it strays, so it keeps the uncalibrated model's error.
+    """
     ratios = sorted(m.us / p.us for m, p in pairs if m.status == "ok" and p.us > 0)
     if not ratios:
         return prediction
     k = ratios[len(ratios) // 2] if len(ratios) % 2 else (ratios[len(ratios) // 2 - 1] + ratios[len(ratios) // 2]) / 2
+    stray = max(abs(r / k - 1) for r in ratios)
+    spread = max(PREDICTED_SPREAD, 2 * stray) if len(ratios) > 1 else 2 * UNCALIBRATED_ERROR
     note = f"x{k:.2f}, as measured {like} ran against its prediction"
-    return Timing(prediction.us * k, prediction.us_per_token * k, prediction.spread, "predicted", note=note)
+    origin = f"cost model x{k:.2f} from {len(ratios)} measured {like}"
+    return Timing(prediction.us * k, prediction.us_per_token * k, spread, "predicted", note=note, origin=origin)
 
 
 def memory_of(shape, candidate: Candidate, *, io_dtype: str = "bf16") -> dict[str, int]:
@@ -297,6 +322,11 @@ class Decision:
     def mode(self) -> str:
         return "decode" if not self.draft else f"verify T={self.draft} ({self.accepted:.3g} accepted)"
 
+    @property
+    def predicted(self) -> bool:
+        """Whether the recommendation rests on a predicted time (its own, or its baseline's)."""
+        return any(a is not None and a.timing is not None and not a.timing.measured for a in (self.choice, self.baseline))
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "batch": self.batch,
@@ -304,6 +334,7 @@ class Decision:
             "draft": self.draft,
             "accepted": self.accepted,
             "replay_pays": self.replay_pays,
+            "predicted": self.predicted,
             "summary": self.summary,
             "recommended": self.choice.to_dict() if self.choice else None,
             "baseline": self.baseline.candidate.label() if self.baseline else None,
@@ -358,10 +389,12 @@ def decide(
     """The fastest candidate of one group (all plain decode, or all at one draft width) within both budgets.
 
     Rejects candidates without a time, whose check failed, over the error budget (longest-bucket error)
-    or over the memory budget (bytes per sequence x layers x batch, in bytes). Among the rest, ReplaySSM
-    (replay, split, spec-replay) is chosen only when its pessimistic time beats the best conventional
-    candidate's optimistic time (intervals from each timing's spread); otherwise the conventional one is.
-    Speedups are against the conventional candidate at `baseline_dtype` (else the fastest conventional).
+    or over the memory budget (bytes per sequence x layers x batch, in bytes). Among the rest, candidates
+    within the fastest one's interval are a tie and the simplest of them is chosen (see _choose): measured
+    before predicted, so a prediction wins only by more than its error; ReplaySSM (replay, split,
+    spec-replay) only when its pessimistic time beats the best conventional candidate's optimistic time.
+    Speedups are against the conventional candidate at `baseline_dtype` (else the fastest conventional),
+    which is also the state dtype a tie prefers.
     """
     if not group:
         raise ValueError("no candidates to decide between")
@@ -388,20 +421,21 @@ def decide(
             a.speedup_hi = baseline.timing.hi / a.timing.lo
 
     alive = [a for a in assessments if not a.verdict]
-    best_conv = min((a for a in alive if not a.candidate.is_replay), key=_rank, default=None)
-    best_rep = min((a for a in alive if a.candidate.is_replay), key=_rank, default=None)
-    pays = best_rep is not None and (best_conv is None or best_rep.timing.hi < best_conv.timing.lo)
+    choice, tied, best_conv = _choose(alive, baseline_dtype)
+    # The ReplaySSM candidate that stood against the choice: of the same kind (measured or predicted) as it.
+    same = [a for a in alive if choice is not None and a.timing.measured == choice.timing.measured]
+    best_rep = min((a for a in same if a.candidate.is_replay), key=_rank, default=None)
+    pays = choice is not None and choice.candidate.is_replay and (best_conv is None or choice.timing.hi < best_conv.timing.lo)
     # ReplaySSM that does not pay is either a tie within the spread or slower beyond it.
     rep_slower = best_rep is not None and best_conv is not None and best_rep.timing.lo > best_conv.timing.hi
-    choice = best_rep if pays else (best_conv or best_rep)
 
     for a in alive:
         if a is choice:
             a.verdict = "recommended"
-            a.reason = _why_chosen(a, best_conv, best_rep, pays, rep_slower)
+            a.reason = _why_chosen(a, best_conv, best_rep, pays, rep_slower, tied)
             continue
         a.verdict = "rejected"
-        if a is best_rep and not pays:
+        if a is best_rep and not pays and best_conv is not None and not choice.candidate.is_replay:
             gain = best_conv.us_per_token / a.us_per_token
             need = (1 + a.timing.spread / 2) / (1 - best_conv.timing.spread / 2)
             a.rejected_for = "no-gain"
@@ -412,6 +446,15 @@ def decide(
                     f"{gain:.2f}x over {best_conv.candidate.label()}, within the spread "
                     f"(ReplaySSM needs over {need:.2f}x to count)"
                 )
+            continue
+        if any(a is t for t in tied):
+            a.rejected_for = "tie"
+            a.reason = _why_tie(a, choice, baseline_dtype)
+            continue
+        if not a.timing.measured and choice.timing.measured and a.us_per_token < choice.us_per_token:
+            a.rejected_for = "unconfirmed"
+            a.reason = (f"predicted {a.us_per_token:.3g} us/token ±{a.timing.spread / 2:.0%}, not faster than measured "
+                        f"{choice.candidate.label()} ({choice.us_per_token:.3g}) beyond its error")
             continue
         ref = best_rep if a.candidate.is_replay and best_rep is not None and not pays else choice
         a.rejected_for = "slower"
@@ -428,8 +471,73 @@ def _rank(a: Assessment) -> tuple[float, float]:
     return (a.us_per_token, a.error if a.error is not None else math.inf)
 
 
+def _simplicity(a: Assessment, own_dtype: str) -> tuple:
+    """Between candidates within each other's spread: conventional before ReplaySSM, measured before predicted,
+    the preset's own state dtype, no read copy, the shorter window; then the faster."""
+    c = a.candidate
+    return (c.is_replay, not a.timing.measured, c.state_dtype != own_dtype, c.read_dtype is not None, c.window or 0, _rank(a))
+
+
+def _pick(pool: list[Assessment], own_dtype: str) -> tuple[Assessment, list[Assessment], Assessment | None]:
+    """(choice, the others it tied with, the conventional candidate it was held against) within one pool.
+
+    The fastest candidate and every candidate whose interval reaches into its interval are a tie; of a tie,
+    the simplest is chosen. A ReplaySSM pick that does not clear the pool's best conventional candidate's
+    interval gives way to it.
+    """
+    best = min(pool, key=_rank)
+    tied = [a for a in pool if a.timing.lo <= best.timing.hi and best.timing.lo <= a.timing.hi]
+    choice = min(tied, key=lambda a: _simplicity(a, own_dtype))
+    conv = min((a for a in pool if not a.candidate.is_replay), key=_rank, default=None)
+    if choice.candidate.is_replay and conv is not None and not choice.timing.hi < conv.timing.lo:
+        choice = conv
+    return choice, [a for a in tied if a is not choice], conv
+
+
+def _choose(alive: list[Assessment], own_dtype: str) -> tuple[Assessment | None, list[Assessment], Assessment | None]:
+    """The recommended candidate, the others it tied with, and the conventional candidate it was held against.
+
+    Measured candidates are decided among themselves first. A predicted candidate then wins only where even
+    its pessimistic time (its prediction error) beats the measured choice's optimistic time; the predicted
+    candidates that do are decided among themselves the same way. With nothing measured, the predictions
+    are decided among themselves, each as wide as its error.
+    """
+    if not alive:
+        return None, [], None
+    measured = [a for a in alive if a.timing.measured]
+    if not measured:
+        return _pick(alive, own_dtype)
+    choice, tied, conv = _pick(measured, own_dtype)
+    challengers = [a for a in alive if not a.timing.measured and a.timing.hi < choice.timing.lo]
+    if not challengers:
+        return choice, tied, conv
+    held = choice
+    choice, tied, pconv = _pick(challengers, own_dtype)
+    if pconv is None and choice.candidate.is_replay and held.candidate.is_replay:
+        pconv = conv
+    return choice, tied, pconv if pconv is not None else (held if not held.candidate.is_replay else conv)
+
+
+def _why_tie(a: Assessment, choice: Assessment, own_dtype: str) -> str:
+    c, k = a.candidate, choice.candidate
+    base = f"{a.us_per_token:.3g} vs {choice.us_per_token:.3g} us/token, within the spread of {k.label()}: a tie"
+    if a.timing.measured != choice.timing.measured:
+        return f"{base}, and {k.label()} is measured" if choice.timing.measured else f"{base}; {k.label()} is simpler"
+    if c.is_replay and not k.is_replay:
+        return f"{base}, and conventional decode is simpler"
+    if c.state_dtype != own_dtype and k.state_dtype == own_dtype:
+        return f"{base}, and {k.label()} keeps the preset's {own_dtype} state"
+    if (c.window or 0) > (k.window or 0):
+        return f"{base}, and W{k.window} is the shorter window"
+    return f"{base}; {k.label()} is simpler"
+
+
 def _why_chosen(a: Assessment, best_conv: Assessment | None, best_rep: Assessment | None, pays: bool,
-                rep_slower: bool) -> str:
+                rep_slower: bool, tied: list[Assessment]) -> str:
+    if tied and pays:
+        names = ", ".join(t.candidate.label() for t in tied[:2]) + (f" and {len(tied) - 2} more" if len(tied) > 2 else "")
+        lead = f"{best_conv.us_per_token / a.us_per_token:.2f}x over {best_conv.candidate.label()}; " if best_conv else ""
+        return f"{lead}ties with {names} within the spread, and is the simplest"
     if pays and best_conv is not None:
         return f"fastest within both budgets: {best_conv.us_per_token / a.us_per_token:.2f}x over {best_conv.candidate.label()}"
     if pays:
@@ -493,3 +601,35 @@ def tune(
                 )
             )
     return out
+
+
+# Before measuring, a guessed time counts as at least this wide (relative, ±): it comes from another run or a model.
+REACH_ERROR = 0.10
+
+
+def within_reach(guessed: dict[Candidate, Timing | None], *, always: Sequence[Candidate] = ()) -> list[Candidate]:
+    """The candidates worth measuring at one batch: those whose guessed time could still be the best.
+
+    A candidate is out of reach when even its optimistic guess (its error, at least REACH_ERROR) is slower than
+    the pessimistic guess of the fastest candidate of its group (the same draft width). A candidate with no
+    guess is measured; so are those in `always` (the speedups' baseline).
+    """
+    def lo(t: Timing) -> float:
+        return t.us_per_token * (1 - max(t.spread / 2, REACH_ERROR))
+
+    def hi(t: Timing) -> float:
+        return t.us_per_token * (1 + max(t.spread / 2, REACH_ERROR))
+
+    ok = {c: t for c, t in guessed.items() if t is not None and t.status == "ok"}
+    best: dict[int, float] = {}
+    for c, t in ok.items():
+        best[c.draft] = min(best.get(c.draft, math.inf), hi(t))
+    keep = [c for c in guessed if c not in ok or lo(ok[c]) <= best[c.draft] or c in always]
+    # The best conventional candidate of each group is measured too: ReplaySSM must beat a measured one.
+    for draft in best:
+        conv = [c for c in ok if c.draft == draft and not c.is_replay]
+        if conv:
+            fastest = min(conv, key=lambda c: ok[c].us_per_token)
+            if fastest not in keep:
+                keep.append(fastest)
+    return keep

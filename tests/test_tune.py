@@ -12,7 +12,7 @@ import torch
 from typer.testing import CliRunner
 
 from replayssm_cli import trace as trace_mod
-from replayssm_cli import tuner
+from replayssm_cli import tuner, verdict
 from replayssm_cli.main import app
 from replayssm_cli.tuner import Candidate, Timing
 
@@ -27,8 +27,9 @@ MIB = 2**20
 
 
 @pytest.fixture(autouse=True)
-def no_cuda(monkeypatch):
+def no_cuda(monkeypatch, tmp_path):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setenv("REPLAYSSM_CACHE_DIR", str(tmp_path / "cache"))
 
 
 def invoke(*args: str):
@@ -278,10 +279,11 @@ def test_tune_without_a_gpu_reads_the_shipped_h200_reference(tmp_path):
 
 def test_tune_predicts_without_a_gpu_and_says_so(tmp_path):
     out = tmp_path / "tune.json"
-    res = invoke("--preset", QWEN, "--gpu", "b200", "--batch", "1,256", "--window", "16", "--out", str(out), *QUICK)
+    res = invoke("--preset", QWEN, "--gpu", "b200", "--batch", "1,256", "--window", "16", "--out", str(out), "--details", *QUICK)
     assert res.exit_code == 0, res.output
     assert "no CUDA GPU here: predicting" in res.stderr
     assert "Recommendation" in res.stdout and "predicted" in res.stdout and "every candidate" in res.stdout
+    assert "pred [1]" in res.stdout and "rests on a prediction: confirm with" in res.stdout
     report = json.loads(out.read_text())
     assert report["timing"]["mode"] == "predicted"
     assert {c["source"] for d in report["decisions"] for c in d["candidates"]} == {"predicted"}
@@ -364,3 +366,216 @@ def test_tune_measured_only_leaves_out_what_the_results_file_lacks():
     assert d["recommended"]["source"] == "measured" and d["recommended"]["label"] == "split W16 fp32+bf16"
     res = invoke("--preset", SUPER, "--measured-only")
     assert res.exit_code == 2 and "--measured-only needs --results" in res.stderr
+
+
+def _pred(us: float, error: float = 0.05) -> Timing:
+    return Timing(us, us, 2 * error, "predicted", origin="the cost model")
+
+
+def test_decide_prefers_a_measured_candidate_over_a_prediction_within_its_error():
+    """A predicted candidate 8% faster with a ±10% error does not displace the measured one."""
+    d = _decide({"conventional fp32": _timing(100), "replay W16 fp32": _timing(60), "split W16 fp32+bf16": _pred(55, 0.10)})
+    assert d.choice.candidate.label() == "replay W16 fp32" and not d.predicted
+    split = next(a for a in d.assessments if a.candidate.label() == "split W16 fp32+bf16")
+    assert split.rejected_for == "unconfirmed" and "beyond its error" in split.reason
+
+
+def test_decide_a_prediction_wins_beyond_its_error_and_says_so():
+    d = _decide({"conventional fp32": _timing(100), "replay W16 fp32": _timing(60), "split W16 fp32+bf16": _pred(40, 0.10)})
+    assert d.choice.candidate.label() == "split W16 fp32+bf16" and d.replay_pays and d.predicted
+    assert d.to_dict()["predicted"] is True
+    line = verdict.lines_from([d], preset=SUPER, error_budget=1e-3)[0]
+    assert line.source == "predicted"
+    assert line.confirm == (f"replayssm profile -p {SUPER} -b 64 -w 16 --state-dtype fp32 --read-dtype bf16 --require-gpu")
+    text = verdict.render([line], title="t", over="o")
+    assert "rests on a prediction: confirm with" in text and line.confirm.split(" --require-gpu")[0][:60] in text
+
+
+def test_decide_a_tie_goes_to_the_preset_dtype_and_the_shorter_window():
+    d = _decide({"conventional fp32": _timing(100), "replay W16 fp32": _timing(50.5), "replay W16 bf16": _timing(50)},
+                errors={"replay W16 bf16": 1e-5})
+    assert d.choice.candidate.label() == "replay W16 fp32"
+    bf16 = next(a for a in d.assessments if a.candidate.label() == "replay W16 bf16")
+    assert bf16.rejected_for == "tie" and "keeps the preset's fp32 state" in bf16.reason
+    cands = [Candidate("conventional", "fp32"), Candidate("replay", "fp32", 8), Candidate("replay", "fp32", 32)]
+    times = {"conventional fp32": _timing(100), "replay W8 fp32": _timing(50.6), "replay W32 fp32": _timing(50)}
+    d = tuner.decide(64, cands, timing=lambda c, b: times[c.label()], error=lambda c: 1e-7,
+                     memory=lambda c: {"total": MIB}, layers=1)
+    assert d.choice.candidate.label() == "replay W8 fp32"
+    w32 = next(a for a in d.assessments if a.candidate.window == 32)
+    assert w32.rejected_for == "tie" and "W8 is the shorter window" in w32.reason
+
+
+def test_decide_beyond_the_spread_is_not_a_tie():
+    d = _decide({"conventional fp32": _timing(100), "replay W16 fp32": _timing(56), "replay W16 bf16": _timing(50)},
+                errors={"replay W16 bf16": 1e-5})
+    assert d.choice.candidate.label() == "replay W16 bf16"
+
+
+def test_calibrated_prediction_is_as_wide_as_its_pairs_stray():
+    raw = _pred(100)
+    pairs = [(_timing(110), _pred(100)), (_timing(130), _pred(100)), (_timing(120), _pred(100))]
+    t = tuner.calibrated(raw, pairs, "replay at batch 64")
+    assert t.us == pytest.approx(120) and t.spread == pytest.approx(2 * (10 / 120))
+    one = tuner.calibrated(raw, pairs[:1], "replay at batch 64")
+    assert one.spread == pytest.approx(2 * tuner.UNCALIBRATED_ERROR)
+
+
+def test_tune_verdict_comes_first_and_fits_100_columns():
+    res = invoke("--preset", SUPER, "--results", str(MAMBA2_RESULTS), "--batch", "1,16,256", "--window", "8,16",
+                 "--state-dtype", "fp32,bf16", "--read-dtype", "bf16,fp8", *QUICK)
+    assert res.exit_code == 0, res.output
+    lines = res.stdout.splitlines()
+    assert lines[0] == f"replayssm tune: {SUPER} on NVIDIA H200: does ReplaySSM pay?"
+    assert all(len(line) <= 100 for line in lines), max(lines, key=len)
+    table = {line.split()[0]: line for line in lines if line[:5].strip().isdigit()}
+    assert set(table) == {"1", "16", "256"}
+    assert table["256"].split()[1:5] == ["yes", "split", "W16", "fp32+bf16"] and "2.70x" in table["256"]
+    assert table["1"].split()[1:4] == ["no", "conventional", "fp32"]
+    assert "[1] measured, tune_mamba2_h200.json" in res.stdout
+    assert "every candidate" not in res.stdout and "Output error vs fp64" not in res.stdout
+    res = invoke("--preset", SUPER, "--results", str(MAMBA2_RESULTS), "--batch", "256", "--window", "16",
+                 "--state-dtype", "fp32", "--read-dtype", "bf16", "--details", *QUICK)
+    assert res.exit_code == 0 and "every candidate" in res.stdout
+    assert res.stdout.index("does ReplaySSM pay?") < res.stdout.index("every candidate")
+
+
+def test_tune_json_carries_the_verdict():
+    report = run_json("--preset", SUPER, "--results", str(MAMBA2_RESULTS), "--batch", "256", "--window", "16",
+                      "--state-dtype", "fp32", "--read-dtype", "bf16")
+    (line,) = report["verdict"]
+    assert line["batch"] == 256 and line["pays"] is True and line["label"] == "split W16 fp32+bf16"
+    assert line["speedup"] == pytest.approx(568 / 210) and line["speedup_lo"] < line["speedup"] < line["speedup_hi"]
+    assert line["speedup_over"] == "conventional fp32" and line["source"] == "measured" and line["confirm"] is None
+    assert line["mem_per_seq_model"] == decision(report, 256)["recommended"]["mem_per_seq"]
+    assert line["largest_batch"] == decision(report, 256)["recommended"]["seqs_fit"]
+    assert line["error_budget_used"] == pytest.approx(line["error"] / 1e-3)
+
+
+def test_tune_verdict_shows_the_measured_end_to_end_speedup(tmp_path):
+    data = json.loads(MAMBA2_RESULTS.read_text())
+    base = {"kind": "e2e", "op": "mamba2", "preset": SUPER, "phase": "avg", "batch": 256, "read_dtype": None,
+            "state_dtype": "fp32", "io_dtype": "bf16", "draft": 0, "source": "measured", "status": "ok"}
+    data["rows"] += [dict(base, variant="conventional", window=None, us=90000.0, x_us_p25=89000.0, x_us_p75=91000.0),
+                     dict(base, variant="replay", window=16, us=80000.0, x_us_p25=79000.0, x_us_p75=81000.0)]
+    path = tmp_path / "with-e2e.json"
+    path.write_text(json.dumps(data))
+    report = run_json("--preset", SUPER, "--results", str(path), "--batch", "256", "--window", "16",
+                      "--state-dtype", "fp32", "--read-dtype", "none")
+    (line,) = report["verdict"]
+    assert line["label"] == "replay W16 fp32" and line["e2e_speedup"] == pytest.approx(90000 / 80000)
+    assert line["e2e_speedup_lo"] == pytest.approx(89000 / 81000) and "with-e2e.json" in line["e2e_origin"]
+
+
+def test_tune_progress_in_a_log_is_one_line_per_finished_configuration(monkeypatch, tmp_path):
+    """Not a terminal (CliRunner): plain lines on stderr, one per finished configuration when nothing rate-limits them."""
+    from replayssm_cli import quality
+    from replayssm_cli.commands import tune as tune_cmd
+
+    monkeypatch.setattr(tune_cmd, "LOG_EVERY_S", 0.0)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(quality, "run_kernels", lambda inputs, configs, on_config=None, **kw: [
+        on_config(i + 1) for i in range(len(configs))] and {c: {"1-128": 1e-7} for c in configs})
+    measured = json.loads(MAMBA2_RESULTS.read_text())["rows"]
+    monkeypatch.setattr(tune_cmd, "_run_point", lambda point, context: _fake_measurement(point, measured))
+    _fake_profiler(monkeypatch, tmp_path)
+    res = invoke("--preset", SUPER, "--batch", "1,256", "--window", "16", "--state-dtype", "fp32", "--read-dtype", "bf16",
+                 *QUICK)
+    assert res.exit_code == 0, res.output
+    err = res.stderr.splitlines()
+    n = int(next(line for line in err if line.startswith("measuring ")).split()[1])
+    measuring = [line for line in err if line.startswith("measure ")]
+    assert n >= 4 and len(measuring) == n and measuring[-1].startswith(f"measure {n}/{n} configurations")
+    assert any("conventional B256 fp32" in line for line in measuring)
+    assert sum(line.startswith("quality on the GPU kernels ") for line in err) == 3
+    assert [line for line in err if line.startswith("quality (3 configs")][-1].startswith("quality (3 configs, synthetic (seed 0)) 300/300")
+
+
+def _fake_profiler(monkeypatch, tmp_path, gpu_name="NVIDIA H200"):
+    """The profiler's real grid and rows on a faked GPU: its setup (NVML, clocks) left out, the runner tune gives."""
+    from replayssm_cli import gpus, presets
+    from replayssm_cli import profile as prof
+    from replayssm_cli.results import ResultsWriter
+
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: gpu_name)
+
+    def run_profile(spec, *, runner, out=None, **kw):
+        resolved = [presets.resolve(n, spec.tp) for n in spec.presets]
+        env = {"gpu": {"name": gpu_name, "key": "h200", "memory_total": 150 * 2**30}}
+        writer = ResultsWriter(Path(out or tmp_path / "measured.json"), env, spec.to_dict())
+        run = prof.run_grid(prof.plan(spec, resolved), {p.name: p for p in resolved}, writer, mode="measured",
+                            ceilings=gpus.ceilings_for(gpus.load_gpu("h200")), free_bytes=None, runner=runner, progress=False)
+        run.gpu_name = gpu_name
+        return run
+
+    monkeypatch.setattr(prof, "run_profile", run_profile)
+
+
+def _fake_measurement(point, rows):
+    """bench.run_point's measurements for a point, from the fixture's row of the same configuration."""
+    r = next(r for r in rows if r["variant"] == point.variant and r["batch"] == point.batch and r.get("window") == point.window
+             and r["state_dtype"] == point.state_dtype and r.get("read_dtype") == point.read_dtype)
+    return [{"phase": "avg", "ok": True, "layers": 4, "check_max_err": 1e-7, "tolerance": 1e-3,
+             "samples_us": [r["us"] * (1 + k / 1000) for k in (-3, -1, 0, 1, 3)], "steps": 32, "repeats": 5}]
+
+
+def test_tune_quality_is_computed_once_per_inputs(monkeypatch, tmp_path):
+    from replayssm_cli import quality
+
+    args = ("--preset", SUPER, "--results", str(MAMBA2_RESULTS), "--batch", "256", "--window", "16", "--state-dtype", "fp32",
+            "--read-dtype", "bf16", *QUICK)
+    first = invoke(*args, "--json")
+    assert first.exit_code == 0 and "from the cache" not in first.stderr
+    calls = []
+    monkeypatch.setattr(quality, "run", lambda *a, **k: calls.append(a))
+    second = invoke(*args, "--json")
+    assert second.exit_code == 0 and not calls and "quality: 3 of 3 configs from the cache" in second.stderr
+    assert json.loads(second.stdout)["quality"] == json.loads(first.stdout)["quality"]
+    # Other inputs (another seed) are not served from the cache.
+    monkeypatch.undo()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setenv("REPLAYSSM_CACHE_DIR", str(tmp_path / "cache"))
+    third = invoke(*args, "--seed", "1", "--json")
+    assert third.exit_code == 0 and "from the cache" not in third.stderr
+
+
+def test_tune_results_from_another_gpu_than_gpu_is_an_error():
+    res = invoke("--preset", SUPER, "--results", str(MAMBA2_RESULTS), "--gpu", "b200", *QUICK)
+    assert res.exit_code == 2
+    (line,) = res.stderr.strip().splitlines()
+    assert "was measured on NVIDIA H200, not the NVIDIA B200 that --gpu names" in line and "drop --gpu" in line
+
+
+def test_tune_measures_only_what_the_model_puts_within_reach(monkeypatch, tmp_path):
+    """On an H200 the shipped reference guesses each time: at batch 256 the replay steps (about 1.9x) cannot catch the
+    split ones (about 2.6x), so they are not measured; split W32, close to split W16, is; the baseline always is."""
+    from replayssm_cli import quality
+    from replayssm_cli.commands import tune as tune_cmd
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(quality, "run_kernels", lambda inputs, configs, **kw: {c: {"1-128": 1e-7} for c in configs})
+    seen = []
+
+    def run_point(point, context):
+        seen.append(point.label().split(" ", 1)[1])
+        us = {"conventional": 547.0, "replay": 285.0, "split": 209.0}[point.variant]
+        return [{"phase": "avg", "ok": True, "layers": 4, "check_max_err": 1e-7, "tolerance": 1e-3,
+                 "samples_us": [us * (1 + k / 1000) for k in (-3, -1, 0, 1, 3)], "steps": 32, "repeats": 5}]
+
+    monkeypatch.setattr(tune_cmd, "_run_point", run_point)
+    _fake_profiler(monkeypatch, tmp_path)
+    report = run_json("--preset", SUPER, "--batch", "256", "--window", "16,32", "--state-dtype", "fp32", "--read-dtype", "bf16")
+    assert sorted(seen) == ["conventional B256 fp32", "split B256 W16 fp32-bf16", "split B256 W32 fp32-bf16"]
+    skipped = json.loads((tmp_path / "measured.json").read_text())["skipped"]
+    assert {s["what"].split(" ", 1)[1] for s in skipped} == {"replay B256 W16 fp32", "replay B256 W32 fp32"}
+    assert all("out of reach of the best" in s["why"] for s in skipped)
+    assert decision(report, 256)["recommended"]["label"] == "split W16 fp32+bf16"
+
+
+def test_within_reach_keeps_the_close_and_the_baseline():
+    conv, close, far = Candidate("conventional", "fp32"), Candidate("split", "fp32", 16, "bf16"), Candidate("replay", "fp32", 16)
+    near = Candidate("split", "fp32", 32, "bf16")
+    guessed = {conv: _timing(547), close: _timing(209), near: _timing(230), far: _timing(285), Candidate("replay", "bf16", 16): None}
+    kept = tuner.within_reach(guessed, always=[conv])
+    assert conv in kept and close in kept and near in kept and far not in kept
+    assert Candidate("replay", "bf16", 16) in kept

@@ -11,6 +11,8 @@ from replayssm_cli.dtypes import IODtype, ReadDtype, StateDtype
 from replayssm_cli.errors import UserError, cli_command
 
 DEFAULT_BATCHES = (1, 16, 64, 256)
+# A non-terminal progress log prints at most one line this often (seconds), and the last one always.
+LOG_EVERY_S = 2.0
 MAX_WINDOW = 64
 MAX_DRAFT = 8
 WIDE = 200
@@ -111,6 +113,7 @@ def tune(
     seed: Annotated[int, typer.Option("--seed", help="Seed of the drawn quality inputs.")] = 0,
     out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Also write the full report as JSON to this file.")] = None,
     json_: Annotated[bool, typer.Option("--json", help="Print the report as JSON on stdout instead of tables.")] = False,
+    details: Annotated[bool, typer.Option("--details", help="After the verdict, every candidate's table and the error by bucket.")] = False,
 ) -> None:
     """Recommend a variant, window and state precision per batch size, within an error and a memory budget.
 
@@ -123,9 +126,11 @@ def tune(
       replayssm tune --preset qwen3.5-122b-a10b --gpu b200 --batch 1,64,256 --memory-budget 40
 
       replayssm tune --preset nemotron-3-super-120b-a12b --draft 4 --trace layer12.npz --json
+
+    The verdict comes first, one line per batch size; --details adds every candidate and the error by bucket.
     """
     from replayssm_cli import presets as presets_mod
-    from replayssm_cli import tuner
+    from replayssm_cli import tuner, verdict
 
     if not preset:
         raise UserError("tune needs a preset", "pass --preset NAME (see `replayssm presets`)")
@@ -143,16 +148,42 @@ def tune(
 
     if measured_only and results is None:
         raise UserError("--measured-only needs --results", "pass the results file whose measurements to keep to")
-    source = _timing_source(p, preset, cands, batches, results, gpu, io[0] if io else None, accept_rate, measured_only)
-    quality = _quality(p, cands, steps=steps, heads=heads, seed=seed, trace=recorded, io_dtype=source["io_dtype"], kernels=source["cuda"])
-    budget, budget_note = _memory_budget(memory_budget, source)
-    io_used = source["io_dtype"]
+    if out is not None:
+        _check_out(out)
 
-    def memory(c):
+    runs: dict[str, Any] = {}
+
+    def run_quality(io_dtype: str, kernels: bool):
+        if io_dtype not in runs:
+            runs[io_dtype] = _quality(p, cands, steps=steps, heads=heads, seed=seed, trace=recorded, io_dtype=io_dtype)
+        report, inputs, configs, key = runs[io_dtype]
+        if kernels and report.kernel_device is None:
+            _kernel_quality(report, inputs, configs, key)
+        return report
+
+    def memory(c, io_dtype=None):
         try:
-            return tuner.memory_of(p.shape, c, io_dtype=io_used)
+            return tuner.memory_of(p.shape, c, io_dtype=io_dtype or io_used)
         except ValueError:
             return None
+
+    def allowed(io_dtype: str):
+        """Whether a candidate at a batch is within the error and memory budgets, before it is measured."""
+        first = run_quality(io_dtype, False)
+        cap = memory_budget * 2**30 if memory_budget is not None else _gpu_total_memory()
+
+        def ok(c, b):
+            err = first.error_of(c.quality_key())
+            mem = memory(c, io_dtype)
+            return (err is None or err <= error_budget) and (mem is None or not cap or b * mem["total"] * p.ssm_layers <= cap)
+
+        return ok
+
+    io_used = io[0] if io else None
+    source = _timing_source(p, preset, cands, batches, results, gpu, io_used, accept_rate, measured_only, allowed=allowed)
+    io_used = source["io_dtype"]
+    quality = run_quality(io_used, source["cuda"])
+    budget, budget_note = _memory_budget(memory_budget, source)
 
     baseline = p.state_dtype if p.state_dtype in state_dtypes else state_dtypes[0]
     decisions = tuner.tune(
@@ -166,8 +197,11 @@ def tune(
         memory_budget=budget,
         baseline_dtype=baseline,
     )
+    lines = verdict.lines_from(decisions, preset=p.name, error_budget=error_budget, e2e_rows=source.get("e2e_rows", ()),
+                               tp=p.tp, io_dtype=io_used, accept_rate=accept_rate if drafts else None)
     report = {
         "preset": {"name": p.name, "kind": p.kind, "shape": p.label(), "ssm_layers": p.ssm_layers, "state_dtype": p.state_dtype, "tp": p.tp},
+        "verdict": [ln.to_dict() for ln in lines],
         "timing": {k: v for k, v in source.items() if k in ("mode", "describe", "results_file", "gpu", "io_dtype")},
         "error_budget": error_budget,
         "memory_budget_bytes": budget,
@@ -183,7 +217,57 @@ def tune(
 
         print_json(report)
     else:
-        _render(p, source, quality, decisions, error_budget, budget, budget_note, baseline)
+        _print_verdict(p, source, lines, error_budget, budget_note, baseline, drafts)
+        if details:
+            _render(p, source, quality, decisions, error_budget, budget, budget_note, baseline)
+
+
+def _print_verdict(p, source, lines, error_budget, budget_note, baseline, drafts) -> None:
+    from replayssm_cli import verdict
+    from replayssm_cli.console import out
+
+    title = f"replayssm tune: {p.name}" + (f" (tp {p.tp})" if p.tp != 1 else "") + f" on {source['gpu']}: does ReplaySSM pay?"
+    over = (f"Kernel speedup over conventional {baseline} at the same batch, with its interval"
+            + ("; verify rows over the snapshot-writing verify." if drafts else ".")
+            + f" Times: {source['describe']}.")
+    text = verdict.render(lines, title=title, over=over, notes=verdict.column_notes(error_budget, p.ssm_layers, budget_note))
+    out.print(text, highlight=False, markup=False, soft_wrap=True)
+
+
+def _gpu_total_memory() -> int | None:
+    import torch
+
+    try:
+        return int(torch.cuda.get_device_properties(0).total_memory)
+    except (RuntimeError, AssertionError):
+        return None
+
+
+def _check_out(path: Path) -> None:
+    """Refuse, before any work, an --out that cannot be written or that would replace something not a report."""
+    import json
+
+    path = Path(path)
+    if str(path) in ("", "-"):
+        raise UserError(f"--out {str(path)!r} is not a file name", "pass a file path, e.g. --out tune.json")
+    if path.is_dir():
+        raise UserError(f"--out {path} is a directory", "pass a file path inside it, e.g. --out tune.json")
+    if path.exists():
+        if not path.is_file():
+            raise UserError(f"--out {path} is not a regular file", "pass a new file path")
+        try:
+            doc = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, ValueError):
+            doc = None
+        if not (isinstance(doc, dict) and "decisions" in doc and "verdict" in doc):
+            raise UserError(f"--out {path} exists and is not a tune report; it is not overwritten", "pass a new file path")
+    parent = path.parent if str(path.parent) else Path(".")
+    if not parent.is_dir():
+        raise UserError(f"--out {path}: the directory {parent} does not exist", "create it first, or pass another path")
+    import os
+
+    if not os.access(parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise UserError(f"--out {path} cannot be written (permission denied)", "pass a writable path")
 
 
 def _write_report(path: Path, report: dict[str, Any]) -> None:
@@ -204,7 +288,7 @@ def _cuda_available() -> bool:
 
 
 def _timing_source(p, preset_arg: str, cands, batches, results: Path | None, gpu: str | None, io: str | None, accept_rate: float,
-                   measured_only: bool = False) -> dict[str, Any]:
+                   measured_only: bool = False, allowed=None) -> dict[str, Any]:
     """Where candidate times come from: a results file (predicting what it lacks unless measured_only), a measurement
     here, the shipped H200 reference profile when there is no GPU and the GPU is the H200, or the cost model."""
     from replayssm_cli import gpus, tuner
@@ -214,15 +298,19 @@ def _timing_source(p, preset_arg: str, cands, batches, results: Path | None, gpu
     cuda = _cuda_available()
     if results is not None:
         res = results_mod.load(results)
-        rows = _preset_rows(res, p)
+        rows = _annotated(res, _preset_rows(res, p))
         if not rows:
             have = sorted({str(r.get("preset")) for r in res.rows})
             raise UserError(f"results file {results} has no rows for preset {p.name}", f"it has: {', '.join(have) or 'no rows'}")
-        return _from_results(p, cands, res, rows, "results", f"times from {results}", str(results), gpu, io, measured_only,
-                             cuda)
+        _check_file_gpu(res, results, gpu)
+        found = _from_results(p, cands, res, rows, "results", f"times from {results}", str(results), gpu, io, measured_only,
+                              cuda)
+        found["e2e_rows"] = _annotated(res, [r for r in res.rows if r.get("kind") == "e2e"])
+        return found
     io_used = io or "bf16"
     if cuda:
-        rows, gpu_name, mem, path = _measure(p, preset_arg, cands, batches, io_used, accept_rate)
+        rows, gpu_name, mem, path = _measure(p, preset_arg, cands, batches, io_used, accept_rate,
+                                             allowed=allowed(io_used) if allowed else None)
         note(f"measured results: {path}")
 
         def timing(c, b):
@@ -235,12 +323,15 @@ def _timing_source(p, preset_arg: str, cands, batches, results: Path | None, gpu
     spec = gpus.load_gpu(gpu or "h200")
     if spec.key == "h200":
         ref = results_mod.load_reference("h200")
-        rows = _preset_rows(ref, p) if ref is not None else []
+        merged = _reference_rows("h200") if ref is not None else []
+        rows = [r for r in merged if r.get("preset") == p.name and r.get("kind", "kernel") == "kernel"]
         if rows:
             note(f"no CUDA GPU here: times from the shipped {spec.name} reference profile ({ref.path}), the candidates it "
                  "lacks predicted (--gpu picks another GPU)")
-            return _from_results(p, cands, ref, rows, "reference", f"times from the shipped {spec.name} reference profile",
-                                 str(ref.path), None, io, False, cuda)
+            found = _from_results(p, cands, ref, rows, "reference", f"times from the shipped {spec.name} reference profile",
+                                  str(ref.path), None, io, False, cuda)
+            found["e2e_rows"] = [r for r in merged if r.get("kind") == "e2e"]
+            return found
     ceilings = gpus.ceilings_for(spec)
     note(f"no CUDA GPU here: predicting every time from the cost model and the {spec.name} {ceilings.source} figures (--gpu picks another)")
 
@@ -255,6 +346,52 @@ def _timing_source(p, preset_arg: str, cands, batches, results: Path | None, gpu
 
 def _preset_rows(res, p) -> list[dict[str, Any]]:
     return [r for r in res.rows if r.get("preset") == p.name and r.get("kind", "kernel") == "kernel"]
+
+
+def _origin(res) -> str:
+    """A results file in a few words: its name, GPU, date and commit."""
+    env = res.environment if isinstance(res.environment, dict) else {}
+    gpu = env.get("gpu") if isinstance(env.get("gpu"), dict) else {}
+    parts = [str(x) for x in (gpu.get("name"), (res.created or "")[:10], env.get("commit")) if x]
+    name = res.path.name if res.path is not None else "results"
+    return f"{name} ({', '.join(parts)})" if parts else name
+
+
+def _annotated(res, rows) -> list[dict[str, Any]]:
+    """Copies of rows that say which file they came from (x_origin)."""
+    origin = _origin(res)
+    return [{**r, "x_origin": origin} for r in rows]
+
+
+def _reference_rows(gpu_key: str) -> list[dict[str, Any]]:
+    """The shipped reference rows of one GPU, each configuration from the newest file that measured it, each
+    row saying which file that was."""
+    from replayssm_cli import results as results_mod
+
+    rows, seen = [], set()
+    for res in results_mod.reference_profiles(gpu_key):
+        for r in _annotated(res, res.rows):
+            key = tuple(r.get(f) for f in results_mod.CONFIG_FIELDS)
+            if key not in seen:
+                seen.add(key)
+                rows.append(r)
+    return rows
+
+
+def _check_file_gpu(res, path: Path, gpu: str | None) -> None:
+    """--gpu with a results file measured on another GPU is an error: its times are that GPU's."""
+    from replayssm_cli import gpus
+
+    if not gpu:
+        return
+    env_gpu = res.environment.get("gpu") if isinstance(res.environment.get("gpu"), dict) else {}
+    wanted = gpus.load_gpu(gpu)
+    spec = _file_gpu(env_gpu)
+    if spec is not None and spec.key != wanted.key:
+        raise UserError(
+            f"results file {path} was measured on {env_gpu.get('name') or spec.name}, not the {wanted.name} that --gpu names",
+            f"drop --gpu to tune for the {spec.name}, or pass a results file measured on the {wanted.name}",
+        )
 
 
 def _from_results(p, cands, res, rows, mode: str, describe: str, results_file: str, gpu: str | None, io: str | None,
@@ -350,9 +487,78 @@ def _memory_budget(gib: float | None, source: dict[str, Any]) -> tuple[float | N
     return None, "none (GPU memory unknown; pass --memory-budget)"
 
 
-def _measure(p, preset_arg: str, cands, batches, io: str, accept_rate: float):
-    """Time the candidates at every batch on this GPU through the profiler; returns (rows, GPU name, memory, path)."""
+class NotInReach(Exception):
+    """A configuration the model puts out of reach of the best: the profiler records it as skipped, with this reason."""
+
+
+def _run_point(point, context):
+    from replayssm_cli import bench
+
+    return bench.run_point(point, context)
+
+
+def _point_candidate(point, by_key):
+    """The candidate a profile point times, or None."""
+    key = (point.variant, point.state_dtype, point.window if point.variant in ("replay", "split", "spec-replay") else None,
+           point.read_dtype, point.draft)
+    return by_key.get(key)
+
+
+def _reach_model(p, cands, io: str):
+    """How `tune` guesses times before measuring: the shipped H200 reference (calibrated predictions for what it
+    lacks) on an H200, else the cost model over this GPU's datasheet; (timing function, what it is)."""
+    import torch
+
+    from replayssm_cli import gpus
+    from replayssm_cli import results as results_mod
+
+    try:
+        name = torch.cuda.get_device_name(0)
+    except (RuntimeError, AssertionError):
+        name = ""
+    spec = gpus.match_spec(name) if name else None
+    if spec is not None and spec.key == "h200":
+        ref = results_mod.load_reference("h200")
+        rows = [r for r in _reference_rows("h200") if r.get("preset") == p.name and r.get("kind", "kernel") == "kernel"]
+        if ref is not None and rows:
+            found = _from_results(p, cands, ref, rows, "reference", "", "", None, io, False, True)
+            return found["timing"], "the shipped H200 reference profile"
+    if spec is None:
+        return (lambda c, b: None), "nothing (an unknown GPU: every candidate is measured)"
+    ceilings = gpus.datasheet_ceilings(spec)
+    return (lambda c, b: _predict(p, c, b, ceilings, io)), f"the cost model over the {spec.name} datasheet"
+
+
+def _measure(p, preset_arg: str, cands, batches, io: str, accept_rate: float, *, allowed=None, out: Path | None = None):
+    """Time on this GPU, through the profiler, the candidates that `allowed` keeps and the model puts within reach
+    of the best (tuner.within_reach); the rest are recorded as skipped with the reason. The results file is written
+    as rows finish. Returns (rows, GPU name, memory, path)."""
     from replayssm_cli import profile as prof
+    from replayssm_cli import tuner
+    from replayssm_cli.console import note
+
+    guess, model = _reach_model(p, cands, io)
+    measure: dict[int, set] = {}
+    for b in batches:
+        keep = [c for c in cands if allowed is None or allowed(c, b)]
+        guessed = {c: guess(c, b) for c in keep}
+        baseline = next((c for c in keep if c.variant == "conventional" and c.state_dtype == p.state_dtype), None)
+        measure[b] = set(tuner.within_reach(guessed, always=[baseline] if baseline else []))
+    total = sum(len(v) for v in measure.values())
+    note(f"measuring {total} of {len(cands) * len(batches)} configurations: those within reach of the best by "
+         f"{model}, within the error and memory budgets")
+    by_key = {(c.variant, c.state_dtype, c.window if c.is_replay else None, c.read_dtype, c.draft): c for c in cands}
+    ticker = Ticker("measure", total, "configurations")
+    state = {"done": 0}
+
+    def runner(point, context):
+        c = _point_candidate(point, by_key)
+        if c is None or c not in measure.get(point.batch, ()):
+            raise NotInReach("not measured: the model puts it out of reach of the best, or over a budget")
+        found = _run_point(point, context)
+        state["done"] += 1
+        ticker.update(state["done"], point.label())
+        return found
 
     state_dtypes = {c.state_dtype for c in cands}
     spec = prof.ProfileSpec(
@@ -368,11 +574,12 @@ def _measure(p, preset_arg: str, cands, batches, io: str, accept_rate: float):
         tp=p.tp,
         phases=False,
     )
-    run = prof.run_profile(spec, require_gpu=True, progress=True)
+    with ticker:
+        run = prof.run_profile(spec, require_gpu=True, progress=False, runner=runner, out=out)
     if run.interrupted:
         raise UserError("interrupted while measuring", f"the rows finished so far are in {run.path}; pass it with --results")
     gpu = run.results.environment.get("gpu") or {}
-    return run.results.rows, run.gpu_name, gpu.get("memory_total"), run.path
+    return _annotated(run.results, run.results.rows), run.gpu_name, gpu.get("memory_total"), run.path
 
 
 def _load_trace(path: Path | None, p):
@@ -391,12 +598,57 @@ def _load_trace(path: Path | None, p):
     return tr
 
 
-def _quality(p, cands, *, steps: int, heads: int, seed: int, trace, io_dtype: str, kernels: bool):
-    """The long-decode quality run for every stored precision the candidates use (and, on a GPU, the kernels)."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+class Ticker:
+    """Progress of one task: a rich bar on a terminal; elsewhere (a log, CI, nohup) plain lines on stderr, one per
+    finished item but at most one every LOG_EVERY_S seconds, and always the last."""
 
+    def __init__(self, what: str, total: int, unit: str):
+        from replayssm_cli.console import err
+
+        self.what, self.total, self.unit, self.console = what, total, unit, err
+        self.terminal = err.is_terminal
+        self.start = self.last = 0.0
+        self.bar = None
+
+    def __enter__(self) -> Ticker:
+        import time
+
+        self.start = self.last = time.monotonic()
+        if self.terminal:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self.bar = Progress(TextColumn(f"[bold]{self.what}[/]"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                                TextColumn("{task.description}"), console=self.console, transient=True)
+            self.bar.start()
+            self.task = self.bar.add_task("", total=self.total)
+        else:
+            self.console.print(f"{self.what}: {self.total:,} {self.unit}", highlight=False, soft_wrap=True)
+        return self
+
+    def update(self, done: int, label: str = "") -> None:
+        import time
+
+        if self.bar is not None:
+            self.bar.update(self.task, completed=done, description=label)
+            return
+        now = time.monotonic()
+        if done < self.total and now - self.last < LOG_EVERY_S:
+            return
+        self.last = now
+        tail = f": {label}" if label else ""
+        self.console.print(f"{self.what} {done:,}/{self.total:,} {self.unit}, {now - self.start:.1f} s{tail}",
+                           highlight=False, soft_wrap=True)
+
+    def __exit__(self, *exc) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+
+
+def _quality(p, cands, *, steps: int, heads: int, seed: int, trace, io_dtype: str):
+    """The long-decode quality run for every stored precision the candidates use, each config's errors kept on disk
+    so that a second run with the same inputs does not recompute them; (report, inputs, configs, cache key)."""
     from replayssm_cli import quality
-    from replayssm_cli.console import err
+    from replayssm_cli.console import note
 
     if trace is not None:
         inputs = quality.trace_inputs(trace, heads=heads, steps=steps)
@@ -406,20 +658,27 @@ def _quality(p, cands, *, steps: int, heads: int, seed: int, trace, io_dtype: st
             p.shape, a_range=a_range, dt_softplus=p.dt_softplus, steps=steps, heads=heads, seed=seed, io_dtype=io_dtype,
         )
     configs = list(dict.fromkeys(quality.Config(*c.quality_key()) for c in cands))
-    bar = Progress(
-        TextColumn("[bold]quality[/]"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TextColumn("{task.description}"),
-        console=err, transient=True,
-    )
-    with bar:
-        task = bar.add_task(f"{len(configs)} configs, {inputs.source}", total=inputs.generated)
-        report = quality.run(inputs, configs, on_step=lambda n: bar.update(task, completed=n))
-        if kernels:
-            ktask = bar.add_task("the same on the GPU kernels", total=len(configs))
-            found = quality.run_kernels(inputs, configs, device="cuda", on_config=lambda n: bar.update(ktask, completed=n))
-            for e in report.errors:
-                e.kernel = found[e.config]
-            report.kernel_device = "cuda"
-    return report
+    key = quality.inputs_key(inputs)
+    if quality.uncached(inputs, configs, key):
+        with Ticker(f"quality ({len(configs)} configs, {inputs.source})", inputs.generated, "tokens") as tick:
+            report, kept = quality.cached_run(inputs, configs, key=key, on_step=tick.update)
+    else:
+        report, kept = quality.cached_run(inputs, configs, key=key)
+    if kept:
+        note(f"quality: {kept} of {len(configs)} configs from the cache ({quality.cache_dir()})")
+    return report, inputs, configs, key
+
+
+def _kernel_quality(report, inputs, configs, key: str) -> None:
+    """The same quality run stepped through the GPU kernels, its errors beside the reference's (cached likewise)."""
+    from replayssm_cli import quality
+
+    with Ticker("quality on the GPU kernels", len(configs), "configs") as tick:
+        found, _ = quality.cached_kernels(inputs, configs, device="cuda", key=key,
+                                          on_config=lambda n: tick.update(n, configs[n - 1].label()))
+    for e in report.errors:
+        e.kernel = found[e.config]
+    report.kernel_device = "cuda"
 
 
 def _source(t) -> str:

@@ -1,0 +1,209 @@
+"""The one-screen verdict: per batch size, whether ReplaySSM pays, what to set, how sure it is and where it came from."""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import asdict, dataclass
+from typing import Any, Iterable, Sequence
+
+WIDTH = 100
+MIB = 2**20
+# (header, width, align) of the verdict's columns; two spaces between columns.
+COLUMNS = (
+    ("batch", 5, ">"),
+    ("pays", 4, "<"),
+    ("set", 23, "<"),
+    ("kernel speedup", 15, "<"),
+    ("e2e", 5, ">"),
+    ("MiB/seq", 7, ">"),
+    ("fits", 6, ">"),
+    ("error", 5, ">"),
+    ("time", 8, "<"),
+)
+
+
+@dataclass
+class Line:
+    """One batch size and mode: the recommendation in figures, each with where it came from."""
+
+    batch: int
+    mode: str
+    pays: bool | None
+    label: str
+    variant: str | None = None
+    window: int | None = None
+    state_dtype: str | None = None
+    read_dtype: str | None = None
+    draft: int = 0
+    speedup: float | None = None
+    speedup_lo: float | None = None
+    speedup_hi: float | None = None
+    speedup_over: str | None = None
+    e2e_speedup: float | None = None
+    e2e_speedup_lo: float | None = None
+    e2e_speedup_hi: float | None = None
+    e2e_origin: str | None = None
+    mem_per_seq_model: int | None = None
+    largest_batch: int | None = None
+    error: float | None = None
+    error_budget: float | None = None
+    source: str | None = None
+    origin: str | None = None
+    confirm: str | None = None
+    reason: str = ""
+
+    @property
+    def margin(self) -> float | None:
+        """Share of the error budget the recommendation's error uses."""
+        if self.error is None or not self.error_budget:
+            return None
+        return self.error / self.error_budget
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "error_budget_used": self.margin}
+
+
+def confirm_command(preset: str, candidate: Any, batch: int, *, tp: int = 1, io_dtype: str = "bf16",
+                    accept_rate: float | None = None) -> str:
+    """The `replayssm profile` command that measures a candidate (and its conventional baseline) at one batch."""
+    c = candidate
+    args = ["replayssm", "profile", "-p", preset, "-b", str(batch)]
+    if c.window:
+        args += ["-w", str(c.window)]
+    args += ["--state-dtype", c.state_dtype]
+    if c.read_dtype:
+        args += ["--read-dtype", c.read_dtype]
+    if c.draft:
+        args += ["--draft", str(c.draft)]
+        if accept_rate is not None:
+            args += ["--accept-rate", f"{accept_rate:g}"]
+    if tp != 1:
+        args += ["--tp", str(tp)]
+    if io_dtype != "bf16":
+        args += ["--io-dtype", io_dtype]
+    return " ".join(shlex.quote(a) for a in args + ["--require-gpu"])
+
+
+def e2e_speedup(rows: Iterable[dict[str, Any]], preset: str, candidate: Any, batch: int) -> tuple[float, float, float, str] | None:
+    """(speedup, lo, hi, origin) of a whole-model decode step with the candidate over conventional at its state
+    dtype, from `replayssm e2e` rows (kind 'e2e') that measured both at this batch; None where none did."""
+    c = candidate
+    e2e = [r for r in rows if r.get("kind") == "e2e" and r.get("preset") == preset and r.get("batch") == batch
+           and r.get("status") == "ok" and r.get("source") == "measured" and r.get("us")]
+
+    def find(variant: str, window: int | None, read: str | None) -> dict[str, Any] | None:
+        return next((r for r in e2e if r.get("variant") == variant and r.get("window") == window
+                     and r.get("state_dtype") == c.state_dtype and r.get("read_dtype") == read and not r.get("draft")), None)
+
+    if c.draft or not c.is_replay:
+        return None
+    mine, base = find(c.variant, c.window, c.read_dtype), find("conventional", None, None)
+    if mine is None or base is None:
+        return None
+    s = base["us"] / mine["us"]
+    lo = base.get("x_us_p25", base["us"]) / mine.get("x_us_p75", mine["us"])
+    hi = base.get("x_us_p75", base["us"]) / mine.get("x_us_p25", mine["us"])
+    return s, lo, hi, str(mine.get("x_origin") or "measured")
+
+
+def lines_from(decisions: Sequence[Any], *, preset: str, error_budget: float, e2e_rows: Sequence[dict[str, Any]] = (),
+               tp: int = 1, io_dtype: str = "bf16", accept_rate: float | None = None) -> list[Line]:
+    """One Line per tuner.Decision."""
+    out = []
+    for d in decisions:
+        a = d.choice
+        if a is None:
+            out.append(Line(d.batch, d.mode, None, "nothing within the budgets", error_budget=error_budget,
+                            reason=d.summary))
+            continue
+        c, t = a.candidate, a.timing
+        base = d.baseline.candidate.label() if d.baseline is not None else None
+        line = Line(
+            d.batch, d.mode, bool(d.replay_pays), c.label(), c.variant, c.window, c.state_dtype, c.read_dtype, c.draft,
+            a.speedup, a.speedup_lo, a.speedup_hi, base,
+            mem_per_seq_model=a.mem_per_seq, largest_batch=a.seqs_fit, error=a.error, error_budget=error_budget,
+            source=t.source, origin=t.label(), reason=a.reason,
+        )
+        found = e2e_speedup(e2e_rows, preset, c, d.batch) if d.replay_pays else None
+        if found is not None:
+            line.e2e_speedup, line.e2e_speedup_lo, line.e2e_speedup_hi, line.e2e_origin = found
+        if d.predicted:
+            line.confirm = confirm_command(preset, c, d.batch, tp=tp, io_dtype=io_dtype, accept_rate=accept_rate)
+        out.append(line)
+    return out
+
+
+def _cell(text: str, width: int, align: str) -> str:
+    return f"{text:{align}{width}}"
+
+
+def _row(cells: Sequence[str]) -> str:
+    return "  ".join(_cell(t, w, a) for t, (_, w, a) in zip(cells, COLUMNS)).rstrip()
+
+
+def _x(v: float | None) -> str:
+    return "-" if v is None else f"{v:.2f}x"
+
+
+def _wrap(text: str, indent: str = "    ") -> list[str]:
+    """Words of `text` in lines of at most WIDTH columns, the later ones indented."""
+    lines, cur = [], ""
+    for word in text.split(" "):
+        if cur and len(cur) + 1 + len(word) > WIDTH - (2 if not lines else 0):
+            lines.append(cur)
+            cur = indent + word
+        else:
+            cur = f"{cur} {word}" if cur else word
+    return lines + [cur] if cur else lines
+
+
+def _command_lines(cmd: str) -> list[str]:
+    """A shell command within WIDTH columns, continued with backslashes."""
+    out, cur = [], "    "
+    for word in cmd.split(" "):
+        if len(cur) + len(word) + 3 > WIDTH and cur.strip():
+            out.append(cur.rstrip() + " \\")
+            cur = "      "
+        cur += word + " "
+    return out + [cur.rstrip()]
+
+
+def render(lines: Sequence[Line], *, title: str, over: str, notes: Sequence[str] = ()) -> str:
+    """The verdict as plain text, every line within WIDTH columns: a title, the table, then the sources."""
+    sources: dict[str, int] = {}
+    body = [_row([h for h, _, _ in COLUMNS])]
+    for ln in lines:
+        if ln.pays is None:
+            body.append(_row([str(ln.batch), "-", ln.label[:23]]))
+            continue
+        tag = sources.setdefault(ln.origin or ln.source or "", len(sources) + 1)
+        sp = _x(ln.speedup) + (f" {ln.speedup_lo:.2f}-{ln.speedup_hi:.2f}" if ln.speedup_lo and ln.speedup_hi else "")
+        if ln.e2e_origin:
+            sources.setdefault(f"e2e: {ln.e2e_origin}", len(sources) + 1)
+        body.append(_row([
+            f"{ln.batch}", "yes" if ln.pays else "no", ln.label, sp if ln.speedup else "-", _x(ln.e2e_speedup),
+            "-" if ln.mem_per_seq_model is None else f"{ln.mem_per_seq_model / MIB:,.0f}",
+            "-" if ln.largest_batch is None else f"{ln.largest_batch:,}",
+            "-" if ln.margin is None else (f"{ln.margin:.0%}" if ln.margin >= 0.01 else "<1%"),
+            f"{'meas' if ln.source == 'measured' else 'pred'} [{tag}]",
+        ]))
+    out = _wrap(title) + _wrap(over) + [""] + body + [""]
+    for label, n in sources.items():
+        out += _wrap(f"[{n}] {label}")
+    for ln in lines:
+        if ln.confirm:
+            out += _wrap(f"batch {ln.batch} {ln.label} rests on a prediction: confirm with")
+            out += _command_lines(ln.confirm)
+    for note in notes:
+        out += _wrap(note)
+    return "\n".join(out)
+
+
+def column_notes(error_budget: float, layers: int, budget_note: str) -> list[str]:
+    """What the verdict's columns mean, in two lines."""
+    return [
+        f"e2e: a whole-model decode step where `replayssm e2e` measured it. MiB/seq: over the {layers} SSM layers; "
+        f"fits: sequences in the memory budget ({budget_note}).",
+        f"error: share of the {error_budget:.0e} error budget (relative output error vs fp64, longest bucket) "
+        "that the recommendation uses.",
+    ]
