@@ -12,7 +12,6 @@ import triton.language as tl
 from replayssm_kernels.mamba2.args import (  # noqa: F401
     CHOICE_KEYS,
     check_flush_keys,
-    check_heads_warps,
     compile_options,
     flush_cap,
     flush_grid,
@@ -26,6 +25,7 @@ from replayssm_kernels.mamba2.args import (  # noqa: F401
 from replayssm_kernels.mamba2.common import (  # noqa: F401
     advance_heads,
     dot_fp32,
+    fills_read,
     flat_program_ids,
     list_done,
     list_flush,

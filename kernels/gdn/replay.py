@@ -16,13 +16,13 @@ from replayssm_kernels.gdn.common import (
     check_accepted,
     check_device,
     check_flush_keys,
-    check_heads_warps,
     check_out,
     check_slots,
     check_step,
     compile_options,
     default_scale,
     dot_fp32,
+    fills_read,
     flat_program_ids,
     flush_cap,
     flush_grid,
@@ -497,7 +497,8 @@ def _replay_kernel(
     f_next = tl.where(b_f + 1 >= W, 0, b_f + 1)
     if EARLY:
         if NPB > 1:
-            # Arrive as soon as the fill is read (the increment is computed from it, so the read is complete).
+            # Arrive as soon as every thread has read the fill.
+            fills_read()
             if LCOUNT:
                 # each lane counts on its own counter: no lane waits for another's count (a scalar atomic's result
                 # is broadcast to the warp where it is issued), so the round trip is waited on only at the end
@@ -588,6 +589,8 @@ def _replay_kernel(
                 tl.store(buf_b + (i_s * C + b_f) * HV + i_hv, b_beta)
                 tl.store(buf_t + ((i_s * C + b_f) * HV + i_hv) * C + o_w, b_t, mask=m_c)
 
+    if not (EARLY and NPB > 1):
+        fills_read()
     if NPB == 1:
         tl.store(p_f, f_next)
         b_last = b_f >= 0
@@ -1326,6 +1329,7 @@ def _verify_kernel(
     if HAS_COPY:
         tl.store(buf_b + (i_s * C + b_fe + o_t) * HV + i_hv, b_bd, mask=m_t)
     if b_flush:
+        fills_read()
         tl.store(p_f, 0)
     # The drafts' keys overwrite entries that every value head of this key head may still be folding: with ARRIVE
     # the last of them to arrive writes the keys. Without it (FPASS: no fold here, the fold launch has finished,
@@ -1355,7 +1359,9 @@ def _accept_kernel(fill, n, slots, HV: tl.constexpr, BHV: tl.constexpr):
     if i_s < 0:
         return
     _, m_h, p_f = _row_fills(fill, i_s, HV, BHV)
-    tl.store(p_f, tl.load(p_f, mask=m_h, other=0) + tl.load(n + i_b).to(tl.int32), mask=m_h)
+    b_f = tl.load(p_f, mask=m_h, other=0)
+    fills_read()
+    tl.store(p_f, b_f + tl.load(n + i_b).to(tl.int32), mask=m_h)
 
 
 def _cache_args(cache: ReplayCache) -> dict:
@@ -1463,7 +1469,6 @@ def _heads_per_program(cache: ReplayCache, settings: dict, flush: dict | None) -
         if settings["EARLY"] or settings["MMA"]:
             raise ValueError(f"launch HPP = {hpp} reads the buffer after the fill, in fp32 row sums: EARLY and MMA "
                              "must be 0")
-        check_heads_warps(hpp, settings["num_warps"])
     while (cache.HV // cache.H) % hpp:
         hpp //= 2
     return hpp

@@ -219,15 +219,6 @@ def flush_cap(maxnreg: int | None, fcap: int | None, items: int, num_warps: int,
     return fcap if rounds(fcap) <= rounds(maxnreg) else maxnreg
 
 
-def check_heads_warps(hpp: int, num_warps: int) -> None:
-    """Heads-per-program launches (HPP > 1) run in programs of 1 or 2 warps: in 4-warp programs both ops' heads
-    kernels hit illegal addresses on an H200 at large batches (a flush-list write far out of bounds under
-    compute-sanitizer; the cause is not found), so they are refused."""
-    if num_warps > 2:
-        raise ValueError(f"launch HPP = {hpp} runs in programs of 1 or 2 warps, got num_warps = {num_warps} "
-                         "(4-warp heads programs fault on the GPU)")
-
-
 def compile_options(settings: dict) -> dict:
     """The settings that go to Triton as compile options rather than kernel constants."""
     options = {key: settings[key] for key in ("num_warps", "num_stages") if key in settings}

@@ -46,6 +46,15 @@ def slot_of(slots, i_b, HAS_SLOTS: tl.constexpr):
     return i_s
 
 
+@triton.jit
+def fills_read():
+    """Order every thread's read of the program's fills before what comes next: a fill's store, or an arrival that
+    lets another program store it. Triton loads a scalar in every thread, so without this barrier a warp that has
+    not yet read a fill can see the value another warp just stored and take the other branch of the step
+    (kernels/README.md, "The fill protocol")."""
+    tl.debug_barrier()
+
+
 # A replay in two launches passes the heads that flush from its first launch to its second in `work`, int32: a header
 # of LIST_HEADER words, all zero between steps ([0] the count, [1] the programs done with the list, and for a tail
 # (TAIL): [2] the tickets taken, [3] the heads programs done, [4] the entries claimed), then LIST_ENTRY words per
@@ -86,6 +95,7 @@ def advance_heads(p_fill, work, i_b, h0, f, W: tl.constexpr, HPP: tl.constexpr, 
     """After a non-flush launch's step of heads h0 .. h0 + HPP of row i_b at fill f (p_fill: the slot's fills): their
     fills to f + 1, or, where the step fills the window, to 0 with each head listed for the flushes."""
     o_hh = tl.arange(0, HPP)
+    fills_read()
     if f + 1 < W:
         tl.store(p_fill + h0 + o_hh, tl.zeros([HPP], dtype=tl.int32) + f + 1)
     else:

@@ -15,6 +15,7 @@ from replayssm_kernels.mamba2.common import (
     finish_output,
     fold_entries,
     list_done,
+    fills_read,
     list_flush,
     listed_flush,
     slot_of,
@@ -204,7 +205,8 @@ def mamba2_replay_kernel(
     m_w = o_w < f
     if EARLY:
         if NPB > 1:
-            # Arrive as soon as the fill is read (the increment is computed from it, so the read is complete).
+            # Arrive as soon as every thread has read the fill.
+            fills_read()
             b_arrived = tl.atomic_add(arrive + i_sh, tl.where(f >= 0, 1, 0), sem="relaxed")
         b_lprev = tl.sum(tl.where(o_w == f - 1, b_lw, 0.0))
     else:
@@ -284,6 +286,8 @@ def mamba2_replay_kernel(
             )
         f_next = f * 0
 
+    if not (EARLY and NPB > 1):
+        fills_read()
     if NPB == 1:
         tl.store(fill + i_sh, f_next)
         b_last = f >= 0
@@ -796,7 +800,6 @@ def _heads_per_program(settings: dict, phases: int, heads_per_group: int, P: int
             raise ValueError(f"launch HPP = {hpp} takes whole heads: BP = {settings['BP']} must cover P = {P}")
         if settings["EARLY"]:
             raise ValueError(f"launch HPP = {hpp} reads the buffer after the fill: EARLY must be 0")
-        args.check_heads_warps(hpp, settings["num_warps"])
     while heads_per_group % hpp:
         hpp //= 2
     return hpp

@@ -8,7 +8,7 @@ import triton.language as tl
 
 from replayssm_kernels.mamba2 import args
 from replayssm_kernels.mamba2.cache import ReplayCache
-from replayssm_kernels.mamba2.common import dot_fp32, finish_output, slot_of, step_delta, store_read_copy
+from replayssm_kernels.mamba2.common import dot_fp32, fills_read, finish_output, slot_of, step_delta, store_read_copy
 from replayssm_kernels.mamba2.replay import check_cache
 
 
@@ -198,6 +198,7 @@ def mamba2_verify_kernel(
         tl.store(b_draft + (i_s * G + i_g) * MAXT * N + o_t[:, None] * N + o_n[None, :], b_Bd, mask=m_tn)
     # Every P-block reads this head's Δ and lam entries; the last one done writes the drafts' and the fill.
     # Relaxed order suffices: every program has consumed what it read of them before it arrives.
+    fills_read()
     if NPB == 1:
         is_last = True
     else:
@@ -235,6 +236,7 @@ def mamba2_accept_kernel(
     m = (o_t < n)[:, None] & (o_n < N)[None, :]
     b_B = tl.load(b_draft + i_sg * MAXT * N + o_t[:, None] * N + o_n[None, :], mask=m, other=0.0)
     tl.store(b_buf + i_sg * CAP * N + (f + o_t)[:, None] * N + o_n[None, :], b_B, mask=m)
+    fills_read()
     tl.store(p_f, b_f + n, mask=m_h)
 
 

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# compute-sanitizer's memcheck, racecheck and synccheck over every shipped launch row of both ops, in one call on a GPU:
+#   bash benchmarks/sanitize.sh [OUT_DIR] [CASE_SUBSTRING...]
+# Each tool runs benchmarks/sanitize.py once over the cases (all of them by default).
+# The logs go to OUT_DIR (default runs/sanitize); the last lines printed are a table: tool, errors, exit code, seconds.
+# SANITIZE_TOOLS chooses the tools (default "memcheck racecheck synccheck"), SANITIZE_STEPS the steps per case.
+set -u
+DIR="${1:-runs/sanitize}"
+shift || true
+mkdir -p "$DIR"
+cs=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -n 1)
+if [ -z "$cs" ]; then
+    echo "error: compute-sanitizer not found (it comes with the CUDA toolkit)" >&2
+    exit 2
+fi
+cases=()
+for c in "$@"; do cases+=(--case "$c"); done
+steps=()
+[ -n "${SANITIZE_STEPS:-}" ] && steps=(--steps "$SANITIZE_STEPS")
+# compile every kernel once outside the sanitizer, so the tools' runs reuse Triton's cache
+python benchmarks/sanitize.py "${cases[@]}" --steps 1 >"$DIR/warmup.txt" 2>&1 || { echo "warm-up failed:" >&2; tail -n 20 "$DIR/warmup.txt" >&2; exit 1; }
+summary=()
+for tool in ${SANITIZE_TOOLS:-memcheck racecheck synccheck}; do
+    extra=()
+    [ "$tool" = racecheck ] && extra=(--racecheck-report analysis)
+    start=$SECONDS
+    "$cs" --tool "$tool" "${extra[@]}" --print-limit 20 --error-exitcode 9 \
+        python benchmarks/sanitize.py "${cases[@]}" "${steps[@]}" >"$DIR/$tool.txt" 2>&1
+    code=$?
+    errors=$(grep -Eo "ERROR SUMMARY: [0-9]+|RACECHECK SUMMARY: [0-9]+ hazards?" "$DIR/$tool.txt" | tail -n 1)
+    summary+=("$(printf '%-10s %-32s exit %-3s %5s s' "$tool" "${errors:-no summary}" "$code" "$((SECONDS - start))")")
+done
+printf '%s\n' "${summary[@]}" | tee "$DIR/summary.txt"
