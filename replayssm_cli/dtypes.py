@@ -74,3 +74,29 @@ def torch_dtype(name: str | Enum):
         return table[key]
     except KeyError:
         raise ValueError(f"unknown dtype {key!r}; expected one of {', '.join(table)}") from None
+
+
+# Our names and the engines' (vLLM's --mamba-ssm-cache-dtype and --kv-cache-dtype, Hugging Face's torch_dtype).
+ALIASES = {
+    "fp32": "fp32", "float32": "fp32", "float": "fp32", "torch.float32": "fp32",
+    "bf16": "bf16", "bfloat16": "bf16", "torch.bfloat16": "bf16",
+    "fp16": "fp16", "float16": "fp16", "half": "fp16", "torch.float16": "fp16",
+    "fp8": "fp8", "fp8_e4m3": "fp8", "float8_e4m3fn": "fp8", "e4m3": "fp8", "torch.float8_e4m3fn": "fp8",
+}
+# Names the engines know that no kernel here takes, with why.
+WHY_NOT = {
+    "fp8_e5m2": "the fp8 read copy is e4m3 with per-row scales; e5m2 is not implemented",
+    "float8_e5m2": "the fp8 read copy is e4m3 with per-row scales; e5m2 is not implemented",
+    "fp64": "no kernel stores fp64 state", "float64": "no kernel stores fp64 state", "double": "no kernel stores fp64 state",
+}
+
+
+def engine_names(allowed: tuple[str, ...]) -> str:
+    """The engines' spellings of `allowed`, for a hint."""
+    spelled = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "fp8": "fp8_e4m3"}
+    return ", ".join(spelled[a] for a in allowed if a in spelled)
+
+
+def canonical(name: str) -> str | None:
+    """Our name for a dtype spelled our way or an engine's; None when it is neither."""
+    return ALIASES.get(str(name).strip().lower())

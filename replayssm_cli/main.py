@@ -14,7 +14,7 @@ UsageError, ClickException = _BASES["UsageError"], _BASES["ClickException"]
 
 from replayssm_cli import __version__
 from replayssm_cli.commands import check, compare, cost, e2e, gpu, plan, presets, profile, roofline, tune
-
+from replayssm_cli.options import OneValueCommand
 
 
 class OneLineErrors(TyperGroup):
@@ -45,7 +45,7 @@ app = typer.Typer(
     cls=OneLineErrors,
     help="Measure whether ReplaySSM decode pays on your GPU, for your model, batch sizes and precision.",
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,
     pretty_exceptions_show_locals=False,
 )
 
@@ -65,16 +65,16 @@ def main(
     """Measure whether ReplaySSM decode pays on your GPU, for your model, batch sizes and precision."""
 
 
-app.command("profile")(profile.profile)
-app.command("roofline")(roofline.roofline)
-app.command("tune")(tune.tune)
-app.command("e2e")(e2e.e2e)
-app.command("plan")(plan.plan)
-app.command("cost")(cost.cost)
-app.command("compare")(compare.compare)
-app.command("check")(check.check)
-app.command("gpu")(gpu.gpu)
-app.command("presets")(presets.presets)
+app.command("profile", cls=OneValueCommand)(profile.profile)
+app.command("roofline", cls=OneValueCommand)(roofline.roofline)
+app.command("tune", cls=OneValueCommand)(tune.tune)
+app.command("e2e", cls=OneValueCommand)(e2e.e2e)
+app.command("plan", cls=OneValueCommand)(plan.plan)
+app.command("cost", cls=OneValueCommand)(cost.cost)
+app.command("compare", cls=OneValueCommand)(compare.compare)
+app.command("check", cls=OneValueCommand)(check.check)
+app.command("gpu", cls=OneValueCommand)(gpu.gpu)
+app.command("presets", cls=OneValueCommand)(presets.presets)
 
 
 if __name__ == "__main__":

@@ -274,15 +274,21 @@ def test_cli_presets_preset_file():
     assert json.loads(result.stdout)["label"] == "H16-HV64-K128-V128"
 
 
+def test_cli_presets_shows_a_name_and_a_file_together():
+    args = ["presets", "nemotron-3-super-120b-a12b", "--preset-file", str(CONFIGS / "mamba2_2.7b.json"), "--json"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert [p["name"] for p in json.loads(result.stdout)] == ["nemotron-3-super-120b-a12b", "mamba2_2.7b"]
+
+
 @pytest.mark.parametrize(
     "args,needle",
     [
         (["presets", "nope"], "valid presets: "),
         (["presets", "nemotron-3-super-120b-a12b", "--tp", "3"], "valid --tp: 1, 2, 4, 8"),
-        (["presets", "mamba2-2.7b", "--preset-file", str(CONFIGS / "mamba2_2.7b.json")], "not both"),
         (["presets", "--preset-file", "/nonexistent/config.json"], "does not exist"),
     ],
-    ids=["unknown", "bad-tp", "name-and-file", "missing-file"],
+    ids=["unknown", "bad-tp", "missing-file"],
 )
 def test_cli_presets_bad_input_is_one_line(args, needle):
     result = runner.invoke(app, args)

@@ -7,13 +7,14 @@ from typing import Annotated
 
 import typer
 
+from replayssm_cli import options
 from replayssm_cli.errors import cli_command
 
 
 @cli_command
 def compare(
-    a: Annotated[Path, typer.Argument(help="The baseline results file (A).", show_default=False)],
-    b: Annotated[Path, typer.Argument(help="The results file compared with it (B).", show_default=False)],
+    a: Annotated[Path, options.input_files_argument("The baseline results file (A).", "results file", show_default=False)],
+    b: Annotated[Path, options.input_files_argument("The results file compared with it (B).", "results file", show_default=False)],
     force: Annotated[bool, typer.Option("--force", help="Compare files from different GPUs or software versions anyway.")] = False,
     json_: Annotated[bool, typer.Option("--json", help="Print the comparison as JSON on stdout.")] = False,
 ) -> None:

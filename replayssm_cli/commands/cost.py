@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 from enum import Enum
+from pathlib import Path
 from typing import Annotated, Any, Optional, TypeVar
 
 import typer
 
+from replayssm_cli import options
 from replayssm_cli.console import out, print_json
 from replayssm_cli.cost import cost_table
 from replayssm_cli.dtypes import IODtype, ReadDtype, StateDtype
 from replayssm_cli.errors import UserError, cli_command
 from replayssm_cli.presets import DEFAULT_PRESETS, resolve
+
+MAX_DRAFT = 8
 
 
 def _si(value: float) -> str:
@@ -92,32 +96,20 @@ def _print_table(title: str, caption: str, rows: list[dict[str, Any]]) -> None:
 
 @cli_command
 def cost(
-    preset: Annotated[
-        Optional[list[str]],
-        typer.Option("--preset", help="Model preset or preset file; repeat for several. Default: the two defaults."),
-    ] = None,
-    window: Annotated[int, typer.Option("--window", help="ReplaySSM window W, 1 to 64.")] = 16,
-    state_dtype: Annotated[
-        Optional[str],
-        typer.Option(
-            "--state-dtype", metavar=_metavar(StateDtype), help="State and checkpoint dtype. Default: the preset's."
-        ),
-    ] = None,
-    read_dtype: Annotated[
-        str,
-        typer.Option("--read-dtype", metavar=_metavar(ReadDtype), help="Dtype of the split-precision rows' read copy."),
-    ] = ReadDtype.bf16.value,
-    io_dtype: Annotated[
-        str, typer.Option("--io-dtype", metavar=_metavar(IODtype), help="Dtype of the inputs and outputs.")
-    ] = IODtype.bf16.value,
-    batch: Annotated[int, typer.Option("--batch", help="Sequences decoded per step.")] = 256,
-    draft: Annotated[
-        int, typer.Option("--draft", help="Speculative drafts per verify step T, 0 to 8 (0: no speculative rows).")
-    ] = 0,
+    preset: Annotated[Optional[list[str]], options.preset(show_default="the two defaults")] = None,
+    preset_file: Annotated[Optional[list[Path]], options.preset_file()] = None,
+    window: Annotated[int, options.window()] = 16,
+    state_dtype: Annotated[Optional[str], options.state_dtype("State and checkpoint dtype:", show_default="the preset's own (auto)")] = None,
+    read_dtype: Annotated[str, options.read_dtype("Dtype of the split-precision rows' read copy:", show_default=True)] = ReadDtype.bf16.value,
+    io_dtype: Annotated[str, options.io_dtype("Dtype of the inputs and outputs:")] = IODtype.bf16.value,
+    batch: Annotated[Optional[list[str]], options.batch("Sequences decoded per step, comma-separated or repeated.", show_default="256")] = None,
+    draft: Annotated[int, options.draft("Speculative drafts per verify step T (0: no speculative rows).", lo=0, show_default=True)] = 0,
+    accept_rate: Annotated[Optional[float], options.accept_rate("Probability that each draft is accepted (the first rejection ends the run), as in `profile` and `tune`.")] = None,
+    accept_dist: Annotated[Optional[str], options.accept_dist("Weights of accepting 0..T drafts, comma-separated (T+1 of them).")] = None,
     accepted: Annotated[
-        Optional[float], typer.Option("--accepted", help="Mean drafts accepted per verify step. Default: all of them.")
+        Optional[float], options.number("--accepted", "Mean drafts accepted per verify step (instead of --accept-rate).", 0.0, MAX_DRAFT, lo_open=True, show_default="all of them")
     ] = None,
-    tp: Annotated[int, typer.Option("--tp", help="Tensor-parallel degree dividing the heads.")] = 1,
+    tp: Annotated[int, options.tp("Tensor-parallel degree dividing the heads.")] = 1,
     as_json: Annotated[bool, typer.Option("--json", help="Print the rows as JSON on stdout.")] = False,
 ) -> None:
     """Modelled DRAM bytes, FLOPs and arithmetic intensity of one decode step of one SSM layer.
@@ -132,47 +124,71 @@ def cost(
 
       replayssm cost --preset nemotron-3-super-120b-a12b --window 32 --read-dtype fp8
 
-      replayssm cost --preset qwen3.5-122b-a10b --draft 4 --accepted 3 --json
+      replayssm cost -p qwen3.5-122b-a10b --batch 1,64,256 --draft 4 --accept-rate 0.8 --json
     """
-    _validate(window, batch, draft, accepted, tp)
+    batches = [int(b) for b in batch or ["256"]]
+    accepted = _mean_accepted(draft, accepted, accept_rate, accept_dist)
+    for b in batches:
+        _validate(window, b, draft, accepted, tp)
     state = _dtype(state_dtype, StateDtype, "--state-dtype") if state_dtype is not None else None
     read = _dtype(read_dtype, ReadDtype, "--read-dtype")
     io = _dtype(io_dtype, IODtype, "--io-dtype")
-    names = preset or list(DEFAULT_PRESETS)
+    names = options.preset_names_given(preset, preset_file) or list(DEFAULT_PRESETS)
     everything: list[dict[str, Any]] = []
     for name in names:
         p = resolve(name, tp)
         st = state.value if state else p.state_dtype
-        try:
-            rows = cost_table(
-                p.shape,
-                batch=batch,
-                window=window,
-                state_dtype=st,
-                read_dtype=read.value,
-                io_dtype=io.value,
-                draft=draft,
-                accepted=accepted,
-                has_z=p.has_z,
-            )
-        except ValueError as exc:
-            raise UserError(str(exc)) from None
-        head = {"preset": p.name, "op": p.kind, "shape": p.shape.label(), "tp": tp, "batch": batch}
-        rows = [{**head, **r} for r in rows]
-        everything.extend(rows)
-        if not as_json:
-            title = (
-                f"{p.display}: {p.kind} {p.shape.label()}"
-                + (f" (tp {tp})" if tp > 1 else "")
-                + f", batch {batch}, window {window}, state {st}, io {io.value}"
-                + (f", T = {draft}, {rows[-1]['accepted']:g} accepted" if draft else "")
-            )
-            caption = (
-                f"DRAM bytes and FLOPs of one decode step of one layer, whole batch ({p.ssm_layers} SSM layers "
-                "per model step). × conv: the conventional kernel's bytes over this row's (spec-replay: over "
-                "spec-conventional's). mem/seq: one sequence's state or checkpoint, read copy, buffers, "
-                "counters and snapshots in one layer."
-            )
-            _print_table(title, caption, rows)
+        for b in batches:
+            everything.extend(_preset_rows(p, st, read, io, b, window, draft, accepted, tp, as_json))
     if as_json:
         print_json(everything)
+
+
+def _mean_accepted(draft: int, accepted: float | None, rate: float | None, dist: str | None) -> float | None:
+    """Mean drafts accepted per verify step from --accepted, --accept-rate or --accept-dist (None: all of them)."""
+    if accepted is not None or draft == 0 or (rate is None and not dist):
+        return accepted
+    from replayssm_cli.profile import accept_probs, mean_accepted
+
+    weights = options.accept_weights(dist)
+    if weights and len(weights) != draft + 1:
+        raise UserError(f"--accept-dist has {len(weights)} weights but --draft {draft} needs {draft + 1} (for 0..{draft} accepted)")
+    mean = mean_accepted(accept_probs(draft, rate if rate is not None else 0.0, weights))
+    if mean <= 0:
+        raise UserError("the acceptance given accepts no draft at all", "pass an --accept-rate or --accept-dist that accepts some")
+    return mean
+
+
+def _preset_rows(p: Any, st: str, read: Any, io: Any, batch: int, window: int, draft: int, accepted: float | None, tp: int,
+                 as_json: bool) -> list[dict[str, Any]]:
+    try:
+        rows = cost_table(
+            p.shape,
+            batch=batch,
+            window=window,
+            state_dtype=st,
+            read_dtype=read.value,
+            io_dtype=io.value,
+            draft=draft,
+            accepted=accepted,
+            has_z=p.has_z,
+        )
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+    head = {"preset": p.name, "op": p.kind, "shape": p.shape.label(), "tp": tp, "batch": batch}
+    rows = [{**head, **r} for r in rows]
+    if not as_json:
+        title = (
+            f"{p.display}: {p.kind} {p.shape.label()}"
+            + (f" (tp {tp})" if tp > 1 else "")
+            + f", batch {batch}, window {window}, state {st}, io {io.value}"
+            + (f", T = {draft}, {rows[-1]['accepted']:g} accepted" if draft else "")
+        )
+        caption = (
+            f"DRAM bytes and FLOPs of one decode step of one layer, whole batch ({p.ssm_layers} SSM layers "
+            "per model step). × conv: the conventional kernel's bytes over this row's (spec-replay: over "
+            "spec-conventional's). mem/seq: one sequence's state or checkpoint, read copy, buffers, "
+            "counters and snapshots in one layer."
+        )
+        _print_table(title, caption, rows)
+    return rows

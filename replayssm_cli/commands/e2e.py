@@ -7,7 +7,7 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from replayssm_cli.dtypes import ReadDtype, StateDtype
+from replayssm_cli import options
 from replayssm_cli.errors import UserError, cli_command
 
 EXIT_INTERRUPTED = 130
@@ -33,32 +33,24 @@ def _words(values: list[str] | None) -> tuple[str, ...]:
 
 @cli_command
 def e2e(
-    preset: Annotated[
-        Optional[list[str]],
-        typer.Option("--preset", "-p", help="Model preset or preset file; repeat for several. [default: one Mamba-2 and one GDN preset]"),
-    ] = None,
-    batch: Annotated[Optional[list[str]], typer.Option("--batch", "-b", help="Batch sizes, comma-separated or repeated. [default: 1,16,64,256]")] = None,
-    context: Annotated[
-        Optional[list[str]], typer.Option("--context", "-c", help="Tokens already in the KV cache, comma-separated or repeated. [default: 4096]")
-    ] = None,
-    window: Annotated[int, typer.Option("--window", "-w", help="ReplaySSM window W (1-64).")] = 16,
-    state_dtype: Annotated[
-        Optional[StateDtype], typer.Option("--state-dtype", help="SSM state (checkpoint) dtype. [default: the preset's own]", show_default=False)
-    ] = None,
-    read_dtype: Annotated[ReadDtype, typer.Option("--read-dtype", help="Read-copy dtype of the split variant.")] = ReadDtype.bf16,
+    preset: Annotated[Optional[list[str]], options.preset(show_default="one Mamba-2 and one GDN preset")] = None,
+    preset_file: Annotated[Optional[list[Path]], options.preset_file()] = None,
+    batch: Annotated[Optional[list[str]], options.batch(show_default="1,16,64,256")] = None,
+    context: Annotated[Optional[list[str]], options.context(show_default="4096")] = None,
+    window: Annotated[int, options.window()] = 16,
+    state_dtype: Annotated[Optional[str], options.state_dtype("SSM state (checkpoint) dtype:", show_default="the preset's own (auto)")] = None,
+    read_dtype: Annotated[str, options.read_dtype("Read-copy dtype of the split variant:", show_default=True)] = "bf16",
     variant: Annotated[
-        Optional[list[str]], typer.Option("--variant", help="SSM variants: conventional, replay, split. [default: conventional,replay]")
+        Optional[list[str]], options.words("--variant", "SSM variants, comma-separated or repeated.", choices=("conventional", "replay", "split"), show_default="conventional,replay")
     ] = None,
-    tp: Annotated[int, typer.Option("--tp", help="Tensor-parallel degree: heads and MLP sizes as one GPU of the group sees them.")] = 1,
+    tp: Annotated[int, options.tp("Tensor-parallel degree: heads and MLP sizes as one GPU of the group sees them.")] = 1,
     max_weights_gib: Annotated[
         Optional[float],
-        typer.Option("--max-weights-gib", help="Cap on weight memory: MLP/MoE blocks then share weight sets round-robin. [default: 30% of free memory]", show_default=False),
+        options.number("--max-weights-gib", "Cap on weight memory in GiB: MLP/MoE blocks then share weight sets round-robin.", 0.0, 1e6, lo_open=True, show_default="30% of free memory"),
     ] = None,
-    gpu: Annotated[
-        Optional[str], typer.Option("--gpu", help="GPU whose memory and L2 a --dry-run plans for when no CUDA GPU is present. [default: h200]", show_default=False)
-    ] = None,
+    gpu: Annotated[Optional[str], options.gpu("GPU whose memory and L2 a --dry-run plans for when no CUDA GPU is present.", show_default="h200")] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the layer inventory and memory plan; allocate and time nothing (no GPU needed).")] = False,
-    out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Results file. [default: ./runs/<time>-<gpu>-e2e.json]", show_default=False)] = None,
+    out: Annotated[Optional[Path], options.out("Results file.", show_default="./runs/<time>-<gpu>-e2e.json")] = None,
     json_: Annotated[bool, typer.Option("--json", help="JSON on stdout instead of tables.")] = False,
 ) -> None:
     """Time one decode step of a whole model: SSM layers through our kernels, attention over a KV cache, MLP/MoE, norms, LM head.
@@ -79,7 +71,7 @@ def e2e(
     from replayssm_cli import presets as presets_mod
 
     spec = lib.E2ESpec(
-        presets=_words(preset) or presets_mod.DEFAULT_PRESETS,
+        presets=tuple(options.preset_names_given(preset, preset_file)) or presets_mod.DEFAULT_PRESETS,
         batches=_ints(batch, "--batch") or lib.DEFAULT_BATCHES,
         contexts=_ints(context, "--context") or lib.DEFAULT_CONTEXTS,
         variants=_words(variant) or lib.DEFAULT_VARIANTS,

@@ -9,15 +9,16 @@ from rich import box
 from rich.table import Table
 
 from replayssm_cli import gpus as G
+from replayssm_cli import options
 from replayssm_cli.console import note, out, print_json, warn
 from replayssm_cli.errors import UserError, cli_command
 
 
 @cli_command
 def gpu(
-    gpu_key: Annotated[Optional[str], typer.Option("--gpu", help="Show this GPU's spec without detecting one (a key such as h200, or 'list').", show_default=False)] = None,
+    gpu_key: Annotated[Optional[str], options.gpu("Show this GPU's spec without detecting one (a key such as h200, or 'list').")] = None,
     measure: Annotated[bool, typer.Option("--measure", help="Measure copy, read, L2, FP32, TF32 and BF16 ceilings on this GPU and cache them.")] = False,
-    index: Annotated[int, typer.Option("--index", min=0, help="Which GPU to detect (NVML index).")] = 0,
+    index: Annotated[int, options.count("--index", "Which GPU to detect (NVML index).", 0, 1023)] = 0,
     json_out: Annotated[bool, typer.Option("--json", help="JSON on stdout instead of tables.")] = False,
 ) -> None:
     """Detect this GPU, match it to its datasheet, and show the ceilings the roofline will use.

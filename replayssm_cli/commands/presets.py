@@ -9,6 +9,7 @@ import typer
 from rich import box
 from rich.table import Table
 
+from replayssm_cli import options
 from replayssm_cli import presets as P
 from replayssm_cli.console import out, print_json
 from replayssm_cli.errors import UserError, cli_command
@@ -18,9 +19,14 @@ MIB = 2**20
 
 @cli_command
 def presets(
-    name: Annotated[Optional[str], typer.Argument(help="A preset to show in full (name, display name, or a path to a .toml or config.json).", show_default=False)] = None,
-    tp: Annotated[int, typer.Option("--tp", min=1, help="Tensor-parallel degree: heads and groups are divided as each GPU sees them.")] = 1,
-    preset_file: Annotated[Optional[Path], typer.Option("--preset-file", help="A model we don't ship: our preset TOML or a Hugging Face config.json.", show_default=False)] = None,
+    name: Annotated[
+        Optional[str],
+        typer.Argument(help="A preset to show in full (name, display name, or a path to a .toml, a config.json or its model directory).",
+                       show_default=False, autocompletion=options.complete_preset),
+    ] = None,
+    preset: Annotated[Optional[list[str]], options.preset("Presets to show in full; repeat for several.")] = None,
+    tp: Annotated[int, options.tp("Tensor-parallel degree: heads and groups are divided as each GPU sees them.")] = 1,
+    preset_file: Annotated[Optional[list[Path]], options.preset_file()] = None,
     json_out: Annotated[bool, typer.Option("--json", help="JSON on stdout instead of a table.")] = False,
 ) -> None:
     """List the model presets, or show one with its state size per layer and per sequence at each state dtype.
@@ -33,14 +39,17 @@ def presets(
 
       replayssm presets --preset-file ~/models/Qwen3.5-122B-A10B/config.json --json
     """
-    if name is not None and preset_file is not None:
-        raise UserError("give either a preset NAME or --preset-file, not both")
-    if preset_file is not None:
-        _show(P.load_preset_file(preset_file, tp), json_out)
-    elif name is not None:
-        _show(P.resolve(name, tp), json_out)
-    else:
+    files = list(preset_file or [])
+    names = [*([name] if name is not None else []), *(preset or [])]
+    if not names and not files:
         _list(tp, json_out)
+        return
+    shown = [P.resolve(n, tp) for n in dict.fromkeys(names)] + [P.load_preset_file(f, tp) for f in files]
+    if json_out and len(shown) > 1:
+        print_json([p.to_dict() for p in shown])
+        return
+    for p in shown:
+        _show(p, json_out)
 
 
 def _list(tp: int, json_out: bool) -> None:

@@ -7,6 +7,7 @@ from typing import Annotated, Any, Optional
 
 import typer
 
+from replayssm_cli import options
 from replayssm_cli.baselines import names as _baseline_names
 from replayssm_cli.errors import UserError, cli_command
 # `replayssm tune` measures its candidates through the profiler's setup under this name.
@@ -47,47 +48,38 @@ def _floats(value: str | None, option: str) -> tuple[float, ...]:
 
 @cli_command
 def profile(
-    preset: Annotated[
-        Optional[list[str]],
-        typer.Option("--preset", "-p", help="Model preset or preset file; repeat for several.", show_default="nemotron-3-super-120b-a12b, qwen3.5-122b-a10b"),
-    ] = None,
-    batch: Annotated[Optional[list[str]], typer.Option("--batch", "-b", help="Batch sizes, comma-separated or repeated.", show_default="1,16,64,256")] = None,
-    window: Annotated[Optional[list[str]], typer.Option("--window", "-w", help="ReplaySSM windows W (1-64).", show_default="16")] = None,
-    state_dtype: Annotated[
-        Optional[list[str]], typer.Option("--state-dtype", help="State (checkpoint) dtypes: fp32, bf16, fp16.", show_default="the preset's own")
-    ] = None,
-    read_dtype: Annotated[
-        Optional[list[str]], typer.Option("--read-dtype", help="Split precision: read-copy dtypes bf16, fp16, fp8 (adds split rows).")
-    ] = None,
-    io_dtype: Annotated[str, typer.Option("--io-dtype", help="Dtype of inputs and outputs: bf16, fp16, fp32.")] = "bf16",
-    draft: Annotated[Optional[list[str]], typer.Option("--draft", help="Speculative widths T (1-8): adds verify rows.")] = None,
-    accept_rate: Annotated[
-        float, typer.Option("--accept-rate", help="Probability that each draft is accepted (the first rejection ends the run).")
-    ] = 0.8,
-    accept_dist: Annotated[
-        Optional[str], typer.Option("--accept-dist", help="Weights of accepting 0..T drafts, comma-separated (one --draft only).")
-    ] = None,
-    tp: Annotated[int, typer.Option("--tp", help="Tensor-parallel degree the heads are divided by.")] = 1,
+    preset: Annotated[Optional[list[str]], options.preset(show_default="nemotron-3-super-120b-a12b, qwen3.5-122b-a10b")] = None,
+    preset_file: Annotated[Optional[list[Path]], options.preset_file()] = None,
+    batch: Annotated[Optional[list[str]], options.batch(show_default="1,16,64,256")] = None,
+    window: Annotated[Optional[list[str]], options.window("ReplaySSM windows W, comma-separated or repeated.", show_default="16")] = None,
+    state_dtype: Annotated[Optional[list[str]], options.state_dtype("State (checkpoint) dtypes:", show_default="the preset's own (auto)")] = None,
+    read_dtype: Annotated[Optional[list[str]], options.read_dtype("Split precision (adds split rows): read-copy dtypes")] = None,
+    io_dtype: Annotated[str, options.io_dtype()] = "bf16",
+    draft: Annotated[Optional[list[str]], options.draft()] = None,
+    accept_rate: Annotated[float, options.accept_rate()] = 0.8,
+    accept_dist: Annotated[Optional[str], options.accept_dist()] = None,
+    tp: Annotated[int, options.tp()] = 1,
     layers: Annotated[
-        Optional[int], typer.Option("--layers", help="Cap on the SSM layers timed per configuration.", show_default="the preset's, up to 4x the L2")
+        Optional[int], options.count("--layers", "Cap on the SSM layers timed per configuration.", 1, 4096, show_default="the preset's, up to 4x the L2")
     ] = None,
     aligned_flush: Annotated[
         bool, typer.Option("--aligned-flush", help="All rows flush on the same step (the worst case) instead of staggered.")
     ] = False,
     phases: Annotated[bool, typer.Option("--phases/--no-phases", help="Also time ReplaySSM's non-flush and flush steps alone.")] = True,
-    repeats: Annotated[int, typer.Option("--repeats", help="Timed CUDA-graph replays per configuration.")] = 30,
+    repeats: Annotated[int, options.count("--repeats", "Timed CUDA-graph replays per configuration.", 1, 100_000)] = 30,
     baseline: Annotated[
         Optional[list[str]],
-        typer.Option(
+        options.words(
             "--baseline",
-            help=f"Serving-stack kernels to time beside ours, comma-separated or repeated: {', '.join(BASELINE_NAMES)}, or all. "
+            f"Serving-stack kernels to time beside ours, comma-separated or repeated: {', '.join(BASELINE_NAMES)}, or all. "
             "One missing its package is skipped with what to install.",
+            choices=(*BASELINE_NAMES, "all"),
         ),
     ] = None,
-    gpu: Annotated[Optional[str], typer.Option("--gpu", help="GPU to predict for without a CUDA GPU (or with --predict).", show_default="h200")] = None,
+    gpu: Annotated[Optional[str], options.gpu("GPU to predict for without a CUDA GPU (or with --predict).", show_default="h200")] = None,
     predict: Annotated[bool, typer.Option("--predict", help="Predict from the cost model even where a GPU is present.")] = False,
     require_gpu: Annotated[bool, typer.Option("--require-gpu", help="Fail instead of predicting when no CUDA GPU is present.")] = False,
-    out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Results file.", show_default="./runs/<time>-<gpu>.json")] = None,
+    out: Annotated[Optional[Path], options.out("Results file.", show_default="./runs/<time>-<gpu>.json")] = None,
     ncu: Annotated[
         bool,
         typer.Option("--ncu", help="Also run each measured kernel once under Nsight Compute (clocks left alone) and record its DRAM and L2 bytes and FLOPs beside the model's."),
@@ -117,7 +109,7 @@ def profile(
     from replayssm_cli.console import out as stdout
 
     spec = prof.ProfileSpec(
-        presets=_words(preset) or presets_mod.DEFAULT_PRESETS,
+        presets=tuple(options.preset_names_given(preset, preset_file)) or presets_mod.DEFAULT_PRESETS,
         batches=_ints(batch, "--batch") or prof.DEFAULT_BATCHES,
         windows=_ints(window, "--window") or prof.DEFAULT_WINDOWS,
         state_dtypes=_words(state_dtype),

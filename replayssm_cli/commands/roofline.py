@@ -8,6 +8,7 @@ from typing import Annotated, Optional
 
 import typer
 
+from replayssm_cli import options
 from replayssm_cli.errors import cli_command
 
 
@@ -69,28 +70,24 @@ def _tables(placement) -> None:
 def roofline(
     results: Annotated[
         Optional[list[Path]],
-        typer.Argument(
-            help="Results files from `replayssm profile`; several overlay as before/after. "
+        options.input_files_argument(
+            "Results files from `replayssm profile`; several overlay as before/after. "
             "Default: the newest file in ./runs/, else the shipped H200 reference profile.",
+            "results file",
             metavar="RESULTS",
             show_default=False,
         ),
     ] = None,
     gpu: Annotated[
         Optional[str],
-        typer.Option(
-            "--gpu",
-            metavar="KEY",
-            help="Draw the ceilings of this GPU (a spec key such as h200) instead of the one the results came from.",
-        ),
+        options.gpu("Draw the ceilings of this GPU (a spec key such as h200) instead of the one the results came from.", metavar="KEY"),
     ] = None,
     out_paths: Annotated[
         Optional[list[Path]],
-        typer.Option(
+        options.out(
+            "Where to write the figure, repeatable: .html (self-contained, works offline), .png or .svg (need Chrome or Chromium).",
             "--out",
             metavar="PATH",
-            help="Where to write the figure, repeatable: .html (self-contained, works offline), "
-            ".png or .svg (need Chrome or Chromium).",
             show_default="roofline.html",
         ),
     ] = None,

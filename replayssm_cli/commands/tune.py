@@ -7,6 +7,7 @@ from typing import Annotated, Any, Optional
 
 import typer
 
+from replayssm_cli import options
 from replayssm_cli.dtypes import IODtype, ReadDtype, StateDtype
 from replayssm_cli.errors import UserError, cli_command
 
@@ -74,19 +75,18 @@ def _check_options(batches, windows, drafts, accept_rate, error_budget, memory_b
 
 @cli_command
 def tune(
-    preset: Annotated[Optional[str], typer.Option("--preset", "-p", help="Model preset name or preset file (see `replayssm presets`).")] = None,
-    batch: Annotated[Optional[list[str]], typer.Option("--batch", "-b", help="Batch sizes, comma-separated or repeated. (default: 1,16,64,256)")] = None,
-    window: Annotated[Optional[list[str]], typer.Option("--window", "-w", help="Candidate windows W (1-64). (default: 4,8,16,32,64)")] = None,
+    preset: Annotated[Optional[list[str]], options.preset("Model preset name or preset file (see `replayssm presets`); one per run.")] = None,
+    preset_file: Annotated[Optional[list[Path]], options.preset_file()] = None,
+    batch: Annotated[Optional[list[str]], options.batch(show_default="1,16,64,256")] = None,
+    window: Annotated[Optional[list[str]], options.window("Candidate windows W, comma-separated or repeated.", show_default="4,8,16,32,64")] = None,
     state_dtype: Annotated[
-        Optional[list[str]], typer.Option("--state-dtype", help="Candidate state (checkpoint) dtypes: fp32, bf16, fp16. (default: all)")
+        Optional[list[str]], options.state_dtype("Candidate state (checkpoint) dtypes (auto: the preset's):", auto="preset", show_default="all")
     ] = None,
     read_dtype: Annotated[
-        Optional[list[str]], typer.Option("--read-dtype", help="Candidate read-copy dtypes over an fp32 checkpoint: bf16, fp16, fp8, or none. (default: all)")
+        Optional[list[str]], options.read_dtype("Candidate read-copy dtypes over an fp32 checkpoint:", none=True, show_default="all")
     ] = None,
-    draft: Annotated[Optional[list[str]], typer.Option("--draft", help="Speculative widths T (1-8): also tune verify of T drafts.")] = None,
-    accept_rate: Annotated[
-        float, typer.Option("--accept-rate", help="Probability that each draft is accepted (the first rejection ends the run), as in `profile`.")
-    ] = 0.8,
+    draft: Annotated[Optional[list[str]], options.draft("Speculative widths T: also tune verify of T drafts.")] = None,
+    accept_rate: Annotated[float, options.accept_rate("Probability that each draft is accepted (the first rejection ends the run), as in `profile`.")] = 0.8,
     error_budget: Annotated[
         float, typer.Option("--error-budget", help="Largest relative output error against fp64 in the longest generation bucket.")
     ] = 1e-3,
@@ -94,24 +94,22 @@ def tune(
         Optional[float], typer.Option("--memory-budget", help="GiB per GPU for SSM states and buffers. (default: the GPU's memory)")
     ] = None,
     results: Annotated[
-        Optional[Path], typer.Option("--results", "-r", help="Use the times in this results file instead of measuring.")
+        Optional[Path], options.input_file("--results", "Use the times in this results file instead of measuring.", "results file", "-r")
     ] = None,
     measured_only: Annotated[
         bool,
         typer.Option("--measured-only", help="With --results: only candidates the file measured; the others are not predicted."),
     ] = False,
-    gpu: Annotated[Optional[str], typer.Option("--gpu", help="GPU to predict for when nothing is measured; the H200 reads the shipped reference profile first. (default: h200)")] = None,
-    tp: Annotated[int, typer.Option("--tp", help="Tensor-parallel degree the heads are divided by.")] = 1,
-    io_dtype: Annotated[
-        Optional[str], typer.Option("--io-dtype", help="Dtype of inputs and outputs: bf16, fp16, fp32. (default: the results file's, else bf16)")
-    ] = None,
+    gpu: Annotated[Optional[str], options.gpu("GPU to predict for when nothing is measured; the H200 reads the shipped reference profile first.", show_default="h200")] = None,
+    tp: Annotated[int, options.tp()] = 1,
+    io_dtype: Annotated[Optional[str], options.io_dtype("Dtype of inputs and outputs:", show_default="the results file's, else bf16")] = None,
     steps: Annotated[int, typer.Option("--steps", help="Generated tokens the quality run decodes.")] = 4096,
     heads: Annotated[int, typer.Option("--heads", help="Heads of one layer the quality run decodes.")] = 4,
     trace: Annotated[
-        Optional[Path], typer.Option("--trace", help="Run quality on a recorded trace (benchmarks/record_trace.py) instead of drawn inputs.")
+        Optional[Path], options.input_file("--trace", "Run quality on a recorded trace (benchmarks/record_trace.py) instead of drawn inputs.", "trace file")
     ] = None,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the drawn quality inputs.")] = 0,
-    out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Also write the full report as JSON to this file.")] = None,
+    out: Annotated[Optional[Path], options.out("Also write the full report as JSON to this file.")] = None,
     json_: Annotated[bool, typer.Option("--json", help="Print the report as JSON on stdout instead of tables.")] = False,
     details: Annotated[bool, typer.Option("--details", help="After the verdict, every candidate's table and the error by bucket.")] = False,
 ) -> None:
@@ -132,6 +130,7 @@ def tune(
     from replayssm_cli import presets as presets_mod
     from replayssm_cli import tuner, verdict
 
+    preset = options.one_preset(preset, preset_file, "tune")
     if not preset:
         raise UserError("tune needs a preset", "pass --preset NAME (see `replayssm presets`)")
     batches = _ints(batch, "--batch") or DEFAULT_BATCHES
