@@ -46,7 +46,7 @@ def complete(line: str) -> list[str]:
     return res.stdout.split()
 
 
-@pytest.mark.parametrize("command", ["profile", "tune", "cost", "e2e", "presets"])
+@pytest.mark.parametrize("command", ["profile", "tune", "cost", "e2e", "plan", "presets"])
 def test_completion_completes_preset_names(command):
     words = complete(f"replayssm {command} --preset nemotron-3-s")
     assert words == [SUPER]

@@ -7,6 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
+from replayssm_cli import options
 from replayssm_cli.errors import UserError, cli_command
 
 WIDE = 140
@@ -41,21 +42,22 @@ def _preset_for(name: str | None, traffic, tp: int):
 
 @cli_command
 def plan(
-    traffic: Annotated[Path, typer.Option("--traffic", "-t", help="Recorded traffic: vLLM's `bench serve --save-result --save-detailed` file, SGLang's `bench_serving --output-details` file, or a CSV of time,running.")],
-    preset: Annotated[Optional[str], typer.Option("--preset", "-p", help="Model preset or preset file. [default: the preset whose Hugging Face id is the traffic's model_id]", show_default=False)] = None,
-    results: Annotated[Optional[Path], typer.Option("--results", "-r", help="Kernel times from this results file. [default: the shipped H200 reference profiles]", show_default=False)] = None,
+    traffic: Annotated[Path, options.input_file("--traffic", "Recorded traffic: vLLM's `bench serve --save-result --save-detailed` file, SGLang's `bench_serving --output-details` file, or a CSV of time,running.", "traffic file", "-t")],
+    preset: Annotated[Optional[list[str]], options.preset("Model preset or preset file; one per run. [default: the preset whose Hugging Face id is the traffic's model_id]")] = None,
+    preset_file: Annotated[Optional[list[Path]], options.preset_file()] = None,
+    results: Annotated[Optional[Path], options.input_file("--results", "Kernel times from this results file. [default: the shipped H200 reference profiles]", "results file", "-r")] = None,
     cohorts: Annotated[Optional[str], typer.Option("--cohorts", help="Concurrency cohort edges: [1,16), [16,64), ... [256, inf). [default: 1,16,64,128,256]", show_default=False)] = None,
     error_budget: Annotated[float, typer.Option("--error-budget", help="Largest relative output error against fp64 at the cohort's generation lengths.")] = 1e-3,
     memory_budget: Annotated[Optional[float], typer.Option("--memory-budget", help="GiB per GPU for SSM states and buffers. [default: the GPU's memory]", show_default=False)] = None,
     steps: Annotated[Optional[int], typer.Option("--steps", help="Generated tokens the quality run decodes; 0 skips it. [default: the traffic's p99 generation length, 128-4096]", show_default=False)] = None,
     heads: Annotated[int, typer.Option("--heads", help="Heads of one layer the quality run decodes.")] = 2,
-    tp: Annotated[int, typer.Option("--tp", help="Tensor-parallel degree the heads are divided by.")] = 1,
+    tp: Annotated[int, options.tp()] = 1,
     gate: Annotated[Optional[list[str]], typer.Option("--gate", help="Rollout thresholds KEY=VALUE, comma-separated or repeated: min-gain (tokens/s, with its pessimistic bound over min-gain-lo, default 1), min-gain-lo, quality-margin, memory-headroom. Exit 1 when one fails.", show_default=False)] = None,
-    gpu: Annotated[Optional[str], typer.Option("--gpu", help="GPU the traffic is served on; the gate refuses times from another. [default: the traffic file's `gpu` metadata]", show_default=False)] = None,
+    gpu: Annotated[Optional[str], options.gpu("GPU the traffic is served on; the gate refuses times from another. [default: the traffic file's `gpu` metadata]")] = None,
     driver: Annotated[Optional[str], typer.Option("--driver", help="NVIDIA driver of the target; the gate refuses times from another. [default: the traffic file's, else unchecked]", show_default=False)] = None,
     torch_version: Annotated[Optional[str], typer.Option("--torch", help="torch version of the target (2.11 matches 2.11.0). [default: the traffic file's, else unchecked]", show_default=False)] = None,
     triton_version: Annotated[Optional[str], typer.Option("--triton", help="triton version of the target. [default: the traffic file's, else unchecked]", show_default=False)] = None,
-    out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Also write the full plan as JSON to this file.")] = None,
+    out: Annotated[Optional[Path], options.out("Also write the full plan as JSON to this file.")] = None,
     json_: Annotated[bool, typer.Option("--json", help="Print the plan as JSON on stdout instead of tables.")] = False,
 ) -> None:
     """Project ReplaySSM's measured gain onto recorded serving traffic: per concurrency cohort the configuration to run, its kernel and end-to-end gain, flush frequency, memory and quality margin; the traffic-weighted gain in ITL and tokens/s; and where to switch.
@@ -92,7 +94,7 @@ def plan(
     if tp < 1:
         raise UserError(f"--tp {tp} is not a tensor-parallel degree", "pass a positive integer")
     t = traffic_mod.read(traffic)
-    p = _preset_for(preset, t, tp)
+    p = _preset_for(options.one_preset(preset, preset_file, "plan"), t, tp)
     source = lib.load_source(results, p.name)
     thresholds = gate_mod.parse(gate)
     target = gate_mod.Target.resolve({"gpu": gpu, "driver": driver, "torch": torch_version, "triton": triton_version}, t.metadata)
