@@ -8,6 +8,8 @@ from typing import Any, Callable, Iterable, Sequence
 
 # A prediction scaled by measured neighbours counts as this wide (relative, whole interval) at the least.
 PREDICTED_SPREAD = 0.05
+# A calibrated prediction that borrows another configuration's efficiency curve is not known better than this (±).
+BORROWED_ERROR = 0.10
 # The cost model alone is a roofline bound: measured kernels miss it by up to about this much (relative, ±).
 UNCALIBRATED_ERROR = 0.30
 # Repeat runs of one measurement differ by about this much even when its own samples agree.
@@ -125,7 +127,7 @@ class Timing:
     def label(self) -> str:
         """Where the time came from, in a few words: measured (where), or predicted (how, and how far off)."""
         if self.measured:
-            return f"measured, {self.origin}" if self.origin else "measured"
+            return "measured here" if self.origin in ("", "here") else f"measured, {self.origin}"
         how = self.origin or "the cost model"
         return f"predicted ({how}, ±{self.spread / 2:.0%})"
 
@@ -186,7 +188,18 @@ def timing_from_rows(
         fit = (r.get("x_prediction") or {}).get("fit_error") if isinstance(r.get("x_prediction"), dict) else None
         spread = 2 * float(fit) if isinstance(fit, (int, float)) and fit > 0 else 2 * UNCALIBRATED_ERROR
     note = "aligned flush" if r.get("flush") == "aligned" else ""
-    return Timing(us, per_token, spread, "measured" if measured else "predicted", note=note, origin=str(r.get("x_origin") or ""))
+    return Timing(us, per_token, spread, "measured" if measured else "predicted", note=note, origin=_row_origin(r))
+
+
+def _row_origin(row: dict[str, Any]) -> str:
+    """Where a row's time came from, for Timing.label: the file it was measured in, or how it was predicted."""
+    from replayssm_cli import provenance
+
+    if row.get("source") == "predicted":
+        return provenance.prediction_label(row, error=False).removeprefix("predicted (").removesuffix(")")
+    if isinstance(row.get("x_origin"), dict):
+        return provenance.row_label(row)
+    return "here"
 
 
 def predicted_timing(shape, candidate: Candidate, batch: int, ceilings, *, io_dtype: str = "bf16", has_z: bool = False) -> Timing:
@@ -294,6 +307,7 @@ class Assessment:
             "us_per_token_model": self.us_per_token * self.layers if ok else None,
             "spread": t.spread if ok else None,
             "source": t.source if t else None,
+            "time_origin": t.label() if t else None,
             "time_note": t.note if t and t.note else None,
             "speedup": self.speedup,
             "speedup_lo": self.speedup_lo,

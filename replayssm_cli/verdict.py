@@ -159,12 +159,20 @@ def _wrap(text: str, indent: str = "    ") -> list[str]:
 
 def _command_lines(cmd: str) -> list[str]:
     """A shell command within WIDTH columns, continued with backslashes."""
+    words = cmd.split(" ")
+    # An option and its value stay on one line.
+    units = []
+    for w in words:
+        if units and units[-1].startswith("-") and " " not in units[-1] and not w.startswith("-"):
+            units[-1] += " " + w
+        else:
+            units.append(w)
     out, cur = [], "    "
-    for word in cmd.split(" "):
-        if len(cur) + len(word) + 3 > WIDTH and cur.strip():
+    for unit in units:
+        if len(cur) + len(unit) + 3 > WIDTH and cur.strip():
             out.append(cur.rstrip() + " \\")
             cur = "      "
-        cur += word + " "
+        cur += unit + " "
     return out + [cur.rstrip()]
 
 

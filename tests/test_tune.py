@@ -214,21 +214,18 @@ def test_tune_speculative_groups_from_a_results_file():
 
 
 def test_tune_predicts_what_the_results_file_lacks():
+    """A candidate the H200 file lacks gets the calibrated predictor's time (fitted on the shipped H200 measurements),
+    its interval the fit's error."""
+    from replayssm_cli import calibration, presets
+
     report = run_json("--preset", SUPER, "--results", str(MAMBA2_RESULTS), "--batch", "256", "--window", "16,32",
                       "--state-dtype", "fp32", "--read-dtype", "bf16")
     d = decision(report, 256)
     assert candidate(d, "replay W16 fp32")["source"] == "measured"
     w32 = candidate(d, "replay W32 fp32")
-    assert w32["source"] == "predicted" and w32["time_note"].startswith("x") and "replay at batch 256" in w32["time_note"]
-    # Scaled by how far the measured replay and split rows of batch 256 ran from their own predictions.
-    from replayssm_cli import gpus, presets
-    from replayssm_cli.tuner import Candidate, predicted_timing
-    p = presets.resolve(SUPER)
-    ceilings = gpus.Ceilings.from_dict(json.loads(MAMBA2_RESULTS.read_text())["environment"]["ceilings"])
-    ratios = sorted(m / predicted_timing(p.shape, c, 256, ceilings).us for c, m in (
-        (Candidate("replay", "fp32", 16), 320.0), (Candidate("split", "fp32", 16, "bf16"), 210.0)))
-    raw = predicted_timing(p.shape, Candidate("replay", "fp32", 32), 256, ceilings).us
-    assert w32["us_per_token"] == pytest.approx(raw * sum(ratios) / 2)
+    pred = calibration.predict_step(presets.resolve(SUPER), "replay", batch=256, window=32, state_dtype="fp32", gpu="h200")
+    assert w32["source"] == "predicted" and "calibrated on H200" in w32["time_origin"]
+    assert w32["us_per_token"] == pytest.approx(pred.us) and w32["spread"] == pytest.approx(2 * max(pred.error, tuner.MIN_SPREAD))
 
 
 def test_tune_measures_on_a_gpu_through_the_profiler(monkeypatch):
@@ -274,7 +271,8 @@ def test_tune_without_a_gpu_reads_the_shipped_h200_reference(tmp_path):
     replay = candidate(decision(report, 256), "replay W16 fp32")
     assert replay["source"] == "measured" and replay["us_per_token"] == pytest.approx(rows[0]["us_per_token"])
     fp16 = candidate(decision(report, 256), "replay W16 fp16")
-    assert fp16["source"] == "predicted" and fp16["time_note"].startswith("x")
+    assert fp16["source"] == "predicted" and "calibrated on H200" in fp16["time_origin"]
+    assert "h200-" in replay["time_origin"] and "2adf3f9" in replay["time_origin"]
 
 
 def test_tune_predicts_without_a_gpu_and_says_so(tmp_path):

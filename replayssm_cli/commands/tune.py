@@ -227,9 +227,9 @@ def _print_verdict(p, source, lines, error_budget, budget_note, baseline, drafts
 
     title = f"replayssm tune: {p.name}" + (f" (tp {p.tp})" if p.tp != 1 else "") + f" on {source['gpu']}: does ReplaySSM pay?"
     over = (f"Kernel speedup over conventional {baseline} at the same batch, with its interval"
-            + ("; verify rows over the snapshot-writing verify." if drafts else ".")
-            + f" Times: {source['describe']}.")
-    text = verdict.render(lines, title=title, over=over, notes=verdict.column_notes(error_budget, p.ssm_layers, budget_note))
+            + ("; verify rows over the snapshot-writing verify." if drafts else "."))
+    notes = [*verdict.column_notes(error_budget, p.ssm_layers, budget_note), f"times: {source['describe']}."]
+    text = verdict.render(lines, title=title, over=over, notes=notes)
     out.print(text, highlight=False, markup=False, soft_wrap=True)
 
 
@@ -347,34 +347,21 @@ def _preset_rows(res, p) -> list[dict[str, Any]]:
     return [r for r in res.rows if r.get("preset") == p.name and r.get("kind", "kernel") == "kernel"]
 
 
-def _origin(res) -> str:
-    """A results file in a few words: its name, GPU, date and commit."""
-    env = res.environment if isinstance(res.environment, dict) else {}
-    gpu = env.get("gpu") if isinstance(env.get("gpu"), dict) else {}
-    parts = [str(x) for x in (gpu.get("name"), (res.created or "")[:10], env.get("commit")) if x]
-    name = res.path.name if res.path is not None else "results"
-    return f"{name} ({', '.join(parts)})" if parts else name
-
-
 def _annotated(res, rows) -> list[dict[str, Any]]:
-    """Copies of rows that say which file they came from (x_origin)."""
-    origin = _origin(res)
-    return [{**r, "x_origin": origin} for r in rows]
+    """Copies of rows that say which file they came from (x_origin, as a merged reference's rows do)."""
+    from replayssm_cli import results as results_mod
+
+    origin = results_mod.origin_of(res)
+    return [r if isinstance(r.get("x_origin"), dict) else {**r, "x_origin": origin} for r in rows]
 
 
 def _reference_rows(gpu_key: str) -> list[dict[str, Any]]:
     """The shipped reference rows of one GPU, each configuration from the newest file that measured it, each
-    row saying which file that was."""
+    row saying which file that was (x_origin)."""
     from replayssm_cli import results as results_mod
 
-    rows, seen = [], set()
-    for res in results_mod.reference_profiles(gpu_key):
-        for r in _annotated(res, res.rows):
-            key = tuple(r.get(f) for f in results_mod.CONFIG_FIELDS)
-            if key not in seen:
-                seen.add(key)
-                rows.append(r)
-    return rows
+    ref = results_mod.load_reference(gpu_key)
+    return list(ref.rows) if ref is not None else []
 
 
 def _check_file_gpu(res, path: Path, gpu: str | None) -> None:
@@ -420,6 +407,11 @@ def _from_results(p, cands, res, rows, mode: str, describe: str, results_file: s
         t = measured(c, b)
         if t is not None or ceilings is None:
             return t
+        if spec is not None:
+            seen = c.window is None or any(r.get("window") == c.window and r.get("variant") == c.variant for r in rows)
+            t = _calibrated_prediction(p, c, b, spec.key, io_used, unmeasured=None if seen else f"W{c.window} never measured")
+            if t is not None:
+                return t
         t = _predict(p, c, b, ceilings, io_used)
         if t is None:
             return None
@@ -429,13 +421,42 @@ def _from_results(p, cands, res, rows, mode: str, describe: str, results_file: s
 
     what = describe + (
         "; candidates it lacks are not timed (--measured-only)" if measured_only else
-        f"; candidates it lacks predicted from the cost model ({ceilings.source} ceilings), scaled by how far "
-        "measured candidates of the same variant and batch ran from their predictions" if ceilings else ""
+        "; candidates it lacks predicted (calibrated on the shipped H200 measurements where a calibration holds "
+        f"their kernel, else the cost model over the {ceilings.source} ceilings scaled by measured neighbours)" if ceilings else ""
     )
     return {
         "mode": mode, "describe": what, "results_file": results_file, "gpu": gpu_name, "timing": timing,
         "io_dtype": io_used, "cuda": cuda, "memory_bytes": _gpu_memory(env_gpu, spec),
     }
+
+
+def _calibrated_prediction(p, c, b, gpu_key: str, io: str, unmeasured: str | None = None):
+    """The calibrated predictor's time for a candidate on a GPU (None where no calibration holds its kernel).
+    `unmeasured` says what of the candidate no measurement covered (its window): then it counts as borrowed."""
+    from replayssm_cli import calibration, tuner
+
+    try:
+        pred = calibration.predict_step(p, c.variant, batch=b, window=c.window if c.is_replay else None,
+                                        state_dtype=c.state_dtype, read_dtype=c.read_dtype, io_dtype=io, draft=c.draft,
+                                        accepted=c.accepted if c.draft else None, gpu=gpu_key)
+    except (ValueError, KeyError):
+        return None
+    if pred.method != "calibrated" or pred.error is None:
+        return None
+    row = {"source": "predicted", "x_prediction": pred.x_prediction()}
+    per_token = pred.us / (1.0 + (c.accepted or 0.0)) if c.draft else pred.us
+    # Its interval is the fit's error, never narrower than a repeat measurement's, nor than BORROWED_ERROR where
+    # the efficiency is another configuration's.
+    borrowed = [x for x in (pred.basis, unmeasured) if x]
+    error = max(pred.error, tuner.MIN_SPREAD, tuner.BORROWED_ERROR if borrowed else 0.0)
+    origin = ", ".join([_prediction_label(row), *borrowed])
+    return tuner.Timing(pred.us, per_token, 2 * error, "predicted", note=pred.basis or "", origin=origin)
+
+
+def _prediction_label(row) -> str:
+    from replayssm_cli import provenance
+
+    return provenance.prediction_label(row, error=False).removeprefix("predicted (").removesuffix(")")
 
 
 def _family(c) -> str:
@@ -578,7 +599,7 @@ def _measure(p, preset_arg: str, cands, batches, io: str, accept_rate: float, *,
     if run.interrupted:
         raise UserError("interrupted while measuring", f"the rows finished so far are in {run.path}; pass it with --results")
     gpu = run.results.environment.get("gpu") or {}
-    return _annotated(run.results, run.results.rows), run.gpu_name, gpu.get("memory_total"), run.path
+    return run.results.rows, run.gpu_name, gpu.get("memory_total"), run.path
 
 
 def _load_trace(path: Path | None, p):
