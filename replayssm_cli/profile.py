@@ -529,6 +529,7 @@ class ProfileRun:
     failed: list[str] = field(default_factory=list)
     largest_fit: dict[str, int] = field(default_factory=dict)
     interrupted: bool = False
+    stop_signal: str | None = None
     mode: str = "predicted"
     gpu_name: str = ""
     ceilings: Any = None
@@ -571,26 +572,72 @@ def run_grid(
         console=err, transient=True, disable=not progress,
     )
     try:
-        with bar:
+        with bar, stop_signals_interrupt():
             task = bar.add_task("", total=len(points))
             for point in points:
                 bar.update(task, description=point.label())
                 _run_point(point, presets[point.preset], writer, run, mode, ceilings, free_bytes, runner, context or {})
                 done.add(point.label())
                 bar.advance(task)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
         run.interrupted = True
-        for point in points:
-            if point.label() not in done:
-                writer.skip(point.label(), INTERRUPTED)
-        _finish(writer, on_close)
-        run.results = writer.close(complete=False)
+        run.stop_signal = getattr(exc, "signal_name", "SIGINT")
+        # The skipped list and the closing write happen once, with a second Ctrl-C or SIGTERM held off until done.
+        with signals_held():
+            for point in points:
+                if point.label() not in done:
+                    writer.skip(point.label(), INTERRUPTED)
+            _finish(writer, on_close)
+            run.results = writer.close(complete=False)
         run.skipped = list(run.results.skipped)
         return run
     _finish(writer, on_close)
     run.results = writer.close(complete=True)
     run.skipped = list(run.results.skipped)
     return run
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the run is as Ctrl-C's KeyboardInterrupt is, so that both stop a run the same way."""
+
+    signal_name = "SIGTERM"
+
+
+@contextlib.contextmanager
+def stop_signals_interrupt():
+    """While the block runs (in the main thread), SIGTERM raises Terminated, as Ctrl-C raises KeyboardInterrupt."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def terminate(signum, frame):
+        raise Terminated()
+
+    previous = signal.signal(signal.SIGTERM, terminate)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+@contextlib.contextmanager
+def signals_held():
+    """Ctrl-C and SIGTERM ignored while the block runs (the final write of a stopped run), in the main thread."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def _finish(writer: Any, on_close: Callable[[], dict[str, Any]] | None) -> None:
@@ -658,18 +705,27 @@ def run_profile(
     path = Path(out) if out else default_out(setup["gpu_key"])
     spec_doc = {**spec.to_dict(), "mode": mode, "gpu": setup["gpu_key"], "presets_resolved": [p.name for p in resolved]}
     try:
-        writer = ResultsWriter(path, setup["environment"], spec_doc)
+        writer = ResultsWriter(path, setup["environment"], spec_doc, exclusive=not out)
+    except FileExistsError:
+        raise UserError(f"the results file {path} was created by another run meanwhile", "run again (names are unique per run)") from None
     except OSError as exc:
         raise UserError(f"cannot write the results file {path} ({exc.strerror or exc})", "pass a writable --out") from None
+    if writer.replaced:
+        from replayssm_cli.console import note
+
+        note(f"replacing the results file {path} of an earlier run")
     for s in left_out:
         writer.skip(s["what"], s["why"])
     sampler = setup.get("sampler")
-    with sampler if sampler is not None else contextlib.nullcontext():
-        run = run_grid(
-            points, {p.name: p for p in resolved}, writer, mode=mode, ceilings=setup["ceilings"],
-            free_bytes=setup["free_bytes"], runner=runner, context=setup.get("context"), progress=progress,
-            on_close=(lambda: {"clocks": sampler.summary()}) if sampler is not None else None,
-        )
+    try:
+        with sampler if sampler is not None else contextlib.nullcontext():
+            run = run_grid(
+                points, {p.name: p for p in resolved}, writer, mode=mode, ceilings=setup["ceilings"],
+                free_bytes=setup["free_bytes"], runner=runner, context=setup.get("context"), progress=progress,
+                on_close=(lambda: {"clocks": sampler.summary()}) if sampler is not None else None,
+            )
+    finally:
+        writer.release()
     run.mode, run.gpu_name, run.ceilings = mode, setup["gpu_name"], setup["ceilings"]
     run.layers_of = {p.name: p.ssm_layers for p in resolved}
     return run
@@ -790,7 +846,12 @@ def measured_setup(gpu: str | None, spec: ProfileSpec) -> dict[str, Any]:
 
 
 def default_out(gpu_key: str | None, directory: str | Path = "runs") -> Path:
-    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    """A results path unique to this run: local time to the millisecond and a random suffix, then the GPU key
+    (runs/20261130-224658.123-k3f9-h200.json); the writer creates it exclusively."""
+    import secrets
+
+    now = datetime.now()
+    stamp = now.strftime("%Y%m%d-%H%M%S") + f".{now.microsecond // 1000:03d}-{secrets.token_hex(2)}"
     return Path(directory) / f"{stamp}-{gpu_key or 'gpu'}.json"
 
 
@@ -811,8 +872,22 @@ def _mib(value: Any) -> str:
     return "–" if value is None else f"{value / 2**20:.3g}"
 
 
-def render_table(rows: list[dict[str, Any]], *, title: str, caption: str | None = None, layers_of: dict[str, int] | None = None):
-    """The rich table of profile rows: times next to bandwidth and share of the ceiling; noisy times flagged."""
+# The profile table's columns that are never left out, and the others in the order they go when the terminal is
+# narrow (first listed, first gone); a wrapped column breaks between words, never inside a number.
+KEPT_COLUMNS = ("preset", "variant", "B", "W", "speedup")
+DROP_ORDER = ("TFLOP/s", "AI", "µs/model step", "flush cost/share", "seqs fit", "GB/s", "MiB/seq", "%BW", "from",
+              "µs/tok/layer", "measured", "T/acc", "state→read")
+WRAPPED_COLUMNS = ("speedup", "from")
+SEGMENT = " · "
+
+
+def render_table(rows: list[dict[str, Any]], *, title: str, caption: str | None = None, layers_of: dict[str, int] | None = None,
+                 width: int | None = None):
+    """The rich table of profile rows: times next to bandwidth and share of the ceiling; noisy times flagged.
+
+    With `width` (the terminal's columns) the secondary columns are left out, DROP_ORDER first, until the table fits
+    without cutting a cell; the caption then names them and says that --wide shows them. KEPT_COLUMNS always stay.
+    """
     from rich import box
     from rich.table import Table
 
@@ -820,53 +895,97 @@ def render_table(rows: list[dict[str, Any]], *, title: str, caption: str | None 
 
     labels = [row_label(r, error=False) for r in rows]
     mixed = len(set(labels)) > 1
-    if labels and not mixed:
-        caption = f"figures: {labels[0]}" + (f"\n{caption}" if caption else "")
+    lines = [f"figures: {labels[0]}"] if labels and not mixed else []
+    lines += [caption] if caption else []
     references = list(dict.fromkeys(reference_label(r["x_reference"]) for r in rows if r.get("x_reference")))
-    if references:
-        caption += "\nmeasured: µs per token and speedup of the same configuration in the shipped reference, " + "; ".join(
-            f"[{i}] {label}" for i, label in enumerate(references, 1))
     has_draft = any(r.get("draft") for r in rows)
-    table = Table(title=title, caption=caption, caption_justify="left", header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False)
-    columns = [
-        ("preset", "left"), ("variant", "left"), ("B", "right"), ("W", "right"), ("state→read", "left"),
-        *([("T/acc", "right")] if has_draft else []), ("µs/tok/layer", "right"), *([("measured", "right")] if references else []),
-        ("µs/model step", "right"),
-        ("GB/s", "right"), ("%BW", "right"), ("TFLOP/s", "right"), ("AI", "right"), ("speedup", "right"),
-        ("flush cost/share", "right"), ("MiB/seq", "right"), ("seqs fit", "right"), *([("from", "left")] if mixed else []),
-    ]
-    for name, just in columns:
-        table.add_column(name, justify=just, no_wrap=name in ("preset", "µs/tok/layer", "speedup", "variant", "state→read", "flush cost/share"))
+    names = ["preset", "variant", "B", "W", "state→read", *(["T/acc"] if has_draft else []), "µs/tok/layer",
+             *(["measured"] if references else []), "µs/model step", "GB/s", "%BW", "TFLOP/s", "AI", "speedup",
+             "flush cost/share", "MiB/seq", "seqs fit", *(["from"] if mixed else [])]
+    cells = [_row_cells(r, label, has_draft, references) for r, label in zip(rows, labels)]
     previous = None
-    for r, label in zip(rows, labels):
+    for r, row_cells in zip(rows, cells):
+        if r["preset"] == previous:
+            row_cells["preset"] = ""
+        previous = r["preset"]
+    dropped, needed = _columns_to_drop(names, cells, width) if width else ([], {})
+    if references and "measured" not in dropped:
+        lines.append("measured: µs per token and speedup of the same configuration in the shipped reference, " + "; ".join(
+            f"[{i}] {label}" for i, label in enumerate(references, 1)))
+    if dropped:
+        lines.append(f"left out for the terminal's width: {', '.join(dropped)} (--wide shows every column)")
+    table = Table(title=title, caption="\n".join(lines) or None, caption_justify="left", header_style="bold",
+                  box=box.SIMPLE_HEAD, pad_edge=False)
+    kept = [n for n in names if n not in dropped]
+    for name in kept:
+        table.add_column(name, justify="left" if name in ("preset", "variant", "state→read", "from") else "right",
+                         no_wrap=name not in WRAPPED_COLUMNS, min_width=needed.get(name) if name in WRAPPED_COLUMNS else None)
+    previous = None
+    for r, row_cells in zip(rows, cells):
         if previous is not None and r["preset"] != previous:
             table.add_section()
-        preset = r["preset"] if r["preset"] != previous else ""
         previous = r["preset"]
-        variant = r["variant"] if r["phase"] == "avg" else f"  ↳ {r['phase']}"
-        dtypes = r["state_dtype"] + (f"→{r['read_dtype']}" if r.get("read_dtype") else "")
-        draft = [f"{r['draft']}/{_fmt(r.get('accepted'), '.2f')}" if r.get("draft") else "–"] if has_draft else []
-        if r["status"] != "ok":
-            err = _fmt(r.get("check_max_err"), ".1e")
-            timing = [f"[red]FAILED[/] (err {err})", *[""] * (7 + bool(references))]
-        else:
-            timing = [
-                _us_cell(r),
-                *([_reference_cell(r, references)] if references else []),
-                _num(r.get("us_model_step")),
-                _fmt(r.get("gbs"), ".0f"),
-                _fmt(r.get("pct_copy_bw"), ".0f"),
-                _fmt(r["flops_per_s"] / 1e12 if r.get("flops_per_s") else None, ".3g"),
-                _fmt(r.get("intensity"), ".3g"),
-                _speedup_cell(r),
-                _flush_cell(r),
-            ]
-        mem = _mib(r.get("mem_per_seq_model") if r.get("mem_per_seq_model") is not None else r.get("mem_per_seq"))
-        table.add_row(
-            preset, variant, str(r["batch"]), _fmt(r.get("window"), "d"), dtypes, *draft, *timing, mem, _fmt(r.get("seqs_fit"), "d"),
-            *([label] if mixed else []),
-        )
+        table.add_row(*(row_cells.get(name, "") for name in kept))
     return table
+
+
+def _row_cells(r: dict[str, Any], label: str, has_draft: bool, references: list[str]) -> dict[str, str]:
+    cells = {
+        "preset": r["preset"],
+        "variant": r["variant"] if r["phase"] == "avg" else f"  ↳ {r['phase']}",
+        "B": str(r["batch"]),
+        "W": _fmt(r.get("window"), "d"),
+        "state→read": r["state_dtype"] + (f"→{r['read_dtype']}" if r.get("read_dtype") else ""),
+        "MiB/seq": _mib(r.get("mem_per_seq_model") if r.get("mem_per_seq_model") is not None else r.get("mem_per_seq")),
+        "seqs fit": _fmt(r.get("seqs_fit"), "d"),
+        "from": label,
+    }
+    if has_draft:
+        cells["T/acc"] = f"{r['draft']}/{_fmt(r.get('accepted'), '.2f')}" if r.get("draft") else "–"
+    if r["status"] != "ok":
+        cells["µs/tok/layer"] = f"[red]FAILED[/] (err {_fmt(r.get('check_max_err'), '.1e')})"
+        return cells
+    cells.update({
+        "µs/tok/layer": _us_cell(r),
+        "measured": _reference_cell(r, references) if references else "",
+        "µs/model step": _num(r.get("us_model_step")),
+        "GB/s": _fmt(r.get("gbs"), ".0f"),
+        "%BW": _fmt(r.get("pct_copy_bw"), ".0f"),
+        "TFLOP/s": _fmt(r["flops_per_s"] / 1e12 if r.get("flops_per_s") else None, ".3g"),
+        "AI": _fmt(r.get("intensity"), ".3g"),
+        "speedup": _speedup_cell(r),
+        "flush cost/share": _flush_cell(r),
+    })
+    return cells
+
+
+def _columns_to_drop(names: list[str], cells: list[dict[str, str]], width: int) -> tuple[list[str], dict[str, int]]:
+    """The secondary columns to leave out, in DROP_ORDER, so that the others fit `width` with no cell cut, and the
+    width each column needs.
+
+    A column needs its widest cell and its header; speedup breaks only between its ' · ' parts and `from` between
+    words. The table adds three columns of padding and rule per column, less one.
+    """
+    from rich.text import Text
+
+    def need(name: str) -> int:
+        texts = [Text.from_markup(c.get(name, "")).plain for c in cells]
+        if name == "speedup":
+            texts = [part for t in texts for part in t.split(SEGMENT)]
+        elif name in WRAPPED_COLUMNS:
+            texts = [word for t in texts for word in t.split()]
+        return max([len(name), *(len(t) for t in texts)])
+
+    widths = {name: need(name) for name in names}
+    kept = list(names)
+    dropped = []
+    for name in DROP_ORDER:
+        if sum(widths[n] for n in kept) + 3 * len(kept) - 1 <= width:
+            break
+        if name in kept:
+            kept.remove(name)
+            dropped.append(name)
+    return dropped, widths
 
 
 def _reference_cell(r: dict[str, Any], references: list[str]) -> str:

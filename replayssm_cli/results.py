@@ -316,24 +316,85 @@ def validate_row(row: dict[str, Any]) -> None:
         raise ValueError(f"results row has unknown fields {', '.join(unknown)} (extra fields start with 'x_')")
 
 
+TEMP_SUFFIX = ".tmp"
+LOCK_SUFFIX = ".lock"
+
+
+def is_results_name(path: Path) -> bool:
+    """Whether a file name can be a results file: *.json, not hidden (temporary and lock files are hidden)."""
+    return path.suffix == ".json" and not path.name.startswith(".")
+
+
 def write_atomic(path: Path, doc: dict[str, Any]) -> None:
-    """Write JSON through a temporary file and a rename, so the file on disk is always whole."""
+    """Write JSON through a temporary file and a rename, so the file on disk is always whole.
+
+    The temporary file is hidden and does not end in .json (`.<name>.<pid>.tmp`), so no loader takes it for a
+    results file if the process is killed mid-write; on any exception it is removed. The file gets the mode a new
+    file would (the umask's), not mkstemp's 0600.
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".json", dir=path.parent)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.{os.getpid()}.", suffix=TEMP_SUFFIX, dir=path.parent)
     try:
         with os.fdopen(fd, "w") as fh:
             json.dump(_finite(doc), fh, indent=1, default=str)
             fh.write("\n")
+        os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
 
 
-class ResultsWriter:
-    """Keeps a results file current: every added row or skip rewrites it whole, marked incomplete until closed."""
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
-    def __init__(self, path: Path, environment: dict[str, Any], spec: dict[str, Any]):
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _is_results_file(path: Path) -> bool:
+    try:
+        doc = json.loads(path.read_bytes())
+    except (OSError, ValueError, RecursionError):
+        return False
+    return isinstance(doc, dict) and doc.get("kind") == KIND
+
+
+def check_out_path(path: Path, option: str = "--out") -> None:
+    """UserError (one line) for a results path that cannot be one: empty, a directory, or an existing file that is
+    not a replayssm results file (which a run would overwrite)."""
+    text = str(path)
+    if not text.strip() or text == ".":
+        raise UserError(f"{option} is empty", f"pass a file name, e.g. {option} runs/profile.json")
+    if path.is_dir():
+        raise UserError(f"{option} {path} is a directory", f"pass a file name inside it, e.g. {option} {path / 'profile.json'}")
+    if path.exists() and not path.is_file():
+        raise UserError(f"{option} {path} is not a regular file", "pass the name of a new file or of an earlier results file")
+    if path.is_file() and not _is_results_file(path):
+        raise UserError(f"{option} {path} exists and is not a replayssm results file: it would be overwritten",
+                        "pass another file name")
+
+
+class ResultsWriter:
+    """Keeps a results file current: every added row rewrites it whole, marked incomplete until closed.
+
+    One run owns the file: a hidden lock file beside it (`.<name>.lock`, holding the pid) makes a second run on
+    the same path a UserError while the first lives; with `exclusive` the file must not exist yet (it is created
+    with O_EXCL), so two runs can never share a generated name. An existing file that is not a replayssm results
+    file is never overwritten. Skips are written with the next row or at close, so cutting a run short writes the
+    file once.
+    """
+
+    def __init__(self, path: Path, environment: dict[str, Any], spec: dict[str, Any], *, exclusive: bool = False):
         self.results = Results(
             path=Path(path),
             environment=environment,
@@ -343,7 +404,46 @@ class ResultsWriter:
             complete=False,
             created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         )
-        self._flush()
+        path = self.results.path
+        check_out_path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._lock = self._take_lock(path)
+        try:
+            if exclusive:
+                with open(path, "x") as fh:
+                    json.dump(_finite(self.results.to_dict()), fh, indent=1, default=str)
+            self.replaced = path.is_file() and not exclusive
+            self._flush()
+        except BaseException:
+            self.release()
+            raise
+
+    @staticmethod
+    def _take_lock(path: Path) -> Path:
+        lock = path.with_name(f".{path.name}{LOCK_SUFFIX}")
+        for _ in range(2):
+            try:
+                fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            except FileExistsError:
+                try:
+                    pid = int(lock.read_text().strip() or 0)
+                except (OSError, ValueError):
+                    pid = 0
+                if pid and pid != os.getpid() and _pid_alive(pid):
+                    raise UserError(f"another replayssm run (pid {pid}) is writing {path}",
+                                    "wait for it, or pass another --out") from None
+                lock.unlink(missing_ok=True)
+                continue
+            with os.fdopen(fd, "w") as fh:
+                fh.write(str(os.getpid()))
+            return lock
+        raise UserError(f"cannot take the lock {lock} for {path}", "pass another --out")
+
+    def release(self) -> None:
+        """Give up the file (remove the lock): at close, or when the run ends without closing."""
+        if self._lock is not None:
+            self._lock.unlink(missing_ok=True)
+            self._lock = None
 
     @property
     def rows(self) -> list[dict[str, Any]]:
@@ -357,12 +457,15 @@ class ResultsWriter:
         self._flush()
 
     def skip(self, what: str, why: str) -> None:
+        """Record a configuration not run; it reaches the file with the next row or at close."""
         self.results.skipped.append({"what": what, "why": why})
-        self._flush()
 
     def close(self, complete: bool = True) -> Results:
         self.results.complete = complete
-        self._flush()
+        try:
+            self._flush()
+        finally:
+            self.release()
         return self.results
 
     def _flush(self) -> None:
@@ -421,7 +524,7 @@ def newest(directory: str | Path = "runs") -> Path | None:
     d = Path(directory)
     if not d.is_dir():
         return None
-    files = sorted(d.glob("*.json"), key=lambda f: f.stat().st_mtime)
+    files = sorted((f for f in d.glob("*.json") if is_results_name(f) and f.is_file()), key=lambda f: f.stat().st_mtime)
     return files[-1] if files else None
 
 
@@ -430,7 +533,7 @@ def reference_files() -> list[Path]:
     from importlib import resources
 
     root = resources.files("replayssm_profiles") / "reference"
-    return sorted(Path(str(p)) for p in root.iterdir() if str(p).endswith(".json"))
+    return sorted(Path(str(p)) for p in root.iterdir() if is_results_name(Path(str(p))))
 
 
 # The fields that name a configuration (a row's measurement aside).
@@ -442,7 +545,7 @@ def reference_profiles(gpu_key: str = "h200", directory: str | Path | None = Non
     """The reference profiles measured on `gpu_key` (files named `<gpu_key>-*.json`), newest first: the shipped ones,
     or those in `directory`."""
     try:
-        found = sorted(Path(directory).glob("*.json")) if directory is not None else reference_files()
+        found = sorted(f for f in Path(directory).glob("*.json") if is_results_name(f)) if directory is not None else reference_files()
     except (FileNotFoundError, ModuleNotFoundError):
         return []
     files = [f for f in found if f.name.startswith(f"{gpu_key}-")]

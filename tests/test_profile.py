@@ -312,3 +312,42 @@ def test_profile_table_shows_speculative_speedup_over_snapshots_first(tmp_path, 
     assert over in line and decode in line and line.index(over) < line.index(decode)
     assert "vs snapshots" in line
     assert "figures: predicted" in res.stdout
+
+
+@pytest.mark.parametrize("width", [80, 100, 120])
+def test_profile_table_fits_the_terminal(tmp_path, no_cuda, width):
+    """At 80-120 columns: preset, variant, B, W and speedup stay and no number is cut; secondary columns go, named."""
+    from rich.console import Console
+    from rich.text import Text
+
+    res = invoke("--preset", SUPER, "--preset", QWEN, "--batch", "1,256", "--draft", "4", "--read-dtype", "bf16",
+                 "--out", str(tmp_path / "w.json"))
+    assert res.exit_code == 0, res.output
+    rows = load(tmp_path / "w.json").rows
+    table = prof.render_table(rows, title="t", width=width)
+    console = Console(width=width, record=True, color_system=None)
+    with console.capture() as cap:
+        console.print(table)
+    text = cap.get()
+    assert max(len(line) for line in text.splitlines()) <= width
+    headers = [c.header for c in table.columns]
+    assert set(prof.KEPT_COLUMNS) <= set(headers)
+    flat = " ".join(text.split())
+    for r in rows:
+        assert r["preset"] in text
+        if r.get("speedup") is not None:
+            assert f"{r['speedup']:.2f}x" in flat
+        if r.get("speedup_vs_decode") is not None:
+            assert f"{r['speedup_vs_decode']:.2f}x vs decode" in flat
+    wide = prof.render_table(rows, title="t")
+    every = [c.header for c in wide.columns]
+    dropped = [c for c in prof.DROP_ORDER if c in every and c not in headers]
+    assert dropped and dropped == [c for c in prof.DROP_ORDER if c in every][:len(dropped)], "secondary columns go in order"
+    assert f"left out for the terminal's width: {', '.join(dropped)} (--wide shows every column)" in flat
+    assert "left out" not in str(wide.caption)
+
+
+def test_profile_wide_option_shows_every_column(tmp_path, no_cuda):
+    res = invoke("--preset", SUPER, "--batch", "1", "--wide", "--out", str(tmp_path / "w.json"))
+    assert res.exit_code == 0, res.output
+    assert "TFLOP/s" in res.stdout and "left out" not in res.stdout

@@ -15,6 +15,7 @@ from replayssm_cli.profile import measured_setup as _measured_setup  # noqa: F40
 
 BASELINE_NAMES = _baseline_names()
 EXIT_INTERRUPTED = 130
+EXIT_TERMINATED = 143
 EXIT_FAILED = 1
 WIDE = 240
 
@@ -79,12 +80,13 @@ def profile(
     gpu: Annotated[Optional[str], options.gpu("GPU to predict for without a CUDA GPU (or with --predict).", show_default="h200")] = None,
     predict: Annotated[bool, typer.Option("--predict", help="Predict from the cost model even where a GPU is present.")] = False,
     require_gpu: Annotated[bool, typer.Option("--require-gpu", help="Fail instead of predicting when no CUDA GPU is present.")] = False,
-    out: Annotated[Optional[Path], options.out("Results file.", show_default="./runs/<time>-<gpu>.json")] = None,
+    out: Annotated[Optional[Path], options.out("Results file.", show_default="./runs/<time>-<random>-<gpu>.json, unique per run")] = None,
     ncu: Annotated[
         bool,
         typer.Option("--ncu", help="Also run each measured kernel once under Nsight Compute (clocks left alone) and record its DRAM and L2 bytes and FLOPs beside the model's."),
     ] = False,
     json_: Annotated[bool, typer.Option("--json", help="Print the rows as JSON on stdout instead of the table.")] = False,
+    wide: Annotated[bool, typer.Option("--wide", help="Show every column of the table, whatever the terminal's width.")] = False,
 ) -> None:
     """Time conventional and ReplaySSM decode kernels of model presets over a grid, and write a results file.
 
@@ -108,6 +110,13 @@ def profile(
     from replayssm_cli.console import err, note, print_json, warn
     from replayssm_cli.console import out as stdout
 
+    if out is not None and str(out) == "-":
+        raise UserError("--out - is not supported: the results file is written as rows finish",
+                        "pass --json for the rows on stdout (the file goes to ./runs/ or --out FILE)")
+    if out is not None:
+        from replayssm_cli.results import check_out_path
+
+        check_out_path(out)
     spec = prof.ProfileSpec(
         presets=tuple(options.preset_names_given(preset, preset_file)) or presets_mod.DEFAULT_PRESETS,
         batches=_ints(batch, "--batch") or prof.DEFAULT_BATCHES,
@@ -141,10 +150,12 @@ def profile(
     else:
         title = f"replayssm profile · {run.gpu_name} · {run.mode}"
         caption = _caption(run.mode, run.ceilings, any(r["variant"].startswith("baseline:") for r in rows))
-        table = prof.render_table(rows, title=title, caption=caption, layers_of=run.layers_of)
-        _wide(stdout).print(table)
+        console = _wide(stdout, wide)
+        table = prof.render_table(rows, title=title, caption=caption, layers_of=run.layers_of,
+                                  width=None if wide or not console.is_terminal else console.width)
+        console.print(table)
         if ncu and run.mode == "measured" and (ncu_table := ncu_mod.comparison_table(rows)) is not None:
-            _wide(stdout).print(ncu_table)
+            _wide(stdout, wide).print(ncu_table)
     note(f"results: {run.path} ({len(rows)} rows{'' if run.results.complete else ', incomplete'})")
     not_run = [s for s in run.skipped if s["why"] == prof.INTERRUPTED]
     for s in run.skipped:
@@ -156,19 +167,21 @@ def profile(
     for label in run.failed:
         err.print(f"[red]failed its check against the reference, not timed:[/] {label}", highlight=False)
     if run.interrupted:
-        note(f"interrupted: {len(not_run)} configurations not run (listed in the file); it holds every row finished before Ctrl-C")
-        raise typer.Exit(EXIT_INTERRUPTED)
+        how = "terminated (SIGTERM)" if run.stop_signal == "SIGTERM" else "interrupted"
+        note(f"{how}: {len(not_run)} configurations not run (listed in the file); it holds every row finished before")
+        raise typer.Exit(EXIT_TERMINATED if run.stop_signal == "SIGTERM" else EXIT_INTERRUPTED)
     if run.failed:
         raise typer.Exit(EXIT_FAILED)
 
 
-def _wide(console: Any) -> Any:
-    """The console itself on a terminal; for a pipe or a file, one wide enough for the whole table (not squeezed to 80 columns)."""
-    if console.is_terminal:
+def _wide(console: Any, wide: bool = False) -> Any:
+    """The console itself on a terminal (its table fitted to the width); with --wide, or for a pipe or a file, one wide
+    enough for the whole table (not squeezed to 80 columns)."""
+    if console.is_terminal and not wide:
         return console
     from rich.console import Console
 
-    return Console(width=WIDE, force_terminal=False)
+    return Console(width=WIDE, force_terminal=bool(console.is_terminal))
 
 
 def _caption(mode: str, c: Any, baselines: bool = False) -> str:
