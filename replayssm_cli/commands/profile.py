@@ -110,9 +110,6 @@ def profile(
     from replayssm_cli.console import err, note, print_json, warn
     from replayssm_cli.console import out as stdout
 
-    if out is not None and str(out) == "-":
-        raise UserError("--out - is not supported: the results file is written as rows finish",
-                        "pass --json for the rows on stdout (the file goes to ./runs/ or --out FILE)")
     if out is not None:
         from replayssm_cli.results import check_out_path
 
