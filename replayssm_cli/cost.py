@@ -18,7 +18,7 @@ IO_DTYPES = ("bf16", "fp16", "fp32")
 MAX_WINDOW = 64
 MAX_DRAFT = 8
 
-# Five small launches at batch 1 took 11 µs on the H200 here, about 1 µs of it the 4 MiB state read (DESIGN.md §7).
+# Five small launches at batch 1 took 11 µs on the H200 here, about 1 µs of it the 4 MiB state read (docs/design.md §6).
 LAUNCH_US = 2.0
 
 _F32 = 4

@@ -547,7 +547,7 @@ def _run_mamba2(inputs: Inputs, configs: list[Config], on_step, keep: bool):
             win.append(g, log_a[s])
             tok = win.token(g, inputs.prompt)
             wts = win.weights(g)
-            # Buffer entry j contributes exp(Λ_t - Λ_j) Δ_j (B_j · C_t) x_j to the output (DESIGN.md §2).
+            # Buffer entry j contributes exp(Λ_t - Λ_j) Δ_j (B_j · C_t) x_j to the output (docs/design.md §2).
             coef = wts * (delta[tok] * (B[tok] * C[s]).sum(-1))[None]
             buf_y = torch.einsum("wjh,jhp->whp", coef, x[tok])
             y_rep = torch.exp(win.lam[cfg_w])[:, :, None] * _mv(Rd, C[s]) + buf_y[cfg_w] + skip
