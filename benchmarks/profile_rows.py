@@ -2,7 +2,7 @@
 
 The sweeps (sweep_mamba2.py, sweep_gdn.py) time kernels under a loop of their own; the reference profile's loop
 (`replayssm profile`: inputs rotated over several sets, its own state and cache placement) has disagreed with them
-by a few percent, even on the sign of a change (NOTES run 55), so a row is confirmed here before it ships. Each
+by a few percent, even on the sign of a change (benchmarks/notes/run-55.md), so a row is confirmed here before it ships. Each
 --set names a module under replayssm_kernels, a table in it, a row of the table (its index in a list of
 (key, settings) rows, or its name in a dict of rows) and the settings to put in that row; everything after --
 goes to `replayssm profile`.

@@ -256,7 +256,7 @@ def build_parser(prog: str, description: str, epilog: str, extra: tuple = ()) ->
 
 def environment(props, l2_bytes: int) -> dict:
     """What a results file records of the machine: the GPU (its UUID: H200s differ from one another by a few
-    percent, NOTES run 55, so runs compare on one GPU), torch and triton."""
+    percent, benchmarks/notes/run-55.md, so runs compare on one GPU), torch and triton."""
     import torch
     import triton
 

@@ -40,7 +40,7 @@ def test_step_kernels_compile_for_sm90_with_the_state_dtype_asked_for():
     # a bf16 tile is half the bytes: GDN's pipelined replay chunks take less shared memory
     assert b["gdn", "replay"]["shared"] < a["gdn", "replay"]["shared"]
     # the shipped verify rows: Mamba-2's without spills; GDN's takes its row sums on the tensor cores (few shuffles
-    # left) with the 24 B of spills its fold's pipelined loop costs at 168 registers (measured faster, NOTES run 59)
+    # left) with the 24 B of spills its fold's pipelined loop costs at 168 registers (measured faster, benchmarks/notes/run-59.md)
     assert a["mamba2", "verify"]["local"] == 0 == b["mamba2", "verify"]["local"]
     assert a["gdn", "verify"]["mma"] > 0 and a["gdn", "verify"]["shfl"] < 150 and a["gdn", "verify"]["local"] <= 24
 

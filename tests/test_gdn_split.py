@@ -136,7 +136,7 @@ def test_fp8_copy_refuses_one_pass_correction(device):
 def test_split_flush_register_cap_by_rounds():
     """A copy's flush launch runs at FCAP's 255 registers (2 four-warp programs per SM, each faster) where a staggered
     step's flushes take no more rounds of resident programs than at 168 (3 per SM), as measured on an H200 (132 SMs,
-    Qwen3.5-122B's 64 value heads of 128 rows, W = 16; NOTES run 68): 255 at batch 16 to 64 and at 128, 168 at 96
+    Qwen3.5-122B's 64 value heads of 128 rows, W = 16; benchmarks/notes/run-68.md): 255 at batch 16 to 64 and at 128, 168 at 96
     (384 heads: one round at 168, two at 255), 256 and 512; never on the CPU, nor without FCAP."""
     flush_cap = importlib.import_module("replayssm_kernels.mamba2.args").flush_cap
     replay = importlib.import_module("replayssm_kernels.gdn.replay")

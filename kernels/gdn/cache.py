@@ -108,7 +108,7 @@ class ReplayCache:
         buffer_dtype: the buffered updates' and keys' dtype: fp32 (the default), or a 2-byte state's own, which
         halves the buffers' memory and rounds each entry once, as the state is rounded at every flush (an fp32
         state's checkpoint needs fp32 entries). On an H200 the 2-byte buffers made a bf16-state step slower, not
-        faster (benchmarks/NOTES.md, run 61).
+        faster (benchmarks/notes/run-61.md).
         """
         for name, value in {"nslots": nslots, "H": H, "HV": HV, "K": K, "V": V}.items():
             if not isinstance(value, int) or value < 1:

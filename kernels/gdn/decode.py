@@ -34,10 +34,10 @@ from replayssm_kernels.gdn.common import (
 # when its (HV, V, K) block is contiguous: one base address and constant offsets instead of an address per row.
 # An fp32 state reads fastest from one-warp programs of 8 whole rows with both, capped at 64 registers (all 8 loads
 # in flight first, 32 programs per SM): 523.6-527.0 µs at batch 256 against 531.3-536.4 for 4-row programs, 134.1
-# against 135.8-136.6 at 64, 35.4-35.9 against 36.0-36.1 at 16 (NOTES run 54); a latency-bound grid keeps 4 rows
+# against 135.8-136.6 at 64, 35.4-35.9 against 36.0-36.1 at 16 (benchmarks/notes/run-54.md); a latency-bound grid keeps 4 rows
 # ("decode-small": 4.14 against 4.64 µs at batch 1). 2-byte states read 16 whole rows per program above two heads per
 # SM (270.1 µs at batch 256 against 280.6 for 8 rows, 70.3 against 73.2 at 64, 19.6 against 20.4 at 16; neither key
-# helps them) and 4 below ("decode-bf16-small": 3.58 against 3.76 at batch 1; NOTES run 34).
+# helps them) and 4 below ("decode-bf16-small": 3.58 against 3.76 at batch 1; benchmarks/notes/run-34.md).
 _ROW = {"SFIRST": 0, "CSTRIDES": 0, "VK": 128, "STAGES": 1, "num_warps": 1, "num_stages": 1, "maxnreg": None}
 LAUNCH = {
     "decode": dict(_ROW, VP=8, BV=8, SFIRST=1, CSTRIDES=1, maxnreg=64),

@@ -49,9 +49,9 @@ from replayssm_kernels.gdn.common import (
 # pipelined loop in 2-warp programs with registers capped (more programs fit); a grid under two programs per SM is
 # latency-bound and splits each head's rows over programs of VP rows, each reading its rows up front and the buffer
 # before the fill ("-small"), the slot's load issued before the step's own inputs (EARLY=2: batch 1 5.04 -> 4.81
-# µs per layer-step under `replayssm profile`, a bf16 state's 4.96 -> 4.68; NOTES run 65), and the programs of a
+# µs per layer-step under `replayssm profile`, a bf16 state's 4.96 -> 4.68; benchmarks/notes/run-65.md), and the programs of a
 # head counting their arrivals lane by lane (LCOUNT=1: 4.93 -> 4.67, a bf16 state's 4.70 -> 4.54; run 66). A
-# flush walks its rows BVF at a time (benchmarks/sweep_gdn.py, NOTES run 29: BVF=16 took batch 256 from 325 to
+# flush walks its rows BVF at a time (benchmarks/sweep_gdn.py, benchmarks/notes/run-29.md: BVF=16 took batch 256 from 325 to
 # 303 µs, and a bf16 checkpoint's step from 346 to 201). A row with PHASES=2 launches the non-flush steps, which
 # list the heads that flush, and then the flushes with the settings of its "-flush" row (by default the row's own)
 # in PPS programs per SM that loop over the list; with PDL=1 the second as a programmatic dependent launch.
@@ -93,25 +93,25 @@ LAUNCH = {
     # Under split precision a flush also reads the copy and corrects the buffered updates with two more products;
     # in one launch its 4-warp programs set the non-flush step's too (255 µs at batch 256). Apart, the non-flush
     # step runs in the bf16-state replay's 2-warp programs and the flush through 3xTF32 products: batch 256's window
-    # 416 -> 342 µs, batch 64's 128 -> 108 (NOTES run 49); with the flushes' launch over a list of the heads that
+    # 416 -> 342 µs, batch 64's 128 -> 108 (benchmarks/notes/run-49.md); with the flushes' launch over a list of the heads that
     # flush rather than a program per head, 285 and 92, and the non-flush step in 1-warp programs (16-row chunks:
     # non-flush 189 -> 187 µs at 256, 58 -> 55 at 64; 32-row chunks in 64-wide pieces: window 284 -> 277 and 90 ->
     # 89; run 51). A small grid keeps one launch, in the fp32 state's 16-row one-warp programs with the flush in
     # 3xTF32 (from 4-warp programs of whole heads: batch 1 7.77 -> 5.49 µs per layer-step under `replayssm
-    # profile`, an fp8 copy's 7.71 -> 5.91; the sweep at batch 2 9.20 -> 7.19, at 4 13.33 -> 12.41; NOTES run 66).
+    # profile`, an fp8 copy's 7.71 -> 5.91; the sweep at batch 2 9.20 -> 7.19, at 4 13.33 -> 12.41; benchmarks/notes/run-66.md).
     # Under 16 programs per SM ("-medium") a staggered step's flushes are one row's heads in 64-row items (from
     # whole heads, 64 programs at batch 16 on 132 SMs): the sweep at batch 16 39.4 -> 34.5 µs, at 32 59.3 -> 53.4,
-    # an fp8 copy's 46.6 -> 37.9 and 63.0 -> 52.3 (NOTES run 66). A 2-byte copy's flushes take their correction in
+    # an fp8 copy's 46.6 -> 37.9 and 63.0 -> 52.3 (benchmarks/notes/run-66.md). A 2-byte copy's flushes take their correction in
     # one TF32 pass (CTF32=1: the flush step alone at 256 1476 -> 1173 µs; under `replayssm profile` batch 256
     # 272.6 -> 253.8 µs per layer-step, 64 87.6 -> 80.6, 16 34.2 -> 31.5, 1 5.43 -> 5.13; the checkpoint's error
-    # over 2000 steps about 1.1e-6 of the state against 0.4e-6, an fp32-only cache's 0.3e-6; NOTES run 67). The
+    # over 2000 steps about 1.1e-6 of the state against 0.4e-6, an fp32-only cache's 0.3e-6; benchmarks/notes/run-67.md). The
     # flushes are bound by their products, not their bytes: read from the checkpoint and the buffered v instead of
     # the copy (10.5 B per element against 12.5) they ran no faster (run 67). A flush program at 255 registers takes
     # an item sooner than at 168 but fits 2 per SM rather than 3, so the cap goes by the rounds of resident programs a
     # staggered step's flushes take (FCAP, `flush_cap`): under `replayssm profile` a bf16 copy at 64 80.5 -> 76.8 µs
     # per layer-step (1.65x -> 1.73x), 128 145.8 -> 140.5 (1.80x -> 1.87x), an fp8 copy's 90.5 -> 82.8 and 169.1 ->
     # 155.0; at 96 (384 items: one round at 168, two at 255) 168 keeps 103.7 against 116.8, and at 256 254 against 263
-    # (NOTES run 68). Reading each chunk's checkpoint rows outside the pipelined loop's shared memory (SLOAD=1 or 2)
+    # (benchmarks/notes/run-68.md). Reading each chunk's checkpoint rows outside the pipelined loop's shared memory (SLOAD=1 or 2)
     # takes the flush's 4-way bank conflicts away (6.1e7 of its 1.6e8 shared wavefronts -> 0.8e7) but needs 227-252
     # registers: at the same 255 a flush at 256 1359 -> 1339 µs, against 1166 at 168 (run 68). The flushes' launch
     # begins while the non-flush launch's last programs run (PDL=1, a programmatic dependent launch): under `replayssm
@@ -124,7 +124,7 @@ LAUNCH = {
     "replay-split-small": dict(_SMALL, TF32=1, CTF32=1),
     # An fp8 copy's 1-byte rows are summed in 128-wide pieces (a thread's 16-byte loads): its non-flush launch in
     # 1-warp programs of 32-row chunks, the flushes in the 4-warp row, took batch 256 from 421 µs (one launch) to
-    # 292, 64 from 122 to 91, 16 from 47 to 46 (NOTES run 51).
+    # 292, 64 from 122 to 91, 16 from 47 to 46 (benchmarks/notes/run-51.md).
     "replay-fp8": dict(_SPLIT, VK=128),
     "replay-fp8-flush": dict(_COPY_FLUSH),
     "replay-fp8-medium": dict(_SPLIT, VK=128),
@@ -135,35 +135,35 @@ LAUNCH = {
     # TF32 passes for an fp32 tile against 16-bit drafts), the committed entries' terms into its accumulator, in K
     # halves with KSPLIT=2 (a fold too: its keys' 32 KiB of shared memory halved), the fold's loop FSTAGES deep.
     # MMA=0 sums each row in shuffles after taking every draft's k and q into the tile's layout through shared memory,
-    # L1-bound (NOTES run 41). GPASS=1 takes the key products a key head's value heads share (the drafts' and the
+    # L1-bound (benchmarks/notes/run-41.md). GPASS=1 takes the key products a key head's value heads share (the drafts' and the
     # committed entries' keys with each draft's key and query, the drafts' norms) from one tensor-core product per
     # (row, key head) in a launch before the verify's (`_verify_gram_kernel`) instead of in each value head's
-    # prologue. Batch 256, µs per layer-step (NOTES run 59): 1108 (MMA=0, 16-row chunks in 2-warp programs) -> 882
+    # prologue. Batch 256, µs per layer-step (benchmarks/notes/run-59.md): 1108 (MMA=0, 16-row chunks in 2-warp programs) -> 882
     # with GPASS -> 568 with MMA in 32-row chunks (16 per warp: no warp repeats another's tile reads) and KSPLIT
     # under a cap of 168 registers; batch 16 92 -> 60; the fold's loop 3 deep a further 2-7% at every batch (24 B of
     # spills). Grids under two programs per SM ("verify-small") take 64-row chunks in 4-warp programs: batch 1
     # 21.9 -> 16.5. GPASS=2 takes each value head's prologue (its fill, the drafts' gates, the [T, T] solve, the
     # committed entries' weights) into a launch of its own after the key products (`_verify_weights_kernel`), so that
     # the verify's programs begin with independent loads: 564 -> 507 µs at 256, 165 -> 150 at 64, 65 -> 61 at 16
-    # (NOTES run 60); the small grids keep GPASS=1 (17.3 against 17.6 µs at batch 1). FPASS=1 takes the folds into a
+    # (benchmarks/notes/run-60.md); the small grids keep GPASS=1 (17.3 against 17.6 µs at batch 1). FPASS=1 takes the folds into a
     # launch of their own (`_verify_fold_kernel`: 2-warp programs, 8 per SM, fp32 FMAs in one piece of K), and the
     # verify compiles without its fold (146 registers instead of 168, no spills): 508 -> 499 µs at 256, 151 -> 146 at
-    # 64, 62 -> 59 at 16 (NOTES run 61); the small grids keep their folds (17.2 against 19.5 µs at batch 1). With
+    # 64, 62 -> 59 at 16 (benchmarks/notes/run-61.md); the small grids keep their folds (17.2 against 19.5 µs at batch 1). With
     # FSTREAM=1 the folds run beside the key products and the weights, 4 fold programs per SM leaving room for
-    # theirs: 497 -> 478 µs at 256, 147 -> 140 at 64, 59.8 -> 53.7 at 16 (NOTES run 62). Grids under 16 programs
+    # theirs: 497 -> 478 µs at 256, 147 -> 140 at 64, 59.8 -> 53.7 at 16 (benchmarks/notes/run-62.md). Grids under 16 programs
     # per SM ("verify-medium") fold in items of 64 rows: batch 16 53.9 -> 49.2 µs, level at 32, 1-2% slower from 64
-    # up (NOTES run 62). FPREF loads a fold item's list entry and slot an item ahead, GKSPLIT=2 takes the key products
+    # up (benchmarks/notes/run-62.md). FPREF loads a fold item's list entry and slot an item ahead, GKSPLIT=2 takes the key products
     # in K halves (182 -> 108 registers), FSPLITW folds a fill of 16 in a product over 16 entries, not 32 (1267 ->
     # 695 instructions per 16-row chunk): in the reference loop (T = 4, acceptance 0.9) 118.1 -> 116.9 µs per token
-    # at 256, 34.6 -> 33.7 at 64 (NOTES run 63); FSPLITW=2 folds a fill past 16 in the same product and the rest one
+    # at 256, 34.6 -> 33.7 at 64 (benchmarks/notes/run-63.md); FSPLITW=2 folds a fill past 16 in the same product and the rest one
     # by one (1266 -> 906 instructions per chunk): 118.5 -> 115.5 µs per token at 256, the sweep at 64 138.6 -> 133.5
-    # µs (NOTES run 63). The medium grids keep the key products whole (GKSPLIT=2 1 µs slower at batch 16) and
+    # µs (benchmarks/notes/run-63.md). The medium grids keep the key products whole (GKSPLIT=2 1 µs slower at batch 16) and
     # FSPLITW=1 (FSPLITW=2 not timed there). With ARRIVE=0 a verify program ends without the count of arrivals (a
     # barrier and an atomic's round trip): the verify at fill 0 320.5 -> 307.8 µs at 256, the sweep at 16 / 64 / 256
-    # 49.2 / 133.1 / 457.8 -> 46.7 / 129.3 / 445.7, the reference loop 114.1 -> 111.0 µs per token at 256 (NOTES
-    # run 64). WFILL=1 takes a program's fill from the weights launch beside its slot: the sweep at 64 / 256 130.8 /
+    # 49.2 / 133.1 / 457.8 -> 46.7 / 129.3 / 445.7, the reference loop 114.1 -> 111.0 µs per token at 256
+    # (benchmarks/notes/run-64.md). WFILL=1 takes a program's fill from the weights launch beside its slot: the sweep at 64 / 256 130.8 /
     # 450.5 -> 129.8 / 448.5, the reference loop 113.5 -> 112.8 µs per token at 256; batch 16 46.3 -> 47.4, so the
-    # medium grids keep WFILL=0 (NOTES run 64).
+    # medium grids keep WFILL=0 (benchmarks/notes/run-64.md).
     "verify": _VERIFY,
     "verify-medium": dict(_VERIFY, FVP=64, GKSPLIT=1, FSPLITW=1, WFILL=0),
     "verify-small": {"BV": 64, "BVF": 16, "VK": 32, "STAGES": 2, "GPASS": 1, "GKSPLIT": 1, "MMA": 1, "KSPLIT": 2,
@@ -257,7 +257,7 @@ def _fold(
         b_uw += tl.dot(b_wc, tl.trans(b_d), input_precision=CPRECISION)
     b_cw = tl.where(m_w, tl.exp(b_G - b_Gw), 0.0)
     # One product for the whole rank-f update: fp32 FMAs ("ieee") in a replay flush's small chunks unless its TF32
-    # setting asks for 3xTF32 on the tensor cores, which verify's larger ones always use (benchmarks/NOTES.md).
+    # setting asks for 3xTF32 on the tensor cores, which verify's larger ones always use (benchmarks/notes/).
     return b_s + tl.dot(tl.trans(b_uw * b_cw[:, None]), b_kw, input_precision=PRECISION)
 
 

@@ -13,7 +13,7 @@ def flat_program_ids(NH, NPB):
     """(row, head, block) of a program in a flat grid of rows x NH heads x NPB blocks, a head's blocks adjacent.
 
     Programs that run together then read neighbouring memory (measured on an H200: 5-8% faster decode than a
-    grid whose fastest axis is the row, benchmarks/NOTES.md).
+    grid whose fastest axis is the row, benchmarks/notes/).
     """
     pid = tl.program_id(0)
     return pid // (NPB * NH), (pid // NPB) % NH, pid % NPB

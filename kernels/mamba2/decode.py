@@ -134,8 +134,8 @@ DECODE_LAUNCH = [
     ((2, 1 << 30, 1 << 30), {"BP": 16, "num_warps": 4, "num_stages": 1}),
 ]
 # An fp32 state on a grid of at most 16 heads per SM is latency-bound: one-warp programs of 4 rows, mamba_ssm's
-# tile, take batch 1 from 5.49 to 4.64 µs and batch 16 from 39.3 to 36.2 at the Nemotron-3-Super shape (NOTES
-# run 33); 2-byte states and larger grids were not measured with it.
+# tile, take batch 1 from 5.49 to 4.64 µs and batch 16 from 39.3 to 36.2 at the Nemotron-3-Super shape
+# (benchmarks/notes/run-33.md); 2-byte states and larger grids were not measured with it.
 SMALL_GRID_DECODE_LAUNCH = [((4, 1 << 30, 1 << 30), {"BP": 4, "num_warps": 1, "num_stages": 1})]
 SMALL_GRID_HEADS_PER_SM = 16
 DECODE_KEYS = ("BP", "num_warps", "num_stages", "maxnreg")

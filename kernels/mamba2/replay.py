@@ -572,7 +572,7 @@ def mamba2_materialize_kernel(
 
 # These kernels mutate the cache, so they are not autotuned (a trial launch would advance it); settings are
 # fixed per (checkpoint itemsize, max N, max P) and `launch=` overrides them (benchmarks/sweep_mamba2.py).
-# Measured on an H200 (benchmarks/NOTES.md): with many programs per SM the non-flush step reads fastest from
+# Measured on an H200 (benchmarks/notes/): with many programs per SM the non-flush step reads fastest from
 # 2-warp programs that stream their tile RC rows at a time (registers capped so that more programs fit); a
 # grid of fewer than two programs per SM is latency-bound and does better with small whole tiles per warp. 2-byte
 # tiles (a bf16 checkpoint, a read copy: SPLIT_LAUNCH) stream faster three chunks deep, reduced in 64-wide pieces.
@@ -594,8 +594,8 @@ SPLIT_LAUNCH = [
 ]
 # A small grid's programs take 16 rows, read the buffer before the fill and fold the flush through 3xTF32 (batch 1,
 # fp32: 4.64 µs against 5.23 without the last two, 4.70 without TF32, 5.07 without EARLY, 4.97 in 8-row programs;
-# bf16: 4.09 against 4.60; NOTES runs 34–36), their slot's load issued before the step's own inputs (EARLY=2: under
-# `replayssm profile` batch 1 5.13 -> 4.81 µs, a bf16 state's 4.66 -> 4.39; NOTES run 65).
+# bf16: 4.09 against 4.60; benchmarks/notes/run-34.md to run-36.md), their slot's load issued before the step's own inputs (EARLY=2: under
+# `replayssm profile` batch 1 5.13 -> 4.81 µs, a bf16 state's 4.66 -> 4.39; benchmarks/notes/run-65.md).
 SMALL_GRID_LAUNCH = [
     ((4, 1 << 30, 1 << 30), {"BP": 16, "BPF": 16, "VN": 32, "RC": 16, "STAGES": 1, "EARLY": 2, "TF32": 1,
                              "num_warps": 1, "num_stages": 1, "PHASES": 1, "PPS": 6, "HPP": 1, "MMA": 0,
@@ -608,25 +608,25 @@ SMALL_GRID_LAUNCH = [
 # whole heads of a group (their buffered C·B summed once) streamed in 64-row chunks, and its flushes in a launch of
 # their own: the bf16 copy's window 234.8 -> 210.8 µs at batch 256 and 461.1 -> 400.5 at 512, the fp8 copy's 246.1
 # -> 185.0 and 481.3 -> 339.6, a bf16 state's 213.0 -> 193.3 at 256; from batch 96 up all three gain, at 64 the bf16
-# copy and state lose 8-13% (NOTES run 52). An fp32 state keeps its row (329.7 against 292.0 µs at 256 in programs of
+# copy and state lose 8-13% (benchmarks/notes/run-52.md). An fp32 state keeps its row (329.7 against 292.0 µs at 256 in programs of
 # two heads), with registers capped at 96: 112 took 3.5% off batch 16 and 1.4% off 32, and cost 1.2% at 128 and 256.
 # A 2-byte checkpoint with a read copy (not measured) keeps its row. The flushes' launch caps its registers at 168
 # (the window at 256: bf16 copy 212.96 -> 209.43 µs, fp8 copy 184.86 -> 181.98, bf16 state 194.94 -> 193.02; 144
-# and 192 registers, 8 programs per SM, 4 warps, 32-row flush chunks, 2 stages and TF32 no better: NOTES run 53).
+# and 192 registers, 8 programs per SM, 4 warps, 32-row flush chunks, 2 stages and TF32 no better: benchmarks/notes/run-53.md).
 # The heads launch's row sums on the tensor cores (MMA) measured 2-13% slower than its FMAs.
 _HEADS = {"BP": 64, "BPF": 16, "VN": 64, "RC": 64, "STAGES": 3, "EARLY": 0, "TF32": 0, "num_warps": 2, "num_stages": 1,
           "maxnreg": 128, "PHASES": 2, "PPS": 6, "HPP": 8, "MMA": 0, "PREFETCH": 0, "TAIL": 0, "flush_maxnreg": 168}
 # A 2-byte state's flushes there fold in one TF32 product (TF32=2): its window at 256 191.48 -> 186.22 µs, at 512
 # 358.25 -> 352.68 (its flushes alone 534.85 -> 496.22); on medium and small grids one product lost (59.53 -> 60.87
-# µs at batch 64, 4.10 -> 4.38 at 1; NOTES run 53). Its heads launch reads each chunk's x, buffered x and z a chunk
+# µs at batch 64, 4.10 -> 4.38 at 1; benchmarks/notes/run-53.md). Its heads launch reads each chunk's x, buffered x and z a chunk
 # ahead (PREFETCH): under `replayssm profile`, three runs each, 184.88-185.10 -> 181.34-181.43 µs at 256 and
 # 354.56-354.85 -> 343.92-344.02 at 512 (1.9% at 128); around it 112 and 144 registers, 2 stages, VN 32, 32-row
 # chunks, and for its flushes 1, 2 and 4 stages, 4 and 12 programs per SM, 144 and 192 registers and 32-row items
-# were slower (NOTES run 55). Its flushes run in the heads launch's own programs after the heads' (TAIL), at 168
+# were slower (benchmarks/notes/run-55.md). Its flushes run in the heads launch's own programs after the heads' (TAIL), at 168
 # registers (the most at which 6 programs of 2 warps fit an SM): under `replayssm profile`, twice each on one H200,
 # 102.7 -> 95.4 µs at 128, 181.7 -> 178.3 at 256, 344.6 -> 339.8 at 512 (168 registers without TAIL 102.0 / 184.1
 # / 345.7; TAIL at 128 registers, its flushes spilling, 100.0 / 186.4 / 354.9 on another H200); a split copy's row
-# loses with it (bf16 copy 208.7 -> 213.4 µs at 256, fp8 163.2 -> 172.8; NOTES run 56). The row's flush_maxnreg
+# loses with it (bf16 copy 208.7 -> 213.4 µs at 256, fp8 163.2 -> 172.8; benchmarks/notes/run-56.md). The row's flush_maxnreg
 # then goes (`_tail`).
 LARGE_STEP_LAUNCH = [((4, 1 << 30, 1 << 30), dict(STEP_LAUNCH[0][1], maxnreg=96)),
                      ((2, 1 << 30, 1 << 30), dict(_HEADS, TF32=2, PREFETCH=1, TAIL=1, maxnreg=168))]

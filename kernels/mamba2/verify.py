@@ -248,7 +248,7 @@ def mamba2_accept_kernel(
 # tensor-core product per (row, group)) instead of in each head's programs: the verify then needs 151 registers, and
 # at 128 (no spills) four programs fit an SM instead of three. An fp32 checkpoint's speculative step at T = 4 (verify
 # + accept, Nemotron-3-Super layer, µs per token) 136.4 -> 125.8 at batch 256 with the pass's first form, a sum over
-# shuffles that took 42.8 µs of the step at 256 (NOTES run 57); as a product it takes 6.3, and the step 112.6 µs per
+# shuffles that took 42.8 µs of the step at 256 (benchmarks/notes/run-57.md); as a product it takes 6.3, and the step 112.6 µs per
 # token (run 58). A 2-byte checkpoint's verify and accept (sweep, µs per layer-step) 506.1 -> 393.7 at 256, 135.1 ->
 # 110.3 at 64, 40.8 -> 37.9 at 16 with the pass at 128 registers (456.8 at 256 at 168; run 58).
 _VERIFY_ROW = {"BP": 64, "BPF": 16, "VN": 32, "BCPASS": 1, "num_warps": 4, "num_stages": 1, "maxnreg": 128}
@@ -256,7 +256,7 @@ VERIFY_LAUNCH = [((size, 1 << 30, 1 << 30), dict(_VERIFY_ROW)) for size in (4, 2
 # Grids under 12 (row, head) pairs per SM (batch 12 and under at H = 128 on an H200; never on the CPU) keep B·C in
 # the verify's programs: there the launch before them is the step's serial start (batch 1 at T = 4: 9.12 µs per
 # model step without it, 12.24 with it; the sweep at batch 4 and 8 slower with it by 4.6% and 1.6%, at 16 faster by
-# 1.3%, at 24 by 11%; NOTES run 58).
+# 1.3%, at 24 by 11%; benchmarks/notes/run-58.md).
 VERIFY_FEW_ROWS_LAUNCH = [(key, dict(row, BCPASS=0, maxnreg=168)) for key, row in VERIFY_LAUNCH]
 BCPASS_MIN_PAIRS_PER_SM = 12
 VERIFY_KEYS = ("BP", "BPF", "VN", "BCPASS", "num_warps", "num_stages", "maxnreg")
