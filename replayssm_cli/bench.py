@@ -6,7 +6,7 @@ import copy
 import importlib
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -446,8 +446,9 @@ def _sleep_ahead() -> None:
         torch.cuda._sleep(2_000_000)
 
 
-def time_graph(case: Case, *, steps: int, repeats: int) -> list[float]:
-    """Per-step samples in µs per layer: `steps` steps of every layer captured in one CUDA graph, replayed `repeats` times."""
+def time_graph(case: Case, *, steps: int, repeats: int, on_graph: Callable[[Callable[[], None]], None] | None = None) -> list[float]:
+    """Per-step samples in µs per layer: `steps` steps of every layer captured in one CUDA graph, replayed `repeats` times;
+    then `on_graph` (energy.GraphMeter), given the graph's replay."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
@@ -471,6 +472,8 @@ def time_graph(case: Case, *, steps: int, repeats: int) -> list[float]:
         graph.replay()
         end.record()
     torch.cuda.synchronize()
+    if on_graph is not None:
+        on_graph(graph.replay)
     del graph
     per = steps * case.layers
     return [s.elapsed_time(e) * 1e3 / per for s, e in zip(starts, ends)]
@@ -523,6 +526,7 @@ def run_point(point: Any, context: dict[str, Any]) -> list[dict[str, Any]]:
     measurement and is not timed. An out-of-memory error propagates (the grid skips the point); the
     case is freed either way.
     """
+    from replayssm_cli.energy import GraphMeter
     from replayssm_cli.gpus import ClockSampler
     from replayssm_cli.profile import nonflush_fill, point_phases
 
@@ -549,11 +553,14 @@ def run_point(point: Any, context: dict[str, Any]) -> list[dict[str, Any]]:
         window = case.window or 16
         steps = window * int(context.get("windows_per_graph", 2))
         repeats = int(context.get("repeats", 30))
+        meter = GraphMeter.of(context.get("energy"), steps * case.layers)
         with ClockSampler(required=False) as clocks:
-            samples = time_graph(case, steps=steps, repeats=repeats)
+            samples = time_graph(case, steps=steps, repeats=repeats, on_graph=meter)
+        accepted = case.accepted(steps)
+        energy = meter.fields(model_layers=case.ssm_layers, tokens_per_step=case.batch * (1 + (accepted or 0))) if meter else None
         common = {"ok": True, "layers": case.layers, "check_max_err": worst, "tolerance": tol, "stack_bytes": case.stack_bytes}
-        out = [{"phase": "avg", "samples_us": samples, "accepted": case.accepted(steps), "steps": steps,
-                "repeats": repeats, "clocks": clocks.summary(), **common}]
+        out = [{"phase": "avg", "samples_us": samples, "accepted": accepted, "steps": steps,
+                "repeats": repeats, "clocks": clocks.summary(), "energy": energy, **common}]
         phases = point_phases(point)
         if len(phases) > 1:
             by_fill = time_phases(case, cycles=max(5, repeats // 2))

@@ -984,8 +984,10 @@ def _sleep_ahead() -> None:
         torch.cuda._sleep(2_000_000)
 
 
-def graph_timer(step: Step, select: Callable[[Op], bool], replays: int, warmup: int) -> list[float]:
-    """µs per replay of the selected ops captured in one CUDA graph: one eager run on a side stream, capture, warm replays, timed replays."""
+def graph_timer(step: Step, select: Callable[[Op], bool], replays: int, warmup: int,
+                on_graph: Callable[[Callable[[], None]], None] | None = None) -> list[float]:
+    """µs per replay of the selected ops captured in one CUDA graph: one eager run on a side stream, capture, warm replays, timed
+    replays; then `on_graph` (energy.GraphMeter), given the graph's replay."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
@@ -1006,6 +1008,8 @@ def graph_timer(step: Step, select: Callable[[Op], bool], replays: int, warmup: 
         graph.replay()
         end.record()
     torch.cuda.synchronize()
+    if on_graph is not None:
+        on_graph(graph.replay)
     del graph
     return [s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends)]
 
@@ -1068,6 +1072,7 @@ class E2ESpec:
     max_weights_gib: float | None = None
     windows: int = TIMED_WINDOWS
     seed: int = 0
+    energy: bool = False
 
     def validate(self) -> None:
         """Raise UserError (one line) for an option the step cannot take."""
@@ -1231,9 +1236,12 @@ def run(
 
     from replayssm_cli.console import err
 
+    from replayssm_cli.energy import Session
+
     device = torch.device(device)
     if free_fn is None:
         free_fn = _cuda_free if device.type == "cuda" else (lambda: None)
+    meter = Session.start() if spec.energy and device.type == "cuda" else None
     result = E2ERun(results=writer.results, path=writer.results.path)
     labels = [config_label(p.name, v, b, c) for p in presets for c in spec.contexts for b in spec.batches for v in spec.variants]
     done: set[str] = set()
@@ -1252,7 +1260,7 @@ def run(
             task = bar.add_task("", total=len(labels))
             for preset in presets:
                 _run_preset(spec, preset, writer, result, skip, done, bar, task, device=device, timer=timer, free_fn=free_fn,
-                            l2_bytes=l2_bytes, attention=attention, family=(families or {}).get(preset.name))
+                            l2_bytes=l2_bytes, attention=attention, family=(families or {}).get(preset.name), meter=meter)
     except KeyboardInterrupt:
         result.interrupted = True
         for label in labels:
@@ -1268,7 +1276,8 @@ def run(
     return result
 
 
-def _run_preset(spec, preset, writer, result, skip, done, bar, task, *, device, timer, free_fn, l2_bytes, attention, family) -> None:
+def _run_preset(spec, preset, writer, result, skip, done, bar, task, *, device, timer, free_fn, l2_bytes, attention, family,
+                meter=None) -> None:
     configs = [(c, b, v) for c in spec.contexts for b in spec.batches for v in spec.variants]
     state_dtype = spec.state_dtype or preset.state_dtype
     why = None
@@ -1315,7 +1324,8 @@ def _run_preset(spec, preset, writer, result, skip, done, bar, task, *, device, 
             info = {"x_max_batch": largest, "x_kv_gib": parts["kv"] * b / GIB, "x_state_gib": parts["ssm"] * b / GIB}
             why = None
             try:
-                row = _measure_config(inv, spec, weights, v, b, c, state_dtype, plan, info, device=device, timer=timer, attention=attention)
+                row = _measure_config(inv, spec, weights, v, b, c, state_dtype, plan, info, device=device, timer=timer, attention=attention,
+                                      meter=meter)
             except KeyboardInterrupt:
                 raise
             except Exception as exc:
@@ -1337,7 +1347,8 @@ def _run_preset(spec, preset, writer, result, skip, done, bar, task, *, device, 
         _free_cuda()
 
 
-def _measure_config(inv, spec, weights, variant, batch, context, state_dtype, plan, info, *, device, timer, attention) -> dict[str, Any]:
+def _measure_config(inv, spec, weights, variant, batch, context, state_dtype, plan, info, *, device, timer, attention,
+                    meter=None) -> dict[str, Any]:
     step = Step(inv, weights, variant=variant, batch=batch, context=context, window=spec.window, state_dtype=state_dtype,
                 read_dtype=spec.read_dtype, device=device, seed=spec.seed, attention=attention)
     try:
@@ -1360,6 +1371,12 @@ def _measure_config(inv, spec, weights, variant, batch, context, state_dtype, pl
             clocks = sampler.summary()
         else:
             meas = measure(step, replays=replays, timer=timer)
+        if meter is not None:
+            from replayssm_cli.energy import GraphMeter
+
+            whole = GraphMeter(meter, 1)
+            graph_timer(step, select_all, 1, 0, on_graph=whole)
+            info["x_energy"] = whole.fields(tokens_per_step=batch)
         if clocks and clocks.get("sm_mhz"):
             info["x_sm_mhz"] = clocks["sm_mhz"]["median"]
             info["x_throttle"] = ", ".join(clocks.get("reasons") or [])

@@ -49,6 +49,7 @@ class ProfileSpec:
     repeats: int = 30
     seed: int = 0
     baselines: tuple[str, ...] = ()
+    energy: bool = False
 
     def validate(self) -> None:
         """Raise UserError (one line) for an option the kernels or the grid cannot take."""
@@ -411,7 +412,7 @@ def measured_rows(point: Point, preset: Any, measurements: list[dict[str, Any]],
             timing_fields(row, point, preset, stats["us"], accepted, ceilings, phase)
             row.update(stats)
             row["x_samples_us"] = [round(s, 4) for s in m["samples_us"]]
-            for key in ("steps", "repeats", "clocks", "tolerance", "note", "stack_bytes", "settings", "settings_tried", "kernel"):
+            for key in ("steps", "repeats", "clocks", "tolerance", "note", "stack_bytes", "settings", "settings_tried", "kernel", "energy"):
                 if m.get(key) is not None:
                     row[f"x_{key}"] = m[key]
         else:
@@ -806,7 +807,7 @@ def measured_setup(gpu: str | None, spec: ProfileSpec) -> dict[str, Any]:
     """Environment (software, CUDA, the detected GPU, its ceilings), free memory, the clock sampler and the runner's context."""
     import torch
 
-    from replayssm_cli import gpus
+    from replayssm_cli import energy, gpus
     from replayssm_cli.console import warn
 
     if gpu:
@@ -841,7 +842,8 @@ def measured_setup(gpu: str | None, spec: ProfileSpec) -> dict[str, Any]:
         "gpu_key": gspec.key if gspec else "gpu",
         "gpu_name": detected.name,
         "sampler": gpus.ClockSampler(required=False),
-        "context": {"device": "cuda", "l2_bytes": l2, "repeats": spec.repeats, "windows_per_graph": spec.windows_per_graph, "seed": spec.seed},
+        "context": {"device": "cuda", "l2_bytes": l2, "repeats": spec.repeats, "windows_per_graph": spec.windows_per_graph, "seed": spec.seed,
+                    "energy": energy.Session.start() if spec.energy else None},
     }
 
 

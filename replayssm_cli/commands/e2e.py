@@ -51,6 +51,7 @@ def e2e(
     gpu: Annotated[Optional[str], options.gpu("GPU whose memory and L2 a --dry-run plans for when no CUDA GPU is present.", show_default="h200")] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the layer inventory and memory plan; allocate and time nothing (no GPU needed).")] = False,
     out: Annotated[Optional[Path], options.out("Results file.", show_default="./runs/<time>-<gpu>-e2e.json")] = None,
+    energy: Annotated[bool, typer.Option("--energy", help="Also measure joules per step and tokens per joule from NVML's energy counter (about 3 s more per configuration).")] = False,
     json_: Annotated[bool, typer.Option("--json", help="JSON on stdout instead of tables.")] = False,
 ) -> None:
     """Time one decode step of a whole model: SSM layers through our kernels, attention over a KV cache, MLP/MoE, norms, LM head.
@@ -80,6 +81,7 @@ def e2e(
         read_dtype=read_dtype.value,
         tp=tp,
         max_weights_gib=max_weights_gib,
+        energy=energy,
     )
     spec.validate()
     resolved = [presets_mod.resolve(name, tp) for name in spec.presets]

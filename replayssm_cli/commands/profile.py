@@ -85,6 +85,7 @@ def profile(
         bool,
         typer.Option("--ncu", help="Also run each measured kernel once under Nsight Compute (clocks left alone) and record its DRAM and L2 bytes and FLOPs beside the model's."),
     ] = False,
+    energy: Annotated[bool, typer.Option("--energy", help="Also measure joules per step and tokens per joule from NVML's energy counter (about 3 s more per configuration).")] = False,
     json_: Annotated[bool, typer.Option("--json", help="Print the rows as JSON on stdout instead of the table.")] = False,
     wide: Annotated[bool, typer.Option("--wide", help="Show every column of the table, whatever the terminal's width.")] = False,
 ) -> None:
@@ -130,6 +131,7 @@ def profile(
         phases=phases,
         repeats=repeats,
         baselines=_words(baseline),
+        energy=energy,
     )
     run = prof.run_profile(spec, out=out, predict=predict, require_gpu=require_gpu, gpu=gpu)
 
@@ -142,6 +144,8 @@ def profile(
         write_atomic(run.path, run.results.to_dict())
     elif ncu:
         warn("--ncu needs measured rows on a CUDA GPU: this profile has no Nsight Compute figures")
+    if energy and run.mode != "measured":
+        warn("--energy needs a CUDA GPU: this profile has no energy figures")
     if json_:
         print_json([{**r, "x_provenance": provenance.row_label(r)} for r in rows])
     else:
