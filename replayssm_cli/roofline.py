@@ -1,38 +1,34 @@
-"""The roofline: a GPU's ceilings, every results row placed and classified under them, and the plotly figure."""
+"""The roofline: a GPU's ceilings, every results row placed and classified under them, and the speedup pairs."""
 
 from __future__ import annotations
 
 import math
-import os
-import shutil
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from replayssm_cli.errors import UserError
-from replayssm_cli.results import ROW_FIELDS, Results
+from replayssm_cli.results import Results
 
 BYTES_SOURCES = ("modelled", "measured")
-IMAGE_SUFFIXES = (".png", ".svg")
+PHASES = ("avg", "nonflush", "flush")
+# A ceiling's run-to-run spread where the file records none: DESIGN's re-measurement bound for the ceilings' kernels.
+DEFAULT_CEILING_SPREAD = 0.02
 
-VARIANT_STYLE: dict[str, tuple[str, str]] = {
-    "conventional": ("conventional", "#4C78A8"),
-    "replay": ("ReplaySSM", "#F58518"),
-    "split": ("split precision", "#54A24B"),
-    "spec-conventional": ("speculative, snapshots", "#B279A2"),
-    "spec-replay": ("speculative, ReplaySSM", "#E45756"),
+# (what a row's speedup is over) -> the variant of the row it is over, and whether that row's state is fp32.
+BASELINE_OF = {
+    "conventional": ("conventional", False),
+    "snapshots": ("spec-conventional", False),
+    "fp32-conventional": ("conventional", True),
 }
-OTHER_COLOURS = ("#72B7B2", "#9D755D", "#EECA3B", "#FF9DA6", "#79706E", "#17BECF", "#BCBD22", "#8C564B")
-FILE_SYMBOLS = ("circle", "diamond", "square", "triangle-up", "pentagon", "star")
-E2E_SHARES = (
-    ("x_share_ssm", "SSM layers", "#F58518"),
-    ("x_share_attn", "attention", "#4C78A8"),
-    ("x_share_mlp", "MLP / MoE", "#54A24B"),
-    ("x_share_other", "other", "#BAB0AC"),
-)
-# (what a speedup arrow starts from, what it points to): a kernel and its ReplaySSM counterpart.
-ARROW_PAIRS = (("conventional", "replay"), ("spec-conventional", "spec-replay"))
-PAIR_KEYS = ("op", "preset", "batch", "state_dtype", "io_dtype", "tp", "draft")
+# The baseline a variant's speedup is over when its row does not say (files before `speedup_over`).
+DEFAULT_OVER = {"replay": "conventional", "split": "fp32-conventional", "spec-replay": "snapshots"}
+OVER_WORDS = {
+    "conventional": "conventional (same state precision)",
+    "snapshots": "the snapshot-writing verify",
+    "fp32-conventional": "fp32 conventional",
+}
+PAIR_KEYS = ("op", "preset", "batch", "io_dtype", "tp", "flush", "source")
 CONFIG_KEYS = (
     "op", "preset", "variant", "phase", "batch", "window", "state_dtype", "read_dtype", "io_dtype", "draft", "tp", "flush",
 )
@@ -49,12 +45,13 @@ CEILING_NAMES = {
 
 @dataclass(frozen=True)
 class Ceiling:
-    """One roof: a bandwidth in GB/s (kind 'memory') or a rate in TFLOP/s (kind 'compute')."""
+    """One roof: a bandwidth in GB/s (kind 'memory') or a rate in TFLOP/s (kind 'compute'), with its run-to-run spread."""
 
     kind: str
     name: str
     value: float
     source: str
+    spread: float = DEFAULT_CEILING_SPREAD
 
     @property
     def per_s(self) -> float:
@@ -86,13 +83,13 @@ class Roof:
     def compute(self) -> Ceiling:
         return self.find("FP32")  # type: ignore[return-value]
 
-    def ridge(self, compute: Ceiling | None = None) -> float:
-        """Arithmetic intensity (FLOP/byte) where the classifying memory roof meets a compute roof."""
-        return (compute or self.compute).per_s / self.memory.per_s
+    def ridge(self, compute: Ceiling | None = None, memory: Ceiling | None = None) -> float:
+        """Arithmetic intensity (FLOP/byte) where a memory roof (the classifying one by default) meets a compute roof."""
+        return (compute or self.compute).per_s / (memory or self.memory).per_s
 
-    def attainable(self, intensity: float) -> float:
+    def attainable(self, intensity: float, memory: Ceiling | None = None) -> float:
         """FLOP/s the roof allows at an arithmetic intensity."""
-        return min(self.memory.per_s * intensity, self.compute.per_s)
+        return min((memory or self.memory).per_s * intensity, self.compute.per_s)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -101,7 +98,7 @@ class Roof:
             "compute_roof": self.compute.name,
             "ceilings": [
                 {"kind": c.kind, "name": c.name, "value": c.value, "unit": "GB/s" if c.kind == "memory" else "TFLOP/s",
-                 "source": c.source, "label": c.label}
+                 "source": c.source, "spread": c.spread, "label": c.label}
                 for c in self.ceilings
             ],
             "ridges": {c.name: self.ridge(c) for c in self.ceilings if c.kind == "compute"},
@@ -110,7 +107,7 @@ class Roof:
 
 @dataclass
 class Point:
-    """One kernel row placed on the roofline and classified."""
+    """One kernel row placed on the roofline and classified; `level` is the memory level its bytes were counted at."""
 
     row: dict[str, Any]
     file: str
@@ -125,6 +122,10 @@ class Point:
     bound: str
     pct_of_roof: float
     us_left: float
+    tolerance: float = 0.0
+    provenance: str = ""
+    level: str = "DRAM"
+    roof_name: str = ""
     modelled_bytes: float | None = None
     modelled_intensity: float | None = None
     modelled_flops_per_s: float | None = None
@@ -143,15 +144,22 @@ class Point:
 
     @property
     def above_roof(self) -> bool:
-        return self.pct_of_roof > 100.0
+        """Above the roof by more than the measurement's and the ceiling's spreads allow: a counting error."""
+        return self.pct_of_roof > 100.0 * (1.0 + self.tolerance)
+
+    @property
+    def at_roof(self) -> bool:
+        """Above 100% of the roof but inside the tolerance: at the roof, within noise."""
+        return 100.0 < self.pct_of_roof <= 100.0 * (1.0 + self.tolerance)
 
     def config(self) -> tuple:
-        return tuple(self.row.get(k) for k in CONFIG_KEYS)
+        return tuple(self.row.get(k) for k in CONFIG_KEYS) + (self.level,)
 
     def to_dict(self) -> dict[str, Any]:
         r = self.row
         return {
             "file": self.file,
+            "provenance": self.provenance,
             "op": r.get("op"),
             "preset": r.get("preset"),
             "variant": r.get("variant"),
@@ -163,6 +171,7 @@ class Point:
             "io_dtype": r.get("io_dtype"),
             "draft": r.get("draft"),
             "source": r.get("source"),
+            "level": self.level,
             "us": self.us,
             "bytes": self.bytes,
             "bytes_source": self.bytes_source,
@@ -170,12 +179,46 @@ class Point:
             "intensity": self.intensity,
             "flops_per_s": self.flops_per_s,
             "gbs": self.gbs,
+            "roof": self.roof_name,
             "roof_flops_per_s": self.roof_flops_per_s,
             "bound": self.bound,
             "pct_of_roof": self.pct_of_roof,
+            "tolerance_pct": 100.0 * self.tolerance,
             "distance_to_roof_pct": 100.0 - self.pct_of_roof,
             "us_left": self.us_left,
             "above_roof": self.above_roof,
+        }
+
+
+@dataclass
+class Pair:
+    """A kernel and the baseline its speedup is over: the arrow of the figure and a point of the speedup panel."""
+
+    base: Point
+    point: Point
+    speedup: float
+    lo: float | None
+    hi: float | None
+    over: str
+
+    @property
+    def measured(self) -> bool:
+        return not (self.base.predicted or self.point.predicted)
+
+    @property
+    def label(self) -> str:
+        return f"{self.speedup:.2f}x" if self.measured else f"{self.speedup:.2f}x pred."
+
+    def interval(self) -> str:
+        if self.lo is None or self.hi is None or self.lo == self.hi:
+            return ""
+        return f" ({self.lo:.2f}–{self.hi:.2f})"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "point": describe(self.point.row), "base": describe(self.base.row), "file": self.point.file,
+            "speedup": self.speedup, "speedup_lo": self.lo, "speedup_hi": self.hi, "speedup_over": self.over,
+            "measured": self.measured,
         }
 
 
@@ -186,37 +229,40 @@ class Placement:
     roof: Roof
     files: list[tuple[str, Results]]
     points: list[Point]
+    bytes_source: str = "modelled"
+    phases: tuple[str, ...] = ("avg",)
     e2e: list[tuple[int, dict[str, Any]]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    _pairs: list[Pair] | None = None
+
+    @property
+    def pairs(self) -> list[Pair]:
+        if self._pairs is None:
+            self._pairs = speedup_pairs(self.points)
+        return self._pairs
+
+    def shown(self) -> list[Point]:
+        """The points of the phases asked for (the whole-window average unless told otherwise)."""
+        return [p for p in self.points if p.row.get("phase", "avg") in self.phases]
 
     def warnings(self) -> list[str]:
-        """One line per point above a roof: such a point is a measurement error, never a win."""
+        """One line per point above its roof by more than its tolerance: a counting error, never a win."""
         lines = []
         hbm = self.roof.find("HBM")
         for p in self.points:
             if not p.above_roof:
                 continue
-            hit = self.roof.memory if p.bound == "memory" else self.roof.compute
+            hit = self.roof.find(p.roof_name) if p.bound == "memory" else self.roof.compute
             also = ""
-            if hbm is not None and hit is not hbm and p.flops_per_s > min(hbm.per_s * p.intensity, self.roof.compute.per_s):
+            if (p.level == "DRAM" and hbm is not None and hit is not hbm
+                    and p.flops_per_s > self.roof.attainable(p.intensity, hbm) * (1 + p.tolerance)):
                 also = ", above the datasheet HBM roof as well"
             lines.append(
-                f"{p.file}: {describe(p.row)} sits {p.pct_of_roof - 100:.1f}% above the {hit.label} roof{also}: "
+                f"{p.file}: {describe(p.row)}{'' if p.level == 'DRAM' else ' (' + p.level + ' bytes)'} sits "
+                f"{p.pct_of_roof - 100:.1f}% above the {hit.label} roof (beyond its ±{100 * p.tolerance:.1f}% tolerance){also}: "
                 "a measurement error (cache-resident data, wrong byte or FLOP count, wrong units), not a win"
             )
         return lines
-
-
-def variant_style(variant: str, others: dict[str, str] | None = None) -> tuple[str, str]:
-    """Legend label and colour of a variant; 'baseline:<name>' and unknown variants get their own colour."""
-    if variant in VARIANT_STYLE:
-        return VARIANT_STYLE[variant]
-    label = f"baseline: {variant.split(':', 1)[1]}" if variant.startswith("baseline:") else variant
-    if others is None:
-        return label, OTHER_COLOURS[0]
-    if variant not in others:
-        others[variant] = OTHER_COLOURS[len(others) % len(OTHER_COLOURS)]
-    return label, others[variant]
 
 
 def describe(row: dict[str, Any], batch: bool = True) -> str:
@@ -252,9 +298,11 @@ def results_gpu_name(results: Results) -> str | None:
 
 
 def _positive(value: Any) -> float | None:
+    if isinstance(value, bool):
+        return None
     try:
         v = float(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         return None
     return v if math.isfinite(v) and v > 0 else None
 
@@ -273,6 +321,14 @@ def _origin_spec(results: Results, name: str | None):
         except UserError:
             continue
     return None
+
+
+def _ceiling_spread(recorded: dict[str, Any], key: str) -> float:
+    """A measured ceiling's recorded run-to-run spread (`<key>_spread` or `spread: {key: ...}`), else the default."""
+    spreads = recorded.get("spread")
+    value = spreads.get(key) if isinstance(spreads, dict) else recorded.get(f"{key}_spread")
+    v = _positive(value)
+    return v if v is not None and v < 1 else DEFAULT_CEILING_SPREAD
 
 
 def roof_for(results: Results, gpu: str | None = None) -> Roof:
@@ -307,16 +363,17 @@ def roof_for(results: Results, gpu: str | None = None) -> Roof:
         ceilings.append(Ceiling("memory", "HBM", hbm, "datasheet"))
     copy = _positive(recorded.get("copy_gbs")) if measured else None
     if copy is not None:
-        ceilings.append(Ceiling("memory", "copy", copy, "measured"))
+        ceilings.append(Ceiling("memory", "copy", copy, "measured", _ceiling_spread(recorded, "copy_gbs")))
     l2 = _positive(recorded.get("l2_gbs"))
     if l2 is not None:
-        ceilings.append(Ceiling("memory", "L2", l2, "measured"))
+        ceilings.append(Ceiling("memory", "L2", l2, "measured", _ceiling_spread(recorded, "l2_gbs")))
     for key, short in (("fp32_tflops", "FP32"), ("tf32_tflops", "TF32"), ("bf16_tflops", "BF16")):
         value, source = _positive(recorded.get(key)), "measured" if measured else "datasheet"
+        spread = _ceiling_spread(recorded, key)
         if value is None and spec is not None:
-            value, source = _positive(getattr(spec, key, None)), "datasheet"
+            value, source, spread = _positive(getattr(spec, key, None)), "datasheet", DEFAULT_CEILING_SPREAD
         if value is not None:
-            ceilings.append(Ceiling("compute", short, value, source))
+            ceilings.append(Ceiling("compute", short, value, source, spread))
 
     roof = Roof(gpu=name or "unknown GPU", ceilings=tuple(ceilings))
     where = f"GPU {name!r}" if name else "a results file that names no GPU"
@@ -328,39 +385,87 @@ def roof_for(results: Results, gpu: str | None = None) -> Roof:
     return roof
 
 
+def _sum_positive(row: dict[str, Any], *keys: str) -> float | None:
+    values = [row.get(k) for k in keys]
+    if all(v is None for v in values):
+        return None
+    try:
+        return _positive(sum(float(v) for v in values if v is not None))
+    except (TypeError, ValueError):
+        return None
+
+
 def _time_bytes_flops(row: dict[str, Any], bytes_source: str) -> tuple[float | None, float | None, float | None, bool]:
-    """A row's µs, bytes and FLOPs per step, and whether the bytes are Nsight Compute's."""
+    """A row's µs, bytes and FLOPs per step, and whether the bytes are Nsight Compute's DRAM bytes."""
     us = _positive(row.get("us"))
-    modelled = None
-    if row.get("bytes_read") is not None or row.get("bytes_written") is not None:
-        modelled = _positive((row.get("bytes_read") or 0) + (row.get("bytes_written") or 0))
+    modelled = _sum_positive(row, "bytes_read", "bytes_written")
     flops = _positive(row.get("flops"))
     if us is not None and modelled is None and flops is not None and _positive(row.get("intensity")):
         modelled = flops / float(row["intensity"])
     if flops is None and us is not None and _positive(row.get("flops_per_s")):
         flops = float(row["flops_per_s"]) * us * 1e-6
-    has_ncu = row.get("x_ncu_bytes_read") is not None or row.get("x_ncu_bytes_written") is not None
-    if bytes_source == "measured" and has_ncu:
-        measured = _positive((row.get("x_ncu_bytes_read") or 0) + (row.get("x_ncu_bytes_written") or 0))
-        return us, measured, _positive(row.get("x_ncu_flops")) or flops, True
+    if bytes_source == "measured":
+        measured = _sum_positive(row, "x_ncu_bytes_read", "x_ncu_bytes_written")
+        if measured is not None:
+            return us, measured, _positive(row.get("x_ncu_flops")) or flops, True
     return us, modelled, flops, False
 
 
-def place(files: Sequence[tuple[str, Results]], roof: Roof, bytes_source: str = "modelled") -> Placement:
+def time_spread(row: dict[str, Any]) -> float:
+    """How much faster than its median a row's fast quartile ran, as a fraction (0 where the row keeps no samples)."""
+    us, p25 = _positive(row.get("us")), _positive(row.get("x_us_p25"))
+    if us is not None and p25 is not None:
+        return max(0.0, us / p25 - 1.0)
+    spread = _positive(row.get("spread"))
+    return spread / 2 if spread is not None and spread < 2 else 0.0
+
+
+def provenance(row: dict[str, Any], results: Results) -> str:
+    """Where a row's figure comes from: predicted (how), or measured in which file, on which GPU, when, at which commit."""
+    if row.get("source") == "predicted":
+        how = row.get("x_prediction")
+        if isinstance(how, dict):
+            parts = [str(how.get("method") or "cost model")]
+            if how.get("calibrated_on"):
+                parts.append(f"calibrated on {how['calibrated_on']}")
+            if _positive(how.get("fit_error")):
+                parts.append(f"±{100 * float(how['fit_error']):.0f}%")
+            return "predicted (" + ", ".join(parts) + ")"
+        return "predicted (cost model bytes and FLOPs over the ceilings)"
+    where = row.get("x_file") if isinstance(row.get("x_file"), dict) else {}
+    name = where.get("file") or (results.path.name if results.path is not None else None)
+    date = str(where.get("date") or results.created or "")[:10]
+    commit = str(where.get("commit") or results.environment.get("commit") or "")[:7]
+    details = ", ".join(x for x in (results_gpu_name(results) or "unknown GPU", date, commit) if x)
+    return f"measured: {name} ({details})" if name else f"measured ({details})"
+
+
+def place(
+    files: Sequence[tuple[str, Results]],
+    roof: Roof,
+    bytes_source: str = "modelled",
+    phases: Sequence[str] = ("avg",),
+) -> Placement:
     """Place every kernel row with a time on the roof and classify it; e2e rows are kept for their own panel.
 
     `bytes_source` 'measured' places points by Nsight Compute's DRAM bytes (x_ncu_bytes_read,
-    x_ncu_bytes_written, x_ncu_flops) and keeps the modelled position for the difference; a file without
-    them is said so in a note and placed by its modelled bytes.
+    x_ncu_bytes_written, x_ncu_flops) and keeps the modelled position for the difference, and adds an
+    L2 point per kernel where the row holds Nsight Compute's L2 bytes (x_ncu_l2_bytes): the
+    hierarchical roofline. A file without them is said so in a note and placed by its modelled bytes.
+    Every row is placed whatever `phases` holds; `phases` says which the figure shows.
     """
     if bytes_source not in BYTES_SOURCES:
         raise ValueError(f"bytes_source must be one of {', '.join(BYTES_SOURCES)}, not {bytes_source!r}")
-    placement = Placement(roof=roof, files=list(files), points=[])
-    mem, comp = roof.memory.per_s, roof.compute.per_s
+    placement = Placement(roof=roof, files=list(files), points=[], bytes_source=bytes_source, phases=tuple(phases))
+    l2 = roof.find("L2")
     for index, (label, results) in enumerate(files):
         failed = untimed = 0
         any_measured = False
+        file_source = provenance({"source": "measured"}, results)
         for row in results.rows:
+            if not isinstance(row, dict):
+                untimed += 1
+                continue
             if row.get("kind", "kernel") == "e2e":
                 placement.e2e.append((index, row))
                 continue
@@ -372,35 +477,22 @@ def place(files: Sequence[tuple[str, Results]], roof: Roof, bytes_source: str = 
                 untimed += 1
                 continue
             any_measured |= is_measured
-            intensity = flops / nbytes
-            attained = flops / (us * 1e-6)
-            roof_at = roof.attainable(intensity)
-            point = Point(
-                row=row,
-                file=label,
-                file_index=index,
-                us=us,
-                bytes=nbytes,
-                flops=flops,
-                intensity=intensity,
-                flops_per_s=attained,
-                bytes_source="measured" if is_measured else "modelled",
-                roof_flops_per_s=roof_at,
-                bound="memory" if intensity < comp / mem else "compute",
-                pct_of_roof=100.0 * attained / roof_at,
-                us_left=us - 1e6 * max(nbytes / mem, flops / comp),
-            )
+            source = provenance(row, results) if "x_file" in row or row.get("source") == "predicted" else file_source
+            point = _point(row, label, index, us, nbytes, flops, roof, roof.memory, source, "measured" if is_measured else "modelled")
             if is_measured:
                 _, modelled, mflops, _ = _time_bytes_flops(row, "modelled")
                 if modelled is not None and mflops is not None:
                     point.modelled_bytes = modelled
                     point.modelled_intensity = mflops / modelled
                     point.modelled_flops_per_s = mflops / (us * 1e-6)
+                l2_bytes = _positive(row.get("x_ncu_l2_bytes"))
+                if l2_bytes is not None and l2 is not None:
+                    placement.points.append(_point(row, label, index, us, l2_bytes, flops, roof, l2, source, "measured", "L2"))
             placement.points.append(point)
         if failed:
             placement.notes.append(f"{label}: {failed} failed row(s) carry no time and are not plotted")
         if untimed:
-            placement.notes.append(f"{label}: {untimed} row(s) without a time, bytes or FLOPs are not plotted")
+            placement.notes.append(f"{label}: {untimed} row(s) without a usable time, bytes or FLOPs are not plotted")
         if bytes_source == "measured" and not any_measured:
             placement.notes.append(
                 f"{label} has no measured DRAM bytes (x_ncu_bytes_read/written): its points use the modelled bytes"
@@ -413,74 +505,100 @@ def place(files: Sequence[tuple[str, Results]], roof: Roof, bytes_source: str = 
     return placement
 
 
-def file_labels(paths: Sequence[Path]) -> list[str]:
-    """Short, distinct names for results files (their stems, with the folder where stems repeat)."""
-    stems = [p.stem for p in paths]
-    labels = [f"{p.parent.name}/{p.stem}" if stems.count(p.stem) > 1 else p.stem for p in paths]
-    return [f"{lab} ({i + 1})" if labels.count(lab) > 1 else lab for i, lab in enumerate(labels)]
+def _point(row, label, index, us, nbytes, flops, roof: Roof, memory: Ceiling, source: str, bytes_source: str,
+           level: str = "DRAM") -> Point:
+    intensity = flops / nbytes
+    attained = flops / (us * 1e-6)
+    roof_at = roof.attainable(intensity, memory)
+    bound = "memory" if intensity < roof.ridge(memory=memory) else "compute"
+    ceiling = memory if bound == "memory" else roof.compute
+    return Point(
+        row=row,
+        file=label,
+        file_index=index,
+        us=us,
+        bytes=nbytes,
+        flops=flops,
+        intensity=intensity,
+        flops_per_s=attained,
+        bytes_source=bytes_source,
+        roof_flops_per_s=roof_at,
+        bound=bound,
+        pct_of_roof=100.0 * attained / roof_at,
+        us_left=us - 1e6 * max(nbytes / memory.per_s, flops / roof.compute.per_s),
+        tolerance=time_spread(row) + ceiling.spread,
+        provenance=source,
+        level=level,
+        roof_name=ceiling.name,
+    )
 
 
-def _fmt(value: Any) -> str:
-    if isinstance(value, bool) or value is None:
-        return str(value)
-    if isinstance(value, int):
-        return f"{value:,}"
-    if isinstance(value, float):
-        if value != 0 and (abs(value) >= 1e6 or abs(value) < 1e-3):
-            return f"{value:.4g}"
-        return f"{value:,.4g}"
-    return str(value)
+def _quartiles(row: dict[str, Any]) -> tuple[float, float] | None:
+    """A row's per-token p25 and p75, from its samples' quartiles or its spread."""
+    us = _positive(row.get("us"))
+    per_token = _positive(row.get("us_per_token")) or us
+    if us is None or per_token is None:
+        return None
+    scale = per_token / us
+    p25, p75 = _positive(row.get("x_us_p25")), _positive(row.get("x_us_p75"))
+    if p25 is not None and p75 is not None:
+        return p25 * scale, p75 * scale
+    spread = _positive(row.get("spread"))
+    if spread is not None and spread < 2:
+        return per_token * (1 - spread / 2), per_token * (1 + spread / 2)
+    return None
 
 
-def hover_text(point: Point, roof: Roof) -> str:
-    """Every field of the row, after the placement: µs, GB/s, share of the roof, bytes, FLOPs and the rest."""
-    pct_bw = 100 * point.gbs * 1e9 / roof.memory.per_s
-    lines = [
-        f"<b>{describe(point.row)}</b> ({point.file})",
-        f"µs: {point.us:,.2f}   GB/s: {point.gbs:,.0f}   % of {roof.memory.name} ceiling: {pct_bw:.1f}",
-        f"intensity: {point.intensity:.3g} FLOP/B   attained: {point.flops_per_s / 1e12:.3g} TFLOP/s",
-        f"roof here: {point.roof_flops_per_s / 1e12:.3g} TFLOP/s ({point.bound}-bound), "
-        f"{point.pct_of_roof:.1f}% of roof, {point.us_left:,.2f} µs left",
-        f"bytes ({point.bytes_source}): {point.bytes:,.0f}   FLOPs: {point.flops:,.0f}",
-    ]
-    if point.modelled_bytes is not None:
-        diff = 100.0 * (point.bytes - point.modelled_bytes) / point.modelled_bytes
-        lines.append(f"modelled bytes: {point.modelled_bytes:,.0f} (measured {diff:+.1f}%)")
-    return "<br>".join(lines + _row_fields(point.row))
+def pair_speedup(base: dict[str, Any], row: dict[str, Any], over: str) -> tuple[float, float | None, float | None]:
+    """A row's speedup over its baseline row, per token, with the pessimistic and optimistic bounds from the quartiles.
+
+    The row's own `speedup` is used where its `speedup_over` names this baseline (or, in files written before
+    that field, where its `speedup` meant this baseline: ReplaySSM and split rows); a speculative row of such a
+    file holds its speedup over plain decode there, so its speedup over snapshots is computed from the pair.
+    """
+    if "speedup_over" in row:
+        own = row.get("speedup_over") == over
+    else:
+        own = over in ("conventional", "fp32-conventional") and row.get("variant") in ("replay", "split")
+    if own and _positive(row.get("speedup")) is not None:
+        return float(row["speedup"]), _positive(row.get("speedup_lo")), _positive(row.get("speedup_hi"))
+    if over == "snapshots" and "speedup_over" not in row and _positive(row.get("x_spec_speedup")) is not None:
+        return float(row["x_spec_speedup"]), _positive(row.get("x_spec_speedup_lo")), _positive(row.get("x_spec_speedup_hi"))
+    b_tok = _positive(base.get("us_per_token")) or float(base["us"])
+    r_tok = _positive(row.get("us_per_token")) or float(row["us"])
+    bq, rq = _quartiles(base), _quartiles(row)
+    if bq is None or rq is None:
+        return b_tok / r_tok, None, None
+    return b_tok / r_tok, bq[0] / rq[1], bq[1] / rq[0]
 
 
-def _row_fields(row: dict[str, Any]) -> list[str]:
-    keys = [k for k in ROW_FIELDS if k in row] + sorted(k for k in row if k not in ROW_FIELDS)
-    return [f"{k}: {_fmt(row[k])}" for k in keys if row[k] is not None]
+def speedup_pairs(points: Sequence[Point]) -> list[Pair]:
+    """Every whole-window-average DRAM point paired with the baseline its speedup is over, in the same file.
 
-
-def _marker_size(batch: Any) -> float:
-    b = _positive(batch) or 1.0
-    return 7.0 + 2.5 * math.log2(b)
-
-
-def _symbol(file_index: int, predicted: bool) -> str:
-    base = FILE_SYMBOLS[file_index % len(FILE_SYMBOLS)]
-    return f"{base}-open" if predicted else base
-
-
-def speedup_pairs(points: Sequence[Point]) -> list[tuple[Point, Point, float, bool]]:
-    """(conventional point, ReplaySSM counterpart, speedup, measured) for every pair in the same file."""
+    The baseline is the one the row's `speedup_over` names ("conventional": the conventional step at the same
+    state precision; "snapshots": the snapshot-writing verify at the same draft width; "fp32-conventional":
+    the fp32 conventional step), or for rows without that field the one their variant's speedup is over.
+    """
+    index: dict[tuple, Point] = {}
+    for p in points:
+        if p.level == "DRAM" and p.row.get("phase", "avg") == "avg" and p.variant in ("conventional", "spec-conventional"):
+            key = (p.file_index, p.variant, p.row.get("state_dtype"), p.row.get("draft") or 0)
+            index.setdefault(key + tuple(p.row.get(k) for k in PAIR_KEYS), p)
     pairs = []
-    for base_variant, replay_variant in ARROW_PAIRS:
-        bases = [p for p in points if p.variant == base_variant]
-        for r in points:
-            if r.variant != replay_variant or r.row.get("phase") != "avg":
-                continue
-            for b in bases:
-                if b.file_index != r.file_index or any(b.row.get(k) != r.row.get(k) for k in PAIR_KEYS):
-                    continue
-                speed = _positive(r.row.get("speedup"))
-                if speed is None:
-                    bu = _positive(b.row.get("us_per_token")) or b.us
-                    ru = _positive(r.row.get("us_per_token")) or r.us
-                    speed = bu / ru
-                pairs.append((b, r, speed, not (b.predicted or r.predicted)))
+    for p in points:
+        if p.level != "DRAM" or p.row.get("phase", "avg") != "avg":
+            continue
+        over = p.row.get("speedup_over") if "speedup_over" in p.row else DEFAULT_OVER.get(p.variant)
+        if over not in BASELINE_OF or p.variant in ("conventional", "spec-conventional") and over == "conventional":
+            continue
+        variant, fp32 = BASELINE_OF[over]
+        draft = (p.row.get("draft") or 0) if variant == "spec-conventional" else 0
+        key = (p.file_index, variant, "fp32" if fp32 else p.row.get("state_dtype"), draft)
+        base = index.get(key + tuple(p.row.get(k) for k in PAIR_KEYS))
+        if base is None or base is p:
+            continue
+        speed, lo, hi = pair_speedup(base.row, p.row, over)
+        pairs.append(Pair(base=base, point=p, speedup=speed, lo=lo, hi=hi, over=over))
     return pairs
 
 
@@ -498,377 +616,11 @@ def before_after_pairs(points: Sequence[Point]) -> list[tuple[Point, Point]]:
     return pairs
 
 
-def build_figure(placement: Placement):
-    """The plotly figure: the roofline (ceilings, points, speedup arrows), % of the ceiling against batch, e2e shares."""
-    from plotly.subplots import make_subplots
-
-    roof = placement.roof
-    titles = [f"Roofline, {roof.gpu}", f"Achieved bandwidth as % of the {roof.memory.label} ceiling"]
-    heights = [0.62, 0.38]
-    if placement.e2e:
-        titles.append("Whole-model decode step: share of time")
-        heights = [0.5, 0.25, 0.25]
-    fig = make_subplots(rows=len(titles), cols=1, subplot_titles=titles, row_heights=heights, vertical_spacing=0.09)
-    x_range, y_range = _roofline_ranges(placement)
-    _ceilings(fig, roof, x_range)
-    others: dict[str, str] = {}
-    _points(fig, placement, others)
-    _arrows(fig, placement)
-    _bandwidth_panel(fig, placement, others)
-    if placement.e2e:
-        _e2e_panel(fig, placement)
-
-    log_x, log_y = [math.log10(v) for v in x_range], [math.log10(v) for v in y_range]
-    fig.update_xaxes(type="log", title_text="arithmetic intensity (FLOP/byte)", range=log_x, row=1, col=1)
-    fig.update_yaxes(type="log", title_text="attained FLOP/s", exponentformat="SI", range=log_y, row=1, col=1)
-    batches = sorted({int(p.row["batch"]) for p in placement.points if _positive(p.row.get("batch"))})
-    fig.update_xaxes(type="log", title_text="batch size", tickvals=batches or None, row=2, col=1)
-    fig.update_yaxes(title_text=f"% of {roof.memory.name} bandwidth", rangemode="tozero", row=2, col=1)
-    names = [label for label, _ in placement.files]
-    fig.update_layout(
-        title={"text": f"ReplaySSM roofline · {roof.gpu} · {', '.join(names)}", "x": 0.01},
-        template="plotly_white",
-        height=1500 if placement.e2e else 1150,
-        hovermode="closest",
-        legend={"groupclick": "toggleitem", "tracegroupgap": 4, "itemsizing": "constant", "traceorder": "grouped"},
-        barmode="stack",
-        meta={"gpu": roof.gpu, "roof": roof.to_dict(), "files": names},
-    )
-    return fig
-
-
-def _roofline_ranges(placement: Placement) -> tuple[tuple[float, float], tuple[float, float]]:
-    """Axis ranges that hold every point, every ridge and the top compute roof."""
-    roof, points = placement.roof, placement.points
-    computes = [c for c in roof.ceilings if c.kind == "compute"]
-    xs = [p.intensity for p in points] + [p.modelled_intensity for p in points if p.modelled_intensity]
-    xs += [roof.ridge(c) for c in computes]
-    ys = [p.flops_per_s for p in points] + [p.modelled_flops_per_s for p in points if p.modelled_flops_per_s]
-    x_lo, x_hi = min(xs) / 4, max(xs) * 4
-    y_lo = min(ys + [roof.memory.per_s * x_lo]) / 4
-    return (x_lo, x_hi), (y_lo, max(c.per_s for c in computes) * 3)
-
-
-def _ceilings(fig, roof: Roof, x_range: tuple[float, float]) -> None:
-    import plotly.graph_objects as go
-
-    x_lo, x_hi = x_range
-    memories = [c for c in roof.ceilings if c.kind == "memory"]
-    computes = [c for c in roof.ceilings if c.kind == "compute"]
-    top = max(c.per_s for c in computes)
-    text_font = {"size": 11, "color": "#444"}
-
-    def line(c: Ceiling, dash: str) -> dict:
-        main = c is roof.memory or c is roof.compute
-        return {"color": "#333" if main else "#888", "width": 2 if main else 1.4, "dash": dash}
-
-    def meta(c: Ceiling) -> dict:
-        return {"role": "ceiling", "kind": c.kind, "name": c.name, "value": c.value, "source": c.source}
-
-    dashes = {"HBM": "dash", "copy": "solid", "L2": "dot"}
-    # Labels sit at staggered places along the diagonals so that close bandwidths don't print over each other.
-    for i, c in enumerate(sorted(memories, key=lambda c: c.value)):
-        x_end = min(x_hi, top / c.per_s)
-        x_mid = x_lo * (x_end / x_lo) ** (0.55 + 0.14 * i)
-        fig.add_trace(
-            go.Scatter(
-                x=[x_lo, x_mid, x_end],
-                y=[c.per_s * x_lo, c.per_s * x_mid, c.per_s * x_end],
-                mode="lines+text",
-                text=["", c.label, ""],
-                textposition="top left",
-                textfont=text_font,
-                line=line(c, dashes.get(c.name, "solid")),
-                name=c.label,
-                legendgroup="ceilings",
-                legendgrouptitle_text="ceilings",
-                hovertemplate=c.label + "<extra></extra>",
-                meta=meta(c),
-            ),
-            row=1, col=1,
-        )
-    dashes = {"FP32": "solid", "TF32": "dashdot", "BF16": "longdash"}
-    by_rate = sorted(computes, key=lambda c: c.value)
-    for i, c in enumerate(by_rate):
-        text = f"{c.label}, ridge {roof.ridge(c):.3g} FLOP/B"
-        # Close rates (TF32 and BF16) put their labels on opposite sides of their lines.
-        below = i + 1 < len(by_rate) and by_rate[i + 1].value < 2 * c.value
-        fig.add_trace(
-            go.Scatter(
-                x=[roof.ridge(c), x_hi],
-                y=[c.per_s, c.per_s],
-                mode="lines+text",
-                text=["", text],
-                textposition="bottom left" if below else "top left",
-                textfont=text_font,
-                line=line(c, dashes.get(c.name, "solid")),
-                name=c.label,
-                legendgroup="ceilings",
-                hovertemplate=text + "<extra></extra>",
-                meta=meta(c),
-            ),
-            row=1, col=1,
-        )
-    ridges = {c.name: roof.ridge(c) for c in computes}
-    fig.add_trace(
-        go.Scatter(
-            x=list(ridges.values()),
-            y=[c.per_s for c in computes],
-            mode="markers",
-            marker={"symbol": "x-thin-open", "size": 12, "color": "#222", "line": {"width": 2}},
-            text=[f"ridge {name}: {r:.3g} FLOP/B on the {roof.memory.label} roof" for name, r in ridges.items()],
-            name=f"ridge points ({roof.memory.name} roof)",
-            legendgroup="ceilings",
-            hovertemplate="%{text}<extra></extra>",
-            meta={"role": "ridge", "memory": roof.memory.name, "ridges": ridges},
-        ),
-        row=1, col=1,
-    )
-
-
-def _points(fig, placement: Placement, others: dict[str, str]) -> None:
-    import plotly.graph_objects as go
-
-    groups: dict[tuple[int, str], list[Point]] = {}
-    for p in placement.points:
-        groups.setdefault((p.file_index, p.variant), []).append(p)
-    several = len(placement.files) > 1
-    for (index, variant), group in sorted(groups.items(), key=lambda kv: (kv[0][0], _variant_order(kv[0][1]))):
-        label, colour = variant_style(variant, others)
-        file_label = placement.files[index][0]
-        fig.add_trace(
-            go.Scatter(
-                x=[p.intensity for p in group],
-                y=[p.flops_per_s for p in group],
-                mode="markers",
-                name=f"{label} · {file_label}" if several else label,
-                legendgroup=f"{index}:{variant}",
-                marker={
-                    "color": colour,
-                    "size": [_marker_size(p.row.get("batch")) for p in group],
-                    "symbol": [_symbol(index, p.predicted) for p in group],
-                    "line": {"color": colour, "width": [2 if p.predicted else 0.8 for p in group]},
-                    # Earlier files of a before/after overlay are drawn fainter.
-                    "opacity": 0.55 if several and index < len(placement.files) - 1 else 0.9,
-                },
-                hovertext=[hover_text(p, placement.roof) for p in group],
-                hoverinfo="text",
-                meta={
-                    "role": "points",
-                    "variant": variant,
-                    "file": file_label,
-                    "predicted": [p.predicted for p in group],
-                    "batch": [p.row.get("batch") for p in group],
-                    "rows": [describe(p.row) for p in group],
-                },
-            ),
-            row=1, col=1,
-        )
-
-    moved = [p for p in placement.points if p.modelled_intensity is not None]
-    if moved:
-        xs, ys, hover = [], [], []
-        for p in moved:
-            xs += [p.modelled_intensity, p.intensity, None]
-            ys += [p.modelled_flops_per_s, p.flops_per_s, None]
-            diff = 100.0 * (p.bytes - p.modelled_bytes) / p.modelled_bytes
-            text = f"{describe(p.row)}: modelled {p.modelled_bytes:,.0f} B, measured {p.bytes:,.0f} B ({diff:+.1f}%)"
-            hover += [text] * 3
-        fig.add_trace(
-            go.Scatter(
-                x=xs, y=ys, mode="lines", name="modelled → measured bytes",
-                line={"color": "#999", "width": 1, "dash": "dot"},
-                hovertext=hover, hoverinfo="text", meta={"role": "bytes-difference", "count": len(moved)},
-            ),
-            row=1, col=1,
-        )
-
-    links = before_after_pairs(placement.points) if several else []
-    if links:
-        xs, ys = [], []
-        for b, a in links:
-            xs += [b.intensity, a.intensity, None]
-            ys += [b.flops_per_s, a.flops_per_s, None]
-        fig.add_trace(
-            go.Scatter(
-                x=xs, y=ys, mode="lines", name="before → after (same configuration)",
-                line={"color": "#777", "width": 1, "dash": "dot"},
-                hoverinfo="skip", meta={"role": "before-after", "count": len(links)},
-            ),
-            row=1, col=1,
-        )
-
-
-def _arrows(fig, placement: Placement) -> None:
-    for base, rep, speed, measured in speedup_pairs(placement.points):
-        text = f"{speed:.2f}x" if measured else f"{speed:.2f}x pred."
-        info = f"{describe(base.row)} → {describe(rep.row)}: {text}"
-        colour = variant_style(rep.variant)[1]
-        # Annotations on log axes take log10 coordinates.
-        head = (math.log10(rep.intensity), math.log10(rep.flops_per_s))
-        tail = (math.log10(base.intensity), math.log10(base.flops_per_s))
-        fig.add_annotation(
-            x=head[0], y=head[1], ax=tail[0], ay=tail[1], xref="x", yref="y", axref="x", ayref="y",
-            text="", showarrow=True, arrowhead=2, arrowsize=1.1, arrowwidth=1.4, arrowcolor=colour,
-            standoff=4, startstandoff=4, name="speedup-arrow", hovertext=info,
-        )
-        fig.add_annotation(
-            x=(head[0] + tail[0]) / 2, y=(head[1] + tail[1]) / 2, xref="x", yref="y",
-            text=text, showarrow=False, xanchor="left", xshift=6, font={"size": 10, "color": colour},
-            bgcolor="rgba(255,255,255,0.7)", name="speedup-label", hovertext=info,
-        )
-
-
-def _variant_order(variant: str) -> int:
-    order = list(VARIANT_STYLE)
-    return order.index(variant) if variant in order else len(order)
-
-
-def _bandwidth_panel(fig, placement: Placement, others: dict[str, str]) -> None:
-    import plotly.graph_objects as go
-
-    roof = placement.roof
-    series: dict[tuple, list[Point]] = {}
-    # Whole-window averages only: the flush and non-flush phases alone are on the roofline.
-    for p in (p for p in placement.points if p.row.get("phase", "avg") == "avg"):
-        key = (p.file_index,) + tuple(p.row.get(k) for k in CONFIG_KEYS if k != "batch")
-        series.setdefault(key, []).append(p)
-    several = len(placement.files) > 1
-    for group in series.values():
-        group = sorted((p for p in group if _positive(p.row.get("batch"))), key=lambda p: p.row["batch"])
-        if not group:
-            continue
-        first = group[0]
-        colour = variant_style(first.variant, others)[1]
-        name = describe(first.row, batch=False) + (f" · {first.file}" if several else "")
-        dash = "dash" if all(p.predicted for p in group) else "solid"
-        fig.add_trace(
-            go.Scatter(
-                x=[p.row["batch"] for p in group],
-                y=[100.0 * p.gbs * 1e9 / roof.memory.per_s for p in group],
-                mode="lines+markers",
-                name=name,
-                legendgroup=f"{first.file_index}:{first.variant}",
-                showlegend=False,
-                line={"color": colour, "width": 1.6, "dash": dash},
-                marker={"color": colour, "size": 7, "symbol": [_symbol(first.file_index, p.predicted) for p in group]},
-                hovertemplate=name + "<br>batch %{x}: %{y:.1f}% of " + roof.memory.name + "<extra></extra>",
-                meta={"role": "bandwidth", "variant": first.variant, "file": first.file},
-            ),
-            row=2, col=1,
-        )
-    fig.add_hline(
-        y=100, line={"color": "#333", "width": 1.5}, row=2, col=1,
-        annotation_text=roof.memory.label, annotation_position="top left", name="ceiling-100",
-    )
-
-
-def _e2e_panel(fig, placement: Placement) -> None:
-    import plotly.graph_objects as go
-
-    several = len(placement.files) > 1
-    rows = sorted(
-        placement.e2e,
-        key=lambda ir: (ir[0], str(ir[1].get("preset")), str(ir[1].get("variant")), ir[1].get("batch") or 0),
-    )
-    presets = {row.get("preset") for _, row in rows}
-    cats, hover = [], []
-    for index, row in rows:
-        label = f"{variant_style(str(row.get('variant')))[0]} · B{row.get('batch')}"
-        if len(presets) > 1:
-            label = f"{row.get('preset')} · {label}"
-        cats.append(label + (f" · {placement.files[index][0]}" if several else ""))
-        hover.append("<br>".join([f"<b>{describe(row)}</b> ({placement.files[index][0]})"] + _row_fields(row)))
-    # Shares may be recorded as fractions or as percentages: a row whose shares sum to at most 1 holds fractions.
-    scales = [100.0 if sum(float(row.get(k) or 0) for k, _, _ in E2E_SHARES) <= 1.0 + 1e-6 else 1.0 for _, row in rows]
-    for key, what, colour in E2E_SHARES:
-        values = [None if row.get(key) is None else scale * float(row[key]) for (_, row), scale in zip(rows, scales)]
-        fig.add_trace(
-            go.Bar(
-                x=cats, y=values, name=what, marker={"color": colour},
-                legendgroup="e2e", legendgrouptitle_text="model step",
-                hovertext=hover, hoverinfo="text", meta={"role": "e2e", "share": key},
-            ),
-            row=3, col=1,
-        )
-    fig.update_yaxes(title_text="% of step time", range=[0, 100], row=3, col=1)
-
-
-def find_chrome() -> str | None:
-    """A Chrome or Chromium kaleido can drive, found on this machine; never downloads one."""
-    env = os.environ.get("BROWSER_PATH")
-    if env and Path(env).is_file():
-        return env
-    try:
-        from choreographer.browsers.chromium import Chromium
-
-        found = Chromium.find_browser(skip_local=False)
-    except (ImportError, AttributeError, TypeError, RuntimeError, OSError):
-        found = None
-    if found:
-        return str(found)
-    for name in ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable", "chrome"):
-        path = shutil.which(name)
-        if path:
-            return path
-    return None
-
-
-def check_outputs(paths: Sequence[Path]) -> None:
-    """Refuse, before any work, an output of unknown format or in no writable folder, or an image without Chrome."""
-    for path in paths:
-        if path.suffix.lower() not in (".html", ".htm") + IMAGE_SUFFIXES:
-            raise UserError(f"--out {path}: unknown format {path.suffix or '(no suffix)'!r}", "use .html, .png or .svg")
-        folder = Path(path).absolute().parent
-        while not folder.exists():
-            folder = folder.parent
-        if not folder.is_dir() or not os.access(folder, os.W_OK):
-            raise UserError(f"cannot write {path}: {folder} is not a writable folder", "pass another --out")
-    if not any(p.suffix.lower() in IMAGE_SUFFIXES for p in paths):
-        return
-    try:
-        import kaleido  # noqa: F401
-    except ImportError:
-        raise UserError(
-            "PNG and SVG need kaleido, which is not installed", "pip install kaleido, or write --out FILE.html"
-        ) from None
-    if find_chrome() is None:
-        raise UserError(
-            "PNG and SVG need a Chrome or Chromium for kaleido and none is installed",
-            "install one (Debian/Ubuntu: `apt-get install chromium`; or `plotly_get_chrome`), or write --out FILE.html",
-        )
-
-
-def write_figure(fig, path: Path) -> Path:
-    """Write the figure: one self-contained HTML file (plotly.js inlined, works offline), or PNG/SVG through kaleido."""
-    path = Path(path)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        _write(fig, path)
-    except OSError as exc:
-        raise UserError(f"cannot write {path}: {exc.strerror or exc}", "pass another --out") from None
-    return path
-
-
-def _write(fig, path: Path) -> None:
-    suffix = path.suffix.lower()
-    if suffix in IMAGE_SUFFIXES:
-        from kaleido.errors import JavascriptError, KaleidoError
-
-        height = int(fig.layout.height or 1150)
-        try:
-            fig.write_image(str(path), format=suffix[1:], width=1400, height=height, scale=2 if suffix == ".png" else 1)
-        except (RuntimeError, KaleidoError, JavascriptError) as exc:
-            reason = " ".join(str(exc).split())[:200]
-            raise UserError(f"kaleido could not render {path}: {reason}", "write --out FILE.html instead") from None
-        return
-    html = fig.to_html(
-        include_plotlyjs=True, full_html=True, include_mathjax=False, div_id="replayssm-roofline",
-        config={"displaylogo": False, "scrollZoom": True, "toImageButtonOptions": {"filename": path.stem}},
-    )
-    title = (fig.layout.title.text or "ReplaySSM roofline").replace("<", "&lt;")
-    html = html.replace("<head>", f"<head>\n    <title>{title}</title>", 1)
-    path.write_text(html, encoding="utf-8")
+def file_labels(paths: Sequence[Path]) -> list[str]:
+    """Short, distinct names for results files (their stems, with the folder where stems repeat)."""
+    stems = [p.stem for p in paths]
+    labels = [f"{p.parent.name}/{p.stem}" if stems.count(p.stem) > 1 else p.stem for p in paths]
+    return [f"{lab} ({i + 1})" if labels.count(lab) > 1 else lab for i, lab in enumerate(labels)]
 
 
 def load_files(paths: Sequence[Path]) -> list[tuple[str, Results]]:
@@ -876,20 +628,122 @@ def load_files(paths: Sequence[Path]) -> list[tuple[str, Results]]:
     from replayssm_cli.results import load
 
     paths = [Path(p) for p in paths]
-    return list(zip(file_labels(paths), (load(p) for p in paths)))
+    loaded = []
+    for path in paths:
+        try:
+            results = load(path)
+        except RecursionError:
+            raise UserError(f"results file {path} nests too deeply to be a results file", "pass a file written by `replayssm profile`") from None
+        except (AttributeError, TypeError) as exc:
+            raise UserError(f"results file {path} is malformed ({exc})", "pass a file written by `replayssm profile`") from None
+        check_rows(results, path)
+        loaded.append(results)
+    return list(zip(file_labels(paths), loaded))
 
 
-def load_default() -> list[tuple[str, Results]]:
-    """The newest results file under ./runs/, else the shipped H200 reference profile (its files plotted as one)."""
-    from replayssm_cli.results import load_reference, newest
+NUMERIC_FIELDS = ("us", "us_per_token", "bytes_read", "bytes_written", "flops", "intensity", "flops_per_s", "speedup",
+                  "speedup_lo", "speedup_hi", "spread", "x_us_p25", "x_us_p75", "tokens_per_step")
 
-    path = newest("runs")
-    if path is not None:
-        return load_files([path])
-    merged = load_reference("h200")
-    if merged is None:
+
+def check_rows(results: Results, path: Path | str) -> None:
+    """Refuse a results file whose rows are not objects or whose figures are not numbers (strings, negatives)."""
+    for i, row in enumerate(results.rows):
+        if not isinstance(row, dict):
+            raise UserError(f"{path}: row {i} is a {type(row).__name__}, not an object", "pass a file written by `replayssm profile`")
+        for key in NUMERIC_FIELDS:
+            value = row.get(key)
+            if value is None:
+                continue
+            number = isinstance(value, (int, float)) and not isinstance(value, bool)
+            if not number or not math.isfinite(value) or value < 0:
+                raise UserError(
+                    f"{path}: row {i} field {key!r} is {value!r}, not a non-negative number",
+                    "pass a file written by `replayssm profile`",
+                )
+
+
+@dataclass
+class Chosen:
+    """The files `roofline` plots with no argument, and one line saying which and why."""
+
+    files: list[tuple[str, Results]]
+    why: str
+    skipped: list[str] = field(default_factory=list)
+
+
+def _is_predicted(results: Results) -> bool:
+    rows = [r for r in results.rows if isinstance(r, dict)]
+    return bool(rows) and all(r.get("source") == "predicted" for r in rows)
+
+
+def load_default(directory: str | Path = "runs") -> Chosen:
+    """The newest measured results file under ./runs/ (the newest predicted one where none is measured), else the
+    shipped H200 reference profile, its files merged (a configuration measured in several kept from the newest)."""
+    from replayssm_cli.results import reference_profiles
+
+    folder = Path(directory)
+    # Temporary files of a run in progress (or killed) start with a dot and are never plotted.
+    found = [f for f in folder.glob("*.json") if not f.name.startswith(".") and f.is_file()] if folder.is_dir() else []
+    found.sort(key=lambda f: f.stat().st_mtime, reverse=True)
+    if found:
+        loaded = [(f, _try_load(f)) for f in found]
+        readable = [(f, r) for f, r in loaded if r is not None]
+        if not readable:
+            return Chosen(load_files([found[0]]), "")
+        measured = [(f, r) for f, r in readable if not _is_predicted(r)]
+        if measured:
+            path, results = measured[0]
+            newer = [f.name for f, r in readable if _is_predicted(r) and f.stat().st_mtime > path.stat().st_mtime]
+            why = f"plotting {path} (the newest measured results file in ./{folder.name}/)"
+            return Chosen([(file_labels([path])[0], results)], why, newer)
+        path, results = readable[0]
+        why = f"plotting {path}: predicted, the newest results file in ./{folder.name}/ (none there is measured)"
+        return Chosen([(file_labels([path])[0], results)], why)
+    loaded = reference_profiles("h200")
+    if not loaded:
         raise UserError(
             "no results file given, none under ./runs/ and no shipped reference profile",
             "run `replayssm profile` first, or pass a results file",
         )
-    return [("reference profile", merged)]
+    merged = merge_reference(loaded)
+    names = ", ".join(r.path.name for r in loaded if r.path is not None)
+    why = f"plotting the shipped H200 reference profile ({len(loaded)} files: {names}); no results file in ./{folder.name}/"
+    return Chosen([("reference profile", merged)], why)
+
+
+def _try_load(path: Path) -> Results | None:
+    try:
+        return load_files([path])[0][1]
+    except UserError:
+        return None
+
+
+def merge_reference(loaded: Sequence[Results]) -> Results:
+    """Reference profiles (newest first) merged into one; each row names its file in `x_file` for its provenance."""
+    from replayssm_cli.results import CONFIG_FIELDS
+
+    first = next((r for r in loaded if r.environment.get("ceilings")), loaded[0])
+    rows, seen = [], set()
+    for results in loaded:
+        where = {
+            "file": results.path.name if results.path is not None else None,
+            "date": str(results.created)[:10],
+            "commit": str(results.environment.get("commit") or "")[:7],
+        }
+        for row in results.rows:
+            key = tuple(row.get(f) for f in CONFIG_FIELDS)
+            if key in seen:
+                continue
+            seen.add(key)
+            rows.append(dict(row, x_file=where) if "x_file" not in row else row)
+    return replace(first, path=None, rows=rows, skipped=[s for r in loaded for s in r.skipped],
+                   complete=all(r.complete for r in loaded))
+
+
+def progress_lines(total: int, threshold: int = 2000) -> Callable[[str], None]:
+    """A stage reporter for long work: plain lines on stderr once the rows pass `threshold`, silent below it."""
+    from replayssm_cli.console import note
+
+    if total < threshold:
+        return lambda stage: None
+    return lambda stage: note(f"roofline: {stage} ({total:,} rows)")

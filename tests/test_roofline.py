@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import os
 import shutil
 import struct
 import subprocess
@@ -16,6 +17,7 @@ import pytest
 from typer.testing import CliRunner
 
 from replayssm_cli import roofline as rl
+from replayssm_cli import roofline_figure as rl_fig
 from replayssm_cli.main import app
 from replayssm_cli.results import ResultsWriter, load
 
@@ -74,6 +76,10 @@ def write_results(path: Path, environment: dict, rows: list[dict]) -> Path:
     return path
 
 
+def arrows(data: list[dict]) -> dict[str, dict]:
+    return {t["meta"]["over"]: t for t in traces(data, "arrows")}
+
+
 def test_roofline_html_holds_ceilings_points_and_arrows(tmp_path):
     out = tmp_path / "fig.html"
     result = run(str(MEASURED), "--out", str(out))
@@ -93,42 +99,54 @@ def test_roofline_html_holds_ceilings_points_and_arrows(tmp_path):
     ridge = traces(data, "ridge")[0]
     assert ridge["meta"]["ridges"]["FP32"] == pytest.approx(65.6e12 / 4250e9)
     assert ridge["x"] == pytest.approx([ridge["meta"]["ridges"][n] for n in ("FP32", "TF32", "BF16")])
+    # Each roof is named once beside its line; the copy and HBM roofs, 12% apart, share one label.
+    texts = [a["text"] for a in annotations(layout, "ceiling-label")]
+    assert any("copy 4.25 TB/s" in t and "HBM 4.80 TB/s" in t for t in texts)
+    assert sum("FP32 CUDA-core 65.6 TFLOP/s (measured), ridge 15.4 FLOP/B" in t for t in texts) == 1
 
     rows = load(MEASURED).rows
-    ok = [r for r in rows if r["status"] == "ok"]
+    ok = [r for r in rows if r["status"] == "ok" and r["phase"] == "avg" and r.get("us") is not None]
     points = traces(data, "points")
     assert {t["meta"]["variant"] for t in points} == {r["variant"] for r in ok}
-    assert sum(len(t["x"]) for t in points) == len(ok)
-    colours = [t["marker"]["color"] for t in points]
-    assert len(set(colours)) == len(colours)
+    # Whole-window averages only unless --phase asks for more.
+    assert sum(len(t["x"]) for t in points) == len(ok) and {ph for t in points for ph in t["meta"]["phase"]} == {"avg"}
+    colours = {t["meta"]["variant"]: t["marker"]["color"] for t in points}
+    assert len(set(colours.values())) == len(colours)
     for t in points:
-        row_of = {(r["variant"], r["batch"], r["phase"]): r for r in ok if r["variant"] == t["meta"]["variant"]}
         sizes = dict(zip(t["meta"]["batch"], t["marker"]["size"]))
         assert [sizes[b] for b in sorted(sizes)] == sorted(sizes.values())
         assert all(not s.endswith("-open") for s in t["marker"]["symbol"])
         for x, y, hover in zip(t["x"], t["y"], t["hovertext"]):
-            match = [r for r in row_of.values() if close(x, r["intensity"]) and close(y, r["flops_per_s"])]
+            match = [r for r in ok if r["variant"] == t["meta"]["variant"] and close(x, r["intensity"]) and close(y, r["flops_per_s"])]
             assert len(match) == 1
-            for key, value in match[0].items():
-                if value is not None:
-                    assert f"{key}: " in hover
+            lines = hover.split("<br>")
+            assert len(lines) <= 9 and f"{match[0]['us']:,.2f} µs per step" in lines[1]
+            assert "measured: results_h200_measured.json (NVIDIA H200" in lines[-1]
+            assert "x_case" not in hover and "us_p99" not in hover
 
-    arrows, arrow_labels = annotations(layout, "speedup-arrow"), annotations(layout, "speedup-label")
-    replays = [r for r in ok if r["variant"] in ("replay", "spec-replay") and r["phase"] == "avg"]
-    assert len(arrows) == len(arrow_labels) == len(replays) == 5
-    assert sorted(a["text"] for a in arrow_labels) == sorted(f"{r['speedup']:.2f}x" for r in replays)
-    for r in replays:
-        head = [a for a in arrows if close(a["x"], math.log10(r["intensity"])) and close(a["y"], math.log10(r["flops_per_s"]))]
-        base = next(c for c in ok if c["variant"] == r["variant"].replace("replay", "conventional") and c["batch"] == r["batch"])
-        assert len(head) == 1 and close(head[0]["ax"], math.log10(base["intensity"]))
+    by_over = arrows(data)
+    assert set(by_over) == {"conventional", "fp32-conventional", "snapshots"}
+    replays = [r for r in ok if r["variant"] == "replay"]
+    assert by_over["conventional"]["meta"]["count"] == len(replays) == 4
+    assert sorted(by_over["conventional"]["meta"]["labels"]) == sorted(f"{r['speedup']:.2f}x" for r in replays)
+    assert by_over["fp32-conventional"]["meta"]["labels"] == [f"{next(r for r in ok if r['variant'] == 'split')['speedup']:.2f}x"]
+    spec = {r["variant"]: r for r in ok if r["variant"].startswith("spec")}
+    over_snapshots = spec["spec-conventional"]["us_per_token"] / spec["spec-replay"]["us_per_token"]
+    assert by_over["snapshots"]["meta"]["labels"] == [f"{over_snapshots:.2f}x"]
+    for t in by_over.values():
+        # One trace per kind of baseline: tail, head and a gap per arrow; the head is an arrow marker.
+        assert len(t["x"]) == 3 * t["meta"]["count"] and t["marker"]["symbol"] == "arrow"
+        assert t["marker"]["angleref"] == "previous" and t["marker"]["size"][1::3] == [t["marker"]["size"][1]] * t["meta"]["count"]
+    assert not annotations(layout, "speedup-arrow")
 
-    bandwidth = traces(data, "bandwidth")
-    assert bandwidth and all(t["yaxis"] == "y2" for t in bandwidth)
-    conv = next(t for t in bandwidth if t["meta"]["variant"] == "conventional")
-    assert conv["x"] == [1, 16, 64, 256]
-    assert conv["y"] == pytest.approx([100 * r["gbs"] / 4250 for r in ok if r["variant"] == "conventional"])
-    assert not traces(data, "e2e")
+    speedups = traces(data, "speedup")
+    assert speedups and all(t["yaxis"] == "y2" and t["legend"] == "legend2" for t in speedups)
+    rep = next(t for t in speedups if t["meta"]["variant"] == "replay")
+    assert rep["x"] == [1, 16, 64, 256] and rep["y"] == pytest.approx([r["speedup"] for r in replays])
+    assert not traces(data, "e2e") and not traces(data, "bandwidth")
     assert layout["xaxis"]["type"] == "log" and layout["yaxis"]["type"] == "log"
+    assert layout["xaxis"]["title"]["text"].endswith("(modelled bytes)")
+    assert all(label[-1] in "GTP" for label in layout["yaxis"]["ticktext"])
 
 
 def test_roofline_classifies_points_and_flags_one_above_the_roof():
@@ -188,9 +206,12 @@ def test_roofline_plots_a_predicted_only_file_hollow(tmp_path):
     assert all(all(t["meta"]["predicted"]) for t in points)
     names = {t["meta"]["name"] for t in traces(data, "ceiling")}
     assert "copy" not in names and "HBM" in names
-    labels = annotations(layout, "speedup-label")
-    assert len(labels) == 4 and all(a["text"].endswith("x pred.") for a in labels)
-    assert all(t["line"]["dash"] == "dash" for t in traces(data, "bandwidth"))
+    by_over = arrows(data)
+    assert by_over["conventional"]["meta"]["count"] == 4
+    assert all(label.endswith("x pred.") for label in by_over["conventional"]["meta"]["labels"])
+    assert all(t["line"]["dash"] == "dash" for t in traces(data, "speedup"))
+    hover = points[0]["hovertext"][0].split("<br>")
+    assert hover[-1].startswith("predicted (")
 
 
 def test_roofline_overlays_before_and_after(tmp_path):
@@ -200,8 +221,9 @@ def test_roofline_overlays_before_and_after(tmp_path):
     data, _ = figure(out)
     files = {t["meta"]["file"] for t in traces(data, "points")}
     assert files == {"results_h200_measured", "results_h200_after"}
-    symbols = {t["meta"]["file"]: t["marker"]["symbol"][0] for t in traces(data, "points")}
-    assert symbols["results_h200_measured"] != symbols["results_h200_after"]
+    # The earlier file of a before/after overlay is drawn fainter, in the same colours and symbols.
+    opacity = {t["meta"]["file"]: t["marker"]["opacity"] for t in traces(data, "points")}
+    assert opacity["results_h200_measured"] < opacity["results_h200_after"]
     link = traces(data, "before-after")[0]
     assert link["meta"]["count"] == len(load(AFTER).rows)
     assert len(link["x"]) == 3 * link["meta"]["count"]
@@ -228,12 +250,18 @@ def test_roofline_draws_e2e_baselines_and_measured_bytes(tmp_path):
     bars = traces(data, "e2e")
     assert [t["meta"]["share"] for t in bars] == ["x_share_ssm", "x_share_attn", "x_share_mlp", "x_share_other"]
     assert all(t["type"] == "bar" and t["yaxis"] == "y3" for t in bars)
-    assert bars[0]["y"] == pytest.approx([40.0, 40.0, 25.0, 25.0])
-    assert [sum(t["y"][i] for t in bars) for i in range(4)] == pytest.approx([100.0] * 4)
+    # ITL bars: conventional and ReplaySSM side by side per batch, each bar's shares stacked to its step time.
+    assert bars[0]["x"] == [["B1", "B1", "B256", "B256"], ["conventional", "ReplaySSM", "conventional", "ReplaySSM"]]
+    itl = [(9000.0 + b) / 1000 for b in (1, 1, 256, 256)]
+    assert bars[0]["y"] == pytest.approx([0.4 * itl[0], 0.25 * itl[1], 0.4 * itl[2], 0.25 * itl[3]])
+    assert [sum(t["y"][i] for t in bars) for i in range(4)] == pytest.approx(itl)
     assert layout["barmode"] == "stack"
+    assert {t["marker"]["color"] for t in bars}.isdisjoint({c for _, c in rl_fig.VARIANT_STYLE.values()})
+    totals = traces(data, "e2e-totals")[0]["meta"]["text"]
+    assert totals[1] == f"{itl[1]:.2f} ms<br>{itl[0] / itl[1]:.2f}x"
     colours = {t["meta"]["variant"]: t["marker"]["color"] for t in traces(data, "points") if t["meta"]["file"] == "crafted"}
     assert colours["baseline:vllm"] != colours["baseline:flashinfer"]
-    assert colours["baseline:vllm"] not in {c for _, c in rl.VARIANT_STYLE.values()}
+    assert colours["baseline:vllm"] not in {c for _, c in rl_fig.VARIANT_STYLE.values()}
 
     moved = traces(data, "bytes-difference")
     assert len(moved) == 1 and moved[0]["meta"]["count"] == 2
@@ -298,7 +326,7 @@ def test_roofline_refuses_bad_outputs_and_missing_files(tmp_path, monkeypatch):
     results = load(MEASURED)
     failed = write_results(tmp_path / "failed.json", results.environment, [r for r in results.rows if r["status"] == "failed"])
     assert "no row with a time to plot in failed" in one_error_line(run(str(failed), "--out", str(tmp_path / "x.html")))
-    monkeypatch.setattr(rl, "find_chrome", lambda: None)
+    monkeypatch.setattr(rl_fig, "find_chrome", lambda: None)
     line = one_error_line(run(str(MEASURED), "--out", str(tmp_path / "x.png")))
     if importlib.util.find_spec("kaleido") is None:
         # A machine without kaleido (the GPU machine here) is told that first.
@@ -331,16 +359,38 @@ def test_roofline_default_input(tmp_path, monkeypatch):
     assert all(plotted[k] == pytest.approx(us) for k, us in after.items())
     assert (tmp_path / "roofline.html").is_file()
 
-    (tmp_path / "runs").mkdir()
-    shutil.copy(PREDICTED, tmp_path / "runs" / "20261120-h200.json")
-    doc = json.loads(run("--json").stdout)
+    assert "plotting the shipped H200 reference profile (2 files: h200-b.json, h200-a.json)" in " ".join(result.stderr.split())
+    assert {p["provenance"] for p in doc["points"]} >= {"measured: h200-b.json (NVIDIA H200, 2026-11-22, abc123d)"}
+
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    shutil.copy(PREDICTED, runs / "20261120-h200.json")
+    result = run("--json")
+    doc = json.loads(result.stdout)
     assert {p["file"] for p in doc["points"]} == {"20261120-h200"} and {p["source"] for p in doc["points"]} == {"predicted"}
+    assert "plotting runs/20261120-h200.json: predicted, the newest results file in ./runs/ (none there is measured)" in (
+        " ".join(result.stderr.split()))
+
+    # A measured file older than the predicted one is plotted, the predicted one skipped in one line; a temporary
+    # file a killed run left behind is never picked.
+    shutil.copy(MEASURED, runs / "20261119-h200.json")
+    os.utime(runs / "20261119-h200.json", (1, 1))
+    (runs / ".tmp-abc.json").write_text('{"kind": "replayssm-res')
+    result = run("--json")
+    assert result.exit_code == 0, result.output
+    assert {p["file"] for p in json.loads(result.stdout)["points"]} == {"20261119-h200"}
+    lines = result.stderr.splitlines()
+    assert sum("skipping 1 newer predicted file(s) in ./runs/ (20261120-h200.json)" in line for line in lines) == 1
+    assert "plotting runs/20261119-h200.json (the newest measured results file in ./runs/)" in " ".join(result.stderr.split())
+    result = run(str(runs / "20261120-h200.json"), "--json")
+    assert result.stderr.splitlines()[0] == f"plotting {runs / '20261120-h200.json'}"
 
 
 def test_roofline_imports_no_torch():
     code = (
         "import sys; from replayssm_cli import roofline as rl; from replayssm_cli.commands import roofline; "
-        f"files = rl.load_files([{str(MEASURED)!r}]); p = rl.place(files, rl.roof_for(files[0][1])); rl.build_figure(p); "
+        f"files = rl.load_files([{str(MEASURED)!r}]); p = rl.place(files, rl.roof_for(files[0][1])); "
+        "from replayssm_cli import roofline_figure; roofline_figure.build_figure(p); "
         "bad = [m for m in ('torch', 'triton') if m in sys.modules]; assert not bad, bad"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
@@ -409,10 +459,220 @@ def test_roofline_page_renders_in_headless_chromium(tmp_path):
     assert orange > 20
 
 
-@pytest.mark.skipif(rl.find_chrome() is None, reason="PNG/SVG through kaleido needs a Chrome or Chromium")
+@pytest.mark.skipif(rl_fig.find_chrome() is None, reason="PNG/SVG through kaleido needs a Chrome or Chromium")
 def test_roofline_writes_svg_through_kaleido(tmp_path):
     out = tmp_path / "f.svg"
     result = run(str(PREDICTED), "--out", str(out))
     assert result.exit_code == 0, result.output
     text = out.read_text()
     assert text.lstrip().startswith("<svg") and "ReplaySSM" in text and "HBM 4.80 TB/s (datasheet)" in text
+
+
+def reference_run(tmp_path, monkeypatch, *args):
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "ref.html"
+    result = run("--out", str(out), "--json", *args)
+    assert result.exit_code == 0, result.output
+    return result, out
+
+
+def test_roofline_shipped_reference_chart_structure(tmp_path, monkeypatch):
+    from replayssm_cli.results import reference_profiles
+
+    result, out = reference_run(tmp_path, monkeypatch)
+    data, layout = figure(out)
+    assert layout["meta"]["panels"] == ["roofline", "speedup", "e2e"]
+    assert {"legend", "legend2", "legend3"} <= set(layout)
+    titles = {t.get("legendgrouptitle", {}).get("text") for t in data} - {None}
+    assert {"ceilings", "arrows: speedup over", "variant (colour)", "preset (symbol)", "batch size (marker size)",
+            "share of the step"} <= titles
+    keys = {t["name"] for t in traces(data, "key")}
+    assert {"batch 1", "batch 256", "whole-window average", "nemotron-3-super-120b-a12b", "qwen3.5-122b-a10b"} <= keys
+    # Each preset its own symbol, each variant its own colour.
+    symbols = {t["meta"]["preset"]: {s for s in t["marker"]["symbol"]} for t in traces(data, "points")}
+    assert len({frozenset(s) for s in symbols.values()}) == len(symbols) == 2
+    colours = {}
+    for t in traces(data, "points"):
+        colours.setdefault(t["meta"]["variant"], set()).add(t["marker"]["color"])
+    assert all(len(c) == 1 for c in colours.values()) and len({next(iter(c)) for c in colours.values()}) == len(colours)
+
+    newest: dict[tuple, dict] = {}
+    for results in reference_profiles("h200"):
+        for r in results.rows:
+            key = tuple(r.get(k) for k in ("kind", "op", "preset", "variant", "phase", "batch", "window", "state_dtype",
+                                           "read_dtype", "io_dtype", "draft", "accepted", "tp", "flush", "source"))
+            newest.setdefault(key, r)
+    rows = [r for r in newest.values() if r["kind"] == "kernel" and r["status"] == "ok" and r["phase"] == "avg"]
+    snapshot = {(r["preset"], r["batch"], r["draft"], r["state_dtype"]): r for r in rows if r["variant"] == "spec-conventional"}
+    spec = [r for r in rows if r["variant"] == "spec-replay"]
+    by_over = arrows(data)
+    meta = by_over["snapshots"]["meta"]
+    assert meta["pairs"] == len(spec) > 0
+    labelled = dict(zip(meta["points"], meta["labels"]))
+    for r in spec:
+        base = snapshot[(r["preset"], r["batch"], r["draft"], r["state_dtype"])]
+        assert labelled[rl.describe(r)] == f"{base['us_per_token'] / r['us_per_token']:.2f}x"
+    assert labelled["nemotron-3-super-120b-a12b spec-replay B1 W16 fp32 T2 avg"] == "0.82x"
+    assert labelled["nemotron-3-super-120b-a12b spec-replay B256 W16 fp32 T4 avg"] == "3.05x"
+    replays = [r for r in rows if r["variant"] in ("replay", "split")]
+    assert by_over["conventional"]["meta"]["pairs"] + by_over["fp32-conventional"]["meta"]["pairs"] == len(replays)
+    assert sum(t["meta"]["count"] for t in by_over.values()) <= sum(t["meta"]["pairs"] for t in by_over.values())
+    speedups = json.loads(result.stdout)["speedups"]
+    assert {s["speedup_over"] for s in speedups} == {"conventional", "fp32-conventional", "snapshots"}
+    # The speedup panel draws every pair; its 1.0x line is marked.
+    assert sum(len(t["x"]) for t in traces(data, "speedup")) == len(speedups)
+    assert any(s.get("y0") == 1.0 and s.get("yref") == "y2" for s in layout["shapes"])
+    assert any("1.0x" in a["text"] for a in layout["annotations"])
+    # Labels drawn are among the arrows' labels and never overlap one another.
+    drawn = traces(data, "arrow-labels")[0]
+    assert set(drawn["text"]) <= {lab for t in by_over.values() for lab in t["meta"]["labels"]} and drawn["text"]
+    bars = traces(data, "e2e")
+    assert len(bars) == 4 and len(bars[0]["x"][0]) == 12 and set(bars[0]["x"][1]) == {"conventional", "ReplaySSM"}
+    # Where the data are: about two decades of each axis, not the whole roof's.
+    assert layout["xaxis"]["range"][1] - layout["xaxis"]["range"][0] < 2.0
+    whole = layout["updatemenus"][0]["buttons"][1]["args"][0]
+    assert whole["xaxis.range"][1] > math.log10(183)
+    assert "plotting the shipped H200 reference profile (12 files" in result.stderr
+    # Every trace and layout key is one plotly knows (the figure is built without per-element validation).
+    import plotly.graph_objects as go
+
+    go.Figure({"data": data, "layout": layout})
+
+
+def crafted_pair(tmp_path, **changes) -> Path:
+    base = load(MEASURED)
+    rows = [dict(r) for r in base.rows if r["batch"] == 256 and r["phase"] == "avg" and r["variant"] in ("spec-conventional", "spec-replay")]
+    for r in rows:
+        r.update(changes.get(r["variant"], {}))
+    return write_results(tmp_path / "pair.json", base.environment, rows)
+
+
+def test_roofline_arrow_reads_speedup_over():
+    from replayssm_cli import roofline_figure as figure_mod
+
+    base = load(MEASURED)
+    roof = rl.roof_for(base)
+
+    def pairs(**changes):
+        rows = [dict(r) for r in base.rows if r["batch"] == 256 and r["phase"] == "avg" and r["variant"].startswith("spec")]
+        for r in rows:
+            r.update(changes.get(r["variant"], {}))
+        placement = rl.place([("pair", load_rows(base, rows))], roof)
+        return placement.pairs, arrows(figure_mod.build_figure(placement)["data"])
+
+    (pair,), drawn = pairs(**{"spec-replay": {"speedup": 2.5, "speedup_over": "snapshots", "speedup_lo": 2.4, "speedup_hi": 2.6,
+                                             "speedup_vs_decode": 5.0}})
+    assert drawn["snapshots"]["meta"]["labels"] == ["2.50x"]
+    assert (pair.speedup, pair.lo, pair.hi, pair.over) == (2.5, 2.4, 2.6, "snapshots")
+    # A row that says its speedup is over something with no arrow (null: a baseline row) gets none.
+    assert pairs(**{"spec-replay": {"speedup": 2.5, "speedup_over": None}}) == ([], {})
+
+
+def test_roofline_roof_check_has_a_tolerance(tmp_path):
+    base = load(MEASURED)
+    conv = next(r for r in base.rows if r["variant"] == "conventional" and r["batch"] == 256)
+    roof = rl.roof_for(base)
+    at_copy = (conv["bytes_read"] + conv["bytes_written"]) / roof.memory.per_s * 1e6
+
+    def placed(us: float, spread: float | None, **extra):
+        row = dict(conv, us=us, spread=spread, **extra)
+        return rl.place([("t", load_rows(base, [row]))], roof).points[0]
+
+    # 0.04% above the roof with a 2% spread (and the ceiling's 2%): at the roof, not an error.
+    noisy = placed(at_copy / 1.0004, 0.02)
+    assert noisy.pct_of_roof == pytest.approx(100.04) and noisy.at_roof and not noisy.above_roof
+    assert noisy.tolerance == pytest.approx(0.01 + rl.DEFAULT_CEILING_SPREAD)
+    # The same point with quartiles recorded takes its spread from them.
+    assert placed(at_copy / 1.0004, 0.02, x_us_p25=at_copy / 1.0004 / 1.05).tolerance == pytest.approx(0.05 + 0.02)
+    # 4% above with a 0.2% spread: beyond its tolerance, a counting error.
+    tight = placed(at_copy / 1.04, 0.002)
+    assert tight.above_roof and not tight.at_roof
+    placement = rl.place([("t", load_rows(base, [dict(conv, us=at_copy / 1.0004, spread=0.02)]))], roof)
+    assert placement.warnings() == []
+    placement = rl.place([("t", load_rows(base, [dict(conv, us=at_copy / 1.04, spread=0.002)]))], roof)
+    (line,) = placement.warnings()
+    assert "4.0% above the copy 4.25 TB/s (measured) roof (beyond its ±2.1% tolerance)" in line
+    # A ceiling's own recorded spread is used where the file has one.
+    env = dict(base.environment, ceilings=dict(base.environment["ceilings"], spread={"copy_gbs": 0.05}))
+    assert rl.roof_for(type(base)(path=None, environment=env, spec={}, rows=[])).memory.spread == 0.05
+    path = write_results(tmp_path / "near.json", base.environment, [dict(conv, us=at_copy / 1.0004, spread=0.02)])
+    result = run(str(path), "--out", str(tmp_path / "n.html"))
+    assert result.exit_code == 0 and "warning" not in result.stderr and "100.0 ≈" in result.stdout
+
+
+@pytest.mark.parametrize("case", ["row-not-object", "string-time", "negative-time", "gpu-string", "deep"])
+def test_roofline_malformed_results_file_is_one_line(tmp_path, case):
+    doc = json.loads(MEASURED.read_text())
+    if case == "row-not-object":
+        doc["rows"][1] = [1, 2]
+    elif case == "string-time":
+        doc["rows"][0]["us"] = "fast"
+    elif case == "negative-time":
+        doc["rows"][0]["us"] = -3.0
+    elif case == "gpu-string":
+        doc["environment"]["gpu"] = "NVIDIA H200"
+    bad = tmp_path / "bad.json"
+    text = json.dumps(doc) if case != "deep" else '{"kind": "replayssm-results", "rows": ' + "[" * 200_000 + "]" * 200_000 + "}"
+    bad.write_text(text)
+    result = run(str(bad), "--out", str(tmp_path / "x.html"))
+    if case == "gpu-string":
+        assert result.exit_code == 0, result.output
+        return
+    line = one_error_line(result)
+    assert str(bad) in line and "Traceback" not in result.output
+    assert not (tmp_path / "x.html").exists()
+
+
+def test_roofline_plotlyjs_modes(tmp_path):
+    for mode, script in (("cdn", 'src="https://cdn.plot.ly/plotly-'), ("directory", 'src="plotly.min.js"')):
+        out = tmp_path / mode / "r.html"
+        result = run(str(MEASURED), "--out", str(out), "--plotlyjs", mode)
+        assert result.exit_code == 0, result.output
+        text = out.read_text()
+        assert script in text and len(text) < 1_000_000
+        assert (out.parent / "plotly.min.js").is_file() == (mode == "directory")
+    assert run(str(MEASURED), "--plotlyjs", "web").exit_code == 2
+
+
+def test_roofline_phase_option_draws_flush_points_ringed(tmp_path):
+    out = tmp_path / "ph.html"
+    assert run(str(MEASURED), "--out", str(out), "--phase", "all").exit_code == 0
+    data, _ = figure(out)
+    phases = {ph for t in traces(data, "points") for ph in t["meta"]["phase"]}
+    assert phases == {"avg", "nonflush", "flush"}
+    replay = next(t for t in traces(data, "points") if t["meta"]["variant"] == "replay")
+    widths = dict(zip(replay["meta"]["phase"], replay["marker"]["line"]["width"]))
+    assert widths["flush"] > widths["nonflush"] > widths["avg"]
+    assert {"flush step (black ring)", "non-flush step (grey ring)"} <= {t["name"] for t in traces(data, "key")}
+    assert run(str(MEASURED), "--out", str(out), "--phase", "flush").exit_code == 0
+    assert {ph for t in traces(figure(out)[0], "points") for ph in t["meta"]["phase"]} == {"flush"}
+
+
+def scaled_rows(n: int) -> list[dict]:
+    """n kernel rows: the fixture's conventional/ReplaySSM pairs over many batch sizes and presets."""
+    base = [r for r in load(MEASURED).rows if r["variant"] in ("conventional", "replay") and r["phase"] == "avg" and r.get("us")]
+    rows = []
+    i = 0
+    while len(rows) < n:
+        for r in base:
+            rows.append(dict(r, batch=r["batch"] + 1000 * i, preset=f"p{i % 3}", us=r["us"] * (1 + 0.001 * i)))
+        i += 1
+    return rows[:n]
+
+
+def test_roofline_is_linear_in_rows_one_trace_per_arrow_kind(tmp_path):
+    from replayssm_cli import roofline_figure as figure_mod
+
+    base = load(MEASURED)
+    counts = {}
+    for n in (80, 1600):
+        placement = rl.place([("s", load_rows(base, scaled_rows(n)))], rl.roof_for(base))
+        fig = figure_mod.build_figure(placement)
+        data, layout = fig["data"], fig["layout"]
+        arrow_traces = traces(data, "arrows")
+        assert len(arrow_traces) == 1 and arrow_traces[0]["meta"]["pairs"] == n // 2
+        counts[n] = (len(layout["annotations"]), len([t for t in data if t["meta"]["role"] != "speedup"]))
+        (labels,) = traces(data, "arrow-labels")
+        # Labels only where they can be read: a few among few points, none where markers cover the panel.
+        assert (0 < len(labels["text"]) < n // 2) if n == 80 else len(labels["text"]) < n // 20
+    assert counts[80] == counts[1600]
