@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from replayssm_cli.errors import UserError
+from replayssm_cli.provenance import row_label
 from replayssm_cli.results import Results
 
 BYTES_SOURCES = ("modelled", "measured")
@@ -420,26 +421,6 @@ def time_spread(row: dict[str, Any]) -> float:
     return spread / 2 if spread is not None and spread < 2 else 0.0
 
 
-def provenance(row: dict[str, Any], results: Results) -> str:
-    """Where a row's figure comes from: predicted (how), or measured in which file, on which GPU, when, at which commit."""
-    if row.get("source") == "predicted":
-        how = row.get("x_prediction")
-        if isinstance(how, dict):
-            parts = [str(how.get("method") or "cost model")]
-            if how.get("calibrated_on"):
-                parts.append(f"calibrated on {how['calibrated_on']}")
-            if _positive(how.get("fit_error")):
-                parts.append(f"±{100 * float(how['fit_error']):.0f}%")
-            return "predicted (" + ", ".join(parts) + ")"
-        return "predicted (cost model bytes and FLOPs over the ceilings)"
-    where = row.get("x_file") if isinstance(row.get("x_file"), dict) else {}
-    name = where.get("file") or (results.path.name if results.path is not None else None)
-    date = str(where.get("date") or results.created or "")[:10]
-    commit = str(where.get("commit") or results.environment.get("commit") or "")[:7]
-    details = ", ".join(x for x in (results_gpu_name(results) or "unknown GPU", date, commit) if x)
-    return f"measured: {name} ({details})" if name else f"measured ({details})"
-
-
 def place(
     files: Sequence[tuple[str, Results]],
     roof: Roof,
@@ -461,7 +442,7 @@ def place(
     for index, (label, results) in enumerate(files):
         failed = untimed = 0
         any_measured = False
-        file_source = provenance({"source": "measured"}, results)
+        file_source = row_label({"source": "measured"}, results)
         for row in results.rows:
             if not isinstance(row, dict):
                 untimed += 1
@@ -477,7 +458,7 @@ def place(
                 untimed += 1
                 continue
             any_measured |= is_measured
-            source = provenance(row, results) if "x_file" in row or row.get("source") == "predicted" else file_source
+            source = row_label(row, results) if "x_origin" in row or row.get("source") == "predicted" else file_source
             point = _point(row, label, index, us, nbytes, flops, roof, roof.memory, source, "measured" if is_measured else "modelled")
             if is_measured:
                 _, modelled, mflops, _ = _time_bytes_flops(row, "modelled")
@@ -550,20 +531,10 @@ def _quartiles(row: dict[str, Any]) -> tuple[float, float] | None:
 
 
 def pair_speedup(base: dict[str, Any], row: dict[str, Any], over: str) -> tuple[float, float | None, float | None]:
-    """A row's speedup over its baseline row, per token, with the pessimistic and optimistic bounds from the quartiles.
-
-    The row's own `speedup` is used where its `speedup_over` names this baseline (or, in files written before
-    that field, where its `speedup` meant this baseline: ReplaySSM and split rows); a speculative row of such a
-    file holds its speedup over plain decode there, so its speedup over snapshots is computed from the pair.
-    """
-    if "speedup_over" in row:
-        own = row.get("speedup_over") == over
-    else:
-        own = over in ("conventional", "fp32-conventional") and row.get("variant") in ("replay", "split")
-    if own and _positive(row.get("speedup")) is not None:
+    """A row's speedup over its baseline row, per token, with the pessimistic and optimistic bounds from the quartiles:
+    the row's own `speedup` where its `speedup_over` names this baseline, else computed from the pair."""
+    if row.get("speedup_over") == over and _positive(row.get("speedup")) is not None:
         return float(row["speedup"]), _positive(row.get("speedup_lo")), _positive(row.get("speedup_hi"))
-    if over == "snapshots" and "speedup_over" not in row and _positive(row.get("x_spec_speedup")) is not None:
-        return float(row["x_spec_speedup"]), _positive(row.get("x_spec_speedup_lo")), _positive(row.get("x_spec_speedup_hi"))
     b_tok = _positive(base.get("us_per_token")) or float(base["us"])
     r_tok = _positive(row.get("us_per_token")) or float(row["us"])
     bq, rq = _quartiles(base), _quartiles(row)
@@ -577,7 +548,8 @@ def speedup_pairs(points: Sequence[Point]) -> list[Pair]:
 
     The baseline is the one the row's `speedup_over` names ("conventional": the conventional step at the same
     state precision; "snapshots": the snapshot-writing verify at the same draft width; "fp32-conventional":
-    the fp32 conventional step), or for rows without that field the one their variant's speedup is over.
+    the fp32 conventional step), or for rows without that field the one their variant's speedup is over. Outside
+    kernels (baseline:<name>) are references, not ours: they get no arrow.
     """
     index: dict[tuple, Point] = {}
     for p in points:
@@ -586,7 +558,7 @@ def speedup_pairs(points: Sequence[Point]) -> list[Pair]:
             index.setdefault(key + tuple(p.row.get(k) for k in PAIR_KEYS), p)
     pairs = []
     for p in points:
-        if p.level != "DRAM" or p.row.get("phase", "avg") != "avg":
+        if p.level != "DRAM" or p.row.get("phase", "avg") != "avg" or p.variant.startswith("baseline:"):
             continue
         over = p.row.get("speedup_over") if "speedup_over" in p.row else DEFAULT_OVER.get(p.variant)
         if over not in BASELINE_OF or p.variant in ("conventional", "spec-conventional") and over == "conventional":
@@ -679,7 +651,7 @@ def _is_predicted(results: Results) -> bool:
 def load_default(directory: str | Path = "runs") -> Chosen:
     """The newest measured results file under ./runs/ (the newest predicted one where none is measured), else the
     shipped H200 reference profile, its files merged (a configuration measured in several kept from the newest)."""
-    from replayssm_cli.results import reference_profiles
+    from replayssm_cli.results import load_reference, reference_files
 
     folder = Path(directory)
     # Temporary files of a run in progress (or killed) start with a dot and are never plotted.
@@ -699,15 +671,14 @@ def load_default(directory: str | Path = "runs") -> Chosen:
         path, results = readable[0]
         why = f"plotting {path}: predicted, the newest results file in ./{folder.name}/ (none there is measured)"
         return Chosen([(file_labels([path])[0], results)], why)
-    loaded = reference_profiles("h200")
-    if not loaded:
+    merged = load_reference("h200")
+    if merged is None:
         raise UserError(
             "no results file given, none under ./runs/ and no shipped reference profile",
             "run `replayssm profile` first, or pass a results file",
         )
-    merged = merge_reference(loaded)
-    names = ", ".join(r.path.name for r in loaded if r.path is not None)
-    why = f"plotting the shipped H200 reference profile ({len(loaded)} files: {names}); no results file in ./{folder.name}/"
+    names = sorted(f.name for f in reference_files() if f.name.startswith("h200-"))
+    why = f"plotting the shipped H200 reference profile ({len(names)} files: {', '.join(names)}); no results file in ./{folder.name}/"
     return Chosen([("reference profile", merged)], why)
 
 
@@ -716,28 +687,6 @@ def _try_load(path: Path) -> Results | None:
         return load_files([path])[0][1]
     except UserError:
         return None
-
-
-def merge_reference(loaded: Sequence[Results]) -> Results:
-    """Reference profiles (newest first) merged into one; each row names its file in `x_file` for its provenance."""
-    from replayssm_cli.results import CONFIG_FIELDS
-
-    first = next((r for r in loaded if r.environment.get("ceilings")), loaded[0])
-    rows, seen = [], set()
-    for results in loaded:
-        where = {
-            "file": results.path.name if results.path is not None else None,
-            "date": str(results.created)[:10],
-            "commit": str(results.environment.get("commit") or "")[:7],
-        }
-        for row in results.rows:
-            key = tuple(row.get(f) for f in CONFIG_FIELDS)
-            if key in seen:
-                continue
-            seen.add(key)
-            rows.append(dict(row, x_file=where) if "x_file" not in row else row)
-    return replace(first, path=None, rows=rows, skipped=[s for r in loaded for s in r.skipped],
-                   complete=all(r.complete for r in loaded))
 
 
 def progress_lines(total: int, threshold: int = 2000) -> Callable[[str], None]:

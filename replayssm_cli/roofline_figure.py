@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from replayssm_cli.errors import UserError
+from replayssm_cli.provenance import row_label
 from replayssm_cli.roofline import OVER_WORDS, Pair, Placement, Point, Roof, _positive, before_after_pairs, describe
 
 IMAGE_SUFFIXES = (".png", ".svg")
@@ -368,6 +369,8 @@ def hover_text(point: Point, pair: Pair | None, roof: Roof) -> str:
     lines = [f"<b>{describe(r)}</b>" + (f" · {r['io_dtype']} io" if r.get("io_dtype") else ""), time]
     if pair is not None:
         lines.append(f"speedup: {pair.speedup:.2f}x{pair.interval()} over {OVER_WORDS[pair.over]}")
+    elif _positive(r.get("speedup")) and r.get("speedup_over") in OVER_WORDS:
+        lines.append(f"speedup: {r['speedup']:.2f}x over {OVER_WORDS[r['speedup_over']]} (its row)")
     elif r.get("variant") in ("conventional", "spec-conventional"):
         lines.append("speedup: the baseline of its ReplaySSM counterpart")
     lines.append(f"bytes ({point.bytes_source}{', ' + point.level if point.level != 'DRAM' else ''}): "
@@ -379,7 +382,7 @@ def hover_text(point: Point, pair: Pair | None, roof: Roof) -> str:
     flag = " above the roof beyond tolerance: a counting error" if point.above_roof else (" (at the roof within noise)" if point.at_roof else "")
     lines.append(f"{point.pct_of_roof:.1f}% of the {roof_name} roof ±{100 * point.tolerance:.1f}% ({point.bound}-bound){flag}")
     lines.append(f"{point.us_left:,.2f} µs left to the roof")
-    lines.append(point.provenance)
+    lines.append(f"source: {point.provenance}")
     return "<br>".join(lines)
 
 
@@ -524,7 +527,7 @@ def _arrows(chart: "Chart", placement: Placement, pairs: Sequence[Pair], frame: 
 
 def _arrow_hover(pair: Pair) -> str:
     return (f"<b>{pair.label}{pair.interval()}</b> over {OVER_WORDS[pair.over]}<br>"
-            f"{describe(pair.base.row)} → {describe(pair.point.row)}<br>{pair.point.provenance}")
+            f"{describe(pair.base.row)} → {describe(pair.point.row)}<br>source: {pair.point.provenance}")
 
 
 def _legend_keys(chart: "Chart", placement: Placement, shown: Sequence[Point], others, presets) -> None:
@@ -600,7 +603,7 @@ def _speedup_panel(chart: "Chart", placement: Placement, pairs: Sequence[Pair], 
             line={"color": colour, "width": 1.8, "dash": dash},
             marker={"color": colour, "size": 8, "symbol": presets.get(preset, "circle")},
             hovertext=[f"<b>{describe(p.point.row)}</b><br>{p.label}{p.interval()} over {OVER_WORDS[p.over]}<br>"
-                       f"{p.point.provenance}" for p in group],
+                       f"source: {p.point.provenance}" for p in group],
             hoverinfo="text",
             meta={"role": "speedup", "variant": first.variant, "preset": preset, "over": group[0].over,
                   "file": first.file, "batch": xs},
@@ -648,8 +651,6 @@ def _e2e_panel(chart: "Chart", placement: Placement, row: int) -> None:
         speed = base_ms.get(key, ms) / ms if r.get("variant") != "conventional" and key in base_ms else None
         p25, p75 = _positive(r.get("x_us_p25")), _positive(r.get("x_us_p75"))
         interval = f" (p25–p75 {p25 / 1000:.3f}–{p75 / 1000:.3f})" if p25 and p75 else ""
-        from replayssm_cli.roofline import provenance
-
         lines = [f"<b>{describe(r)}</b>", f"ITL: {ms:.3f} ms{interval}"]
         if speed is not None:
             lines.append(f"{speed:.2f}x over conventional at batch {r.get('batch')}")
@@ -657,7 +658,7 @@ def _e2e_panel(chart: "Chart", placement: Placement, row: int) -> None:
             lines.append(f"{float(r['x_tokens_per_s']):,.0f} tokens/s")
         shares = [f"{what} {100 * _share(r, k):.0f}%" for k, what, _ in E2E_SHARES if _share(r, k) is not None]
         lines.append("shares: " + ", ".join(shares))
-        lines.append(provenance(r, placement.files[index][1]))
+        lines.append(f"source: {row_label(r, placement.files[index][1])}")
         hover.append("<br>".join(lines))
     x = [outer, inner]
     for key, what, colour in E2E_SHARES:

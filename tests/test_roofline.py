@@ -121,7 +121,7 @@ def test_roofline_html_holds_ceilings_points_and_arrows(tmp_path):
             assert len(match) == 1
             lines = hover.split("<br>")
             assert len(lines) <= 9 and f"{match[0]['us']:,.2f} µs per step" in lines[1]
-            assert "measured: results_h200_measured.json (NVIDIA H200" in lines[-1]
+            assert "source: results_h200_measured.json (NVIDIA H200" in lines[-1]
             assert "x_case" not in hover and "us_p99" not in hover
 
     by_over = arrows(data)
@@ -211,7 +211,7 @@ def test_roofline_plots_a_predicted_only_file_hollow(tmp_path):
     assert all(label.endswith("x pred.") for label in by_over["conventional"]["meta"]["labels"])
     assert all(t["line"]["dash"] == "dash" for t in traces(data, "speedup"))
     hover = points[0]["hovertext"][0].split("<br>")
-    assert hover[-1].startswith("predicted (")
+    assert hover[-1].startswith("source: predicted (")
 
 
 def test_roofline_overlays_before_and_after(tmp_path):
@@ -359,8 +359,8 @@ def test_roofline_default_input(tmp_path, monkeypatch):
     assert all(plotted[k] == pytest.approx(us) for k, us in after.items())
     assert (tmp_path / "roofline.html").is_file()
 
-    assert "plotting the shipped H200 reference profile (2 files: h200-b.json, h200-a.json)" in " ".join(result.stderr.split())
-    assert {p["provenance"] for p in doc["points"]} >= {"measured: h200-b.json (NVIDIA H200, 2026-11-22, abc123d)"}
+    assert "plotting the shipped H200 reference profile (2 files: h200-a.json, h200-b.json)" in " ".join(result.stderr.split())
+    assert {p["provenance"] for p in doc["points"]} >= {"h200-b.json (NVIDIA H200, 2026-11-22, abc123def456)"}
 
     runs = tmp_path / "runs"
     runs.mkdir()
