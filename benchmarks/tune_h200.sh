@@ -6,7 +6,8 @@
 # The settings each row was chosen over, and their measurements, are in benchmarks/notes/. Rows the sweeps cannot
 # reach have no section: GDN's verify with a read copy ("verify-split", "verify-fp8"), materialize's, and those keyed
 # for other shapes than these two layers' (Mamba-2's N ≤ 64 and N > 128).
-# Usage: benchmarks/tune_h200.sh [DIR] [SECTION ...]   (default: tests mamba2 gdn)
+# Usage: benchmarks/tune_h200.sh [DIR] [SECTION ...]   (default: tests mamba2 gdn); with DRY_RUN=1 each sweep prints
+# its plan (sweep --dry-run) and the tests are not run, so a section list can be checked without a GPU.
 # Sections: tests; mamba2 (all of): mamba2-decode mamba2-decode-bf16 mamba2-decode-small mamba2-replay
 #   mamba2-replay-bf16 mamba2-replay-small mamba2-replay-small-bf16 mamba2-replay-large mamba2-replay-large-bf16
 #   mamba2-split mamba2-split-large mamba2-split-bf16-state mamba2-verify mamba2-verify-bf16 mamba2-verify-few-rows;
@@ -43,14 +44,22 @@ sweep() {  # NAME LIMIT_S SCRIPT ARGS...
     local name=$1 limit=$2 script=$3
     shift 3
     local start=$SECONDS
-    timeout "$limit" python "benchmarks/$script" "$@" --out "$DIR/$name.json" >"$DIR/$name.txt" 2>"$DIR/$name.err"
+    if [ "${DRY_RUN:-0}" = 1 ]; then
+        python "benchmarks/$script" "$@" --dry-run >"$DIR/$name.txt" 2>"$DIR/$name.err"
+    else
+        timeout "$limit" python "benchmarks/$script" "$@" --out "$DIR/$name.json" >"$DIR/$name.txt" 2>"$DIR/$name.err"
+    fi
     echo "$name: exit $?, $((SECONDS - start)) s" >&2
 }
 
 gpu_tests() {  # NAME LIMIT_S TEST_PATHS...: the tests on the GPU, their output in $DIR/NAME.txt
     local name=$1 limit=$2 start=$SECONDS
     shift 2
-    timeout "$limit" python -m pytest -q -n 8 --tb=short "$@" >"$DIR/$name.txt" 2>&1
+    if [ "${DRY_RUN:-0}" = 1 ]; then
+        echo "not run (DRY_RUN=1): pytest $*" >"$DIR/$name.txt"
+    else
+        timeout "$limit" python -m pytest -q -n 8 --tb=short "$@" >"$DIR/$name.txt" 2>&1
+    fi
     echo "$name: exit $?, $((SECONDS - start)) s: $(tail -n 1 "$DIR/$name.txt")" >&2
 }
 
