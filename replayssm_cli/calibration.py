@@ -22,6 +22,9 @@ VERSION = 1
 VARIANTS = ("conventional", "replay", "split", "spec-conventional", "spec-replay")
 # Two grids within this relative distance are the same calibration point.
 SAME_X = 0.01
+# A prediction through another configuration's curve (another dtype, draft width or window) is not known better than
+# this (relative, ±): no measurement says how far that configuration's efficiency is from the borrowed one.
+BORROWED_ERROR = 0.10
 _DIGITS = 6
 
 
@@ -126,7 +129,9 @@ def fit(profiles: Iterable[Any], gpu: Any) -> dict[str, Any]:
             x = grid_per_sm(preset.shape, row["batch"], gpu.sm_count)
             curve = groups.setdefault(key, {"key": key, "op": preset.kind, "variant": row["variant"], "phase": row["phase"],
                                             "state_dtype": row["state_dtype"], "read_dtype": row.get("read_dtype"),
-                                            "draft": row.get("draft") or 0, "samples": []})
+                                            "draft": row.get("draft") or 0, "windows": [], "samples": []})
+            if row.get("window") and row["window"] not in curve["windows"]:
+                curve["windows"] = sorted([*curve["windows"], row["window"]])
             curve["samples"].append((x, order, env.get("commit"), eff, row.get("spread") or 0.0))
     curves = []
     for key in sorted(groups):
@@ -240,7 +245,9 @@ def predict_step(
     datasheet ceilings.
 
     The tuner's entry point for a candidate that no profile measured: `prediction.us` is µs per step per layer
-    (divide by accepted + 1 for µs per token with drafts), `prediction.error` the relative error to expect. Where no
+    (divide by accepted + 1 for µs per token with drafts), `prediction.error` the relative error to expect (at least
+    BORROWED_ERROR where `prediction.basis` says whose curve or which window it borrowed). A ReplaySSM window average
+    at an unmeasured window is the window average of its flush and non-flush steps (`_window_average`). Where no
     calibration ships, or the variant and phase were never measured, it falls back to the roofline model
     (cost.predict_us over the ceilings, method 'roofline', error None).
     """
@@ -258,16 +265,50 @@ def predict_step(
     if curve is None:
         us = cost.predict_us(c, gpus.ceilings_for(spec), cost.launches_per_step(variant, phase))
         return Prediction(us=us, error=None, method="roofline", calibrated_on=None)
+    fitted = curve.get("windows") or []
+    if window and fitted and window not in fitted:
+        if phase == "avg" and variant in ("replay", "split"):
+            composed = _window_average(preset, variant, window, fitted, batch=batch, state_dtype=state_dtype,
+                                       read_dtype=read_dtype, io_dtype=io_dtype, draft=draft, gpu=gpu, calibrated_on=calibrated_on)
+            if composed is not None:
+                return composed
+        basis = ", ".join(filter(None, [basis, f"fitted at W={'/'.join(map(str, fitted))}"]))
     x = grid_per_sm(preset.shape, batch, spec.sm_count)
     points = curve["points"]
     eff = _interpolate(points, x)
     return Prediction(
         us=ideal_us(c, spec.hbm_gbs, spec.fp32_tflops) / eff,
-        error=_error_at(points, x),
+        error=max(_error_at(points, x), BORROWED_ERROR if basis else 0.0),
         method="calibrated",
         calibrated_on=_short_gpu(doc.get("gpu_name")) or calibrated_on,
         basis=basis,
         efficiency=eff,
+    )
+
+
+def _window_average(preset: Any, variant: str, window: int, fitted: list[int], **kw: Any) -> Prediction | None:
+    """A ReplaySSM window average at a window no profile measured: (W-1) non-flush steps and one flush, each from its
+    phase's curve at this window, scaled by how the measured average compared with that sum at the nearest fitted
+    window (staggered flushes cost less than the aligned flush step the phase curve holds)."""
+    near = min(fitted, key=lambda w: abs(w - window))
+
+    def average(w: int) -> tuple[float, float, str | None] | None:
+        flush = predict_step(preset, variant, phase="flush", window=w, **kw)
+        nonflush = predict_step(preset, variant, phase="nonflush", window=w, **kw) if w > 1 else flush
+        if flush.method != "calibrated" or nonflush.method != "calibrated":
+            return None
+        return ((w - 1) * nonflush.us + flush.us) / w, max(flush.error, nonflush.error), flush.basis or nonflush.basis
+
+    here, there = average(window), average(near)
+    if here is None or there is None:
+        return None
+    measured = predict_step(preset, variant, phase="avg", window=near, **kw)
+    us = here[0] * measured.us / there[0]
+    return Prediction(
+        us=us, error=max(here[1], measured.error, BORROWED_ERROR), method="calibrated", calibrated_on=measured.calibrated_on,
+        basis=", ".join(filter(None, [measured.basis, *(b for b in (here[2] or "").split(", ") if not b.startswith("fitted at W=")),
+                                      f"W={window} as the window average of its flush and non-flush steps, scaled as measured at W={near}"])),
+        efficiency=measured.efficiency,
     )
 
 

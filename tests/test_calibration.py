@@ -87,3 +87,21 @@ def test_calibration_profile_table_shows_measured_beside_predicted(tmp_path, no_
     assert "figures: predicted (calibrated on H200)" in text
     assert f"[1] {provenance.reference_label(replay['x_reference'])}" in text
     assert f"{replay['x_reference']['speedup']:.2f}x" in text
+
+
+def test_calibration_unmeasured_window_is_a_window_average_and_says_so():
+    """Only W = 16 was measured: W = 32 is its flush and non-flush steps averaged over the window, scaled as the
+    measured W = 16 average compares with its own; such a prediction is no surer than BORROWED_ERROR."""
+    sup = presets.resolve(SUPER)
+    at16 = calibration.predict_step(sup, "replay", batch=256, window=16)
+    at32 = calibration.predict_step(sup, "replay", batch=256, window=32)
+    assert at16.basis is None and at32.basis.startswith("W=32 as the window average")
+    assert at32.error >= calibration.BORROWED_ERROR > at16.error
+    flush = calibration.predict_step(sup, "replay", batch=256, window=32, phase="flush")
+    nonflush = calibration.predict_step(sup, "replay", batch=256, window=32, phase="nonflush")
+    flush16 = calibration.predict_step(sup, "replay", batch=256, window=16, phase="flush")
+    nonflush16 = calibration.predict_step(sup, "replay", batch=256, window=16, phase="nonflush")
+    scale = at16.us / ((15 * nonflush16.us + flush16.us) / 16)
+    assert at32.us == pytest.approx(scale * (31 * nonflush.us + flush.us) / 32)
+    spec = calibration.predict_step(sup, "spec-replay", batch=64, window=32, draft=4, accepted=2.0)
+    assert spec.basis == "fitted at W=16" and spec.error >= calibration.BORROWED_ERROR

@@ -19,6 +19,7 @@ from replayssm_cli.cost import (
     spec_replay_cycle,
     step_cost,
 )
+from replayssm_cli import presets
 from replayssm_cli.main import app
 from replayssm_cli.shapes import GDNShape, Mamba2Shape
 
@@ -443,6 +444,7 @@ def test_cost_cli_json():
     for r in rows:
         assert r["batch"] == 256 and r["window"] in (None, 16)
         assert r["bytes_read"] > 0 and r["flops"] > 0 and r["bytes_ratio"] > 0 and r["mem_per_seq"] > 0
+        assert r["mem_per_seq_model"] == r["mem_per_seq"] * presets.resolve(r["preset"]).ssm_layers
     avg = {(r["op"], r["variant"]): r for r in rows if r["phase"] == "avg"}
     assert avg["mamba2", "replay"]["bytes_ratio"] > 1.7
     assert avg["mamba2", "split"]["read_dtype"] == "bf16"

@@ -176,7 +176,8 @@ def _preset_rows(p: Any, st: str, read: Any, io: Any, batch: int, window: int, d
     except ValueError as exc:
         raise UserError(str(exc)) from None
     head = {"preset": p.name, "op": p.kind, "shape": p.shape.label(), "tp": tp, "batch": batch}
-    rows = [{**head, **r} for r in rows]
+    # mem_per_seq is one layer's, as in the results file; mem_per_seq_model all the preset's SSM layers'.
+    rows = [{**head, **r, "mem_per_seq_model": r["mem_per_seq"] * p.ssm_layers} for r in rows]
     if not as_json:
         title = (
             f"{p.display}: {p.kind} {p.shape.label()}"
