@@ -145,7 +145,7 @@ def _x(v: float | None) -> str:
     return "-" if v is None else f"{v:.2f}x"
 
 
-def _wrap(text: str, indent: str = "    ") -> list[str]:
+def wrap(text: str, indent: str = "    ") -> list[str]:
     """Words of `text` in lines of at most WIDTH columns, the later ones indented."""
     lines, cur = [], ""
     for word in text.split(" "):
@@ -195,15 +195,15 @@ def render(lines: Sequence[Line], *, title: str, over: str, notes: Sequence[str]
             "-" if ln.margin is None else (f"{ln.margin:.0%}" if ln.margin >= 0.01 else "<1%"),
             f"{'meas' if ln.source == 'measured' else 'pred'} [{tag}]",
         ]))
-    out = _wrap(title) + _wrap(over) + [""] + body + [""]
+    out = wrap(title) + wrap(over) + [""] + body + [""]
     for label, n in sources.items():
-        out += _wrap(f"[{n}] {label}")
+        out += wrap(f"[{n}] {label}")
     for ln in lines:
         if ln.confirm:
-            out += _wrap(f"batch {ln.batch} {ln.label} rests on a prediction: confirm with")
+            out += wrap(f"batch {ln.batch} {ln.label} rests on a prediction: confirm with")
             out += _command_lines(ln.confirm)
     for note in notes:
-        out += _wrap(note)
+        out += wrap(note)
     return "\n".join(out)
 
 

@@ -580,3 +580,37 @@ def test_within_reach_keeps_the_close_and_the_baseline():
     kept = tuner.within_reach(guessed, always=[conv])
     assert conv in kept and close in kept and near in kept and far not in kept
     assert Candidate("replay", "bf16", 16) in kept
+
+
+def test_engine_flags_say_what_selects_a_recommendation_and_what_nothing_does():
+    from replayssm_cli import engine_flags
+
+    replay = Candidate("replay", "fp32", 16)
+    v = engine_flags.vllm("mamba2", replay)
+    assert v.flags == ["--mamba-ssm-cache-dtype float32", "--use-replayssm", "--replayssm-buffer-len 16"]
+    assert v.config == {"mamba_ssm_cache_dtype": "float32", "use_replayssm": True, "replayssm_buffer_len": 16}
+    assert v.version.startswith("vLLM") and "cache.py" in v.source
+    g = engine_flags.sglang("mamba2", replay)
+    assert g.flags == ["--mamba-ssm-dtype float32"] and "no switch for Mamba-2" in g.missing[0]
+    g = engine_flags.sglang("gdn", Candidate("replay", "bf16", 8))
+    assert g.flags == ["--mamba-ssm-dtype bfloat16", "--enable-linear-replayssm", "--linear-replayssm-cache-len 8"]
+    v = engine_flags.vllm("gdn", Candidate("replay", "bf16", 8))
+    assert v.flags == ["--mamba-ssm-cache-dtype bfloat16"] and "no switch for Gated DeltaNet" in v.missing[0]
+    split = engine_flags.vllm("mamba2", Candidate("split", "fp32", 16, "bf16"))
+    assert any("no switch for a bf16 read copy" in m for m in split.missing)
+    spec = engine_flags.sglang("gdn", Candidate("spec-replay", "fp32", 16, draft=4, accepted=2.0))
+    assert "--enable-linear-replayssm-spec" in spec.flags
+    assert engine_flags.vllm("mamba2", Candidate("conventional", "fp16")).flags == ["--mamba-ssm-cache-dtype float16"]
+
+
+def test_tune_prints_and_carries_the_engine_settings():
+    args = ("--preset", SUPER, "--results", str(MAMBA2_RESULTS), "--batch", "1,256", "--window", "16",
+            "--state-dtype", "fp32", "--read-dtype", "none", *QUICK)
+    res = invoke(*args)
+    assert res.exit_code == 0, res.output
+    assert "replay W16 fp32 (batch 256) in the engines' own words:" in res.stdout
+    assert "--mamba-ssm-cache-dtype float32 --use-replayssm --replayssm-buffer-len 16" in res.stdout
+    report = run_json(*args[:-4])
+    by_label = {e["label"]: e for e in report["engines"]}
+    assert by_label["replay W16 fp32"]["batches"] == [256] and by_label["conventional fp32"]["batches"] == [1]
+    assert by_label["replay W16 fp32"]["vllm"]["config"]["use_replayssm"] is True

@@ -128,7 +128,7 @@ def tune(
     The verdict comes first, one line per batch size; --details adds every candidate and the error by bucket.
     """
     from replayssm_cli import presets as presets_mod
-    from replayssm_cli import tuner, verdict
+    from replayssm_cli import engine_flags, tuner, verdict
 
     preset = options.one_preset(preset, preset_file, "tune")
     if not preset:
@@ -201,6 +201,7 @@ def tune(
     report = {
         "preset": {"name": p.name, "kind": p.kind, "shape": p.label(), "ssm_layers": p.ssm_layers, "state_dtype": p.state_dtype, "tp": p.tp},
         "verdict": [ln.to_dict() for ln in lines],
+        "engines": engine_flags.settings(p.kind, decisions),
         "timing": {k: v for k, v in source.items() if k in ("mode", "describe", "results_file", "gpu", "io_dtype")},
         "error_budget": error_budget,
         "memory_budget_bytes": budget,
@@ -217,8 +218,17 @@ def tune(
         print_json(report)
     else:
         _print_verdict(p, source, lines, error_budget, budget_note, baseline, drafts)
+        _print_engines(p, decisions)
         if details:
             _render(p, source, quality, decisions, error_budget, budget, budget_note, baseline)
+
+
+def _print_engines(p, decisions) -> None:
+    from replayssm_cli import engine_flags, verdict
+    from replayssm_cli.console import out
+
+    text = [w for line in engine_flags.lines(p.kind, decisions) for w in verdict.wrap(line, indent="      ")]
+    out.print("\n" + "\n".join(text), highlight=False, markup=False, soft_wrap=True)
 
 
 def _print_verdict(p, source, lines, error_budget, budget_note, baseline, drafts) -> None:
