@@ -38,16 +38,21 @@ def _set(s: EngineSettings, flag: str, key: str, value: Any) -> None:
     s.config[key] = value
 
 
+def _state(s: EngineSettings, flag: str, key: str, op: str, c: Any, replay_op: str, why: str) -> bool:
+    """Set the state dtype; whether the engine's ReplaySSM switches apply (else `why` is said)."""
+    _set(s, flag, key, DTYPE[c.state_dtype])
+    if c.is_replay and op != replay_op:
+        s.missing.append(why)
+    return c.is_replay and op == replay_op
+
+
 def vllm(op: str, candidate: Any) -> EngineSettings:
     """vLLM's switches for a candidate: --mamba-ssm-cache-dtype for the state, --use-replayssm and
     --replayssm-buffer-len for a Mamba-2 ReplaySSM decode (standard decode only, per CacheConfig.use_replayssm)."""
     c = candidate
     s = EngineSettings("vllm", VLLM_VERSION, VLLM_SOURCE)
-    _set(s, "--mamba-ssm-cache-dtype", "mamba_ssm_cache_dtype", DTYPE[c.state_dtype])
-    if not c.is_replay:
-        return s
-    if op != "mamba2":
-        s.missing.append("vLLM's ReplaySSM switch (--use-replayssm) is for Mamba-2 layers only: no switch for Gated DeltaNet")
+    if not _state(s, "--mamba-ssm-cache-dtype", "mamba_ssm_cache_dtype", op, c, "mamba2",
+                  "vLLM's ReplaySSM switch (--use-replayssm) is for Mamba-2 layers only: no switch for Gated DeltaNet"):
         return s
     if c.draft:
         s.missing.append("vLLM's --use-replayssm covers standard decode only: no switch for a ReplaySSM speculative verify")
@@ -66,11 +71,8 @@ def sglang(op: str, candidate: Any) -> EngineSettings:
     for its speculative verify."""
     c = candidate
     s = EngineSettings("sglang", SGLANG_VERSION, SGLANG_SOURCE)
-    _set(s, "--mamba-ssm-dtype", "mamba_ssm_dtype", DTYPE[c.state_dtype])
-    if not c.is_replay:
-        return s
-    if op != "gdn":
-        s.missing.append("SGLang's ReplaySSM switches are for linear-attention (GDN, KDA) layers: no switch for Mamba-2")
+    if not _state(s, "--mamba-ssm-dtype", "mamba_ssm_dtype", op, c, "gdn",
+                  "SGLang's ReplaySSM switches are for linear-attention (GDN, KDA) layers: no switch for Mamba-2"):
         return s
     if c.draft:
         _set(s, "--enable-linear-replayssm-spec", "enable_linear_replayssm_spec", True)
