@@ -250,8 +250,14 @@ def _over_snapshots(row: dict[str, Any], rows: list[Any]) -> float | None:
 
 
 def schema_errors(doc: Any, limit: int = 5) -> list[str]:
-    """Where a results document breaks the shipped JSON Schema (empty when it conforms), at most `limit` lines."""
-    import jsonschema
+    """Where a results document breaks the shipped JSON Schema (empty when it conforms), at most `limit` lines.
+
+    Needs the jsonschema package (the test extra: pip install 'replayssm[test]')."""
+    try:
+        import jsonschema
+    except ImportError:
+        raise UserError("checking a results file against its schema needs the jsonschema package",
+                        "pip install jsonschema") from None
 
     validator = jsonschema.Draft202012Validator(json.loads(schema_path().read_text()))
     errors = []
