@@ -13,7 +13,7 @@ _BASES = {cls.__name__: cls for cls in typer.BadParameter.__mro__}
 UsageError, ClickException = _BASES["UsageError"], _BASES["ClickException"]
 
 from replayssm_cli import __version__
-from replayssm_cli.commands import check, compare, cost, e2e, gpu, plan, presets, profile, roofline, tune
+from replayssm_cli.commands import check, compare, cost, e2e, gpu, plan, presets, profile, roofline, show, tune
 from replayssm_cli.options import OneValueCommand
 
 
@@ -75,6 +75,7 @@ app.command("compare", cls=OneValueCommand)(compare.compare)
 app.command("check", cls=OneValueCommand)(check.check)
 app.command("gpu", cls=OneValueCommand)(gpu.gpu)
 app.command("presets", cls=OneValueCommand)(presets.presets)
+app.command("show", cls=OneValueCommand)(show.show)
 
 
 if __name__ == "__main__":
