@@ -580,8 +580,9 @@ def switch_line(switch: list[dict[str, Any]]) -> str:
     first = replay[0]["from"]
     if all(s["replay"] for s in switch if s["from"] >= first):
         runs = ", ".join(f"{s['run']} at {s['from']}-{s['to']}" for s in switch if s["replay"])
-        below = f", conventional below {first}" if first > 1 else ""
-        return f"ReplaySSM at {first} or more running sequences ({runs}){below}"
+        if first == 1:
+            return f"ReplaySSM at every concurrency in the traffic ({runs})"
+        return f"ReplaySSM at {first} or more running sequences ({runs}), conventional below {first}"
     parts = ", ".join(f"{s['from']}-{s['to']}: {s['run']}" for s in switch)
     return f"by running sequences: {parts}"
 
@@ -663,33 +664,40 @@ def render(plan: Plan, console) -> None:
         dist.add_row(c.label(), _share(c.time_share), _share(c.token_share), f"{c.mean_n:.1f}", str(c.p95_n), str(c.peak_n),
                      _len(c.out_len_p50), _len(c.out_len_p95))
     console.print(dist)
-    tab = Table(title="Per cohort: the configuration to run at its token-weighted concurrency", title_justify="left",
+    tab = Table(title="Per cohort: what to run at its token-weighted concurrency, and its gain", title_justify="left",
                 box=box.SIMPLE_HEAD)
-    for name in ("cohort", "at", "run", "kernel", "end-to-end", "flush", "MiB/seq", "peak fits", "quality"):
+    for name in ("cohort", "at", "run", "kernel", "end-to-end"):
         tab.add_column(name, justify="left" if name in ("cohort", "run") else "right", no_wrap=name != "run")
+    cost = Table(title="Per cohort: flushes, memory at its peak, quality at its lengths", title_justify="left", box=box.SIMPLE_HEAD)
+    for name in ("cohort", "flush every", "rows/step", "MiB/seq", "peak needs", "free", "error", "margin"):
+        cost.add_column(name, justify="left" if name == "cohort" else "right", no_wrap=True)
     foot: list[str] = []
-    for i, c in enumerate(plan.cohorts, 1):
+    for c in plan.cohorts:
         r = c.rows
         rec = r.get("recommended")
         if rec is None:
-            tab.add_row(c.label(), str(c.batch), "[red]nothing within the budgets[/]", *["-"] * 6)
+            tab.add_row(c.label(), str(c.batch), "[red]nothing within the budgets[/]", "-", "-")
             continue
-        run = rec["label"] if r["replay_pays"] or not rec["variant"] in tuner.CONVENTIONAL else f"{rec['label']} [dim](ReplaySSM does not pay)[/]"
-        flush = r.get("flush")
-        fl = f"1/{flush['every_tokens']} tok" + (f", {flush['every_ms']:.0f} ms" if flush.get("every_ms") else "") if flush else "-"
-        mem = r.get("mem_per_seq_model")
-        fits = "-" if "peak_fits" not in r else (f"yes, {_share(r['memory_headroom'])} free" if r["peak_fits"] else "[red]no[/]")
-        margin = r.get("quality_margin")
-        q = f"{margin:.1f}x ({r['quality_bucket']})" if margin else "-"
+        run = rec["label"] if r["replay_pays"] or rec["variant"] not in tuner.CONVENTIONAL else f"{rec['label']} [dim](ReplaySSM does not pay)[/]"
         tab.add_row(c.label(), str(c.batch), run, _x(r.get("kernel_speedup"), r.get("kernel_speedup_lo"), r.get("kernel_speedup_hi")),
-                    _x(r.get("e2e_speedup"), r.get("e2e_speedup_lo"), r.get("e2e_speedup_hi")), fl,
-                    "-" if mem is None else f"{mem / 2**20:,.0f}", fits, q)
+                    _x(r.get("e2e_speedup"), r.get("e2e_speedup_lo"), r.get("e2e_speedup_hi")))
+        flush = r.get("flush")
+        every = "-" if not flush else f"{flush['every_tokens']} tok" + (f", {flush['every_ms'] / 1e3:.2g} s" if flush.get("every_ms") else "")
+        mem = r.get("mem_per_seq_model")
+        need = r.get("peak_need_bytes")
+        free = "-" if "peak_fits" not in r else (_share(r["memory_headroom"]) if r["peak_fits"] else "[red]does not fit[/]")
+        margin = r.get("quality_margin")
+        cost.add_row(c.label(), every, f"{flush['rows_per_step']:.1f}" if flush else "-", "-" if mem is None else f"{mem / 2**20:,.0f}",
+                     "-" if need is None else f"{need / 2**30:,.1f} GiB", free,
+                     "-" if r.get("quality_error") is None else f"{r['quality_error']:.1e}",
+                     f"{margin:.1f}x ({r['quality_bucket']})" if margin else "-")
         foot.append(f"{c.label()}: {rec['label']}: {r.get('time_from') or '-'}; over {r.get('speedup_over')}: "
                     f"{r.get('baseline_time_from') or '-'}")
         if r.get("e2e_from"):
             foot.append(f"{c.label()}: end-to-end: {r['e2e_from']} (ITL {r['itl_ms']:.1f} ms)"
                         + (f"; the whole-model step: {_x(r['model_step_speedup'])} ({r['model_step_from']})" if r.get("model_step_speedup") else ""))
     console.print(tab)
+    console.print(cost)
     legend = {f.label: f"#{k}" for k, f in enumerate(plan.source.files, 1)}
     tot = plan.totals
     if "itl_speedup" in tot:
