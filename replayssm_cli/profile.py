@@ -770,7 +770,8 @@ def detect_mode(require_gpu: bool) -> str:
         raise UserError("no CUDA GPU is available and --require-gpu was given", "run on a machine with an NVIDIA GPU, or drop --require-gpu")
     from replayssm_cli.console import note
 
-    note("no CUDA GPU: writing the profile predicted by the cost model for --gpu (every row marked predicted; --require-gpu makes this an error)")
+    note("no CUDA GPU: writing the profile predicted for --gpu by the cost model calibrated on the shipped H200 measurements "
+         "(every row marked predicted; --require-gpu makes this an error)")
     return "predicted"
 
 

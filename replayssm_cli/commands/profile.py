@@ -93,7 +93,8 @@ def profile(
 
     Every SSM layer of the stack has its own state pool, each kernel is checked against its
     reference before it is timed, and rows are written as they finish. Without a CUDA GPU the
-    profile is predicted from the cost model for --gpu, every row marked predicted. --baseline
+    profile is predicted for --gpu from the cost model calibrated on the shipped H200 measurements,
+    every row marked predicted and shown beside the shipped measurement where one exists. --baseline
     adds the serving stacks' own kernels (FlashInfer, mamba_ssm, fla, vLLM) on the same inputs,
     each at its fastest launch settings.
 
