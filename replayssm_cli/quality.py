@@ -111,6 +111,16 @@ class Inputs:
         return {"H": self.heads, "K": int(t["q"].shape[2]), "V": int(t["v"].shape[2])}
 
 
+def bytes_per_token(shape: SSMShape, heads: int, configs: int) -> int:
+    """Memory a quality run holds per token (prompt or generated): the inputs of `heads` heads in fp32 and their
+    fp32 and fp64 working copies, plus each config's squared error."""
+    if shape.op == "mamba2":
+        per_head = shape.P + 2 * shape.N + 1
+    else:
+        per_head = 2 * shape.K + shape.V + 2
+    return 3 * 8 * heads * per_head + 8 * (configs + 1)
+
+
 def _check_run(steps: int, prompt: int, heads: int) -> None:
     if steps < 1:
         raise ValueError(f"steps must be at least 1, got {steps}")

@@ -325,6 +325,12 @@ def test_tune_runs_quality_on_a_trace(tmp_path):
         (("--preset", SUPER, "--error-budget", "0"), "--error-budget 0.0 must be positive"),
         (("--preset", SUPER, "--memory-budget", "-1"), "--memory-budget -1.0"),
         (("--preset", SUPER, "--heads", "0"), "--heads 0"),
+        (("--preset", SUPER, "--heads", "1000"), "--heads 1000 is more than the 128 heads of a layer"),
+        (("--preset", SUPER, "--steps", "100000000"), "--steps 100,000,000 needs about"),
+        (("--preset", SUPER, "--memory-budget", "inf"), "--memory-budget inf must be a positive, finite number"),
+        (("--preset", SUPER, "--memory-budget", "nan"), "--memory-budget nan"),
+        (("--preset", SUPER, "--error-budget", "inf"), "--error-budget inf is not a relative error"),
+        (("--preset", SUPER, "--out", "notes.txt"), "--out notes.txt exists and is not a tune report"),
         (("--preset", SUPER, "--tp", "3"), "tp=3 does not divide"),
         (("--preset", SUPER, "--results", "missing.json"), "does not exist"),
         (("--preset", QWEN, "--results", str(MAMBA2_RESULTS)), f"has no rows for preset {QWEN}"),
@@ -333,11 +339,14 @@ def test_tune_runs_quality_on_a_trace(tmp_path):
     ],
     ids=lambda v: v if isinstance(v, str) else None,
 )
-def test_tune_bad_options_exit_with_one_line(args, message):
+def test_tune_bad_options_exit_with_one_line(args, message, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "notes.txt").write_text("my notes")
     res = invoke(*args)
     assert res.exit_code == 2, res.output
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error:") and message in lines[0], res.stderr
+    assert (tmp_path / "notes.txt").read_text() == "my notes"
 
 
 def test_tune_trace_of_the_wrong_op(tmp_path):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
@@ -63,8 +64,10 @@ def _check_options(batches, windows, drafts, accept_rate, error_budget, memory_b
         raise UserError(f"--accept-rate {accept_rate} is not a probability in (0, 1]", "e.g. --accept-rate 0.8")
     if not error_budget > 0:
         raise UserError(f"--error-budget {error_budget} must be positive", "e.g. --error-budget 1e-3")
-    if memory_budget is not None and not memory_budget > 0:
-        raise UserError(f"--memory-budget {memory_budget} must be a positive number of GiB", "e.g. --memory-budget 40")
+    if not error_budget <= 1:
+        raise UserError(f"--error-budget {error_budget} is not a relative error", "pass a value in (0, 1], e.g. --error-budget 1e-3")
+    if memory_budget is not None and not 0 < memory_budget < math.inf:
+        raise UserError(f"--memory-budget {memory_budget} must be a positive, finite number of GiB", "e.g. --memory-budget 40")
     if steps < 1:
         raise UserError(f"--steps {steps} must be at least 1", "e.g. --steps 4096")
     if heads < 1:
@@ -144,6 +147,7 @@ def tune(
     p = presets_mod.resolve(preset, tp)
     cands = tuner.candidates(windows=windows, state_dtypes=state_dtypes, read_dtypes=read_dtypes, drafts=drafts, accept_rate=accept_rate)
     recorded = _load_trace(trace, p)
+    _check_quality_size(p, recorded, cands, steps, heads)
 
     if measured_only and results is None:
         raise UserError("--measured-only needs --results", "pass the results file whose measurements to keep to")
@@ -610,6 +614,38 @@ def _measure(p, preset_arg: str, cands, batches, io: str, accept_rate: float, *,
         raise UserError("interrupted while measuring", f"the rows finished so far are in {run.path}; pass it with --results")
     gpu = run.results.environment.get("gpu") or {}
     return run.results.rows, run.gpu_name, gpu.get("memory_total"), run.path
+
+
+def _memory_here() -> int | None:
+    """Bytes of physical memory on this machine, where the OS says."""
+    import os
+
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def _check_quality_size(p, trace, cands, steps: int, heads: int) -> None:
+    """Refuse, before any work, a quality run with more heads than a layer has or more tokens than fit in memory."""
+    from replayssm_cli import quality
+
+    shape = trace.shape if trace is not None else p.shape
+    layer_heads = shape.H if shape.op == "mamba2" else shape.HV
+    if heads > layer_heads:
+        where = "the trace's layer" if trace is not None else f"a layer of {p.name}" + (f" at tp {p.tp}" if p.tp != 1 else "")
+        raise UserError(f"--heads {heads} is more than the {layer_heads} heads of {where}", f"pass --heads 1 to {layer_heads}")
+    configs = len({c.quality_key() for c in cands})
+    per_token = quality.bytes_per_token(shape, heads, configs)
+    have = _memory_here()
+    tokens = quality.DEFAULT_PROMPT + steps
+    if have and tokens * per_token > have // 2:
+        fit = max(have // 2 // per_token - quality.DEFAULT_PROMPT, 0)
+        raise UserError(
+            f"--steps {steps:,} needs about {tokens * per_token / 2**30:,.0f} GiB for the quality run, over half of the "
+            f"{have / 2**30:.0f} GiB here",
+            f"at most --steps {fit:,} fit with --heads {heads} (the default 4,096 is what the error buckets need)",
+        )
 
 
 def _load_trace(path: Path | None, p):

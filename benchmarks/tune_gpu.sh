@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Wall time of `replayssm tune` on this GPU for one preset and three batch sizes, with the default candidates: once
+# with an empty quality cache (the first run a user makes) and once with it filled (every later run). Each run measures
+# on the GPU (the candidates within reach, written as they finish under $OUT/runs/). Writes under $OUT (default
+# runs/tune-gpu): gpu.json, cold.txt and warm.txt (the verdict), cold.log and warm.log (stderr: progress, what was
+# measured, the results file), cold.json and warm.json (the report, --out), and wall.txt (seconds per run).
+# Usage: OUT=dir benchmarks/tune_gpu.sh [PRESET] [BATCHES]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+OUT=$(mkdir -p "${OUT:-runs/tune-gpu}" && cd "${OUT:-runs/tune-gpu}" && pwd)
+PRESET=${1:-nemotron-3-super-120b-a12b}
+BATCHES=${2:-1,64,256}
+export REPLAYSSM_CACHE_DIR="$OUT/cache"
+rm -rf "$REPLAYSSM_CACHE_DIR"
+replayssm gpu --json > "$OUT/gpu.json"
+: > "$OUT/wall.txt"
+for run in cold warm; do
+    start=$(date +%s.%N)
+    (cd "$OUT" && replayssm tune --preset "$PRESET" --batch "$BATCHES" --out "$OUT/$run.json") \
+        > "$OUT/$run.txt" 2> >(tee "$OUT/$run.log" >&2)
+    end=$(date +%s.%N)
+    python3 -c 'import sys; print(f"{sys.argv[1]}: {float(sys.argv[3]) - float(sys.argv[2]):.1f} s")' "$run" "$start" "$end" \
+        | tee -a "$OUT/wall.txt" >&2
+done
+echo "tune_gpu: replayssm tune --preset $PRESET --batch $BATCHES; files under $OUT" >&2
+cat "$OUT/wall.txt"
