@@ -10,7 +10,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from replayssm_cli import tuner
+from replayssm_cli import engine_flags, tuner
 from replayssm_cli.errors import UserError
 from replayssm_cli.traffic import Traffic
 from replayssm_cli.tuner import Candidate, Timing
@@ -356,6 +356,7 @@ class Plan:
             },
             "cohorts": [c.rows for c in self.cohorts],
             "switch": self.switch,
+            "engine_flags": engine_flags.settings(self.preset.kind, [c.decision for c in self.cohorts if c.decision]),
             "totals": self.totals,
             "quality": self.quality.to_dict() if self.quality is not None else None,
             "notes": self.notes,
@@ -710,6 +711,9 @@ def render(plan: Plan, console) -> None:
     else:
         console.print(f"traffic-weighted gain: not computed ({tot.get('note')})", highlight=False)
     console.print(f"[bold]switch[/]: {switch_line(plan.switch)}", highlight=False)
+    decisions = [c.decision for c in plan.cohorts if c.decision]
+    for line in engine_flags.lines(plan.preset.kind, decisions):
+        console.print(line.replace("(batch ", "(cohorts at "), highlight=False)
     console.print("kernel speedups: over the conventional step at the same state precision (split: over fp32 conventional); "
                   "ranges from each time's interquartile spread", style="dim", highlight=False)
     for label, ref in legend.items():

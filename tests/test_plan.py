@@ -309,6 +309,10 @@ def test_day_night_vllm_on_the_shipped_reference(files):
     gains = [c["kernel_speedup"] for c in cohorts]
     assert gains == sorted(gains) and all(math.isfinite(g) for g in gains)
     assert all("h200-" in c["time_from"] for c in cohorts)
+    flags = doc["engine_flags"]
+    assert {f["label"] for f in flags} == {c["recommended"]["label"] for c in cohorts}
+    assert sorted(b for f in flags for b in f["batches"]) == sorted(c["batch"] for c in cohorts)
+    assert all(f["vllm"]["flags"][0].startswith("--mamba-ssm-cache-dtype ") for f in flags)
     tot = doc["totals"]
     e2e = [c["e2e_speedup"] for c in cohorts]
     assert min(e2e) <= tot["itl_speedup"] <= max(e2e) and tot["itl_from"].startswith("your ITL")
@@ -333,6 +337,7 @@ def test_plan_table_names_its_sources(files):
     assert out.exit_code == 0, out.output
     text = " ".join(out.stdout.split())
     for words in ("Sequences decoding over time", "traffic-weighted: mean ITL", "switch:", "interpolated between batch",
+                  "in the engines' own words:", "- vLLM",
                   "#1 h200-", "(NVIDIA H200, 2026-11-30"):
         assert words in text, words
 
