@@ -101,8 +101,37 @@ ROW_TYPES: dict[str, dict[str, Any]] = {
     **dict.fromkeys(("mem_per_seq", "mem_per_seq_model", "seqs_fit"), _INT),
 }
 
+_US = {"type": ["number", "null"], "minimum": 0}
+_BYTES = {"type": ["integer", "null"], "minimum": 0}
+# The extra fields `replayssm profile` writes, with their units (other x_ fields are free-form).
+PROFILE_EXTRAS: dict[str, tuple[str, dict[str, Any]]] = {
+    "x_us_p25": ("25th percentile of per-step samples, microseconds", _US),
+    "x_us_p75": ("75th percentile of per-step samples, microseconds", _US),
+    "x_samples_us": ("the per-step samples, microseconds", {"type": "array", "items": {"type": "number"}}),
+    "x_steps": ("decode steps per timed CUDA-graph replay", {"type": "integer"}),
+    "x_repeats": ("timed replays", {"type": "integer"}),
+    "x_fill": ("buffer fill at which a nonflush or flush row was measured (None for avg)", {"type": ["integer", "null"]}),
+    "x_flush_us": ("avg rows: the flush step's time, microseconds", _US),
+    "x_nonflush_us": ("avg rows: the non-flush step's time, microseconds", _US),
+    "x_flush_cost_us": ("avg rows: flush minus non-flush time, microseconds", {"type": ["number", "null"]}),
+    "x_flush_share": ("avg rows: x_flush_cost_us / window / us, a fraction of the average step", {"type": ["number", "null"]}),
+    "x_mem_state": ("mem_per_seq's part: state or full-precision checkpoint, bytes", _BYTES),
+    "x_mem_read_copy": ("mem_per_seq's part: low-precision read copy with its scales, bytes", _BYTES),
+    "x_mem_buffers": ("mem_per_seq's part: ReplaySSM input buffers, bytes", _BYTES),
+    "x_mem_counters": ("mem_per_seq's part: fill and arrival counters, bytes", _BYTES),
+    "x_mem_snapshots": ("mem_per_seq's part: spec-conventional's draft snapshots, bytes", _BYTES),
+    "x_stack_bytes": ("bytes of the timed stack's state pools (layers x batch), bytes", _BYTES),
+    "x_tolerance": ("the relative error the check against the reference allowed", {"type": ["number", "null"]}),
+    "x_accepted_drawn": ("speculative rows: mean drafts accepted in the timed steps' drawn acceptances", {"type": ["number", "null"]}),
+    "x_competes": ("baseline rows: our variant the outside kernel competes with", {"type": "string"}),
+    "x_vs_ours": ("baseline rows: its us_per_token over our kernel's (above 1, ours is faster)", {"type": ["number", "null"]}),
+    "x_ours_us": ("baseline rows: our kernel's us_per_token, microseconds", _US),
+    "x_origin": ("rows of a merged reference: the file, GPU, date and commit the row was measured at", {"type": "object"}),
+}
+
 # Structured extra fields every reader may rely on (other x_ fields are free-form).
 EXTRA_TYPES: dict[str, dict[str, Any]] = {
+    **{k: {"description": d, **t} for k, (d, t) in PROFILE_EXTRAS.items()},
     "x_prediction": {
         "description": "how a predicted row was predicted: method ('calibrated': the cost model's bytes and FLOPs over the "
                        "ceilings times an efficiency fitted to measured profiles; 'roofline': over the ceilings alone), the "

@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from replayssm_cli import bench, presets, profile as prof
 from replayssm_cli.main import app
-from replayssm_cli.results import load
+from replayssm_cli.results import load, schema_errors
 
 SUPER, QWEN = "nemotron-3-super-120b-a12b", "qwen3.5-122b-a10b"
 CEILINGS = SimpleNamespace(copy_gbs=4250.0, read_gbs=4130.0, fp32_tflops=65.6, bf16_tflops=700.0, tf32_tflops=None,
@@ -39,6 +39,7 @@ def test_profile_predicted_without_gpu(tmp_path, no_cuda):
     assert all(r.pop("x_provenance").startswith("predicted (calibrated on H200, ±") for r in rows)
     got = load(out)
     assert got.complete and got.rows == rows
+    assert schema_errors(json.loads(out.read_text())) == [], "a predicted profile conforms to the shipped schema"
     assert got.environment["gpu"]["key"] == "h200" and got.spec["mode"] == "predicted"
     assert {r["source"] for r in rows} == {"predicted"} and {r["preset"] for r in rows} == {SUPER, QWEN}
     # Per preset and batch: conventional, replay x3 phases, split x3, spec-conventional, spec-replay.
@@ -166,6 +167,7 @@ def test_profile_measured_rows(tmp_path, measured):
     assert res.exit_code == 0, res.output
     got = load(out)
     assert got.complete and {r["source"] for r in got.rows} == {"measured"}
+    assert schema_errors(json.loads(out.read_text())) == [], "a measured profile conforms to the shipped schema"
     by = {(r["variant"], r["phase"], r["batch"]): r for r in got.rows}
     conv, rep = by["conventional", "avg", 64], by["replay", "avg", 64]
     assert conv["us"] == pytest.approx(statistics_median(conv["x_samples_us"]), rel=1e-3)
