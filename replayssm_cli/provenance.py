@@ -16,14 +16,18 @@ def _origin_label(origin: dict[str, Any]) -> str:
 def file_label(results: Any) -> str:
     """A loaded results file in one label: 'h200-spec.json (NVIDIA H200, 2026-11-30, 2adf3f9)'.
 
-    A file that is a prediction says so: 'p.json (predicted for NVIDIA B200, calibrated on H200, ±4%)'.
+    A file that is a prediction says so, with its rows' largest fit error: 'p.json (predicted for NVIDIA B200,
+    calibrated on H200, up to ±4%)'.
     """
     from replayssm_cli.results import origin_of
 
     origin = origin_of(results)
     rows = getattr(results, "rows", None) or []
     if rows and all(r.get("source") == "predicted" for r in rows):
-        how = prediction_label(rows[0]).removeprefix("predicted ").strip("()")
+        how = prediction_label(rows[0], error=False).removeprefix("predicted ").strip("()")
+        errors = [e for r in rows if (e := (r.get("x_prediction") or {}).get("fit_error")) is not None]
+        if errors and how.startswith("calibrated"):
+            how += f", up to ±{percent(max(errors))}"
         target = f"for {origin['gpu']}, " if origin.get("gpu") else ""
         return f"{origin.get('file') or 'results'} (predicted {target}{how})"
     return _origin_label(origin)

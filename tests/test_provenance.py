@@ -30,7 +30,8 @@ def test_provenance_row_labels():
 def test_provenance_file_labels():
     calibrated = {"source": "predicted", "x_prediction": {"method": "calibrated", "calibrated_on": "H200", "fit_error": 0.04}}
     assert provenance.file_label(_file("h200-spec.json", [{"source": "measured"}])) == "h200-spec.json (NVIDIA H200, 2026-11-30, 2adf3f9)"
-    assert provenance.file_label(_file("p.json", [calibrated])) == "p.json (predicted for NVIDIA H200, calibrated on H200, ±4%)"
+    wider = {**calibrated, "x_prediction": {**calibrated["x_prediction"], "fit_error": 0.3}}
+    assert provenance.file_label(_file("p.json", [calibrated, wider])) == "p.json (predicted for NVIDIA H200, calibrated on H200, up to ±30%)"
 
 
 def test_provenance_of_a_merged_reference_names_each_row_file():
