@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import math
 import sys
+import time
 from dataclasses import asdict, dataclass, field, is_dataclass
 from datetime import datetime
 from pathlib import Path
@@ -21,6 +22,7 @@ MAX_DRAFT = 8
 NOISY_SPREAD = 0.10
 PHASED_VARIANTS = ("replay", "split")
 INTERRUPTED = "not run: interrupted"
+LOG_EVERY_S = 10.0
 # The row fields that say which configuration a row measured; compare matches rows on them.
 CONFIG_KEYS = (
     "kind", "op", "preset", "variant", "phase", "batch", "window", "state_dtype",
@@ -570,16 +572,23 @@ def run_grid(
     done: set[str] = set()
     bar = Progress(
         TextColumn("[bold]profile[/]"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TextColumn("{task.description}"),
-        console=err, transient=True, disable=not progress,
+        console=err, transient=True, disable=not progress or not err.is_terminal,
     )
+    # Where stderr is no terminal (a log, CI), plain lines instead of the bar: at most one every LOG_EVERY_S, and the last.
+    log = progress and not err.is_terminal
+    started = last_line = time.monotonic()
     try:
         with bar, stop_signals_interrupt():
             task = bar.add_task("", total=len(points))
-            for point in points:
+            for i, point in enumerate(points, 1):
                 bar.update(task, description=point.label())
                 _run_point(point, presets[point.preset], writer, run, mode, ceilings, free_bytes, runner, context or {})
                 done.add(point.label())
                 bar.advance(task)
+                now = time.monotonic()
+                if log and (now - last_line >= LOG_EVERY_S or i == len(points)):
+                    err.print(f"profile: {i}/{len(points)} done, {now - started:.0f} s: {point.label()}", highlight=False, soft_wrap=True)
+                    last_line = now
     except KeyboardInterrupt as exc:
         run.interrupted = True
         run.stop_signal = getattr(exc, "signal_name", "SIGINT")

@@ -353,3 +353,10 @@ def test_profile_wide_option_shows_every_column(tmp_path, no_cuda):
     res = invoke("--preset", SUPER, "--batch", "1", "--wide", "--out", str(tmp_path / "w.json"))
     assert res.exit_code == 0, res.output
     assert "TFLOP/s" in res.stdout and "left out" not in res.stdout
+
+
+def test_profile_progress_in_a_log_is_plain_lines(tmp_path, no_cuda):
+    res = invoke("--preset", SUPER, "--batch", "1,16", "--out", str(tmp_path / "p.json"))
+    assert res.exit_code == 0, res.output
+    lines = [line for line in res.stderr.splitlines() if line.startswith("profile: ")]
+    assert lines and lines[-1].startswith("profile: 4/4 done, ") and "\x1b" not in res.stderr
