@@ -609,9 +609,10 @@ def _speedup_panel(chart: "Chart", placement: Placement, pairs: Sequence[Pair], 
                   "file": first.file, "batch": xs},
         )
         seen_presets.add(preset)
-    chart.fig.add_hline(y=1.0, line={"color": "#333", "width": 1.5}, row=row, col=1, exclude_empty_subplots=False,
-                        annotation_text="1.0x: as fast as its baseline",
-                  annotation_position="bottom right", annotation_font={"size": 11})
+    chart.fig.add_hline(y=1.0, line={"color": "#333", "width": 1.5}, row=row, col=1, exclude_empty_subplots=False)
+    # Annotations on a log axis take log10 coordinates: 0 is 1.0x.
+    chart.fig.add_annotation(x=1, xref=f"x{row} domain", y=0, yref=f"y{row}", xanchor="right", yanchor="top",
+                             text="1.0x: as fast as its baseline", showarrow=False, font={"size": 11}, name="one-x")
     lo, hi = min(values + [1.0]), max(values + [1.0])
     ticks = [t for t in (0.25, 0.5, 0.75, 1, 1.25, 1.5, 2, 2.5, 3, 4, 5, 6, 8, 10) if lo / 1.3 <= t <= hi * 1.3]
     batches = sorted({int(b) for p in pairs if (b := _positive(p.point.row.get("batch")))})
@@ -772,14 +773,16 @@ def _write(fig: dict[str, Any], path: Path, plotlyjs: str) -> None:
         if chrome and not os.environ.get("BROWSER_PATH"):
             # kaleido drives the Chromium found here, the same one the HTML is tested in.
             os.environ["BROWSER_PATH"] = chrome
-        try:
-            pio.write_image(fig, str(path), format=suffix[1:], width=int(fig["layout"].get("width") or WIDTH),
-                            height=int(fig["layout"].get("height") or 1200), scale=2 if suffix == ".png" else 1,
-                            validate=False)
-        except (RuntimeError, KaleidoError, JavascriptError) as exc:
-            reason = " ".join(str(exc).split())[:200]
-            raise UserError(f"kaleido could not render {path}: {reason}", "write --out FILE.html instead") from None
-        return
+        size = {"width": int(fig["layout"].get("width") or WIDTH), "height": int(fig["layout"].get("height") or 1200)}
+        # A loaded machine can call kaleido's page before its scripts are in ("kaleido_scopes is not defined"): once more.
+        for attempt in (1, 2):
+            try:
+                pio.write_image(fig, str(path), format=suffix[1:], scale=2 if suffix == ".png" else 1, validate=False, **size)
+                return
+            except (RuntimeError, KaleidoError, JavascriptError) as exc:
+                reason = " ".join(str(exc).split())[:200]
+                if attempt == 2 or "is not defined" not in reason:
+                    raise UserError(f"kaleido could not render {path}: {reason}", "write --out FILE.html instead") from None
     include: Any = {"inline": True, "cdn": "cdn", "directory": "directory"}[plotlyjs]
     html = pio.to_html(
         fig, validate=False, include_plotlyjs=include, full_html=True, include_mathjax=False, div_id="replayssm-roofline",
