@@ -157,7 +157,7 @@ def _load_shipped(stem: str) -> Preset:
 
 def load_preset_file(path: str | Path, tp: int = 1) -> Preset:
     """A preset from our TOML format or from a Hugging Face config.json, told apart by content, divided for `tp`."""
-    path = Path(path).expanduser()
+    path = _config_file(Path(path).expanduser())
     if not path.is_file():
         raise UserError(f"preset file {str(path)!r} does not exist")
     text = path.read_text(encoding="utf-8")
@@ -166,7 +166,10 @@ def load_preset_file(path: str | Path, tp: int = 1) -> Preset:
     except json.JSONDecodeError:
         data = None
     if isinstance(data, dict):
-        preset = _from_hf_config(data, path)
+        via = read_with_transformers(path)
+        preset = _from_hf_config(via or data, path)
+        if via is not None:
+            preset = dataclasses.replace(preset, notes=preset.notes + ("config read through transformers' AutoConfig",))
     else:
         try:
             preset = _from_toml(tomllib.loads(text), path)
@@ -178,9 +181,18 @@ def load_preset_file(path: str | Path, tp: int = 1) -> Preset:
 def resolve(name_or_path: str, tp: int = 1) -> Preset:
     """A shipped preset name, or a path to a preset .toml or a config.json."""
     candidate = Path(name_or_path).expanduser()
-    if candidate.suffix.lower() in (".toml", ".json") or candidate.is_file():
+    if candidate.suffix.lower() in (".toml", ".json") or candidate.is_file() or (candidate / "config.json").is_file():
         return load_preset_file(candidate, tp)
     return load_preset(name_or_path, tp)
+
+
+def _config_file(path: Path) -> Path:
+    """A model directory stands for the config.json it holds; any other path is itself."""
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise UserError(f"preset file {str(path)!r} is a directory without a config.json", "pass a preset .toml, a config.json, or a model directory holding one")
+        return path / "config.json"
+    return path
 
 
 def with_tp(preset: Preset, tp: int) -> Preset:
@@ -350,11 +362,10 @@ HF_MODEL_TYPES = ("mamba2", "nemotron_h", "qwen3_next", "qwen3_5", "qwen3_5_moe"
 
 def _from_hf_config(raw: dict[str, Any], path: Path) -> Preset:
     where = str(path)
-    cfg = dict(raw)
-    if isinstance(raw.get("text_config"), dict):
-        cfg = {**{k: v for k, v in raw.items() if k != "text_config"}, **raw["text_config"]}
-    model_type = str(raw.get("model_type") or cfg.get("model_type") or "")
+    cfg = unwrap_config(raw)
+    model_type = _model_type(raw, cfg)
     base_type = model_type.removesuffix("_text")
+    cfg = _resolve_auto(cfg, base_type, where)
     if not model_type and "ssm_cfg" in cfg and "d_model" in cfg:
         base_type = "mamba_ssm"
     sources: dict[str, str] = {}
@@ -429,7 +440,8 @@ def _from_hf_config(raw: dict[str, Any], path: Path) -> Preset:
         got = f"model_type {model_type!r}" if model_type else "no model_type"
         raise UserError(f"{where}: {got}; supported config.json model types: {', '.join(HF_MODEL_TYPES)}", "or write a preset .toml (see profiles/models/)")
 
-    state_dtype, why = _hf_state_dtype(raw, cfg)
+    cfg = {**cfg, **_derived_e2e(cfg, base_type, attn_layers)}
+    state_dtype, why = _hf_state_dtype(raw, cfg, base_type)
     if why:
         estimated["state_dtype"] = why
     e2e_map = {
@@ -483,12 +495,103 @@ def _from_hf_config(raw: dict[str, Any], path: Path) -> Preset:
     return preset
 
 
-def _hf_state_dtype(raw: dict[str, Any], cfg: dict[str, Any]) -> tuple[str, str | None]:
-    """The SSM state dtype a config asks for, else the model dtype (vLLM's 'auto'); the second item says why when inferred."""
+def _hf_state_dtype(raw: dict[str, Any], cfg: dict[str, Any], base_type: str = "") -> tuple[str, str | None]:
+    """The SSM state dtype a config asks for, else its family's shipped choice, else the model dtype (vLLM's 'auto');
+    the second item says why when inferred."""
     explicit = _first(cfg, "mamba_ssm_cache_dtype", "mamba_ssm_dtype")
     if explicit is not None and str(explicit) in _HF_DTYPES:
         return _HF_DTYPES[str(explicit)], None
+    if base_type in FAMILY_STATE_DTYPES:
+        return FAMILY_STATE_DTYPES[base_type]
     model_dtype = _first(cfg, "dtype", "torch_dtype") or _first(raw, "dtype", "torch_dtype")
     if model_dtype is not None and str(model_dtype) in _HF_DTYPES:
         return _HF_DTYPES[str(model_dtype)], "config.json sets no SSM state dtype; the model dtype is used, as vLLM's 'auto' does"
     return "bf16", "config.json sets neither an SSM state dtype nor a model dtype; bf16 assumed"
+
+
+# Wrappers under which Hugging Face configs keep the language model's figures (multimodal and speech models).
+CONFIG_WRAPPERS = ("text_config", "llm_config", "language_config")
+# The state dtype a family ships with when its config.json names none (older Nemotron-H files predate the field).
+FAMILY_STATE_DTYPES = {
+    "nemotron_h": ("fp32", "config.json sets no mamba_ssm_cache_dtype; float32 is the Nemotron-H family's shipped choice "
+                   "(mamba_ssm_cache_dtype = \"float32\" in NVIDIA's nemotron_h configs)"),
+}
+
+
+def unwrap_config(raw: dict[str, Any]) -> dict[str, Any]:
+    """The language model's config: the first wrapper (text_config, llm_config, language_config) over the outer keys."""
+    for key in CONFIG_WRAPPERS:
+        if isinstance(raw.get(key), dict):
+            return {**{k: v for k, v in raw.items() if k not in CONFIG_WRAPPERS}, **raw[key]}
+    return dict(raw)
+
+
+def _model_type(raw: dict[str, Any], cfg: dict[str, Any]) -> str:
+    """The language model's model_type: the wrapped one where the reader knows it (a multimodal wrapper names itself
+    outside), else the outer one."""
+    for value in (cfg.get("model_type"), raw.get("model_type")):
+        if value and str(value).removesuffix("_text") in HF_MODEL_TYPES:
+            return str(value)
+    return str(raw.get("model_type") or cfg.get("model_type") or "")
+
+
+def _resolve_auto(cfg: dict[str, Any], base_type: str, where: str) -> dict[str, Any]:
+    """Hugging Face's "auto" values, derived as the model's config class derives them.
+
+    Falcon-H1: mamba_d_ssm defaults to mamba_expand x hidden_size and mamba_d_head "auto" is
+    mamba_d_ssm / mamba_n_heads. An "auto" this does not know how to derive is refused in one line.
+    """
+    out = dict(cfg)
+    if base_type == "falcon_h1":
+        d_ssm = out.get("mamba_d_ssm")
+        if d_ssm is None and isinstance(out.get("hidden_size"), int):
+            d_ssm = int(out.get("mamba_expand", 2) * out["hidden_size"])
+            out["mamba_d_ssm"] = d_ssm
+        if out.get("mamba_d_head") == "auto":
+            heads = out.get("mamba_n_heads")
+            if not isinstance(d_ssm, int) or not isinstance(heads, int) or heads <= 0 or d_ssm % heads:
+                raise UserError(f"{where}: mamba_d_head is \"auto\" but mamba_d_ssm={d_ssm!r} is not a multiple of mamba_n_heads={heads!r}")
+            out["mamba_d_head"] = d_ssm // heads
+    autos = sorted(k for k, v in out.items() if v == "auto" and k not in ("dtype", "torch_dtype", "mamba_ssm_cache_dtype"))
+    read = {"mamba_d_head", "mamba_n_heads", "mamba_d_state", "mamba_n_groups", "head_dim", "hidden_size", "intermediate_size"}
+    unknown = [k for k in autos if k in read]
+    if unknown:
+        raise UserError(f"{where}: {', '.join(unknown)} is \"auto\", which this reader cannot derive for model_type {base_type!r}",
+                        "replace it with the number the model uses, or write a preset .toml")
+    return out
+
+
+def _derived_e2e(cfg: dict[str, Any], base_type: str, attn_layers: int) -> dict[str, Any]:
+    """The [e2e] figures a config implies without naming them: MLP/MoE blocks per layer and the attention head size."""
+    out: dict[str, Any] = {}
+    n_layers = cfg.get("num_hidden_layers")
+    heads, hidden = cfg.get("num_attention_heads"), cfg.get("hidden_size")
+    if attn_layers and cfg.get("head_dim") is None and isinstance(heads, int) and isinstance(hidden, int) and heads > 0:
+        out["head_dim"] = hidden // heads
+    if not isinstance(n_layers, int):
+        return out
+    if base_type == "falcon_h1" and cfg.get("intermediate_size"):
+        # Each Falcon-H1 layer runs attention and Mamba-2 side by side, then one MLP.
+        out["mlp_layers"] = n_layers
+    elif base_type == "granitemoehybrid":
+        if cfg.get("num_local_experts"):
+            # Granite's intermediate_size is each expert's; shared_intermediate_size the shared expert's.
+            out.update(moe_layers=n_layers, moe_intermediate_size=cfg.get("intermediate_size"), intermediate_size=None)
+        elif cfg.get("shared_intermediate_size") or cfg.get("intermediate_size"):
+            out.update(mlp_layers=n_layers, intermediate_size=cfg.get("shared_intermediate_size") or cfg.get("intermediate_size"))
+    elif base_type in ("qwen3_next", "qwen3_5", "qwen3_5_moe") and not cfg.get("num_experts") and cfg.get("intermediate_size"):
+        out["mlp_layers"] = n_layers
+    return out
+
+
+def read_with_transformers(path: Path) -> dict[str, Any] | None:
+    """The config through transformers' AutoConfig (its own defaults and derived values) where transformers is installed
+    and knows the model type; None otherwise, and the file is read as JSON."""
+    try:
+        from transformers import AutoConfig
+    except ImportError:
+        return None
+    try:
+        return AutoConfig.from_pretrained(str(path.parent if path.name == "config.json" else path)).to_dict()
+    except Exception:  # noqa: BLE001 - an unknown model type or a remote-code config: the JSON reader handles it
+        return None
