@@ -405,11 +405,14 @@ def profiled_steps(spec: dict[str, Any]) -> tuple[int, int]:
 
 
 def ncu_command(
-    ncu: str, spec_path: str | Path, regex: str, metrics: Sequence[str], python: str | None = None
+    ncu: str, spec_path: str | Path, regex: str, metrics: Sequence[str], python: str | None = None,
+    report: str | Path | None = None,
 ) -> list[str]:
-    """The ncu command line that profiles one child run (clocks left alone, L2 flushed before each kernel)."""
+    """The ncu command line that profiles one child run (clocks left alone, L2 flushed before each kernel); with
+    `report`, ncu also keeps its .ncu-rep there for Nsight Compute's UI."""
     return [
         ncu,
+        *(["--export", str(report), "--force-overwrite"] if report is not None else []),
         "--clock-control", "none",
         "--cache-control", "all",
         "--profile-from-start", "off",
@@ -464,8 +467,21 @@ def summarise(
     }
 
 
+def report_name(spec: dict[str, Any]) -> str:
+    """A configuration's .ncu-rep file name: its description in safe characters."""
+    return re.sub(r"[^A-Za-z0-9._=-]+", "_", describe(spec)).strip("_") + ".ncu-rep"
+
+
+def _imported_records(ncu: str, report: Path, timeout_s: float) -> list[dict[str, Any]]:
+    """The raw page of a kept report, for an ncu that writes its results only to the report it exports."""
+    done = subprocess.run([ncu, "--import", str(report), "--csv", "--page", "raw", "--print-units", "base"],
+                          capture_output=True, text=True, timeout=timeout_s)
+    return parse_raw_csv(done.stdout)
+
+
 def measure_one(
-    spec: dict[str, Any], *, ncu: str, timeout_s: float = 600.0, python: str | None = None
+    spec: dict[str, Any], *, ncu: str, timeout_s: float = 600.0, python: str | None = None,
+    report_dir: str | Path | None = None,
 ) -> dict[str, Any]:
     """Profile one configuration in a child process under ncu; a dict with "ok" and the measured figures.
 
@@ -488,7 +504,8 @@ def measure_one(
             json.dumps({"case": spec, "warmup": warmup, "steps": steps, "info": str(info_path)}, default=str)
         )
         for _attempt in range(2):
-            cmd = ncu_command(ncu, spec_path, kernel_regex(kinds), metrics, python)
+            report = Path(report_dir) / report_name(spec) if report_dir is not None else None
+            cmd = ncu_command(ncu, spec_path, kernel_regex(kinds), metrics, python, report)
             try:
                 done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
             except subprocess.TimeoutExpired:
@@ -505,6 +522,8 @@ def measure_one(
             return {"ok": False, "reason": f"the profiled run failed: {reason}"}
         info = json.loads(info_path.read_text())
     records = parse_raw_csv(done.stdout)
+    if not records and report is not None and report.is_file():
+        records = _imported_records(ncu, report, timeout_s)
     if not records:
         return {"ok": False, "reason": _ncu_problem(output) or "ncu profiled no kernel of ours"}
     result = summarise(records, op=op, variant=variant, layers=int(info["layers"]), steps=int(info["steps"]))
@@ -512,6 +531,8 @@ def measure_one(
         names = sorted({r["kernel"] for r in records})
         return {"ok": False, "reason": f"none of the profiled kernels ({', '.join(names)}) is one of ours"}
     result.update(ok=True, reason=None, kernels=sorted({r["kernel"] for r in records}), metrics=metrics)
+    if report is not None and report.is_file():
+        result["report"] = str(report)
     return result
 
 
@@ -522,6 +543,7 @@ def measure(
     timeout_s: float = 600.0,
     progress: bool = True,
     python: str | None = None,
+    report_dir: str | Path | None = None,
 ) -> list[dict[str, Any]]:
     """Measure each configuration once under Nsight Compute, in a child process with the same inputs.
 
@@ -549,11 +571,11 @@ def measure(
             task = bar.add_task("", total=len(unique))
             for key, spec in unique.items():
                 bar.update(task, description=describe(spec))
-                done[key] = measure_one(spec, ncu=binary, timeout_s=timeout_s, python=python)
+                done[key] = measure_one(spec, ncu=binary, timeout_s=timeout_s, python=python, report_dir=report_dir)
                 bar.advance(task)
     else:
         for key, spec in unique.items():
-            done[key] = measure_one(spec, ncu=binary, timeout_s=timeout_s, python=python)
+            done[key] = measure_one(spec, ncu=binary, timeout_s=timeout_s, python=python, report_dir=report_dir)
     return [done[_json_key(spec)] for spec in case_specs]
 
 
@@ -647,12 +669,14 @@ def annotate_rows(
     measure_fn: Callable[..., list[dict[str, Any]]] | None = None,
     ncu: str | None = None,
     warn: Callable[[str], None] | None = None,
+    report_dir: str | Path | None = None,
 ) -> list[dict[str, Any]]:
     """Add Nsight Compute's measurements to result rows, in place; rows and specs are parallel lists.
 
     A row whose spec is None is left alone. Fields added (per decode step of one layer): x_ncu_bytes_read,
     x_ncu_bytes_written, x_ncu_l2_bytes, x_ncu_l2_write_bytes, x_ncu_flops, x_ncu_us, x_ncu_diff_pct
-    (measured against modelled DRAM bytes, read plus written, %), x_ncu_flops_diff_pct. Where ncu is missing
+    (measured against modelled DRAM bytes, read plus written, %), x_ncu_flops_diff_pct, and with `report_dir`
+    x_ncu_report (the .ncu-rep kept there for each configuration). Where ncu is missing
     or cannot read counters, one line says so through `warn` and the rows come back unchanged.
     """
     if len(rows) != len(specs):
@@ -670,7 +694,8 @@ def annotate_rows(
             warn(f"no Nsight Compute measurement: {reason}")
             return rows
         measure_fn = measure
-    results = measure_fn([spec for _, spec in wanted], ncu=ncu)
+    keep = {"report_dir": report_dir} if report_dir is not None else {}
+    results = measure_fn([spec for _, spec in wanted], ncu=ncu, **keep)
     failed = []
     for (row, spec), got in zip(wanted, results):
         if not got.get("ok"):
@@ -687,6 +712,8 @@ def annotate_rows(
         row["x_ncu_us"] = got["us"]
         row["x_ncu_diff_pct"] = _pct(got.get("dram_bytes"), modelled)
         row["x_ncu_flops_diff_pct"] = _pct(got["flops"], row.get("flops"))
+        if got.get("report"):
+            row["x_ncu_report"] = got["report"]
     if failed:
         warn(f"Nsight Compute could not measure {len(failed)} configuration(s): {'; '.join(failed)}")
     return rows
@@ -705,10 +732,11 @@ def comparison_table(rows: Sequence[dict[str, Any]], title: str = "Nsight Comput
     def pct(value: Any) -> str:
         return "–" if value is None else f"{value:+.1f}%"
 
+    reports = any(r.get("x_ncu_report") for r in measured)
     table = Table(title=title, header_style="bold")
     for name in ("preset", "variant", "phase", "B", "W", "read model", "read ncu", "write model", "write ncu",
-                 "DRAM Δ", "L2 write", "FLOP Δ", "µs ncu"):
-        table.add_column(name, justify="left" if name in ("preset", "variant", "phase") else "right")
+                 "DRAM Δ", "L2 write", "FLOP Δ", "µs ncu") + (("report",) if reports else ()):
+        table.add_column(name, justify="left" if name in ("preset", "variant", "phase", "report") else "right")
     for r in measured:
         variant = r["variant"] + (f"→{r['read_dtype']}" if r.get("read_dtype") else "")
         table.add_row(
@@ -716,5 +744,6 @@ def comparison_table(rows: Sequence[dict[str, Any]], title: str = "Nsight Comput
             mb(r.get("bytes_read")), mb(r.get("x_ncu_bytes_read")), mb(r.get("bytes_written")),
             mb(r.get("x_ncu_bytes_written")), pct(r.get("x_ncu_diff_pct")), mb(r.get("x_ncu_l2_write_bytes")),
             pct(r.get("x_ncu_flops_diff_pct")), "–" if r.get("x_ncu_us") is None else f"{r['x_ncu_us']:.1f}",
+            *([Path(r["x_ncu_report"]).name if r.get("x_ncu_report") else "–"] if reports else []),
         )
     return table

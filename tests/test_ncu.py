@@ -224,6 +224,12 @@ log.write(json.dumps(args) + "\\n")
 if scenario.get("fail"):
     print(scenario["fail"])
     sys.exit(1)
+if "--import" in args:
+    sys.stdout.write(open(args[args.index("--import") + 1]).read())
+    sys.exit(0)
+if "--export" in args:
+    # An ncu that exports a report writes its results there, not to the console.
+    sys.stdout = open(args[args.index("--export") + 1], "w")
 if args == ["--version"]:
     print("NVIDIA (R) Nsight Compute Command Line Profiler")
     print("Version 2025.3.1.0 (build 36398880) (public-release)")
@@ -301,6 +307,33 @@ def test_measure_one_through_a_fake_ncu(tmp_path, monkeypatch):
     assert calls[1][calls[1].index("-k") + 1] == "regex:alpha_kernel_flush|beta_kernel"
     job = json.loads(Path(calls[1][-1]).read_text()) if Path(calls[1][-1]).exists() else None
     assert job is None, "the spec file lives in a temporary directory that is removed afterwards"
+
+
+def test_measure_keeps_each_report_and_the_table_names_it(tmp_path, monkeypatch):
+    monkeypatch.setattr(ncu, "KERNELS", FAKE_KERNELS)
+    exe, log = make_fake_ncu(tmp_path, {"layers": 1, "launches": [["beta_kernel", LAUNCH]]})
+    spec = {"op": "mamba2", "preset": "tiny", "variant": "replay", "batch": 4, "window": 4, "state_dtype": "fp32"}
+    reports = tmp_path / "reports"
+    reports.mkdir()
+    (got,) = ncu.measure([spec], ncu=exe, progress=False, report_dir=reports)
+    assert got["ok"], got["reason"]
+    kept = Path(got["report"])
+    assert kept.parent == reports and kept.name == ncu.report_name(spec) and kept.suffix == ".ncu-rep" and kept.is_file()
+    # The figures came from the kept report, read back through ncu --import.
+    assert got["bytes_read"] == 1_000_000 and got["l2_bytes"] == 2_000_000
+    calls = [json.loads(line) for line in log.read_text().splitlines()]
+    assert calls[0][calls[0].index("--export") + 1] == str(kept) and calls[-1][:2] == ["--import", str(kept)]
+
+    rows = [{"preset": "tiny", "variant": "replay", "phase": "avg", "batch": 4, "window": 4, "bytes_read": 900_000,
+             "bytes_written": 400_000, "flops": 600}]
+    ncu.annotate_rows(rows, [spec], measure_fn=lambda specs, **kw: ncu.measure(specs, progress=False, **kw), ncu=exe,
+                      report_dir=reports, warn=print)
+    assert rows[0]["x_ncu_report"] == str(kept)
+    from rich.console import Console
+
+    console = Console(width=300, record=True)
+    console.print(ncu.comparison_table(rows))
+    assert kept.name in console.export_text()
 
 
 def test_measure_one_reports_failures_in_one_line(tmp_path, monkeypatch):

@@ -716,3 +716,29 @@ def test_roofline_is_linear_in_rows_one_trace_per_arrow_kind(tmp_path):
         # Labels only where they can be read: a few among few points, none where markers cover the panel.
         assert (0 < len(labels["text"]) < n // 2) if n == 80 else len(labels["text"]) < n // 20
     assert counts[80] == counts[1600]
+
+
+def test_roofline_measured_bytes_draw_dram_and_l2_points_per_kernel(tmp_path):
+    shipped = Path(__file__).parent.parent / "profiles" / "reference" / "ncu" / "h200-profile-ncu-nemotron-b64.json"
+    out = tmp_path / "h.html"
+    result = run(str(shipped), "--bytes", "measured", "--out", str(out), "--json")
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    rows = {r["variant"]: r for r in json.loads(shipped.read_text())["rows"]}
+    by = {(p["variant"], p["level"]): p for p in doc["points"]}
+    assert set(by) == {(v, level) for v in rows for level in ("DRAM", "L2")}
+    for variant, r in rows.items():
+        dram, l2 = by[(variant, "DRAM")], by[(variant, "L2")]
+        assert dram["bytes"] == r["x_ncu_bytes_read"] + r["x_ncu_bytes_written"] and l2["bytes"] == r["x_ncu_l2_bytes"]
+        # One kernel, one attained rate: the levels differ in intensity only, each under its own roof.
+        assert dram["flops_per_s"] == l2["flops_per_s"] == pytest.approx(r["x_ncu_flops"] / (r["us"] * 1e-6))
+        assert (dram["roof"], l2["roof"]) == ("copy", "L2")
+        l2_gbs = next(c["value"] for c in doc["roof"]["ceilings"] if c["name"] == "L2")
+        assert l2["pct_of_roof"] == pytest.approx(100 * l2["gbs"] / l2_gbs)
+    data, layout = figure(out)
+    assert traces(data, "levels")[0]["meta"]["count"] == 2
+    l2_points = [t for t in traces(data, "points") if t["meta"]["level"] == "L2"]
+    assert l2_points and all(s.endswith("-open-dot") for t in l2_points for s in t["marker"]["symbol"])
+    assert layout["xaxis"]["title"]["text"].endswith("(measured bytes)")
+    assert "L2 bytes (dotted ring)" in {t["name"] for t in traces(data, "key")}
+    assert "L2, ncu" in run(str(shipped), "--bytes", "measured", "--out", str(out)).stdout

@@ -85,6 +85,11 @@ def profile(
         bool,
         typer.Option("--ncu", help="Also run each measured kernel once under Nsight Compute (clocks left alone) and record its DRAM and L2 bytes and FLOPs beside the model's."),
     ] = False,
+    ncu_report: Annotated[
+        Optional[Path],
+        typer.Option("--ncu-report", metavar="DIR", help="With --ncu (implied): keep each configuration's .ncu-rep in DIR, "
+                     "to open in Nsight Compute; the table names them."),
+    ] = None,
     energy: Annotated[bool, typer.Option("--energy", help="Also measure joules per step and tokens per joule from NVML's energy counter (about 3 s more per configuration).")] = False,
     json_: Annotated[bool, typer.Option("--json", help="Print the rows as JSON on stdout instead of the table.")] = False,
     wide: Annotated[bool, typer.Option("--wide", help="Show every column of the table, whatever the terminal's width.")] = False,
@@ -134,14 +139,20 @@ def profile(
         baselines=_words(baseline),
         energy=energy,
     )
+    if ncu_report is not None:
+        try:
+            ncu_report.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise UserError(f"--ncu-report {ncu_report}: {exc.strerror or exc}", "pass a folder it can write") from None
     run = prof.run_profile(spec, out=out, predict=predict, require_gpu=require_gpu, gpu=gpu)
 
     rows = run.results.rows
+    ncu = ncu or ncu_report is not None
     if ncu and run.mode == "measured" and not run.interrupted:
         from replayssm_cli import ncu as ncu_mod
         from replayssm_cli.results import write_atomic
 
-        ncu_mod.annotate_rows(rows, ncu_mod.specs_from_rows(rows))
+        ncu_mod.annotate_rows(rows, ncu_mod.specs_from_rows(rows), report_dir=ncu_report)
         write_atomic(run.path, run.results.to_dict())
     elif ncu:
         warn("--ncu needs measured rows on a CUDA GPU: this profile has no Nsight Compute figures")

@@ -94,7 +94,7 @@ def _tables(placement) -> None:
                 str(r.get("window") or "-"),
                 "/".join(str(r[k]) for k in ("state_dtype", "read_dtype") if r.get(k)) + (f" T{r['draft']}" if r.get("draft") else ""),
                 str(r.get("phase")),
-                p.level if p.level != "DRAM" else p.bytes_source,
+                "L2, ncu" if p.level == "L2" else "DRAM, ncu" if p.bytes_source == "measured" else "modelled",
                 _num(p.intensity),
                 _num(p.flops_per_s / 1e12),
                 _num(p.roof_flops_per_s / 1e12),
