@@ -447,9 +447,17 @@ def build(
     base_cand = next((c for c in conventional if c.state_dtype == preset.state_dtype), conventional[0])
     baseline = base_cand.state_dtype
 
-    def decide(batch: int, bucket: str | None) -> tuner.Decision:
-        return tuner.decide(batch, cands, timing=times, error=lambda c: error(c, bucket), memory=_memory(preset),
-                            layers=preset.ssm_layers, error_budget=error_budget, memory_budget=None, baseline_dtype=baseline)
+    memory = _memory(preset)
+
+    def decide(batch: int, bucket: str | None, peak: int | None = None) -> tuner.Decision:
+        """The tuner at `batch`; with `peak`, among the candidates whose memory fits `peak` sequences (the tuner's
+        own memory check is at the batch it decides for, the right one for a single concurrency level)."""
+        group = cands
+        if peak is not None and memory_budget:
+            group = [c for c in cands if (m := memory(c)) is None or peak * m["total"] * preset.ssm_layers <= memory_budget]
+        return tuner.decide(batch, group or cands, timing=times, error=lambda c: error(c, bucket), memory=memory,
+                            layers=preset.ssm_layers, error_budget=error_budget,
+                            memory_budget=None if peak is not None else memory_budget, baseline_dtype=baseline)
 
     load = load_of(traffic)
     if load is None:
@@ -476,7 +484,7 @@ def build(
     level_choice: dict[int, Candidate] = {}
     for c in cohorts:
         bucket = bucket_for(c.out_len_p95, labels) if c.out_len_p95 is not None else overall_bucket
-        d = decide(c.batch, bucket)
+        d = decide(c.batch, bucket, peak=c.peak_n)
         c.decision = d
         choice = d.choice
         m = (n_levels >= c.lo) & (n_levels < (c.hi if c.hi is not None else np.inf)) & (load.time_at > 0)

@@ -426,3 +426,31 @@ def test_gate_refuses_results_from_another_environment(tmp_path, files):
     assert ok.exit_code in (0, 1), ok.output
     assert json.loads(ok.stdout)["gate"]["target"]["gpu"] == "NVIDIA H200"
     assert "driver, triton not named" in " ".join(ok.stderr.split())
+
+
+def test_a_configuration_must_fit_the_cohorts_peak(tmp_path):
+    res, traffic_file = _gate_case(tmp_path, spread=0.0)
+    p = presets.load_preset(SUPER)
+    conv_mem = tuner.memory_of(p.shape, Candidate("conventional", "fp32"))["total"] * p.ssm_layers
+    rep_mem = tuner.memory_of(p.shape, Candidate("replay", "fp32", 16))["total"] * p.ssm_layers
+    # Room for 256 conventional states, not for 256 checkpoints with their buffers: ReplaySSM is left out.
+    budget_gib = 256 * (conv_mem + rep_mem) / 2 / 2**30
+    out = invoke("--traffic", traffic_file, "-p", SUPER, "-r", res, "--steps", "0", "--memory-budget", f"{budget_gib:.6f}", "--json")
+    assert out.exit_code == 0, out.output
+    doc = json.loads(out.stdout)
+    cohort = doc["cohorts"][0]
+    assert cohort["recommended"]["variant"] == "conventional" and cohort["peak_fits"]
+    assert doc["switch"][-1]["run"] == "conventional fp32"
+    roomy = json.loads(invoke("--traffic", traffic_file, "-p", SUPER, "-r", res, "--steps", "0", "--json").stdout)
+    assert roomy["cohorts"][0]["recommended"]["variant"] == "replay"
+
+
+def test_vllm_file_before_start_times_from_a_closed_loop(tmp_path, files):
+    doc = _vllm_doc(files, 400)
+    del doc["start_times"]
+    doc.update(max_concurrency=32, request_rate="inf")
+    t = traffic.read(_write(tmp_path, doc))
+    assert "closed loop of max_concurrency 32" in t.timeline_note and t.timeline[1].max() <= 32
+    doc["request_rate"] = 4.0
+    t = traffic.read(_write(tmp_path, doc))
+    assert t.timeline is None and "no start_times" in " ".join(t.missing)
