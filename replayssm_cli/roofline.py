@@ -211,7 +211,7 @@ class Pair:
         return f"{self.speedup:.2f}x" if self.measured else f"{self.speedup:.2f}x pred."
 
     def interval(self) -> str:
-        if self.lo is None or self.hi is None or self.lo == self.hi:
+        if self.lo is None or self.hi is None or f"{self.lo:.2f}" == f"{self.hi:.2f}":
             return ""
         return f" ({self.lo:.2f}–{self.hi:.2f})"
 

@@ -70,12 +70,13 @@ def _radius(point: Point) -> float:
     return marker_size(point.row.get("batch")) / 2 + PHASE_OUTLINE.get(str(point.row.get("phase")), ("", 1.0))[1] / 2
 
 
-def si(value: float) -> str:
-    """A tick label with an SI prefix: 500G, 1T, 20T, 1.5P."""
+def si(value: float, unit: str = "") -> str:
+    """A number with an SI prefix: 500G, 1T, 20T, 1.5P as tick labels; with a unit, '926 MB', '8.12 TFLOP/s'."""
+    space = " " if unit else ""
     for factor, prefix in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
         if abs(value) >= factor:
-            return f"{value / factor:.3g}{prefix}"
-    return f"{value:.3g}"
+            return f"{value / factor:.3g}{space}{prefix}{unit}"
+    return f"{value:.3g}{space}{unit}"
 
 
 def _ticks(lo: float, hi: float, fmt: Callable[[float], str]) -> tuple[list[float], list[str]]:
@@ -374,10 +375,10 @@ def hover_text(point: Point, pair: Pair | None, roof: Roof) -> str:
     elif r.get("variant") in ("conventional", "spec-conventional"):
         lines.append("speedup: the baseline of its ReplaySSM counterpart")
     lines.append(f"bytes ({point.bytes_source}{', ' + point.level if point.level != 'DRAM' else ''}): "
-                 f"{si(point.bytes)}B, {point.gbs:,.0f} GB/s   FLOPs: {si(point.flops)}")
+                 f"{si(point.bytes, 'B')}, {point.gbs:,.0f} GB/s   FLOPs: {si(point.flops, 'FLOP')}")
     if point.modelled_bytes is not None:
-        lines[-1] += f" (modelled {si(point.modelled_bytes)}B, {100 * (point.bytes / point.modelled_bytes - 1):+.1f}%)"
-    lines.append(f"intensity: {point.intensity:.3g} FLOP/B   attained: {si(point.flops_per_s)}FLOP/s")
+        lines[-1] += f" (modelled {si(point.modelled_bytes, 'B')}, {100 * (point.bytes / point.modelled_bytes - 1):+.1f}%)"
+    lines.append(f"intensity: {point.intensity:.3g} FLOP/B   attained: {si(point.flops_per_s, 'FLOP/s')}")
     roof_name = (roof.find(point.roof_name) or roof.memory).label
     flag = " above the roof beyond tolerance: a counting error" if point.above_roof else (" (at the roof within noise)" if point.at_roof else "")
     lines.append(f"{point.pct_of_roof:.1f}% of the {roof_name} roof ±{100 * point.tolerance:.1f}% ({point.bound}-bound){flag}")

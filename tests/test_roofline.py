@@ -413,6 +413,7 @@ setTimeout(function () {
       n: (t.x || []).length, labels: m.labels, text: m.role === 'arrow-labels' ? t.text : undefined}; });
     out.svg = Array.prototype.map.call(document.querySelectorAll('.main-svg text'), function (t) { return t.textContent; });
     out.markers = document.querySelectorAll('.scatterlayer .point').length;
+    out.plot = [gd._fullLayout.xaxis._length, gd._fullLayout.yaxis._length];
     out.bars = document.querySelectorAll('.barlayer .point').length;
   }
   var pre = document.createElement('pre'); pre.id = 'probe'; pre.textContent = JSON.stringify(out);
@@ -464,6 +465,9 @@ def test_roofline_page_renders_in_headless_chromium(tmp_path, monkeypatch):
                   "arithmetic intensity, FLOP per byte (modelled bytes)", "variant (colour)", "share of the step"):
         assert any(words in t for t in seen["svg"]), words
     assert seen["markers"] > 200 and seen["bars"] == 4 * 12
+    # The panel is the size the arrows were fitted to, so that they end at the markers' edges.
+    margin = rl_fig.MARGIN
+    assert seen["plot"] == [rl_fig.WIDTH - margin["l"] - margin["r"], rl_fig.PANEL_PX["roofline"]]
     # The probe itself catches an error a page raises.
     broken = tmp_path / "broken.html"
     broken.write_text("<html><head></head><body><script>setTimeout(function () { null.f(); }, 0);</script></body></html>")
@@ -742,3 +746,31 @@ def test_roofline_measured_bytes_draw_dram_and_l2_points_per_kernel(tmp_path):
     assert layout["xaxis"]["title"]["text"].endswith("(measured bytes)")
     assert "L2 bytes (dotted ring)" in {t["name"] for t in traces(data, "key")}
     assert "L2, ncu" in run(str(shipped), "--bytes", "measured", "--out", str(out)).stdout
+
+
+def test_roofline_arrows_run_from_marker_edge_to_marker_edge():
+    from replayssm_cli import roofline_figure as figure_mod
+
+    base = load(MEASURED)
+    placement = rl.place([("m", base)], rl.roof_for(base))
+    fig = figure_mod.build_figure(placement)
+    layout = fig["layout"]
+    frame = figure_mod.Frame(tuple(layout["xaxis"]["range"]), tuple(layout["yaxis"]["range"]),
+                             figure_mod.WIDTH - figure_mod.MARGIN["l"] - figure_mod.MARGIN["r"], figure_mod.PANEL_PX["roofline"])
+    by_label = {describe_pair(p): p for p in placement.pairs}
+    checked = 0
+    for t in traces(fig["data"], "arrows"):
+        drawn = [p for p in placement.pairs if p.over == t["meta"]["over"]]
+        for i, pair in enumerate(drawn):
+            tail = frame.px(t["x"][3 * i], t["y"][3 * i])
+            head = frame.px(t["x"][3 * i + 1], t["y"][3 * i + 1])
+            base_c = frame.px(pair.base.intensity, pair.base.flops_per_s)
+            point_c = frame.px(pair.point.intensity, pair.point.flops_per_s)
+            assert math.dist(tail, base_c) == pytest.approx(figure_mod.marker_size(pair.base.row["batch"]) / 2 + 0.3 + 1)
+            assert math.dist(head, point_c) == pytest.approx(figure_mod.marker_size(pair.point.row["batch"]) / 2 + 0.3 + 1)
+            checked += 1
+    assert checked == len(by_label) > 0
+
+
+def describe_pair(pair) -> str:
+    return rl.describe(pair.base.row) + " -> " + rl.describe(pair.point.row)

@@ -139,7 +139,8 @@ def roofline(
     bytes_source: Annotated[
         BytesSource,
         typer.Option(
-            "--bytes", help="Place points by the modelled DRAM bytes, or by those Nsight Compute measured (x_ncu_* fields)."
+            "--bytes", help="Place points by the modelled DRAM bytes, or by those Nsight Compute measured (x_ncu_* fields), "
+            "with an L2 point per kernel where it recorded L2 bytes."
         ),
     ] = BytesSource.modelled,
     phase: Annotated[
@@ -150,7 +151,7 @@ def roofline(
     plotlyjs: Annotated[
         PlotlyJS,
         typer.Option("--plotlyjs", help="HTML only: plotly.js inlined (works offline, ~5 MB), from the CDN (needs the "
-                     "network, ~100 kB), or from a plotly.min.js written beside the file."),
+                     "network; the figure alone, ~0.25 MB for the shipped reference), or from a plotly.min.js written beside the file."),
     ] = PlotlyJS.inline,
     json_out: Annotated[bool, typer.Option("--json", help="Print the table (and the ceilings) as JSON on stdout.")] = False,
 ) -> None:
