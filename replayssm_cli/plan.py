@@ -102,19 +102,34 @@ class Times:
     batches either side (a memory-bound step's time grows linearly with the rows it moves), else extrapolated from
     the two largest; each Timing's note says which and from where."""
 
-    def __init__(self, source: TimeSource, preset: str, kind: str = "kernel"):
+    def __init__(self, source: TimeSource, preset: str, kind: str = "kernel", energy: bool = False):
         self.source = source
         self.preset = preset
         self.kind = kind
+        self.energy = energy
         self._points: dict[Candidate, list[Point]] = {}
+
+    def _rows(self, f: TimeFile) -> list[dict[str, Any]]:
+        rows = [r for r in f.rows if r.get("kind", "kernel") == self.kind]
+        # The tuner matches kernel rows only; a whole-model row names its configuration the same way.
+        rows = [{**r, "kind": "kernel"} for r in rows] if self.kind != "kernel" else rows
+        if not self.energy:
+            return rows
+        # Energy through the same matching and interpolation: microjoules per layer-step (or model step) as the "time".
+        key = "j_per_layer_step" if self.kind == "kernel" else "j_per_model_step"
+        out = []
+        for r in rows:
+            e = r.get("x_energy") if isinstance(r.get("x_energy"), dict) else {}
+            if isinstance(e.get(key), (int, float)):
+                uj = e[key] * 1e6
+                out.append({**r, "us": uj, "us_per_token": uj, "spread": e.get("spread") or 0.0})
+        return out
 
     def points(self, c: Candidate) -> list[Point]:
         if c not in self._points:
             found: dict[int, Point] = {}
             for f in self.source.files:
-                rows = [r for r in f.rows if r.get("kind", "kernel") == self.kind]
-                # The tuner matches kernel rows only; a whole-model row names its configuration the same way.
-                rows = [{**r, "kind": "kernel"} for r in rows] if self.kind != "kernel" else rows
+                rows = self._rows(f)
                 for b in sorted({int(r["batch"]) for r in rows} - set(found)):
                     t = tuner.timing_from_rows(rows, c, b, preset=self.preset)
                     if t is not None and t.status == "ok":
@@ -494,6 +509,8 @@ def build(
                              error_budget, quality, bucket, error)
     switch = _switch(decide, load.peak, overall_bucket)
     totals = _totals(load, times, base_cand, level_choice, preset.ssm_layers, itl_at, itl_how)
+    totals["energy"] = _energy_totals(load, Times(source, preset.name, energy=True), Times(source, preset.name, "e2e", energy=True),
+                                      base_cand, level_choice, preset.ssm_layers)
     return Plan(traffic, load, preset, source, cohorts, cands, error_budget, memory_budget, memory_note, quality, switch,
                 totals, notes)
 
@@ -627,6 +644,39 @@ def _totals(load: Load, times: Times, base: Candidate, choice: dict[int, Candida
     return out
 
 
+def _energy_totals(load: Load, energy: Times, e2e: Times, base: Candidate, choice: dict[int, Candidate], layers: int) -> dict[str, Any]:
+    """Traffic-weighted joules per token: of the SSM layers (profile --energy rows), and of the whole model step where
+    the times hold its energy (e2e --energy), less what the SSM layers save."""
+    levels = np.array(sorted(choice))
+    if levels.size == 0 or not energy.points(base):
+        return {"note": "the times hold no energy measurements (measure them with `replayssm profile --energy`)"}
+    before, after = np.full(levels.size, math.nan), np.full(levels.size, math.nan)
+    for i, n in enumerate(levels):
+        eb, ec = energy(base, int(n)), energy(choice[int(n)], int(n))
+        if eb is not None and ec is not None:
+            before[i], after[i] = layers * eb.us_per_token / n / 1e6, layers * ec.us_per_token / n / 1e6
+    tokens = load.tokens_at[levels] if load.tokens_at is not None else load.time_at[levels] * levels
+    ok = np.isfinite(before) & np.isfinite(after) & (tokens > 0)
+    if not ok.any():
+        return {"note": "no concurrency level has energy measurements of both configurations"}
+    w = tokens[ok] / tokens[ok].sum()
+    out: dict[str, Any] = {
+        "ssm_j_per_token_before": float((w * before[ok]).sum()), "ssm_j_per_token_after": float((w * after[ok]).sum()),
+        "from": f"{energy.points(base)[0].label} and the other files' x_energy, interpolated in batch as the times are",
+    }
+    out["ssm_tokens_per_j_gain"] = out["ssm_j_per_token_before"] / out["ssm_j_per_token_after"]
+    conv = next((c for c in (Candidate("conventional", "fp32"), Candidate("conventional", "bf16")) if e2e.points(c)), None)
+    if conv is not None:
+        whole = np.array([t.us / n / 1e6 if (t := e2e(conv, int(n))) is not None else math.nan for n in levels])
+        good = ok & np.isfinite(whole)
+        if good.any():
+            w = tokens[good] / tokens[good].sum()
+            b = (w * whole[good]).sum()
+            a = (w * (whole[good] - (before[good] - after[good]))).sum()
+            out.update(model_j_per_token_before=float(b), model_j_per_token_after=float(a), model_tokens_per_j_gain=float(b / a))
+    return out
+
+
 def _x(value: float | None, lo: float | None = None, hi: float | None = None) -> str:
     if value is None or not math.isfinite(value):
         return "-"
@@ -718,6 +768,14 @@ def render(plan: Plan, console) -> None:
         )
     else:
         console.print(f"traffic-weighted gain: not computed ({tot.get('note')})", highlight=False)
+    en = tot.get("energy") or {}
+    if "ssm_tokens_per_j_gain" in en:
+        whole = (f"; whole model {en['model_j_per_token_before']:.3g} -> {en['model_j_per_token_after']:.3g} J/token "
+                 f"({_x(en['model_tokens_per_j_gain'])} tokens/J)") if "model_tokens_per_j_gain" in en else ""
+        console.print(f"energy: SSM layers {en['ssm_j_per_token_before']:.3g} -> {en['ssm_j_per_token_after']:.3g} J/token "
+                      f"({_x(en['ssm_tokens_per_j_gain'])} tokens/J){whole}, from {en['from']}", highlight=False)
+    elif en:
+        console.print(f"energy: not computed ({en['note']})", style="dim", highlight=False)
     console.print(f"[bold]switch[/]: {switch_line(plan.switch)}", highlight=False)
     decisions = [c.decision for c in plan.cohorts if c.decision]
     for line in engine_flags.lines(plan.preset.kind, decisions):

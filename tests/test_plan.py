@@ -454,3 +454,28 @@ def test_vllm_file_before_start_times_from_a_closed_loop(tmp_path, files):
     doc["request_rate"] = 4.0
     t = traffic.read(_write(tmp_path, doc))
     assert t.timeline is None and "no start_times" in " ".join(t.missing)
+
+
+def test_traffic_weighted_energy_from_rows_with_x_energy(tmp_path):
+    res, traffic_file = _gate_case(tmp_path, spread=0.0)
+    doc = json.loads(Path(res).read_text())
+    joules = {("kernel", "conventional"): 0.010, ("kernel", "replay"): 0.006, ("e2e", "conventional"): 3.0}
+    for r in doc["rows"]:
+        j = joules.get((r["kind"], r["variant"]))
+        if j is not None:
+            key = "j_per_layer_step" if r["kind"] == "kernel" else "j_per_model_step"
+            r["x_energy"] = {key: j * r["batch"] / 256, "spread": 0.01}
+    Path(res).write_text(json.dumps(doc))
+    out = invoke("--traffic", traffic_file, "-p", SUPER, "-r", res, "--steps", "0", "--json")
+    assert out.exit_code == 0, out.output
+    e = json.loads(out.stdout)["totals"]["energy"]
+    assert e["ssm_j_per_token_before"] == pytest.approx(LAYERS * 0.010 / 256)
+    assert e["ssm_tokens_per_j_gain"] == pytest.approx(0.010 / 0.006)
+    saved = LAYERS * (0.010 - 0.006) / 256
+    assert e["model_tokens_per_j_gain"] == pytest.approx((3.0 / 256) / (3.0 / 256 - saved))
+    text = invoke("--traffic", traffic_file, "-p", SUPER, "-r", res, "--steps", "0")
+    assert "energy: SSM layers" in " ".join(text.stdout.split())
+    (tmp_path / "plain").mkdir()
+    without, _ = _gate_case(tmp_path / "plain")
+    plain = invoke("--traffic", traffic_file, "-p", SUPER, "-r", without, "--steps", "0", "--json")
+    assert "profile --energy" in json.loads(plain.stdout)["totals"]["energy"]["note"]
