@@ -186,7 +186,8 @@ def timing_from_rows(
         spread = max(float(r.get("spread") or 0.0), MIN_SPREAD)
     else:
         fit = (r.get("x_prediction") or {}).get("fit_error") if isinstance(r.get("x_prediction"), dict) else None
-        spread = 2 * float(fit) if isinstance(fit, (int, float)) and fit > 0 else 2 * UNCALIBRATED_ERROR
+        # A prediction is never surer than a repeat measurement.
+        spread = max(2 * float(fit), MIN_SPREAD) if isinstance(fit, (int, float)) and fit >= 0 else 2 * UNCALIBRATED_ERROR
     note = "aligned flush" if r.get("flush") == "aligned" else ""
     return Timing(us, per_token, spread, "measured" if measured else "predicted", note=note, origin=_row_origin(r))
 

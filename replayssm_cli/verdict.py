@@ -12,7 +12,7 @@ MIB = 2**20
 COLUMNS = (
     ("batch", 5, ">"),
     ("pays", 4, "<"),
-    ("set", 23, "<"),
+    ("set", 25, "<"),
     ("kernel speedup", 15, "<"),
     ("e2e", 5, ">"),
     ("MiB/seq", 7, ">"),
@@ -106,7 +106,7 @@ def e2e_speedup(rows: Iterable[dict[str, Any]], preset: str, candidate: Any, bat
     return s, lo, hi, str(mine.get("x_origin") or "measured")
 
 
-def lines_from(decisions: Sequence[Any], *, preset: str, error_budget: float, e2e_rows: Sequence[dict[str, Any]] = (),
+def lines_from(decisions: Sequence[Any], *, preset: str, error_budget: float | None, e2e_rows: Sequence[dict[str, Any]] = (),
                tp: int = 1, io_dtype: str = "bf16", accept_rate: float | None = None) -> list[Line]:
     """One Line per tuner.Decision."""
     out = []
@@ -182,7 +182,7 @@ def render(lines: Sequence[Line], *, title: str, over: str, notes: Sequence[str]
     body = [_row([h for h, _, _ in COLUMNS])]
     for ln in lines:
         if ln.pays is None:
-            body.append(_row([str(ln.batch), "-", ln.label[:23]]))
+            body.append(_row([str(ln.batch), "-", ln.label]))
             continue
         tag = sources.setdefault(ln.origin or ln.source or "", len(sources) + 1)
         sp = _x(ln.speedup) + (f" {ln.speedup_lo:.2f}-{ln.speedup_hi:.2f}" if ln.speedup_lo and ln.speedup_hi else "")
@@ -215,3 +215,46 @@ def column_notes(error_budget: float, layers: int, budget_note: str) -> list[str
         f"error: share of the {error_budget:.0e} error budget (relative output error vs fp64, longest bucket) "
         "that the recommendation uses.",
     ]
+
+
+def profile_verdict(rows: Sequence[dict[str, Any]], preset_names: Sequence[str], *, gpu: str, tp: int = 1) -> str:
+    """The verdict over a profile's rows, for `replayssm profile` to print last: per preset and batch, whether the
+    ReplaySSM step it timed pays over conventional decode at the preset's own state dtype, on speed alone (profile
+    runs no quality check: `replayssm tune` adds the error budget and the other precisions)."""
+    from replayssm_cli import presets as presets_mod
+    from replayssm_cli import tuner
+
+    out = []
+    for p in (presets_mod.resolve(name, tp) for name in preset_names):
+        mine = [r for r in rows if r.get("preset") == p.name and r.get("kind", "kernel") == "kernel" and r.get("phase", "avg") == "avg"]
+        cands = list(dict.fromkeys(
+            tuner.Candidate(r["variant"], r["state_dtype"], r.get("window") if r["variant"] in tuner.REPLAY else None,
+                            r.get("read_dtype"), r.get("draft") or 0, r.get("accepted") if r.get("draft") else None)
+            for r in mine if r["variant"] in tuner.CONVENTIONAL + tuner.REPLAY
+            and r.get("state_dtype") == p.state_dtype and not r.get("read_dtype")
+        ))
+        batches = sorted({r["batch"] for r in mine})
+        if not cands or not any(not c.is_replay for c in cands):
+            continue
+
+        def memory(c):
+            try:
+                return tuner.memory_of(p.shape, c)
+            except ValueError:
+                return None
+
+        decisions = tuner.tune(batches, cands, timing=lambda c, b: tuner.timing_from_rows(mine, c, b, preset=p.name),
+                               error=lambda c: None, memory=memory, layers=p.ssm_layers, baseline_dtype=p.state_dtype)
+        lines = lines_from([d for d in decisions if d.choice is not None or d.baseline is not None], preset=p.name,
+                           error_budget=None, tp=p.tp)
+        notes = []
+        if any(ln.confirm for ln in lines):
+            notes.append("Predicted rows: the same `replayssm profile` on a CUDA GPU measures them (--require-gpu).")
+            for ln in lines:
+                ln.confirm = None
+        title = f"replayssm profile: {p.name} on {gpu}: does ReplaySSM pay? (speed alone)"
+        spec = "; verify rows over the snapshot-writing verify" if any(c.draft for c in cands) else ""
+        over = (f"Kernel speedup over conventional {p.state_dtype} at the same batch, with its interval{spec}. Precision "
+                f"is not checked here: `replayssm tune -p {p.name}` adds the error budget and the other precisions.")
+        out.append(render(lines, title=title, over=over, notes=notes))
+    return "\n\n".join(out)

@@ -667,3 +667,15 @@ def test_close_and_noisy_needs_both():
     assert not _close_and_noisy(m(547, 0.10), 211.0)
     assert not _close_and_noisy(m(212, 0.002), 211.0)
     assert not _close_and_noisy([{"phase": "avg", "ok": False}], 211.0)
+
+
+def test_profile_ends_with_the_speed_verdict(tmp_path):
+    """`replayssm profile` prints the verdict last: per batch whether its ReplaySSM step pays, within 100 columns."""
+    res = CliRunner().invoke(app, ["profile", "-p", SUPER, "--batch", "1,256", "--out", str(tmp_path / "p.json")])
+    assert res.exit_code == 0, res.output
+    tail = res.stdout[res.stdout.index(f"replayssm profile: {SUPER} on NVIDIA H200: does ReplaySSM pay?"):]
+    lines = tail.splitlines()
+    assert all(len(line) <= 100 for line in lines)
+    rows = {line.split()[0]: line.split() for line in lines if line[:5].strip().isdigit()}
+    assert set(rows) == {"1", "256"} and rows["256"][1:5] == ["yes", "replay", "W16", "fp32"]
+    assert "Precision is not checked here" in " ".join(tail.split()) and "pred [1]" in tail

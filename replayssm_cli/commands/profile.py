@@ -113,7 +113,7 @@ def profile(
     """
     from replayssm_cli import presets as presets_mod
     from replayssm_cli import profile as prof
-    from replayssm_cli import provenance
+    from replayssm_cli import provenance, verdict
     from replayssm_cli.console import err, note, print_json, warn
     from replayssm_cli.console import out as stdout
 
@@ -169,6 +169,7 @@ def profile(
         console.print(table)
         if ncu and run.mode == "measured" and (ncu_table := ncu_mod.comparison_table(rows)) is not None:
             _wide(stdout, wide).print(ncu_table)
+        stdout.print("\n" + verdict.profile_verdict(rows, list(run.layers_of), gpu=run.gpu_name, tp=tp), highlight=False, markup=False, soft_wrap=True)
     note(f"results: {run.path} ({len(rows)} rows{'' if run.results.complete else ', incomplete'})")
     not_run = [s for s in run.skipped if s["why"] == prof.INTERRUPTED]
     for s in run.skipped:
