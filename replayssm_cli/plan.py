@@ -649,7 +649,7 @@ def _energy_totals(load: Load, energy: Times, e2e: Times, base: Candidate, choic
     the times hold its energy (e2e --energy), less what the SSM layers save."""
     levels = np.array(sorted(choice))
     if levels.size == 0 or not energy.points(base):
-        return {"note": "the times hold no energy measurements (measure them with `replayssm profile --energy`)"}
+        return {"note": "the times hold no energy measurements; `replayssm profile --energy` measures them"}
     before, after = np.full(levels.size, math.nan), np.full(levels.size, math.nan)
     for i, n in enumerate(levels):
         eb, ec = energy(base, int(n)), energy(choice[int(n)], int(n))

@@ -175,6 +175,14 @@ def test_bad_csv_and_text_files_are_one_line(tmp_path, text, words):
     one_line_error(res, *words)
 
 
+@pytest.mark.parametrize("args, words", [(("--cohorts", "0,16"), "increasing positive"), (("--cohorts", "64,16"), "increasing positive"),
+                                         (("--cohorts", "a,b"), "not a list of integers"), (("--error-budget", "0"), "must be positive"),
+                                         (("--memory-budget", "-4"), "positive number of GiB"), (("--steps", "-1"), "0 (no quality run)")],
+                         ids=["zero-edge", "decreasing", "not-ints", "zero-budget", "negative-memory", "negative-steps"])
+def test_bad_options_are_one_line(files, args, words):
+    one_line_error(invoke("--traffic", str(files["csv"]), "--preset", SUPER, *args), words)
+
+
 def test_missing_file_and_unknown_preset(tmp_path, files):
     one_line_error(invoke("--traffic", str(tmp_path / "nope.json"), "--steps", "0"), "does not exist")
     doc = _vllm_doc(files, 40)
