@@ -18,7 +18,7 @@ import triton.language as tl
 from replayssm_cli import bench, cost
 from replayssm_cli.dtypes import ReadDtype, StateDtype
 from replayssm_cli.errors import UserError
-from replayssm_cli.presets import Preset, pattern_counts, shape_dict
+from replayssm_cli.presets import Preset, pattern_counts, shape_dict, unwrap_config
 from replayssm_cli.shapes import Mamba2Shape, state_bytes
 
 DEFAULT_BATCHES = (1, 16, 64, 256)
@@ -32,6 +32,25 @@ BLOCK_KIND = {"M": "ssm", "*": "attn", "-": "mlp", "E": "moe"}
 CONV_WIDTH = 4
 IO_DTYPE = "bf16"
 WEIGHT_ITEMSIZE = 2
+# Weight precisions: bf16 and fp8 run; nvfp4 (Blackwell's FP4 tensor cores) is a --dry-run plan only.
+WEIGHT_DTYPES = ("bf16", "fp8", "nvfp4")
+RUNNABLE_WEIGHT_DTYPES = ("bf16", "fp8")
+KV_DTYPES = ("bf16", "fp8")
+# Matrices the engines' FP8 and NVFP4 checkpoints keep in bf16 (ModelOpt excludes the LM head; the router and
+# the shared-expert gate are tiny); a matrix whose sizes are not multiples of QUANT_ALIGN stays bf16 too.
+KEPT_BF16 = ("embedding", "lm_head", "router", "shared_gate")
+QUANT_ALIGN = 16
+# Bytes per weight: fp8 e4m3 with one fp32 scale per tensor (per expert for MoE); NVFP4 e2m1 with one fp8 scale per
+# 16 weights and one fp32 scale per tensor.
+WEIGHT_BYTES = {"bf16": 2.0, "fp8": 1.0, "nvfp4": 0.5 + 1 / 16}
+SCALE_BYTES = {"bf16": 0, "fp8": 4, "nvfp4": 4}
+FP8_MAX = 448.0
+# Static activation scale of the fp8 products: inputs up to this magnitude are represented (RMS-normed activations are ~1).
+ACT_AMAX = 16.0
+# FlashInfer's paged KV: tokens per page (vLLM's default block size) and the decode wrapper's workspace.
+PAGE_SIZE = 16
+KV_ITEMSIZE = {"bf16": 2, "fp8": 1}
+FLASHINFER_WORKSPACE = 128 * 2**20
 # Without --max-weights-gib, the weights may take this share of the free memory; the rest holds KV caches and states.
 WEIGHT_SHARE = 0.3
 # Share of the free memory the batch-dependent tensors may plan for, and what stays aside for workspaces and graph pools.
@@ -104,6 +123,17 @@ class Linear:
     def params(self) -> int:
         return self.experts * self.k * self.n
 
+    def quantized(self, weight_dtype: str) -> bool:
+        """Whether this matrix is stored at `weight_dtype` (else bf16): not a kept matrix, and its sizes aligned."""
+        return (weight_dtype != "bf16" and self.name not in KEPT_BF16
+                and self.k % QUANT_ALIGN == 0 and self.n % QUANT_ALIGN == 0)
+
+    def nbytes(self, weight_dtype: str = "bf16") -> int:
+        """Bytes of this matrix (all experts) at `weight_dtype`, scales included."""
+        if not self.quantized(weight_dtype):
+            return self.params * WEIGHT_ITEMSIZE
+        return math.ceil(self.params * WEIGHT_BYTES[weight_dtype]) + self.experts * SCALE_BYTES[weight_dtype]
+
     def label(self) -> str:
         return (f"{self.experts}x " if self.experts > 1 else "") + f"{self.name} {self.k}→{self.n}"
 
@@ -130,6 +160,10 @@ class Block:
         """Matrix parameters plus the vectors (norm weights, conv taps) listed under sizes['vector_params']."""
         return sum(lin.params for lin in self.linears) + self.sizes.get("vector_params", 0)
 
+    def nbytes(self, weight_dtype: str = "bf16") -> int:
+        """Bytes of the block's weights at `weight_dtype` (vectors stay bf16)."""
+        return sum(lin.nbytes(weight_dtype) for lin in self.linears) + self.sizes.get("vector_params", 0) * WEIGHT_ITEMSIZE
+
 
 @dataclass(frozen=True)
 class Inventory:
@@ -142,6 +176,7 @@ class Inventory:
     blocks: dict[str, Block]
     head: Block
     dims: dict[str, int]
+    weight_dtype: str = "bf16"
 
     def count(self, kind: str) -> int:
         return sum(1 for c in self.order if BLOCK_KIND[c] == kind)
@@ -152,16 +187,16 @@ class Inventory:
 
     def unique_bytes(self) -> int:
         """Bytes of the weights every SSM and attention block owns, plus the embedding, final norm and LM head."""
-        mixers = sum(self.blocks[k].params * self.count(k) for k in ("ssm", "attn") if k in self.blocks)
-        return (mixers + self.head.params) * WEIGHT_ITEMSIZE
+        wd = self.weight_dtype
+        return sum(self.blocks[k].nbytes(wd) * self.count(k) for k in ("ssm", "attn") if k in self.blocks) + self.head.nbytes(wd)
 
     def ffn_set_bytes(self) -> int:
         """Bytes of one weight set of the shared pool: one block of each MLP/MoE kind the model has, all experts."""
-        return sum(self.blocks[k].params for k in ("mlp", "moe") if k in self.blocks) * WEIGHT_ITEMSIZE
+        return sum(self.blocks[k].nbytes(self.weight_dtype) for k in ("mlp", "moe") if k in self.blocks)
 
     def full_bytes(self) -> int:
-        ffn = sum(self.blocks[k].params * self.count(k) for k in ("mlp", "moe") if k in self.blocks)
-        return self.unique_bytes() + ffn * WEIGHT_ITEMSIZE
+        ffn = sum(self.blocks[k].nbytes(self.weight_dtype) * self.count(k) for k in ("mlp", "moe") if k in self.blocks)
+        return self.unique_bytes() + ffn
 
     def ffn_read_bytes(self, batch: int) -> int:
         """Weight bytes one MLP/MoE block reads per step at `batch`: every matrix, but only the experts the batch touches."""
@@ -171,8 +206,8 @@ class Inventory:
                 continue
             block = self.blocks[kind]
             touched = experts_touched(self.dims["experts"], self.dims["topk"], batch) if kind == "moe" else 1
-            out = max(out, sum(lin.params // lin.experts * (touched if lin.experts > 1 else 1) for lin in block.linears))
-        return out * WEIGHT_ITEMSIZE
+            out = max(out, sum(lin.nbytes(self.weight_dtype) // lin.experts * (touched if lin.experts > 1 else 1) for lin in block.linears))
+        return out
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -185,7 +220,10 @@ class Inventory:
             "dims": self.dims,
             "blocks": {k: {"linears": [asdict(lin) for lin in b.linears], "sizes": b.sizes, "params": b.params}
                        for k, b in {**self.blocks, "head": self.head}.items()},
+            "weight_dtype": self.weight_dtype,
             "weights_bytes": {"unique": self.unique_bytes(), "ffn_set": self.ffn_set_bytes(), "full": self.full_bytes()},
+            "kept_bf16": sorted({lin.name for b in (*self.blocks.values(), self.head) for lin in b.linears
+                                 if not lin.quantized(self.weight_dtype)}) if self.weight_dtype != "bf16" else [],
         }
 
 
@@ -231,9 +269,7 @@ def _pattern_from_file(preset: Preset) -> str | None:
             with open(path, "rb") as f:
                 value = tomllib.load(f).get("layer_pattern")
         else:
-            data = json.loads(path.read_text(encoding="utf-8"))
-            cfg = {**data, **data["text_config"]} if isinstance(data.get("text_config"), dict) else data
-            value = cfg.get("hybrid_override_pattern")
+            value = unwrap_config(json.loads(path.read_text(encoding="utf-8"))).get("hybrid_override_pattern")
     except (OSError, ValueError):
         return None
     return str(value) if value else None
@@ -278,7 +314,7 @@ def _per_gpu(value: int, tp: int, what: str, preset: Preset) -> int:
     return value // tp
 
 
-def inventory(preset: Preset, family: Family | None = None) -> Inventory:
+def inventory(preset: Preset, family: Family | None = None, weight_dtype: str = "bf16") -> Inventory:
     """The layer inventory of one decode step of `preset` on one GPU of its tensor-parallel group (preset.tp).
 
     Raises UserError, in one line naming every missing [e2e] field, when the preset lacks what the
@@ -288,7 +324,8 @@ def inventory(preset: Preset, family: Family | None = None) -> Inventory:
     if missing:
         raise UserError(
             f"preset {preset.name} lacks what the e2e estimate needs: {', '.join('e2e.' + k for k in missing)}",
-            "add them under [e2e] in the preset file, each with a source",
+            "the config.json lacks them: write a preset .toml with them under [e2e] (see profiles/models/)"
+            if preset.origin.endswith(".json") else "add them under [e2e] in the preset file, each with a source",
         )
     family = family or family_of(preset)
     e2e = dict(preset.e2e or {})
@@ -372,7 +409,10 @@ def inventory(preset: Preset, family: Family | None = None) -> Inventory:
         (Linear("embedding", dims["vocab"], hidden), Linear("lm_head", hidden, dims["vocab"])),
         {"vocab": dims["vocab"], "vector_params": hidden},
     )
-    return Inventory(preset=preset, family=family, order=order, order_source=order_source, blocks=blocks, head=head, dims=dims)
+    if weight_dtype not in WEIGHT_DTYPES:
+        raise UserError(f"weight dtype {weight_dtype!r} is not one the estimate knows", f"choose from {', '.join(WEIGHT_DTYPES)}")
+    return Inventory(preset=preset, family=family, order=order, order_source=order_source, blocks=blocks, head=head, dims=dims,
+                     weight_dtype=weight_dtype)
 
 
 @dataclass(frozen=True)
@@ -387,6 +427,7 @@ class WeightPlan:
     budget: int | None
     l2_bytes: int | None
     read_per_block: int
+    weight_dtype: str = "bf16"
 
     @property
     def total(self) -> int:
@@ -398,11 +439,11 @@ class WeightPlan:
 
     def describe(self) -> str:
         if not self.shared:
-            return f"weights {self.total / GIB:.1f} GiB bf16, every block its own"
+            return f"weights {self.total / GIB:.1f} GiB {self.weight_dtype}, every block its own"
         pool = self.sets * self.read_per_block
         l2 = f", {pool / self.l2_bytes:.0f}x the {self.l2_bytes / MIB:.0f} MiB L2" if self.l2_bytes else ""
         return (
-            f"weights {self.total / GIB:.1f} GiB bf16: the {self.ffn_blocks} MLP/MoE blocks share {self.sets} weight "
+            f"weights {self.total / GIB:.1f} GiB {self.weight_dtype}: the {self.ffn_blocks} MLP/MoE blocks share {self.sets} weight "
             f"set{'s' if self.sets > 1 else ''} of {self.set_bytes / GIB:.2f} GiB round-robin; one pass over the pool "
             f"reads {pool / MIB:.0f} MiB at batch 1{l2}, so its weights come from DRAM (a product's time depends on "
             "its shape, not on which weights it reads)"
@@ -438,7 +479,7 @@ def plan_weights(inv: Inventory, budget: int | None, l2_bytes: int | None) -> We
                 "raise --max-weights-gib",
             )
     return WeightPlan(unique=unique, set_bytes=set_bytes, ffn_blocks=n, sets=sets, full=inv.full_bytes(), budget=budget,
-                      l2_bytes=l2_bytes, read_per_block=read)
+                      l2_bytes=l2_bytes, read_per_block=read, weight_dtype=inv.weight_dtype)
 
 
 def _ssm_input_elems(inv: Inventory) -> int:
@@ -448,11 +489,12 @@ def _ssm_input_elems(inv: Inventory) -> int:
     return 2 * s.H * s.K + s.HV * s.V + 2 * s.HV
 
 
-def seq_bytes(inv: Inventory, *, variant: str, context: int, window: int | None, state_dtype: str, read_dtype: str | None) -> dict[str, int]:
+def seq_bytes(inv: Inventory, *, variant: str, context: int, window: int | None, state_dtype: str, read_dtype: str | None,
+              kv_dtype: str = "bf16") -> dict[str, int]:
     """Bytes one sequence adds to the step, by part: KV cache, SSM states and buffers, conv states, activations."""
     shape = inv.preset.shape
     d = inv.dims
-    kv = inv.count("attn") * 2 * d.get("kv_heads", 0) * context * d.get("head_dim", 0) * WEIGHT_ITEMSIZE
+    kv = inv.count("attn") * 2 * d.get("kv_heads", 0) * context * d.get("head_dim", 0) * KV_ITEMSIZE[kv_dtype]
     ssm = inv.blocks["ssm"]
     conv = inv.count("ssm") * (CONV_WIDTH - 1) * ssm.sizes["conv_dim"] * WEIGHT_ITEMSIZE
     kept = cost.memory_per_seq(
@@ -645,13 +687,92 @@ def qk_prepare(
     )
 
 
-def attention_backend(device: torch.device) -> str:
-    """'flash-attn' (flash_attn_with_kvcache) where the package is installed on CUDA, else 'torch-sdpa'."""
-    import importlib.util
+@triton.jit
+def _fp8_quant_kernel(x, y, s_xb, s_yb, N, inv_scale, BN: tl.constexpr):
+    i_b, i_n = tl.program_id(0), tl.program_id(1)
+    o_n = i_n * BN + tl.arange(0, BN)
+    m_n = o_n < N
+    b_x = tl.load(x + i_b * s_xb + o_n, mask=m_n, other=0.0).to(tl.float32) * inv_scale
+    # Saturate: e4m3fn has no infinity, and a cast past +-448 gives NaN.
+    b_x = tl.minimum(tl.maximum(b_x, -448.0), 448.0)
+    tl.store(y + i_b * s_yb + o_n, b_x.to(y.dtype.element_ty), mask=m_n)
 
-    if device.type != "cuda" or importlib.util.find_spec("flash_attn") is None:
+
+def fp8_quantize(x: torch.Tensor, scale: float, out: torch.Tensor) -> torch.Tensor:
+    """out = saturate(x / scale) in fp8 e4m3, row by row (x and out: (rows, N), unit stride along N); returns out."""
+    rows, n = x.shape
+    bn = min(1024, triton.next_power_of_2(n))
+    _fp8_quant_kernel[(rows, triton.cdiv(n, bn))](x, out, s_xb=x.stride(0), s_yb=out.stride(0), N=n, inv_scale=1.0 / scale,
+                                                  BN=bn, num_warps=4)
+    return out
+
+
+def scaled_grouped_mm(rows: torch.Tensor, weight: torch.Tensor, row_scale: torch.Tensor, weight_scale: torch.Tensor) -> torch.Tensor:
+    """rows (G, M, K) fp8, row-major, through G experts' weight (G, N, K) fp8: torch._scaled_grouped_mm, 3D x 3D, with
+    row-wise fp32 scales row_scale (G, M) and weight_scale (G, N); bf16 (G, M, N)."""
+    return torch._scaled_grouped_mm(rows, weight.transpose(1, 2), row_scale, weight_scale, out_dtype=torch.bfloat16)
+
+
+ATTENTION_BACKENDS = ("flashinfer", "flash-attn", "torch-sdpa")
+
+
+def _installed(module: str) -> bool:
+    """Whether `import module` works (a package that is present but fails to import counts as absent)."""
+    import importlib
+
+    try:
+        importlib.import_module(module)
+    except Exception:  # noqa: BLE001 - a broken install (missing CUDA libraries, ABI mismatch) is not usable
+        return False
+    return True
+
+
+def attention_backend(device: torch.device) -> str:
+    """The decode attention the engines run, where it is installed on CUDA: FlashInfer's paged-KV decode
+    ('flashinfer'), else flash_attn_with_kvcache ('flash-attn'), else PyTorch SDPA ('torch-sdpa')."""
+    if device.type != "cuda":
         return "torch-sdpa"
-    return "flash-attn"
+    for name, module in (("flashinfer", "flashinfer"), ("flash-attn", "flash_attn")):
+        if _installed(module):
+            return name
+    return "torch-sdpa"
+
+
+def check_spec_runnable(spec: E2ESpec, presets: list[Preset], device: torch.device | str, attention: str | None = None) -> None:
+    """check_runnable for every preset of `spec` on `device` (its compute capability; None off CUDA); bf16 runs anywhere."""
+    if spec.weight_dtype == "bf16" and spec.kv_dtype == "bf16":
+        return
+    device = torch.device(device)
+    capability = tuple(torch.cuda.get_device_capability(device)) if device.type == "cuda" else None
+    for preset in presets:
+        check_runnable(spec.weight_dtype, spec.kv_dtype, attention or attention_backend(device), capability,
+                       has_moe=_ffn_counts(preset)["moe"] > 0)
+
+
+def check_runnable(weight_dtype: str, kv_dtype: str, attention: str, capability: tuple[int, int] | None, has_moe: bool) -> None:
+    """Raise UserError (one line naming the alternative) for a weight or KV precision this GPU and attention cannot run."""
+    if weight_dtype not in WEIGHT_DTYPES:
+        raise UserError(f"--weight-dtype {weight_dtype!r} is not one the estimate knows", f"choose from {', '.join(WEIGHT_DTYPES)}")
+    if kv_dtype not in KV_DTYPES:
+        raise UserError(f"--kv-dtype {kv_dtype!r} is not one the estimate knows", f"choose from {', '.join(KV_DTYPES)}")
+    if weight_dtype == "nvfp4":
+        raise UserError("--weight-dtype nvfp4 is a plan for Blackwell's FP4 tensor cores, not run here",
+                        "pass --dry-run for its weight bytes and predicted shares, or run --weight-dtype fp8")
+    sm = f"sm_{capability[0]}{capability[1]}" if capability else "this GPU"
+    if weight_dtype == "fp8":
+        if capability is not None and capability < (8, 9):
+            raise UserError(f"fp8 weights need sm_89 or newer (fp8 tensor cores); {sm} has none", "run --weight-dtype bf16")
+        if not hasattr(torch, "_scaled_mm"):
+            raise UserError(f"fp8 weights run through torch._scaled_mm, which torch {torch.__version__} lacks", "run --weight-dtype bf16")
+        if has_moe and (not hasattr(torch, "_scaled_grouped_mm") or (capability is not None and capability < (9, 0))):
+            raise UserError(f"fp8 MoE experts run through torch._scaled_grouped_mm, which needs torch >= 2.8 on sm_90 or newer ({sm}, "
+                            f"torch {torch.__version__})", "run --weight-dtype bf16")
+    if kv_dtype == "fp8":
+        if attention != "flashinfer":
+            raise UserError(f"an fp8 KV cache runs through FlashInfer's paged decode attention; the attention here is {attention}",
+                            "install flashinfer-python, or run --kv-dtype bf16")
+        if capability is not None and capability < (8, 9):
+            raise UserError(f"an fp8 KV cache needs sm_89 or newer; {sm} has no fp8", "run --kv-dtype bf16")
 
 
 class SSMStack(bench.Case):
@@ -688,7 +809,9 @@ class Op:
 
 
 class Weights:
-    """The model's random bf16 weights on a device: SSM and attention blocks each their own, MLP/MoE blocks `sets` shared sets."""
+    """The model's random weights on a device, at the inventory's weight dtype: SSM and attention blocks each their own,
+    MLP/MoE blocks `sets` shared sets. fp8 matrices are e4m3 with a per-tensor fp32 scale under "<name>.scale"
+    (one per expert for MoE, repeated along the output rows as torch._scaled_grouped_mm takes it)."""
 
     def __init__(self, inv: Inventory, sets: int, device: torch.device | str, seed: int = 0):
         self.inv = inv
@@ -721,7 +844,27 @@ class Weights:
         return w.normal_(0.0, lin.k**-0.5 if lin.name != "embedding" else 1.0, generator=self._gen)
 
     def _matrices(self, block: Block) -> dict[str, torch.Tensor]:
-        return {lin.name: self._matrix(lin) for lin in block.linears}
+        out: dict[str, torch.Tensor] = {}
+        for lin in block.linears:
+            w = self._matrix(lin)
+            if lin.quantized(self.inv.weight_dtype):
+                w, scale = self._fp8(w, lin)
+                out[f"{lin.name}.scale"] = scale
+            out[lin.name] = w
+        return out
+
+    def _fp8(self, w: torch.Tensor, lin: Linear) -> tuple[torch.Tensor, torch.Tensor]:
+        """w in fp8 e4m3 and its scale: per tensor, or per expert (E, N) for a stack of experts."""
+        dims = tuple(range(1, w.dim())) if lin.experts > 1 else tuple(range(w.dim()))
+        amax = w.abs().amax(dim=dims, keepdim=True).float().clamp_min(1e-12)
+        scale = amax / FP8_MAX
+        q = (w.float() / scale).to(torch.float8_e4m3fn) if lin.experts == 1 else torch.empty_like(w, dtype=torch.float8_e4m3fn)
+        if lin.experts > 1:
+            # One expert at a time: an fp32 copy of a whole expert stack would need four times its bf16 size.
+            for e in range(lin.experts):
+                q[e] = (w[e].float() / scale[e]).to(torch.float8_e4m3fn)
+            return q, scale.reshape(lin.experts, 1).expand(lin.experts, lin.n).contiguous()
+        return q, scale.reshape(())
 
     def _block(self, kind: str) -> dict[str, torch.Tensor]:
         block = self.inv.blocks[kind]
@@ -757,6 +900,7 @@ class Step:
     def __init__(
         self, inv: Inventory, weights: Weights, *, variant: str, batch: int, context: int, window: int | None,
         state_dtype: str, read_dtype: str | None, device: torch.device | str, seed: int = 0, attention: str | None = None,
+        kv_dtype: str = "bf16",
     ):
         if variant not in VARIANTS:
             raise ValueError(f"variant must be one of {', '.join(VARIANTS)}; got {variant!r}")
@@ -766,6 +910,12 @@ class Step:
         self.device = torch.device(device)
         self.variant, self.batch, self.context = variant, batch, context
         self.attention = attention or attention_backend(self.device)
+        self.kv_dtype = kv_dtype
+        self.fp8 = inv.weight_dtype == "fp8"
+        self._act_scale = torch.tensor(ACT_AMAX / FP8_MAX, dtype=torch.float32, device=self.device)
+        self._q: dict[tuple[int, ...], torch.Tensor] = {}
+        self._row_scale: torch.Tensor | None = None
+        self._wrapper = None
         self._gen = torch.Generator(device=self.device).manual_seed(seed + 1)
         p = inv.preset
         spec = {
@@ -799,6 +949,34 @@ class Step:
     def _empty(self, *shape: int, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
         return torch.empty(shape, dtype=dtype, device=self.device)
 
+    def _quantized(self, x: torch.Tensor) -> torch.Tensor:
+        """x in fp8 at the static activation scale, into a buffer per shape (products run one after another)."""
+        if x.stride(-1) != 1:
+            x = x.contiguous()
+        key = tuple(x.shape)
+        if key not in self._q:
+            self._q[key] = self._empty(*key, dtype=torch.float8_e4m3fn)
+        return fp8_quantize(x.reshape(-1, key[-1]), ACT_AMAX / FP8_MAX, self._q[key].view(-1, key[-1])).view(key)
+
+    def _mm(self, x: torch.Tensor, w: dict[str, torch.Tensor], name: str, out: torch.Tensor | None = None) -> torch.Tensor:
+        """x @ w[name].T: torch.mm for a bf16 matrix; for an fp8 one, x quantized with a static per-tensor scale (as the
+        engines' FP8 checkpoints ship calibrated activation scales) and torch._scaled_mm with bf16 output."""
+        if f"{name}.scale" not in w:
+            return torch.mm(x, w[name].t(), out=out) if out is not None else torch.mm(x, w[name].t())
+        y = torch._scaled_mm(self._quantized(x), w[name].t(), scale_a=self._act_scale, scale_b=w[f"{name}.scale"],
+                             out_dtype=torch.bfloat16)
+        return out.copy_(y) if out is not None else y
+
+    def _experts_mm(self, rows: torch.Tensor, w: dict[str, torch.Tensor], name: str, touched: int) -> torch.Tensor:
+        """rows (touched, per, k) through the first `touched` experts of w[name]: torch.bmm in bf16, or
+        torch._scaled_grouped_mm over fp8 experts (3D x 3D, row-wise scales)."""
+        weight = w[name][:touched]
+        if f"{name}.scale" not in w:
+            return torch.bmm(rows, weight.transpose(1, 2))
+        if self._row_scale is None:
+            self._row_scale = self._act_scale.expand(touched, rows.shape[1]).contiguous()
+        return scaled_grouped_mm(self._quantized(rows), weight, self._row_scale, w[f"{name}.scale"][:touched])
+
     def _randn(self, *shape: int) -> torch.Tensor:
         # Drawn in bf16 directly: an fp32 draw of a 24 GiB KV cache would need twice that for a moment.
         return self._empty(*shape).normal_(generator=self._gen)
@@ -824,17 +1002,17 @@ class Step:
         self.conv_states.append(state)
         held: dict[str, torch.Tensor] = {}
         self.ops += [
-            Op("ssm", f"{tag}.in_proj", lambda: torch.mm(self.xn, w["in_proj"].t(), out=proj)),
+            Op("ssm", f"{tag}.in_proj", lambda: self._mm(self.xn, w, "in_proj", proj)),
             Op("ssm", f"{tag}.conv", lambda: conv_update(xbc, state, w["conv_w"], w["conv_b"], conv_out)),
             # The kernel reads the profile's pre-drawn inputs (same shapes and bytes as the conv's outputs), whose decay is in range.
             Op("ssm", f"{tag}.kernel", lambda: held.__setitem__("y", self.stack.run_layer(j))),
         ]
         if p.has_z:
-            self.ops.append(Op("ssm", f"{tag}.out_proj", lambda: torch.mm(held["y"].reshape(self.batch, -1), w["out_proj"].t(), out=self.bo)))
+            self.ops.append(Op("ssm", f"{tag}.out_proj", lambda: self._mm(held["y"].reshape(self.batch, -1), w, "out_proj", self.bo)))
         else:
             self.ops += [
                 Op("ssm", f"{tag}.gated_norm", lambda: gated_rms_norm(held["y"].reshape(self.batch, -1), z, w["gnorm"], gated, block.sizes["norm_group"])),
-                Op("ssm", f"{tag}.out_proj", lambda: torch.mm(gated, w["out_proj"].t(), out=self.bo)),
+                Op("ssm", f"{tag}.out_proj", lambda: self._mm(gated, w, "out_proj", self.bo)),
             ]
 
     def _attn_ops(self, tag: str, j: int, w: dict[str, torch.Tensor]) -> None:
@@ -843,10 +1021,20 @@ class Step:
         qkv = self._buf("attn_qkv", self.inv.blocks["attn"].linear("qkv_proj").n)
         q = self._buf("attn_q", heads, hd)
         flash = self.attention == "flash-attn"
-        layout = "bthd" if flash else "bhtd"
-        shape = (self.batch, self.context, kv, hd) if flash else (self.batch, kv, self.context, hd)
-        k_cache, v_cache = self._randn(*shape), self._randn(*shape)
-        self.kv.append((k_cache, v_cache))
+        paged = self.attention == "flashinfer"
+        layout = "bthd" if flash or paged else "bhtd"
+        if paged:
+            self._decode_wrapper(heads, kv, hd)
+            # Pages of PAGE_SIZE tokens, each sequence's pages contiguous: (pages, page, kv, hd) is also (batch, tokens, kv, hd).
+            pages = self.batch * self._pages_per_seq()
+            k_pages, v_pages = (self._kv_cache(pages, PAGE_SIZE, kv, hd) for _ in range(2))
+            k_cache = k_pages.view(self.batch, -1, kv, hd)
+            v_cache = v_pages.view(self.batch, -1, kv, hd)
+            self.kv.append((k_pages, v_pages))
+        else:
+            shape = (self.batch, self.context, kv, hd) if flash else (self.batch, kv, self.context, hd)
+            k_cache, v_cache = self._randn(*shape), self._randn(*shape)
+            self.kv.append((k_cache, v_cache))
         pos = self.context - 1
         inv_freq = 10000.0 ** (-torch.arange(0, max(rot, 2), 2, dtype=torch.float32, device=self.device) / max(rot, 2))
         cos, sin = torch.cos(pos * inv_freq), torch.sin(pos * inv_freq)
@@ -854,7 +1042,9 @@ class Step:
         seqlens = torch.full((self.batch,), self.context, dtype=torch.int32, device=self.device)
 
         def attend() -> None:
-            if flash:
+            if paged:
+                o = self._decode_wrapper(heads, kv, hd).run(q, (k_pages, v_pages))
+            elif flash:
                 from flash_attn import flash_attn_with_kvcache
 
                 o = flash_attn_with_kvcache(q.view(self.batch, 1, heads, hd), k_cache, v_cache, cache_seqlens=seqlens)
@@ -864,7 +1054,7 @@ class Step:
             held["o"] = o.reshape(self.batch, heads * hd)
 
         self.ops += [
-            Op("attn", f"{tag}.qkv_proj", lambda: torch.mm(self.xn, w["qkv_proj"].t(), out=qkv)),
+            Op("attn", f"{tag}.qkv_proj", lambda: self._mm(self.xn, w, "qkv_proj", qkv)),
             Op("attn", f"{tag}.qk_prepare", lambda: qk_prepare(
                 qkv, q, k_cache, v_cache, w["qk_norm"], cos, sin, pos=pos, heads=heads, kv_heads=kv, q_width=qw,
                 rotary=rot, qk_norm=self.inv.family.qk_norm, kv_layout=layout)),
@@ -873,7 +1063,39 @@ class Step:
         if self.inv.family.attn_gate:
             gate = qkv[:, heads * hd:2 * heads * hd]
             self.ops.append(Op("attn", f"{tag}.gate", lambda: held["o"].mul_(torch.sigmoid(gate))))
-        self.ops.append(Op("attn", f"{tag}.o_proj", lambda: torch.mm(held["o"], w["o_proj"].t(), out=self.bo)))
+        self.ops.append(Op("attn", f"{tag}.o_proj", lambda: self._mm(held["o"], w, "o_proj", self.bo)))
+
+    def _pages_per_seq(self) -> int:
+        return -(-self.context // PAGE_SIZE)
+
+    def _kv_cache(self, *shape: int) -> torch.Tensor:
+        """Random KV pages at the KV dtype; fp8 pages are drawn a page block at a time (an fp32 draw of a whole cache would not fit)."""
+        if self.kv_dtype == "bf16":
+            return self._randn(*shape)
+        out = self._empty(*shape, dtype=torch.float8_e4m3fn)
+        for chunk in out.split(max(1, 2**26 // max(1, out[0].numel())), dim=0):
+            chunk.copy_(torch.empty(chunk.shape, dtype=torch.bfloat16, device=self.device).normal_(generator=self._gen))
+        return out
+
+    def _decode_wrapper(self, heads: int, kv: int, hd: int):
+        """FlashInfer's paged-KV decode wrapper for this batch and context, planned once (outside any graph capture) and
+        shared by every attention layer; tensor cores for query groups wider than 4, as the engines choose."""
+        if self._wrapper is None:
+            import flashinfer
+
+            pps = self._pages_per_seq()
+            indptr = torch.arange(0, (self.batch + 1) * pps, pps, dtype=torch.int32, device=self.device)
+            indices = torch.arange(self.batch * pps, dtype=torch.int32, device=self.device)
+            last = torch.full((self.batch,), self.context - (pps - 1) * PAGE_SIZE, dtype=torch.int32, device=self.device)
+            workspace = torch.empty(FLASHINFER_WORKSPACE, dtype=torch.uint8, device=self.device)
+            wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
+                workspace, "NHD", use_cuda_graph=True, use_tensor_cores=heads // kv > 4,
+                paged_kv_indptr_buffer=indptr, paged_kv_indices_buffer=indices, paged_kv_last_page_len_buffer=last,
+            )
+            wrapper.plan(indptr, indices, last, heads, kv, hd, PAGE_SIZE, q_data_type=torch.bfloat16,
+                         kv_data_type=torch.float8_e4m3fn if self.kv_dtype == "fp8" else torch.bfloat16)
+            self._wrapper = wrapper
+        return self._wrapper
 
     def _act(self, x: torch.Tensor) -> torch.Tensor:
         if self.inv.family.mlp == "swiglu":
@@ -882,7 +1104,7 @@ class Step:
         return torch.relu(x).square_()
 
     def _mlp_ops(self, tag: str, j: int, w: dict[str, torch.Tensor]) -> None:
-        self.ops.append(Op("mlp", f"{tag}.mlp", lambda: torch.mm(self._act(torch.mm(self.xn, w["up_proj"].t())), w["down_proj"].t(), out=self.bo)))
+        self.ops.append(Op("mlp", f"{tag}.mlp", lambda: self._mm(self._act(self._mm(self.xn, w, "up_proj")), w, "down_proj", self.bo)))
 
     def routing(self) -> tuple[int, int, torch.Tensor, torch.Tensor]:
         """Balanced routing of the batch: experts touched, tokens per expert, the gather index and the combine weights.
@@ -905,7 +1127,6 @@ class Step:
         topk = block.sizes["topk"]
         touched, per, index, weight = self.touched, self.per_expert, self._index, self._weight
         width = block.linear("experts_up").k
-        up, down = w["experts_up"][:touched], w["experts_down"][:touched]
         latent = block.has("latent_in")
         shared = block.has("shared_up")
 
@@ -913,19 +1134,19 @@ class Step:
             logits = torch.mm(self.xn, w["router"].t())
             # The router's top-k is computed for its cost; rows are dispatched by the balanced routing above.
             torch.softmax(torch.topk(logits, topk, dim=-1).values.float(), dim=-1)
-            x = torch.mm(self.xn, w["latent_in"].t()) if latent else self.xn
+            x = self._mm(self.xn, w, "latent_in") if latent else self.xn
             rows = x.index_select(0, index).view(touched, per, width)
-            h = self._act(torch.bmm(rows, up.transpose(1, 2)))
-            y = torch.bmm(h, down.transpose(1, 2)).view(-1, width) * weight
+            h = self._act(self._experts_mm(rows, w, "experts_up", touched))
+            y = self._experts_mm(h.contiguous(), w, "experts_down", touched).view(-1, width) * weight
             out = torch.zeros(self.batch, width, dtype=torch.bfloat16, device=self.device).index_add_(0, index, y)
-            return torch.mm(out, w["latent_out"].t()) if latent else out
+            return self._mm(out, w, "latent_out") if latent else out
 
         def moe() -> None:
             r = routed()
             if not shared:
                 self.bo.copy_(r)
                 return
-            s = torch.mm(self._act(torch.mm(self.xn, w["shared_up"].t())), w["shared_down"].t())
+            s = self._mm(self._act(self._mm(self.xn, w, "shared_up")), w, "shared_down")
             if "shared_gate" in w:
                 s = s * torch.sigmoid(torch.mm(self.xn, w["shared_gate"].t()))
             torch.add(r, s, out=self.bo)
@@ -959,6 +1180,7 @@ class Step:
         self._bufs.clear()
         self.conv_states.clear()
         self.kv.clear()
+        self._wrapper = None
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
 
@@ -1073,6 +1295,8 @@ class E2ESpec:
     windows: int = TIMED_WINDOWS
     seed: int = 0
     energy: bool = False
+    weight_dtype: str = "bf16"
+    kv_dtype: str = "bf16"
 
     def validate(self) -> None:
         """Raise UserError (one line) for an option the step cannot take."""
@@ -1100,9 +1324,30 @@ class E2ESpec:
             raise UserError(f"--max-weights-gib {self.max_weights_gib} is not a size", "pass GiB, e.g. --max-weights-gib 60")
         if self.windows < 1:
             raise UserError(f"timed windows {self.windows} must be at least 1")
+        if self.weight_dtype not in WEIGHT_DTYPES:
+            raise UserError(f"--weight-dtype {self.weight_dtype!r} is not one the estimate knows", f"choose from {', '.join(WEIGHT_DTYPES)}")
+        if self.kv_dtype not in KV_DTYPES:
+            raise UserError(f"--kv-dtype {self.kv_dtype!r} is not one the estimate knows", f"choose from {', '.join(KV_DTYPES)}")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+WEIGHT_PATHS = {
+    "bf16": "bf16 weights: torch.mm, MoE experts through torch.bmm",
+    "fp8": "fp8 e4m3 weights with one fp32 scale per tensor (per expert for MoE) and a static per-tensor activation scale: "
+           "torch._scaled_mm, MoE experts through torch._scaled_grouped_mm (row-wise scales); the embedding, LM head, "
+           "router and shared-expert gate stay bf16",
+    "nvfp4": "NVFP4 e2m1 weights (one fp8 scale per 16 weights, one fp32 per tensor): a plan for Blackwell's FP4 tensor "
+             "cores, bytes only; nothing is run",
+}
+
+
+def weights_note(weight_dtype: str) -> str:
+    """What the weights are, for the table's caption and the results file."""
+    return "weights are random " + WEIGHT_PATHS[weight_dtype] + (
+        " (published serving figures use NVFP4 on Blackwell and FP8 on Hopper: less weight traffic, so a larger SSM share)"
+        if weight_dtype == "bf16" else "")
 
 
 def notes(spec: E2ESpec) -> list[str]:
@@ -1117,7 +1362,9 @@ def notes(spec: E2ESpec) -> list[str]:
         "approximation of a grouped-GEMM MoE with balanced routing",
         "shares: each category's ops (SSM layers, attention, MLP/MoE, the rest: embedding, norms and residual adds, LM "
         "head, sampling) timed in their own CUDA graph, over the sum of the four; 'kernel' is the SSM recurrence alone",
-        "weights are random bf16 (published serving figures use NVFP4 weights: less weight traffic, so a larger SSM share)",
+        weights_note(spec.weight_dtype),
+        f"KV cache {spec.kv_dtype}; attention: FlashInfer's paged decode where flashinfer imports, else flash_attn_with_kvcache, "
+        "else PyTorch SDPA (each row's x_attn_backend says which ran)",
         f"--tp {spec.tp}: one GPU of the group; the all-reduces between GPUs are not timed" if spec.tp > 1 else
         "one GPU, no tensor parallelism",
     ]
@@ -1169,7 +1416,7 @@ def build_row(
         "x_context": context, "x_prefill": "not timed", "x_family": inv.family.name,
         "x_blocks": ", ".join(f"{inv.count(k)} {k}" for k in ("ssm", "attn", "mlp", "moe") if inv.count(k)),
         "x_weights_gib": plan.total / GIB, "x_weight_sets": plan.sets, "x_ffn_blocks": plan.ffn_blocks,
-        "x_weights_shared": plan.shared, **step_info,
+        "x_weights_shared": plan.shared, "x_weight_dtype": inv.weight_dtype, "x_kv_dtype": spec.kv_dtype, **step_info,
     }
     if meas is None:
         return row
@@ -1198,7 +1445,7 @@ def attach_speedup(row: dict[str, Any], rows: list[dict[str, Any]]) -> None:
         return
     for base in rows:
         if (base["kind"] == "e2e" and base["variant"] == "conventional" and base.get("status") == "ok"
-                and all(base.get(k) == row.get(k) for k in ("preset", "batch", "x_context", "state_dtype", "tp"))):
+                and all(base.get(k) == row.get(k) for k in ("preset", "batch", "x_context", "state_dtype", "tp", "x_weight_dtype", "x_kv_dtype"))):
             row["speedup"] = base["us"] / row["us"]
             row["speedup_lo"] = base["x_us_p25"] / row["x_us_p75"]
             row["speedup_hi"] = base["x_us_p75"] / row["x_us_p25"]
@@ -1239,6 +1486,7 @@ def run(
     from replayssm_cli.energy import Session
 
     device = torch.device(device)
+    check_spec_runnable(spec, presets, device, attention)
     if free_fn is None:
         free_fn = _cuda_free if device.type == "cuda" else (lambda: None)
     meter = Session.start() if spec.energy and device.type == "cuda" else None
@@ -1282,7 +1530,7 @@ def _run_preset(spec, preset, writer, result, skip, done, bar, task, *, device, 
     state_dtype = spec.state_dtype or preset.state_dtype
     why = None
     try:
-        inv = inventory(preset, family)
+        inv = inventory(preset, family, spec.weight_dtype)
         free = free_fn()
         budget = int(spec.max_weights_gib * GIB) if spec.max_weights_gib else (int(free * WEIGHT_SHARE) if free is not None else None)
         plan = plan_weights(inv, budget, l2_bytes)
@@ -1305,7 +1553,8 @@ def _run_preset(spec, preset, writer, result, skip, done, bar, task, *, device, 
         per_seq = {}
         for c in spec.contexts:
             for v in spec.variants:
-                per_seq[c, v] = seq_bytes(inv, variant=v, context=c, window=spec.window, state_dtype=state_dtype, read_dtype=spec.read_dtype)
+                per_seq[c, v] = seq_bytes(inv, variant=v, context=c, window=spec.window, state_dtype=state_dtype, read_dtype=spec.read_dtype,
+                                          kv_dtype=spec.kv_dtype)
                 result.max_batch[f"{preset.name} {v} ctx{c}"] = max_batch(per_seq[c, v]["total"], after)
         for c, b, v in configs:
             label = config_label(preset.name, v, b, c)
@@ -1350,7 +1599,7 @@ def _run_preset(spec, preset, writer, result, skip, done, bar, task, *, device, 
 def _measure_config(inv, spec, weights, variant, batch, context, state_dtype, plan, info, *, device, timer, attention,
                     meter=None) -> dict[str, Any]:
     step = Step(inv, weights, variant=variant, batch=batch, context=context, window=spec.window, state_dtype=state_dtype,
-                read_dtype=spec.read_dtype, device=device, seed=spec.seed, attention=attention)
+                read_dtype=spec.read_dtype, device=device, seed=spec.seed, attention=attention, kv_dtype=spec.kv_dtype)
     try:
         info = {**info, "x_attn_backend": step.attention}
         if "moe" in inv.blocks:
@@ -1428,8 +1677,8 @@ def inventory_table(inv: Inventory):
     p = inv.preset
     table = Table(title=f"{p.display} · tp {p.tp} · {inv.family.name} blocks · order from {inv.order_source}",
                   title_justify="left", box=box.SIMPLE_HEAD)
-    for col in ("block", "count", "per block (per GPU, in→out)", "params/block", "GiB all"):
-        table.add_column(col, justify="right" if col in ("count", "params/block", "GiB all") else "left")
+    for col in ("block", "count", "per block (per GPU, in→out)", "params/block", f"GiB all ({inv.weight_dtype})"):
+        table.add_column(col, justify="left" if col in ("block", "per block (per GPU, in→out)") else "right")
     what = {
         "ssm": lambda b: f"{p.kind} {p.label()}; conv {b.sizes['conv_dim']}x{CONV_WIDTH}; gated norm /{b.sizes['norm_group']}",
         "attn": lambda b: f"{b.sizes['heads']} heads, {b.sizes['kv_heads']} KV, dim {b.sizes['head_dim']}"
@@ -1446,7 +1695,7 @@ def inventory_table(inv: Inventory):
         count = 1 if kind == "head" else inv.count(kind)
         mats = "; ".join(lin.label() for lin in block.linears)
         table.add_row(kind, str(count), f"{what[kind](block)}\n{mats}", f"{block.params / 1e6:,.1f} M",
-                      f"{block.params * count * WEIGHT_ITEMSIZE / GIB:,.2f}")
+                      f"{block.nbytes(inv.weight_dtype) * count / GIB:,.2f}")
     return table
 
 
@@ -1459,10 +1708,11 @@ def dry_run(spec: E2ESpec, presets: list[Preset], *, free: int | None, l2_bytes:
     """
     out = []
     for preset in presets:
-        inv = inventory(preset, (families or {}).get(preset.name))
+        inv = inventory(preset, (families or {}).get(preset.name), spec.weight_dtype)
         state_dtype = spec.state_dtype or preset.state_dtype
         budget = int(spec.max_weights_gib * GIB) if spec.max_weights_gib else (int(free * WEIGHT_SHARE) if free is not None else None)
-        entry: dict[str, Any] = {"inventory": inv.to_dict(), "state_dtype": state_dtype}
+        entry: dict[str, Any] = {"inventory": inv.to_dict(), "state_dtype": state_dtype, "weight_dtype": spec.weight_dtype,
+                                 "kv_dtype": spec.kv_dtype, "predicted": predicted_shares(inv, spec, state_dtype)}
         try:
             plan = plan_weights(inv, budget, l2_bytes)
         except UserError as exc:
@@ -1474,13 +1724,81 @@ def dry_run(spec: E2ESpec, presets: list[Preset], *, free: int | None, l2_bytes:
         memory = []
         for c in spec.contexts:
             for v in spec.variants:
-                parts = seq_bytes(inv, variant=v, context=c, window=spec.window, state_dtype=state_dtype, read_dtype=spec.read_dtype)
+                parts = seq_bytes(inv, variant=v, context=c, window=spec.window, state_dtype=state_dtype, read_dtype=spec.read_dtype,
+                                  kv_dtype=spec.kv_dtype)
                 mb = max_batch(parts["total"], after)
                 memory.append({"context": c, "variant": v, "per_seq": parts, "max_batch": mb,
                                "fits": {b: (mb is None or b <= mb) for b in spec.batches}})
         entry["memory"] = memory
         out.append(entry)
     return out
+
+
+PREDICTION_METHOD = ("predicted: DRAM bytes one decode step moves per category (weights read at the batch's experts, KV cache, "
+                     "SSM state traffic from the cost model averaged over the window, conv states, embedding rows and LM "
+                     "head) over one bandwidth; no compute or launch term, so it bounds the SSM share and ReplaySSM's gain "
+                     "from above where the step is bandwidth-bound")
+
+
+def step_bytes(inv: Inventory, *, variant: str, batch: int, context: int, window: int, state_dtype: str, read_dtype: str | None,
+               kv_dtype: str = "bf16") -> dict[str, int]:
+    """DRAM bytes of one decode step of the whole model by category (ssm, attn, mlp, other): the prediction's input."""
+    p, d, wd = inv.preset, inv.dims, inv.weight_dtype
+    ssm_block = inv.blocks["ssm"]
+    kernel = cost.step_cost(p.shape, variant, "avg", batch=batch, window=window if variant != "conventional" else None,
+                            state_dtype=state_dtype, read_dtype=read_dtype if variant == "split" else None, io_dtype=IO_DTYPE,
+                            has_z=p.has_z).total_bytes
+    conv = 2 * (CONV_WIDTH - 1) * ssm_block.sizes["conv_dim"] * WEIGHT_ITEMSIZE * batch
+    out = {"ssm": inv.count("ssm") * (ssm_block.nbytes(wd) + kernel + conv), "attn": 0, "mlp": 0,
+           "other": batch * d["hidden"] * WEIGHT_ITEMSIZE + inv.head.linear("lm_head").nbytes(wd)}
+    if "attn" in inv.blocks:
+        kv = 2 * d["kv_heads"] * context * d["head_dim"] * KV_ITEMSIZE[kv_dtype] * batch
+        out["attn"] = inv.count("attn") * (inv.blocks["attn"].nbytes(wd) + kv)
+    out["mlp"] = inv.ffn_blocks * inv.ffn_read_bytes(batch)
+    return out
+
+
+def predicted_shares(inv: Inventory, spec: E2ESpec, state_dtype: str) -> list[dict[str, Any]]:
+    """Per context and batch: the step's bytes, each category's predicted share of the conventional step, and ReplaySSM's
+    predicted end-to-end speedup over it (bytes over bytes), all marked predicted."""
+    out = []
+    replay = next((v for v in spec.variants if v != "conventional"), "replay")
+    for c in spec.contexts:
+        for b in spec.batches:
+            kw = dict(batch=b, context=c, window=spec.window, state_dtype=state_dtype, read_dtype=spec.read_dtype, kv_dtype=spec.kv_dtype)
+            base = step_bytes(inv, variant="conventional", **kw)
+            fast = step_bytes(inv, variant=replay, **kw)
+            total = sum(base.values())
+            out.append({
+                "context": c, "batch": b, "source": "predicted", "method": PREDICTION_METHOD, "weight_dtype": inv.weight_dtype,
+                "bytes": base, "weight_bytes_read": _weight_read(inv, b), "shares": {k: v / total for k, v in base.items()},
+                "variant": replay, "speedup": total / sum(fast.values()), "speedup_over": "conventional",
+            })
+    return out
+
+
+def _weight_read(inv: Inventory, batch: int) -> int:
+    """Weight bytes one step reads at `batch` (MoE: the experts the batch touches)."""
+    wd = inv.weight_dtype
+    mixers = sum(inv.blocks[k].nbytes(wd) * inv.count(k) for k in ("ssm", "attn") if k in inv.blocks)
+    return mixers + inv.ffn_blocks * inv.ffn_read_bytes(batch) + inv.head.linear("lm_head").nbytes(wd)
+
+
+def prediction_table(entry: dict[str, Any]):
+    """The dry run's predicted shares and speedups of one preset as a rich table, marked predicted."""
+    from rich import box
+    from rich.table import Table
+
+    rows = entry["predicted"]
+    table = Table(title=f"predicted at {entry['weight_dtype']} weights, KV {entry['kv_dtype']}, {entry['state_dtype']} state "
+                        "(bytes moved per step; not measured)", title_justify="left", box=box.SIMPLE_HEAD)
+    for col in ("context", "batch", "weights read GiB", "SSM %", "attn %", "MLP %", "other %", f"{rows[0]['variant'] if rows else 'replay'} speedup"):
+        table.add_column(col, justify="right")
+    for r in rows:
+        sh = r["shares"]
+        table.add_row(str(r["context"]), str(r["batch"]), f"{r['weight_bytes_read'] / GIB:.2f}", *(f"{100 * sh[k]:.1f}" for k in CATEGORIES),
+                      f"{r['speedup']:.2f}x")
+    return table
 
 
 def memory_table(entry: dict[str, Any], batches: tuple[int, ...]):
@@ -1517,7 +1835,8 @@ def environment(device_index: int = 0) -> dict[str, Any]:
     except UserError as exc:
         gpu["nvml_error"] = exc.line()
     env["gpu"] = gpu
-    env["flash_attn"] = attention_backend(torch.device("cuda")) == "flash-attn"
+    env["attention_backend"] = attention_backend(torch.device("cuda"))
+    env["flash_attn"] = env["attention_backend"] == "flash-attn"
     return env
 
 

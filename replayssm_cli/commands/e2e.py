@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
@@ -13,6 +14,11 @@ from replayssm_cli.errors import UserError, cli_command
 EXIT_INTERRUPTED = 130
 EXIT_FAILED = 1
 WIDE = 200
+
+
+# The library's WEIGHT_DTYPES and KV_DTYPES, spelled here so that --help imports no torch.
+WeightDtype = Enum("WeightDtype", {d: d for d in ("bf16", "fp8", "nvfp4")}, type=str)
+KVDtype = Enum("KVDtype", {d: d for d in ("bf16", "fp8")}, type=str)
 
 
 def _ints(values: list[str] | None, option: str) -> tuple[int, ...]:
@@ -51,22 +57,26 @@ def e2e(
     gpu: Annotated[Optional[str], options.gpu("GPU whose memory and L2 a --dry-run plans for when no CUDA GPU is present.", show_default="h200")] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the layer inventory and memory plan; allocate and time nothing (no GPU needed).")] = False,
     out: Annotated[Optional[Path], options.out("Results file.", show_default="./runs/<time>-<gpu>-e2e.json")] = None,
+    weight_dtype: Annotated[WeightDtype, typer.Option(
+        "--weight-dtype", help="Weights: bf16; fp8 e4m3 with per-tensor scales (torch._scaled_mm, MoE through torch._scaled_grouped_mm; "
+        "sm_89+); nvfp4 with --dry-run only (Blackwell's FP4: weight bytes and predicted shares).")] = WeightDtype.bf16,  # type: ignore[attr-defined]
+    kv_dtype: Annotated[KVDtype, typer.Option("--kv-dtype", help="KV cache: bf16, or fp8 (through FlashInfer's paged decode attention).")] = KVDtype.bf16,  # type: ignore[attr-defined]
     energy: Annotated[bool, typer.Option("--energy", help="Also measure joules per step and tokens per joule from NVML's energy counter (about 3 s more per configuration).")] = False,
     json_: Annotated[bool, typer.Option("--json", help="JSON on stdout instead of tables.")] = False,
 ) -> None:
     """Time one decode step of a whole model: SSM layers through our kernels, attention over a KV cache, MLP/MoE, norms, LM head.
 
-    Random bf16 weights at the preset's shapes, real kernels, one CUDA graph per step. Reports the
+    Random weights at the preset's shapes (bf16, or fp8 through torch._scaled_mm), real kernels, one CUDA graph per step. Reports the
     time per output token (ITL), tokens per second, the share of the step in SSM layers, attention,
     MLP/MoE and the rest, and ReplaySSM's end-to-end speedup. Prefill is not timed.
 
     Examples:
 
-      replayssm e2e
-
       replayssm e2e --preset nemotron-3-super-120b-a12b --batch 1,64,256 --context 4096,32768 --state-dtype fp32
 
-      replayssm e2e --preset qwen3.5-122b-a10b --dry-run --gpu h200 --json
+      replayssm e2e --preset nemotron-3-nano-4b --batch 1,64,512 --weight-dtype fp8
+
+      replayssm e2e --preset qwen3.5-122b-a10b --weight-dtype nvfp4 --dry-run --gpu b300 --json
     """
     from replayssm_cli import e2e as lib
     from replayssm_cli import presets as presets_mod
@@ -82,17 +92,21 @@ def e2e(
         tp=tp,
         max_weights_gib=max_weights_gib,
         energy=energy,
+        weight_dtype=weight_dtype.value,
+        kv_dtype=kv_dtype.value,
     )
     spec.validate()
     resolved = [presets_mod.resolve(name, tp) for name in spec.presets]
     for p in resolved:
-        lib.inventory(p)
+        lib.inventory(p, weight_dtype=spec.weight_dtype)
     if dry_run:
         _dry_run(lib, spec, resolved, gpu, json_)
         return
 
     import torch
 
+    if spec.weight_dtype not in lib.RUNNABLE_WEIGHT_DTYPES:
+        lib.check_runnable(spec.weight_dtype, spec.kv_dtype, "", None, has_moe=False)
     if not torch.cuda.is_available():
         raise UserError(
             "the e2e estimate needs a CUDA GPU: it times the whole model's real kernels, and no prediction of the non-SSM layers is made",
@@ -123,11 +137,13 @@ def _dry_run(lib: Any, spec: Any, resolved: list[Any], gpu: str | None, json_: b
         return
     console = _wide(stdout)
     for p, entry in zip(resolved, entries):
-        console.print(lib.inventory_table(lib.inventory(p)))
+        console.print(lib.inventory_table(lib.inventory(p, weight_dtype=spec.weight_dtype)))
         console.print(lib.memory_table(entry, spec.batches))
+        console.print(lib.prediction_table(entry))
     console.print(
         f"memory planned against {where['bytes'] / lib.GIB:.0f} GiB ({where['memory']}) of {where['name']}; "
-        f"state dtype {spec.state_dtype or 'each preset’s own'}; nothing was allocated or timed",
+        f"state dtype {spec.state_dtype or 'each preset’s own'}; {lib.weights_note(spec.weight_dtype)}; "
+        f"{lib.PREDICTION_METHOD}; nothing was allocated or timed",
         highlight=False,
     )
 
@@ -138,6 +154,7 @@ def _measure(lib: Any, spec: Any, resolved: list[Any], gpu: str | None, out: Pat
 
     if gpu:
         warn("--gpu names the GPU a --dry-run plans for; the detected GPU is measured")
+    lib.check_spec_runnable(spec, resolved, "cuda")
     env = lib.environment()
     path = out or lib.default_out(env["gpu"].get("key"))
     doc = {**spec.to_dict(), "kind": "e2e", "presets_resolved": [p.name for p in resolved], "notes": lib.notes(spec)}
@@ -153,7 +170,9 @@ def _measure(lib: Any, spec: Any, resolved: list[Any], gpu: str | None, out: Pat
             "notes": lib.notes(spec), "results": str(result.path), "complete": result.results.complete,
         })
     else:
-        title = f"replayssm e2e · {env['gpu']['name']} · one decode step of the whole model (prefill not timed)"
+        backends = ", ".join(sorted({r["x_attn_backend"] for r in rows if r.get("x_attn_backend")})) or "none ran"
+        title = (f"replayssm e2e · {env['gpu']['name']} · one decode step of the whole model (prefill not timed) · "
+                 f"weights {spec.weight_dtype} · KV {spec.kv_dtype} · attention {backends}")
         caption = "\n".join(lib.notes(spec))
         _wide(stdout).print(lib.render_table(rows, title=title, caption=caption))
         for name, plan in result.plans.items():
