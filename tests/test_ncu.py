@@ -581,6 +581,25 @@ def test_profile_ncu_on_a_predicted_profile_says_it_has_no_figures(tmp_path):
     assert (tmp_path / "p.json").is_file()
 
 
+def test_profile_ncu_report_folder_is_checked_before_the_run(tmp_path):
+    from typer.testing import CliRunner
+
+    from replayssm_cli.main import app
+
+    taken = tmp_path / "a-file"
+    taken.write_text("")
+    result = CliRunner().invoke(app, ["profile", "--predict", "--batch", "1", "--ncu-report", str(taken / "reports"),
+                                      "--out", str(tmp_path / "p.json")])
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert result.exit_code == 2 and len(lines) == 1 and "--ncu-report" in lines[0], result.output
+    assert not (tmp_path / "p.json").exists()
+    # It implies --ncu, which a predicted profile cannot honour: said in one line, the folder made and left empty.
+    result = CliRunner().invoke(app, ["profile", "--predict", "--batch", "1", "--ncu-report", str(tmp_path / "reports"),
+                                      "--json", "--out", str(tmp_path / "p.json")])
+    assert result.exit_code == 0 and "--ncu needs measured rows" in result.output
+    assert list((tmp_path / "reports").iterdir()) == []
+
+
 def test_ncu_check_remodel_keeps_the_measurements_and_recomputes_the_model(tmp_path, capsys):
     """--remodel: the stored ncu figures stay, the model's columns and differences follow the current cost model."""
     check = _load_ncu_check()
