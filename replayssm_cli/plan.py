@@ -190,7 +190,6 @@ class Load:
     tokens_at: np.ndarray | None
     itl_sum_at: np.ndarray | None
     token_n: np.ndarray | None
-    token_itl: np.ndarray | None
     token_out_len: np.ndarray | None
     idle_s: float
     duration: float
@@ -210,14 +209,22 @@ def load_of(t: Traffic) -> Load | None:
         n = max(1, int(round(t.mean_concurrency)))
         time_at = np.zeros(n + 1)
         time_at[n] = t.duration
-        return Load(time_at, None, None, None, None, None, 0.0, t.duration,
+        load = Load(time_at, None, None, None, None, 0.0, t.duration,
                     f"one level at the mean concurrency {t.mean_concurrency:.1f} (decode time over duration)")
+        if t.itl_values is not None:
+            # Every gap at that one level: the file's own ITL, without knowing when each came.
+            load.tokens_at, load.itl_sum_at = np.zeros(n + 1), np.zeros(n + 1)
+            load.tokens_at[n], load.itl_sum_at[n] = t.itl_values.size, t.itl_values.sum()
+            load.token_n = np.full(t.itl_values.size, n)
+            if t.output_lens is not None:
+                load.token_out_len = t.output_lens[t.itl_request]
+        return load
     edges, running = t.timeline
     n_seg = np.rint(running).astype(np.int64)
     dur = np.diff(edges)
     time_at = np.bincount(n_seg, weights=dur)
     idle = float(time_at[0]) if time_at.size else 0.0
-    load = Load(time_at, None, None, None, None, None, idle, float(edges[-1] - edges[0]), t.timeline_note)
+    load = Load(time_at, None, None, None, None, idle, float(edges[-1] - edges[0]), t.timeline_note)
     if t.itl_times is not None:
         seg = np.clip(np.searchsorted(edges, t.itl_times, side="right") - 1, 0, len(n_seg) - 1)
         tok_n = np.maximum(n_seg[seg], 1)
@@ -225,7 +232,7 @@ def load_of(t: Traffic) -> Load | None:
         load.time_at = np.pad(time_at, (0, size - time_at.size))
         load.tokens_at = np.bincount(tok_n, minlength=size).astype(float)
         load.itl_sum_at = np.bincount(tok_n, weights=t.itl_values, minlength=size)
-        load.token_n, load.token_itl = tok_n, t.itl_values
+        load.token_n = tok_n
         if t.output_lens is not None:
             load.token_out_len = t.output_lens[t.itl_request]
     return load

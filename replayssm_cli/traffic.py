@@ -34,8 +34,8 @@ class Traffic:
 
     `decode_start`/`decode_end`: seconds from the first request's start, the span over which a request decodes
     (after its first token). `timeline`: (edges, running) with running[i] sequences decoding over
-    [edges[i], edges[i+1]). `itl_times`/`itl_values`: each inter-token gap's midpoint and length (seconds), with
-    `itl_request` the request it belongs to.
+    [edges[i], edges[i+1]). `itl_values`: each inter-token gap (seconds), with `itl_request` the request it belongs to
+    and, where the timeline is known, `itl_times` its midpoint.
     """
 
     path: Path
@@ -259,6 +259,10 @@ def _from_requests(p: Path, doc: dict[str, Any], fmt: str, describe: str) -> Tra
                 f"inf (the file has no start_times: SGLang, or vLLM before {VLLM_START_TIMES})"
             )
     busy = float(span.sum())
+    if gaps is not None:
+        lens = np.array([g.size for g in gaps])
+        t.itl_request = np.repeat(np.arange(len(gaps)), lens)
+        t.itl_values = np.concatenate(gaps)
     if offsets is None:
         if t.duration:
             t.mean_concurrency = busy / t.duration
@@ -274,9 +278,6 @@ def _from_requests(p: Path, doc: dict[str, Any], fmt: str, describe: str) -> Tra
     if t.duration is None:
         t.duration = float(t.decode_end.max())
     if gaps is not None:
-        lens = np.array([g.size for g in gaps])
-        t.itl_request = np.repeat(np.arange(len(gaps)), lens)
-        t.itl_values = np.concatenate(gaps)
         ends = np.concatenate([np.cumsum(g) for g in gaps]) + np.repeat(t.decode_start, lens)
         t.itl_times = ends - t.itl_values / 2
     return t

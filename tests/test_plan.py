@@ -103,6 +103,14 @@ def test_sglang_at_a_request_rate_keeps_only_the_mean(tmp_path, files):
     assert t.timeline is None and any("concurrency over time" in m for m in t.missing)
     spans = sum(sum(g) for g in doc["itls"])
     assert t.mean_concurrency == pytest.approx(spans / doc["duration"])
+    # One cohort at the mean, its ITL the file's own mean gap.
+    out = invoke("--traffic", str(p), "--preset", SUPER, "--steps", "0", "--json")
+    assert out.exit_code == 0, out.output
+    plan = json.loads(out.stdout)
+    (cohort,) = plan["cohorts"]
+    gaps = [g for gs in doc["itls"] for g in gs]
+    assert cohort["batch"] == round(t.mean_concurrency) and cohort["itl_ms"] == pytest.approx(1e3 * sum(gaps) / len(gaps))
+    assert plan["totals"]["itl_from"].startswith("your ITL")
 
 
 def test_csv_of_running_requests(files):
