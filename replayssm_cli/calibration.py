@@ -3,8 +3,9 @@ divided by an efficiency (the achieved share of those ceilings) fitted to the sh
 
 The efficiency of a kernel is kept per (op, variant, phase, state dtype, read dtype, draft) as a curve over its grid
 size, x = (sequence, head) pairs per SM: measured points, between which the time is a fixed cost plus a bandwidth
-term (`_interpolate`), the efficiency constant above the largest grid (bandwidth-bound). The curves ship as profiles/calibration/<gpu>.json, written by `python benchmarks/calibrate.py`; the tuner
-calls `predict_step` for a candidate's µs and its error.
+term (`_interpolate`), the efficiency constant above the largest grid (bandwidth-bound). The curves ship as
+profiles/calibration/<gpu>.json, written by `python benchmarks/calibrate.py`; the tuner calls `predict_step` for a
+candidate's µs and its error.
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ _DIGITS = 6
 @dataclass(frozen=True)
 class Prediction:
     """A predicted step time: us (µs per step per layer), error (the relative error expected of it, a fraction: the
-    measured spread where the configuration was measured, the leave-one-out error of the curve between points),
+    measured spread where the configuration was measured, the leave-one-out error of the curve between points, at
+    least BORROWED_ERROR through another configuration's curve),
     method ('calibrated' or 'roofline'), calibrated_on (the GPU the efficiency was fitted on), basis (the curve used,
     when not the configuration's own) and efficiency (achieved share of the datasheet ceilings)."""
 
