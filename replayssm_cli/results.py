@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import tempfile
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -18,6 +19,8 @@ KIND = "replayssm-results"
 # Version 1 named a speculative step's speedup over plain decode `speedup` (x_spec_speedup: over snapshots) and had
 # no speedup_over or mem_per_seq_model; `upgrade` turns such a document into the current version on load.
 READABLE_VERSIONS = (1, SCHEMA_VERSION)
+# Far above what a profile writes (10,000 rows with their samples are about 60 MB).
+MAX_FILE_BYTES = 1 << 30
 
 SPEEDUP_OVER = ("conventional", "snapshots", "fp32-conventional")
 
@@ -342,13 +345,88 @@ def _finite(obj: Any) -> Any:
     return obj
 
 
-def validate_row(row: dict[str, Any]) -> None:
+def validate_row(row: Any) -> None:
+    """ValueError (one line) for a row that breaks the schema: not an object, a required field missing, an unknown
+    field, or a field of the wrong type or range (ROW_TYPES)."""
+    if not isinstance(row, dict):
+        raise ValueError(f"a results row is an object, not {type(row).__name__}")
     missing = [k for k in REQUIRED if row.get(k) is None]
     if missing:
-        raise ValueError(f"results row lacks {', '.join(missing)}: {row}")
+        raise ValueError(f"results row lacks {', '.join(missing)}: {_short(row)}")
     unknown = [k for k in row if k not in ROW_FIELDS and not k.startswith("x_")]
     if unknown:
         raise ValueError(f"results row has unknown fields {', '.join(unknown)} (extra fields start with 'x_')")
+    for key, value in row.items():
+        check = _CHECKS.get(key)
+        if check is not None and not check(value):
+            raise ValueError(f"results row's {key} is {_short(value)}: {_breaks(value, ROW_TYPES[key])}")
+
+
+_JSON_TYPES = {"null": type(None), "string": str, "integer": int, "number": (int, float), "boolean": bool,
+               "object": dict, "array": list}
+
+
+def _breaks(value: Any, rule: dict[str, Any]) -> str | None:
+    """What of `rule` (the part of JSON Schema that ROW_TYPES uses) `value` breaks, or None."""
+    if "enum" in rule and not any(value == v and type(value) is type(v) for v in rule["enum"]):
+        return "must be one of " + ", ".join("null" if v is None else str(v) for v in rule["enum"])
+    types = rule.get("type")
+    if types is not None:
+        names = [types] if isinstance(types, str) else types
+        ok = any(isinstance(value, _JSON_TYPES[n]) and not (isinstance(value, bool) and n in ("integer", "number"))
+                 for n in names)
+        if not ok:
+            return "must be " + " or ".join(names)
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        if "minimum" in rule and value < rule["minimum"]:
+            return f"must be at least {rule['minimum']}"
+        if "exclusiveMinimum" in rule and value <= rule["exclusiveMinimum"]:
+            return f"must be above {rule['exclusiveMinimum']}"
+    if isinstance(value, str):
+        if len(value) < rule.get("minLength", 0):
+            return "must not be empty"
+        if "pattern" in rule and not re.search(rule["pattern"], value):
+            return f"must match {rule['pattern']}"
+    return None
+
+
+def _checker(rule: dict[str, Any]):
+    """A fast yes/no test of `rule` (what `_breaks` explains): one call per field of every row loaded."""
+    if "enum" in rule:
+        allowed = frozenset(rule["enum"])
+        # a str Enum member (the CLI's dtype options) counts as its value
+        return lambda v: (None in allowed) if v is None else (isinstance(v, str) and getattr(v, "value", v) in allowed)
+    names = [rule["type"]] if isinstance(rule["type"], str) else rule["type"]
+    kinds = tuple(t for n in names if n != "null" for t in ((int, float) if n == "number" else (_JSON_TYPES[n],)))
+    nullable = "null" in names
+    lo, above = rule.get("minimum"), rule.get("exclusiveMinimum")
+    pattern = re.compile(rule["pattern"]) if "pattern" in rule else None
+    min_len = rule.get("minLength", 0)
+
+    def check(v: Any) -> bool:
+        if v is None:
+            return nullable
+        t = type(v)
+        if t not in kinds and (isinstance(v, bool) or not isinstance(v, kinds)):
+            return False
+        if isinstance(v, float) and not math.isfinite(v):
+            # written as null (_finite)
+            return nullable
+        if isinstance(v, (int, float)):
+            return (lo is None or v >= lo) and (above is None or v > above)
+        if isinstance(v, str):
+            return len(v) >= min_len and (pattern is None or pattern.search(v) is not None)
+        return True
+
+    return check
+
+
+_CHECKS = {key: _checker(rule) for key, rule in ROW_TYPES.items()}
+
+
+def _short(value: Any, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 TEMP_SUFFIX = ".tmp"
@@ -512,8 +590,14 @@ def load(path: str | Path) -> Results:
     p = Path(path)
     if not p.is_file():
         raise UserError(f"results file {p} does not exist", "pass a file written by `replayssm profile`")
+    size = p.stat().st_size
+    if size > MAX_FILE_BYTES:
+        raise UserError(f"results file {p} is {size / 2**30:.1f} GiB, over the {MAX_FILE_BYTES / 2**30:.0f} GiB a results "
+                        "file can be", "pass a file written by `replayssm profile`")
     try:
-        doc = json.loads(p.read_text())
+        doc = json.loads(p.read_bytes())
+    except RecursionError:
+        raise UserError(f"results file {p} nests deeper than a results file does", "pass a file written by `replayssm profile`") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise UserError(
             f"results file {p} is not valid JSON ({exc.__class__.__name__} at {getattr(exc, 'pos', '?')}): corrupt or truncated",
@@ -537,6 +621,9 @@ def from_dict(doc: Any, path: Path | None = None) -> Results:
     rows = doc.get("rows")
     if not isinstance(rows, list) or not isinstance(doc.get("environment"), dict):
         raise UserError(f"{where} lacks its rows or environment", "re-run `replayssm profile`")
+    env, spec, skipped = doc["environment"], doc.get("spec", {}), doc.get("skipped", [])
+    if not isinstance(spec, dict) or not isinstance(skipped, list) or not all(isinstance(s, dict) for s in skipped):
+        raise UserError(f"{where}: spec is an object and skipped a list of objects", "re-run `replayssm profile`")
     for i, row in enumerate(rows):
         try:
             validate_row(row)
@@ -545,9 +632,9 @@ def from_dict(doc: Any, path: Path | None = None) -> Results:
     return Results(
         path=path,
         environment=doc["environment"],
-        spec=doc.get("spec", {}),
+        spec=spec,
         rows=rows,
-        skipped=doc.get("skipped", []),
+        skipped=skipped,
         complete=bool(doc.get("complete", False)),
         created=doc.get("created", ""),
         schema_version=version,

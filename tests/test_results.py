@@ -80,14 +80,29 @@ def _doc(**changes) -> dict:
         (_doc(rows={"a": 1}), "lacks its rows"),
         (_doc(rows=[{**row(), "batch": None}]), "row 0 is malformed"),
         (_doc(rows=[{**row(), "gpu_clock": 1}]), "row 0 is malformed"),
+        (_doc(rows=[row(), [1, 2]]), "row 1 is malformed .a results row is an object, not list"),
+        (_doc(rows=[{**row(), "us": "fast"}]), "row 0 is malformed .results row's us is 'fast': must be number or null"),
+        (_doc(rows=[{**row(), "us": -3.0}]), "us is -3.0: must be above 0"),
+        (_doc(rows=[{**row(), "batch": True}]), "batch is True: must be integer"),
+        (_doc(rows=[{**row(), "speedup_over": "decode"}]), "speedup_over is 'decode': must be one of conventional"),
+        (_doc(skipped="none"), "skipped a list of objects"),
     ],
-    ids=["newer-schema", "foreign-kind", "not-a-dict", "rows-not-a-list", "row-missing-batch", "row-unknown-field"],
+    ids=["newer-schema", "foreign-kind", "not-a-dict", "rows-not-a-list", "row-missing-batch", "row-unknown-field",
+         "row-not-object", "string-time", "negative-time", "bool-batch", "unknown-baseline", "skipped-not-a-list"],
 )
 def test_results_load_checks_schema(tmp_path, doc, message):
     path = tmp_path / "bad.json"
     path.write_text(json.dumps(doc))
     with pytest.raises(UserError, match=message):
         load(path)
+
+
+def test_results_load_refuses_a_deep_file_in_one_line(tmp_path):
+    path = tmp_path / "deep.json"
+    path.write_text('{"kind": "replayssm-results", "rows": ' + "[" * 200_000 + "]" * 200_000 + "}")
+    with pytest.raises(UserError, match="nests deeper") as exc:
+        load(path)
+    assert "\n" not in exc.value.line()
 
 
 def test_results_load_missing_file(tmp_path):
