@@ -1736,8 +1736,8 @@ def dry_run(spec: E2ESpec, presets: list[Preset], *, free: int | None, l2_bytes:
 
 PREDICTION_METHOD = ("predicted: DRAM bytes one decode step moves per category (weights read at the batch's experts, KV cache, "
                      "SSM state traffic from the cost model averaged over the window, conv states, embedding rows and LM "
-                     "head) over one bandwidth; no compute or launch term, so it bounds the SSM share and ReplaySSM's gain "
-                     "from above where the step is bandwidth-bound")
+                     "head) over one bandwidth; no compute or launch term, so a kernel that runs below the bandwidth takes "
+                     "a larger share of the step than predicted")
 
 
 def step_bytes(inv: Inventory, *, variant: str, batch: int, context: int, window: int, state_dtype: str, read_dtype: str | None,
