@@ -32,6 +32,7 @@ from replayssm_kernels.mamba2.common import (  # noqa: F401
     list_heads,
     listed_ahead,
     listed_flush,
+    scalar_mask,
     slot_of,
 )
 

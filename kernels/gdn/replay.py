@@ -39,6 +39,7 @@ from replayssm_kernels.gdn.common import (
     pop_flush_keys,
     quantize_e4m3,
     rounded,
+    scalar_mask,
     sm_count,
     small_grid,
 )
@@ -998,7 +999,7 @@ def _verify_gram_kernel(
     BKG: tl.constexpr = BK // GKSPLIT
     o_e, o_z = tl.arange(0, BE), tl.arange(0, BZ)
     # the entries still committed on top of the tile a verify reads (none once W are buffered: those fold first)
-    m_wc = (o_e < BWC) & (o_e < b_f) & (b_f < W)
+    m_wc = (o_e < BWC) & (o_e < b_f) & scalar_mask(b_f < W)
     m_kd = (o_e >= BWC) & (o_e < BWC + T)
     m_qd = (o_e >= BWC + BT) & (o_e < BWC + BT + T)
     b_g = tl.zeros([BE, BZ], dtype=tl.float32)
@@ -1105,7 +1106,7 @@ def _verify_weights_kernel(
     m_upto = o_t[None, :] <= o_t[:, None]
     b_f = tl.load(fill + i_s * HV + i_hv)
     b_flush = b_f >= W
-    m_wc = (o_wc < b_f) & (b_f < W)
+    m_wc = (o_wc < b_f) & scalar_mask(b_f < W)
     b_Gl = tl.load(buf_g + (i_s * C + tl.maximum(b_f - 1, 0)) * HV + i_hv, mask=b_f > 0, other=0.0)
     b_G0 = tl.where(b_flush, 0.0, b_Gl)
     b_Gwc = tl.load(buf_g + (i_s * C + o_wc) * HV + i_hv, mask=m_wc, other=0.0)
@@ -1208,7 +1209,7 @@ def _verify_kernel(
     # The entries still committed on top of the tile read below (fewer than W), and (for the prologue, unless
     # `_verify_weights_kernel` took it) their log-decay since it.
     o_wc = tl.arange(0, BWC)
-    m_wc = (o_wc < b_f) & (b_f < W)
+    m_wc = (o_wc < b_f) & scalar_mask(b_f < W)
     if GPASS < 2:
         b_G0 = tl.where(b_flush, 0.0, b_Gl)
         b_Gwc = tl.load(buf_g + (i_s * C + o_wc) * HV + i_hv, mask=m_wc, other=0.0)

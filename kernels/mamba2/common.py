@@ -198,6 +198,13 @@ def z_gate(b_y, b_z):
 
 
 @triton.jit
+def scalar_mask(cond):
+    """A scalar condition that block masks may take in: `True &` folds away when compiled, and in Triton's interpreter
+    makes it boolean (there a bare comparison takes its operands' integer type, which 3.9's loads refuse as a mask)."""
+    return True & cond
+
+
+@triton.jit
 def fold_entries(b_s, b_lam, p_x, p_b, p_dt, p_lam, n, o_p, o_n, m_p, m_n, P, N,
                  CAP: tl.constexpr, JB: tl.constexpr):
     # b_s [BP, BN] -> exp(lam) b_s + sum_{j<n} exp(lam - lam_j) dt_j x_j B_j^T, as rank-1 updates JB at a time
@@ -206,7 +213,7 @@ def fold_entries(b_s, b_lam, p_x, p_b, p_dt, p_lam, n, o_p, o_n, m_p, m_n, P, N,
         if j0 < n:
             for jj in tl.static_range(JB):
                 j = j0 + jj
-                m_j = j < n
+                m_j = scalar_mask(j < n)
                 b_lj = tl.load(p_lam + j, mask=m_j, other=0.0)
                 b_c = tl.where(m_j, tl.load(p_dt + j, mask=m_j, other=0.0) * tl.exp(b_lam - b_lj), 0.0)
                 b_xj = tl.load(p_x + j * P + o_p, mask=m_p & m_j, other=0.0).to(tl.float32)
