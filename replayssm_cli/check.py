@@ -49,6 +49,21 @@ def device() -> Any:
     )
 
 
+def refuse_missing_features(read_dtypes) -> None:
+    """A UserError (one line, exit 2) where this machine's GPU lacks a feature asked for: fp8 read copies before
+    sm_89. Nothing to refuse without a GPU (the interpreter, or a prediction)."""
+    import torch
+
+    from replayssm_kernels import families
+
+    if "fp8" not in (read_dtypes or ()) or not torch.cuda.is_available():
+        return
+    try:
+        families.check_read_dtype(torch.float8_e4m3fn, torch.device("cuda", torch.cuda.current_device()))
+    except families.UnsupportedOnChip as exc:
+        raise UserError(str(exc)) from None
+
+
 def label(spec: dict[str, Any]) -> str:
     """The case without its shape: batch, window, drafts, state→read dtype, io dtype."""
     parts = [f"B{spec['batch']}"]
@@ -87,6 +102,7 @@ def run_checks(specs: list[dict[str, Any]], dev: Any, *, progress: bool = True) 
 
     from replayssm_cli import bench
     from replayssm_cli.console import err
+    from replayssm_kernels import families
 
     results = []
     bar = Progress(
@@ -102,7 +118,7 @@ def run_checks(specs: list[dict[str, Any]], dev: Any, *, progress: bool = True) 
                 "op": spec["shape"]["op"], "kernel": KERNEL_OF[spec["variant"]], "variant": spec["variant"], "case": name,
                 "shape": shape_label(spec["shape"]),
                 "device": str(dev), "max_err": None, "tolerance": bench.tolerance(spec["state_dtype"], spec.get("read_dtype"), spec["io_dtype"]),
-                "ok": False, "error": None,
+                "ok": False, "error": None, "refused": None,
             }
             case = None
             try:
@@ -111,6 +127,9 @@ def run_checks(specs: list[dict[str, Any]], dev: Any, *, progress: bool = True) 
                 row["ok"] = row["max_err"] <= row["tolerance"]
                 if not row["ok"]:
                     row["error"] = f"max relative error {row['max_err']:.2e} over the tolerance {row['tolerance']:.0e}"
+            except families.UnsupportedOnChip as exc:
+                # a feature this chip lacks (fp8 before sm_89): not run, and not a failing kernel
+                row["ok"], row["refused"] = None, str(exc)
             except Exception as exc:
                 first = str(exc).splitlines()[0] if str(exc) else ""
                 row["error"] = f"{type(exc).__name__}: {first}"
@@ -136,6 +155,9 @@ def render(results: list[dict[str, Any]], dev: Any):
         table.add_column(name, justify="right" if name in ("max rel err", "tolerance") else "left", no_wrap=name != "result")
     for r in results:
         err = "–" if r["max_err"] is None else f"{r['max_err']:.2e}"
-        verdict = "[green]pass[/]" if r["ok"] else f"[red]FAIL[/] {r['error'] or ''}"
+        if r.get("refused"):
+            verdict = f"[yellow]refused[/] {r['refused']}"
+        else:
+            verdict = "[green]pass[/]" if r["ok"] else f"[red]FAIL[/] {r['error'] or ''}"
         table.add_row(r["op"], r["kernel"], r["case"], err, f"{r['tolerance']:.0e}", verdict)
     return table

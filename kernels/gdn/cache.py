@@ -6,6 +6,7 @@ from dataclasses import dataclass, fields, replace
 
 import torch
 
+from replayssm_kernels import families
 from replayssm_kernels.gdn.common import (
     FP8_MAX,
     IO_DTYPES,
@@ -128,6 +129,7 @@ class ReplayCache:
             read_dtype = resolve_dtype(read_dtype, "read_dtype", READ_DTYPES)
             if read_dtype.itemsize >= state_dtype.itemsize:
                 raise ValueError(f"read_dtype {read_dtype} must be narrower than state_dtype {state_dtype}")
+            families.check_read_dtype(read_dtype, torch.device(device))
             read_copy = torch.zeros(nslots, HV, V, K, dtype=read_dtype, device=device)
             if read_dtype == torch.float8_e4m3fn:
                 read_scale = torch.ones(nslots, HV, V, dtype=torch.float32, device=device)

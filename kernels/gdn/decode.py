@@ -6,6 +6,7 @@ import torch
 import triton
 import triton.language as tl
 
+from replayssm_kernels import families
 from replayssm_kernels.gdn.common import (
     cast,
     check_accepted,
@@ -255,6 +256,7 @@ def _launch_accept_snapshot(state, snapshots, n_accepted, slots, settings):
     )
 
 
+@families.refuse_out_of_resources
 def decode(
     state: torch.Tensor,
     q: torch.Tensor,
@@ -305,6 +307,7 @@ def decode(
     return out
 
 
+@families.refuse_out_of_resources
 def decode_multi(
     state: torch.Tensor,
     snapshots: torch.Tensor,
@@ -353,6 +356,7 @@ def decode_multi(
     return out
 
 
+@families.refuse_out_of_resources
 def accept_snapshot(
     state: torch.Tensor,
     snapshots: torch.Tensor,

@@ -9,6 +9,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
+from replayssm_kernels import families
 from replayssm_kernels.gdn.cache import ReplayCache, dequantize_read
 from replayssm_kernels.gdn.common import (
     advance_heads,
@@ -1653,6 +1654,7 @@ def _check_cache(cache, kernel) -> None:
     if not isinstance(cache, ReplayCache):
         raise ValueError(f"cache must be a ReplayCache; got {type(cache).__name__}")
     check_device(cache.device, kernel)
+    families.check_read_dtype(None if cache.read_copy is None else cache.read_copy.dtype, cache.device)
     for name in ("checkpoint", "read_copy", "read_scale", "buf_u", "buf_k", "buf_g", "buf_beta", "buf_t", "fill",
                  "arrive", "arrivals"):
         value = getattr(cache, name)
@@ -1673,6 +1675,7 @@ def _check_against_cache(cache: ReplayCache, kernel, q, k, v, g, beta, tokens: b
     return batch, T
 
 
+@families.refuse_out_of_resources
 def replay(
     cache: ReplayCache,
     q: torch.Tensor,
@@ -1722,6 +1725,7 @@ def replay(
     slots = check_slots(slots, batch, cache.nslots, q.device, check)
     out = check_out(out, v.shape, v.dtype, q.device)
     settings, flush = _replay_settings(launch_name("replay", cache, batch), launch)
+    settings = families.family_row(settings, launch, cache.device)
     for row in (settings, flush or settings):
         # before either launch, so that a refused setting leaves the cache as it was
         _correction_precision(cache, row)
@@ -1739,7 +1743,7 @@ def replay(
             _launch_replay(*args, settings, 0)
         else:
             # On the CPU the interpreter runs the launches one after the other: nothing to overlap, no GPU instruction.
-            pdl = bool(settings["PDL"]) and cache.device.type == "cuda"
+            pdl = bool(settings["PDL"]) and families.capability(cache.device) is not None
             if hpp > 1:
                 _launch_heads(*args, settings, hpp, pdl)
             else:
@@ -1748,6 +1752,7 @@ def replay(
     return out
 
 
+@families.refuse_out_of_resources
 def verify(
     cache: ReplayCache,
     q: torch.Tensor,
@@ -1800,6 +1805,7 @@ def verify(
     return out
 
 
+@families.refuse_out_of_resources
 def accept(
     cache: ReplayCache,
     n_accepted: torch.Tensor,
@@ -1825,6 +1831,7 @@ def accept(
         _launch_accept(cache, n_accepted, slots, settings)
 
 
+@families.refuse_out_of_resources
 def materialize(cache: ReplayCache, slots: torch.Tensor | None = None) -> torch.Tensor:
     """fp32 full states (n, HV, V, K) of `slots` (default: all): checkpoint plus committed buffer.
 

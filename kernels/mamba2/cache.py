@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
+from replayssm_kernels import families
 from replayssm_kernels.mamba2 import args
 from replayssm_kernels.mamba2.reference import quantize_ref
 
@@ -72,6 +73,7 @@ class ReplayCache:
         dev = torch.device(device)
         if dev.type == "cuda" and dev.index is None:
             dev = torch.device("cuda", torch.cuda.current_device())
+        families.check_read_dtype(read_dtype, dev)
 
         def zeros(*shape, dtype):
             return torch.zeros(shape, dtype=dtype, device=dev)

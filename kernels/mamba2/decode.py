@@ -6,6 +6,7 @@ import torch
 import triton
 import triton.language as tl
 
+from replayssm_kernels import families
 from replayssm_kernels.mamba2 import args
 from replayssm_kernels.mamba2.common import finish_output, flat_program_ids, slot_of, step_delta
 
@@ -163,6 +164,7 @@ def _check_state(state, kernel) -> tuple[int, int, int, int]:
     return tuple(state.shape)
 
 
+@families.refuse_out_of_resources
 def decode(state, x, dt, A, B, C, *, D=None, z=None, dt_bias=None, dt_softplus=False, slots=None, out=None,
            launch: dict | None = None, check: bool = True) -> torch.Tensor:
     """One conventional Mamba-2 decode step; the state pool is updated in place through `slots`.
@@ -220,6 +222,7 @@ def _check_snapshots(snapshots, state, T: int) -> None:
     args.check_tensor("snapshots", snapshots, shape, "(nslots, T, H, P, N)", (state.dtype,), state.device)
 
 
+@families.refuse_out_of_resources
 def decode_multi(state, snapshots, x, dt, A, B, C, *, D=None, z=None, dt_bias=None, dt_softplus=False, slots=None,
                  out=None, launch: dict | None = None, check: bool = True) -> torch.Tensor:
     """T conventional decode steps from one state read, writing the state after each draft to a snapshot.
@@ -266,6 +269,7 @@ def decode_multi(state, snapshots, x, dt, A, B, C, *, D=None, z=None, dt_bias=No
     return y
 
 
+@families.refuse_out_of_resources
 def accept_snapshot(state, snapshots, n_accepted, slots=None, *, launch: dict | None = None,
                     check: bool = True) -> None:
     """Copy snapshots[slot, n - 1] into state[slot] for each row with n ≥ 1; rows with n = 0 keep their state.

@@ -6,6 +6,7 @@ import torch
 import triton
 import triton.language as tl
 
+from replayssm_kernels import families
 from replayssm_kernels.mamba2 import args
 from replayssm_kernels.mamba2.cache import ReplayCache
 from replayssm_kernels.mamba2.common import (
@@ -666,6 +667,7 @@ def check_cache(cache, kernel) -> tuple[int, int, int, int, int]:
     if not isinstance(cache, ReplayCache):
         raise ValueError(f"cache must be a ReplayCache, got {type(cache).__name__}")
     args.check_device(cache.device, kernel)
+    families.check_read_dtype(cache.read_dtype, cache.device)
     if cache.checkpoint.stride(-1) != 1 or (cache.read_copy is not None and cache.read_copy.stride(-1) != 1):
         raise ValueError("cache.checkpoint and cache.read_copy must have unit stride on N")
     for name in ("x_buf", "b_buf", "dt_buf", "lam_buf", "b_draft", "fill", "arrive", "read_scale"):
@@ -675,6 +677,7 @@ def check_cache(cache, kernel) -> tuple[int, int, int, int, int]:
     return cache.shape
 
 
+@families.refuse_out_of_resources
 def replay(cache: ReplayCache, x, dt, A, B, C, *, D=None, z=None, dt_bias=None, dt_softplus=False, slots=None,
            out=None, launch: dict | None = None, check: bool = True) -> torch.Tensor:
     """One ReplaySSM decode step (one launch, or two with PHASES=2); same inputs and outputs as `decode`, state kept
@@ -905,6 +908,7 @@ def _launch_replay(cache: ReplayCache, step: dict, batch: int, softplus: bool, s
     )
 
 
+@families.refuse_out_of_resources
 def materialize(cache: ReplayCache, slots=None, *, launch: dict | None = None) -> torch.Tensor:
     """Full fp32 states (len(slots), H, P, N): each slot's checkpoint folded with its committed buffer entries.
 

@@ -6,6 +6,7 @@ import torch
 import triton
 import triton.language as tl
 
+from replayssm_kernels import families
 from replayssm_kernels.mamba2 import args
 from replayssm_kernels.mamba2.cache import ReplayCache
 from replayssm_kernels.mamba2.common import dot_fp32, fills_read, finish_output, slot_of, step_delta, store_read_copy
@@ -264,6 +265,7 @@ ACCEPT_LAUNCH = {"num_warps": 1, "num_stages": 1}
 BC_LAUNCH = {"num_warps": 2, "num_stages": 1}
 
 
+@families.refuse_out_of_resources
 def verify(cache: ReplayCache, x, dt, A, B, C, *, D=None, z=None, dt_bias=None, dt_softplus=False, slots=None,
            out=None, launch: dict | None = None, check: bool = True) -> torch.Tensor:
     """Outputs of T draft tokens per row from one checkpoint read; the drafts are buffered, not committed.
@@ -343,6 +345,7 @@ def verify(cache: ReplayCache, x, dt, A, B, C, *, D=None, z=None, dt_bias=None, 
     return y
 
 
+@families.refuse_out_of_resources
 def accept(cache: ReplayCache, n_accepted, slots=None, *, check: bool = True) -> None:
     """Commit the first n drafts of the last `verify` of each row: the fill advances by n, on the device.
 

@@ -39,7 +39,7 @@ def check(
         print_json(results)
     else:
         out.print(checks.render(results, dev))
-    failed = [r for r in results if not r["ok"]]
+    failed = [r for r in results if r["ok"] is False]
     if failed:
         err.print(f"[red]{len(failed)} of {len(results)} kernel checks failed[/]", highlight=False)
         raise typer.Exit(EXIT_FAILED)

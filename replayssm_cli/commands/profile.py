@@ -144,6 +144,10 @@ def profile(
             ncu_report.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise UserError(f"--ncu-report {ncu_report}: {exc.strerror or exc}", "pass a folder it can write") from None
+    if not predict:
+        from replayssm_cli.check import refuse_missing_features
+
+        refuse_missing_features(spec.read_dtypes)
     run = prof.run_profile(spec, out=out, predict=predict, require_gpu=require_gpu, gpu=gpu)
 
     rows = run.results.rows
