@@ -74,7 +74,6 @@ def profile(
             "--baseline",
             f"Serving-stack kernels to time beside ours, comma-separated or repeated: {', '.join(BASELINE_NAMES)}, or all. "
             "One missing its package is skipped with what to install.",
-            choices=(*BASELINE_NAMES, "all"),
         ),
     ] = None,
     gpu: Annotated[Optional[str], options.gpu("GPU to predict for without a CUDA GPU (or with --predict).", show_default="h200")] = None,
