@@ -48,7 +48,7 @@ def test_show_writes_csv_for_spreadsheets(tmp_path):
     expected = [r for r in json.loads(MEASURED.read_text())["rows"] if r["variant"] == "replay"]
     assert len(table) == len(expected) and list(table[0])[:3] == ["preset", "op", "variant"]
     assert [t["us"] for t in table] == ["" if r.get("us") is None else str(r["us"]) for r in expected]
-    assert f"wrote {len(expected)} rows to {out}" in " ".join(result.stderr.split())
+    assert f"wrote {len(expected)} rows to {out}" in result.stderr.splitlines()
 
 
 def test_show_bad_filter_and_file_are_one_line(tmp_path):

@@ -39,7 +39,7 @@ def show(
       replayssm show runs/20261130-h200.json --csv rows.csv --json
     """
     from replayssm_cli import report
-    from replayssm_cli.console import note, out, print_json
+    from replayssm_cli.console import err, note, out, print_json
     from replayssm_cli.profile import render_table
     from replayssm_cli.provenance import file_label
     from replayssm_cli.results import origin_of
@@ -52,7 +52,8 @@ def show(
                          kinds=("e2e",) if e2e else ("kernel",))
     if csv_path is not None:
         report.write_csv(rows, csv_path)
-        note(f"wrote {len(rows)} rows to {csv_path}")
+        # Unwrapped, so that the file name stays whole on one line.
+        err.print(f"wrote {len(rows)} rows to {csv_path}", highlight=False, soft_wrap=True)
     if json_:
         print_json(rows)
         return
