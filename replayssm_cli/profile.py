@@ -899,6 +899,7 @@ def render_table(rows: list[dict[str, Any]], *, title: str, caption: str | None 
 
     With `width` (the terminal's columns) the secondary columns are left out, DROP_ORDER first, until the table fits
     without cutting a cell; the caption then names them and says that --wide shows them. KEPT_COLUMNS always stay.
+    `layers_of` (SSM layers by preset) gives MiB/seq for rows that lack mem_per_seq_model.
     """
     from rich import box
     from rich.table import Table
@@ -914,7 +915,7 @@ def render_table(rows: list[dict[str, Any]], *, title: str, caption: str | None 
     names = ["preset", "variant", "B", "W", "state→read", *(["T/acc"] if has_draft else []), "µs/tok/layer",
              *(["measured"] if references else []), "µs/model step", "GB/s", "%BW", "TFLOP/s", "AI", "speedup",
              "flush cost/share", "MiB/seq", "seqs fit", *(["from"] if mixed else [])]
-    cells = [_row_cells(r, label, has_draft, references) for r, label in zip(rows, labels)]
+    cells = [_row_cells(r, label, has_draft, references, layers_of) for r, label in zip(rows, labels)]
     previous = None
     for r, row_cells in zip(rows, cells):
         if r["preset"] == previous:
@@ -941,14 +942,24 @@ def render_table(rows: list[dict[str, Any]], *, title: str, caption: str | None 
     return table
 
 
-def _row_cells(r: dict[str, Any], label: str, has_draft: bool, references: list[str]) -> dict[str, str]:
+def _model_mem(r: dict[str, Any], layers_of: dict[str, int] | None) -> int | None:
+    """Bytes per sequence over all the preset's SSM layers: mem_per_seq_model, else mem_per_seq times `layers_of`'s
+    count; None rather than one layer's figure in a column of whole-model ones."""
+    if r.get("mem_per_seq_model") is not None:
+        return r["mem_per_seq_model"]
+    layers = (layers_of or {}).get(r["preset"])
+    return r["mem_per_seq"] * layers if r.get("mem_per_seq") is not None and layers else None
+
+
+def _row_cells(r: dict[str, Any], label: str, has_draft: bool, references: list[str],
+               layers_of: dict[str, int] | None = None) -> dict[str, str]:
     cells = {
         "preset": r["preset"],
         "variant": r["variant"] if r["phase"] == "avg" else f"  ↳ {r['phase']}",
         "B": str(r["batch"]),
         "W": _fmt(r.get("window"), "d"),
         "state→read": r["state_dtype"] + (f"→{r['read_dtype']}" if r.get("read_dtype") else ""),
-        "MiB/seq": _mib(r.get("mem_per_seq_model") if r.get("mem_per_seq_model") is not None else r.get("mem_per_seq")),
+        "MiB/seq": _mib(_model_mem(r, layers_of)),
         "seqs fit": _fmt(r.get("seqs_fit"), "d"),
         "from": label,
     }

@@ -360,3 +360,14 @@ def test_profile_progress_in_a_log_is_plain_lines(tmp_path, no_cuda):
     assert res.exit_code == 0, res.output
     lines = [line for line in res.stderr.splitlines() if line.startswith("profile: ")]
     assert lines and lines[-1].startswith("profile: 4/4 done, ") and "\x1b" not in res.stderr
+
+
+def test_profile_table_memory_is_per_model_or_blank():
+    """MiB/seq is over the preset's SSM layers: mem_per_seq_model, else mem_per_seq times the layers given, never
+    one layer's figure among whole-model ones."""
+    base = {"kind": "kernel", "op": "mamba2", "preset": SUPER, "variant": "conventional", "phase": "avg", "batch": 1,
+            "window": None, "state_dtype": "fp32", "source": "measured", "status": "failed", "mem_per_seq": 2**20}
+    rows = [{**base, "mem_per_seq_model": 40 * 2**20}, base]
+    cells = [c["MiB/seq"] for c in (prof._row_cells(r, "", False, [], None) for r in rows)]
+    assert cells == ["40", "–"]
+    assert prof._row_cells(base, "", False, [], {SUPER: 40})["MiB/seq"] == "40"
