@@ -71,6 +71,10 @@ class GpuSpec:
         return d
 
 
+_RATES = ("copy_gbs", "read_gbs", "fp32_tflops", "bf16_tflops", "tf32_tflops", "l2_gbs")
+_REQUIRED_RATES = ("copy_gbs", "fp32_tflops", "bf16_tflops")
+
+
 @dataclass(frozen=True)
 class Ceilings:
     """The rates the roofline and the profiler's '% of ceiling' use: measured where cached, else the datasheet's."""
@@ -91,9 +95,31 @@ class Ceilings:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "Ceilings":
-        names = {f for f in cls.__dataclass_fields__}
-        return cls(**{k: v for k, v in d.items() if k in names})
+    def from_dict(cls, d: Any, where: str = "ceilings") -> "Ceilings":
+        """Ceilings from their JSON form, every rate checked (a positive finite number); UserError naming `where`
+        and the field otherwise. Unknown keys are left out."""
+        if not isinstance(d, dict):
+            raise UserError(f"{where} are not a JSON object of ceilings (got {type(d).__name__})")
+        values: dict[str, Any] = {}
+        for name in cls.__dataclass_fields__:
+            value = d.get(name)
+            if name in _RATES:
+                if value is None and name not in _REQUIRED_RATES:
+                    values[name] = None
+                    continue
+                if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+                    got = "missing" if value is None else f"{value!r:.40}"
+                    raise UserError(f"{where}: {name} must be a positive number, got {got}")
+                values[name] = float(value)
+            elif name == "details":
+                values[name] = value if isinstance(value, dict) else {}
+            elif value is None and name in ("measured_at", "driver"):
+                values[name] = None
+            elif not isinstance(value, str):
+                raise UserError(f"{where}: {name} must be a string, got {'nothing' if value is None else repr(value)[:40]}")
+            else:
+                values[name] = value
+        return cls(**values)
 
 
 @dataclass
@@ -326,35 +352,47 @@ def _cache_key(gpu_name: str, driver: str | None) -> str:
     return f"{gpu_name}|driver {driver or 'unknown'}"
 
 
-def _read_cache() -> dict[str, Any]:
+def _read_cache() -> tuple[dict[str, Any], str | None]:
+    """The cache's entries, and what is wrong with the file when it cannot be read (None when fine or absent)."""
     path = cache_path()
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        return {}
-    except (OSError, json.JSONDecodeError):
-        return {}
-    if not isinstance(data, dict) or data.get("version") != CACHE_VERSION:
-        return {}
-    return data.get("entries", {}) if isinstance(data.get("entries"), dict) else {}
+        return {}, None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        return {}, f"the ceilings cache {path} cannot be read ({exc.__class__.__name__}: {exc})"
+    if not isinstance(data, dict) or not isinstance(data.get("entries"), dict):
+        return {}, f"the ceilings cache {path} is not a replayssm ceilings cache"
+    if data.get("version") != CACHE_VERSION:
+        return {}, f"the ceilings cache {path} has version {data.get('version')!r}; this replayssm reads {CACHE_VERSION}"
+    return data["entries"], None
+
+
+def _cached(gpu_name: str, driver: str | None) -> tuple[Ceilings | None, str | None]:
+    entries, problem = _read_cache()
+    key = _cache_key(gpu_name, driver)
+    if problem or key not in entries:
+        return None, problem
+    try:
+        return Ceilings.from_dict(entries[key], f"the ceilings cache {cache_path()}, entry {key!r}"), None
+    except UserError as exc:
+        return None, exc.message
 
 
 def cached_ceilings(gpu_name: str, driver: str | None) -> Ceilings | None:
-    """The ceilings measured earlier on a GPU of this name under this driver, or None."""
-    entry = _read_cache().get(_cache_key(gpu_name, driver))
-    if not isinstance(entry, dict):
-        return None
-    try:
-        return Ceilings.from_dict(entry)
-    except TypeError:
-        return None
+    """The ceilings measured earlier on a GPU of this name under this driver, or None (with one warning line
+    when the cache holds them but they cannot be read)."""
+    ceilings, problem = _cached(gpu_name, driver)
+    if problem:
+        _warn_once(f"{problem}: no measured ceilings used")
+    return ceilings
 
 
 def save_ceilings(ceilings: Ceilings) -> Path:
     """Store measured ceilings under their GPU name and driver (atomic rewrite); returns the cache file."""
     path = cache_path()
     path.parent.mkdir(parents=True, exist_ok=True)
-    entries = _read_cache()
+    entries, _ = _read_cache()
     entries[_cache_key(ceilings.gpu_name, ceilings.driver)] = ceilings.to_dict()
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".ceilings-", suffix=".json")
     with os.fdopen(fd, "w", encoding="utf-8") as f:
@@ -381,36 +419,62 @@ def datasheet_ceilings(spec: GpuSpec) -> Ceilings:
 
 def shipped_ceilings(spec: GpuSpec) -> Ceilings | None:
     """The ceilings measured on a GPU of this spec and shipped in profiles/reference/ceilings/<key>.json, or None."""
+    return _shipped(spec)[0]
+
+
+def _shipped(spec: GpuSpec) -> tuple[Ceilings | None, str | None]:
     from importlib import resources
 
     path = resources.files("replayssm_profiles") / "reference" / "ceilings" / f"{spec.key}.json"
     if not path.is_file():
-        return None
+        return None, None
     try:
-        entry = json.loads(path.read_text(encoding="utf-8")).get("ceilings")
-        ceilings = Ceilings.from_dict(entry)
-    except (ValueError, TypeError, AttributeError):
-        return None
-    return replace(ceilings, source=f"{ceilings.source} (shipped reference)")
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        return None, f"the shipped ceilings {path} cannot be read ({exc.__class__.__name__}: {exc})"
+    try:
+        ceilings = Ceilings.from_dict(doc.get("ceilings") if isinstance(doc, dict) else None, f"the shipped ceilings {path}")
+    except UserError as exc:
+        return None, exc.message
+    return replace(ceilings, source=f"{ceilings.source} (shipped reference)"), None
 
 
 def ceilings_for(spec: GpuSpec, detected: DetectedGpu | None = None) -> Ceilings:
     """The ceilings to use: a cached measurement of the detected GPU under its driver if there is one, else one
     shipped for its spec under the same GPU name and driver, else the datasheet; for a GPU named rather than
-    detected, the measurement shipped for its spec where there is one."""
+    detected, the measurement shipped for its spec where there is one. Recorded ceilings that cannot be read
+    are one warning line naming the figures used instead, never a silent replacement."""
+    problems: list[str] = []
+    chosen: Ceilings | None = None
     if detected is not None:
-        cached = cached_ceilings(detected.name, detected.driver)
-        if cached is not None:
-            return cached
-        # A measurement shipped for this GPU under the same driver stands in for one cached here.
-        shipped = shipped_ceilings(spec)
-        if shipped is not None and (shipped.gpu_name, shipped.driver) == (detected.name, detected.driver):
-            return shipped
+        cached, problem = _cached(detected.name, detected.driver)
+        problems += [problem] if problem else []
+        chosen = cached
+        if chosen is None:
+            # A measurement shipped for this GPU under the same driver stands in for one cached here.
+            shipped, problem = _shipped(spec)
+            problems += [problem] if problem else []
+            if shipped is not None and (shipped.gpu_name, shipped.driver) == (detected.name, detected.driver):
+                chosen = shipped
     else:
-        shipped = shipped_ceilings(spec)
-        if shipped is not None:
-            return shipped
-    return datasheet_ceilings(spec)
+        chosen, problem = _shipped(spec)
+        problems += [problem] if problem else []
+    chosen = chosen or datasheet_ceilings(spec)
+    for problem in problems:
+        _warn_once(f"{problem}: using the {chosen.source} figures instead ({format_gbs(chosen.copy_gbs)} copy, "
+                   f"{format_tflops(chosen.fp32_tflops)} FP32)")
+    return chosen
+
+
+_WARNED: set[str] = set()
+
+
+def _warn_once(message: str) -> None:
+    from replayssm_cli.console import warn
+
+    if message not in _WARNED:
+        _WARNED.add(message)
+        warn(message)
 
 
 def measure_ceilings(device_index: int = 0, progress: bool = True) -> Ceilings:

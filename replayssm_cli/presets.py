@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
+import os
 import sys
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -11,8 +13,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from replayssm_cli.dtypes import StateDtype
-from replayssm_cli.errors import UserError
+from replayssm_cli.dtypes import StateDtype, canonical
+from replayssm_cli.errors import UserError, readable_path
 from replayssm_cli.shapes import GDNShape, Mamba2Shape, SSMShape, state_bytes
 
 if sys.version_info >= (3, 11):
@@ -44,7 +46,13 @@ E2E_KEYS = (
 )
 _MAMBA2_KEYS = ("heads", "head_dim", "state_dim", "groups")
 _GDN_KEYS = ("key_heads", "value_heads", "key_dim", "value_dim")
-_HF_DTYPES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16", "fp32": "fp32", "bf16": "bf16", "fp16": "fp16"}
+MAX_PRESET_BYTES = 1 << 20
+# Upper bounds well above every model shipped or published, so that a typo cannot ask for petabytes.
+MAX_DIM = 1 << 16
+MAX_LAYERS = 1 << 12
+MAX_E2E = 1 << 24
+# One sequence's state in one layer: at most 2^31 elements (8 GiB at fp32), the kernels' int32 offsets.
+MAX_STATE_ELEMS = 1 << 31
 
 
 @dataclass(frozen=True)
@@ -139,13 +147,10 @@ def load_preset(name: str, tp: int = 1) -> Preset:
     Raises UserError naming every valid preset when `name` is unknown, and when `tp` does not divide
     the preset's heads and groups.
     """
-    files = _model_files()
-    key = name.strip().lower()
-    if key not in files:
-        by_display = {_load_shipped(n).display.lower(): n for n in files}
-        if key not in by_display:
-            raise UserError(f"unknown preset {name!r}; valid presets: {', '.join(files)}", "or pass a preset file (.toml or config.json)")
-        key = by_display[key]
+    key = _shipped_key(name)
+    if key is None:
+        shown = repr(name) if len(name) <= 60 else f"{name[:40]!r}... ({len(name):,} characters)"
+        raise UserError(f"unknown preset {shown}; valid presets: {', '.join(_model_files())}", "or pass a preset file (.toml, config.json or its model directory)")
     return with_tp(_load_shipped(key), tp)
 
 
@@ -156,43 +161,69 @@ def _load_shipped(stem: str) -> Preset:
 
 
 def load_preset_file(path: str | Path, tp: int = 1) -> Preset:
-    """A preset from our TOML format or from a Hugging Face config.json, told apart by content, divided for `tp`."""
-    path = _config_file(Path(path).expanduser())
-    if not path.is_file():
-        raise UserError(f"preset file {str(path)!r} does not exist")
-    text = path.read_text(encoding="utf-8")
+    """A preset from our TOML format or from a Hugging Face config.json (or the model directory holding it), told
+    apart by content, divided for `tp`. Anything wrong with the file is a UserError naming it and the field."""
+    path = readable_path(Path(path).expanduser(), "preset file", model_dir=True)
+    size = path.stat().st_size
+    if size > MAX_PRESET_BYTES:
+        raise UserError(f"preset file {path} is {size / 2**20:.1f} MiB; a preset or config.json is a few KiB", "pass the model's config.json")
+    raw = path.read_bytes()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        text = None
+    if text is None or "\x00" in text:
+        raise UserError(f"preset file {path} is a binary file, not TOML or JSON text", "pass a preset .toml or a Hugging Face config.json")
     try:
         data = json.loads(text)
-    except json.JSONDecodeError:
-        data = None
-    if isinstance(data, dict):
+        json_error = None
+    except json.JSONDecodeError as exc:
+        data, json_error = None, exc
+    except RecursionError:
+        raise UserError(f"preset file {path} nests too deeply to be a config.json") from None
+    if data is not None:
+        if not isinstance(data, dict):
+            raise UserError(f"preset file {path} holds a JSON {_json_kind(data)}, not an object", "a Hugging Face config.json is one JSON object {...}")
         via = read_with_transformers(path)
         preset = _from_hf_config(via or data, path)
         if via is not None:
             preset = dataclasses.replace(preset, notes=preset.notes + ("config read through transformers' AutoConfig",))
-    else:
-        try:
-            preset = _from_toml(tomllib.loads(text), path)
-        except tomllib.TOMLDecodeError as exc:
-            raise UserError(f"{path} is neither JSON nor TOML ({exc})", "pass a preset .toml or a Hugging Face config.json") from None
-    return with_tp(preset, tp)
+        return with_tp(preset, tp)
+    try:
+        table = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        if path.suffix.lower() == ".json" or text.lstrip().startswith("{"):
+            raise UserError(f"preset file {path} is not valid JSON ({json_error})", "a Hugging Face config.json is one JSON object") from None
+        raise UserError(f"preset file {path} is not valid TOML ({exc})", "see profiles/models/*.toml for the format") from None
+    except RecursionError:
+        raise UserError(f"preset file {path} nests too deeply to be a preset") from None
+    return with_tp(_from_toml(table, path), tp)
+
+
+def _json_kind(value: Any) -> str:
+    return {list: "list", str: "string", int: "number", float: "number", bool: "boolean"}.get(type(value), type(value).__name__)
 
 
 def resolve(name_or_path: str, tp: int = 1) -> Preset:
-    """A shipped preset name, or a path to a preset .toml or a config.json."""
-    candidate = Path(name_or_path).expanduser()
-    if candidate.suffix.lower() in (".toml", ".json") or candidate.is_file() or (candidate / "config.json").is_file():
-        return load_preset_file(candidate, tp)
-    return load_preset(name_or_path, tp)
+    """A shipped preset name, or a path to a preset .toml, a config.json or a model directory holding one."""
+    text = str(name_or_path).strip()
+    if not text:
+        raise UserError("the preset name is empty", "pass a preset name (see `replayssm presets`) or a preset file")
+    path = Path(text).expanduser()
+    pathlike = "/" in text or text.startswith(("~", ".")) or path.suffix.lower() in (".toml", ".json")
+    # os.path's tests answer False for a name too long for the file system instead of raising.
+    exists = os.path.lexists(path)
+    if pathlike or (exists and (os.path.isfile(path) or _shipped_key(text) is None)):
+        return load_preset_file(path, tp)
+    return load_preset(text, tp)
 
 
-def _config_file(path: Path) -> Path:
-    """A model directory stands for the config.json it holds; any other path is itself."""
-    if path.is_dir():
-        if not (path / "config.json").is_file():
-            raise UserError(f"preset file {str(path)!r} is a directory without a config.json", "pass a preset .toml, a config.json, or a model directory holding one")
-        return path / "config.json"
-    return path
+def _shipped_key(name: str) -> str | None:
+    key = name.strip().lower()
+    files = _model_files()
+    if key in files:
+        return key
+    return {_load_shipped(n).display.lower(): n for n in files}.get(key)
 
 
 def with_tp(preset: Preset, tp: int) -> Preset:
@@ -236,11 +267,19 @@ def _read_toml(path: Path) -> dict[str, Any]:
         raise UserError(f"{path} is not valid TOML ({exc})") from None
 
 
+TOP_KEYS = ("name", "display", "hf_id", "kind", "layer_pattern", "ssm_layers", "attn_layers", "state_dtype",
+            "ssm", "e2e", "sources", "estimated", "notes")
+SSM_FLAGS = ("dt_softplus", "has_D", "has_z", "a_log_range")
+
+
 def _from_toml(data: dict[str, Any], path: Path) -> Preset:
     where = str(path)
+    unknown = sorted(set(data) - set(TOP_KEYS))
+    if unknown:
+        raise UserError(f"{where}: unknown key{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}; known: {', '.join(TOP_KEYS)}")
     ssm = data.get("ssm")
     if not isinstance(ssm, dict):
-        raise UserError(f"{where}: missing the [ssm] table")
+        raise UserError(f"{where}: missing the [ssm] table" if ssm is None else f"{where}: ssm must be a table [ssm], got {_toml_kind(ssm)}")
     kind = data.get("kind")
     if kind not in KINDS:
         raise UserError(f"{where}: kind must be one of {', '.join(KINDS)}, got {kind!r}")
@@ -248,50 +287,100 @@ def _from_toml(data: dict[str, Any], path: Path) -> Preset:
     missing = [f"ssm.{k}" for k in keys if k not in ssm] + [k for k in ("ssm_layers", "attn_layers", "state_dtype") if k not in data]
     if missing:
         raise UserError(f"{where}: missing {', '.join(missing)}")
-    dims = {k: _int(ssm[k], f"ssm.{k}", where) for k in keys}
+    unknown = sorted(set(ssm) - set(keys) - set(SSM_FLAGS))
+    if unknown:
+        raise UserError(f"{where}: unknown [ssm] key{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}; a {kind} preset takes {', '.join((*keys, *SSM_FLAGS))}")
+    dims = {k: _int(ssm[k], f"ssm.{k}", where, 1, MAX_DIM) for k in keys}
     if kind == "mamba2":
         shape: SSMShape = Mamba2Shape(H=dims["heads"], P=dims["head_dim"], N=dims["state_dim"], G=dims["groups"])
     else:
         shape = GDNShape(H=dims["key_heads"], HV=dims["value_heads"], K=dims["key_dim"], V=dims["value_dim"])
     a_range = ssm.get("a_log_range")
     if a_range is not None:
-        if not (isinstance(a_range, list) and len(a_range) == 2 and all(isinstance(v, (int, float)) for v in a_range)):
-            raise UserError(f"{where}: ssm.a_log_range must be a pair of numbers [low, high]")
+        if not (isinstance(a_range, list) and len(a_range) == 2 and all(_is_number(v) for v in a_range)):
+            raise UserError(f"{where}: ssm.a_log_range must be a pair of finite numbers [low, high], got {a_range!r}")
         a_range = (float(a_range[0]), float(a_range[1]))
-    e2e = data.get("e2e")
+    e2e = _table(data, "e2e", where)
     if e2e is not None:
         unknown = sorted(set(e2e) - set(E2E_KEYS))
         if unknown:
             raise UserError(f"{where}: unknown [e2e] keys {', '.join(unknown)}; known: {', '.join(E2E_KEYS)}")
-        e2e = {k: _int(v, f"e2e.{k}", where) for k, v in e2e.items()}
-    estimated = data.get("estimated", {})
+        e2e = {k: _int(v, f"e2e.{k}", where, 1, MAX_E2E) for k, v in e2e.items()}
+    sources = _strings(data, "sources", where)
+    estimated = _strings(data, "estimated", where)
+    notes = _strings(data, "notes", where)
+    layer_pattern = data.get("layer_pattern")
+    if layer_pattern is not None and not isinstance(layer_pattern, str):
+        raise UserError(f"{where}: layer_pattern must be a string of M, *, - and E, got {_toml_kind(layer_pattern)}")
     preset = Preset(
-        name=str(data.get("name") or path.stem).lower(),
-        display=str(data.get("display") or path.stem),
+        name=_text(data, "name", where, path.stem).lower(),
+        display=_text(data, "display", where, path.stem),
         kind=kind,
-        ssm_layers=_int(data["ssm_layers"], "ssm_layers", where),
-        attn_layers=_int(data["attn_layers"], "attn_layers", where),
+        ssm_layers=_int(data["ssm_layers"], "ssm_layers", where, 1, MAX_LAYERS),
+        attn_layers=_int(data["attn_layers"], "attn_layers", where, 0, MAX_LAYERS),
         shape=shape,
-        state_dtype=str(data["state_dtype"]),
-        dt_softplus=bool(ssm.get("dt_softplus", True)),
-        has_D=bool(ssm.get("has_D", kind == "mamba2")),
-        has_z=bool(ssm.get("has_z", False)),
+        state_dtype=canonical(_text(data, "state_dtype", where, "")) or str(data["state_dtype"]),
+        dt_softplus=_flag(ssm, "dt_softplus", True, where),
+        has_D=_flag(ssm, "has_D", kind == "mamba2", where),
+        has_z=_flag(ssm, "has_z", False, where),
         a_log_range=a_range,
         e2e=e2e,
-        sources={str(k): str(v) for k, v in data.get("sources", {}).items()},
+        sources=sources,
         estimated=tuple(estimated),
-        estimated_reasons={str(k): str(v) for k, v in estimated.items()},
-        notes=tuple(str(n) for n in data.get("notes", {}).values()) if isinstance(data.get("notes"), dict) else (),
-        hf_id=data.get("hf_id"),
+        estimated_reasons=estimated,
+        notes=tuple(notes.values()),
+        hf_id=_text(data, "hf_id", where, None),
         origin=where,
     )
-    validate(preset, require_sources=True, layer_pattern=data.get("layer_pattern"))
+    validate(preset, require_sources=True, layer_pattern=layer_pattern)
     return preset
 
 
-def _int(value: Any, what: str, where: str) -> int:
+def _toml_kind(value: Any) -> str:
+    return {dict: "a table", list: "an array", str: "a string", bool: "a boolean", int: "an integer", float: "a number"}.get(type(value), type(value).__name__)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _table(data: dict[str, Any], key: str, where: str) -> dict[str, Any] | None:
+    value = data.get(key)
+    if value is not None and not isinstance(value, dict):
+        raise UserError(f"{where}: {key} must be a table [{key}], got {_toml_kind(value)} {value!r:.60}")
+    return value
+
+
+def _strings(data: dict[str, Any], key: str, where: str) -> dict[str, str]:
+    table = _table(data, key, where) or {}
+    bad = [k for k, v in table.items() if not isinstance(v, str)]
+    if bad:
+        raise UserError(f"{where}: {key}.{bad[0]} must be a string, got {_toml_kind(table[bad[0]])}")
+    return {str(k): v for k, v in table.items()}
+
+
+def _text(data: dict[str, Any], key: str, where: str, default: Any) -> Any:
+    value = data.get(key)
+    if value is None:
+        return default
+    if not isinstance(value, str) or not value.strip():
+        raise UserError(f"{where}: {key} must be a non-empty string, got {_toml_kind(value)} {value!r:.60}")
+    return value
+
+
+def _flag(table: dict[str, Any], key: str, default: bool, where: str) -> bool:
+    value = table.get(key, default)
+    if not isinstance(value, bool):
+        raise UserError(f"{where}: ssm.{key} must be true or false, got {value!r:.60}")
+    return value
+
+
+def _int(value: Any, what: str, where: str, lo: int = 1, hi: int = MAX_DIM) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise UserError(f"{where}: {what} must be an integer, got {value!r}")
+        got = "'auto', which is resolved by the engine at load time, not here" if value == "auto" else f"{value!r:.60}"
+        raise UserError(f"{where}: {what} must be an integer, got {got}")
+    if not lo <= value <= hi:
+        raise UserError(f"{where}: {what}={value} is out of range; it takes {lo} to {hi:,}")
     return value
 
 
@@ -301,10 +390,15 @@ def validate(preset: Preset, require_sources: bool = False, layer_pattern: str |
     problems: list[str] = []
     dims = shape_dict(preset.full_shape or preset.shape)
     problems += [f"{k}={v} must be positive" for k, v in dims.items() if v <= 0]
+    problems += [f"{k}={v:,} is beyond any model ({MAX_DIM:,} at most)" for k, v in dims.items() if v > MAX_DIM]
     if preset.ssm_layers <= 0:
         problems.append(f"ssm_layers={preset.ssm_layers} must be positive")
     if preset.attn_layers < 0:
         problems.append(f"attn_layers={preset.attn_layers} must not be negative")
+    problems += [f"{k}={v:,} is beyond any model ({MAX_LAYERS:,} at most)" for k, v in (("ssm_layers", preset.ssm_layers), ("attn_layers", preset.attn_layers)) if v > MAX_LAYERS]
+    if not problems and (preset.full_shape or preset.shape).state_elems > MAX_STATE_ELEMS:
+        elems = (preset.full_shape or preset.shape).state_elems
+        problems.append(f"one sequence's state in one layer would be {elems:,} elements ({elems * 4 / 2**30:,.0f} GiB at fp32); the kernels take at most {MAX_STATE_ELEMS:,}")
     if preset.state_dtype not in STATE_DTYPES:
         problems.append(f"state_dtype {preset.state_dtype!r} must be one of {', '.join(STATE_DTYPES)}")
     if not problems:
@@ -314,10 +408,11 @@ def validate(preset: Preset, require_sources: bool = False, layer_pattern: str |
             problems.append(f"value heads HV={dims['HV']} are not a multiple of key heads H={dims['H']}")
     if preset.a_log_range is not None:
         lo, hi = preset.a_log_range
-        if not 0 <= lo < hi:
+        if not (math.isfinite(lo) and math.isfinite(hi) and 0 <= lo < hi):
             problems.append(f"a_log_range [{lo}, {hi}] must satisfy 0 <= low < high")
     if preset.e2e:
         problems += [f"e2e.{k}={v} must be positive" for k, v in preset.e2e.items() if v <= 0]
+        problems += [f"e2e.{k}={v:,} is beyond any model ({MAX_E2E:,} at most)" for k, v in preset.e2e.items() if v > MAX_E2E]
     if layer_pattern is not None:
         counts = pattern_counts(layer_pattern)
         if (counts["ssm"], counts["attn"]) != (preset.ssm_layers, preset.attn_layers):
@@ -350,11 +445,33 @@ def _first(cfg: dict[str, Any], *keys: str) -> Any:
     return None
 
 
-def _need(cfg: dict[str, Any], where: str, *keys: str) -> int:
-    value = _first(cfg, *keys)
-    if value is None:
+def _need(cfg: dict[str, Any], where: str, *keys: str, lo: int = 1, hi: int = MAX_DIM) -> int:
+    """The first of `keys` the config sets, an integer in [lo, hi]."""
+    key = next((k for k in keys if cfg.get(k) is not None), None)
+    if key is None:
         raise UserError(f"{where}: config.json has none of {', '.join(keys)}")
-    return _int(value, keys[0], where)
+    return _int(cfg[key], key, where, lo, hi)
+
+
+def _opt(cfg: dict[str, Any], where: str, key: str, default: int, lo: int = 1, hi: int = MAX_DIM) -> int:
+    """cfg[key], an integer in [lo, hi], or `default` where the config leaves it out (or null)."""
+    return default if cfg.get(key) is None else _int(cfg[key], key, where, lo, hi)
+
+
+def _names(cfg: dict[str, Any], key: str, where: str) -> list[str] | None:
+    """A list of layer-type strings, or None where the config has none."""
+    value = cfg.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise UserError(f"{where}: {key} must be a list of strings, got {value!r:.60}")
+    return value
+
+
+def _heads(total: int, head_dim: int, where: str, what: str) -> int:
+    if total % head_dim:
+        raise UserError(f"{where}: {what} = {total} is not a multiple of the head dimension {head_dim}", "set num_heads in config.json")
+    return total // head_dim
 
 
 HF_MODEL_TYPES = ("mamba2", "nemotron_h", "qwen3_next", "qwen3_5", "qwen3_5_moe", "falcon_h1", "granitemoehybrid")
@@ -373,18 +490,28 @@ def _from_hf_config(raw: dict[str, Any], path: Path) -> Preset:
     notes: list[str] = []
 
     if base_type == "mamba2":
-        hidden = _need(cfg, where, "hidden_size")
+        hidden = _need(cfg, where, "hidden_size", hi=MAX_E2E)
         head_dim = _need(cfg, where, "head_dim")
-        heads = _first(cfg, "num_heads") or int(cfg.get("expand", 2)) * hidden // head_dim
-        shape: SSMShape = Mamba2Shape(H=int(heads), P=head_dim, N=_need(cfg, where, "state_size"), G=int(cfg.get("n_groups", 1)))
-        ssm_layers, attn_layers = _need(cfg, where, "num_hidden_layers"), 0
+        expand = _opt(cfg, where, "expand", 2, hi=64)
+        if cfg.get("num_heads") is not None:
+            heads = _need(cfg, where, "num_heads")
+        else:
+            heads = _heads(expand * hidden, head_dim, where, "expand x hidden_size")
+        shape: SSMShape = Mamba2Shape(H=heads, P=head_dim, N=_need(cfg, where, "state_size"), G=_opt(cfg, where, "n_groups", 1))
+        ssm_layers, attn_layers = _need(cfg, where, "num_hidden_layers", hi=MAX_LAYERS), 0
     elif base_type == "mamba_ssm":
         ssm_cfg = cfg.get("ssm_cfg") or {}
-        hidden, head_dim = _need(cfg, where, "d_model"), int(ssm_cfg.get("headdim", 64))
-        heads = int(ssm_cfg.get("expand", 2)) * hidden // head_dim
-        shape = Mamba2Shape(H=heads, P=head_dim, N=int(ssm_cfg.get("d_state", 128)), G=int(ssm_cfg.get("ngroups", 1)))
-        attn_layers = len(cfg.get("attn_layer_idx") or [])
-        ssm_layers = _need(cfg, where, "n_layer") - attn_layers
+        if not isinstance(ssm_cfg, dict):
+            raise UserError(f"{where}: ssm_cfg must be an object, got {ssm_cfg!r:.60}")
+        hidden, head_dim = _need(cfg, where, "d_model", hi=MAX_E2E), _opt(ssm_cfg, where, "headdim", 64)
+        heads = _heads(_opt(ssm_cfg, where, "expand", 2, hi=64) * hidden, head_dim, where, "expand x d_model")
+        shape = Mamba2Shape(H=heads, P=head_dim, N=_opt(ssm_cfg, where, "d_state", 128), G=_opt(ssm_cfg, where, "ngroups", 1))
+        n_layers = _need(cfg, where, "n_layer", hi=MAX_LAYERS)
+        attn_idx = cfg.get("attn_layer_idx") or []
+        if not isinstance(attn_idx, list) or not all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < n_layers for i in attn_idx):
+            raise UserError(f"{where}: attn_layer_idx must be a list of layer indices below n_layer={n_layers}, got {attn_idx!r:.60}")
+        attn_layers = len(set(attn_idx))
+        ssm_layers = n_layers - attn_layers
         cfg = {**cfg, "hidden_size": hidden}
         notes.append("mamba_ssm config: expand, headdim, d_state and ngroups default to Mamba2's 2, 64, 128 and 1 where ssm_cfg omits them")
     elif base_type == "nemotron_h":
@@ -394,10 +521,14 @@ def _from_hf_config(raw: dict[str, Any], path: Path) -> Preset:
             N=_need(cfg, where, "ssm_state_size"),
             G=_need(cfg, where, "n_groups", "mamba_n_groups"),
         )
-        if cfg.get("hybrid_override_pattern"):
-            counts = pattern_counts(str(cfg["hybrid_override_pattern"]))
-        elif isinstance(cfg.get("layers_block_type"), list):
-            types = [str(t) for t in cfg["layers_block_type"]]
+        pattern = cfg.get("hybrid_override_pattern")
+        if pattern is not None and not isinstance(pattern, str):
+            raise UserError(f"{where}: hybrid_override_pattern must be a string of M, *, - and E, got {pattern!r:.60}")
+        block_types = _names(cfg, "layers_block_type", where)
+        if pattern:
+            counts = pattern_counts(pattern)
+        elif block_types is not None:
+            types = block_types
             counts = {"ssm": types.count("mamba"), "attn": types.count("attention"), "mlp": types.count("mlp"), "moe": types.count("moe")}
         else:
             raise UserError(f"{where}: nemotron_h config.json has neither hybrid_override_pattern nor layers_block_type")
@@ -410,29 +541,32 @@ def _from_hf_config(raw: dict[str, Any], path: Path) -> Preset:
             K=_need(cfg, where, "linear_key_head_dim"),
             V=_need(cfg, where, "linear_value_head_dim"),
         )
-        n_layers = _need(cfg, where, "num_hidden_layers")
-        if isinstance(cfg.get("layer_types"), list):
-            types = [str(t) for t in cfg["layer_types"]]
+        n_layers = _need(cfg, where, "num_hidden_layers", hi=MAX_LAYERS)
+        types = _names(cfg, "layer_types", where)
+        if types is not None:
             ssm_layers, attn_layers = types.count("linear_attention"), types.count("full_attention")
         else:
-            interval = int(cfg.get("full_attention_interval", 4))
+            interval = _opt(cfg, where, "full_attention_interval", 4, hi=MAX_LAYERS)
             attn_layers = n_layers // interval
             ssm_layers = n_layers - attn_layers
         if cfg.get("num_experts"):
-            cfg = {**cfg, "moe_layers": n_layers - len(cfg.get("mlp_only_layers") or [])}
+            mlp_only = cfg.get("mlp_only_layers") or []
+            if not isinstance(mlp_only, list):
+                raise UserError(f"{where}: mlp_only_layers must be a list of layer indices, got {mlp_only!r:.60}")
+            cfg = {**cfg, "moe_layers": n_layers - len(mlp_only)}
     elif base_type in ("falcon_h1", "granitemoehybrid"):
         shape = Mamba2Shape(
             H=_need(cfg, where, "mamba_n_heads"),
             P=_need(cfg, where, "mamba_d_head"),
             N=_need(cfg, where, "mamba_d_state"),
-            G=int(cfg.get("mamba_n_groups", 1)),
+            G=_opt(cfg, where, "mamba_n_groups", 1),
         )
-        n_layers = _need(cfg, where, "num_hidden_layers")
+        n_layers = _need(cfg, where, "num_hidden_layers", hi=MAX_LAYERS)
         if base_type == "falcon_h1":
             # Falcon-H1 runs attention and SSM side by side in every layer.
             ssm_layers, attn_layers = n_layers, n_layers
         else:
-            types = [str(t) for t in cfg.get("layer_types") or []]
+            types = _names(cfg, "layer_types", where) or []
             if not types:
                 raise UserError(f"{where}: granitemoehybrid config.json has no layer_types")
             ssm_layers, attn_layers = types.count("mamba"), types.count("attention")
@@ -441,7 +575,7 @@ def _from_hf_config(raw: dict[str, Any], path: Path) -> Preset:
         raise UserError(f"{where}: {got}; supported config.json model types: {', '.join(HF_MODEL_TYPES)}", "or write a preset .toml (see profiles/models/)")
 
     cfg = {**cfg, **_derived_e2e(cfg, base_type, attn_layers)}
-    state_dtype, why = _hf_state_dtype(raw, cfg, base_type)
+    state_dtype, why = _hf_state_dtype(raw, cfg, where, base_type)
     if why:
         estimated["state_dtype"] = why
     e2e_map = {
@@ -461,9 +595,9 @@ def _from_hf_config(raw: dict[str, Any], path: Path) -> Preset:
     }
     e2e = {}
     for key, names in e2e_map.items():
-        value = _first(cfg, *names)
-        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-            e2e[key] = value
+        found = next((n for n in names if cfg.get(n) is not None), None)
+        if found is not None and cfg[found] != 0:
+            e2e[key] = _int(cfg[found], found, where, 1, MAX_E2E)
     for group in ("ssm", "layers", "state_dtype", "e2e"):
         sources[group] = where
     sources["a_log_range"] = "not in config.json; see [estimated]"
@@ -495,18 +629,28 @@ def _from_hf_config(raw: dict[str, Any], path: Path) -> Preset:
     return preset
 
 
-def _hf_state_dtype(raw: dict[str, Any], cfg: dict[str, Any], base_type: str = "") -> tuple[str, str | None]:
+def _hf_state_dtype(raw: dict[str, Any], cfg: dict[str, Any], where: str = "config.json", base_type: str = "") -> tuple[str, str | None]:
     """The SSM state dtype a config asks for, else its family's shipped choice, else the model dtype (vLLM's 'auto');
-    the second item says why when inferred."""
-    explicit = _first(cfg, "mamba_ssm_cache_dtype", "mamba_ssm_dtype")
-    if explicit is not None and str(explicit) in _HF_DTYPES:
-        return _HF_DTYPES[str(explicit)], None
+    the second item says why when inferred. A dtype named that no kernel stores (float64, int8, ...) is an error,
+    not replaced by another."""
+    explicit_key = next((k for k in ("mamba_ssm_cache_dtype", "mamba_ssm_dtype") if cfg.get(k) is not None), None)
+    if explicit_key is not None and str(cfg[explicit_key]).lower() != "auto":
+        return _state_dtype_of(cfg[explicit_key], explicit_key, where), None
     if base_type in FAMILY_STATE_DTYPES:
         return FAMILY_STATE_DTYPES[base_type]
-    model_dtype = _first(cfg, "dtype", "torch_dtype") or _first(raw, "dtype", "torch_dtype")
-    if model_dtype is not None and str(model_dtype) in _HF_DTYPES:
-        return _HF_DTYPES[str(model_dtype)], "config.json sets no SSM state dtype; the model dtype is used, as vLLM's 'auto' does"
-    return "bf16", "config.json sets neither an SSM state dtype nor a model dtype; bf16 assumed"
+    model_key = next((k for k in ("dtype", "torch_dtype") if cfg.get(k) is not None), None)
+    model_dtype = cfg[model_key] if model_key else _first(raw, "dtype", "torch_dtype")
+    if model_dtype is not None and str(model_dtype).lower() != "auto":
+        name = _state_dtype_of(model_dtype, model_key or "torch_dtype", where)
+        return name, "config.json sets no SSM state dtype; the model dtype is used, as vLLM's 'auto' does"
+    return "bf16", "config.json sets neither an SSM state dtype nor a model dtype (or says 'auto'); bf16 assumed, as the engines load such checkpoints"
+
+
+def _state_dtype_of(value: Any, key: str, where: str) -> str:
+    name = canonical(value) if isinstance(value, str) else None
+    if name not in STATE_DTYPES:
+        raise UserError(f"{where}: {key} {value!r:.60} is not a state dtype the kernels store", f"they store {', '.join(STATE_DTYPES)} (float32, bfloat16, float16)")
+    return name
 
 
 # Wrappers under which Hugging Face configs keep the language model's figures (multimodal and speech models).
@@ -544,8 +688,9 @@ def _resolve_auto(cfg: dict[str, Any], base_type: str, where: str) -> dict[str, 
     out = dict(cfg)
     if base_type == "falcon_h1":
         d_ssm = out.get("mamba_d_ssm")
-        if d_ssm is None and isinstance(out.get("hidden_size"), int):
-            d_ssm = int(out.get("mamba_expand", 2) * out["hidden_size"])
+        expand = out.get("mamba_expand", 2)
+        if d_ssm is None and isinstance(out.get("hidden_size"), int) and _is_number(expand) and expand > 0:
+            d_ssm = int(expand * out["hidden_size"])
             out["mamba_d_ssm"] = d_ssm
         if out.get("mamba_d_head") == "auto":
             heads = out.get("mamba_n_heads")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Union
 
 from replayssm_cli.dtypes import itemsize
@@ -17,6 +17,9 @@ class Mamba2Shape:
     N: int
     G: int
     op: str = "mamba2"
+
+    def __post_init__(self) -> None:
+        _check_dims(self)
 
     @property
     def state_elems(self) -> int:
@@ -36,6 +39,9 @@ class GDNShape:
     V: int
     op: str = "gdn"
 
+    def __post_init__(self) -> None:
+        _check_dims(self)
+
     @property
     def state_elems(self) -> int:
         return self.HV * self.V * self.K
@@ -45,6 +51,14 @@ class GDNShape:
 
 
 SSMShape = Union[Mamba2Shape, GDNShape]
+
+
+def _check_dims(shape: Mamba2Shape | GDNShape) -> None:
+    """Every dimension a positive integer, so that no size, stride or ratio computed from a shape divides by zero."""
+    for f in fields(shape):
+        value = getattr(shape, f.name)
+        if f.name != "op" and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise ValueError(f"{type(shape).__name__}.{f.name} must be a positive integer, got {value!r}")
 
 
 def state_bytes(shape: SSMShape, dtype: str) -> int:

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from replayssm_cli.errors import UserError
+from replayssm_cli.errors import UserError, readable_path
 from replayssm_cli.shapes import GDNShape, Mamba2Shape, SSMShape
 
 FORMAT = "replayssm-trace"
@@ -95,6 +96,8 @@ def validate(trace: Trace) -> None:
         if arr.ndim != len(letters_):
             raise ValueError(f"trace array {name} has {arr.ndim} dimensions; expected {len(letters_)} ({letters})")
         for letter, size in zip(letters_, arr.shape):
+            if size < 1:
+                raise ValueError(f"trace array {name} has {letter}=0; every dimension needs at least one entry")
             if dims.setdefault(letter, size) != size:
                 raise ValueError(f"trace array {name} has {letter}={size} but another array has {letter}={dims[letter]}")
         if not np.issubdtype(arr.dtype, np.floating):
@@ -132,42 +135,73 @@ def write(path: str | Path, trace: Trace) -> Path:
 
 
 def read(path: str | Path) -> Trace:
-    """Load and validate a trace file; anything wrong with it is a UserError naming the file."""
+    """Load and validate a trace file; anything wrong with it is a UserError naming the file. Never unpickles."""
+    import zipfile
+
     import numpy as np
 
-    p = Path(path)
-    if not p.is_file():
-        raise UserError(f"trace file {p} does not exist", "record one with benchmarks/record_trace.py")
+    p = readable_path(Path(path).expanduser(), "trace file")
+    hint = "record one with benchmarks/record_trace.py"
+    if not zipfile.is_zipfile(p):
+        with open(p, "rb") as fh:
+            head = fh.read(6)
+        what = "a single .npy array" if head == b"\x93NUMPY" else "a pickle" if head[:1] == b"\x80" else "not a .npz archive"
+        raise UserError(f"trace file {p} is {what}; a trace is a .npz archive of arrays plus a meta entry", hint)
     try:
         with np.load(p, allow_pickle=False) as data:
-            files = dict(data.items())
-    except (OSError, ValueError) as exc:
-        raise UserError(f"trace file {p} is not a readable .npz file ({exc})", "record one with benchmarks/record_trace.py") from None
+            files = {name: data[name] for name in data.files}
+    except ValueError as exc:
+        why = "holds pickled (object) arrays, which replayssm never loads" if "pickle" in str(exc) else f"has an unreadable array ({exc})"
+        raise UserError(f"trace file {p} {why}", hint) from None
+    except (OSError, EOFError, zipfile.BadZipFile, KeyError) as exc:
+        raise UserError(f"trace file {p} is a damaged .npz archive ({exc})", hint) from None
     if "meta" not in files:
-        raise UserError(f"trace file {p} has no meta entry", "record one with benchmarks/record_trace.py")
+        raise UserError(f"trace file {p} has no meta entry", hint)
+    meta_array = files.pop("meta")
+    if meta_array.dtype.kind != "U" or meta_array.ndim != 0:
+        raise UserError(f"trace file {p} has a meta entry that is not a JSON string", "record it again")
     try:
-        meta = json.loads(str(files.pop("meta")))
-    except json.JSONDecodeError:
+        meta = json.loads(str(meta_array))
+    except (json.JSONDecodeError, RecursionError):
         raise UserError(f"trace file {p} has a meta entry that is not JSON", "record it again") from None
+    if not isinstance(meta, dict):
+        raise UserError(f"trace file {p} has a meta entry that is not a JSON object", "record it again")
     if meta.get("format") != FORMAT:
-        raise UserError(f"trace file {p} is not a {FORMAT} file", "record one with benchmarks/record_trace.py")
+        raise UserError(f"trace file {p} is not a {FORMAT} file", hint)
     if meta.get("version") != VERSION:
         raise UserError(f"trace file {p} has version {meta.get('version')!r}; this replayssm reads version {VERSION}", "record it again")
+    try:
+        fields = {
+            "op": _meta(meta, "op", str, ""), "prompt_tokens": _meta(meta, "prompt_tokens", int, 0), "model": _meta(meta, "model", str, ""),
+            "layer": _meta(meta, "layer", int, 0), "dt_softplus": _meta(meta, "dt_softplus", bool, True), "scale": _meta(meta, "scale", float, None),
+        }
+        for name, arr in files.items():
+            if not np.issubdtype(arr.dtype, np.floating):
+                raise ValueError(f"array {name} has dtype {arr.dtype}; expected floating point")
+    except ValueError as exc:
+        raise UserError(f"trace file {p} is malformed: {exc}", "record it again") from None
     known = {"format", "version", "op", "model", "layer", "prompt_tokens", "steps", "dt_softplus", "scale"}
     trace = Trace(
-        op=str(meta.get("op")),
         arrays={k: v.astype(np.float32, copy=False) for k, v in files.items()},
-        prompt_tokens=int(meta.get("prompt_tokens", 0)),
-        model=str(meta.get("model", "")),
-        layer=int(meta.get("layer", 0)),
-        dt_softplus=bool(meta.get("dt_softplus", True)),
-        scale=meta.get("scale"),
         extra={k: v for k, v in meta.items() if k not in known},
+        **fields,
     )
     try:
         validate(trace)
     except ValueError as exc:
         raise UserError(f"trace file {p} is malformed: {exc}", "record it again") from None
     if meta.get("steps") not in (None, trace.steps):
-        raise UserError(f"trace file {p} says {meta['steps']} steps but holds {trace.steps}", "record it again")
+        raise UserError(f"trace file {p} says {meta['steps']!r} steps but holds {trace.steps}", "record it again")
     return trace
+
+
+def _meta(meta: dict[str, Any], key: str, kind: type, default: Any) -> Any:
+    """meta[key] of the JSON type `kind` (an int is a float too; a bool is neither), or `default` when absent."""
+    value = meta.get(key, default)
+    if value is None:
+        return value
+    ok = isinstance(value, bool) if kind is bool else (
+        isinstance(value, kind) and not isinstance(value, bool) or (kind is float and isinstance(value, int) and not isinstance(value, bool)))
+    if not ok or (kind is int and value < 0) or (kind is float and not math.isfinite(value)):
+        raise ValueError(f"meta {key} is {value!r:.60}; expected {'a non-negative integer' if kind is int else 'a finite number' if kind is float else kind.__name__}")
+    return float(value) if kind is float else value

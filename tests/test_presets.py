@@ -212,14 +212,14 @@ def _write_toml(tmp_path, text: str) -> Path:
     "edit,message",
     [
         (lambda t: t.replace("groups = 8", "groups = 3"), "not a multiple of groups"),
-        (lambda t: t.replace("heads = 128", "heads = 0"), "must be positive"),
+        (lambda t: t.replace("heads = 128", "heads = 0"), "ssm.heads=0 is out of range; it takes 1 to"),
         (lambda t: t.replace("ssm_layers = 24", "ssm_layers = 25"), "layer_pattern has 24 Mamba"),
         (lambda t: t.replace('state_dtype = "fp32"', 'state_dtype = "fp64"'), "state_dtype"),
         (lambda t: t.replace("state_dim = 128\n", ""), "missing ssm.state_dim"),
         (lambda t: t.split("[sources]")[0], "no source for"),
         (lambda t: t.replace('a_log_range = "the initialisation', 'a_log_range = "" #'), "has no reason"),
         (lambda t: t.replace("[e2e]", "[e2e]\nbogus = 3"), r"unknown \[e2e\] keys"),
-        (lambda t: "kind = [", "neither JSON nor TOML"),
+        (lambda t: "kind = [", "is not valid TOML"),
     ],
     ids=["groups", "zero-heads", "pattern", "dtype", "missing-field", "no-sources", "estimate-reason", "e2e-key", "not-toml"],
 )

@@ -185,7 +185,7 @@ def test_trace_read_errors_are_one_line(tmp_path):
         T.read(tmp_path / "missing.npz")
     bad = tmp_path / "bad.npz"
     bad.write_bytes(b"not a zip file")
-    with pytest.raises(UserError, match="not a readable"):
+    with pytest.raises(UserError, match="is not a .npz archive"):
         T.read(bad)
     foreign = tmp_path / "foreign.npz"
     np.savez(foreign, x=np.zeros(3))
