@@ -93,7 +93,12 @@ def accept_weights(text: str | None, option: str = "--accept-dist") -> tuple[flo
     """`--accept-dist`: weights of accepting 0..T drafts, finite, non-negative, not all zero."""
     if text is None:
         return ()
-    weights = [parse_float(p, option, 0.0, 1e300) for p in split_list([text], option)]
+    weights = []
+    for part in split_list([text], option):
+        try:
+            weights.append(parse_float(part, option, 0.0, math.inf, hi_open=True))
+        except UserError:
+            raise UserError(f"{option} weight {part!r} is not a non-negative finite number", "e.g. --draft 2 --accept-dist 0.2,0.3,0.5") from None
     if len(weights) < 2:
         raise UserError(f"{option} {text!r} has {len(weights)} weight", "give T+1 weights, for 0..T drafts accepted, e.g. --draft 2 --accept-dist 0.2,0.3,0.5")
     if sum(weights) <= 0:

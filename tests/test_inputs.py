@@ -67,7 +67,7 @@ def test_a_very_long_preset_path_is_one_line():
 @pytest.mark.parametrize(
     "edit, needle",
     [
-        (lambda t: t + "\ne2e = 5\n", "e2e"),
+        (lambda t: "e2e = 5\n" + re.sub(r"\[e2e\]\n(?:[^\[].*\n|\n)*", "", t), "e2e must be a table [e2e], got an integer 5"),
         (lambda t: t.replace("[sources]", 'sources = "a paper"\n[old_sources]'), "unknown key"),
         (lambda t: 'sources = "a paper"\n' + t.split("[sources]")[0], "sources must be a table [sources], got a string"),
         (lambda t: re.sub(r'layer_pattern = ".*"', "layer_pattern = 5", t), "layer_pattern must be a string"),
