@@ -121,7 +121,9 @@ def test_config_json_fields_are_checked_by_type_and_range(tmp_path, name, edits,
 
 def test_config_json_auto_dtypes_fall_back_to_the_model_dtype_and_say_so(tmp_path):
     p = P.load_preset_file(write(tmp_path, "config.json", config("nemotron_h_super.json", mamba_ssm_cache_dtype="auto", torch_dtype="bfloat16")))
-    assert p.state_dtype == "bf16" and "model dtype is used" in p.estimated_reasons["state_dtype"]
+    assert p.state_dtype == "fp32" and "family's shipped choice" in p.estimated_reasons["state_dtype"]
+    p = P.load_preset_file(write(tmp_path, "config.json", config("qwen3_next_80b.json", mamba_ssm_cache_dtype="auto", torch_dtype="float16")))
+    assert p.state_dtype == "fp16" and "model dtype is used" in p.estimated_reasons["state_dtype"]
     p = P.load_preset_file(write(tmp_path, "config.json", config("mamba2_2.7b.json", torch_dtype="auto")))
     assert p.state_dtype == "bf16" and "bf16 assumed" in p.estimated_reasons["state_dtype"]
 
