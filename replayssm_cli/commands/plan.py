@@ -62,10 +62,7 @@ def plan(
 ) -> None:
     """Project ReplaySSM's measured gain onto recorded serving traffic: per concurrency cohort the configuration to run, its kernel and end-to-end gain, flush frequency, memory and quality margin; the traffic-weighted gain in ITL and tokens/s; and where to switch.
 
-    Kernel times come from --results or the shipped H200 reference, through the tuner's decision at each cohort's
-    token-weighted concurrency, interpolated linearly in batch between measured batches (each figure says which).
-    End-to-end: the traffic's own ITL at each concurrency less the SSM time saved per step (the engine's
-    conventional SSM kernel taken as ours), or the shipped whole-model step where the traffic has no ITLs.
+    Kernel times come from --results or the shipped H200 reference, through the tuner's decision at each cohort's token-weighted concurrency, interpolated linearly in batch between measured batches (each figure says which). End-to-end: the traffic's own ITL at each concurrency less the SSM time saved per step (the engine's conventional SSM kernel taken as ours), or the shipped whole-model step where the traffic has no ITLs. --gate exits 1 when a threshold set in advance fails, and refuses times from another GPU, driver or software than the traffic's target.
 
     Examples:
 
