@@ -5,7 +5,7 @@
 # Qwen3.5-122B). Each `replayssm e2e` run is stopped with Ctrl-C after RUN_LIMIT seconds (its finished rows stay in its
 # file). Writes under $OUT (default runs/e2e-fp8): gpu.json; gpu-tests.txt (small: the fp8 and FlashInfer GPU tests);
 # per preset and weight dtype <preset>-<dtype>.json (results), .log (stderr); summary.txt (every row, one line each).
-# Usage: OUT=dir benchmarks/e2e_fp8.sh small|large [BATCHES]
+# Usage: OUT=dir [WEIGHT_DTYPES="bf16 fp8"] [RUN_LIMIT=140] benchmarks/e2e_fp8.sh small|large [BATCHES]
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=$(mkdir -p "${OUT:-runs/e2e-fp8}" && cd "${OUT:-runs/e2e-fp8}" && pwd)
@@ -23,7 +23,7 @@ if [ "$WHICH" = small ]; then
     echo "gpu tests: exit $?" >> "$OUT/gpu-tests.txt"
     tail -3 "$OUT/gpu-tests.txt" >&2
 fi
-for dtype in bf16 fp8; do
+for dtype in ${WEIGHT_DTYPES:-bf16 fp8}; do
     for preset in $PRESETS; do
         timeout -s INT "$RUN_LIMIT" replayssm e2e --preset "$preset" --batch "$BATCHES" --context 4096 \
             --variant conventional,replay --window 16 --weight-dtype "$dtype" --out "$OUT/$preset-$dtype.json" \

@@ -1343,6 +1343,13 @@ WEIGHT_PATHS = {
 }
 
 
+def weight_path(inv: Inventory) -> str:
+    """The products a step of `inv` runs its weights through, in a few words."""
+    if inv.weight_dtype == "fp8":
+        return "torch._scaled_mm" + (", torch._scaled_grouped_mm" if "moe" in inv.blocks else "")
+    return "torch.mm" + (", torch.bmm" if "moe" in inv.blocks else "")
+
+
 def weights_note(weight_dtype: str) -> str:
     """What the weights are, for the table's caption and the results file."""
     return "weights are random " + WEIGHT_PATHS[weight_dtype] + (
@@ -1416,7 +1423,8 @@ def build_row(
         "x_context": context, "x_prefill": "not timed", "x_family": inv.family.name,
         "x_blocks": ", ".join(f"{inv.count(k)} {k}" for k in ("ssm", "attn", "mlp", "moe") if inv.count(k)),
         "x_weights_gib": plan.total / GIB, "x_weight_sets": plan.sets, "x_ffn_blocks": plan.ffn_blocks,
-        "x_weights_shared": plan.shared, "x_weight_dtype": inv.weight_dtype, "x_kv_dtype": spec.kv_dtype, **step_info,
+        "x_weights_shared": plan.shared, "x_weight_dtype": inv.weight_dtype, "x_weight_path": weight_path(inv),
+        "x_kv_dtype": spec.kv_dtype, **step_info,
     }
     if meas is None:
         return row

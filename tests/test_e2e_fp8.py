@@ -222,4 +222,25 @@ def test_run_fp8_weights_on_the_gpu(tmp_path, make, kv_dtype):
     assert not result.skipped, result.skipped
     for row in rows:
         assert row["status"] == "ok" and row["x_weight_dtype"] == "fp8" and row["x_kv_dtype"] == kv_dtype
+        assert row["x_weight_path"].startswith("torch._scaled_mm")
         assert row["x_attn_backend"] == attention and row["us"] > 0
+
+
+def test_rows_say_which_weights_and_pair_only_like_with_like():
+    from test_e2e import _measurement
+
+    rows = []
+    for wd, us in (("bf16", 1000.0), ("fp8", 700.0)):
+        inv = e2e.inventory(P.load_preset("nemotron-3-nano-30b-a3b"), weight_dtype=wd)
+        spec = e2e.E2ESpec(presets=(inv.preset.name,), weight_dtype=wd)
+        plan = e2e.plan_weights(inv, None, None)
+        for variant, scale in (("conventional", 1.0), ("replay", 0.9)):
+            parts = {"ssm": [300.0 * scale], "attn": [100.0], "mlp": [500.0], "other": [100.0]}
+            row = e2e.build_row(inv, spec, variant=variant, batch=8, context=4096, state_dtype="fp32", plan=plan,
+                                meas=_measurement([us * scale] * 3, parts, [200.0 * scale]), check_err=0.0, status="ok", step_info={})
+            e2e.attach_speedup(row, rows)
+            rows.append(row)
+    assert [r["x_weight_dtype"] for r in rows] == ["bf16", "bf16", "fp8", "fp8"]
+    assert rows[2]["x_weight_path"] == "torch._scaled_mm, torch._scaled_grouped_mm" and rows[0]["x_weight_path"] == "torch.mm, torch.bmm"
+    assert rows[1]["speedup"] == pytest.approx(1 / 0.9) and rows[3]["speedup"] == pytest.approx(1 / 0.9), "each over its own weights"
+    assert rows[2]["x_weights_gib"] < 0.6 * rows[0]["x_weights_gib"]
