@@ -244,3 +244,9 @@ def test_rows_say_which_weights_and_pair_only_like_with_like():
     assert rows[2]["x_weight_path"] == "torch._scaled_mm, torch._scaled_grouped_mm" and rows[0]["x_weight_path"] == "torch.mm, torch.bmm"
     assert rows[1]["speedup"] == pytest.approx(1 / 0.9) and rows[3]["speedup"] == pytest.approx(1 / 0.9), "each over its own weights"
     assert rows[2]["x_weights_gib"] < 0.6 * rows[0]["x_weights_gib"]
+
+
+def test_fp8_kv_without_flashinfer_is_one_line(fake_gpu):
+    fake_gpu((9, 0))
+    res = invoke("--preset", NANO, "--kv-dtype", "fp8")
+    assert res.exit_code == 2 and "FlashInfer" in res.output and "--kv-dtype bf16" in res.output
