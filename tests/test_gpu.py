@@ -362,3 +362,18 @@ def test_ceiling_kernels_compute_what_they_claim():
         chains = [v * a + c for v in chains]
     torch.testing.assert_close(out.double(), sum(chains), rtol=1e-5, atol=1e-5)
     assert K.fma_flops(out.numel(), iters) == out.numel() * 4 * 2 * iters * K.FMA_UNROLL
+
+
+def test_gpu_says_which_launch_table_a_chip_takes():
+    from replayssm_cli.commands.gpu import launch_table
+
+    assert launch_table("9.0") == {"family": "sm_90", "table": "sm_90 table (tuned on an NVIDIA H200)", "tuned": True,
+                                   "fp8": True, "pdl": True, "shared_kib_per_sm": 228}
+    a100 = launch_table("8.0")
+    assert a100["family"] == "sm_80" and not a100["tuned"] and "carried over untuned" in a100["table"]
+    assert "PDL = 0" in a100["table"] and not a100["fp8"]
+    assert launch_table("7.5")["family"] is None and launch_table(None) is None
+    res = runner.invoke(app, ["gpu", "--gpu", "a100-sxm4-80gb", "--json"])
+    assert res.exit_code == 0 and json.loads(res.stdout)["launch_table"]["family"] == "sm_80"
+    res = runner.invoke(app, ["gpu", "--gpu", "rtx-5090"])
+    assert res.exit_code == 0 and "launch table" in res.stdout and "sm_90 table carried over untuned" in res.stdout

@@ -44,7 +44,8 @@ def gpu(
         spec = G.load_gpu(gpu_key)
         ceilings = G.datasheet_ceilings(spec)
         if json_out:
-            print_json({"gpu": None, "spec": spec.to_dict(), "theoretical_gbs": None, "ceilings": ceilings.to_dict()})
+            print_json({"gpu": None, "spec": spec.to_dict(), "theoretical_gbs": None, "ceilings": ceilings.to_dict(),
+                        "launch_table": launch_table(spec.compute_capability)})
             return
         _spec_table(spec)
         _ceilings_table(ceilings, spec)
@@ -67,6 +68,7 @@ def gpu(
             "spec": spec.to_dict() if spec else None,
             "theoretical_gbs": detected.theoretical_gbs,
             "ceilings": ceilings.to_dict() if ceilings else None,
+            "launch_table": launch_table(detected.compute_capability),
         })
         return
     _detected_table(detected)
@@ -109,6 +111,7 @@ def _detected_table(d: G.DetectedGpu) -> None:
     grid.add_row("power limit", f"{d.power_limit_w:.0f} W" if d.power_limit_w else "-")
     grid.add_row("driver", d.driver or "-")
     grid.add_row("spec", f"{d.spec.key} ({d.spec.name})" if d.spec else "[yellow]no match[/]")
+    grid.add_row("launch table", _table_line(d.compute_capability))
     theoretical = d.theoretical_gbs
     if theoretical is not None:
         how = f"2 x {d.max_mem_clock_mhz} MHz x {d.bus_width_bits} bit / 8"
@@ -125,6 +128,7 @@ def _spec_table(s: G.GpuSpec) -> None:
     grid.add_row("GPU", f"{s.name} (spec {s.key}, not detected)")
     if s.compute_capability:
         grid.add_row("compute capability", s.compute_capability)
+        grid.add_row("launch table", _table_line(s.compute_capability))
     grid.add_row("memory", f"{s.memory_gib:g} GiB {s.memory_type or ''}".rstrip())
     grid.add_row("SMs", str(s.sm_count))
     grid.add_row("L2", f"{s.l2_mib:g} MiB")
@@ -164,6 +168,32 @@ def _ceilings_table(c: G.Ceilings, spec: G.GpuSpec | None) -> None:
     out.print(table)
     if c.source == "datasheet":
         note("datasheet figures; `replayssm gpu --measure` measures this GPU's own")
+
+
+def launch_table(compute_capability: str | None) -> dict[str, Any] | None:
+    """The kernels' launch table for a GPU of this compute capability ("9.0"): its family, whether its rows were
+    tuned there, what the family lacks; None when the capability is unknown."""
+    from replayssm_kernels import families
+
+    if not compute_capability:
+        return None
+    major, _, minor = compute_capability.partition(".")
+    try:
+        family = families.family_of(int(major) * 10 + int(minor or 0))
+    except ValueError as exc:
+        return {"family": None, "table": None, "tuned": False, "error": str(exc)}
+    return {"family": family.name, "table": family.table(), "tuned": family.tuned, "fp8": family.fp8,
+            "pdl": family.pdl, "shared_kib_per_sm": family.shared_kib}
+
+
+def _table_line(compute_capability: str | None) -> str:
+    table = launch_table(compute_capability)
+    if table is None:
+        return "-"
+    if table["family"] is None:
+        return f"[yellow]none[/]: {table['error']}"
+    lacks = [name for name, has in (("fp8 read copies", table["fp8"]), ("PDL", table["pdl"])) if not has]
+    return table["table"] + (f"; no {' or '.join(lacks)} on this chip" if lacks else "")
 
 
 def _mhz(v: int | None) -> str:
