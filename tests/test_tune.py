@@ -679,3 +679,15 @@ def test_profile_ends_with_the_speed_verdict(tmp_path):
     rows = {line.split()[0]: line.split() for line in lines if line[:5].strip().isdigit()}
     assert set(rows) == {"1", "256"} and rows["256"][1:5] == ["yes", "replay", "W16", "fp32"]
     assert "Precision is not checked here" in " ".join(tail.split()) and "pred [1]" in tail
+
+
+def test_tune_says_in_one_line_that_a_results_file_is_incomplete(tmp_path):
+    data = json.loads(MAMBA2_RESULTS.read_text())
+    data["complete"] = False
+    path = tmp_path / "cut.json"
+    path.write_text(json.dumps(data))
+    res = invoke("--preset", SUPER, "--results", str(path), "--batch", "256", "--window", "16", "--state-dtype", "fp32",
+                 "--read-dtype", "none", *QUICK)
+    assert res.exit_code == 0, res.output
+    warned = [line for line in res.stderr.splitlines() if line.startswith("warning:")]
+    assert len(warned) == 1 and "is incomplete" in warned[0] and "predicted" in warned[0]

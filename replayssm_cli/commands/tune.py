@@ -334,6 +334,11 @@ def _timing_source(p, preset_arg: str, cands, batches, results: Path | None, gpu
             have = sorted({str(r.get("preset")) for r in res.rows})
             raise UserError(f"results file {results} has no rows for preset {p.name}", f"it has: {', '.join(have) or 'no rows'}")
         _check_file_gpu(res, results, gpu)
+        if not res.complete:
+            from replayssm_cli.console import err
+
+            err.print(f"[yellow]warning:[/] {results} is incomplete (its run was cut short): its {len(rows)} rows for "
+                      f"{p.name} are used, the configurations it lacks are predicted", highlight=False, soft_wrap=True)
         found = _from_results(p, cands, res, rows, "results", f"times from {results}", str(results), gpu, io, measured_only,
                               cuda)
         found["e2e_rows"] = _annotated(res, [r for r in res.rows if r.get("kind") == "e2e"])
