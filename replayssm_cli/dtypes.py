@@ -82,11 +82,12 @@ ALIASES = {
     "bf16": "bf16", "bfloat16": "bf16", "torch.bfloat16": "bf16",
     "fp16": "fp16", "float16": "fp16", "half": "fp16", "torch.float16": "fp16",
     "fp8": "fp8", "fp8_e4m3": "fp8", "float8_e4m3fn": "fp8", "e4m3": "fp8", "torch.float8_e4m3fn": "fp8",
+    "nvfp4": "nvfp4",
 }
 # Names the engines know that no kernel here takes, with why.
 WHY_NOT = {
-    "fp8_e5m2": "the fp8 read copy is e4m3 with per-row scales; e5m2 is not implemented",
-    "float8_e5m2": "the fp8 read copy is e4m3 with per-row scales; e5m2 is not implemented",
+    "fp8_e5m2": "fp8 here is e4m3; e5m2 is not implemented",
+    "float8_e5m2": "fp8 here is e4m3; e5m2 is not implemented",
     "fp64": "no kernel stores fp64 state", "float64": "no kernel stores fp64 state", "double": "no kernel stores fp64 state",
 }
 

@@ -352,11 +352,19 @@ def io_dtype(help: str = "Dtype of inputs and outputs:", show_default: Any = Tru
                         callback=_dtype_cb(allowed, dtypes.IODtype, auto=None), autocompletion=_complete_from(allowed))
 
 
-def words(name: str, help: str, choices: Iterable[str] | None = None, show_default: Any = False) -> Any:
+def dtype(name: str, enum: type, help: str, show_default: Any = True) -> Any:
+    """One dtype among an Enum's members, spelled ours or the engines' way (bfloat16, fp8_e4m3, ...)."""
+    allowed = tuple(m.value for m in enum)
+    return typer.Option(name, help=_dtype_help(help, allowed, None, False), show_default=show_default, metavar="DTYPE",
+                        callback=_dtype_cb(allowed, enum, auto=None), autocompletion=_complete_from(allowed))
+
+
+def words(name: str, help: str, choices: Iterable[str] | None = None, show_default: Any = False,
+          complete: Callable[[str], list[str]] | None = None) -> Any:
     """A comma-separated or repeated list of words (variants, baselines), no empty item, from `choices` if given."""
     allowed = tuple(choices) if choices is not None else None
     return typer.Option(name, help=help, show_default=show_default, callback=_words_cb(allowed),
-                        autocompletion=_complete_from(allowed) if allowed else None)
+                        autocompletion=complete or (_complete_from(allowed) if allowed else None))
 
 
 def count(name: str, help: str, lo: int, hi: int, show_default: Any = True, **kw: Any) -> Any:
@@ -444,16 +452,3 @@ class OneValueCommand(TyperCommand):
         for a, b, message in EXCLUDES:
             if a in given and b in given and ctx.params.get(a) not in (None, False, []) and ctx.params.get(b) not in (None, False, []):
                 raise _UsageError(message, ctx)
-
-
-def command_kwargs() -> dict[str, Any]:
-    """Keyword arguments for `app.command(...)`: every command parses through OneValueCommand."""
-    return {"cls": OneValueCommand}
-
-
-__all__ = [
-    "OneValueCommand", "accept_dist", "accept_rate", "accept_weights", "batch", "complete_preset", "context", "count",
-    "draft", "dtype_name", "float_list", "gpu", "input_file", "int_list", "io_dtype", "number", "one_preset", "out",
-    "parse_float", "parse_int", "preset", "preset_file", "preset_names_given", "read_dtype", "split_list", "state_dtype",
-    "tp", "window", "words",
-]

@@ -46,7 +46,7 @@ def complete(line: str) -> list[str]:
     return res.stdout.split()
 
 
-@pytest.mark.parametrize("command", ["profile", "tune", "cost", "e2e", "plan", "presets"])
+@pytest.mark.parametrize("command", ["profile", "tune", "cost", "e2e", "plan", "presets", "show x.json"])
 def test_completion_completes_preset_names(command):
     words = complete(f"replayssm {command} --preset nemotron-3-s")
     assert words == [SUPER]
@@ -78,6 +78,14 @@ def test_state_dtype_takes_the_engines_names(engine, ours):
 
 def test_state_dtype_auto_is_the_presets_own():
     assert cost_json("-p", QWEN, "--batch", "8", "--state-dtype", "auto") == cost_json("-p", QWEN, "--batch", "8")
+
+
+@pytest.mark.parametrize("option, engine, ours", [("--weight-dtype", "fp8_e4m3", "fp8"), ("--weight-dtype", "bfloat16", "bf16"),
+                                                  ("--kv-dtype", "float8_e4m3fn", "fp8")])
+def test_e2e_weight_and_kv_dtypes_take_the_engines_names(option, engine, ours):
+    res = invoke("e2e", "--dry-run", "-p", QWEN, option, engine, "--json")
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["spec"][option[2:].replace("-", "_")] == ours
 
 
 def test_read_dtype_fp8_e4m3_is_fp8():

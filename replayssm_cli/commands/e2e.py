@@ -57,10 +57,10 @@ def e2e(
     gpu: Annotated[Optional[str], options.gpu("GPU whose memory and L2 a --dry-run plans for when no CUDA GPU is present.", show_default="h200")] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the layer inventory and memory plan; allocate and time nothing (no GPU needed).")] = False,
     out: Annotated[Optional[Path], options.out("Results file.", show_default="./runs/<time>-<gpu>-e2e.json")] = None,
-    weight_dtype: Annotated[WeightDtype, typer.Option(
-        "--weight-dtype", help="Weights: bf16; fp8 e4m3 with per-tensor scales (torch._scaled_mm, MoE through torch._scaled_grouped_mm; "
-        "sm_89+); nvfp4 with --dry-run only (Blackwell's FP4: weight bytes and predicted shares).")] = WeightDtype.bf16,  # type: ignore[attr-defined]
-    kv_dtype: Annotated[KVDtype, typer.Option("--kv-dtype", help="KV cache: bf16, or fp8 (through FlashInfer's paged decode attention).")] = KVDtype.bf16,  # type: ignore[attr-defined]
+    weight_dtype: Annotated[str, options.dtype(
+        "--weight-dtype", WeightDtype, help="Weights: bf16; fp8 e4m3 with per-tensor scales (torch._scaled_mm, MoE through torch._scaled_grouped_mm; "
+        "sm_89+); nvfp4 with --dry-run only (Blackwell's FP4: weight bytes and predicted shares). Takes")] = "bf16",
+    kv_dtype: Annotated[str, options.dtype("--kv-dtype", KVDtype, help="KV cache: bf16, or fp8 (through FlashInfer's paged decode attention). Takes")] = "bf16",
     energy: Annotated[bool, typer.Option("--energy", help="Also measure joules per step and tokens per joule from NVML's energy counter (about 3 s more per configuration).")] = False,
     json_: Annotated[bool, typer.Option("--json", help="JSON on stdout instead of tables.")] = False,
 ) -> None:

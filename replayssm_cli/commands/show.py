@@ -15,7 +15,7 @@ from replayssm_cli.errors import cli_command
 def show(
     results: Annotated[Path, options.input_files_argument("A results file from `replayssm profile`.", "results file",
                                                           metavar="RESULTS", show_default=False)],
-    preset: Annotated[Optional[list[str]], options.words("--preset", "Only these presets, comma-separated or repeated.")] = None,
+    preset: Annotated[Optional[list[str]], options.words("--preset", "Only these presets, comma-separated or repeated.", complete=options.complete_preset)] = None,
     batch: Annotated[Optional[list[str]], options.batch("Only these batch sizes, comma-separated or repeated.")] = None,
     variant: Annotated[Optional[list[str]], options.words("--variant", "Only these variants (conventional, replay, split, "
                                                           "spec-conventional, spec-replay, baseline:<name>).")] = None,
