@@ -1,7 +1,7 @@
 """The options every command shares: one name, its aliases, and its type and range checked before any work.
 
 Each factory returns the `typer.Option` of one option, for `Annotated[...]` in a command's signature. The
-callbacks refuse a bad value with one line (exit code 2 through main.py's group): empty values, NaN and
+callbacks refuse a bad value with one line on stderr and exit code 2: empty values, NaN and
 infinities, numbers out of range (the message names the range), dtype names neither ours nor the engines'.
 They return the same types the commands read (canonical strings, dtype enum members, which are strings too),
 so a command's body is the same with or without them. `OneValueCommand` refuses a single-valued option given
@@ -82,11 +82,6 @@ def parse_float(text: Any, option: str, lo: float, hi: float, *, lo_open: bool =
 def int_list(values: Iterable[str] | str | None, option: str, lo: int, hi: int) -> list[int]:
     """The integers of a comma-separated or repeated option, in order, each once."""
     return list(dict.fromkeys(parse_int(p, option, lo, hi) for p in split_list(values, option)))
-
-
-def float_list(text: str | None, option: str, lo: float = 0.0, hi: float = math.inf) -> list[float]:
-    """The finite numbers of one comma-separated value, every field present (`0.2,,0.3` is an error)."""
-    return [parse_float(p, option, lo, hi) for p in split_list([text] if text is not None else None, option)]
 
 
 def accept_weights(text: str | None, option: str = "--accept-dist") -> tuple[float, ...]:

@@ -246,7 +246,6 @@ def test_tune_state_dtype_auto_is_the_presets_dtype(tmp_path):
 
 def test_parse_functions_raise_user_errors_naming_the_option():
     assert options.int_list(["1,16", "16", " 64 "], "--batch", 1, 256) == [1, 16, 64]
-    assert options.float_list("0.1, 0.9", "--x") == [0.1, 0.9]
     assert options.accept_weights("1,0,3") == (1.0, 0.0, 3.0)
     assert options.dtype_name("BFloat16", "--state-dtype", ("fp32", "bf16")) == "bf16"
     for call in (lambda: options.int_list(["2,x"], "--batch", 1, 9), lambda: options.parse_float("-inf", "--y", 0, 1),
