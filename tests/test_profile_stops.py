@@ -45,9 +45,16 @@ SLOW_PROFILE = textwrap.dedent("""
 
 
 def _stop_while_running(tmp_path, sig):
+    """Start SLOW_PROFILE, stop it with `sig` once it has rows; (exit code, seconds from the signal to its last line
+    on stderr, stderr, the results path). The interpreter's own teardown (torch's) after that line is not counted."""
+    import threading
+
     out = tmp_path / "run.json"
     proc = subprocess.Popen([sys.executable, "-c", SLOW_PROFILE, str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, env={**os.environ, "COLUMNS": "200"})
+    lines: list[tuple[float, str]] = []
+    reader = threading.Thread(target=lambda: lines.extend((time.monotonic(), line) for line in proc.stderr), daemon=True)
+    reader.start()
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         if out.is_file() and len(results.load(out).rows) >= 3:
@@ -58,8 +65,11 @@ def _stop_while_running(tmp_path, sig):
         pytest.fail("the profile wrote no rows")
     sent = time.monotonic()
     proc.send_signal(sig)
-    _, stderr = proc.communicate(timeout=30)
-    return proc.returncode, time.monotonic() - sent, stderr, out
+    proc.stdout.read()
+    proc.wait(timeout=30)
+    reader.join(timeout=10)
+    stderr = "".join(line for _, line in lines)
+    return proc.returncode, lines[-1][0] - sent, stderr, out
 
 
 @pytest.mark.parametrize("sig, code, word", [(signal.SIGTERM, 143, "terminated (SIGTERM)"), (signal.SIGINT, 130, "interrupted")],
