@@ -25,13 +25,12 @@ import argparse
 import collections
 import os
 import re
-import subprocess
 import sys
-import tempfile
-from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import sweep_common as common  # noqa: E402
+
+from replayssm_cli.compile_check import CompileOnly, resource_usage, sass  # noqa: E402
 
 OPCODE_GROUPS = {
     "LDG": "global ld", "STG": "global st", "SHFL": "shfl", "LDS": "shared ld", "STS": "shared st",
@@ -42,27 +41,6 @@ CASES = ("decode", "replay", "split-bf16", "verify")
 # the instructions --sass lists: what a program issues to memory and where it may wait
 ORDER_OPCODES = re.compile(r"^(LDG|STG|ATOMG|RED|STSM|LDSM|STS|LDS|BAR|SHFL\.IDX|R2UR|EXIT|MEMBAR)\b")
 STATE_DTYPES = ("fp32", "bf16", "fp16")
-
-
-class _CompileOnly:
-    """A stand-in CUDA driver for a machine without a GPU: it names the target and never launches."""
-
-    def __init__(self, arch: int):
-        from triton.backends.compiler import GPUTarget
-
-        self.target = GPUTarget("cuda", arch, 32)
-
-    def get_current_target(self):
-        return self.target
-
-    def get_current_device(self):
-        return 0
-
-    def get_current_stream(self, device=None):
-        return 0
-
-    def get_device_capability(self, device=None):
-        return divmod(self.target.arch, 10)
 
 
 def compile_kernels(op: str, launches: dict[str, dict], arch: int,
@@ -84,7 +62,7 @@ def compile_kernels(op: str, launches: dict[str, dict], arch: int,
     # The decode's, the replay's and Mamba-2's verify's state (checkpoint) dtype; split precision and GDN's verify keep
     # fp32 checkpoints.
     state = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[state_dtype]
-    driver.set_active(_CompileOnly(arch))
+    driver.set_active(CompileOnly(arch))
     JITFunction.run = run
     # A slot table, as the sweeps and `replayssm profile` pass: without one some kernels compile a variant without its read.
     slots = torch.arange(4, dtype=torch.int32)
@@ -134,24 +112,12 @@ def compile_kernels(op: str, launches: dict[str, dict], arch: int,
     return compiled
 
 
-def _sass(cubin: bytes, *options: str) -> str:
-    """cuobjdump's output for a one-kernel cubin (the cuobjdump shipped with Triton)."""
-    import triton
-
-    tools = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(cubin)
-        f.flush()
-        return subprocess.run([str(tools / "cuobjdump"), *options, f.name], capture_output=True, text=True,
-                              check=True).stdout
-
-
-def sass_order(sass: str) -> list[tuple[int, str]]:
+def sass_order(listing: str) -> list[tuple[int, str]]:
     """(index among the kernel's instructions, instruction) of each one ORDER_OPCODES names in a one-kernel cubin's
-    SASS (`_sass(cubin, "-sass")`), in program order."""
+    SASS (`sass(cubin, "-sass")`), in program order."""
     listed = []
     index = 0
-    for line in sass.splitlines():
+    for line in listing.splitlines():
         m = re.match(r"\s*/\*[0-9a-f]{4,}\*/\s+(.*?)\s*;", line)
         if not m:
             continue
@@ -163,22 +129,20 @@ def sass_order(sass: str) -> list[tuple[int, str]]:
     return listed
 
 
-def cubin_report(cubin: bytes, shared: int, sass: str) -> dict:
+def cubin_report(cubin: bytes, shared: int, listing: str) -> dict:
     """Registers, local (spill) bytes, shared bytes (static plus Triton's dynamic) and SASS opcode counts of a
-    one-kernel cubin, given its SASS (`_sass(cubin, "-sass")`)."""
-    usage = _sass(cubin, "-res-usage")
-    fields = dict(re.findall(r"(REG|SHARED|LOCAL|STACK):(\d+)", usage))
+    one-kernel cubin, given its SASS (`sass(cubin, "-sass")`)."""
+    usage = resource_usage(cubin, shared)
     ops: collections.Counter = collections.Counter()
-    for line in sass.splitlines():
+    for line in listing.splitlines():
         m = re.match(r"\s*/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)", line)
         if m:
             ops[m.group(1)] += 1
     groups: collections.Counter = collections.Counter()
     for opcode, count in ops.items():
         groups[OPCODE_GROUPS.get(opcode.split(".")[0], "other")] += count
-    # ptxas places spills in the stack frame (Triton kernels make no calls), so both count as spilled bytes.
-    return {"regs": int(fields.get("REG", 0)), "local": int(fields.get("LOCAL", 0)) + int(fields.get("STACK", 0)),
-            "shared": int(fields.get("SHARED", 0)) + shared, "total": sum(ops.values()), **groups}
+    return {"regs": usage["regs"], "local": usage["spills"], "shared": usage["shared"], "total": sum(ops.values()),
+            **groups}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -216,11 +180,11 @@ def main(argv: list[str] | None = None) -> int:
     listings = []
     for op in ("mamba2", "gdn") if args.op == "both" else (args.op,):
         for case, name, kernel in compile_kernels(op, launches, args.arch, args.state_dtype):
-            sass = _sass(kernel.asm["cubin"], "-sass")
-            rep = cubin_report(kernel.asm["cubin"], kernel.metadata.shared, sass)
+            listing = sass(kernel.asm["cubin"], "-sass")
+            rep = cubin_report(kernel.asm["cubin"], kernel.metadata.shared, listing)
             print(f"{op:7s} {case:11s} {name:24s} " + " ".join(f"{rep.get(c, 0):9d}" for c in cols))
             if args.sass is not None and args.sass in name:
-                listings.append((f"{op} {case} {name}", sass_order(sass)))
+                listings.append((f"{op} {case} {name}", sass_order(listing)))
     if args.sass is not None and not listings:
         print(f"error: --sass {args.sass!r}: no compiled kernel's name contains it (the table above names them)",
               file=sys.stderr)
