@@ -405,8 +405,6 @@ BAD_REPLAY = {
                             "MMA = 1 .* applies only to the heads launch"),
     "launch-mma-fp32-tile": (lambda c, i: i.update(launch={"PHASES": 2, "HPP": 2, "EARLY": 0, "MMA": 1}),
                              "MMA = 1 takes a bf16 or fp8 tile and bf16 inputs .*, got a float32 tile and bfloat16"),
-    "launch-heads-warps": (lambda c, i: i.update(launch={"PHASES": 2, "HPP": 2, "EARLY": 0, "num_warps": 4}),
-                           "HPP = 2 runs in programs of 1 or 2 warps, got num_warps = 4"),
     "launch-heads-flush": (lambda c, i: i.update(launch={"PHASES": 2, "flush_HPP": 2}), "unknown key 'flush_HPP'"),
     "launch-tail-one-head": (lambda c, i: i.update(launch={"PHASES": 2, "HPP": 1, "TAIL": 1}),
                              "TAIL = 1 .* applies only to the heads launch: HPP > 1"),

@@ -77,7 +77,9 @@ def _stop_while_running(tmp_path, sig):
 def test_profile_stopped_keeps_rows_and_lists_the_rest_once(tmp_path, sig, code, word):
     rc, took, stderr, out = _stop_while_running(tmp_path, sig)
     assert rc == code, stderr
-    assert took < 1.0, f"stopping took {took:.2f} s"
+    # a bound loose enough for a loaded 2-core machine that still fails a rewrite of the file per unfinished
+    # configuration (about 400 here, over 10 s)
+    assert took < 5.0, f"stopping took {took:.2f} s"
     assert word in stderr and "Traceback" not in stderr
     got = results.load(out)
     assert not got.complete and len(got.rows) >= 3
