@@ -20,8 +20,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dir", help="read the files from this folder (default: the shipped profiles/reference/)")
     parser.add_argument("--out", help="where to write (default: profiles/calibration/<gpu>.json of this checkout)")
     args = parser.parse_args(argv)
-    from replayssm_cli import calibration, gpus
-    from replayssm_cli.results import reference_profiles
+    from replayssm_cli.model import calibration, gpus
+    from replayssm_cli.report.results import reference_profiles
 
     profiles = reference_profiles(args.gpu, args.dir)
     if not profiles:

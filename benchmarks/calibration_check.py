@@ -29,8 +29,8 @@ def _profile(out: Path, *extra: str) -> None:
 def compare(measured_path: Path, predicted_path: Path) -> dict:
     """Per configuration: measured and predicted µs per token and speedup, the relative errors, and whether the
     time's error is within the prediction's own stated error."""
-    from replayssm_cli import calibration
-    from replayssm_cli.results import load
+    from replayssm_cli.model import calibration
+    from replayssm_cli.report.results import load
 
     measured, predicted = load(measured_path), load(predicted_path)
     by_key = {calibration.reference_key({**r, "source": "measured"}): r for r in predicted.rows}

@@ -30,7 +30,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import sweep_common as common  # noqa: E402
 
-from replayssm_cli.compile_check import CompileOnly, resource_usage, sass  # noqa: E402
+from replayssm_cli.measure.compile_check import CompileOnly, resource_usage, sass  # noqa: E402
 
 OPCODE_GROUPS = {
     "LDG": "global ld", "STG": "global st", "SHFL": "shfl", "LDS": "shared ld", "STS": "shared st",

@@ -35,7 +35,7 @@ python - "$OUT" <<'PY' | tee "$OUT/summary.txt"
 import sys
 from pathlib import Path
 
-from replayssm_cli.results import load
+from replayssm_cli.report.results import load
 
 print(f"{'preset':28} {'weights':7} {'attn':10} {'batch':>5} {'conv ms':>8} {'replay ms':>9} {'speedup':>7} {'SSM %':>6} {'MLP %':>6}")
 for path in sorted(Path(sys.argv[1]).glob("*-*.json")):

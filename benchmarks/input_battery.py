@@ -260,7 +260,7 @@ def ceilings_case() -> dict:
     import contextlib
     import io
 
-    from replayssm_cli import gpus
+    from replayssm_cli.model import gpus
 
     what = "ceilings cache entry with copy_gbs 'fast'"
     with tempfile.TemporaryDirectory() as d:

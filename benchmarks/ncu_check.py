@@ -33,8 +33,9 @@ CONFIGS = (
 
 def plan(presets: list[Any], batches: list[int], window: int, state_dtype: str, io_dtype: str, layers: int) -> list[dict[str, Any]]:
     """One entry per (preset, batch, variant, phase): the case spec for ncu and the cost model's count."""
-    from replayssm_cli import cost, ncu
-    from replayssm_cli.profile import Point, nonflush_fill
+    from replayssm_cli.model import cost
+    from replayssm_cli.measure import ncu
+    from replayssm_cli.measure.grid import Point, nonflush_fill
 
     entries = []
     for given, preset in presets:
@@ -92,7 +93,8 @@ def _signed(value: float | None) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from replayssm_cli import ncu, presets as presets_mod
+    from replayssm_cli.measure import ncu
+    from replayssm_cli.model import presets as presets_mod
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--preset", action="append", help="preset (repeat); default: the two default presets")
@@ -172,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     print("DRAM writes still dirty in L2 when a kernel ends are not in ncu's dram__bytes_write; 'L2 write' compares "
           "the bytes the SMs wrote into L2 with the model's bytes written.")
     if args.out:
-        from replayssm_cli.environment import software
+        from replayssm_cli.measure.environment import software
 
         now = datetime.now(timezone.utc).isoformat(timespec="seconds")
         doc = {

@@ -207,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.child:
         _child(args.op, args.kernel, args.batch, launch, args.state_dtype, args.fill)
         return 0
-    from replayssm_cli import ncu
+    from replayssm_cli.measure import ncu
 
     binary = ncu.ncu_binary()
     if binary is None:

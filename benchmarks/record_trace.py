@@ -10,7 +10,7 @@ recurrence consumes at every token: in_proj, the causal depthwise conv and its a
              g = -exp(A_log) softplus(a + dt_bias) (T, HV), beta = sigmoid(b) (T, HV)
 
 T counts the prompt tokens and then every generated token fed back to the model. The file is a NumPy
-.npz (replayssm_cli.trace): those arrays as float32, plus `meta`, a JSON string with format
+.npz (replayssm_cli.measure.trace): those arrays as float32, plus `meta`, a JSON string with format
 "replayssm-trace", version 1, op ("mamba2" or "gdn"), model, layer (the index among SSM layers),
 prompt_tokens, steps (T), dt_softplus and scale (GDN: K^-1/2). `replayssm tune --trace FILE` replays the
 prompt in fp64 (as prefill writes the state once) and measures the error over the generated tokens.
@@ -118,7 +118,7 @@ def record(model_path: str, *, layer: int, prompt: str, new_tokens: int, device:
     """Generate with a hook on SSM layer `layer`; return (trace, number of SSM layers)."""
     import torch
 
-    from replayssm_cli.trace import Trace
+    from replayssm_cli.measure.trace import Trace
 
     try:
         from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -188,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--new-tokens must be at least 2")
     import torch
 
-    from replayssm_cli.trace import write
+    from replayssm_cli.measure.trace import write
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     prompt = args.prompt_file.read_text() if args.prompt_file else args.prompt

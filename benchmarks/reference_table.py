@@ -30,7 +30,7 @@ COPY_TARGET, COPY_BATCH = 90.0, 128
 
 def _row(profile, preset: str, batch: int, variant: str, state: str = "fp32", read: str | None = None,
          draft: int = 0) -> dict | None:
-    from replayssm_cli.results import rows_matching
+    from replayssm_cli.report.results import rows_matching
 
     rows = rows_matching(profile.rows, kind="kernel", flush="staggered", phase="avg", preset=preset, batch=batch,
                          variant=variant, state_dtype=state, read_dtype=read)
@@ -70,7 +70,7 @@ def _us(value: float) -> str:
 
 def table(profiles, batches: tuple[int, ...] = (1, 64, 256, 512)) -> tuple[str, list]:
     """The table's markdown and the profiles its cells came from (newest first)."""
-    from replayssm_cli.presets import DEFAULT_PRESETS, load_preset
+    from replayssm_cli.model.presets import DEFAULT_PRESETS, load_preset
 
     presets = [p for p in DEFAULT_PRESETS if any(r.get("preset") == p for prof in profiles for r in prof.rows)]
     lines, used = [HEADER], []
@@ -128,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: --batch {args.batch!r} is not a comma-separated list of integers (e.g. 1,64,256)",
               file=sys.stderr)
         return 2
-    from replayssm_cli.results import reference_profiles
+    from replayssm_cli.report.results import reference_profiles
 
     profiles = reference_profiles(args.gpu, args.dir)
     if not profiles:

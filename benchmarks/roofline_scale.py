@@ -24,7 +24,7 @@ from pathlib import Path
 
 def scaled_file(rows: int, folder: Path) -> Path:
     """A results file of `rows` kernel rows: the reference's rows with their batch sizes shifted per repetition."""
-    from replayssm_cli.results import Results, reference_profiles, write_atomic
+    from replayssm_cli.report.results import Results, reference_profiles, write_atomic
 
     loaded = reference_profiles("h200")
     base = [r for res in loaded for r in res.rows if r["kind"] == "kernel" and r["status"] == "ok"]
@@ -42,8 +42,8 @@ def scaled_file(rows: int, folder: Path) -> Path:
 
 
 def stages(path: Path, out: Path) -> dict[str, float]:
-    from replayssm_cli import roofline as rl
-    from replayssm_cli import roofline_figure as figure
+    from replayssm_cli.report import roofline as rl
+    from replayssm_cli.report import roofline_figure as figure
 
     times: dict[str, float] = {}
     t = time.perf_counter()

@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterable
 import typer
 from typer.core import TyperCommand
 
-from replayssm_cli import dtypes
+from replayssm_cli.model import dtypes
 from replayssm_cli.errors import EXIT_USER_ERROR, UserError, debug_enabled, readable_path
 
 MAX_BATCH = 1 << 20
@@ -82,6 +82,16 @@ def parse_float(text: Any, option: str, lo: float, hi: float, *, lo_open: bool =
 def int_list(values: Iterable[str] | str | None, option: str, lo: int, hi: int) -> list[int]:
     """The integers of a comma-separated or repeated option, in order, each once."""
     return list(dict.fromkeys(parse_int(p, option, lo, hi) for p in split_list(values, option)))
+
+
+def ints_given(values: Iterable[str] | None, option: str) -> tuple[int, ...]:
+    """The integers of a list option whose callback (`batch`, `window`, `draft`, `context`) checked them: in order, each once."""
+    return tuple(int_list(values, option, -sys.maxsize, sys.maxsize)) if values else ()
+
+
+def words_given(values: Iterable[str] | None) -> tuple[str, ...]:
+    """The items of a comma-separated or repeated word option, in order, each once."""
+    return tuple(dict.fromkeys(p.strip() for v in values or [] for p in v.split(",") if p.strip()))
 
 
 def accept_weights(text: str | None, option: str = "--accept-dist") -> tuple[float, ...]:
@@ -248,7 +258,7 @@ def _dtype_cb(allowed: tuple[str, ...], enum: type, *, auto: str | None, none: b
 
 def _presets_dtype(ctx: Any, option: str) -> str:
     """The state dtype of the one preset the command was given (for `auto`)."""
-    from replayssm_cli import presets as presets_mod
+    from replayssm_cli.model import presets as presets_mod
 
     names = preset_names_given(ctx.params.get("preset"), ctx.params.get("preset_file"))
     if len(names) != 1:
@@ -260,14 +270,14 @@ def _presets_dtype(ctx: Any, option: str) -> str:
 
 
 def complete_preset(incomplete: str) -> list[str]:
-    from replayssm_cli import presets as presets_mod
+    from replayssm_cli.model import presets as presets_mod
 
     word = incomplete.lower()
     return [n for n in presets_mod.preset_names() if n.startswith(word)]
 
 
 def complete_gpu(incomplete: str) -> list[str]:
-    from replayssm_cli import gpus
+    from replayssm_cli.model import gpus
 
     word = incomplete.lower()
     return [k for k in gpus.gpu_keys() if k.startswith(word)]

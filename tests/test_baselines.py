@@ -16,10 +16,12 @@ import torch
 import torch.nn.functional as F
 from typer.testing import CliRunner
 
-from replayssm_cli import baselines, bench, presets
-from replayssm_cli import profile as prof
+from replayssm_cli.measure import baselines, bench
+from replayssm_cli.model import presets
+from replayssm_cli.measure import grid
+from replayssm_cli.measure import profile as prof
 from replayssm_cli.main import app
-from replayssm_cli.results import load
+from replayssm_cli.report.results import load
 from replayssm_kernels.mamba2 import decode_ref
 
 SUPER, QWEN = "nemotron-3-super-120b-a12b", "qwen3.5-122b-a10b"
@@ -419,11 +421,11 @@ def test_flashinfer_checkpointing_check_fails_when_flushes_are_lost(device, monk
 
 
 def test_plan_adds_baseline_points_after_ours_and_leaves_out_what_they_cannot_run():
-    spec = prof.ProfileSpec(presets=(SUPER, QWEN), batches=(1, 64), windows=(16, 32), state_dtypes=("fp32", "bf16"), phases=False)
+    spec = grid.ProfileSpec(presets=(SUPER, QWEN), batches=(1, 64), windows=(16, 32), state_dtypes=("fp32", "bf16"), phases=False)
     pre = [presets.resolve(SUPER), presets.resolve(QWEN)]
     left_out: list[dict] = []
     chosen = [baselines.get(n) for n in ("flashinfer-ssu", "flashinfer-checkpointing", "fla")]
-    points = prof.plan(spec, pre, left_out, chosen)
+    points = grid.plan(spec, pre, left_out, chosen)
     block = [(p.variant, p.window) for p in points if p.preset == SUPER and p.batch == 64 and p.state_dtype == "fp32"]
     assert block == [("conventional", None), ("replay", 16), ("replay", 32), ("baseline:flashinfer-ssu", None),
                      ("baseline:flashinfer-checkpointing", 16)]

@@ -8,10 +8,12 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from replayssm_cli import calibration, gpus, presets, provenance
-from replayssm_cli import profile as prof
+from replayssm_cli.model import calibration, gpus, presets
+from replayssm_cli.report import provenance
+from replayssm_cli.measure import grid
+from replayssm_cli.measure import profile as prof
 from replayssm_cli.main import app
-from replayssm_cli.results import load, reference_profiles
+from replayssm_cli.report.results import load, reference_profiles
 
 SUPER, QWEN = "nemotron-3-super-120b-a12b", "qwen3.5-122b-a10b"
 TOLERANCE = 0.05
@@ -27,7 +29,7 @@ def test_calibration_shipped_file_is_the_fit_of_the_shipped_reference():
 
 def test_calibration_reproduces_every_shipped_speedup():
     """A no-GPU profile of each reference file's grid gives every speedup the shipped reference holds within 5%."""
-    checked = calibration.check_reference("h200")
+    checked = prof.check_reference("h200")
     assert len(checked) > 100
     off = [c for c in checked if c["error"] is None or abs(c["error"]) > TOLERANCE]
     assert not off, off[:3]
@@ -38,7 +40,7 @@ def test_calibration_reproduces_every_shipped_speedup():
 
 
 def _point(preset, variant, batch, **kw):
-    return prof.Point(preset=preset.name, source_name=preset.name, op=preset.kind, variant=variant, batch=batch,
+    return grid.Point(preset=preset.name, source_name=preset.name, op=preset.kind, variant=variant, batch=batch,
                       window=kw.pop("window", None if "conventional" in variant else 16), state_dtype=kw.pop("state_dtype", "fp32"),
                       read_dtype=kw.pop("read_dtype", None), io_dtype="bf16", **kw)
 

@@ -10,7 +10,7 @@ import torch
 from typer.testing import CliRunner
 
 import replayssm_kernels.mamba2 as mamba2
-from replayssm_cli import bench, check
+from replayssm_cli.measure import bench, check
 from replayssm_cli.main import app
 
 TINY = (("conventional", "fp32", None, "bf16", 0), ("replay", "bf16", None, "bf16", 0))

@@ -8,10 +8,10 @@ import math
 import pytest
 from typer.testing import CliRunner
 
-from replayssm_cli.compare import compare_results
+from replayssm_cli.report.compare import compare_results
 from replayssm_cli.errors import UserError
 from replayssm_cli.main import app
-from replayssm_cli.results import ResultsWriter, load
+from replayssm_cli.report.results import ResultsWriter, load
 
 ENV = {"replayssm": "0.1.0", "torch": "2.11.0", "triton": "3.6.0", "cuda": "12.8", "commit": "aaa",
        "gpu": {"name": "NVIDIA H200", "driver": "570.86"}}

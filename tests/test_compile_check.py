@@ -10,7 +10,7 @@ import sys
 
 from typer.testing import CliRunner
 
-from replayssm_cli import compile_check as cc
+from replayssm_cli.measure import compile_check as cc
 from replayssm_cli.main import app
 
 ROW = {"op": "gdn", "entry": "replay", "row": "replay-split", "config": "fp32→bf16", "kernel": "_flush_kernel",

@@ -10,7 +10,8 @@ from types import SimpleNamespace
 import pytest
 from typer.testing import CliRunner
 
-from replayssm_cli.cost import (
+from replayssm_cli.model.cost import (
+    kernel_step_bytes,
     Cost,
     cost_table,
     launches_per_step,
@@ -19,9 +20,9 @@ from replayssm_cli.cost import (
     spec_replay_cycle,
     step_cost,
 )
-from replayssm_cli import presets
+from replayssm_cli.model import presets
 from replayssm_cli.main import app
-from replayssm_cli.shapes import GDNShape, Mamba2Shape
+from replayssm_cli.model.shapes import GDNShape, Mamba2Shape
 
 # Hand counts below, per batch row unless said: bf16 io (2 bytes), fp32 state (4), batch 2, window 4.
 M2 = Mamba2Shape(H=2, P=3, N=5, G=1)
@@ -429,7 +430,7 @@ def test_cost_table_rows():
 
 
 def test_cost_modules_import_no_torch():
-    code = "import sys, replayssm_cli.cost, replayssm_cli.commands.cost; assert 'torch' not in sys.modules"
+    code = "import sys, replayssm_cli.model.cost, replayssm_cli.commands.cost; assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
@@ -486,3 +487,29 @@ def test_cost_cli_bad_options_one_line(args):
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("error:"), result.output
     assert "Traceback" not in result.output
+
+
+@pytest.mark.parametrize("shape", [Mamba2Shape(H=6, P=12, N=10, G=3), GDNShape(H=2, HV=6, K=12, V=10)], ids=["mamba2", "gdn"])
+@pytest.mark.parametrize("kernel, read", [("replay", None), ("split-bf16", "bf16"), ("split-fp8", "fp8")])
+def test_kernel_step_bytes_over_a_window_average_to_the_step_cost(shape, kernel, read):
+    """A sweep's per-fill bytes are step_cost's: W steps at fills 0..W-1 average to the window's figure."""
+    W = 5
+    per_fill = [kernel_step_bytes(shape, kernel, f, window=W) for f in range(W)]
+    variant = "split" if read else "replay"
+    avg = step_cost(shape, variant, "avg", batch=1, window=W, read_dtype=read).total_bytes
+    assert sum(per_fill) / W == pytest.approx(avg, abs=1)  # Cost rounds to whole bytes
+    assert per_fill[-1] > per_fill[0], "the flush at fill W-1 writes the checkpoint"
+    assert kernel_step_bytes(shape, f"{kernel}-flush", W - 1, window=W) == per_fill[-1]
+
+
+@pytest.mark.parametrize("shape", [Mamba2Shape(H=6, P=12, N=10, G=3), GDNShape(H=2, HV=6, K=12, V=10)], ids=["mamba2", "gdn"])
+def test_kernel_step_bytes_of_decode_and_verify(shape):
+    assert kernel_step_bytes(shape, "decode", 0) == step_cost(shape, "conventional", batch=1).total_bytes
+    multi = step_cost(shape, "spec-conventional", batch=1, draft=3).total_bytes
+    assert kernel_step_bytes(shape, "decode-multi", 0, draft=3) == multi
+    W = 6
+    nonflush = kernel_step_bytes(shape, "verify", 2, window=W, draft=3, accepted=2)
+    assert nonflush == step_cost(shape, "spec-replay", "nonflush", batch=1, window=W, fill=2, draft=3, accepted=2).total_bytes
+    assert kernel_step_bytes(shape, "verify", W, window=W, draft=3, accepted=2) > nonflush, "at fill W the verify folds first"
+    with pytest.raises(ValueError, match="kernel must be"):
+        kernel_step_bytes(shape, "replay2", 0)

@@ -13,12 +13,14 @@ import torch
 import typer
 from typer.testing import CliRunner
 
-from replayssm_cli import e2e
-from replayssm_cli import presets as P
+from replayssm_cli.measure import e2e
+from replayssm_kernels import e2e_ops
+from replayssm_cli.measure import timing
+from replayssm_cli.model import presets as P
 from replayssm_cli.commands import e2e as command
 from replayssm_cli.errors import UserError
-from replayssm_cli.results import ResultsWriter, load, validate_row
-from replayssm_cli.shapes import GDNShape, Mamba2Shape
+from replayssm_cli.report.results import ResultsWriter, load, validate_row
+from replayssm_cli.model.shapes import GDNShape, Mamba2Shape
 
 SUPER, QWEN = "nemotron-3-super-120b-a12b", "qwen3.5-122b-a10b"
 GIB = 2**30
@@ -181,9 +183,9 @@ def _nan(*shape, dtype=torch.float32):
 def test_add_rms_norm_matches_torch(interpreter, assert_close, add):
     h, r, w = torch.randn(3, 37), torch.randn(3, 37), torch.randn(37)
     want_h = h + r if add else h.clone()
-    want = want_h * torch.rsqrt(want_h.pow(2).mean(-1, keepdim=True) + e2e.EPS) * w
+    want = want_h * torch.rsqrt(want_h.pow(2).mean(-1, keepdim=True) + e2e_ops.EPS) * w
     y = _nan(3, 37)
-    e2e.add_rms_norm(h, r if add else None, w, y)
+    e2e_ops.add_rms_norm(h, r if add else None, w, y)
     assert_close(y, want, what="y")
     assert_close(h, want_h, what="h")
 
@@ -196,7 +198,7 @@ def test_conv_update_matches_torch(interpreter, assert_close):
     full = torch.cat([state, x[:, None, :]], 1)
     want = torch.nn.functional.silu((full * w.t()[None]).sum(1) + b)
     y = _nan(B, C)
-    e2e.conv_update(x, state, w, b, y)
+    e2e_ops.conv_update(x, state, w, b, y)
     assert_close(y, want, what="y")
     assert_close(state, full[:, 1:], what="state")
 
@@ -206,9 +208,9 @@ def test_gated_rms_norm_matches_torch(interpreter, assert_close):
     proj = torch.randn(B, 2 * D + 3)
     x, z, w = torch.randn(B, D), proj[:, D:2 * D], torch.randn(D)
     g = (x * torch.nn.functional.silu(z)).view(B, D // group, group)
-    want = (g * torch.rsqrt(g.pow(2).mean(-1, keepdim=True) + e2e.EPS)).view(B, D) * w
+    want = (g * torch.rsqrt(g.pow(2).mean(-1, keepdim=True) + e2e_ops.EPS)).view(B, D) * w
     y = _nan(B, D)
-    e2e.gated_rms_norm(x, z, w, y, group)
+    e2e_ops.gated_rms_norm(x, z, w, y, group)
     assert_close(y, want, what="y")
 
 
@@ -229,11 +231,11 @@ def test_qk_prepare_matches_torch(interpreter, assert_close, gate, norm, rot, la
     cos, sin = torch.cos(angles), torch.sin(angles)
     cache_shape = (B, NKV, T, HD) if layout == "bhtd" else (B, T, NKV, HD)
     q, kc, vc = _nan(B, NH, HD), _nan(*cache_shape), _nan(*cache_shape)
-    e2e.qk_prepare(qkv, q, kc, vc, w_qk, cos, sin, pos=pos, heads=NH, kv_heads=NKV, q_width=qw, rotary=rot, qk_norm=norm, kv_layout=layout)
+    e2e_ops.qk_prepare(qkv, q, kc, vc, w_qk, cos, sin, pos=pos, heads=NH, kv_heads=NKV, q_width=qw, rotary=rot, qk_norm=norm, kv_layout=layout)
 
     def prep(x, weight):
         if norm:
-            x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + e2e.EPS) * weight
+            x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + e2e_ops.EPS) * weight
         return _rope(x, rot, cos, sin) if rot else x
 
     want_q = prep(qkv[:, :NH * HD].view(B, NH, HD), w_qk[0])
@@ -473,7 +475,7 @@ def test_e2e_bad_options_exit_with_one_line(no_cuda, args, words):
 def test_notes_say_prefill_is_not_timed():
     lines = e2e.notes(e2e.E2ESpec(presets=(SUPER,), tp=2))
     assert lines[0].startswith("prefill is not timed") and any("all-reduces" in n for n in lines)
-    assert not math.isnan(e2e._percentile([1.0, 2.0, 3.0], 50))
+    assert not math.isnan(timing.percentile([1.0, 2.0, 3.0], 50))
 
 
 @pytest.fixture

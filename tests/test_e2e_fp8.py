@@ -9,10 +9,11 @@ import types
 import pytest
 import torch
 
-from replayssm_cli import e2e
-from replayssm_cli import presets as P
+from replayssm_cli.measure import e2e
+from replayssm_kernels import e2e_ops
+from replayssm_cli.model import presets as P
 from replayssm_cli.errors import UserError
-from replayssm_cli.shapes import Mamba2Shape
+from replayssm_cli.model.shapes import Mamba2Shape
 from test_e2e import interpreter, invoke, no_cuda  # noqa: F401 - the e2e command's runner and fixtures
 
 NANO = "nemotron-3-nano-4b"
@@ -146,7 +147,7 @@ def test_fp8_quantize_saturates_like_torch(interpreter):
     x = (torch.randn(5, 40) * 30).to(torch.bfloat16)
     x[0, 0], x[1, 1] = 1e4, -1e4
     out = torch.empty(5, 40, dtype=torch.float8_e4m3fn)
-    e2e.fp8_quantize(x, 0.5, out)
+    e2e_ops.fp8_quantize(x, 0.5, out)
     want = (x.float() / 0.5).clamp(-448, 448).to(torch.float8_e4m3fn).float()
     ok = out.float() == want
     if interpreter.type == "cpu":
@@ -207,7 +208,7 @@ def moe16() -> P.Preset:
 @pytest.mark.parametrize("make", [dense16, moe16], ids=["dense", "moe"])
 @pytest.mark.parametrize("kv_dtype", ["bf16", "fp8"])
 def test_run_fp8_weights_on_the_gpu(tmp_path, make, kv_dtype):
-    from replayssm_cli.results import ResultsWriter, load
+    from replayssm_cli.report.results import ResultsWriter, load
 
     if torch.cuda.get_device_capability() < (9, 0):
         pytest.skip("fp8 MoE experts need sm_90")

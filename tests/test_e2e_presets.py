@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from replayssm_cli import e2e
-from replayssm_cli import presets as P
-from replayssm_cli.shapes import GDNShape, Mamba2Shape
+from replayssm_cli.measure import e2e
+from replayssm_cli.model import presets as P
+from replayssm_cli.model.shapes import GDNShape, Mamba2Shape
 
 # Figures as each model's config.json gives them (the preset files name the copies they were read from).
 CONFIGS = {

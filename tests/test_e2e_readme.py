@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from replayssm_cli import e2e
-from replayssm_cli import presets as P
+from replayssm_cli.measure import e2e
+from replayssm_cli.model import presets as P
 
 ROOT = Path(__file__).resolve().parents[1]
 PRESETS = {

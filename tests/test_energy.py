@@ -8,9 +8,10 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from replayssm_cli import energy
-from replayssm_cli import presets as presets_mod
-from replayssm_cli import profile as prof
+from replayssm_cli.measure import energy
+from replayssm_cli.model import presets as presets_mod
+from replayssm_cli.measure import grid
+from replayssm_cli.measure import profile as prof
 from replayssm_cli.main import app
 
 IDLE_W, BUSY_W = 80.0, 450.0
@@ -115,7 +116,7 @@ def test_graph_meter_measures_the_handed_graph(monkeypatch):
 
 def test_profile_row_carries_the_measured_energy():
     preset = presets_mod.resolve("nemotron-3-super-120b-a12b")
-    point = prof.plan(prof.ProfileSpec(presets=(preset.name,), batches=(64,), phases=False), [preset])[0]
+    point = grid.plan(grid.ProfileSpec(presets=(preset.name,), batches=(64,), phases=False), [preset])[0]
     x = energy.layer_fields({"j_per_step": 0.003, "spread": 0.02}, model_layers=preset.ssm_layers, tokens_per_step=64)
     m = {"phase": "avg", "ok": True, "layers": 4, "check_max_err": 1e-4, "tolerance": 2e-3, "samples_us": [140.0] * 10,
          "steps": 32, "repeats": 10, "energy": x}
@@ -125,7 +126,7 @@ def test_profile_row_carries_the_measured_energy():
 
 def test_profile_energy_is_off_by_default_and_needs_a_gpu(monkeypatch, tmp_path):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert prof.ProfileSpec(presets=("x",)).energy is False
+    assert grid.ProfileSpec(presets=("x",)).energy is False
     res = CliRunner().invoke(app, ["profile", "--preset", "nemotron-3-super-120b-a12b", "--batch", "64", "--energy",
                                    "--out", str(tmp_path / "p.json")])
     assert res.exit_code == 0, res.output

@@ -116,7 +116,7 @@ def test_every_public_kernel_function_refuses_out_of_resources_in_one_line():
 
 
 def test_check_refuses_fp8_before_sm89_without_failing(device, monkeypatch):
-    from replayssm_cli import check
+    from replayssm_cli.measure import check
 
     monkeypatch.setattr(families, "capability", lambda device: 86)
     spec = next(s for s in check.cases("mamba2") if s["read_dtype"] == "fp8")

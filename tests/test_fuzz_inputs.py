@@ -15,9 +15,10 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from replayssm_cli import dtypes, options
-from replayssm_cli import presets as P
-from replayssm_cli import trace as trace_mod
+from replayssm_cli.model import dtypes
+from replayssm_cli import options
+from replayssm_cli.model import presets as P
+from replayssm_cli.measure import trace as trace_mod
 from replayssm_cli.errors import UserError
 from replayssm_cli.main import app
 

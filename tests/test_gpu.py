@@ -11,7 +11,7 @@ import types
 import pytest
 from typer.testing import CliRunner
 
-from replayssm_cli import gpus as G
+from replayssm_cli.model import gpus as G
 from replayssm_cli.errors import UserError
 from replayssm_cli.main import app
 
@@ -337,7 +337,7 @@ interpret = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason
 @interpret
 def test_ceiling_kernels_compute_what_they_claim():
     torch = pytest.importorskip("torch")
-    from replayssm_cli import ceiling_kernels as K
+    from replayssm_kernels import ceilings as K
 
     g = torch.Generator().manual_seed(0)
     n = 2 * K.COPY_BLOCK + 37

@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from replayssm_cli import gpus
-from replayssm_cli import presets as P
-from replayssm_cli import trace as trace_mod
+from replayssm_cli.model import gpus
+from replayssm_cli.model import presets as P
+from replayssm_cli.measure import trace as trace_mod
 from replayssm_cli.errors import UserError
 from replayssm_cli.main import app
 

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from replayssm_cli import ncu, ncu_child, presets
+from replayssm_cli.measure import ncu, ncu_child
+from replayssm_cli.model import presets
 
 FIXTURES = Path(__file__).parent / "fixtures"
 KERNEL_DIR = Path(__file__).resolve().parent.parent / "kernels"
@@ -180,7 +181,7 @@ def test_kernel_table_covers_every_triton_kernel():
     if not kernels:
         pytest.skip("no launched @triton.jit kernels under kernels/ yet")
     unlisted = [f"{op}: {name}" for (op, name) in kernels if not ncu.match_kernel(name, op)]
-    assert not unlisted, f"add these to replayssm_cli.ncu.KERNELS: {unlisted}"
+    assert not unlisted, f"add these to replayssm_cli.measure.ncu.KERNELS: {unlisted}"
     stale = [f"{k.op}: {k.name}" for k in ncu.KERNELS if not any(k.name in name for (op, name) in kernels if op == k.op)]
     assert not stale, f"KERNELS lists kernels that no longer exist: {stale}"
     for kind in ncu.KERNELS:
@@ -210,7 +211,7 @@ def test_ncu_command_leaves_clocks_alone():
     assert cmd[cmd.index("--metrics") + 1] == "m1,m2"
     assert cmd[cmd.index("-k") + 1] == "regex:a|b"
     assert cmd[cmd.index("--page") + 1] == "raw" and "--csv" in cmd
-    assert cmd[-4:] == ["/py", "-m", "replayssm_cli.ncu_child", "/tmp/s.json"]
+    assert cmd[-4:] == ["/py", "-m", "replayssm_cli.measure.ncu_child", "/tmp/s.json"]
 
 
 FAKE_NCU = """\
@@ -403,13 +404,13 @@ def test_annotate_rows_adds_measured_fields():
     assert r["x_ncu_flops_diff_pct"] == pytest.approx(-10.0)
     assert not any(k.startswith("x_ncu") for k in rows[1]) and not any(k.startswith("x_ncu") for k in rows[2])
     assert len(lines) == 1 and "out of memory" in lines[0]
-    from replayssm_cli.results import validate_row
+    from replayssm_cli.report.results import validate_row
 
     validate_row(r)
 
 
 def test_specs_for_rows_pairs_rows_with_profile_points():
-    from replayssm_cli.profile import Point
+    from replayssm_cli.measure.grid import Point
 
     common = dict(source_name="tiny.toml", op="mamba2", batch=4, state_dtype="fp32", io_dtype="bf16")
     conv = Point(preset="tiny", variant="conventional", window=None, read_dtype=None, **common)
@@ -473,9 +474,9 @@ def test_ncu_child_profiles_only_the_measured_steps(tmp_path, monkeypatch):
     events: list[str] = []
     import types
 
-    fake_bench = types.ModuleType("replayssm_cli.bench")
+    fake_bench = types.ModuleType("replayssm_cli.measure.bench")
     fake_bench.make_case = lambda spec, device: events.append(f"make {spec['variant']} {device}") or FakeCase(events)
-    monkeypatch.setitem(sys.modules, "replayssm_cli.bench", fake_bench)
+    monkeypatch.setitem(sys.modules, "replayssm_cli.measure.bench", fake_bench)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
     monkeypatch.setattr(torch.cuda.profiler, "start", lambda: events.append("start"))

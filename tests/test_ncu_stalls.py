@@ -81,7 +81,7 @@ def test_the_sampled_launch_is_the_steps_first_or_the_one_named(stalls, monkeypa
     import subprocess
     from types import SimpleNamespace
 
-    from replayssm_cli import ncu
+    from replayssm_cli.measure import ncu
 
     seen = []
 

@@ -13,10 +13,11 @@ import torch
 from typer.testing import CliRunner
 
 from benchmark_scripts import load
-from replayssm_cli import plan as plan_mod
-from replayssm_cli import presets, traffic, tuner
+from replayssm_cli.advise import plan as plan_mod
+from replayssm_cli.model import presets
+from replayssm_cli.advise import traffic, tuner
 from replayssm_cli.main import app
-from replayssm_cli.tuner import MIN_SPREAD, Candidate
+from replayssm_cli.advise.tuner import MIN_SPREAD, Candidate
 
 SUPER = "nemotron-3-super-120b-a12b"
 LAYERS = 40
@@ -378,7 +379,7 @@ def _gate_case(tmp_path, spread: float = 0.3):
 
 
 def test_gate_parses_thresholds():
-    from replayssm_cli import gate
+    from replayssm_cli.advise import gate
 
     g = gate.parse(["min-gain=1.05,quality-margin=2", "memory-headroom=10%"])
     assert g == gate.Gate(min_gain=1.05, min_gain_lo=1.0, quality_margin=2.0, memory_headroom=0.1)

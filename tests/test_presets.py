@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from replayssm_cli import presets as P
+from replayssm_cli.model import presets as P
 from replayssm_cli.errors import UserError
 from replayssm_cli.main import app
-from replayssm_cli.shapes import GDNShape, Mamba2Shape
+from replayssm_cli.model.shapes import GDNShape, Mamba2Shape
 
 CONFIGS = Path(__file__).parent / "fixtures" / "configs"
 REQUIRED = (

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from replayssm_cli import e2e
-from replayssm_cli import presets as P
+from replayssm_cli.measure import e2e
+from replayssm_cli.model import presets as P
 from replayssm_cli.errors import UserError
-from replayssm_cli.shapes import Mamba2Shape
+from replayssm_cli.model.shapes import Mamba2Shape
 
 CONFIGS = Path(__file__).parent / "fixtures" / "configs"
 

@@ -12,9 +12,14 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from replayssm_cli import bench, presets, profile as prof
+from replayssm_cli.measure import bench
+from replayssm_cli.measure import grid
+from replayssm_cli.measure import timing
+from replayssm_cli.report import profile_table
+from replayssm_cli.measure import profile as prof
+from replayssm_cli.model import presets
 from replayssm_cli.main import app
-from replayssm_cli.results import load, schema_errors
+from replayssm_cli.report.results import load, schema_errors
 
 SUPER, QWEN = "nemotron-3-super-120b-a12b", "qwen3.5-122b-a10b"
 CEILINGS = SimpleNamespace(copy_gbs=4250.0, read_gbs=4130.0, fp32_tflops=65.6, bf16_tflops=700.0, tf32_tflops=None,
@@ -133,7 +138,7 @@ def fake_runner(fail: set[str] = frozenset(), oom_batch: int | None = None, inte
         common = {"ok": True, "layers": 3, "check_max_err": 1e-4, "tolerance": 2e-3}
         out = [{"phase": "avg", "samples_us": samples(base * factor), "steps": 32, "repeats": 20,
                 "accepted": 1.5 if point.draft else None, **common}]
-        for phase in prof.point_phases(point)[1:]:
+        for phase in grid.point_phases(point)[1:]:
             us = base * (0.5 if phase == "nonflush" else 1.05)
             out.append({"phase": phase, "samples_us": samples(us), "steps": 1, "repeats": 20, **common})
         return out
@@ -187,7 +192,7 @@ def test_profile_measured_rows(tmp_path, measured):
     assert "not timed" in by["spec-conventional", "avg", 64]["x_note"]
     assert spec["speedup"] == pytest.approx(by["spec-conventional", "avg", 64]["us_per_token"] / spec["us_per_token"])
     assert spec["speedup_over"] == "snapshots" and spec["speedup_vs_decode"] > spec["speedup"]
-    assert by["split", "avg", 64]["spread"] > prof.NOISY_SPREAD
+    assert by["split", "avg", 64]["spread"] > profile_table.NOISY_SPREAD
     assert "noisy" in res.stdout
 
 
@@ -239,12 +244,12 @@ def test_profile_failed_check_is_not_timed(tmp_path, measured):
 
 
 def test_run_grid_predicted_library(tmp_path):
-    from replayssm_cli.results import ResultsWriter
+    from replayssm_cli.report.results import ResultsWriter
 
-    spec = prof.ProfileSpec(presets=(QWEN,), batches=(64,), windows=(8, 32), state_dtypes=("bf16",), phases=False)
+    spec = grid.ProfileSpec(presets=(QWEN,), batches=(64,), windows=(8, 32), state_dtypes=("bf16",), phases=False)
     spec.validate()
     pre = presets.resolve(QWEN)
-    points = prof.plan(spec, [pre])
+    points = grid.plan(spec, [pre])
     assert [p.variant for p in points] == ["conventional", "replay", "replay"]
     writer = ResultsWriter(tmp_path / "r.json", {}, spec.to_dict())
     run = prof.run_grid(points, {pre.name: pre}, writer, mode="predicted", ceilings=CEILINGS, free_bytes=2**36, progress=False)
@@ -253,13 +258,13 @@ def test_run_grid_predicted_library(tmp_path):
 
 
 def test_accept_probs_and_stats():
-    probs = prof.accept_probs(4, 0.9)
-    assert sum(probs) == pytest.approx(1.0) and prof.mean_accepted(probs) == pytest.approx(0.9 + 0.81 + 0.729 + 0.6561)
-    assert prof.accept_probs(2, dist=(1, 1, 2)) == [0.25, 0.25, 0.5]
-    stats = prof.sample_stats([float(v) for v in range(1, 102)])
+    probs = grid.accept_probs(4, 0.9)
+    assert sum(probs) == pytest.approx(1.0) and grid.mean_accepted(probs) == pytest.approx(0.9 + 0.81 + 0.729 + 0.6561)
+    assert grid.accept_probs(2, dist=(1, 1, 2)) == [0.25, 0.25, 0.5]
+    stats = timing.sample_stats([float(v) for v in range(1, 102)])
     assert stats["us"] == 51 and stats["us_p95"] == 96 and stats["us_p99"] == 100
     assert stats["spread"] == pytest.approx((76 - 26) / 51)
-    assert math.isnan(prof.percentile([], 50))
+    assert math.isnan(timing.percentile([], 50))
 
 
 @pytest.mark.parametrize("op, shape", [("mamba2", {"H": 2, "P": 12, "N": 8, "G": 1}), ("gdn", {"H": 1, "HV": 2, "K": 12, "V": 10})],
@@ -295,7 +300,7 @@ def test_profile_split_needs_a_narrower_read_copy(tmp_path, no_cuda):
 
 
 def test_run_profile_library_predicts_on_request(tmp_path):
-    spec = prof.ProfileSpec(presets=(QWEN,), batches=(16,), windows=(8,), drafts=(2,))
+    spec = grid.ProfileSpec(presets=(QWEN,), batches=(16,), windows=(8,), drafts=(2,))
     run = prof.run_profile(spec, out=tmp_path / "r.json", predict=True, gpu="h100-sxm", progress=False)
     assert run.mode == "predicted" and not run.interrupted and run.results.complete
     assert run.results.environment["gpu"]["key"] == "h100-sxm"
@@ -320,20 +325,19 @@ def test_profile_table_shows_speculative_speedup_over_snapshots_first(tmp_path, 
 def test_profile_table_fits_the_terminal(tmp_path, no_cuda, width):
     """At 80-120 columns: preset, variant, B, W and speedup stay and no number is cut; secondary columns go, named."""
     from rich.console import Console
-    from rich.text import Text
 
     res = invoke("--preset", SUPER, "--preset", QWEN, "--batch", "1,256", "--draft", "4", "--read-dtype", "bf16",
                  "--out", str(tmp_path / "w.json"))
     assert res.exit_code == 0, res.output
     rows = load(tmp_path / "w.json").rows
-    table = prof.render_table(rows, title="t", width=width)
+    table = profile_table.render_table(rows, title="t", width=width)
     console = Console(width=width, record=True, color_system=None)
     with console.capture() as cap:
         console.print(table)
     text = cap.get()
     assert max(len(line) for line in text.splitlines()) <= width
     headers = [c.header for c in table.columns]
-    assert set(prof.KEPT_COLUMNS) <= set(headers)
+    assert set(profile_table.KEPT_COLUMNS) <= set(headers)
     flat = " ".join(text.split())
     for r in rows:
         assert r["preset"] in text
@@ -341,10 +345,10 @@ def test_profile_table_fits_the_terminal(tmp_path, no_cuda, width):
             assert f"{r['speedup']:.2f}x" in flat
         if r.get("speedup_vs_decode") is not None:
             assert f"{r['speedup_vs_decode']:.2f}x vs decode" in flat
-    wide = prof.render_table(rows, title="t")
+    wide = profile_table.render_table(rows, title="t")
     every = [c.header for c in wide.columns]
-    dropped = [c for c in prof.DROP_ORDER if c in every and c not in headers]
-    assert dropped and dropped == [c for c in prof.DROP_ORDER if c in every][:len(dropped)], "secondary columns go in order"
+    dropped = [c for c in profile_table.DROP_ORDER if c in every and c not in headers]
+    assert dropped and dropped == [c for c in profile_table.DROP_ORDER if c in every][:len(dropped)], "secondary columns go in order"
     assert f"left out for the terminal's width: {', '.join(dropped)} (--wide shows every column)" in flat
     assert "left out" not in str(wide.caption)
 
@@ -368,6 +372,6 @@ def test_profile_table_memory_is_per_model_or_blank():
     base = {"kind": "kernel", "op": "mamba2", "preset": SUPER, "variant": "conventional", "phase": "avg", "batch": 1,
             "window": None, "state_dtype": "fp32", "source": "measured", "status": "failed", "mem_per_seq": 2**20}
     rows = [{**base, "mem_per_seq_model": 40 * 2**20}, base]
-    cells = [c["MiB/seq"] for c in (prof._row_cells(r, "", False, [], None) for r in rows)]
+    cells = [c["MiB/seq"] for c in (profile_table._row_cells(r, "", False, [], None) for r in rows)]
     assert cells == ["40", "–"]
-    assert prof._row_cells(base, "", False, [], {SUPER: 40})["MiB/seq"] == "40"
+    assert profile_table._row_cells(base, "", False, [], {SUPER: 40})["MiB/seq"] == "40"

@@ -15,8 +15,9 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from replayssm_cli import profile as prof
-from replayssm_cli import results
+
+from replayssm_cli.measure import profile as prof
+from replayssm_cli.report import results
 from replayssm_cli.main import app
 
 SUPER = "nemotron-3-super-120b-a12b"
@@ -25,17 +26,17 @@ SUPER = "nemotron-3-super-120b-a12b"
 SLOW_PROFILE = textwrap.dedent("""
     import sys, time, types
     import replayssm_cli
-    from replayssm_cli import profile as prof
+    from replayssm_cli.measure import grid, profile as prof
     from replayssm_cli.main import app
 
     def run_point(point, context):
         time.sleep(0.05)
         samples = [10.0 + point.batch * (1 + i / 100) for i in range(9)]
         return [{"phase": phase, "ok": True, "layers": 1, "check_max_err": 1e-4, "samples_us": samples}
-                for phase in prof.point_phases(point)]
+                for phase in grid.point_phases(point)]
 
-    replayssm_cli.bench = types.SimpleNamespace(run_point=run_point)
-    sys.modules["replayssm_cli.bench"] = replayssm_cli.bench
+    replayssm_cli.measure.bench = types.SimpleNamespace(run_point=run_point)
+    sys.modules["replayssm_cli.measure.bench"] = replayssm_cli.measure.bench
     prof.detect_mode = lambda require_gpu: "measured"
     prof.measured_setup = lambda gpu, spec: {
         "environment": {"gpu": {"name": "NVIDIA H200"}}, "ceilings": None, "free_bytes": 2**36,
@@ -59,6 +60,9 @@ def _stop_while_running(tmp_path, sig):
     while time.monotonic() < deadline:
         if out.is_file() and len(results.load(out).rows) >= 3:
             break
+        if proc.poll() is not None:
+            reader.join(timeout=10)
+            pytest.fail("the profile ended before writing rows: " + "".join(line for _, line in lines)[-2000:])
         time.sleep(0.05)
     else:
         proc.kill()
@@ -96,10 +100,10 @@ def test_profile_stopped_keeps_rows_and_lists_the_rest_once(tmp_path, sig, code,
 def test_profile_two_runs_at_once_write_two_files(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    paths = {prof.default_out("h200") for _ in range(50)}
+    paths = {results.default_out("h200") for _ in range(50)}
     assert len(paths) == 50, "names are unique within one millisecond"
     # the same generated name for two runs: the second is refused, the first file kept
-    monkeypatch.setattr(prof, "default_out", lambda key, directory="runs": tmp_path / "runs" / "same-h200.json")
+    monkeypatch.setattr(results, "default_out", lambda key, directory="runs": tmp_path / "runs" / "same-h200.json")
     first = CliRunner().invoke(app, ["profile", "--preset", SUPER, "--batch", "1"])
     assert first.exit_code == 0, first.output
     kept = (tmp_path / "runs" / "same-h200.json").read_text()

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from replayssm_cli import provenance, results
-from replayssm_cli.results import Results
+from replayssm_cli.report import provenance, results
+from replayssm_cli.report.results import Results
 
 ENV = {"gpu": {"name": "NVIDIA H200"}, "commit": "2adf3f9"}
 

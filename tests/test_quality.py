@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 import torch
 
-from replayssm_cli import quality as Q
-from replayssm_cli import trace as T
+from replayssm_cli.measure import quality as Q
+from replayssm_cli.measure import trace as T
 from replayssm_cli.errors import UserError
-from replayssm_cli.shapes import GDNShape, Mamba2Shape
+from replayssm_cli.model.shapes import GDNShape, Mamba2Shape
 
 MAMBA2 = Mamba2Shape(H=8, P=12, N=10, G=2)
 GDN = GDNShape(H=2, HV=6, K=16, V=12)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import benchmark_scripts
 
-from replayssm_cli.results import Results, reference_profiles
+from replayssm_cli.report.results import Results, reference_profiles
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 GDN = "qwen3.5-122b-a10b"

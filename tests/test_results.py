@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from replayssm_cli import results
+from replayssm_cli.report import results
 from replayssm_cli.errors import UserError
-from replayssm_cli.results import ROW_FIELDS, SCHEMA_VERSION, ResultsWriter, load
+from replayssm_cli.report.results import ROW_FIELDS, SCHEMA_VERSION, ResultsWriter, load
 
 ENV = {"gpu": {"name": "NVIDIA H200", "driver": "570.86"}, "torch": "2.11.0", "triton": "3.6.0", "commit": "abc123"}
 SPEC = {"presets": ["nemotron-3-super-120b-a12b"], "batches": [1, 256], "windows": [16]}
@@ -172,7 +172,7 @@ def test_load_reference_reads_the_newest_run_first(tmp_path, monkeypatch):
 
 
 def test_results_schema_file_is_the_one_the_code_writes():
-    """profiles/schema/results.schema.json is json_schema() (regenerate with `python -m replayssm_cli.results --schema`)."""
+    """profiles/schema/results.schema.json is json_schema() (regenerate with `python -m replayssm_cli.report.results --schema`)."""
     shipped = json.loads(results.schema_path().read_text())
     assert shipped == results.json_schema()
     assert shipped["properties"]["schema_version"] == {"const": SCHEMA_VERSION}

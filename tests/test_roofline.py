@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from replayssm_cli import roofline as rl
-from replayssm_cli import roofline_figure as rl_fig
+from replayssm_cli.report import roofline as rl
+from replayssm_cli.report import roofline_figure as rl_fig
 from replayssm_cli.main import app
-from replayssm_cli.results import ResultsWriter, load
+from replayssm_cli.report.results import ResultsWriter, load
 
 FIXTURES = Path(__file__).parent / "fixtures"
 MEASURED = FIXTURES / "results_h200_measured.json"
@@ -274,7 +274,7 @@ def test_roofline_draws_e2e_baselines_and_measured_bytes(tmp_path):
 
 
 def test_roofline_gpu_option_draws_that_gpus_datasheet(tmp_path):
-    from replayssm_cli import gpus
+    from replayssm_cli.model import gpus
 
     other = next(g for g in gpus.list_gpus() if g.key != "h200" and g.hbm_gbs != gpus.load_gpu("h200").hbm_gbs)
     out = tmp_path / "g.html"
@@ -336,7 +336,7 @@ def test_roofline_refuses_bad_outputs_and_missing_files(tmp_path, monkeypatch):
 
 
 def test_roofline_default_input(tmp_path, monkeypatch):
-    import replayssm_cli.results as results_module
+    import replayssm_cli.report.results as results_module
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(results_module, "reference_files", lambda: [])
@@ -387,9 +387,9 @@ def test_roofline_default_input(tmp_path, monkeypatch):
 
 def test_roofline_imports_no_torch():
     code = (
-        "import sys; from replayssm_cli import roofline as rl; from replayssm_cli.commands import roofline; "
+        "import sys; from replayssm_cli.report import roofline as rl; from replayssm_cli.commands import roofline; "
         f"files = rl.load_files([{str(MEASURED)!r}]); p = rl.place(files, rl.roof_for(files[0][1])); "
-        "from replayssm_cli import roofline_figure; roofline_figure.build_figure(p); "
+        "from replayssm_cli.report import roofline_figure; roofline_figure.build_figure(p); "
         "bad = [m for m in ('torch', 'triton') if m in sys.modules]; assert not bad, bad"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
@@ -521,7 +521,7 @@ def reference_run(tmp_path, monkeypatch, *args):
 
 
 def test_roofline_shipped_reference_chart_structure(tmp_path, monkeypatch):
-    from replayssm_cli.results import reference_profiles
+    from replayssm_cli.report.results import reference_profiles
 
     result, out = reference_run(tmp_path, monkeypatch)
     data, layout = figure(out)
@@ -578,7 +578,7 @@ def test_roofline_shipped_reference_chart_structure(tmp_path, monkeypatch):
     assert layout["xaxis"]["range"][1] - layout["xaxis"]["range"][0] < 2.0
     whole = layout["updatemenus"][0]["buttons"][1]["args"][0]
     assert whole["xaxis.range"][1] > math.log10(183)
-    from replayssm_cli.results import reference_files
+    from replayssm_cli.report.results import reference_files
 
     shipped = sorted(f.name for f in reference_files() if f.name.startswith("h200-"))
     assert f"plotting the shipped H200 reference profile ({len(shipped)} files: {', '.join(shipped)})" in result.stderr
@@ -597,7 +597,7 @@ def crafted_pair(tmp_path, **changes) -> Path:
 
 
 def test_roofline_arrow_reads_speedup_over():
-    from replayssm_cli import roofline_figure as figure_mod
+    from replayssm_cli.report import roofline_figure as figure_mod
 
     base = load(MEASURED)
     roof = rl.roof_for(base)
@@ -710,7 +710,7 @@ def scaled_rows(n: int) -> list[dict]:
 
 
 def test_roofline_is_linear_in_rows_one_trace_per_arrow_kind(tmp_path):
-    from replayssm_cli import roofline_figure as figure_mod
+    from replayssm_cli.report import roofline_figure as figure_mod
 
     base = load(MEASURED)
     counts = {}
@@ -754,7 +754,7 @@ def test_roofline_measured_bytes_draw_dram_and_l2_points_per_kernel(tmp_path):
 
 
 def test_roofline_arrows_run_from_marker_edge_to_marker_edge():
-    from replayssm_cli import roofline_figure as figure_mod
+    from replayssm_cli.report import roofline_figure as figure_mod
 
     base = load(MEASURED)
     placement = rl.place([("m", base)], rl.roof_for(base))

@@ -11,10 +11,10 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from replayssm_cli import trace as trace_mod
-from replayssm_cli import tuner, verdict
+from replayssm_cli.measure import trace as trace_mod
+from replayssm_cli.advise import tuner, verdict
 from replayssm_cli.main import app
-from replayssm_cli.tuner import Candidate, Timing
+from replayssm_cli.advise.tuner import Candidate, Timing
 
 FIXTURES = Path(__file__).parent / "fixtures"
 MAMBA2_RESULTS = FIXTURES / "tune_mamba2_h200.json"
@@ -216,7 +216,7 @@ def test_tune_speculative_groups_from_a_results_file():
 def test_tune_predicts_what_the_results_file_lacks():
     """A candidate the H200 file lacks gets the calibrated predictor's time (fitted on the shipped H200 measurements),
     its interval the fit's error."""
-    from replayssm_cli import calibration, presets
+    from replayssm_cli.model import calibration, presets
 
     report = run_json("--preset", SUPER, "--results", str(MAMBA2_RESULTS), "--batch", "256", "--window", "16,32",
                       "--state-dtype", "fp32", "--read-dtype", "bf16")
@@ -233,8 +233,9 @@ def test_tune_predicts_what_the_results_file_lacks():
 
 def test_tune_measures_on_a_gpu_through_the_profiler(monkeypatch):
     """With CUDA and no --results, tune profiles its candidates and runs the quality check on the kernels too."""
-    from replayssm_cli import profile as prof
-    from replayssm_cli import quality, results
+    from replayssm_cli.measure import profile as prof
+    from replayssm_cli.measure import quality
+    from replayssm_cli.report import results
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     measured = results.load(MAMBA2_RESULTS)
@@ -260,7 +261,7 @@ def test_tune_measures_on_a_gpu_through_the_profiler(monkeypatch):
 def test_tune_without_a_gpu_reads_the_shipped_h200_reference(tmp_path):
     """No GPU, the H200 (default): the reference profile's times, the newest run of a configuration first; the
     candidates it lacks predicted and scaled by its measured ones."""
-    from replayssm_cli.results import load_reference
+    from replayssm_cli.report.results import load_reference
 
     out = tmp_path / "tune.json"
     res = invoke("--preset", QWEN, "--batch", "1,256", "--window", "16", "--state-dtype", "fp32,fp16", "--read-dtype", "none",
@@ -481,7 +482,7 @@ def test_tune_verdict_shows_the_measured_end_to_end_speedup(tmp_path):
 
 def test_tune_progress_in_a_log_is_one_line_per_finished_configuration(monkeypatch, tmp_path):
     """Not a terminal (CliRunner): plain lines on stderr, one per finished configuration when nothing rate-limits them."""
-    from replayssm_cli import quality
+    from replayssm_cli.measure import quality
     from replayssm_cli.commands import tune as tune_cmd
 
     monkeypatch.setattr(tune_cmd, "LOG_EVERY_S", 0.0)
@@ -506,9 +507,10 @@ def test_tune_progress_in_a_log_is_one_line_per_finished_configuration(monkeypat
 
 def _fake_profiler(monkeypatch, tmp_path, gpu_name="NVIDIA H200"):
     """The profiler's real grid and rows on a faked GPU: its setup (NVML, clocks) left out, the runner tune gives."""
-    from replayssm_cli import gpus, presets
-    from replayssm_cli import profile as prof
-    from replayssm_cli.results import ResultsWriter
+    from replayssm_cli.model import gpus, presets
+    from replayssm_cli.measure import grid
+    from replayssm_cli.measure import profile as prof
+    from replayssm_cli.report.results import ResultsWriter
 
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: gpu_name)
 
@@ -516,7 +518,7 @@ def _fake_profiler(monkeypatch, tmp_path, gpu_name="NVIDIA H200"):
         resolved = [presets.resolve(n, spec.tp) for n in spec.presets]
         env = {"gpu": {"name": gpu_name, "key": "h200", "memory_total": 150 * 2**30}}
         writer = ResultsWriter(Path(out or tmp_path / "measured.json"), env, spec.to_dict())
-        run = prof.run_grid(prof.plan(spec, resolved), {p.name: p for p in resolved}, writer, mode="measured",
+        run = prof.run_grid(grid.plan(spec, resolved), {p.name: p for p in resolved}, writer, mode="measured",
                             ceilings=gpus.ceilings_for(gpus.load_gpu("h200")), free_bytes=None, runner=runner, progress=False,
                             context={"repeats": spec.repeats})
         run.gpu_name = gpu_name
@@ -534,7 +536,7 @@ def _fake_measurement(point, rows):
 
 
 def test_tune_quality_is_computed_once_per_inputs(monkeypatch, tmp_path):
-    from replayssm_cli import quality
+    from replayssm_cli.measure import quality
 
     args = ("--preset", SUPER, "--results", str(MAMBA2_RESULTS), "--batch", "256", "--window", "16", "--state-dtype", "fp32",
             "--read-dtype", "bf16", *QUICK)
@@ -563,7 +565,7 @@ def test_tune_results_from_another_gpu_than_gpu_is_an_error():
 def test_tune_measures_only_what_the_model_puts_within_reach(monkeypatch, tmp_path):
     """On an H200 the shipped reference guesses each time: at batch 256 the replay steps (about 1.9x) cannot catch the
     split ones (about 2.6x), so they are not measured; split W32, close to split W16, is; the baseline always is."""
-    from replayssm_cli import quality
+    from replayssm_cli.measure import quality
     from replayssm_cli.commands import tune as tune_cmd
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
@@ -596,7 +598,7 @@ def test_within_reach_keeps_the_close_and_the_baseline():
 
 
 def test_engine_flags_say_what_selects_a_recommendation_and_what_nothing_does():
-    from replayssm_cli import engine_flags
+    from replayssm_cli.advise import engine_flags
 
     replay = Candidate("replay", "fp32", 16)
     v = engine_flags.vllm("mamba2", replay)
@@ -632,7 +634,7 @@ def test_tune_prints_and_carries_the_engine_settings():
 def test_tune_repeats_only_what_is_close_to_the_best_and_noisy(monkeypatch, tmp_path):
     """Each configuration is first timed with QUICK_REPEATS replays; only one whose interval still reaches the best's
     and whose spread is over the floor is timed again with the profile's full count."""
-    from replayssm_cli import quality
+    from replayssm_cli.measure import quality
     from replayssm_cli.commands import tune as tune_cmd
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)

@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from replayssm_cli.dtypes import Op
+from replayssm_cli.model.dtypes import Op
 from replayssm_cli.errors import UserError, cli_command
 
 EXIT_FAILED = 1
@@ -46,7 +46,7 @@ def check(
     if compile_:
         _compile(op.value if op else None, target, function, update_baseline, jobs, json_)
         return
-    from replayssm_cli import check as checks
+    from replayssm_cli.measure import check as checks
 
     dev = checks.device()
     results = checks.run_checks(checks.cases(op.value if op else None), dev)
@@ -62,7 +62,7 @@ def check(
 
 def _compile(op: str | None, target: str | None, function: str | None, update_baseline: bool, jobs: int | None,
              json_: bool) -> None:
-    from replayssm_cli import compile_check as cc
+    from replayssm_cli.measure import compile_check as cc
     from replayssm_cli.console import err, note, out, print_json
 
     arches = cc.parse_targets(target)

@@ -31,8 +31,8 @@ def compare(
     """
     from dataclasses import asdict
 
-    from replayssm_cli import results
-    from replayssm_cli.compare import compare_results, render
+    from replayssm_cli.report import results
+    from replayssm_cli.report.compare import compare_results, render
     from replayssm_cli.console import out, print_json, warn
 
     ra, rb = results.load(a), results.load(b)

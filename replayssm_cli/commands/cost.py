@@ -10,10 +10,10 @@ import typer
 
 from replayssm_cli import options
 from replayssm_cli.console import out, print_json
-from replayssm_cli.cost import cost_table
-from replayssm_cli.dtypes import IODtype, ReadDtype, StateDtype
+from replayssm_cli.model.cost import cost_table
+from replayssm_cli.model.dtypes import IODtype, ReadDtype, StateDtype
 from replayssm_cli.errors import UserError, cli_command
-from replayssm_cli.presets import DEFAULT_PRESETS, resolve
+from replayssm_cli.model.presets import DEFAULT_PRESETS, resolve
 
 MAX_DRAFT = 8
 
@@ -148,7 +148,7 @@ def _mean_accepted(draft: int, accepted: float | None, rate: float | None, dist:
     """Mean drafts accepted per verify step from --accepted, --accept-rate or --accept-dist (None: all of them)."""
     if accepted is not None or draft == 0 or (rate is None and not dist):
         return accepted
-    from replayssm_cli.profile import accept_probs, mean_accepted
+    from replayssm_cli.measure.grid import accept_probs, mean_accepted
 
     weights = options.accept_weights(dist)
     if weights and len(weights) != draft + 1:

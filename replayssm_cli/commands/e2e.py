@@ -21,22 +21,6 @@ WeightDtype = Enum("WeightDtype", {d: d for d in ("bf16", "fp8", "nvfp4")}, type
 KVDtype = Enum("KVDtype", {d: d for d in ("bf16", "fp8")}, type=str)
 
 
-def _ints(values: list[str] | None, option: str) -> tuple[int, ...]:
-    out: list[int] = []
-    for part in (p.strip() for v in values or [] for p in v.split(",")):
-        if not part:
-            continue
-        try:
-            out.append(int(part))
-        except ValueError:
-            raise UserError(f"{option} {part!r} is not an integer", f"e.g. {option} 1,16,64") from None
-    return tuple(dict.fromkeys(out))
-
-
-def _words(values: list[str] | None) -> tuple[str, ...]:
-    return tuple(dict.fromkeys(p.strip() for v in values or [] for p in v.split(",") if p.strip()))
-
-
 @cli_command
 def e2e(
     preset: Annotated[Optional[list[str]], options.preset(show_default="one Mamba-2 and one GDN preset")] = None,
@@ -78,14 +62,14 @@ def e2e(
 
       replayssm e2e --preset qwen3.5-122b-a10b --weight-dtype nvfp4 --dry-run --gpu b300 --json
     """
-    from replayssm_cli import e2e as lib
-    from replayssm_cli import presets as presets_mod
+    from replayssm_cli.measure import e2e as lib
+    from replayssm_cli.model import presets as presets_mod
 
     spec = lib.E2ESpec(
         presets=tuple(options.preset_names_given(preset, preset_file)) or presets_mod.DEFAULT_PRESETS,
-        batches=_ints(batch, "--batch") or lib.DEFAULT_BATCHES,
-        contexts=_ints(context, "--context") or lib.DEFAULT_CONTEXTS,
-        variants=_words(variant) or lib.DEFAULT_VARIANTS,
+        batches=options.ints_given(batch, "--batch") or lib.DEFAULT_BATCHES,
+        contexts=options.ints_given(context, "--context") or lib.DEFAULT_CONTEXTS,
+        variants=options.words_given(variant) or lib.DEFAULT_VARIANTS,
         window=window,
         state_dtype=state_dtype.value if state_dtype else None,
         read_dtype=read_dtype.value,
@@ -116,6 +100,7 @@ def e2e(
 
 
 def _dry_run(lib: Any, spec: Any, resolved: list[Any], gpu: str | None, json_: bool) -> None:
+    from replayssm_cli.report import e2e_table
     import torch
 
     from replayssm_cli.console import out as stdout, print_json
@@ -126,7 +111,7 @@ def _dry_run(lib: Any, spec: Any, resolved: list[Any], gpu: str | None, json_: b
         l2 = getattr(props, "L2_cache_size", None)
         where = {"name": props.name, "memory": "free", "bytes": free, "l2_bytes": l2}
     else:
-        from replayssm_cli import gpus
+        from replayssm_cli.model import gpus
 
         g = gpus.load_gpu(gpu or "h200")
         free, l2 = int(g.memory_gib * lib.GIB), int(g.l2_mib * lib.MIB)
@@ -137,9 +122,9 @@ def _dry_run(lib: Any, spec: Any, resolved: list[Any], gpu: str | None, json_: b
         return
     console = _wide(stdout)
     for p, entry in zip(resolved, entries):
-        console.print(lib.inventory_table(lib.inventory(p, weight_dtype=spec.weight_dtype)))
-        console.print(lib.memory_table(entry, spec.batches))
-        console.print(lib.prediction_table(entry))
+        console.print(e2e_table.inventory_table(lib.inventory(p, weight_dtype=spec.weight_dtype)))
+        console.print(e2e_table.memory_table(entry, spec.batches))
+        console.print(e2e_table.prediction_table(entry))
     console.print(
         f"memory planned against {where['bytes'] / lib.GIB:.0f} GiB ({where['memory']}) of {where['name']}; "
         f"state dtype {spec.state_dtype or 'each preset’s own'}; {lib.weights_note(spec.weight_dtype)}; "
@@ -149,14 +134,16 @@ def _dry_run(lib: Any, spec: Any, resolved: list[Any], gpu: str | None, json_: b
 
 
 def _measure(lib: Any, spec: Any, resolved: list[Any], gpu: str | None, out: Path | None, json_: bool) -> None:
+    from replayssm_cli.report import e2e_table
+    from replayssm_cli.report.results import default_out
     from replayssm_cli.console import err, note, out as stdout, print_json, warn
-    from replayssm_cli.results import ResultsWriter
+    from replayssm_cli.report.results import ResultsWriter
 
     if gpu:
         warn("--gpu names the GPU a --dry-run plans for; the detected GPU is measured")
     lib.check_spec_runnable(spec, resolved, "cuda")
     env = lib.environment()
-    path = out or lib.default_out(env["gpu"].get("key"))
+    path = out or default_out(env["gpu"].get("key"), kind="e2e")
     doc = {**spec.to_dict(), "kind": "e2e", "presets_resolved": [p.name for p in resolved], "notes": lib.notes(spec)}
     try:
         writer = ResultsWriter(path, env, doc)
@@ -174,13 +161,13 @@ def _measure(lib: Any, spec: Any, resolved: list[Any], gpu: str | None, out: Pat
         title = (f"replayssm e2e · {env['gpu']['name']} · one decode step of the whole model (prefill not timed) · "
                  f"weights {spec.weight_dtype} · KV {spec.kv_dtype} · attention {backends}")
         caption = "\n".join(lib.notes(spec))
-        _wide(stdout).print(lib.render_table(rows, title=title, caption=caption))
+        _wide(stdout).print(e2e_table.render_table(rows, title=title, caption=caption))
         for name, plan in result.plans.items():
             note(f"{name}: {plan}")
     note(f"results: {result.path} ({len(rows)} rows{'' if result.results.complete else ', incomplete'})")
     for s in result.skipped:
         warn(f"skipped {s['what']}: {s['why']}")
-    for line in lib.largest_fit_lines(result.max_batch):
+    for line in e2e_table.largest_fit_lines(result.max_batch):
         note(line)
     for label in result.failed:
         err.print(f"[red]SSM kernels failed their check against the reference, not timed:[/] {label}", highlight=False)

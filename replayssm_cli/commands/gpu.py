@@ -8,7 +8,7 @@ import typer
 from rich import box
 from rich.table import Table
 
-from replayssm_cli import gpus as G
+from replayssm_cli.model import gpus as G
 from replayssm_cli import options
 from replayssm_cli.console import note, out, print_json, warn
 from replayssm_cli.errors import UserError, cli_command

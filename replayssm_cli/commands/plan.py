@@ -27,7 +27,7 @@ def _edges(value: str | None) -> tuple[int, ...] | None:
 
 def _preset_for(name: str | None, traffic, tp: int):
     """The named preset, else the one whose Hugging Face id is the traffic's model_id."""
-    from replayssm_cli import presets
+    from replayssm_cli.model import presets
 
     if name:
         return presets.resolve(name, tp)
@@ -74,9 +74,9 @@ def plan(
 
       replayssm plan -t day.json --gpu h200 --driver 580.159.04 --gate min-gain=1.05,quality-margin=2,memory-headroom=10%
     """
-    from replayssm_cli import gate as gate_mod
-    from replayssm_cli import plan as lib
-    from replayssm_cli import traffic as traffic_mod
+    from replayssm_cli.advise import gate as gate_mod
+    from replayssm_cli.advise import plan as lib
+    from replayssm_cli.advise import traffic as traffic_mod
     from replayssm_cli.console import note, warn
 
     edges = _edges(cohorts) or lib.DEFAULT_COHORTS
@@ -115,7 +115,7 @@ def plan(
         doc["gate"] = {"passed": all(v["passed"] for v in verdicts), "thresholds": verdicts,
                        "target": {k: getattr(target, k) for k in gate_mod.ENV_FIELDS}, "unchecked": unchecked}
     if out is not None:
-        from replayssm_cli.results import write_atomic
+        from replayssm_cli.report.results import write_atomic
 
         try:
             write_atomic(Path(out), doc)

@@ -10,7 +10,8 @@ from rich import box
 from rich.table import Table
 
 from replayssm_cli import options
-from replayssm_cli import presets as P
+from replayssm_cli.model import ops
+from replayssm_cli.model import presets as P
 from replayssm_cli.console import out, print_json
 from replayssm_cli.errors import UserError, cli_command
 
@@ -95,14 +96,14 @@ def _show(p: P.Preset, json_out: bool) -> None:
     head.add_row("preset", f"{p.display} ({p.name})")
     if p.hf_id:
         head.add_row("checkpoint", p.hf_id)
-    head.add_row("SSM kind", "Mamba-2" if p.kind == "mamba2" else "Gated DeltaNet")
+    head.add_row("SSM kind", ops.named(p.kind).title)
     head.add_row("layers", f"{p.ssm_layers} SSM, {p.attn_layers} attention")
     head.add_row("shape per GPU", dims + (f"   (tp={p.tp} of " + "  ".join(f"{k}={v}" for k, v in full.items()) + ")" if full else ""))
     head.add_row("state dtype", p.state_dtype + (" (estimated)" if "state_dtype" in p.estimated else "") + " as shipped")
     flags = [f"dt_softplus={p.dt_softplus}", f"D={p.has_D}", f"z in kernel={p.has_z}"]
     head.add_row("kernel flags", ", ".join(flags))
     if p.a_log_range:
-        what = "-A" if p.kind == "mamba2" else "exp(A_log)"
+        what = ops.named(p.kind).a_label
         head.add_row("decay range", f"{what} in [{p.a_log_range[0]:g}, {p.a_log_range[1]:g}]")
     if p.e2e:
         head.add_row("end to end", ", ".join(f"{k}={v}" for k, v in p.e2e.items()))

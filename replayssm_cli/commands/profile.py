@@ -8,34 +8,16 @@ from typing import Annotated, Any, Optional
 import typer
 
 from replayssm_cli import options
-from replayssm_cli.baselines import names as _baseline_names
+from replayssm_cli.measure.baselines import names as _baseline_names
 from replayssm_cli.errors import UserError, cli_command
 # `replayssm tune` measures its candidates through the profiler's setup under this name.
-from replayssm_cli.profile import measured_setup as _measured_setup  # noqa: F401
+from replayssm_cli.measure.profile import measured_setup as _measured_setup  # noqa: F401
 
 BASELINE_NAMES = _baseline_names()
 EXIT_INTERRUPTED = 130
 EXIT_TERMINATED = 143
 EXIT_FAILED = 1
 WIDE = 240
-
-
-def _ints(values: list[str] | None, option: str) -> tuple[int, ...]:
-    out: list[int] = []
-    for value in values or []:
-        for part in value.split(","):
-            part = part.strip()
-            if not part:
-                continue
-            try:
-                out.append(int(part))
-            except ValueError:
-                raise UserError(f"{option} {part!r} is not an integer", f"e.g. {option} 1,16,64") from None
-    return tuple(dict.fromkeys(out))
-
-
-def _words(values: list[str] | None) -> tuple[str, ...]:
-    return tuple(dict.fromkeys(p.strip() for v in values or [] for p in v.split(",") if p.strip()))
 
 
 def _floats(value: str | None, option: str) -> tuple[float, ...]:
@@ -110,24 +92,27 @@ def profile(
 
       replayssm profile --preset qwen3.5-122b-a10b --draft 2,4 --accept-rate 0.9 --out runs/spec.json --json
     """
-    from replayssm_cli import presets as presets_mod
-    from replayssm_cli import profile as prof
-    from replayssm_cli import provenance, verdict
+    from replayssm_cli.model import presets as presets_mod
+    from replayssm_cli.measure import grid
+    from replayssm_cli.report import profile_table
+    from replayssm_cli.measure import profile as prof
+    from replayssm_cli.report import provenance
+    from replayssm_cli.advise import verdict
     from replayssm_cli.console import err, note, print_json, warn
     from replayssm_cli.console import out as stdout
 
     if out is not None:
-        from replayssm_cli.results import check_out_path
+        from replayssm_cli.report.results import check_out_path
 
         check_out_path(out)
-    spec = prof.ProfileSpec(
+    spec = grid.ProfileSpec(
         presets=tuple(options.preset_names_given(preset, preset_file)) or presets_mod.DEFAULT_PRESETS,
-        batches=_ints(batch, "--batch") or prof.DEFAULT_BATCHES,
-        windows=_ints(window, "--window") or prof.DEFAULT_WINDOWS,
-        state_dtypes=_words(state_dtype),
-        read_dtypes=_words(read_dtype),
+        batches=options.ints_given(batch, "--batch") or grid.DEFAULT_BATCHES,
+        windows=options.ints_given(window, "--window") or grid.DEFAULT_WINDOWS,
+        state_dtypes=options.words_given(state_dtype),
+        read_dtypes=options.words_given(read_dtype),
         io_dtype=io_dtype,
-        drafts=_ints(draft, "--draft"),
+        drafts=options.ints_given(draft, "--draft"),
         accept_rate=accept_rate,
         accept_dist=_floats(accept_dist, "--accept-dist"),
         tp=tp,
@@ -135,7 +120,7 @@ def profile(
         aligned_flush=aligned_flush,
         phases=phases,
         repeats=repeats,
-        baselines=_words(baseline),
+        baselines=options.words_given(baseline),
         energy=energy,
     )
     if ncu_report is not None:
@@ -144,7 +129,7 @@ def profile(
         except OSError as exc:
             raise UserError(f"--ncu-report {ncu_report}: {exc.strerror or exc}", "pass a folder it can write") from None
     if not predict:
-        from replayssm_cli.check import refuse_missing_features
+        from replayssm_cli.measure.check import refuse_missing_features
 
         refuse_missing_features(spec.read_dtypes)
     run = prof.run_profile(spec, out=out, predict=predict, require_gpu=require_gpu, gpu=gpu)
@@ -152,8 +137,8 @@ def profile(
     rows = run.results.rows
     ncu = ncu or ncu_report is not None
     if ncu and run.mode == "measured" and not run.interrupted:
-        from replayssm_cli import ncu as ncu_mod
-        from replayssm_cli.results import write_atomic
+        from replayssm_cli.measure import ncu as ncu_mod
+        from replayssm_cli.report.results import write_atomic
 
         ncu_mod.annotate_rows(rows, ncu_mod.specs_from_rows(rows), report_dir=ncu_report)
         write_atomic(run.path, run.results.to_dict())
@@ -167,7 +152,7 @@ def profile(
         title = f"replayssm profile · {run.gpu_name} · {run.mode}"
         caption = _caption(run.mode, run.ceilings, any(r["variant"].startswith("baseline:") for r in rows))
         console = _wide(stdout, wide)
-        table = prof.render_table(rows, title=title, caption=caption, layers_of=run.layers_of,
+        table = profile_table.render_table(rows, title=title, caption=caption, layers_of=run.layers_of,
                                   width=None if wide or not console.is_terminal else console.width)
         console.print(table)
         if ncu and run.mode == "measured" and (ncu_table := ncu_mod.comparison_table(rows)) is not None:

@@ -171,8 +171,8 @@ def roofline(
 
       replayssm roofline runs/h200.json --bytes measured --phase all --plotlyjs cdn --json
     """
-    from replayssm_cli import roofline as rl
-    from replayssm_cli import roofline_figure as fig_mod
+    from replayssm_cli.report import roofline as rl
+    from replayssm_cli.report import roofline_figure as fig_mod
     from replayssm_cli.console import err, print_json, warn
 
     def note(line: str) -> None:

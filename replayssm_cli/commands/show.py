@@ -38,12 +38,12 @@ def show(
 
       replayssm show runs/20261130-h200.json --csv rows.csv --json
     """
-    from replayssm_cli import report
+    from replayssm_cli.report import selection as report
     from replayssm_cli.console import err, note, out, print_json
-    from replayssm_cli.profile import render_table
-    from replayssm_cli.provenance import file_label
-    from replayssm_cli.results import origin_of
-    from replayssm_cli.roofline import load_files, results_gpu_name
+    from replayssm_cli.report.profile_table import render_table
+    from replayssm_cli.report.provenance import file_label
+    from replayssm_cli.report.results import origin_of
+    from replayssm_cli.report.roofline import load_files, results_gpu_name
     from rich.console import Console
 
     loaded = load_files([results])[0][1]
@@ -61,7 +61,7 @@ def show(
         note(f"{results} holds no {'e2e' if e2e else 'kernel'} rows" + ("" if e2e else "; --e2e shows the whole-model rows"))
         return
     if e2e:
-        from replayssm_cli import roofline as rl
+        from replayssm_cli.report import roofline as rl
 
         for r in rows:
             out.print(f"{rl.describe(r)}: {r.get('us', 0) / 1000:.3f} ms per model step", highlight=False)

@@ -9,7 +9,7 @@ from typing import Annotated, Any, Optional
 import typer
 
 from replayssm_cli import options
-from replayssm_cli.dtypes import IODtype, ReadDtype, StateDtype
+from replayssm_cli.model.dtypes import IODtype, ReadDtype, StateDtype
 from replayssm_cli.errors import UserError, cli_command
 
 DEFAULT_BATCHES = (1, 16, 64, 256)
@@ -21,20 +21,6 @@ QUICK_REPEATS = 5
 MAX_WINDOW = 64
 MAX_DRAFT = 8
 WIDE = 200
-
-
-def _ints(values: list[str] | None, option: str) -> tuple[int, ...]:
-    out: list[int] = []
-    for value in values or []:
-        for part in value.split(","):
-            part = part.strip()
-            if not part:
-                continue
-            try:
-                out.append(int(part))
-            except ValueError:
-                raise UserError(f"{option} {part!r} is not an integer", f"e.g. {option} 1,16,64") from None
-    return tuple(dict.fromkeys(out))
 
 
 def _dtypes(values: list[str] | None, enum: type, option: str, *, allow_none: bool = False) -> tuple[str, ...] | None:
@@ -133,15 +119,15 @@ def tune(
 
     The verdict comes first, one line per batch size; --details adds every candidate and the error by bucket.
     """
-    from replayssm_cli import presets as presets_mod
-    from replayssm_cli import engine_flags, tuner, verdict
+    from replayssm_cli.model import presets as presets_mod
+    from replayssm_cli.advise import engine_flags, tuner, verdict
 
     preset = options.one_preset(preset, preset_file, "tune")
     if not preset:
         raise UserError("tune needs a preset", "pass --preset NAME (see `replayssm presets`)")
-    batches = _ints(batch, "--batch") or DEFAULT_BATCHES
-    windows = _ints(window, "--window") or tuner.DEFAULT_WINDOWS
-    drafts = _ints(draft, "--draft")
+    batches = options.ints_given(batch, "--batch") or DEFAULT_BATCHES
+    windows = options.ints_given(window, "--window") or tuner.DEFAULT_WINDOWS
+    drafts = options.ints_given(draft, "--draft")
     state_dtypes = _dtypes(state_dtype, StateDtype, "--state-dtype") or tuner.DEFAULT_STATE_DTYPES
     read_dtypes = _dtypes(read_dtype, ReadDtype, "--read-dtype", allow_none=True)
     read_dtypes = tuner.DEFAULT_READ_DTYPES if read_dtypes is None else read_dtypes
@@ -246,7 +232,7 @@ def tune(
 
 
 def _print_engines(p, decisions) -> None:
-    from replayssm_cli import engine_flags, verdict
+    from replayssm_cli.advise import engine_flags, verdict
     from replayssm_cli.console import out
 
     text = [w for line in engine_flags.lines(p.kind, decisions) for w in verdict.wrap(line, indent="      ")]
@@ -254,7 +240,7 @@ def _print_engines(p, decisions) -> None:
 
 
 def _print_verdict(p, source, lines, error_budget, budget_note, baseline, drafts) -> None:
-    from replayssm_cli import verdict
+    from replayssm_cli.advise import verdict
     from replayssm_cli.console import out
 
     title = f"replayssm tune: {p.name}" + (f" (tp {p.tp})" if p.tp != 1 else "") + f" on {source['gpu']}: does ReplaySSM pay?"
@@ -303,7 +289,7 @@ def _check_out(path: Path) -> None:
 
 def _write_report(path: Path, report: dict[str, Any]) -> None:
     from replayssm_cli.console import note
-    from replayssm_cli.results import write_atomic
+    from replayssm_cli.report.results import write_atomic
 
     try:
         write_atomic(Path(path), report)
@@ -322,8 +308,9 @@ def _timing_source(p, preset_arg: str, cands, batches, results: Path | None, gpu
                    measured_only: bool = False, allowed=None) -> dict[str, Any]:
     """Where candidate times come from: a results file (predicting what it lacks unless measured_only), a measurement
     here, the shipped H200 reference profile when there is no GPU and the GPU is the H200, or the cost model."""
-    from replayssm_cli import gpus, tuner
-    from replayssm_cli import results as results_mod
+    from replayssm_cli.model import gpus
+    from replayssm_cli.advise import tuner
+    from replayssm_cli.report import results as results_mod
     from replayssm_cli.console import note
 
     cuda = _cuda_available()
@@ -386,7 +373,7 @@ def _preset_rows(res, p) -> list[dict[str, Any]]:
 
 def _annotated(res, rows) -> list[dict[str, Any]]:
     """Copies of rows that say which file they came from (x_origin, as a merged reference's rows do)."""
-    from replayssm_cli import results as results_mod
+    from replayssm_cli.report import results as results_mod
 
     origin = results_mod.origin_of(res)
     return [r if isinstance(r.get("x_origin"), dict) else {**r, "x_origin": origin} for r in rows]
@@ -395,7 +382,7 @@ def _annotated(res, rows) -> list[dict[str, Any]]:
 def _reference_rows(gpu_key: str) -> list[dict[str, Any]]:
     """The shipped reference rows of one GPU, each configuration from the newest file that measured it, each
     row saying which file that was (x_origin)."""
-    from replayssm_cli import results as results_mod
+    from replayssm_cli.report import results as results_mod
 
     ref = results_mod.load_reference(gpu_key)
     return list(ref.rows) if ref is not None else []
@@ -403,7 +390,7 @@ def _reference_rows(gpu_key: str) -> list[dict[str, Any]]:
 
 def _check_file_gpu(res, path: Path, gpu: str | None) -> None:
     """--gpu with a results file measured on another GPU is an error: its times are that GPU's."""
-    from replayssm_cli import gpus
+    from replayssm_cli.model import gpus
 
     if not gpu:
         return
@@ -422,7 +409,8 @@ def _from_results(p, cands, res, rows, mode: str, describe: str, results_file: s
     """Times from a loaded results file's rows for the preset, and (unless measured_only) predictions for the
     candidates it lacks, scaled by how far its measured candidates of the same variant and batch ran from their
     predictions."""
-    from replayssm_cli import gpus, tuner
+    from replayssm_cli.model import gpus
+    from replayssm_cli.advise import tuner
 
     io_used = io or _most_common(r.get("io_dtype") for r in rows) or "bf16"
     env_gpu = res.environment.get("gpu") if isinstance(res.environment.get("gpu"), dict) else {}
@@ -470,7 +458,8 @@ def _from_results(p, cands, res, rows, mode: str, describe: str, results_file: s
 def _calibrated_prediction(p, c, b, gpu_key: str, io: str, unmeasured: str | None = None):
     """The calibrated predictor's time for a candidate on a GPU (None where no calibration holds its kernel).
     `unmeasured` says what of the candidate no measurement covered (its window): then it counts as borrowed."""
-    from replayssm_cli import calibration, tuner
+    from replayssm_cli.model import calibration
+    from replayssm_cli.advise import tuner
 
     try:
         pred = calibration.predict_step(p, c.variant, batch=b, window=c.window if c.is_replay else None,
@@ -491,7 +480,7 @@ def _calibrated_prediction(p, c, b, gpu_key: str, io: str, unmeasured: str | Non
 
 
 def _prediction_label(row) -> str:
-    from replayssm_cli import provenance
+    from replayssm_cli.report import provenance
 
     return provenance.prediction_label(row, error=False).removeprefix("predicted (").removesuffix(")")
 
@@ -502,7 +491,7 @@ def _family(c) -> str:
 
 
 def _predict(p, c, b, ceilings, io: str):
-    from replayssm_cli import tuner
+    from replayssm_cli.advise import tuner
 
     try:
         return tuner.predicted_timing(p.shape, c, b, ceilings, io_dtype=io, has_z=p.has_z)
@@ -520,7 +509,7 @@ def _most_common(values) -> str | None:
 
 def _file_gpu(env_gpu: dict[str, Any]):
     """The spec of the GPU a results file was measured on, when there is one."""
-    from replayssm_cli import gpus
+    from replayssm_cli.model import gpus
 
     if env_gpu.get("key") in gpus.gpu_keys():
         return gpus.load_gpu(env_gpu["key"])
@@ -549,7 +538,7 @@ class NotInReach(Exception):
 
 
 def _run_point(point, context):
-    from replayssm_cli import bench
+    from replayssm_cli.measure import bench
 
     return bench.run_point(point, context)
 
@@ -563,7 +552,7 @@ def _point_candidate(point, by_key):
 
 def _avg_stats(measurements) -> dict[str, float] | None:
     """Median and spread of a runner's window-average measurement, None where it failed."""
-    from replayssm_cli.profile import sample_stats
+    from replayssm_cli.measure.timing import sample_stats
 
     m = next((m for m in measurements if m.get("phase", "avg") == "avg"), None)
     if m is None or not m.get("ok", True) or not m.get("samples_us"):
@@ -574,7 +563,7 @@ def _avg_stats(measurements) -> dict[str, float] | None:
 def _close_and_noisy(measurements, best_hi: float | None) -> bool:
     """Whether a quick measurement needs the full repeats: its spread is wider than a repeat measurement's floor and
     its interval still reaches the best one's (so more samples could change the decision)."""
-    from replayssm_cli import tuner
+    from replayssm_cli.advise import tuner
 
     stats = _avg_stats(measurements)
     if stats is None or stats["spread"] <= tuner.MIN_SPREAD:
@@ -587,8 +576,8 @@ def _reach_model(p, cands, io: str):
     lacks) on an H200, else the cost model over this GPU's datasheet; (timing function, what it is)."""
     import torch
 
-    from replayssm_cli import gpus
-    from replayssm_cli import results as results_mod
+    from replayssm_cli.model import gpus
+    from replayssm_cli.report import results as results_mod
 
     try:
         name = torch.cuda.get_device_name(0)
@@ -611,8 +600,9 @@ def _measure(p, preset_arg: str, cands, batches, io: str, accept_rate: float, *,
     """Time on this GPU, through the profiler, the candidates that `allowed` keeps and the model puts within reach
     of the best (tuner.within_reach); the rest are recorded as skipped with the reason. The results file is written
     as rows finish. Returns (rows, GPU name, memory, path)."""
-    from replayssm_cli import profile as prof
-    from replayssm_cli import tuner
+    from replayssm_cli.measure import grid
+    from replayssm_cli.measure import profile as prof
+    from replayssm_cli.advise import tuner
     from replayssm_cli.console import note
 
     guess, model = _reach_model(p, cands, io)
@@ -647,7 +637,7 @@ def _measure(p, preset_arg: str, cands, batches, io: str, accept_rate: float, *,
         return found
 
     state_dtypes = {c.state_dtype for c in cands}
-    spec = prof.ProfileSpec(
+    spec = grid.ProfileSpec(
         presets=(preset_arg,),
         batches=tuple(batches),
         windows=tuple(sorted({c.window for c in cands if c.window})),
@@ -680,10 +670,11 @@ def _memory_here() -> int | None:
 
 def _check_quality_size(p, trace, cands, steps: int, heads: int) -> None:
     """Refuse, before any work, a quality run with more heads than a layer has or more tokens than fit in memory."""
-    from replayssm_cli import quality
+    from replayssm_cli.measure import quality
+    from replayssm_cli.model import ops
 
     shape = trace.shape if trace is not None else p.shape
-    layer_heads = shape.H if shape.op == "mamba2" else shape.HV
+    layer_heads = ops.of(shape).state_heads(shape)
     if heads > layer_heads:
         where = "the trace's layer" if trace is not None else f"a layer of {p.name}" + (f" at tp {p.tp}" if p.tp != 1 else "")
         raise UserError(f"--heads {heads} is more than the {layer_heads} heads of {where}", f"pass --heads 1 to {layer_heads}")
@@ -704,7 +695,7 @@ def _load_trace(path: Path | None, p):
     """The trace file, checked against the preset's kind; None without --trace."""
     if path is None:
         return None
-    from replayssm_cli import trace as trace_mod
+    from replayssm_cli.measure import trace as trace_mod
     from replayssm_cli.console import note
 
     tr = trace_mod.read(path)
@@ -765,13 +756,14 @@ class Ticker:
 def _quality(p, cands, *, steps: int, heads: int, seed: int, trace, io_dtype: str):
     """The long-decode quality run for every stored precision the candidates use, each config's errors kept on disk
     so that a second run with the same inputs does not recompute them; (report, inputs, configs, cache key)."""
-    from replayssm_cli import quality
+    from replayssm_cli.measure import quality
+    from replayssm_cli.model import ops
     from replayssm_cli.console import note
 
     if trace is not None:
         inputs = quality.trace_inputs(trace, heads=heads, steps=steps)
     else:
-        a_range = p.a_log_range or ((0.0, 16.0) if p.kind == "gdn" else (1.0, 16.0))
+        a_range = p.a_log_range or ops.named(p.kind).a_log_range
         inputs = quality.synthetic_inputs(
             p.shape, a_range=a_range, dt_softplus=p.dt_softplus, steps=steps, heads=heads, seed=seed, io_dtype=io_dtype,
         )
@@ -789,7 +781,7 @@ def _quality(p, cands, *, steps: int, heads: int, seed: int, trace, io_dtype: st
 
 def _kernel_quality(report, inputs, configs, key: str) -> None:
     """The same quality run stepped through the GPU kernels, its errors beside the reference's (cached likewise)."""
-    from replayssm_cli import quality
+    from replayssm_cli.measure import quality
 
     with Ticker("quality on the GPU kernels", len(configs), "configs") as tick:
         found, _ = quality.cached_kernels(inputs, configs, device="cuda", key=key,
@@ -826,7 +818,7 @@ def _render(p, source, quality, decisions, error_budget, budget, budget_note, ba
     from rich.table import Table
 
     from replayssm_cli.console import out
-    from replayssm_cli.tuner import fmt_bytes
+    from replayssm_cli.advise.tuner import fmt_bytes
 
     console = out if out.is_terminal else Console(file=out.file, width=WIDE)
     console.print(

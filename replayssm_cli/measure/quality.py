@@ -8,7 +8,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from replayssm_cli.shapes import SSMShape
+from replayssm_cli.model import ops
+from replayssm_cli.model.shapes import SSMShape
 
 # (label, first generated token, last generated token or None), 1-based.
 BUCKETS: tuple[tuple[str, int, int | None], ...] = (
@@ -94,7 +95,7 @@ class Inputs:
 
     @property
     def steps(self) -> int:
-        return int(self.tensors["x" if self.op == "mamba2" else "q"].shape[0])
+        return int(self.tensors[ops.named(self.op).token_input].shape[0])
 
     @property
     def generated(self) -> int:
@@ -102,7 +103,7 @@ class Inputs:
 
     @property
     def heads(self) -> int:
-        return int(self.tensors["x" if self.op == "mamba2" else "v"].shape[1])
+        return int(self.tensors[ops.named(self.op).head_input].shape[1])
 
     def dims(self) -> dict[str, int]:
         t = self.tensors
@@ -114,10 +115,7 @@ class Inputs:
 def bytes_per_token(shape: SSMShape, heads: int, configs: int) -> int:
     """Memory a quality run holds per token (prompt or generated): the inputs of `heads` heads in fp32 and their
     fp32 and fp64 working copies, plus each config's squared error."""
-    if shape.op == "mamba2":
-        per_head = shape.P + 2 * shape.N + 1
-    else:
-        per_head = 2 * shape.K + shape.V + 2
+    per_head = ops.of(shape).quality_elems_per_head(shape)
     return 3 * 8 * heads * per_head + 8 * (configs + 1)
 
 
@@ -152,7 +150,7 @@ def synthetic_inputs(
     """
     import torch
 
-    from replayssm_cli.dtypes import torch_dtype
+    from replayssm_cli.model.dtypes import torch_dtype
 
     _check_run(steps, prompt, heads)
     lo, hi = float(a_range[0]), float(a_range[1])
@@ -209,7 +207,7 @@ def _l2norm(x):
 
 
 def trace_inputs(trace, *, heads: int = DEFAULT_HEADS, steps: int | None = None) -> Inputs:
-    """Inputs from a recorded trace (replayssm_cli.trace.Trace): its first `heads` heads, `steps` generated tokens."""
+    """Inputs from a recorded trace (replayssm_cli.measure.trace.Trace): its first `heads` heads, `steps` generated tokens."""
     import torch
 
     _check_run(steps if steps is not None else 1, trace.prompt_tokens, heads)
@@ -743,7 +741,7 @@ def stepwise_outputs(inputs: Inputs, config: Config, *, backend: str = "kernels"
     """
     import torch
 
-    from replayssm_cli.dtypes import torch_dtype
+    from replayssm_cli.model.dtypes import torch_dtype
 
     decode, replay, ReplayCache = _ops(inputs.op, backend)
     dev = torch.device(device)

@@ -9,7 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from replayssm_cli.errors import UserError, readable_path
-from replayssm_cli.shapes import GDNShape, Mamba2Shape, SSMShape
+from replayssm_cli.model import ops
+from replayssm_cli.model.shapes import GDNShape, Mamba2Shape, SSMShape
 
 FORMAT = "replayssm-trace"
 VERSION = 1
@@ -50,7 +51,7 @@ class Trace:
 
     @property
     def steps(self) -> int:
-        return int(self.arrays["x" if self.op == "mamba2" else "q"].shape[0])
+        return int(self.arrays[ops.named(self.op).token_input].shape[0])
 
     @property
     def generated(self) -> int:

@@ -1,280 +1,23 @@
-"""The profile grid: what to run, one results row per measurement or prediction, the run loop and the table."""
+"""The profile run: one results row per measurement or prediction, their speedups, and the loop over the grid."""
 
 from __future__ import annotations
 
 import contextlib
-import math
-import sys
 import time
-from dataclasses import asdict, dataclass, field, is_dataclass
-from datetime import datetime
+from dataclasses import asdict, dataclass, field, is_dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
 
-from replayssm_cli.dtypes import IODtype, ReadDtype, StateDtype
 from replayssm_cli.errors import UserError
+from replayssm_cli.measure.grid import Point, ProfileSpec, mean_accepted, nonflush_fill, plan, point_phases
+from replayssm_cli.measure.timing import is_oom, sample_stats
 
-DEFAULT_BATCHES = (1, 16, 64, 256)
-DEFAULT_WINDOWS = (16,)
-DEFAULT_ACCEPT_RATE = 0.8
-MAX_WINDOW = 64
-MAX_DRAFT = 8
-NOISY_SPREAD = 0.10
-PHASED_VARIANTS = ("replay", "split")
 INTERRUPTED = "not run: interrupted"
 LOG_EVERY_S = 10.0
-# The row fields that say which configuration a row measured; compare matches rows on them.
-CONFIG_KEYS = (
-    "kind", "op", "preset", "variant", "phase", "batch", "window", "state_dtype",
-    "read_dtype", "io_dtype", "draft", "tp", "flush",
-)
-
-
-@dataclass(frozen=True)
-class ProfileSpec:
-    """What a profile runs: the grid's axes and the timing settings; written whole into the results file."""
-
-    presets: tuple[str, ...]
-    batches: tuple[int, ...] = DEFAULT_BATCHES
-    windows: tuple[int, ...] = DEFAULT_WINDOWS
-    state_dtypes: tuple[str, ...] = ()
-    read_dtypes: tuple[str, ...] = ()
-    io_dtype: str = "bf16"
-    drafts: tuple[int, ...] = ()
-    accept_rate: float = DEFAULT_ACCEPT_RATE
-    accept_dist: tuple[float, ...] = ()
-    tp: int = 1
-    layers: int | None = None
-    aligned_flush: bool = False
-    phases: bool = True
-    windows_per_graph: int = 2
-    repeats: int = 30
-    seed: int = 0
-    baselines: tuple[str, ...] = ()
-    energy: bool = False
-
-    def validate(self) -> None:
-        """Raise UserError (one line) for an option the kernels or the grid cannot take."""
-        if not self.presets:
-            raise UserError("no preset to profile", "pass --preset NAME (see `replayssm presets`)")
-        for b in self.batches:
-            if b < 1:
-                raise UserError(f"--batch {b} is not a batch size", "batch sizes are positive integers, e.g. --batch 1,16,64,256")
-        for w in self.windows:
-            if not 1 <= w <= MAX_WINDOW:
-                raise UserError(f"--window {w} is out of range", f"the window W takes 1 to {MAX_WINDOW}")
-        for t in self.drafts:
-            if not 1 <= t <= MAX_DRAFT:
-                raise UserError(f"--draft {t} is out of range", f"speculative widths take 1 to {MAX_DRAFT}")
-        for d in self.state_dtypes:
-            _enum(StateDtype, d, "--state-dtype")
-        for d in self.read_dtypes:
-            _enum(ReadDtype, d, "--read-dtype")
-        _enum(IODtype, self.io_dtype, "--io-dtype")
-        if not 0.0 <= self.accept_rate <= 1.0:
-            raise UserError(f"--accept-rate {self.accept_rate} is not a probability", "pass a value in [0, 1]")
-        if self.accept_dist:
-            if len(self.drafts) != 1 or len(self.accept_dist) != self.drafts[0] + 1:
-                raise UserError(
-                    "--accept-dist needs exactly one --draft T and T+1 weights (for 0..T drafts accepted)",
-                    "e.g. --draft 4 --accept-dist 0.1,0.1,0.2,0.3,0.3",
-                )
-            if any(w < 0 for w in self.accept_dist) or sum(self.accept_dist) <= 0:
-                raise UserError("--accept-dist weights must be non-negative and not all zero")
-        if self.drafts and any(mean_accepted(accept_probs(t, self.accept_rate, self.accept_dist)) <= 0 for t in self.drafts):
-            raise UserError("the acceptance given accepts no draft at all", "pass an --accept-rate or --accept-dist that accepts some")
-        if self.tp < 1:
-            raise UserError(f"--tp {self.tp} is not a tensor-parallel degree", "pass a positive integer")
-        if self.layers is not None and self.layers < 1:
-            raise UserError(f"--layers {self.layers} is not a layer count", "pass a positive integer")
-        if self.repeats < 3:
-            raise UserError(f"--repeats {self.repeats} is too few to give percentiles", "pass 3 or more")
-        from replayssm_cli import baselines
-
-        for name in self.baselines:
-            if name != baselines.ALL and name not in baselines.REGISTRY:
-                raise UserError(f"--baseline {name!r} is not a baseline this replayssm knows", f"choose from {', '.join(baselines.names())} or all")
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-def _enum(enum: type, value: str, option: str) -> str:
-    try:
-        return enum(value).value
-    except ValueError:
-        choices = ", ".join(e.value for e in enum)
-        raise UserError(f"{option} {value!r} is not a dtype the kernels take", f"choose from {choices}") from None
-
-
-def accept_probs(draft: int, rate: float = DEFAULT_ACCEPT_RATE, dist: tuple[float, ...] = ()) -> list[float]:
-    """Probabilities of accepting n = 0..draft drafts in one verify step.
-
-    With `dist`, its weights normalised. Otherwise each draft is accepted with probability `rate`
-    and the first rejection ends the run, as in speculative decoding: P(n) = rate^n (1 - rate) for
-    n < draft and rate^draft for n = draft.
-    """
-    if dist:
-        total = float(sum(dist))
-        return [w / total for w in dist]
-    probs = [rate**n * (1.0 - rate) for n in range(draft)]
-    probs.append(rate**draft)
-    return probs
-
-
-def mean_accepted(probs: list[float]) -> float:
-    return sum(n * p for n, p in enumerate(probs))
-
-
-@dataclass(frozen=True)
-class Point:
-    """One configuration of the grid; it gives one row, or three (avg, nonflush, flush) for ReplaySSM."""
-
-    preset: str
-    source_name: str
-    op: str
-    variant: str
-    batch: int
-    window: int | None
-    state_dtype: str
-    read_dtype: str | None
-    io_dtype: str
-    draft: int = 0
-    accept: tuple[float, ...] = ()
-    tp: int = 1
-    layers_cap: int | None = None
-    flush: str = "staggered"
-    phases: bool = False
-    competes: str | None = None
-
-    @property
-    def cost_variant(self) -> str:
-        """The variant whose cost model the row uses: ours, or the one a baseline competes with."""
-        return self.competes or self.variant
-
-    def label(self) -> str:
-        parts = [self.preset, self.variant, f"B{self.batch}"]
-        if self.window:
-            parts.append(f"W{self.window}")
-        parts.append(self.state_dtype + (f"-{self.read_dtype}" if self.read_dtype else ""))
-        if self.draft:
-            parts.append(f"T{self.draft}")
-        return " ".join(parts)
-
-    def case_spec(self, seed: int = 0, phase: str = "avg") -> dict[str, Any]:
-        """What `bench.make_case` takes: JSON-able, so a child process can rebuild the case (at one phase's fill)."""
-        return {
-            "preset": self.source_name,
-            "op": self.op,
-            "phase": phase,
-            "tp": self.tp,
-            "variant": self.variant,
-            "batch": self.batch,
-            "window": self.window,
-            "state_dtype": self.state_dtype,
-            "read_dtype": self.read_dtype,
-            "io_dtype": self.io_dtype,
-            "draft": self.draft,
-            "accept": list(self.accept),
-            "flush": self.flush,
-            "layers": self.layers_cap,
-            "seed": seed,
-        }
-
-
-def plan(spec: ProfileSpec, presets: list[Any], left_out: list[dict[str, str]] | None = None, baselines: list[Any] = ()) -> list[Point]:
-    """The grid in run order: within a preset, state dtype and batch, the conventional kernel first (the speedup baseline).
-
-    A split read copy that is not narrower than the state is left out (appended to `left_out` with why).
-    `baselines` (replayssm_cli.baselines adapters, already found importable) add a point after ours for
-    each configuration of their op and variant that they can run; the others go to `left_out`.
-    """
-    from replayssm_cli.dtypes import itemsize
-
-    points: list[Point] = []
-    flush = "aligned" if spec.aligned_flush else "staggered"
-    for given, preset in zip(spec.presets, presets):
-        state_dtypes = spec.state_dtypes or (preset.state_dtype,)
-        common = dict(preset=preset.name, source_name=given, op=preset.kind, io_dtype=spec.io_dtype, tp=spec.tp, layers_cap=spec.layers)
-        for sd in state_dtypes:
-            for b in spec.batches:
-                points.append(Point(**common, variant="conventional", batch=b, window=None, state_dtype=sd, read_dtype=None))
-                for w in spec.windows:
-                    points.append(
-                        Point(**common, variant="replay", batch=b, window=w, state_dtype=sd, read_dtype=None, flush=flush, phases=spec.phases)
-                    )
-                    for rd in spec.read_dtypes:
-                        if itemsize(rd) >= itemsize(sd):
-                            if left_out is not None and b == spec.batches[0] and w == spec.windows[0]:
-                                left_out.append({"what": f"{preset.name} split {sd}-{rd}", "why": f"a {rd} read copy is not narrower than a {sd} state"})
-                            continue
-                        points.append(
-                            Point(**common, variant="split", batch=b, window=w, state_dtype=sd, read_dtype=rd, flush=flush, phases=spec.phases)
-                        )
-                for t in spec.drafts:
-                    acc = tuple(accept_probs(t, spec.accept_rate, spec.accept_dist))
-                    points.append(
-                        Point(**common, variant="spec-conventional", batch=b, window=None, state_dtype=sd, read_dtype=None, draft=t, accept=acc)
-                    )
-                    for w in spec.windows:
-                        points.append(
-                            Point(**common, variant="spec-replay", batch=b, window=w, state_dtype=sd, read_dtype=None, draft=t, accept=acc, flush=flush)
-                        )
-                for bl in baselines:
-                    if bl.op != preset.kind:
-                        continue
-                    for w in spec.windows if bl.variant == "replay" else (None,):
-                        why = bl.unsupported(window=w, state_dtype=sd, io_dtype=spec.io_dtype, shape=preset.shape)
-                        if why:
-                            if left_out is not None and b == spec.batches[0]:
-                                left_out.append({"what": f"{preset.name} baseline:{bl.name}" + (f" W{w}" if w else "") + f" {sd}", "why": why})
-                            continue
-                        points.append(
-                            Point(**common, variant=f"baseline:{bl.name}", batch=b, window=w, state_dtype=sd, read_dtype=None,
-                                  flush=flush if w else "staggered", competes=bl.variant)
-                        )
-    return points
-
-
-def nonflush_fill(window: int) -> int:
-    """The fill at which the nonflush phase is measured: the middle of 0..W-2."""
-    return (window - 2) // 2
-
-
-def point_phases(point: Point) -> list[str]:
-    """The rows a point gives: avg, and for ReplaySSM with phases the non-flush (W > 1) and flush steps alone."""
-    if point.variant in PHASED_VARIANTS and point.phases:
-        return ["avg", "nonflush", "flush"] if point.window and point.window > 1 else ["avg", "flush"]
-    return ["avg"]
-
-
-def percentile(values: list[float], q: float) -> float:
-    """The q-th percentile (0..100) with linear interpolation between order statistics, as numpy's default."""
-    s = sorted(values)
-    if not s:
-        return math.nan
-    k = (len(s) - 1) * q / 100.0
-    lo, hi = math.floor(k), math.ceil(k)
-    return s[lo] + (s[hi] - s[lo]) * (k - lo)
-
-
-def sample_stats(samples: list[float]) -> dict[str, float]:
-    """Median, percentiles and spread ((p75 - p25) / median) of per-step samples in µs."""
-    med = percentile(samples, 50)
-    p25, p75 = percentile(samples, 25), percentile(samples, 75)
-    return {
-        "us": med,
-        "us_p50": med,
-        "us_p95": percentile(samples, 95),
-        "us_p99": percentile(samples, 99),
-        "spread": (p75 - p25) / med if med > 0 else math.nan,
-        "x_us_p25": p25,
-        "x_us_p75": p75,
-    }
 
 
 def _cost(point: Point, preset: Any, phase: str, accepted: float | None):
-    from replayssm_cli import cost
+    from replayssm_cli.model import cost
 
     fill = None
     if phase == "nonflush":
@@ -300,7 +43,7 @@ def _cost(point: Point, preset: Any, phase: str, accepted: float | None):
 def memory_fields(point: Point, preset: Any, free_bytes: int | None) -> dict[str, Any]:
     """mem_per_seq (one layer), mem_per_seq_model (all the preset's SSM layers), the parts as x_mem_* and how many
     sequences fit in free_bytes."""
-    from replayssm_cli import cost
+    from replayssm_cli.model import cost
 
     mem = cost.memory_per_seq(
         preset.shape,
@@ -320,7 +63,7 @@ def memory_fields(point: Point, preset: Any, free_bytes: int | None) -> dict[str
 
 def base_row(point: Point, preset: Any, phase: str, *, source: str, status: str, layers: int | None) -> dict[str, Any]:
     """Every ROW_FIELDS key (None where it does not apply), the configuration filled in."""
-    from replayssm_cli.results import ROW_FIELDS
+    from replayssm_cli.report.results import ROW_FIELDS
 
     return {
         **dict.fromkeys(ROW_FIELDS),
@@ -374,7 +117,7 @@ def predicted_rows(point: Point, preset: Any, ceilings: Any, free_bytes: int | N
     calibration covers the kernel). `reference` (calibration.reference_index) adds x_reference to a row whose
     configuration a shipped file measured on this GPU: its µs, speedup and file, GPU, date and commit.
     """
-    from replayssm_cli import calibration
+    from replayssm_cli.model import calibration
 
     accepted = mean_accepted(list(point.accept)) if point.draft else None
     rows = []
@@ -515,13 +258,6 @@ def _ratio(row: dict[str, Any], base: dict[str, Any], over: str) -> None:
         row["speedup_lo"] = row["speedup_hi"] = row["speedup"]
 
 
-def _is_oom(exc: BaseException) -> bool:
-    torch = sys.modules.get("torch")
-    if torch is not None and isinstance(exc, getattr(torch.cuda, "OutOfMemoryError", ())):
-        return True
-    return type(exc).__name__ == "OutOfMemoryError" or "out of memory" in str(exc).lower()
-
-
 @dataclass
 class ProfileRun:
     """What a run did: the results (as written), everything skipped with its reason, and whether it was cut short."""
@@ -565,7 +301,7 @@ def run_grid(
     from replayssm_cli.console import err
 
     if mode == "measured" and runner is None:
-        from replayssm_cli import bench
+        from replayssm_cli.measure import bench
 
         runner = bench.run_point
     run = ProfileRun(results=writer.results, path=writer.results.path)
@@ -667,7 +403,7 @@ def _run_point(point, preset, writer, run: ProfileRun, mode, ceilings, free_byte
     except KeyboardInterrupt:
         raise
     except Exception as exc:
-        if _is_oom(exc):
+        if is_oom(exc):
             why = f"out of memory at batch {point.batch}"
         else:
             text = str(exc).splitlines()[0] if str(exc) else ""
@@ -701,8 +437,8 @@ def run_profile(
     written to `out` (default ./runs/<time>-<gpu>.json) as they finish. Returns what was run, with the
     loaded results; an interrupted run comes back with interrupted=True and an incomplete file.
     """
-    from replayssm_cli import presets as presets_mod
-    from replayssm_cli.results import ResultsWriter
+    from replayssm_cli.model import presets as presets_mod
+    from replayssm_cli.report import results as results_mod
 
     spec.validate()
     resolved = [presets_mod.resolve(name, spec.tp) for name in spec.presets]
@@ -712,10 +448,10 @@ def run_profile(
     if not points:
         raise UserError("the options leave nothing to profile", "; ".join(f"{s['what']}: {s['why']}" for s in left_out))
     setup = predicted_setup(gpu) if mode == "predicted" else measured_setup(gpu, spec)
-    path = Path(out) if out else default_out(setup["gpu_key"])
+    path = Path(out) if out else results_mod.default_out(setup["gpu_key"])
     spec_doc = {**spec.to_dict(), "mode": mode, "gpu": setup["gpu_key"], "presets_resolved": [p.name for p in resolved]}
     try:
-        writer = ResultsWriter(path, setup["environment"], spec_doc, exclusive=not out)
+        writer = results_mod.ResultsWriter(path, setup["environment"], spec_doc, exclusive=not out)
     except FileExistsError:
         raise UserError(f"the results file {path} was created by another run meanwhile", "run again (names are unique per run)") from None
     except OSError as exc:
@@ -746,7 +482,7 @@ def usable_baselines(spec: ProfileSpec, presets: list[Any], mode: str, left_out:
 
     Baselines are measured only: a predicted profile leaves them all out, in one entry.
     """
-    from replayssm_cli import baselines
+    from replayssm_cli.measure import baselines
 
     if not spec.baselines:
         return []
@@ -785,7 +521,7 @@ def detect_mode(require_gpu: bool) -> str:
 
 
 def _environment() -> dict[str, Any]:
-    from replayssm_cli.environment import cuda_runtime, software
+    from replayssm_cli.measure.environment import cuda_runtime, software
 
     return {**software(), **cuda_runtime()}
 
@@ -796,7 +532,7 @@ def _plain(obj: Any) -> Any:
 
 def predicted_setup(gpu: str | None) -> dict[str, Any]:
     """Environment, ceilings and free memory of a GPU named by its spec (default h200), for predicted rows."""
-    from replayssm_cli import gpus
+    from replayssm_cli.model import gpus
 
     spec = gpus.load_gpu(gpu or "h200")
     ceilings = gpus.ceilings_for(spec)
@@ -806,7 +542,7 @@ def predicted_setup(gpu: str | None) -> dict[str, Any]:
         gpu={"name": spec.name, "key": spec.key, "memory_gib": spec.memory_gib, "l2_mib": spec.l2_mib, "sm_count": spec.sm_count, "source": "spec"},
         ceilings=_plain(ceilings),
     )
-    from replayssm_cli import calibration
+    from replayssm_cli.model import calibration
 
     context = {"gpu": spec.key, "reference": calibration.reference_index(spec.key)}
     return {"environment": env, "ceilings": ceilings, "free_bytes": int(spec.memory_gib * 2**30), "gpu_key": spec.key,
@@ -817,7 +553,8 @@ def measured_setup(gpu: str | None, spec: ProfileSpec) -> dict[str, Any]:
     """Environment (software, CUDA, the detected GPU, its ceilings), free memory, the clock sampler and the runner's context."""
     import torch
 
-    from replayssm_cli import energy, gpus
+    from replayssm_cli.measure import energy
+    from replayssm_cli.model import gpus
     from replayssm_cli.console import warn
 
     if gpu:
@@ -857,205 +594,40 @@ def measured_setup(gpu: str | None, spec: ProfileSpec) -> dict[str, Any]:
     }
 
 
-def default_out(gpu_key: str | None, directory: str | Path = "runs") -> Path:
-    """A results path unique to this run: local time to the millisecond and a random suffix, then the GPU key
-    (runs/20261130-224658.123-k3f9-h200.json); the writer creates it exclusively."""
-    import secrets
+def check_reference(gpu_key: str = "h200") -> list[dict[str, Any]]:
+    """Every speedup the shipped reference of `gpu_key` holds (newest file per configuration, our kernels) beside the
+    speedup a no-GPU profile of the same grid predicts: dicts with the row's configuration, file, measured, predicted
+    and error (predicted / measured - 1)."""
+    from replayssm_cli.model import calibration
+    from replayssm_cli.model import presets as presets_mod
+    from replayssm_cli.report import results
 
-    now = datetime.now()
-    stamp = now.strftime("%Y%m%d-%H%M%S") + f".{now.microsecond // 1000:03d}-{secrets.token_hex(2)}"
-    return Path(directory) / f"{stamp}-{gpu_key or 'gpu'}.json"
-
-
-def _fmt(value: Any, spec: str = ".3g", none: str = "–") -> str:
-    if value is None or (isinstance(value, float) and not math.isfinite(value)):
-        return none
-    return format(value, spec)
-
-
-def _num(value: Any) -> str:
-    """Up to four significant digits, thousands written out (no exponent) for µs."""
-    if value is None or (isinstance(value, float) and not math.isfinite(value)):
-        return "–"
-    return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.4g}"
-
-
-def _mib(value: Any) -> str:
-    return "–" if value is None else f"{value / 2**20:.3g}"
-
-
-# The profile table's columns that are never left out, and the others in the order they go when the terminal is
-# narrow (first listed, first gone); a wrapped column breaks between words, never inside a number.
-KEPT_COLUMNS = ("preset", "variant", "B", "W", "speedup")
-DROP_ORDER = ("TFLOP/s", "AI", "µs/model step", "flush cost/share", "seqs fit", "GB/s", "MiB/seq", "%BW", "from",
-              "µs/tok/layer", "measured", "T/acc", "state→read")
-WRAPPED_COLUMNS = ("speedup", "from")
-SEGMENT = " · "
-
-
-def render_table(rows: list[dict[str, Any]], *, title: str, caption: str | None = None, layers_of: dict[str, int] | None = None,
-                 width: int | None = None):
-    """The rich table of profile rows: times next to bandwidth and share of the ceiling; noisy times flagged.
-
-    With `width` (the terminal's columns) the secondary columns are left out, DROP_ORDER first, until the table fits
-    without cutting a cell; the caption then names them and says that --wide shows them. KEPT_COLUMNS always stay.
-    `layers_of` (SSM layers by preset) gives MiB/seq for rows that lack mem_per_seq_model.
-    """
-    from rich import box
-    from rich.table import Table
-
-    from replayssm_cli.provenance import reference_label, row_label
-
-    labels = [row_label(r, error=False) for r in rows]
-    mixed = len(set(labels)) > 1
-    lines = [f"figures: {labels[0]}"] if labels and not mixed else []
-    lines += [caption] if caption else []
-    references = list(dict.fromkeys(reference_label(r["x_reference"]) for r in rows if r.get("x_reference")))
-    has_draft = any(r.get("draft") for r in rows)
-    names = ["preset", "variant", "B", "W", "state→read", *(["T/acc"] if has_draft else []), "µs/tok/layer",
-             *(["measured"] if references else []), "µs/model step", "GB/s", "%BW", "TFLOP/s", "AI", "speedup",
-             "flush cost/share", "MiB/seq", "seqs fit", *(["from"] if mixed else [])]
-    cells = [_row_cells(r, label, has_draft, references, layers_of) for r, label in zip(rows, labels)]
-    previous = None
-    for r, row_cells in zip(rows, cells):
-        if r["preset"] == previous:
-            row_cells["preset"] = ""
-        previous = r["preset"]
-    dropped, needed = _columns_to_drop(names, cells, width) if width else ([], {})
-    if references and "measured" not in dropped:
-        lines.append("measured: µs per token and speedup of the same configuration in the shipped reference, " + "; ".join(
-            f"[{i}] {label}" for i, label in enumerate(references, 1)))
-    if dropped:
-        lines.append(f"left out for the terminal's width: {', '.join(dropped)} (--wide shows every column)")
-    table = Table(title=title, caption="\n".join(lines) or None, caption_justify="left", header_style="bold",
-                  box=box.SIMPLE_HEAD, pad_edge=False)
-    kept = [n for n in names if n not in dropped]
-    for name in kept:
-        table.add_column(name, justify="left" if name in ("preset", "variant", "state→read", "from") else "right",
-                         no_wrap=name not in WRAPPED_COLUMNS, min_width=needed.get(name) if name in WRAPPED_COLUMNS else None)
-    previous = None
-    for r, row_cells in zip(rows, cells):
-        if previous is not None and r["preset"] != previous:
-            table.add_section()
-        previous = r["preset"]
-        table.add_row(*(row_cells.get(name, "") for name in kept))
-    return table
-
-
-def _model_mem(r: dict[str, Any], layers_of: dict[str, int] | None) -> int | None:
-    """Bytes per sequence over all the preset's SSM layers: mem_per_seq_model, else mem_per_seq times `layers_of`'s
-    count; None rather than one layer's figure in a column of whole-model ones."""
-    if r.get("mem_per_seq_model") is not None:
-        return r["mem_per_seq_model"]
-    layers = (layers_of or {}).get(r["preset"])
-    return r["mem_per_seq"] * layers if r.get("mem_per_seq") is not None and layers else None
-
-
-def _row_cells(r: dict[str, Any], label: str, has_draft: bool, references: list[str],
-               layers_of: dict[str, int] | None = None) -> dict[str, str]:
-    cells = {
-        "preset": r["preset"],
-        "variant": r["variant"] if r["phase"] == "avg" else f"  ↳ {r['phase']}",
-        "B": str(r["batch"]),
-        "W": _fmt(r.get("window"), "d"),
-        "state→read": r["state_dtype"] + (f"→{r['read_dtype']}" if r.get("read_dtype") else ""),
-        "MiB/seq": _mib(_model_mem(r, layers_of)),
-        "seqs fit": _fmt(r.get("seqs_fit"), "d"),
-        "from": label,
-    }
-    if has_draft:
-        cells["T/acc"] = f"{r['draft']}/{_fmt(r.get('accepted'), '.2f')}" if r.get("draft") else "–"
-    if r["status"] != "ok":
-        cells["µs/tok/layer"] = f"[red]FAILED[/] (err {_fmt(r.get('check_max_err'), '.1e')})"
-        return cells
-    cells.update({
-        "µs/tok/layer": _us_cell(r),
-        "measured": _reference_cell(r, references) if references else "",
-        "µs/model step": _num(r.get("us_model_step")),
-        "GB/s": _fmt(r.get("gbs"), ".0f"),
-        "%BW": _fmt(r.get("pct_copy_bw"), ".0f"),
-        "TFLOP/s": _fmt(r["flops_per_s"] / 1e12 if r.get("flops_per_s") else None, ".3g"),
-        "AI": _fmt(r.get("intensity"), ".3g"),
-        "speedup": _speedup_cell(r),
-        "flush cost/share": _flush_cell(r),
-    })
-    return cells
-
-
-def _columns_to_drop(names: list[str], cells: list[dict[str, str]], width: int) -> tuple[list[str], dict[str, int]]:
-    """The secondary columns to leave out, in DROP_ORDER, so that the others fit `width` with no cell cut, and the
-    width each column needs.
-
-    A column needs its widest cell and its header; speedup breaks only between its ' · ' parts and `from` between
-    words. The table adds three columns of padding and rule per column, less one.
-    """
-    from rich.text import Text
-
-    def need(name: str) -> int:
-        texts = [Text.from_markup(c.get(name, "")).plain for c in cells]
-        if name == "speedup":
-            texts = [part for t in texts for part in t.split(SEGMENT)]
-        elif name in WRAPPED_COLUMNS:
-            texts = [word for t in texts for word in t.split()]
-        return max([len(name), *(len(t) for t in texts)])
-
-    widths = {name: need(name) for name in names}
-    kept = list(names)
-    dropped = []
-    for name in DROP_ORDER:
-        if sum(widths[n] for n in kept) + 3 * len(kept) - 1 <= width:
-            break
-        if name in kept:
-            kept.remove(name)
-            dropped.append(name)
-    return dropped, widths
-
-
-def _reference_cell(r: dict[str, Any], references: list[str]) -> str:
-    """A predicted row's shipped measurement: µs per token, speedup and which file ([n] in the caption)."""
-    from replayssm_cli.provenance import reference_label
-
-    ref = r.get("x_reference")
-    if not ref:
-        return "–"
-    tokens = r.get("tokens_per_step") or 1.0
-    speed = f" {ref['speedup']:.2f}x" if ref.get("speedup") else ""
-    return f"{_num(ref['us'] / tokens)}{speed} [dim][{references.index(reference_label(ref)) + 1}][/]"
-
-
-def _us_cell(r: dict[str, Any]) -> str:
-    us = _num(r.get("us_per_token"))
-    fit = (r.get("x_prediction") or {}).get("fit_error")
-    if fit is not None:
-        from replayssm_cli.provenance import percent
-
-        return us + f" [dim]±{percent(fit)}[/]"
-    spread = r.get("spread")
-    if spread is None:
-        return us
-    if spread > NOISY_SPREAD:
-        return us + f" [yellow]±{100 * spread / 2:.0f}% noisy[/]"
-    return us + f" [dim]±{100 * spread / 2:.0f}%[/]"
-
-
-def _speedup_cell(r: dict[str, Any]) -> str:
-    """The speedup over the row's own baseline first (over snapshots for spec-replay), then the speculative rows'
-    figure over plain decode."""
-    cell = "–"
-    if r.get("speedup") is not None:
-        cell = f"{r['speedup']:.2f}x"
-        if r.get("speedup_lo") is not None and r.get("speedup_hi") is not None and r["speedup_lo"] != r["speedup_hi"]:
-            cell += f" [dim]({r['speedup_lo']:.2f}–{r['speedup_hi']:.2f})[/]"
-        if r.get("speedup_over") == "snapshots":
-            cell += " vs snapshots"
-    if r.get("speedup_vs_decode") is not None:
-        cell += f" [dim]· {r['speedup_vs_decode']:.2f}x vs decode[/]"
-    if r.get("x_vs_ours") is not None:
-        cell += f" [dim]· ours {r['x_vs_ours']:.2f}x[/]"
-    return cell
-
-
-def _flush_cell(r: dict[str, Any]) -> str:
-    if r.get("x_flush_cost_us") is None:
-        return "–"
-    return f"{_num(r['x_flush_cost_us'])} µs / {100 * (r.get('x_flush_share') or 0):.0f}%"
+    merged = results.load_reference(gpu_key)
+    if merged is None:
+        return []
+    wanted = {calibration.reference_key(r): r for r in merged.rows
+              if r.get("kind") == "kernel" and r.get("speedup") is not None and r["variant"] in calibration.VARIANTS}
+    fields = set(ProfileSpec.__dataclass_fields__)
+    out = []
+    for profile in results.reference_profiles(gpu_key):
+        mine = [k for k, r in wanted.items() if r["x_origin"]["file"] == profile.path.name]
+        if not mine:
+            continue
+        spec = ProfileSpec(**{k: tuple(v) if isinstance(v, list) else v for k, v in profile.spec.items() if k in fields})
+        presets = {name: presets_mod.resolve(name, spec.tp) for name in spec.presets}
+        rows: list[dict[str, Any]] = []
+        for point in plan(replace(spec, baselines=()), list(presets.values())):
+            for row in predicted_rows(point, presets[point.preset], None, None, gpu=gpu_key):
+                attach_speedup(row, rows)
+                rows.append(row)
+        predicted = {calibration.reference_key({**r, "source": "measured"}): r for r in rows}
+        for key in mine:
+            measured, got = wanted[key], predicted.get(key)
+            speedup = got.get("speedup") if got else None
+            out.append({
+                **{k: measured.get(k) for k in ("op", "preset", "variant", "phase", "batch", "window", "state_dtype",
+                                                 "read_dtype", "draft", "speedup_over")},
+                "file": profile.path.name, "measured": measured["speedup"], "predicted": speedup,
+                "error": speedup / measured["speedup"] - 1 if speedup else None,
+            })
+    return out

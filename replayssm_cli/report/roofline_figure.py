@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from replayssm_cli.errors import UserError
-from replayssm_cli.provenance import row_label
-from replayssm_cli.roofline import OVER_WORDS, Pair, Placement, Point, Roof, _positive, before_after_pairs, describe
+from replayssm_cli.report.provenance import row_label
+from replayssm_cli.report.roofline import OVER_WORDS, Pair, Placement, Point, Roof, _positive, before_after_pairs, describe
 
 IMAGE_SUFFIXES = (".png", ".svg")
 PLOTLYJS_MODES = ("inline", "cdn", "directory")

@@ -10,10 +10,10 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from replayssm_cli import engine_flags, tuner
+from replayssm_cli.advise import engine_flags, tuner
 from replayssm_cli.errors import UserError
-from replayssm_cli.traffic import Traffic
-from replayssm_cli.tuner import Candidate, Timing
+from replayssm_cli.advise.traffic import Traffic
+from replayssm_cli.advise.tuner import Candidate, Timing
 
 DEFAULT_COHORTS = (1, 16, 64, 128, 256)
 DEFAULT_ERROR_BUDGET = tuner.DEFAULT_ERROR_BUDGET
@@ -54,8 +54,8 @@ class TimeSource:
 
 def load_source(results_path: Path | None, preset_name: str) -> TimeSource:
     """The rows for the preset from --results, else from the shipped H200 reference profiles (newest file first)."""
-    from replayssm_cli import results as results_mod
-    from replayssm_cli.provenance import file_label
+    from replayssm_cli.report import results as results_mod
+    from replayssm_cli.report.provenance import file_label
 
     if results_path is not None:
         res = results_mod.load(results_path)
@@ -300,7 +300,7 @@ def cohorts_of(load: Load, edges: Sequence[int]) -> list[Cohort]:
 
 def bucket_for(length: float | None, labels: Sequence[str]) -> str | None:
     """The quality bucket (quality.BUCKETS) that a generation length falls in, capped at the longest that ran."""
-    from replayssm_cli.quality import BUCKETS
+    from replayssm_cli.measure.quality import BUCKETS
 
     if not labels:
         return None
@@ -321,10 +321,11 @@ def quality_steps(t: Traffic) -> int:
 
 
 def run_quality(preset, cands: Sequence[Candidate], *, steps: int, heads: int, seed: int = 0, progress: bool = True):
-    """The long-decode quality run (replayssm_cli.quality) for the stored precisions of the candidates."""
-    from replayssm_cli import quality
+    """The long-decode quality run (replayssm_cli.measure.quality) for the stored precisions of the candidates."""
+    from replayssm_cli.measure import quality
+    from replayssm_cli.model import ops
 
-    a_range = preset.a_log_range or ((0.0, 16.0) if preset.kind == "gdn" else (1.0, 16.0))
+    a_range = preset.a_log_range or ops.named(preset.kind).a_log_range
     inputs = quality.synthetic_inputs(preset.shape, a_range=a_range, dt_softplus=preset.dt_softplus, steps=steps,
                                       heads=heads, seed=seed)
     configs = list(dict.fromkeys(quality.Config(*c.quality_key()) for c in cands))
@@ -397,7 +398,7 @@ def _memory(preset):
 
 def _error_at(quality, labels: Sequence[str]):
     """error(candidate) for the tuner: the config's error in the bucket `labels` picks, or None without a run."""
-    from replayssm_cli.quality import Config
+    from replayssm_cli.measure.quality import Config
 
     def error(c: Candidate, bucket: str | None = None):
         if quality is None:

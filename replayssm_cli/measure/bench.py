@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import copy
-import importlib
 import math
 from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
 
-from replayssm_cli.dtypes import torch_dtype
+from replayssm_cli.measure.timing import graph_samples
+from replayssm_cli.model import ops
+from replayssm_cli.model.dtypes import torch_dtype
 
 # Max relative error (max |kernel - reference| / max |reference|) allowed, keyed by the least precise dtype in play.
 TOLERANCE = {"fp32": 2e-3, "fp16": 1e-2, "bf16": 3e-2, "fp8": 8e-2}
@@ -35,7 +36,7 @@ BASELINE_PREFIX = "baseline:"
 
 def kernels(op: str):
     """The kernel package of an op; looked up at call time so a test can substitute a kernel."""
-    return importlib.import_module(f"replayssm_kernels.{op}")
+    return ops.named(op).kernels()
 
 
 def tolerance(*dtypes: str | None) -> float:
@@ -82,7 +83,7 @@ class Case:
     `step()` runs one decode step over all L layers (capturable in a CUDA graph: no host sync);
     `check()` runs layer 0 against the reference for a whole number of windows and returns the max
     relative error; `close()` frees the device memory. A "baseline:<name>" variant runs that outside
-    kernel (replayssm_cli.baselines) on the same inputs, layers and check as the variant it competes with.
+    kernel (replayssm_cli.measure.baselines) on the same inputs, layers and check as the variant it competes with.
     """
 
     def __init__(self, spec: dict[str, Any], device: torch.device | str):
@@ -91,7 +92,7 @@ class Case:
         self.variant = spec["variant"]
         self.baseline = None
         if self.variant.startswith(BASELINE_PREFIX):
-            from replayssm_cli import baselines
+            from replayssm_cli.measure import baselines
 
             self.baseline = baselines.get(self.variant[len(BASELINE_PREFIX):])
         # The variant whose layout, memory and check this case follows (a baseline's competitor).
@@ -128,19 +129,17 @@ class Case:
             self.position()
 
     def _resolve_model(self, spec: dict[str, Any]) -> None:
-        from replayssm_cli.shapes import GDNShape, Mamba2Shape
-
         if spec.get("shape"):
             s = dict(spec["shape"])
             op = s.pop("op", None) or spec.get("op")
-            self.shape = Mamba2Shape(**s) if op == "mamba2" else GDNShape(**s)
+            self.shape = ops.named(op).shape_type(**s)
             self.ssm_layers = int(spec.get("ssm_layers") or 1)
             self.dt_softplus = bool(spec.get("dt_softplus", True))
             self.has_z = bool(spec.get("has_z", True))
             self.has_D = bool(spec.get("has_D", True))
             self.a_range = tuple(spec.get("a_log_range") or DEFAULT_A_RANGE)
         else:
-            from replayssm_cli import presets
+            from replayssm_cli.model import presets
 
             p = presets.resolve(spec["preset"], int(spec.get("tp") or 1))
             self.shape = p.shape
@@ -150,10 +149,11 @@ class Case:
             self.has_D = bool(getattr(p, "has_D", True))
             self.a_range = tuple(getattr(p, "a_log_range", None) or DEFAULT_A_RANGE)
         self.op = self.shape.op
+        self.adapter = ops.of(self.shape)
 
     def _touched_per_layer(self) -> int:
         """Bytes one layer's kernels keep for the whole batch (state or checkpoint, read copy, buffers, snapshots)."""
-        from replayssm_cli import cost
+        from replayssm_cli.model import cost
 
         mem = cost.memory_per_seq(
             self.shape, self.kernel_variant, window=self.window, state_dtype=self.state_dtype,
@@ -168,10 +168,7 @@ class Case:
         return self._touched_per_layer() + (initial + io) * self.batch
 
     def _input_elems(self) -> int:
-        s = self.shape
-        if self.op == "mamba2":
-            return 2 * s.H * s.P + s.H + 2 * s.G * s.N
-        return 2 * s.H * s.K + s.HV * s.V + 2 * s.HV
+        return self.adapter.input_elems(self.shape)
 
     def _layer_count(self, spec: dict[str, Any]) -> int:
         per_layer = self._bytes_per_layer()
@@ -201,49 +198,22 @@ class Case:
         io = torch_dtype(self.io_dtype)
         s = self.shape
         lead = (b, self.draft) if self.draft else (b,)
-        heads = s.H if self.op == "mamba2" else s.HV
+        op = self.adapter
+        heads = op.state_heads(s)
         # -A is drawn uniformly over the preset's range, as both Mamba-2 and GDN initialise it.
         lo, hi = self.a_range
         neg_a = (lo + (hi - lo) * torch.rand(heads, generator=self._gen, dtype=torch.float64, device=self._gen.device)).float()
         dt_bias = _inv_softplus(_log_uniform(heads, *DT_RANGE, self._gen))
-        if self.op == "mamba2":
-            params = {"A": -neg_a, "dt_bias": dt_bias, "dt_softplus": self.dt_softplus}
-            params["D"] = 1.0 + self._randn(heads, scale=0.1) if self.has_D else None
-            state_shape = (b, s.H, s.P, s.N)
-        else:
-            params = {}
-            state_shape = (b, s.HV, s.V, s.K)
-        inputs = []
-        for _ in range(INPUT_SETS):
-            if self.op == "mamba2":
-                raw = self._randn(*lead, s.H, scale=0.5)
-                if not self.dt_softplus:
-                    # Without softplus in the kernel, dt arrives already positive, as in the models that do that outside.
-                    raw = torch.nn.functional.softplus(raw + dt_bias)
-                inputs.append({
-                    "x": self._randn(*lead, s.H, s.P).to(io),
-                    "dt": raw.to(io),
-                    "B": self._randn(*lead, s.G, s.N).to(io),
-                    "C": self._randn(*lead, s.G, s.N).to(io),
-                    "z": self._randn(*lead, s.H, s.P).to(io) if self.has_z else None,
-                })
-            else:
-                delta = torch.nn.functional.softplus(self._randn(*lead, s.HV, scale=0.5) + dt_bias)
-                inputs.append({
-                    "q": self._randn(*lead, s.H, s.K).to(io),
-                    "k": self._randn(*lead, s.H, s.K).to(io),
-                    "v": self._randn(*lead, s.HV, s.V).to(io),
-                    "g": (-neg_a * delta).to(io),
-                    "beta": torch.sigmoid(self._randn(*lead, s.HV)).to(io),
-                })
+        params, inputs = op.draw(s, self._randn, lead, neg_a, dt_bias, dt_softplus=self.dt_softplus, has_z=self.has_z,
+                                 has_D=self.has_D, io=io, sets=INPUT_SETS)
+        state_shape = (b, *op.state_shape(s))
         slots = torch.randperm(b, generator=self._gen, device=dev).to(torch.int32)
         state0 = self._randn(*state_shape, scale=0.5).to(torch_dtype(self.state_dtype))
         layer = _Layer(params=params, inputs=inputs, slots=slots, state0=state0)
         K = kernels(self.op)
         if self.variant in CACHE_VARIANTS:
-            dims = (s.H, s.P, s.N, s.G) if self.op == "mamba2" else (s.H, s.HV, s.K, s.V)
             layer.cache = K.ReplayCache.create(
-                b, *dims, self.window, state_dtype=torch_dtype(self.state_dtype),
+                b, *op.cache_dims(s), self.window, state_dtype=torch_dtype(self.state_dtype),
                 read_dtype=torch_dtype(self.read_dtype) if self.read_dtype else None,
                 io_dtype=io, max_draft=self.draft, device=dev,
             )
@@ -258,16 +228,7 @@ class Case:
         return layer
 
     def _args(self, layer: _Layer, i: int) -> tuple[tuple, dict[str, Any]]:
-        inp = layer.inputs[i % INPUT_SETS]
-        if self.op == "mamba2":
-            p = layer.params
-            args = (inp["x"], inp["dt"], p["A"], inp["B"], inp["C"])
-            kwargs = {"D": p["D"], "z": inp["z"], "dt_bias": p["dt_bias"], "dt_softplus": p["dt_softplus"], "slots": layer.slots}
-        else:
-            args = (inp["q"], inp["k"], inp["v"], inp["g"], inp["beta"])
-            # As Qwen3.5 runs it: the kernel L2-normalises q and k (unit-norm keys), q scaled by K^-1/2.
-            kwargs = {"use_qk_l2norm_in_kernel": True, "slots": layer.slots}
-        return args, kwargs
+        return self.adapter.kernel_args(layer.params, layer.inputs[i % INPUT_SETS], layer.slots)
 
     def _run(self, layer: _Layer, i: int, K: Any = None, *, ref: bool = False, target: Any = None) -> torch.Tensor:
         """One step of one layer through the kernels (or the references on `target`); returns the outputs."""
@@ -329,7 +290,7 @@ class Case:
         """Load every layer's initial state and set the fills: staggered (row r at r mod W), aligned at 0, or all at `fill`."""
         flush = flush or self.flush
         if fill is None and self.phase in ("nonflush", "flush") and self.window:
-            from replayssm_cli.profile import nonflush_fill
+            from replayssm_cli.measure.grid import nonflush_fill
 
             fill = self.window - 1 if self.phase == "flush" else nonflush_fill(self.window)
         if self.baseline is not None:
@@ -440,77 +401,33 @@ def make_case(spec: dict[str, Any], device: torch.device | str) -> Case:
     return Case(spec, device)
 
 
-def _sleep_ahead() -> None:
-    # Keep the GPU busy while the host queues the timed launches, so no launch gap lands inside a timing.
-    if hasattr(torch.cuda, "_sleep"):
-        torch.cuda._sleep(2_000_000)
-
-
 def time_graph(case: Case, *, steps: int, repeats: int, on_graph: Callable[[Callable[[], None]], None] | None = None) -> list[float]:
     """Per-step samples in µs per layer: `steps` steps of every layer captured in one CUDA graph, replayed `repeats` times;
     then `on_graph` (energy.GraphMeter), given the graph's replay."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
+
+    def steps_of_every_layer() -> None:
         for _ in range(steps):
             case.step()
-    torch.cuda.current_stream().wait_stream(stream)
-    torch.cuda.synchronize()
-    case.rewind()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(steps):
-            case.step()
-    graph.replay()
-    graph.replay()
-    torch.cuda.synchronize()
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
-    _sleep_ahead()
-    for start, end in zip(starts, ends):
-        start.record()
-        graph.replay()
-        end.record()
-    torch.cuda.synchronize()
-    if on_graph is not None:
-        on_graph(graph.replay)
-    del graph
-    per = steps * case.layers
-    return [s.elapsed_time(e) * 1e3 / per for s, e in zip(starts, ends)]
+
+    samples = graph_samples(steps_of_every_layer, replays=repeats, before_capture=case.rewind, on_graph=on_graph)
+    return [s / (steps * case.layers) for s in samples]
 
 
 def time_phases(case: Case, *, cycles: int) -> dict[int, list[float]]:
     """Per-fill samples (µs per layer) with every row aligned: one step of every layer in a graph, replayed fill by fill."""
     W = case.window
     case.position(flush="aligned", fill=0)
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
+
+    def every_fill() -> None:
         for _ in range(W):
             case.step()
             case.rewind()
-    torch.cuda.current_stream().wait_stream(stream)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        case.step()
+
+    samples = graph_samples(case.step, replays=cycles * W, warmup=W, eager=every_fill)
     case.rewind()
-    for _ in range(W):
-        graph.replay()
-    torch.cuda.synchronize()
-    n = cycles * W
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
-    _sleep_ahead()
-    for start, end in zip(starts, ends):
-        start.record()
-        graph.replay()
-        end.record()
-    torch.cuda.synchronize()
-    del graph
     by_fill: dict[int, list[float]] = {f: [] for f in range(W)}
-    for j, (s, e) in enumerate(zip(starts, ends)):
-        by_fill[j % W].append(s.elapsed_time(e) * 1e3 / case.layers)
+    for j, s in enumerate(samples):
+        by_fill[j % W].append(s / case.layers)
     return by_fill
 
 
@@ -526,9 +443,9 @@ def run_point(point: Any, context: dict[str, Any]) -> list[dict[str, Any]]:
     measurement and is not timed. An out-of-memory error propagates (the grid skips the point); the
     case is freed either way.
     """
-    from replayssm_cli.energy import GraphMeter
-    from replayssm_cli.gpus import ClockSampler
-    from replayssm_cli.profile import nonflush_fill, point_phases
+    from replayssm_cli.measure.energy import GraphMeter
+    from replayssm_cli.model.gpus import ClockSampler
+    from replayssm_cli.measure.grid import nonflush_fill, point_phases
 
     device = torch.device(context.get("device", "cuda"))
     spec = point.case_spec(seed=int(context.get("seed", 0)))
@@ -582,8 +499,8 @@ def _run_baseline(case: Case, context: dict[str, Any]) -> list[dict[str, Any]]:
     Every setting tried is listed (its median µs, or why it failed); a setting that raises or fails its
     check is not timed, and when none passes the measurement is a failed one.
     """
-    from replayssm_cli.baselines import settings_label
-    from replayssm_cli.gpus import ClockSampler
+    from replayssm_cli.measure.baselines import settings_label
+    from replayssm_cli.model.gpus import ClockSampler
 
     tol = case.tolerance()
     steps = (case.window or 16) * int(context.get("windows_per_graph", 2))

@@ -49,7 +49,7 @@ class Candidate:
         return " ".join(parts)
 
     def quality_key(self) -> tuple[str, str, int | None, str | None]:
-        """The quality-harness config with the same stored precision (replayssm_cli.quality.Config.key())."""
+        """The quality-harness config with the same stored precision (replayssm_cli.measure.quality.Config.key())."""
         if self.variant in CONVENTIONAL:
             return ("conventional", self.state_dtype, None, None)
         return ("split" if self.read_dtype else "replay", self.state_dtype, self.window, self.read_dtype)
@@ -194,7 +194,7 @@ def timing_from_rows(
 
 def _row_origin(row: dict[str, Any]) -> str:
     """Where a row's time came from, for Timing.label: the file it was measured in, or how it was predicted."""
-    from replayssm_cli import provenance
+    from replayssm_cli.report import provenance
 
     if row.get("source") == "predicted":
         return provenance.prediction_label(row, error=False).removeprefix("predicted (").removesuffix(")")
@@ -205,7 +205,7 @@ def _row_origin(row: dict[str, Any]) -> str:
 
 def predicted_timing(shape, candidate: Candidate, batch: int, ceilings, *, io_dtype: str = "bf16", has_z: bool = False) -> Timing:
     """The cost model's time for a candidate: modelled bytes and FLOPs over the GPU's ceilings, plus launches."""
-    from replayssm_cli import cost
+    from replayssm_cli.model import cost
 
     c = candidate
     step = cost.step_cost(
@@ -246,7 +246,7 @@ def calibrated(prediction: Timing, pairs: Sequence[tuple[Timing, Timing]], like:
 
 def memory_of(shape, candidate: Candidate, *, io_dtype: str = "bf16") -> dict[str, int]:
     """Bytes one sequence holds in one layer for a candidate, by part, from the cost model (with 'total')."""
-    from replayssm_cli import cost
+    from replayssm_cli.model import cost
 
     c = candidate
     return cost.memory_per_seq(

@@ -90,7 +90,7 @@ def _environment_of(env: dict[str, Any]) -> dict[str, str | None]:
 
 
 def _same_gpu(a: str, b: str) -> bool:
-    from replayssm_cli import gpus
+    from replayssm_cli.model import gpus
 
     if a.strip().lower() == b.strip().lower():
         return True

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Union
 
-from replayssm_cli.dtypes import itemsize
+from replayssm_cli.model.dtypes import itemsize
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ def file_label(results: Any) -> str:
     A file that is a prediction says so, with its rows' largest fit error: 'p.json (predicted for NVIDIA B200,
     calibrated on H200, up to ±4%)'.
     """
-    from replayssm_cli.results import origin_of
+    from replayssm_cli.report.results import origin_of
 
     origin = origin_of(results)
     rows = getattr(results, "rows", None) or []
@@ -61,7 +61,7 @@ def row_label(row: dict[str, Any], results: Any = None, error: bool = True) -> s
     if isinstance(row.get("x_origin"), dict):
         return _origin_label(row["x_origin"])
     if results is not None:
-        from replayssm_cli.results import origin_of
+        from replayssm_cli.report.results import origin_of
 
         return _origin_label(origin_of(results))
     return MEASURED_HERE

@@ -421,7 +421,7 @@ def ncu_command(
         "--csv", "--page", "raw",
         "--metrics", ",".join(metrics),
         "-k", regex,
-        python or sys.executable, "-m", "replayssm_cli.ncu_child", str(spec_path),
+        python or sys.executable, "-m", "replayssm_cli.measure.ncu_child", str(spec_path),
     ]
 
 
@@ -494,7 +494,7 @@ def measure_one(
         return {"ok": False, "reason": "the configuration names no op ('mamba2' or 'gdn')"}
     kinds = kernels_for(op, variant)
     if not kinds:
-        return {"ok": False, "reason": f"no kernel of ours is listed for {op} {variant} in replayssm_cli.ncu.KERNELS"}
+        return {"ok": False, "reason": f"no kernel of ours is listed for {op} {variant} in replayssm_cli.measure.ncu.KERNELS"}
     warmup, steps = profiled_steps(spec)
     metrics = list(CORE_METRICS + OPTIONAL_METRICS)
     with tempfile.TemporaryDirectory(prefix="replayssm-ncu-") as tmp:
@@ -547,7 +547,7 @@ def measure(
 ) -> list[dict[str, Any]]:
     """Measure each configuration once under Nsight Compute, in a child process with the same inputs.
 
-    case_specs are the profiler's case specs (replayssm_cli.bench.make_case takes them; they carry at least
+    case_specs are the profiler's case specs (replayssm_cli.measure.bench.make_case takes them; they carry at least
     "op", "variant", and "phase" and "window" where they apply). Returns one dict per spec, in order:
     {"ok": True, "bytes_read", "bytes_written", "dram_bytes", "l2_bytes", "l2_write_bytes", "flops", "us", ...}
     per decode step of one layer, or {"ok": False, "reason": ...}. Identical specs are measured once.
@@ -594,7 +594,7 @@ def describe(spec: dict[str, Any]) -> str:
 
 
 def case_spec(point: Any, phase: str = "avg", seed: int = 0, layers: int = 1) -> dict[str, Any]:
-    """The spec `measure` takes for one profile point (replayssm_cli.profile.Point) and phase.
+    """The spec `measure` takes for one profile point (replayssm_cli.measure.profile.Point) and phase.
 
     The point's own case spec plus the op and the phase (bench.make_case sets every row of a single phase at
     its fill, as the profiler times it). ncu flushes L2 before every kernel, so one layer moves the same bytes

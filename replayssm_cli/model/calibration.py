@@ -13,10 +13,11 @@ from __future__ import annotations
 import bisect
 import functools
 import json
-import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
+
+from replayssm_cli.model import ops
 
 KIND = "replayssm-calibration"
 VERSION = 1
@@ -54,7 +55,7 @@ class Prediction:
 
 def heads(shape: Any) -> int:
     """The heads a decode kernel's grid spans per sequence: H for Mamba-2, the value heads HV for GDN."""
-    return shape.HV if shape.op == "gdn" else shape.H
+    return ops.of(shape).state_heads(shape)
 
 
 def grid_per_sm(shape: Any, batch: int, sm_count: int) -> float:
@@ -72,8 +73,8 @@ def _key(op: str, variant: str, phase: str, state: str | None, read: str | None,
 
 
 def _row_cost(row: dict[str, Any], preset: Any) -> Any:
-    from replayssm_cli import cost
-    from replayssm_cli.profile import nonflush_fill
+    from replayssm_cli.model import cost
+    from replayssm_cli.measure.grid import nonflush_fill
 
     phase, window = row["phase"], row.get("window")
     fill = nonflush_fill(window) if phase == "nonflush" else (window - 1 if phase == "flush" else None)
@@ -114,7 +115,7 @@ def fit(profiles: Iterable[Any], gpu: Any) -> dict[str, Any]:
     files at the same commit (or half the largest sample spread, if larger), n their count. Each point also carries
     loo: the relative error of its time predicted from the other points of its curve.
     """
-    from replayssm_cli import presets as presets_mod
+    from replayssm_cli.model import presets as presets_mod
 
     groups: dict[str, dict[str, Any]] = {}
     files = []
@@ -253,8 +254,8 @@ def predict_step(
     calibration ships, or the variant and phase were never measured, it falls back to the roofline model
     (cost.predict_us over the ceilings, method 'roofline', error None).
     """
-    from replayssm_cli import cost, gpus
-    from replayssm_cli.profile import nonflush_fill
+    from replayssm_cli.model import cost, gpus
+    from replayssm_cli.measure.grid import nonflush_fill
 
     spec = gpus.load_gpu(gpu)
     if fill is None and phase in ("nonflush", "flush") and window:
@@ -330,7 +331,7 @@ def _error_at(points: list[dict[str, Any]], x: float) -> float:
 @functools.lru_cache(maxsize=4)
 def reference_index(gpu_key: str = "h200") -> dict[tuple, dict[str, Any]]:
     """The shipped measurements of `gpu_key` by configuration (newest file first), each with its file's origin."""
-    from replayssm_cli import results
+    from replayssm_cli.report import results
 
     merged = results.load_reference(gpu_key)
     if merged is None:
@@ -340,7 +341,7 @@ def reference_index(gpu_key: str = "h200") -> dict[tuple, dict[str, Any]]:
 
 def reference_key(row: dict[str, Any]) -> tuple:
     """A configuration's identity for matching a prediction with a measurement (acceptance to 1e-6)."""
-    from replayssm_cli.profile import CONFIG_KEYS
+    from replayssm_cli.measure.grid import CONFIG_KEYS
 
     accepted = row.get("accepted")
     return tuple(row.get(k) for k in CONFIG_KEYS) + (round(accepted, 6) if accepted is not None else None,)
@@ -351,40 +352,3 @@ def write(doc: dict[str, Any], path: Path) -> None:
     path.write_text(json.dumps(doc, indent=1) + "\n")
 
 
-def check_reference(gpu_key: str = "h200") -> list[dict[str, Any]]:
-    """Every speedup the shipped reference of `gpu_key` holds (newest file per configuration, our kernels) beside the
-    speedup a no-GPU profile of the same grid predicts: dicts with the row's configuration, file, measured, predicted
-    and error (predicted / measured - 1)."""
-    from replayssm_cli import presets as presets_mod
-    from replayssm_cli import profile as prof
-    from replayssm_cli import results
-
-    merged = results.load_reference(gpu_key)
-    if merged is None:
-        return []
-    wanted = {reference_key(r): r for r in merged.rows
-              if r.get("kind") == "kernel" and r.get("speedup") is not None and r["variant"] in VARIANTS}
-    fields = set(prof.ProfileSpec.__dataclass_fields__)
-    out = []
-    for profile in results.reference_profiles(gpu_key):
-        mine = [k for k, r in wanted.items() if r["x_origin"]["file"] == profile.path.name]
-        if not mine:
-            continue
-        spec = prof.ProfileSpec(**{k: tuple(v) if isinstance(v, list) else v for k, v in profile.spec.items() if k in fields})
-        presets = {name: presets_mod.resolve(name, spec.tp) for name in spec.presets}
-        rows: list[dict[str, Any]] = []
-        for point in prof.plan(replace(spec, baselines=()), list(presets.values())):
-            for row in prof.predicted_rows(point, presets[point.preset], None, None, gpu=gpu_key):
-                prof.attach_speedup(row, rows)
-                rows.append(row)
-        predicted = {reference_key({**r, "source": "measured"}): r for r in rows}
-        for key in mine:
-            measured, got = wanted[key], predicted.get(key)
-            speedup = got.get("speedup") if got else None
-            out.append({
-                **{k: measured.get(k) for k in ("op", "preset", "variant", "phase", "batch", "window", "state_dtype",
-                                                 "read_dtype", "draft", "speedup_over")},
-                "file": profile.path.name, "measured": measured["speedup"], "predicted": speedup,
-                "error": speedup / measured["speedup"] - 1 if speedup else None,
-            })
-    return out

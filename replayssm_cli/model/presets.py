@@ -13,9 +13,10 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from replayssm_cli.dtypes import StateDtype, canonical
+from replayssm_cli.model import ops
+from replayssm_cli.model.dtypes import StateDtype, canonical
 from replayssm_cli.errors import UserError, readable_path
-from replayssm_cli.shapes import GDNShape, Mamba2Shape, SSMShape, state_bytes
+from replayssm_cli.model.shapes import GDNShape, Mamba2Shape, SSMShape, state_bytes
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -24,7 +25,7 @@ else:
 
 DEFAULT_PRESETS = ("nemotron-3-super-120b-a12b", "qwen3.5-122b-a10b")
 
-KINDS = ("mamba2", "gdn")
+KINDS = tuple(ops.OPS)
 STATE_DTYPES = tuple(d.value for d in StateDtype)
 # Groups of figures whose source a preset file must name (a dotted key such as "ssm.groups" may refine one).
 REQUIRED_SOURCES = ("ssm", "layers", "state_dtype", "a_log_range")
@@ -44,8 +45,6 @@ E2E_KEYS = (
     "mtp_layers",
     "vocab_size",
 )
-_MAMBA2_KEYS = ("heads", "head_dim", "state_dim", "groups")
-_GDN_KEYS = ("key_heads", "value_heads", "key_dim", "value_dim")
 MAX_PRESET_BYTES = 1 << 20
 # Upper bounds well above every model shipped or published, so that a typo cannot ask for petabytes.
 MAX_DIM = 1 << 16
@@ -119,9 +118,7 @@ class Preset:
 
 
 def shape_dict(shape: SSMShape) -> dict[str, int]:
-    if isinstance(shape, Mamba2Shape):
-        return {"H": shape.H, "P": shape.P, "N": shape.N, "G": shape.G}
-    return {"H": shape.H, "HV": shape.HV, "K": shape.K, "V": shape.V}
+    return {k: getattr(shape, k) for k in ops.of(shape).dims}
 
 
 def _models_dir() -> Path:
@@ -235,24 +232,16 @@ def with_tp(preset: Preset, tp: int) -> Preset:
     if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
         raise UserError(f"--tp must be a positive integer, got {tp!r}")
     full = preset.full_shape or preset.shape
-    if isinstance(full, Mamba2Shape):
-        bad = [f"{n}={v}" for n, v in (("H", full.H), ("G", full.G)) if v % tp and not (n == "G" and v == 1)]
-        if bad:
-            raise UserError(f"tp={tp} does not divide {preset.display}'s {' and '.join(bad)}", _tp_hint(full))
-        shape: SSMShape = Mamba2Shape(H=full.H // tp, P=full.P, N=full.N, G=max(full.G // tp, 1))
-    else:
-        bad = [f"{n}={v}" for n, v in (("H", full.H), ("HV", full.HV)) if v % tp]
-        if bad:
-            raise UserError(f"tp={tp} does not divide {preset.display}'s {' and '.join(bad)}", _tp_hint(full))
-        shape = GDNShape(H=full.H // tp, HV=full.HV // tp, K=full.K, V=full.V)
+    bad, shape = ops.of(full).tp_split(full, tp)
+    if bad:
+        raise UserError(f"tp={tp} does not divide {preset.display}'s {' and '.join(bad)}", _tp_hint(full))
     return dataclasses.replace(preset, shape=shape, tp=tp, full_shape=full)
 
 
 def valid_tp(shape: SSMShape) -> list[int]:
     """The tensor-parallel degrees up to 64 that divide the shape's heads and groups."""
-    if isinstance(shape, Mamba2Shape):
-        return [t for t in range(1, 65) if shape.H % t == 0 and (shape.G % t == 0 or shape.G == 1)]
-    return [t for t in range(1, 65) if shape.H % t == 0 and shape.HV % t == 0]
+    op = ops.of(shape)
+    return [t for t in range(1, 65) if not op.tp_split(shape, t)[0]]
 
 
 def _tp_hint(shape: SSMShape) -> str:
@@ -283,7 +272,8 @@ def _from_toml(data: dict[str, Any], path: Path) -> Preset:
     kind = data.get("kind")
     if kind not in KINDS:
         raise UserError(f"{where}: kind must be one of {', '.join(KINDS)}, got {kind!r}")
-    keys = _MAMBA2_KEYS if kind == "mamba2" else _GDN_KEYS
+    op = ops.named(kind)
+    keys = op.toml_keys
     missing = [f"ssm.{k}" for k in keys if k not in ssm] + [k for k in ("ssm_layers", "attn_layers", "state_dtype") if k not in data]
     if missing:
         raise UserError(f"{where}: missing {', '.join(missing)}")
@@ -291,10 +281,7 @@ def _from_toml(data: dict[str, Any], path: Path) -> Preset:
     if unknown:
         raise UserError(f"{where}: unknown [ssm] key{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}; a {kind} preset takes {', '.join((*keys, *SSM_FLAGS))}")
     dims = {k: _int(ssm[k], f"ssm.{k}", where, 1, MAX_DIM) for k in keys}
-    if kind == "mamba2":
-        shape: SSMShape = Mamba2Shape(H=dims["heads"], P=dims["head_dim"], N=dims["state_dim"], G=dims["groups"])
-    else:
-        shape = GDNShape(H=dims["key_heads"], HV=dims["value_heads"], K=dims["key_dim"], V=dims["value_dim"])
+    shape = op.shape(**{d: dims[k] for d, k in zip(op.dims, keys)})
     a_range = ssm.get("a_log_range")
     if a_range is not None:
         if not (isinstance(a_range, list) and len(a_range) == 2 and all(_is_number(v) for v in a_range)):
@@ -321,7 +308,7 @@ def _from_toml(data: dict[str, Any], path: Path) -> Preset:
         shape=shape,
         state_dtype=canonical(_text(data, "state_dtype", where, "")) or str(data["state_dtype"]),
         dt_softplus=_flag(ssm, "dt_softplus", True, where),
-        has_D=_flag(ssm, "has_D", kind == "mamba2", where),
+        has_D=_flag(ssm, "has_D", op.has_D, where),
         has_z=_flag(ssm, "has_z", False, where),
         a_log_range=a_range,
         e2e=e2e,
@@ -402,10 +389,10 @@ def validate(preset: Preset, require_sources: bool = False, layer_pattern: str |
     if preset.state_dtype not in STATE_DTYPES:
         problems.append(f"state_dtype {preset.state_dtype!r} must be one of {', '.join(STATE_DTYPES)}")
     if not problems:
-        if preset.kind == "mamba2" and dims["H"] % dims["G"]:
-            problems.append(f"heads H={dims['H']} are not a multiple of groups G={dims['G']}")
-        if preset.kind == "gdn" and dims["HV"] % dims["H"]:
-            problems.append(f"value heads HV={dims['HV']} are not a multiple of key heads H={dims['H']}")
+        full = preset.full_shape or preset.shape
+        mismatch = ops.of(full).head_mismatch(full)
+        if mismatch:
+            problems.append(mismatch)
     if preset.a_log_range is not None:
         lo, hi = preset.a_log_range
         if not (math.isfinite(lo) and math.isfinite(hi) and 0 <= lo < hi):
@@ -601,8 +588,8 @@ def _from_hf_config(raw: dict[str, Any], path: Path) -> Preset:
     for group in ("ssm", "layers", "state_dtype", "e2e"):
         sources[group] = where
     sources["a_log_range"] = "not in config.json; see [estimated]"
-    kind = "gdn" if isinstance(shape, GDNShape) else "mamba2"
-    a_range = (0.0, 16.0) if kind == "gdn" else (1.0, 16.0)
+    op = ops.of(shape)
+    kind, a_range = op.name, op.a_log_range
     estimated["a_log_range"] = "config.json does not give the decay; the initialisation range is used"
     name = (path.parent.name if path.name == "config.json" and path.parent.name else path.stem).lower()
     preset = Preset(
@@ -614,7 +601,7 @@ def _from_hf_config(raw: dict[str, Any], path: Path) -> Preset:
         shape=shape,
         state_dtype=state_dtype,
         dt_softplus=True,
-        has_D=kind == "mamba2",
+        has_D=op.has_D,
         has_z=False,
         a_log_range=a_range,
         e2e=e2e or None,

@@ -166,7 +166,7 @@ SCHEMA_ID = "https://github.com/replayssm/replayssm/profiles/schema/results.sche
 
 def json_schema() -> dict[str, Any]:
     """The JSON Schema (draft 2020-12) of a results file of SCHEMA_VERSION; profiles/schema/results.schema.json is
-    this, written by `python -m replayssm_cli.results --schema`."""
+    this, written by `python -m replayssm_cli.report.results --schema`."""
     row_props = {k: {"description": ROW_FIELDS[k], **ROW_TYPES[k]} for k in ROW_FIELDS}
     row_props.update(EXTRA_TYPES)
     return {
@@ -177,7 +177,7 @@ def json_schema() -> dict[str, Any]:
                        "(spec), one row per measured or predicted configuration, and what was not run (skipped). "
                        "Times are microseconds, bytes are bytes, bandwidth GB/s. Load the rows with pandas: "
                        "pd.json_normalize(json.load(open(path)), 'rows'). Files of schema version 1 are upgraded "
-                       "on load by replayssm_cli.results.upgrade.",
+                       "on load by replayssm_cli.report.results.upgrade.",
         "type": "object",
         "required": ["kind", "schema_version", "environment", "rows"],
         "properties": {
@@ -722,5 +722,15 @@ if __name__ == "__main__":
     import sys
 
     if sys.argv[1:] != ["--schema"]:
-        sys.exit("usage: python -m replayssm_cli.results --schema  (prints the results file's JSON Schema)")
+        sys.exit("usage: python -m replayssm_cli.report.results --schema  (prints the results file's JSON Schema)")
     print(json.dumps(json_schema(), indent=1, ensure_ascii=False))
+
+
+def default_out(gpu_key: str | None, directory: str | Path = "runs", kind: str = "") -> Path:
+    """A results path unique to this run: local time to the millisecond and a random suffix, then the GPU key and the
+    kind of run (runs/20261130-224658.123-k3f9-h200.json, ...-h200-e2e.json); the writer creates it exclusively."""
+    import secrets
+
+    now = datetime.now()
+    stamp = now.strftime("%Y%m%d-%H%M%S") + f".{now.microsecond // 1000:03d}-{secrets.token_hex(2)}"
+    return Path(directory) / f"{stamp}-{gpu_key or 'gpu'}{'-' + kind if kind else ''}.json"

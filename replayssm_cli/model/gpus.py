@@ -490,14 +490,14 @@ def measure_ceilings(device_index: int = 0, progress: bool = True) -> Ceilings:
         raise UserError("measuring ceilings needs torch with CUDA, which is not installed") from None
     if not torch.cuda.is_available():
         raise UserError("measuring ceilings needs a CUDA GPU, and torch sees none", NO_GPU_HINT)
-    from replayssm_cli import ceiling_kernels
+    from replayssm_cli.measure import ceilings as rates
 
     detected = detect(device_index)
     cuda_index = _cuda_index(device_index, detected.uuid)
     if cuda_index is None:
         raise UserError(f"CUDA does not see NVML GPU {device_index} ({detected.name}); check CUDA_VISIBLE_DEVICES")
     device = torch.device("cuda", cuda_index)
-    results = ceiling_kernels.run_all(device, progress=progress, l2_mib=detected.spec.l2_mib if detected.spec else None)
+    results = rates.run_all(device, progress=progress, l2_mib=detected.spec.l2_mib if detected.spec else None)
     ceilings = Ceilings(
         copy_gbs=results["copy_gbs"],
         read_gbs=results["read_gbs"],

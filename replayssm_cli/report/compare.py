@@ -6,9 +6,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from replayssm_cli import provenance
+from replayssm_cli.report import provenance
 from replayssm_cli.errors import UserError
-from replayssm_cli.profile import CONFIG_KEYS
+from replayssm_cli.measure.grid import CONFIG_KEYS
 
 # Environment facts that must match for two files' times to be comparable (software versions and the GPU).
 ENV_KEYS = ("replayssm", "torch", "triton", "cuda")

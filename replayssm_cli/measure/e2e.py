@@ -12,14 +12,17 @@ from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
-import triton
-import triton.language as tl
+from replayssm_kernels import e2e_ops
+from replayssm_kernels.e2e_ops import CONV_WIDTH
 
-from replayssm_cli import bench, cost
-from replayssm_cli.dtypes import ReadDtype, StateDtype
+from replayssm_cli.measure import bench
+from replayssm_cli.model import cost
+from replayssm_cli.model.dtypes import ReadDtype, StateDtype
 from replayssm_cli.errors import UserError
-from replayssm_cli.presets import Preset, pattern_counts, shape_dict, unwrap_config
-from replayssm_cli.shapes import Mamba2Shape, state_bytes
+from replayssm_cli.measure.timing import graph_samples, is_oom, percentile
+from replayssm_cli.model.presets import Preset, pattern_counts, shape_dict, unwrap_config
+from replayssm_cli.model import ops
+from replayssm_cli.model.shapes import state_bytes
 
 DEFAULT_BATCHES = (1, 16, 64, 256)
 DEFAULT_CONTEXTS = (4096,)
@@ -29,7 +32,6 @@ MAX_WINDOW = 64
 CATEGORIES = ("ssm", "attn", "mlp", "other")
 # Block letters as in Nemotron-H's hybrid_override_pattern: M SSM mixer, * attention, - dense MLP, E MoE.
 BLOCK_KIND = {"M": "ssm", "*": "attn", "-": "mlp", "E": "moe"}
-CONV_WIDTH = 4
 IO_DTYPE = "bf16"
 WEIGHT_ITEMSIZE = 2
 # Weight precisions: bf16 and fp8 run; nvfp4 (Blackwell's FP4 tensor cores) is a --dry-run plan only.
@@ -62,7 +64,6 @@ ACTIVATION_COPIES = 4
 L2_MULTIPLE = 4
 TIMED_WINDOWS = 2
 WARMUP_REPLAYS = 2
-EPS = 1e-6
 GIB = 2**30
 MIB = 2**20
 
@@ -104,8 +105,8 @@ FAMILIES = {
 
 def family_of(preset: Preset) -> Family:
     """The block family of a preset: Gated DeltaNet presets are Qwen3-Next/3.5, Nemotron Mamba-2 presets Nemotron-H, others generic."""
-    if preset.kind == "gdn":
-        return FAMILIES["qwen3-next"]
+    if ops.named(preset.kind).family:
+        return FAMILIES[ops.named(preset.kind).family]
     names = f"{preset.name} {preset.display} {preset.hf_id or ''}".lower()
     return FAMILIES["nemotron-h" if "nemotron" in names else "generic"]
 
@@ -335,15 +336,8 @@ def inventory(preset: Preset, family: Family | None = None, weight_dtype: str = 
     dims: dict[str, int] = {"hidden": hidden, "vocab": -(-e2e["vocab_size"] // tp), "tp": tp}
     blocks: dict[str, Block] = {}
 
-    s = preset.shape
-    if isinstance(s, Mamba2Shape):
-        inner, bc = s.H * s.P, s.G * s.N
-        conv_dim = inner + 2 * bc
-        in_n, group = 2 * inner + 2 * bc + s.H, inner // s.G
-    else:
-        inner = s.HV * s.V
-        conv_dim = 2 * s.H * s.K + inner
-        in_n, group = conv_dim + inner + 2 * s.HV, s.V
+    mixer = ops.of(preset.shape).mixer_sizes(preset.shape)
+    inner, conv_dim, in_n, group = mixer["inner"], mixer["conv_dim"], mixer["in_proj"], mixer["norm_group"]
     blocks["ssm"] = Block(
         "ssm",
         (Linear("in_proj", hidden, in_n), Linear("out_proj", inner, hidden)),
@@ -484,9 +478,7 @@ def plan_weights(inv: Inventory, budget: int | None, l2_bytes: int | None) -> We
 
 def _ssm_input_elems(inv: Inventory) -> int:
     s = inv.preset.shape
-    if isinstance(s, Mamba2Shape):
-        return 2 * s.H * s.P + s.H + 2 * s.G * s.N
-    return 2 * s.H * s.K + s.HV * s.V + 2 * s.HV
+    return ops.of(s).input_elems(s)
 
 
 def seq_bytes(inv: Inventory, *, variant: str, context: int, window: int | None, state_dtype: str, read_dtype: str | None,
@@ -520,191 +512,6 @@ def max_batch(per_seq: int, free: int | None) -> int | None:
     if free is None:
         return None
     return max(0, int((free * MEMORY_SHARE - RESERVE_BYTES) // max(per_seq, 1)))
-
-
-@triton.jit
-def _add_rms_norm_kernel(h, r, w, y, s_hb, s_rb, s_yb, D, eps, HAS_ADD: tl.constexpr, BD: tl.constexpr):
-    i_b = tl.program_id(0)
-    o_d = tl.arange(0, BD)
-    m_d = o_d < D
-    b_h = tl.load(h + i_b * s_hb + o_d, mask=m_d, other=0.0).to(tl.float32)
-    if HAS_ADD:
-        b_h += tl.load(r + i_b * s_rb + o_d, mask=m_d, other=0.0).to(tl.float32)
-        tl.store(h + i_b * s_hb + o_d, b_h.to(h.dtype.element_ty), mask=m_d)
-    b_rs = tl.rsqrt(tl.sum(b_h * b_h, 0) / D + eps)
-    b_w = tl.load(w + o_d, mask=m_d, other=0.0).to(tl.float32)
-    tl.store(y + i_b * s_yb + o_d, (b_h * b_rs * b_w).to(y.dtype.element_ty), mask=m_d)
-
-
-@triton.jit
-def _conv_update_kernel(x, state, w, bias, y, s_xb, s_sb, s_st, s_yb, C, BC: tl.constexpr):
-    i_b, i_c = tl.program_id(0), tl.program_id(1)
-    o_c = i_c * BC + tl.arange(0, BC)
-    m_c = o_c < C
-    p_s = state + i_b * s_sb + o_c
-    b_x = tl.load(x + i_b * s_xb + o_c, mask=m_c, other=0.0).to(tl.float32)
-    b_s0 = tl.load(p_s, mask=m_c, other=0.0).to(tl.float32)
-    b_s1 = tl.load(p_s + s_st, mask=m_c, other=0.0).to(tl.float32)
-    b_s2 = tl.load(p_s + 2 * s_st, mask=m_c, other=0.0).to(tl.float32)
-    b_acc = tl.load(bias + o_c, mask=m_c, other=0.0).to(tl.float32)
-    b_acc += b_s0 * tl.load(w + o_c * 4, mask=m_c, other=0.0).to(tl.float32)
-    b_acc += b_s1 * tl.load(w + o_c * 4 + 1, mask=m_c, other=0.0).to(tl.float32)
-    b_acc += b_s2 * tl.load(w + o_c * 4 + 2, mask=m_c, other=0.0).to(tl.float32)
-    b_acc += b_x * tl.load(w + o_c * 4 + 3, mask=m_c, other=0.0).to(tl.float32)
-    tl.store(p_s, b_s1.to(state.dtype.element_ty), mask=m_c)
-    tl.store(p_s + s_st, b_s2.to(state.dtype.element_ty), mask=m_c)
-    tl.store(p_s + 2 * s_st, b_x.to(state.dtype.element_ty), mask=m_c)
-    b_y = b_acc * tl.sigmoid(b_acc)
-    tl.store(y + i_b * s_yb + o_c, b_y.to(y.dtype.element_ty), mask=m_c)
-
-
-@triton.jit
-def _gated_rms_norm_kernel(x, z, w, y, s_xb, s_zb, s_yb, GS, eps, BG: tl.constexpr):
-    i_b, i_g = tl.program_id(0), tl.program_id(1)
-    o_g = tl.arange(0, BG)
-    m_g = o_g < GS
-    o_d = i_g * GS + o_g
-    b_x = tl.load(x + i_b * s_xb + o_d, mask=m_g, other=0.0).to(tl.float32)
-    b_z = tl.load(z + i_b * s_zb + o_d, mask=m_g, other=0.0).to(tl.float32)
-    b_x = b_x * b_z * tl.sigmoid(b_z)
-    b_rs = tl.rsqrt(tl.sum(b_x * b_x, 0) / GS + eps)
-    b_w = tl.load(w + o_d, mask=m_g, other=0.0).to(tl.float32)
-    tl.store(y + i_b * s_yb + o_d, (b_x * b_rs * b_w).to(y.dtype.element_ty), mask=m_g)
-
-
-@triton.jit
-def _qk_prepare_kernel(
-    qkv, q, kc, vc, w_qk, cos, sin,
-    s_xb, s_qb, s_qh, s_kb, s_kh, s_kt, s_vb, s_vh, s_vt,
-    pos, eps,
-    NH: tl.constexpr, NKV: tl.constexpr, HD: tl.constexpr, QW: tl.constexpr, R: tl.constexpr,
-    IS_QK_NORM: tl.constexpr, BD: tl.constexpr,
-):
-    i_b, i_h = tl.program_id(0), tl.program_id(1)
-    o_d = tl.arange(0, BD)
-    m_d = o_d < HD
-    # Row layout: QW query-width heads (queries, then gates when gated), NKV keys, NKV values.
-    src = tl.where(i_h < NH, i_h, QW + i_h - NH) * HD
-    p_x = qkv + i_b * s_xb + src
-    b_x = tl.load(p_x + o_d, mask=m_d, other=0.0).to(tl.float32)
-    if i_h >= NH + NKV:
-        tl.store(vc + i_b * s_vb + (i_h - NH - NKV) * s_vh + pos * s_vt + o_d, b_x.to(vc.dtype.element_ty), mask=m_d)
-    else:
-        p_w = w_qk + (i_h >= NH).to(tl.int32) * HD
-        b_rs = 1.0
-        if IS_QK_NORM:
-            b_rs = tl.rsqrt(tl.sum(b_x * b_x, 0) / HD + eps)
-            b_x = b_x * b_rs * tl.load(p_w + o_d, mask=m_d, other=0.0).to(tl.float32)
-        b_y = b_x
-        if R > 0:
-            m_r = o_d < R
-            o_c = tl.where(o_d < R // 2, o_d, o_d - R // 2)
-            o_p = tl.where(o_d < R // 2, o_d + R // 2, o_d - R // 2)
-            b_p = tl.load(p_x + o_p, mask=m_r, other=0.0).to(tl.float32)
-            if IS_QK_NORM:
-                b_p = b_p * b_rs * tl.load(p_w + o_p, mask=m_r, other=0.0).to(tl.float32)
-            b_cos = tl.load(cos + o_c, mask=m_r, other=1.0)
-            b_sin = tl.load(sin + o_c, mask=m_r, other=0.0)
-            b_sign = tl.where(o_d < R // 2, -1.0, 1.0)
-            b_y = tl.where(m_r, b_x * b_cos + b_sign * b_p * b_sin, b_x)
-        if i_h < NH:
-            tl.store(q + i_b * s_qb + i_h * s_qh + o_d, b_y.to(q.dtype.element_ty), mask=m_d)
-        else:
-            tl.store(kc + i_b * s_kb + (i_h - NH) * s_kh + pos * s_kt + o_d, b_y.to(kc.dtype.element_ty), mask=m_d)
-
-
-def add_rms_norm(h: torch.Tensor, r: torch.Tensor | None, w: torch.Tensor, y: torch.Tensor, *, eps: float = EPS) -> None:
-    """y = rms_norm(h + r) * w with h updated to h + r in place (the residual add); r None: y = rms_norm(h) * w.
-
-    h, r, y (batch, D) with unit stride along D; w (D,).
-    """
-    batch, D = h.shape
-    if y.shape != h.shape or w.shape != (D,) or (r is not None and r.shape != h.shape):
-        raise ValueError(f"add_rms_norm takes h, r, y of one shape (batch, D) and w (D,); got {tuple(h.shape)}, {tuple(w.shape)}")
-    _add_rms_norm_kernel[(batch,)](
-        h=h, r=r if r is not None else h, w=w, y=y,
-        s_hb=h.stride(0), s_rb=(r if r is not None else h).stride(0), s_yb=y.stride(0),
-        D=D, eps=eps, HAS_ADD=r is not None, BD=triton.next_power_of_2(D),
-        num_warps=8 if D > 2048 else 4,
-    )
-
-
-def conv_update(x: torch.Tensor, state: torch.Tensor, w: torch.Tensor, bias: torch.Tensor, y: torch.Tensor) -> None:
-    """One step of the short causal convolution (width 4) with SiLU; updates `state` in place.
-
-    x (batch, C) the new inputs, any row stride; state (batch, 3, C) the last three inputs, oldest
-    first; w (C, 4) the taps, oldest first; bias (C,); y (batch, C) silu(w · [state, x] + bias).
-    """
-    batch, C = x.shape
-    if state.shape != (batch, CONV_WIDTH - 1, C) or w.shape != (C, CONV_WIDTH) or y.shape != (batch, C):
-        raise ValueError(f"conv_update takes x (batch, C), state (batch, 3, C), w (C, 4), y (batch, C); got {tuple(x.shape)}, {tuple(state.shape)}, {tuple(w.shape)}")
-    BC = min(triton.next_power_of_2(C), 1024)
-    _conv_update_kernel[(batch, triton.cdiv(C, BC))](
-        x=x, state=state, w=w, bias=bias, y=y,
-        s_xb=x.stride(0), s_sb=state.stride(0), s_st=state.stride(1), s_yb=y.stride(0),
-        C=C, BC=BC, num_warps=4,
-    )
-
-
-def gated_rms_norm(x: torch.Tensor, z: torch.Tensor, w: torch.Tensor, y: torch.Tensor, group: int, *, eps: float = EPS) -> None:
-    """y = rms_norm(x * silu(z)) * w over groups of `group` channels, as Mamba-2's gated norm.
-
-    x, z, y (batch, D) with unit stride along D (any row stride); w (D,); D a multiple of group.
-    """
-    batch, D = x.shape
-    if D % group or z.shape != x.shape or y.shape != x.shape:
-        raise ValueError(f"gated_rms_norm takes x, z, y (batch, D) with D a multiple of group={group}; got {tuple(x.shape)}")
-    _gated_rms_norm_kernel[(batch, D // group)](
-        x=x, z=z, w=w, y=y, s_xb=x.stride(0), s_zb=z.stride(0), s_yb=y.stride(0),
-        GS=group, eps=eps, BG=triton.next_power_of_2(group), num_warps=4 if group <= 2048 else 8,
-    )
-
-
-def qk_prepare(
-    qkv: torch.Tensor, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, w_qk: torch.Tensor,
-    cos: torch.Tensor, sin: torch.Tensor, *, pos: int, heads: int, kv_heads: int, q_width: int, rotary: int,
-    qk_norm: bool, kv_layout: str = "bhtd", eps: float = EPS,
-) -> None:
-    """Split a fused QKV row: queries (RMS-normed and rotated) into q, keys (the same) and values into the KV cache at `pos`.
-
-    qkv (batch, (q_width + 2 kv_heads) head_dim): q_width query-width heads (queries, then output gates
-    when q_width = 2 heads), keys, values; q (batch, heads, head_dim); k_cache, v_cache (batch,
-    kv_heads, T, head_dim) for kv_layout "bhtd" or (batch, T, kv_heads, head_dim) for "bthd"; w_qk
-    (2, head_dim) the query and key norm weights; cos, sin (rotary // 2,) fp32 at `pos`; rotary the
-    leading dims rotated (NeoX halves, 0 for none).
-    """
-    batch, _, hd = q.shape
-    h_dim, t_dim = (1, 2) if kv_layout == "bhtd" else (2, 1)
-    if rotary % 2 or rotary > hd:
-        raise ValueError(f"rotary dims must be even and at most head_dim={hd}; got {rotary}")
-    _qk_prepare_kernel[(batch, heads + 2 * kv_heads)](
-        qkv=qkv, q=q, kc=k_cache, vc=v_cache, w_qk=w_qk, cos=cos, sin=sin,
-        s_xb=qkv.stride(0), s_qb=q.stride(0), s_qh=q.stride(1),
-        s_kb=k_cache.stride(0), s_kh=k_cache.stride(h_dim), s_kt=k_cache.stride(t_dim),
-        s_vb=v_cache.stride(0), s_vh=v_cache.stride(h_dim), s_vt=v_cache.stride(t_dim),
-        pos=pos, eps=eps, NH=heads, NKV=kv_heads, HD=hd, QW=q_width, R=rotary,
-        IS_QK_NORM=qk_norm, BD=triton.next_power_of_2(hd), num_warps=4,
-    )
-
-
-@triton.jit
-def _fp8_quant_kernel(x, y, s_xb, s_yb, N, inv_scale, BN: tl.constexpr):
-    i_b, i_n = tl.program_id(0), tl.program_id(1)
-    o_n = i_n * BN + tl.arange(0, BN)
-    m_n = o_n < N
-    b_x = tl.load(x + i_b * s_xb + o_n, mask=m_n, other=0.0).to(tl.float32) * inv_scale
-    # Saturate: e4m3fn has no infinity, and a cast past +-448 gives NaN.
-    b_x = tl.minimum(tl.maximum(b_x, -448.0), 448.0)
-    tl.store(y + i_b * s_yb + o_n, b_x.to(y.dtype.element_ty), mask=m_n)
-
-
-def fp8_quantize(x: torch.Tensor, scale: float, out: torch.Tensor) -> torch.Tensor:
-    """out = saturate(x / scale) in fp8 e4m3, row by row (x and out: (rows, N), unit stride along N); returns out."""
-    rows, n = x.shape
-    bn = min(1024, triton.next_power_of_2(n))
-    _fp8_quant_kernel[(rows, triton.cdiv(n, bn))](x, out, s_xb=x.stride(0), s_yb=out.stride(0), N=n, inv_scale=1.0 / scale,
-                                                  BN=bn, num_warps=4)
-    return out
 
 
 def scaled_grouped_mm(rows: torch.Tensor, weight: torch.Tensor, row_scale: torch.Tensor, weight_scale: torch.Tensor) -> torch.Tensor:
@@ -941,7 +748,7 @@ class Step:
             kind = BLOCK_KIND[letter]
             w = weights.blocks[i]
             first = i == 0
-            self.ops.append(Op("other", f"{letter}{i}.norm", lambda w=w, first=first: add_rms_norm(self.h, None if first else self.bo, w["norm"], self.xn)))
+            self.ops.append(Op("other", f"{letter}{i}.norm", lambda w=w, first=first: e2e_ops.add_rms_norm(self.h, None if first else self.bo, w["norm"], self.xn)))
             getattr(self, f"_{kind}_ops")(f"{letter}{i}", n[kind], w)
             n[kind] += 1
         self._head_ops()
@@ -956,7 +763,7 @@ class Step:
         key = tuple(x.shape)
         if key not in self._q:
             self._q[key] = self._empty(*key, dtype=torch.float8_e4m3fn)
-        return fp8_quantize(x.reshape(-1, key[-1]), ACT_AMAX / FP8_MAX, self._q[key].view(-1, key[-1])).view(key)
+        return e2e_ops.fp8_quantize(x.reshape(-1, key[-1]), ACT_AMAX / FP8_MAX, self._q[key].view(-1, key[-1])).view(key)
 
     def _mm(self, x: torch.Tensor, w: dict[str, torch.Tensor], name: str, out: torch.Tensor | None = None) -> torch.Tensor:
         """x @ w[name].T: torch.mm for a bf16 matrix; for an fp8 one, x quantized with a static per-tensor scale (as the
@@ -994,7 +801,7 @@ class Step:
         proj = self._buf("ssm_proj", block.linear("in_proj").n)
         conv_out = self._buf("ssm_conv", conv_dim)
         gated = self._buf("ssm_gated", inner)
-        if p.kind == "mamba2":
+        if ops.named(p.kind).z_first:
             z, xbc = proj[:, :inner], proj[:, inner:inner + conv_dim]
         else:
             xbc, z = proj[:, :conv_dim], proj[:, conv_dim:conv_dim + inner]
@@ -1003,7 +810,7 @@ class Step:
         held: dict[str, torch.Tensor] = {}
         self.ops += [
             Op("ssm", f"{tag}.in_proj", lambda: self._mm(self.xn, w, "in_proj", proj)),
-            Op("ssm", f"{tag}.conv", lambda: conv_update(xbc, state, w["conv_w"], w["conv_b"], conv_out)),
+            Op("ssm", f"{tag}.conv", lambda: e2e_ops.conv_update(xbc, state, w["conv_w"], w["conv_b"], conv_out)),
             # The kernel reads the profile's pre-drawn inputs (same shapes and bytes as the conv's outputs), whose decay is in range.
             Op("ssm", f"{tag}.kernel", lambda: held.__setitem__("y", self.stack.run_layer(j))),
         ]
@@ -1011,7 +818,7 @@ class Step:
             self.ops.append(Op("ssm", f"{tag}.out_proj", lambda: self._mm(held["y"].reshape(self.batch, -1), w, "out_proj", self.bo)))
         else:
             self.ops += [
-                Op("ssm", f"{tag}.gated_norm", lambda: gated_rms_norm(held["y"].reshape(self.batch, -1), z, w["gnorm"], gated, block.sizes["norm_group"])),
+                Op("ssm", f"{tag}.gated_norm", lambda: e2e_ops.gated_rms_norm(held["y"].reshape(self.batch, -1), z, w["gnorm"], gated, block.sizes["norm_group"])),
                 Op("ssm", f"{tag}.out_proj", lambda: self._mm(gated, w, "out_proj", self.bo)),
             ]
 
@@ -1055,7 +862,7 @@ class Step:
 
         self.ops += [
             Op("attn", f"{tag}.qkv_proj", lambda: self._mm(self.xn, w, "qkv_proj", qkv)),
-            Op("attn", f"{tag}.qk_prepare", lambda: qk_prepare(
+            Op("attn", f"{tag}.qk_prepare", lambda: e2e_ops.qk_prepare(
                 qkv, q, k_cache, v_cache, w["qk_norm"], cos, sin, pos=pos, heads=heads, kv_heads=kv, q_width=qw,
                 rotary=rot, qk_norm=self.inv.family.qk_norm, kv_layout=layout)),
             Op("attn", f"{tag}.attention", attend),
@@ -1156,7 +963,7 @@ class Step:
     def _head_ops(self) -> None:
         held: dict[str, torch.Tensor] = {}
         self.ops += [
-            Op("other", "final_norm", lambda: add_rms_norm(self.h, self.bo, self.w.head["norm"], self.xn)),
+            Op("other", "final_norm", lambda: e2e_ops.add_rms_norm(self.h, self.bo, self.w.head["norm"], self.xn)),
             Op("other", "lm_head", lambda: held.__setitem__("logits", torch.mm(self.xn, self.w.head["lm_head"].t()))),
             Op("other", "sample", lambda: torch.argmax(held["logits"], dim=-1, out=self.next_tokens)),
         ]
@@ -1200,40 +1007,11 @@ def select_kernel(op: Op) -> bool:
 Timer = Callable[[Step, Callable[[Op], bool], int, int], list[float]]
 
 
-def _sleep_ahead() -> None:
-    # Keep the GPU busy while the host queues the timed replays, so no launch gap lands inside a timing.
-    if hasattr(torch.cuda, "_sleep"):
-        torch.cuda._sleep(2_000_000)
-
-
 def graph_timer(step: Step, select: Callable[[Op], bool], replays: int, warmup: int,
                 on_graph: Callable[[Callable[[], None]], None] | None = None) -> list[float]:
-    """µs per replay of the selected ops captured in one CUDA graph: one eager run on a side stream, capture, warm replays, timed
-    replays; then `on_graph` (energy.GraphMeter), given the graph's replay."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        step.run(select)
-    torch.cuda.current_stream().wait_stream(stream)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step.run(select)
-    for _ in range(warmup):
-        graph.replay()
-    torch.cuda.synchronize()
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(replays)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(replays)]
-    _sleep_ahead()
-    for start, end in zip(starts, ends):
-        start.record()
-        graph.replay()
-        end.record()
-    torch.cuda.synchronize()
-    if on_graph is not None:
-        on_graph(graph.replay)
-    del graph
-    return [s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends)]
+    """µs per replay of the selected ops captured in one CUDA graph (timing.graph_samples); then `on_graph`
+    (energy.GraphMeter), given the graph's replay."""
+    return graph_samples(lambda: step.run(select), replays=replays, warmup=warmup, on_graph=on_graph)
 
 
 @dataclass
@@ -1268,15 +1046,6 @@ def shares(category_us: dict[str, float]) -> dict[str, float]:
     if not total > 0:
         raise ValueError(f"no category took any time: {category_us}")
     return {c: category_us.get(c, 0.0) / total for c in CATEGORIES}
-
-
-def _percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    if not ordered:
-        return math.nan
-    pos = (len(ordered) - 1) * q / 100
-    lo, hi = math.floor(pos), math.ceil(pos)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
 
 
 @dataclass(frozen=True)
@@ -1398,10 +1167,6 @@ def _first_line(exc: BaseException) -> str:
     return str(exc).splitlines()[0] if str(exc) else ""
 
 
-def _is_oom(exc: BaseException) -> bool:
-    return isinstance(exc, torch.cuda.OutOfMemoryError) or "out of memory" in str(exc).lower()
-
-
 def _free_cuda() -> None:
     gc.collect()
     if torch.cuda.is_available():
@@ -1433,10 +1198,10 @@ def build_row(
     share = shares(cat)
     kernel_us = statistics.fmean(meas.kernel) if meas.kernel else 0.0
     total = sum(cat.values())
-    p25, p75 = _percentile(meas.step, 25), _percentile(meas.step, 75)
-    med = _percentile(meas.step, 50)
+    p25, p75 = percentile(meas.step, 25), percentile(meas.step, 75)
+    med = percentile(meas.step, 50)
     row.update({
-        "us": us, "us_p50": med, "us_p95": _percentile(meas.step, 95), "us_p99": _percentile(meas.step, 99),
+        "us": us, "us_p50": med, "us_p95": percentile(meas.step, 95), "us_p99": percentile(meas.step, 99),
         "spread": (p75 - p25) / med if med > 0 else None, "us_per_token": us,
         "x_us_p25": p25, "x_us_p75": p75, "x_tokens_per_s": batch * 1e6 / us,
         **{f"x_share_{c}": share[c] for c in CATEGORIES},
@@ -1491,7 +1256,7 @@ def run(
 
     from replayssm_cli.console import err
 
-    from replayssm_cli.energy import Session
+    from replayssm_cli.measure.energy import Session
 
     device = torch.device(device)
     check_spec_runnable(spec, presets, device, attention)
@@ -1547,7 +1312,7 @@ def _run_preset(spec, preset, writer, result, skip, done, bar, task, *, device, 
     except KeyboardInterrupt:
         raise
     except Exception as exc:
-        why = f"weights do not fit ({_first_line(exc)})" if _is_oom(exc) else (exc.line() if isinstance(exc, UserError) else f"{type(exc).__name__}: {_first_line(exc)}")
+        why = f"weights do not fit ({_first_line(exc)})" if is_oom(exc) else (exc.line() if isinstance(exc, UserError) else f"{type(exc).__name__}: {_first_line(exc)}")
     if why is not None:
         # Freed here, after the except block: the exception's traceback holds the partial allocation until then.
         _free_cuda()
@@ -1586,7 +1351,7 @@ def _run_preset(spec, preset, writer, result, skip, done, bar, task, *, device, 
             except KeyboardInterrupt:
                 raise
             except Exception as exc:
-                why = (f"out of memory at batch {b} (largest batch planned to fit: {largest})" if _is_oom(exc)
+                why = (f"out of memory at batch {b} (largest batch planned to fit: {largest})" if is_oom(exc)
                        else f"{type(exc).__name__}: {_first_line(exc)}")
             if why is not None:
                 _free_cuda()
@@ -1621,7 +1386,7 @@ def _measure_config(inv, spec, weights, variant, batch, context, state_dtype, pl
         replays = spec.window * spec.windows
         clocks = None
         if device.type == "cuda":
-            from replayssm_cli.gpus import ClockSampler
+            from replayssm_cli.model.gpus import ClockSampler
 
             with ClockSampler(required=False) as sampler:
                 meas = measure(step, replays=replays, timer=timer)
@@ -1629,7 +1394,7 @@ def _measure_config(inv, spec, weights, variant, batch, context, state_dtype, pl
         else:
             meas = measure(step, replays=replays, timer=timer)
         if meter is not None:
-            from replayssm_cli.energy import GraphMeter
+            from replayssm_cli.measure.energy import GraphMeter
 
             whole = GraphMeter(meter, 1)
             graph_timer(step, select_all, 1, 0, on_graph=whole)
@@ -1642,69 +1407,6 @@ def _measure_config(inv, spec, weights, variant, batch, context, state_dtype, pl
         step.close()
         del step
         _free_cuda()
-
-
-def default_out(gpu_key: str | None, directory: str | Path = "runs") -> Path:
-    from datetime import datetime
-
-    return Path(directory) / f"{datetime.now().strftime('%Y%m%d-%H%M%S')}-{gpu_key or 'gpu'}-e2e.json"
-
-
-def render_table(rows: list[dict[str, Any]], *, title: str, caption: str | None = None):
-    """The rich table of e2e rows: ITL, tokens/s, category shares, speedup, per preset, context and batch."""
-    from rich import box
-    from rich.table import Table
-
-    several = len({r["preset"] for r in rows}) > 1
-    table = Table(title=title, caption=caption, caption_justify="left", title_justify="left", box=box.SIMPLE_HEAD)
-    cols = (["preset"] if several else []) + ["context", "batch", "variant", "ITL ms", "tok/s", "SSM %\n(kernel)",
-                                              "attn %", "MLP %", "other %", "speedup\n(kernel)", "max\nbatch"]
-    for col in cols:
-        table.add_column(col, justify="left" if col in ("preset", "variant") else "right", no_wrap=True)
-    order = {v: i for i, v in enumerate(VARIANTS)}
-    for r in sorted(rows, key=lambda r: (r["preset"], r.get("x_context") or 0, r["batch"], order.get(r["variant"], 9))):
-        if r["status"] != "ok":
-            cells = [str(r.get("x_context")), str(r["batch"]), r["variant"], "[red]check failed[/]"] + [""] * 7
-        else:
-            ssm = f"{100 * r['x_share_ssm']:.1f} ({100 * (r.get('x_share_ssm_kernel') or 0):.1f})"
-            sp = "–"
-            if r.get("speedup"):
-                sp = f"{r['speedup']:.2f}x" + (f" ({r['x_kernel_speedup']:.2f}x)" if r.get("x_kernel_speedup") else "")
-            cells = [str(r.get("x_context")), str(r["batch"]), r["variant"], f"{r['us'] / 1e3:.2f}",
-                     f"{r['x_tokens_per_s']:,.0f}", ssm, f"{100 * r['x_share_attn']:.1f}", f"{100 * r['x_share_mlp']:.1f}",
-                     f"{100 * r['x_share_other']:.1f}", sp, str(r.get("x_max_batch") if r.get("x_max_batch") is not None else "–")]
-        table.add_row(*(([r["preset"]] if several else []) + cells))
-    return table
-
-
-def inventory_table(inv: Inventory):
-    """The layer inventory as a rich table: per block kind its count, matrices, parameters and bf16 weight GiB."""
-    from rich import box
-    from rich.table import Table
-
-    p = inv.preset
-    table = Table(title=f"{p.display} · tp {p.tp} · {inv.family.name} blocks · order from {inv.order_source}",
-                  title_justify="left", box=box.SIMPLE_HEAD)
-    for col in ("block", "count", "per block (per GPU, in→out)", "params/block", f"GiB all ({inv.weight_dtype})"):
-        table.add_column(col, justify="left" if col in ("block", "per block (per GPU, in→out)") else "right")
-    what = {
-        "ssm": lambda b: f"{p.kind} {p.label()}; conv {b.sizes['conv_dim']}x{CONV_WIDTH}; gated norm /{b.sizes['norm_group']}",
-        "attn": lambda b: f"{b.sizes['heads']} heads, {b.sizes['kv_heads']} KV, dim {b.sizes['head_dim']}"
-        + (f", RoPE {b.sizes['rotary']}" if b.sizes["rotary"] else "") + (", output gate" if inv.family.attn_gate else ""),
-        "mlp": lambda b: f"{inv.family.mlp}",
-        "moe": lambda b: f"{b.sizes['experts']} experts, {b.sizes['topk']} per token, {inv.family.mlp}"
-        + (f", latent {b.sizes['latent']}" if b.sizes["latent"] else ""),
-        "head": lambda b: f"vocab {b.sizes['vocab']}",
-    }
-    for kind in ("ssm", "attn", "mlp", "moe", "head"):
-        block = inv.head if kind == "head" else inv.blocks.get(kind)
-        if block is None:
-            continue
-        count = 1 if kind == "head" else inv.count(kind)
-        mats = "; ".join(lin.label() for lin in block.linears)
-        table.add_row(kind, str(count), f"{what[kind](block)}\n{mats}", f"{block.params / 1e6:,.1f} M",
-                      f"{block.nbytes(inv.weight_dtype) * count / GIB:,.2f}")
-    return table
 
 
 def dry_run(spec: E2ESpec, presets: list[Preset], *, free: int | None, l2_bytes: int | None, families: dict[str, Family] | None = None) -> list[dict[str, Any]]:
@@ -1792,43 +1494,10 @@ def _weight_read(inv: Inventory, batch: int) -> int:
     return mixers + inv.ffn_blocks * inv.ffn_read_bytes(batch) + inv.head.linear("lm_head").nbytes(wd)
 
 
-def prediction_table(entry: dict[str, Any]):
-    """The dry run's predicted shares and speedups of one preset as a rich table, marked predicted."""
-    from rich import box
-    from rich.table import Table
-
-    rows = entry["predicted"]
-    table = Table(title=f"predicted at {entry['weight_dtype']} weights, KV {entry['kv_dtype']}, {entry['state_dtype']} state "
-                        "(bytes moved per step; not measured)", title_justify="left", box=box.SIMPLE_HEAD)
-    for col in ("context", "batch", "weights read GiB", "SSM %", "attn %", "MLP %", "other %", f"{rows[0]['variant'] if rows else 'replay'} speedup"):
-        table.add_column(col, justify="right")
-    for r in rows:
-        sh = r["shares"]
-        table.add_row(str(r["context"]), str(r["batch"]), f"{r['weight_bytes_read'] / GIB:.2f}", *(f"{100 * sh[k]:.1f}" for k in CATEGORIES),
-                      f"{r['speedup']:.2f}x")
-    return table
-
-
-def memory_table(entry: dict[str, Any], batches: tuple[int, ...]):
-    """The dry run's memory plan of one preset as a rich table."""
-    from rich import box
-    from rich.table import Table
-
-    table = Table(title=entry["weights"].get("describe") or entry["weights"].get("error"), title_justify="left", box=box.SIMPLE_HEAD)
-    for col in ("context", "variant", "KV MiB/seq", "SSM MiB/seq", "conv+act MiB/seq", "max batch", *[f"B{b}" for b in batches]):
-        table.add_column(col, justify="left" if col == "variant" else "right")
-    for m in entry.get("memory", []):
-        ps = m["per_seq"]
-        fits = ["✓" if m["fits"][b] else "[red]✗[/]" for b in batches]
-        table.add_row(str(m["context"]), m["variant"], f"{ps['kv'] / MIB:,.1f}", f"{ps['ssm'] / MIB:,.1f}",
-                      f"{(ps['conv'] + ps['activations']) / MIB:,.1f}", "–" if m["max_batch"] is None else str(m["max_batch"]), *fits)
-    return table
-
-
 def environment(device_index: int = 0) -> dict[str, Any]:
     """Software versions, CUDA, and the GPU as NVML and torch see it (NVML missing is recorded, not fatal)."""
-    from replayssm_cli import gpus
-    from replayssm_cli.environment import cuda_runtime, software
+    from replayssm_cli.model import gpus
+    from replayssm_cli.measure.environment import cuda_runtime, software
 
     env: dict[str, Any] = {**software(), **cuda_runtime(), "mode": "measured"}
     props = torch.cuda.get_device_properties(device_index)
@@ -1847,7 +1516,4 @@ def environment(device_index: int = 0) -> dict[str, Any]:
     env["flash_attn"] = env["attention_backend"] == "flash-attn"
     return env
 
-
-def largest_fit_lines(max_batch_by: dict[str, int | None]) -> list[str]:
-    return [f"largest batch that fits: {key}: {value}" for key, value in sorted(max_batch_by.items()) if value is not None]
 

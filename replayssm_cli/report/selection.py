@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from replayssm_cli.errors import UserError
-from replayssm_cli.results import Results
+from replayssm_cli.report.results import Results
 
 # The columns a spreadsheet gets first; every other field follows in the file's order.
 CSV_FIRST = ("preset", "op", "variant", "phase", "batch", "window", "state_dtype", "read_dtype", "io_dtype", "draft",

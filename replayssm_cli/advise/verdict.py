@@ -221,8 +221,8 @@ def profile_verdict(rows: Sequence[dict[str, Any]], preset_names: Sequence[str],
     """The verdict over a profile's rows, for `replayssm profile` to print last: per preset and batch, whether the
     ReplaySSM step it timed pays over conventional decode at the preset's own state dtype, on speed alone (profile
     runs no quality check: `replayssm tune` adds the error budget and the other precisions)."""
-    from replayssm_cli import presets as presets_mod
-    from replayssm_cli import tuner
+    from replayssm_cli.model import presets as presets_mod
+    from replayssm_cli.advise import tuner
 
     out = []
     for p in (presets_mod.resolve(name, tp) for name in preset_names):

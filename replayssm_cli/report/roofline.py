@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from replayssm_cli.errors import UserError
-from replayssm_cli.provenance import row_label
-from replayssm_cli.results import Results
+from replayssm_cli.report.provenance import row_label
+from replayssm_cli.report.results import Results
 
 BYTES_SOURCES = ("modelled", "measured")
 PHASES = ("avg", "nonflush", "flush")
@@ -310,7 +310,7 @@ def _positive(value: Any) -> float | None:
 
 def _origin_spec(results: Results, name: str | None):
     """The spec of the GPU a results file came from: by the key the profiler recorded, else by the GPU's name."""
-    from replayssm_cli import gpus
+    from replayssm_cli.model import gpus
 
     gpu = results.environment.get("gpu")
     key = gpu.get("key") if isinstance(gpu, dict) else None
@@ -339,7 +339,7 @@ def roof_for(results: Results, gpu: str | None = None) -> Roof:
     FP32 CUDA-core, TF32 and BF16 tensor rates; an L2 ceiling only where one was measured. Raises
     UserError when neither the file nor a GPU spec gives a bandwidth and an FP32 rate.
     """
-    from replayssm_cli import gpus
+    from replayssm_cli.model import gpus
 
     name = results_gpu_name(results)
     recorded = results.environment.get("ceilings")
@@ -597,7 +597,7 @@ def file_labels(paths: Sequence[Path]) -> list[str]:
 
 def load_files(paths: Sequence[Path]) -> list[tuple[str, Results]]:
     """Load results files with short labels; a missing, corrupt or truncated file is a UserError."""
-    from replayssm_cli.results import load
+    from replayssm_cli.report.results import load
 
     paths = [Path(p) for p in paths]
     loaded = []
@@ -651,7 +651,7 @@ def _is_predicted(results: Results) -> bool:
 def load_default(directory: str | Path = "runs") -> Chosen:
     """The newest measured results file under ./runs/ (the newest predicted one where none is measured), else the
     shipped H200 reference profile, its files merged (a configuration measured in several kept from the newest)."""
-    from replayssm_cli.results import load_reference, reference_files
+    from replayssm_cli.report.results import load_reference, reference_files
 
     folder = Path(directory)
     # Temporary files of a run in progress (or killed) start with a dot and are never plotted.

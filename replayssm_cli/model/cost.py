@@ -5,10 +5,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 from enum import Enum
-from typing import Any, Union
+from typing import Any
 
-from replayssm_cli.dtypes import itemsize
-from replayssm_cli.shapes import SSMShape
+from replayssm_cli.model import ops
+from replayssm_cli.model.dtypes import itemsize
+from replayssm_cli.model.shapes import SSMShape
 
 VARIANTS = ("conventional", "replay", "split", "spec-conventional", "spec-replay")
 PHASES = ("avg", "nonflush", "flush")
@@ -107,120 +108,39 @@ class _Sizes:
 
 
 def _sizes(shape: SSMShape, st: str, rd: str | None, io: str, has_z: bool) -> _Sizes:
-    s, r, i = itemsize(st), itemsize(rd), itemsize(io)
-    op = getattr(shape, "op", None)
-    if op == "mamba2":
-        H, P, N, G = shape.H, shape.P, shape.N, shape.G
-        rows, heads = H * P, H
-        inputs = (H * P * (2 if has_z else 1) + H + 2 * G * N) * i
-        outputs = H * P * i
-        params = 3 * H * _F32
-        entry = (H * P + G * N) * i + 2 * H * _F32
-        draft_b = G * N * i
-    elif op == "gdn":
-        H, HV, K, V = shape.H, shape.HV, shape.K, shape.V
-        rows, heads = HV * V, HV
-        inputs = (2 * H * K + HV * V + 2 * HV) * i
-        outputs = HV * V * i
-        params = 0
-        entry = (HV * V + H * K + HV) * _F32
-        draft_b = 0
-    else:
-        raise ValueError(f"shape must be a Mamba2Shape or a GDNShape, got {shape!r}")
-    scales = rows * _F32 if rd == "fp8" else 0
+    s, r = itemsize(st), itemsize(rd)
+    op = _op(shape)
+    part = op.step_sizes(shape, itemsize(io), has_z)
+    scales = part["rows"] * _F32 if rd == "fp8" else 0
     copy = shape.state_elems * r + scales if rd else 0
     return _Sizes(
         state=shape.state_elems * s,
         copy=copy,
-        inputs=inputs,
-        outputs=outputs,
-        params=params,
-        entry=entry,
-        draft_b=draft_b,
-        counters=heads * _I32,
-        heads=heads,
+        inputs=part["inputs"],
+        outputs=part["outputs"],
+        params=part["params"],
+        entry=part["entry"],
+        draft_b=part["draft_b"],
+        counters=part["heads"] * _I32,
+        heads=part["heads"],
         fp8=rd == "fp8",
-        flush_copy=copy if op == "gdn" else 0,
+        flush_copy=copy if op.split_flush_reads_copy else 0,
     )
+
+
+def _op(shape: SSMShape):
+    try:
+        return ops.of(shape)
+    except ValueError:
+        raise ValueError(f"shape must be a Mamba2Shape or a GDNShape, got {shape!r}") from None
 
 
 def _with_capacity(s: _Sizes, shape: SSMShape, rd: str | None, capacity: int) -> _Sizes:
     """GDN under split precision buffers, per value head and entry, beta and the entry's row of T (capacity wide),
     from which a flush corrects the buffered updates."""
-    if getattr(shape, "op", None) != "gdn" or rd is None:
+    if rd is None or not _op(shape).split_flush_reads_copy:
         return s
     return replace(s, entry=s.entry + s.heads * (1 + capacity) * _F32)
-
-
-class _Mamba2Flops:
-    """FLOPs per batch row of the Mamba-2 kernels; the terms are listed in step_cost's docstring."""
-
-    def __init__(self, shape: SSMShape, has_z: bool):
-        self.H, self.P, self.N = shape.H, shape.P, shape.N
-        self.gate = 5 if has_z else 0
-        self.row_dequant = self.H * self.P
-        self.tile_dequant = self.H * self.P * self.N
-
-    def conventional(self, T: int) -> float:
-        H, P, N = self.H, self.P, self.N
-        return T * H * (6 + P * (3 + self.gate) + 5 * P * N)
-
-    def verify(self, f: float, T: int) -> float:
-        H, P, N = self.H, self.P, self.N
-        terms = T * f + T * (T + 1) / 2
-        return H * (7 * T + 2 * P * N * T + terms * (2 * N + 2 * P + 4) + T * P * (4 + self.gate))
-
-    def flush(self, f: float, quantise: bool) -> float:
-        H, P, N = self.H, self.P, self.N
-        quant = P * N + P if quantise else 0
-        return H * (7 + (f + 1) * (3 + P) + P * N * (3 + 2 * (f + 1)) + P * (2 + self.gate) + quant)
-
-    def fold(self, F: float, quantise: bool) -> float:
-        H, P, N = self.H, self.P, self.N
-        quant = P * N + P if quantise else 0
-        return H * (1 + F * (3 + P) + P * N * (1 + 2 * F) + quant)
-
-
-class _GDNFlops:
-    """FLOPs per batch row of the Gated DeltaNet kernels; the terms are listed in step_cost's docstring."""
-
-    def __init__(self, shape: SSMShape):
-        self.HV, self.K, self.V = shape.HV, shape.K, shape.V
-        self.row_dequant = self.HV * 2 * self.V
-        self.tile_dequant = self.HV * self.V * self.K
-
-    def conventional(self, T: int) -> float:
-        HV, K, V = self.HV, self.K, self.V
-        return T * HV * (1 + K + 7 * V * K + 2 * V)
-
-    def verify(self, f: float, T: int) -> float:
-        HV, K, V = self.HV, self.K, self.V
-        terms = T * f + T * (T - 1) / 2
-        return HV * (T * (2 + 3 * K + 8 * V + 4 * V * K) + terms * (4 * K + 4 * V + 4))
-
-    def correction(self, f: float, fp8: bool) -> float:
-        """A split flush's correction of f buffered updates (`_Sizes.flush_copy`): per head the keys y_j (a [f, f] x
-        [f, K] product, scaled) and per element checkpoint - copy (after dequantising an fp8 copy) and its product
-        with them, added to the updates."""
-        HV, K, V = self.HV, self.K, self.V
-        return HV * (2 * f * f * K + f * K + V * K * (1 + 2 * f + (1 if fp8 else 0)) + f * V)
-
-    def flush(self, f: float, quantise: bool) -> float:
-        HV, K, V = self.HV, self.K, self.V
-        quant = V * K + V if quantise else 0
-        return self.verify(f, 1) + HV * (V * K * (1 + 2 * (f + 1)) + (f + 1) * V + quant)
-
-    def fold(self, F: float, quantise: bool) -> float:
-        HV, K, V = self.HV, self.K, self.V
-        quant = V * K + V if quantise else 0
-        return HV * (1 + F * (2 + V) + V * K * (1 + 2 * F) + quant)
-
-
-_Flops = Union[_Mamba2Flops, _GDNFlops]
-
-
-def _flops_model(shape: SSMShape, has_z: bool) -> _Flops:
-    return _Mamba2Flops(shape, has_z) if shape.op == "mamba2" else _GDNFlops(shape)
 
 
 def _name(value: str | Enum | None) -> str | None:
@@ -280,12 +200,12 @@ def spec_replay_cycle(window: int, accepted: float) -> tuple[float, float, float
     return (folded - accepted) / 2, folded, accepted / folded
 
 
-def _conventional(s: _Sizes, fl: _Flops, b: int, T: int) -> _Count:
+def _conventional(s: _Sizes, fl: Any, b: int, T: int) -> _Count:
     row = _Count(s.state + T * s.inputs, T * s.state + T * s.outputs, fl.conventional(T))
     return row * b + _Count(read=s.params)
 
 
-def _verify(s: _Sizes, fl: _Flops, b: int, f: float, T: int) -> _Count:
+def _verify(s: _Sizes, fl: Any, b: int, f: float, T: int) -> _Count:
     row = _Count(
         (s.copy or s.state) + f * s.entry + T * s.inputs + s.counters,
         T * s.entry + T * s.outputs,
@@ -294,7 +214,7 @@ def _verify(s: _Sizes, fl: _Flops, b: int, f: float, T: int) -> _Count:
     return row * b + _Count(read=s.params)
 
 
-def _nonflush(s: _Sizes, fl: _Flops, b: int, f: float) -> _Count:
+def _nonflush(s: _Sizes, fl: Any, b: int, f: float) -> _Count:
     row = _Count(
         (s.copy or s.state) + f * s.entry + s.inputs + s.counters,
         s.entry + s.outputs + s.counters,
@@ -303,7 +223,7 @@ def _nonflush(s: _Sizes, fl: _Flops, b: int, f: float) -> _Count:
     return row * b + _Count(read=s.params)
 
 
-def _flush(s: _Sizes, fl: _Flops, b: int, f: int) -> _Count:
+def _flush(s: _Sizes, fl: Any, b: int, f: int) -> _Count:
     # Under split precision a flush reads the checkpoint, and GDN's the copy too (measured with Nsight Compute
     # on an H200, profiles/reference/ncu/).
     row = _Count(
@@ -314,7 +234,7 @@ def _flush(s: _Sizes, fl: _Flops, b: int, f: int) -> _Count:
     return row * b + _Count(read=s.params)
 
 
-def _verify_after_fold(s: _Sizes, fl: _Flops, b: int, F: float, T: int) -> _Count:
+def _verify_after_fold(s: _Sizes, fl: Any, b: int, F: float, T: int) -> _Count:
     row = _Count(
         s.state + F * s.entry + T * s.inputs + s.counters,
         s.state + s.copy + T * s.entry + T * s.outputs + s.counters,
@@ -327,7 +247,7 @@ def _accept(s: _Sizes, b: int, a: float) -> _Count:
     return _Count(_I32 + s.counters + a * s.draft_b, s.counters + a * s.draft_b, s.heads) * b
 
 
-def _replay(s: _Sizes, fl: _Flops, b: int, W: int, phase: str, fill: float | None) -> _Count:
+def _replay(s: _Sizes, fl: Any, b: int, W: int, phase: str, fill: float | None) -> _Count:
     if phase == "nonflush":
         if W == 1:
             raise ValueError("a window of 1 flushes on every step: there is no nonflush phase")
@@ -344,7 +264,7 @@ def _replay(s: _Sizes, fl: _Flops, b: int, W: int, phase: str, fill: float | Non
     return total / W
 
 
-def _spec_replay(s: _Sizes, fl: _Flops, b: int, W: int, T: int, a: float, phase: str, fill: float | None) -> _Count:
+def _spec_replay(s: _Sizes, fl: Any, b: int, W: int, T: int, a: float, phase: str, fill: float | None) -> _Count:
     mean_fill, folded, flush_rate = spec_replay_cycle(W, a)
     accept = _accept(s, b, a)
     if phase == "nonflush":
@@ -451,7 +371,7 @@ def step_cost(
     if variant == "split" and rd is None:
         raise ValueError("the split variant needs a read_dtype (bf16, fp16 or fp8)")
     s = _sizes(shape, st, rd, io, has_z)
-    fl = _flops_model(shape, has_z)
+    fl = _op(shape).flops(shape, has_z)
     if variant == "conventional":
         return _conventional(s, fl, b, 1).cost()
     if variant == "spec-conventional":
@@ -480,17 +400,17 @@ def launches_per_step(variant: str, phase: str = "avg") -> float:
 
 
 # The int32 counters a ReplayCache holds per (slot, head) beside the fill that a step reads and writes (the traffic
-# counts the fill only): the arrival counts of the programs that share a head (GDN: one per lane of a warp, for the
-# replay's LCOUNT; kernels/gdn/cache.py ARRIVE_LANES), the head's entry in the flush list a two-launch replay passes
-# (4 int32; its 8-int32 header belongs to no slot), and under drafts GDN's arrivals per key head of `verify`.
-ARRIVE_LANES = {"mamba2": 1, "gdn": 32}
+# counts the fill only): the arrival counts of the programs that share a head (the op's `arrive_lanes`), the head's
+# entry in the flush list a two-launch replay passes (4 int32; its 8-int32 header belongs to no slot), and under drafts
+# the op's `verify_arrivals`.
 FLUSH_LIST_ENTRY = 4
 
 
 def _held_counters(s: _Sizes, shape: SSMShape, draft: int) -> int:
-    """Bytes of one sequence's counters in one layer's ReplayCache: the fills (s.counters) and `ARRIVE_LANES`'s."""
-    arrivals = shape.H if shape.op == "gdn" and draft else 0
-    return s.counters + ((ARRIVE_LANES[shape.op] + FLUSH_LIST_ENTRY) * s.heads + arrivals) * _I32
+    """Bytes of one sequence's counters in one layer's ReplayCache: the fills (s.counters) and the arrival counters."""
+    op = _op(shape)
+    arrivals = op.verify_arrivals(shape) if draft else 0
+    return s.counters + ((op.arrive_lanes + FLUSH_LIST_ENTRY) * s.heads + arrivals) * _I32
 
 
 def memory_per_seq(
@@ -542,7 +462,7 @@ def predict_us(cost: Cost, ceilings: Any, launches: float = 1.0, *, launch_us: f
 
     ceilings is anything with copy_gbs (measured copy bandwidth, reads plus writes, or the datasheet HBM figure
     where nothing was measured; hbm_gbs is taken when copy_gbs is absent), read_gbs (the read-only stream, may
-    be None) and fp32_tflops, as replayssm_cli.gpus.Ceilings. With a read-only figure, bytes read move at
+    be None) and fp32_tflops, as replayssm_cli.model.gpus.Ceilings. With a read-only figure, bytes read move at
     read_gbs and bytes written at the rate that makes an even copy take its measured time, so a read-dominated
     kernel runs at the read stream and a conventional step at the copy rate; without one, all bytes move at
     copy_gbs. launch_us defaults to LAUNCH_US, the H200's cost of one small launch in a CUDA graph.
@@ -632,3 +552,32 @@ def cost_table(
         row("spec-replay", "flush", folded, snapshots, **spec)
         row("spec-replay", "avg", None, snapshots, **spec)
     return rows
+
+
+def kernel_step_bytes(shape: SSMShape, kernel: str, fill: int, *, state_dtype: str = "fp32", io_dtype: str = "bf16",
+                      window: int = 16, draft: int = 4, accepted: float = 3, has_z: bool = True) -> int:
+    """DRAM bytes one row moves in one step of one kernel at this fill (step_cost at batch 1): what a launch-settings
+    sweep divides its time by. kernel: "decode", "decode-multi" (T = draft snapshots), "verify" (with accept; fill >= W
+    folds first), "replay" or "split-<read dtype>" (optionally "-nonflush" or "-flush": the phase is the fill's, f + 1 = W
+    flushes)."""
+    common = dict(batch=1, window=window, state_dtype=state_dtype, io_dtype=io_dtype, has_z=has_z)
+    if kernel == "decode":
+        c = step_cost(shape, "conventional", **common)
+    elif kernel == "decode-multi":
+        c = step_cost(shape, "spec-conventional", draft=draft, **common)
+    elif kernel == "verify":
+        c = step_cost(shape, "spec-replay", "flush" if fill >= window else "nonflush", fill=fill, draft=draft,
+                      accepted=accepted, **common)
+    elif _phased(kernel):
+        read = kernel.split("-")[1] if kernel.startswith("split-") else None
+        c = step_cost(shape, "split" if read else "replay", "flush" if fill + 1 >= window else "nonflush", fill=fill,
+                      read_dtype=read, **common)
+    else:
+        raise ValueError(f"kernel must be decode, decode-multi, verify, replay[-phase] or split-<dtype>[-phase], got {kernel!r}")
+    return c.total_bytes
+
+
+def _phased(kernel: str) -> bool:
+    """Whether `kernel` names replay or split-<read dtype>, alone or with -nonflush or -flush."""
+    base = next((kernel[: -len(s)] for s in ("-nonflush", "-flush") if kernel.endswith(s)), kernel)
+    return base == "replay" or (base.startswith("split-") and base[len("split-"):] in READ_DTYPES)

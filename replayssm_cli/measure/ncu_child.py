@@ -32,7 +32,7 @@ def run(spec_file: str | Path) -> dict[str, Any]:
     """
     import torch
 
-    from replayssm_cli.bench import make_case
+    from replayssm_cli.measure.bench import make_case
 
     job = json.loads(Path(spec_file).read_text())
     device = torch.device(job.get("device", "cuda"))
@@ -62,7 +62,7 @@ def run(spec_file: str | Path) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
-        print("usage: python -m replayssm_cli.ncu_child SPEC.json", file=sys.stderr)
+        print("usage: python -m replayssm_cli.measure.ncu_child SPEC.json", file=sys.stderr)
         return 2
     # ncu prints its CSV on the stdout this process shares: send everything this process writes to stderr.
     sys.stdout.flush()

@@ -100,7 +100,7 @@ def run_checks(specs: list[dict[str, Any]], dev: Any, *, progress: bool = True) 
     """Check each case once: the kernel and its reference from the same inputs and state; one result dict per case."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from replayssm_cli import bench
+    from replayssm_cli.measure import bench
     from replayssm_cli.console import err
     from replayssm_kernels import families
 
