@@ -2,13 +2,25 @@
 
 from __future__ import annotations
 
+import subprocess
+
 import pytest
 
 import benchmark_scripts
 
+script = benchmark_scripts.fixture("verify_phases")
 
-def _run(*argv):
-    return benchmark_scripts.run("verify_phases", *argv)
+
+@pytest.fixture
+def run(script, capsys):
+    """verify_phases.main in this process: (exit code, stdout, stderr) as the command gives them."""
+
+    def call(*argv):
+        code = script.main(list(argv))
+        out, err = capsys.readouterr()
+        return subprocess.CompletedProcess(argv, code, out, err)
+
+    return call
 
 
 @pytest.mark.parametrize("op,launch,message", [("mamba2", "XX=1", "unknown key 'XX'"),
@@ -16,15 +28,15 @@ def _run(*argv):
                                                ("mamba2", "BPF", "key=integer"),
                                                ("gdn", "BPF=32", "unknown key 'BPF'"),
                                                ("gdn", "KSPLIT=3", "KSPLIT")])
-def test_bad_launch_is_one_line(tmp_path, op, launch, message):
-    done = _run("--op", op, "--launch", launch, "--out", str(tmp_path / "phases.json"))
+def test_bad_launch_is_one_line(run, tmp_path, op, launch, message):
+    done = run("--op", op, "--launch", launch, "--out", str(tmp_path / "phases.json"))
     assert done.returncode == 2
     assert done.stderr.strip().count("\n") == 0 and message in done.stderr
     assert not (tmp_path / "phases.json").exists()
 
 
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks the refusal without a GPU")
-def test_refuses_without_cuda(tmp_path):
-    done = _run("--launch", "BPF=32", "--out", str(tmp_path / "phases.json"))
+def test_refuses_without_cuda(run, tmp_path):
+    done = run("--launch", "BPF=32", "--out", str(tmp_path / "phases.json"))
     assert done.returncode == 2
     assert "needs a CUDA GPU" in done.stderr and done.stdout == ""
