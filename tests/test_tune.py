@@ -483,14 +483,14 @@ def test_tune_verdict_shows_the_measured_end_to_end_speedup(tmp_path):
 def test_tune_progress_in_a_log_is_one_line_per_finished_configuration(monkeypatch, tmp_path):
     """Not a terminal (CliRunner): plain lines on stderr, one per finished configuration when nothing rate-limits them."""
     from replayssm_cli.measure import quality
-    from replayssm_cli.commands import tune as tune_cmd
+    from replayssm_cli.advise import tuning
 
-    monkeypatch.setattr(tune_cmd, "LOG_EVERY_S", 0.0)
+    monkeypatch.setattr(tuning, "LOG_EVERY_S", 0.0)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(quality, "run_kernels", lambda inputs, configs, on_config=None, **kw: [
         on_config(i + 1) for i in range(len(configs))] and {c: {"1-128": 1e-7} for c in configs})
     measured = json.loads(MAMBA2_RESULTS.read_text())["rows"]
-    monkeypatch.setattr(tune_cmd, "_run_point", lambda point, context: _fake_measurement(point, measured))
+    monkeypatch.setattr(tuning, "_run_point", lambda point, context: _fake_measurement(point, measured))
     _fake_profiler(monkeypatch, tmp_path)
     res = invoke("--preset", SUPER, "--batch", "1,256", "--window", "16", "--state-dtype", "fp32", "--read-dtype", "bf16",
                  *QUICK)
@@ -566,7 +566,7 @@ def test_tune_measures_only_what_the_model_puts_within_reach(monkeypatch, tmp_pa
     """On an H200 the shipped reference guesses each time: at batch 256 the replay steps (about 1.9x) cannot catch the
     split ones (about 2.6x), so they are not measured; split W32, close to split W16, is; the baseline always is."""
     from replayssm_cli.measure import quality
-    from replayssm_cli.commands import tune as tune_cmd
+    from replayssm_cli.advise import tuning
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(quality, "run_kernels", lambda inputs, configs, **kw: {c: {"1-128": 1e-7} for c in configs})
@@ -578,7 +578,7 @@ def test_tune_measures_only_what_the_model_puts_within_reach(monkeypatch, tmp_pa
         return [{"phase": "avg", "ok": True, "layers": 4, "check_max_err": 1e-7, "tolerance": 1e-3,
                  "samples_us": [us * (1 + k / 1000) for k in (-3, -1, 0, 1, 3)], "steps": 32, "repeats": 5}]
 
-    monkeypatch.setattr(tune_cmd, "_run_point", run_point)
+    monkeypatch.setattr(tuning, "_run_point", run_point)
     _fake_profiler(monkeypatch, tmp_path)
     report = run_json("--preset", SUPER, "--batch", "256", "--window", "16,32", "--state-dtype", "fp32", "--read-dtype", "bf16")
     assert sorted(seen) == ["conventional B256 fp32", "split B256 W16 fp32-bf16", "split B256 W32 fp32-bf16"]
@@ -635,7 +635,7 @@ def test_tune_repeats_only_what_is_close_to_the_best_and_noisy(monkeypatch, tmp_
     """Each configuration is first timed with QUICK_REPEATS replays; only one whose interval still reaches the best's
     and whose spread is over the floor is timed again with the profile's full count."""
     from replayssm_cli.measure import quality
-    from replayssm_cli.commands import tune as tune_cmd
+    from replayssm_cli.advise import tuning
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(quality, "run_kernels", lambda inputs, configs, **kw: {c: {"1-128": 1e-7} for c in configs})
@@ -651,16 +651,16 @@ def test_tune_repeats_only_what_is_close_to_the_best_and_noisy(monkeypatch, tmp_
         return [{"phase": "avg", "ok": True, "layers": 4, "check_max_err": 1e-7, "tolerance": 1e-3,
                  "samples_us": [us * (1 + half * k) for k in (-1, -0.5, 0, 0.5, 1)], "steps": 32, "repeats": context["repeats"]}]
 
-    monkeypatch.setattr(tune_cmd, "_run_point", run_point)
+    monkeypatch.setattr(tuning, "_run_point", run_point)
     _fake_profiler(monkeypatch, tmp_path)
     run_json("--preset", SUPER, "--batch", "256", "--window", "16,32", "--state-dtype", "fp32", "--read-dtype", "bf16")
-    quick, full = tune_cmd.QUICK_REPEATS, 30
+    quick, full = tuning.QUICK_REPEATS, 30
     # The first configuration has no best to be separated from yet.
     assert repeats == {"conventional": [quick, full], "split16": [quick], "split32": [quick, full]}
 
 
 def test_close_and_noisy_needs_both():
-    from replayssm_cli.commands.tune import _close_and_noisy
+    from replayssm_cli.advise.tuning import _close_and_noisy
 
     def m(us, half):
         return [{"phase": "avg", "ok": True, "samples_us": [us * (1 + half * k) for k in (-1, -0.5, 0, 0.5, 1)]}]
