@@ -513,3 +513,19 @@ def test_kernel_step_bytes_of_decode_and_verify(shape):
     assert kernel_step_bytes(shape, "verify", W, window=W, draft=3, accepted=2) > nonflush, "at fill W the verify folds first"
     with pytest.raises(ValueError, match="kernel must be"):
         kernel_step_bytes(shape, "replay2", 0)
+
+
+def test_kernels_readme_bytes_tables_are_the_cost_models(tmp_path):
+    """kernels/README.md's bytes-per-step tables are benchmarks/cost_tables.py's output, which a stale table fails."""
+    import benchmark_scripts
+
+    tables = benchmark_scripts.load("cost_tables")
+    readme = benchmark_scripts.BENCHMARKS.parent / "kernels" / "README.md"
+    assert tables.main(["--check", str(readme)]) == 0
+    stale = tmp_path / "README.md"
+    stale.write_text(readme.read_text().replace("| `decode` | fp32 |  |  | 4.04 |", "| `decode` | fp32 |  |  | 4.05 |"))
+    assert stale.read_text() != readme.read_text()
+    assert tables.main(["--check", str(stale)]) == 1
+    assert tables.main(["--write", str(stale)]) == 0 and stale.read_text() == readme.read_text()
+    (tmp_path / "bare.md").write_text("no markers\n")
+    assert tables.main(["--check", str(tmp_path / "bare.md")]) == 2
