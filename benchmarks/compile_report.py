@@ -7,8 +7,8 @@ local memory (spills), shared memory per block, and the static SASS instruction 
 stores, shuffles, shared-memory traffic, barriers, FP32 arithmetic, special functions). Nothing is launched.
 
     python benchmarks/compile_report.py
-    python benchmarks/compile_report.py --op mamba2 --launch replay:BP=64,num_warps=4
-    python benchmarks/compile_report.py --op mamba2 --launch verify:BP=32,num_warps=4
+    python benchmarks/compile_report.py --op mamba2 --launch replay:rows=64,warps=4
+    python benchmarks/compile_report.py --op mamba2 --launch verify:rows=32,warps=4
     python benchmarks/compile_report.py --op gdn --state-dtype bf16 --launch replay:maxnreg=96
     python benchmarks/compile_report.py --op gdn --launch replay:EARLY=2,VP=16,BV=16,STAGES=1,num_warps=1,maxnreg=255 \
         --sass _replay_kernel
@@ -68,24 +68,28 @@ def compile_kernels(op: str, launches: dict[str, dict], arch: int,
     slots = torch.arange(4, dtype=torch.int32)
     try:
         if op == "mamba2":
+            from replayssm_kernels import common as kc
             from replayssm_kernels import mamba2 as m
-            from replayssm_kernels.mamba2 import args as margs
 
-            margs.check_device = lambda *a, **k: None
+            md, mr, mv = (sys.modules[f"replayssm_kernels.mamba2.{name}"] for name in ("decode", "replay", "verify"))
+            kc.check_device = lambda *a, **k: None
             H, P, N, G = 128, 64, 128, 8
             inp = m.random_inputs(4, H, P, N, G, io_dtype=torch.bfloat16)
             case = "decode"
-            m.decode(torch.zeros(4, H, P, N, dtype=state), **inp, dt_softplus=True, slots=slots,
-                     launch=launches.get(case), check=False)
+            pool = torch.zeros(4, H, P, N, dtype=state)
+            m.decode(pool, **inp, dt_softplus=True, slots=slots, check=False,
+                     config=kc.override(md.DECODE_LAUNCH[md.select(pool, 4)], launches.get(case)))
             for case, read in (("replay", None), ("split-bf16", "bf16")):
                 cache = m.ReplayCache.create(4, H, P, N, G, 16, state_dtype=state if read is None else
                                              torch.float32, read_dtype=read, io_dtype="bf16", device="cpu")
-                m.replay(cache, **inp, dt_softplus=True, slots=slots, launch=launches.get(case), check=False)
+                m.replay(cache, **inp, dt_softplus=True, slots=slots, check=False,
+                         config=kc.override(mr.STEP_LAUNCH[mr.select(cache, 4)], launches.get(case)))
             case = "verify"
             cache = m.ReplayCache.create(4, H, P, N, G, 16, state_dtype=state, io_dtype="bf16", max_draft=4,
                                          device="cpu")
             m.verify(cache, **m.random_inputs(4, H, P, N, G, T=4, io_dtype=torch.bfloat16), dt_softplus=True,
-                     slots=slots, launch=launches.get(case), check=False)
+                     slots=slots, check=False, config=kc.override(mv.VERIFY_LAUNCH[mv.select(cache, 4)],
+                                                                  launches.get(case)))
         else:
             from replayssm_kernels import gdn as g
 

@@ -7,7 +7,7 @@ by a few percent, even on the sign of a change (benchmarks/notes/run-55.md), so 
 (key, settings) rows, or its name in a dict of rows) and the settings to put in that row; everything after --
 goes to `replayssm profile`.
 
-    python benchmarks/profile_rows.py --set mamba2.replay:LARGE_STEP_LAUNCH:1:PREFETCH=1 -- \\
+    python benchmarks/profile_rows.py --set mamba2.replay:STEP_LAUNCH:replay-bf16-large:prefetch=0 -- \\
         -p nemotron-3-super-120b-a12b --batch 256,512 --state-dtype bf16 --no-phases --out runs/rows.json
     python benchmarks/profile_rows.py --set gdn.decode:LAUNCH:decode:VP=4,BV=4 -- -p qwen3.5-122b-a10b --batch 256
 """
@@ -15,6 +15,7 @@ goes to `replayssm profile`.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
 import sys
 
@@ -24,7 +25,7 @@ def parse_set(text: str) -> tuple[str, str, str, dict[str, int]]:
     parts = text.split(":")
     if len(parts) != 4 or not all(parts):
         raise ValueError(f"--set {text!r}: expected MODULE:TABLE:ROW:key=value,... "
-                         "(e.g. mamba2.replay:LARGE_STEP_LAUNCH:1:PREFETCH=1)")
+                         "(e.g. mamba2.replay:STEP_LAUNCH:replay-bf16-large:prefetch=0)")
     module, table, row, pairs = parts
     settings = {}
     for pair in pairs.split(","):
@@ -38,8 +39,9 @@ def parse_set(text: str) -> tuple[str, str, str, dict[str, int]]:
     return module, table, row, settings
 
 
-def apply_set(module: str, table: str, row: str, settings: dict[str, int]) -> dict:
-    """Put `settings` into the row of replayssm_kernels.MODULE's TABLE; return the row's settings as changed."""
+def apply_set(module: str, table: str, row: str, settings: dict[str, int]):
+    """Put `settings` into the row of replayssm_kernels.MODULE's TABLE; return the row's settings as changed (a
+    launch configuration's fields, replaced in its table, or a settings dict updated in place)."""
     try:
         mod = importlib.import_module(f"replayssm_kernels.{module}")
     except ImportError:
@@ -55,6 +57,14 @@ def apply_set(module: str, table: str, row: str, settings: dict[str, int]) -> di
         target = rows[int(row)][1]
     else:
         raise ValueError(f"replayssm_kernels.{module} has no table {table!r} of launch rows")
+    if dataclasses.is_dataclass(target):
+        from replayssm_kernels import common
+
+        try:
+            rows[row] = common.override(target, settings)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"{module}.{table}[{row}]: {exc}") from None
+        return rows[row]
     # A row's keys, and the keys its table may add (a replay row's flush_ settings).
     known = set(target) | set(getattr(mod, "STEP_KEYS", ())) | set(getattr(mod, "FLUSH_KEYS", ()))
     unknown = sorted(set(settings) - known)

@@ -26,9 +26,9 @@ W, T = 16, 4
 
 def _batches(op: str, kind: str) -> dict[str, int]:
     """A batch per grid class that has rows of its own on this GPU, from the kernels' own grid tests."""
-    from replayssm_kernels.mamba2 import args
+    from replayssm_kernels import common
 
-    sms = args.sm_count(torch.device("cuda"))
+    sms = common.sm_count(torch.device("cuda"))
     if op == "mamba2":
         heads = MAMBA2["H"]
         if kind == "verify":

@@ -40,17 +40,22 @@ class Result:
     samples_us: list = field(default_factory=list)
 
 
+# The values a launch field takes besides integers: a register cap of none, a flush's product precision.
+WORDS = {"none": None, "ieee": "ieee", "tf32x3": "tf32x3", "tf32": "tf32"}
+
+
 def parse_launch(text: str, kernels: tuple = KERNELS) -> tuple[str, dict]:
-    """'KERNEL:key=value,...' -> (KERNEL, {key: int(value), ...})."""
+    """'KERNEL:field=value,...' -> (KERNEL, {field: value, ...}), each value an integer or one of WORDS."""
     kernel, sep, body = text.partition(":")
     if not sep or kernel not in kernels:
-        raise ValueError(f"--launch {text!r}: expected KERNEL:key=value,... with KERNEL one of {', '.join(kernels)}")
+        raise ValueError(f"--launch {text!r}: expected KERNEL:field=value,... with KERNEL one of {', '.join(kernels)}")
     settings = {}
     for item in filter(None, body.split(",")):
         key, eq, value = item.partition("=")
-        if not eq or not value.strip().isdigit():
-            raise ValueError(f"--launch {text!r}: {item!r} is not key=integer")
-        settings[key.strip()] = int(value)
+        value = value.strip()
+        if not eq or not (value.isdigit() or value in WORDS):
+            raise ValueError(f"--launch {text!r}: {item!r} is not field=integer (or {', '.join(WORDS)})")
+        settings[key.strip()] = int(value) if value.isdigit() else WORDS[value]
     return kernel, settings
 
 

@@ -13,30 +13,48 @@ SHAPE = {"H": 128, "P": 64, "N": 128, "G": 8}
 WINDOW = 16
 DRAFT = 4
 ACCEPTED = 3
+# Fields of each kernel's launch configuration (DecodeConfig, StepConfig, VerifyConfig) put into the row the kernel
+# chooses at the timed batch.
 GRID = {
-    "decode": [{"BP": 8, "num_warps": 4}, {"BP": 16, "num_warps": 4}, {"BP": 32, "num_warps": 4},
-               {"BP": 16, "num_warps": 8}, {"BP": 64, "num_warps": 8}],
-    "replay": [{"RC": 32, "STAGES": 2, "maxnreg": 96}, {"RC": 32, "STAGES": 3, "maxnreg": 128},
-               {"RC": 16, "STAGES": 3, "maxnreg": 96}, {"BP": 64, "RC": 64},
-               {"BP": 16, "RC": 16, "num_warps": 1}, {"BP": 32, "RC": 32, "num_warps": 1}],
-    "decode-multi": [{"BP": 8, "num_warps": 4}, {"BP": 16, "num_warps": 4}, {"BP": 32, "num_warps": 8}],
-    "verify": [{"BP": 16, "num_warps": 4}, {"BP": 32, "num_warps": 4}, {"BP": 16, "num_warps": 8}],
+    "decode": [{"rows": 8, "warps": 4}, {"rows": 16, "warps": 4}, {"rows": 32, "warps": 4},
+               {"rows": 16, "warps": 8}, {"rows": 64, "warps": 8}],
+    "replay": [{"chunk": 32, "stages": 2, "maxnreg": 96}, {"chunk": 32, "stages": 3, "maxnreg": 128},
+               {"chunk": 16, "stages": 3, "maxnreg": 96}, {"rows": 64, "chunk": 64},
+               {"rows": 16, "chunk": 16, "warps": 1}, {"rows": 32, "chunk": 32, "warps": 1}],
+    "decode-multi": [{"rows": 8, "warps": 4}, {"rows": 16, "warps": 4}, {"rows": 32, "warps": 8}],
+    "verify": [{"rows": 16, "warps": 4}, {"rows": 32, "warps": 4}, {"rows": 16, "warps": 8}],
 }
 GRID["replay-nonflush"] = GRID["replay-flush"] = GRID["split-bf16"] = GRID["replay"]
 GRID["split-bf16-nonflush"] = GRID["split-bf16-flush"] = GRID["split-fp8"] = GRID["split-bf16"]
 QUICK_GRID = {
-    "decode": [{"BP": 16, "num_warps": 4}, {"BP": 32, "num_warps": 4}],
-    "replay": [{"RC": 32, "STAGES": 2, "maxnreg": 96}, {"BP": 16, "RC": 16, "num_warps": 1}],
-    "decode-multi": [{"BP": 16, "num_warps": 4}],
-    "verify": [{"BP": 16, "num_warps": 4}, {"BP": 32, "num_warps": 4}],
+    "decode": [{"rows": 16, "warps": 4}, {"rows": 32, "warps": 4}],
+    "replay": [{"chunk": 32, "stages": 2, "maxnreg": 96}, {"rows": 16, "chunk": 16, "warps": 1}],
+    "decode-multi": [{"rows": 16, "warps": 4}],
+    "verify": [{"rows": 16, "warps": 4}, {"rows": 32, "warps": 4}],
 }
 QUICK_GRID["replay-nonflush"] = QUICK_GRID["replay-flush"] = QUICK_GRID["split-bf16"] = QUICK_GRID["replay"]
 QUICK_GRID["split-bf16-nonflush"] = QUICK_GRID["split-bf16-flush"] = QUICK_GRID["split-fp8"] = QUICK_GRID["split-bf16"]
 
 
 def parse_launch(text: str) -> tuple[str, dict]:
-    """'replay:num_warps=8,JB=8' -> ('replay', {'num_warps': 8, 'JB': 8})."""
+    """'replay:warps=1,chunk=16' -> ('replay', {'warps': 1, 'chunk': 16})."""
     return common.parse_launch(text)
+
+
+def config_for(kernel: str, target, batch: int, fields: dict):
+    """The launch row `kernel` chooses for `target` (a state pool or cache) at `batch` rows, with `fields` put in."""
+    import importlib
+
+    from replayssm_kernels import common as kc
+
+    md, mr, mv = (importlib.import_module(f"replayssm_kernels.mamba2.{m}") for m in ("decode", "replay", "verify"))
+    if kernel in ("decode", "decode-multi"):
+        row = md.DECODE_LAUNCH[md.select(target, batch if kernel == "decode" else None)]
+    elif kernel == "verify":
+        row = mv.VERIFY_LAUNCH[mv.select(target, batch)]
+    else:
+        row = mr.STEP_LAUNCH[mr.select(target, batch)]
+    return kc.override(row, fields)
 
 
 def plan(kernels: list[str], quick: bool, overrides: list[tuple[str, dict]]) -> dict[str, list[dict]]:
@@ -139,7 +157,9 @@ class Stack:
                 layer.fill.copy_(self.start[:, None].expand_as(layer.fill))
 
     def step(self) -> None:
-        m, kw = self.m, dict(dt_softplus=True, slots=self.slots, launch=self.launch, check=False)
+        m, kw = self.m, dict(dt_softplus=True, slots=self.slots, check=False)
+        first = self.layers[0][0] if isinstance(self.layers[0], tuple) else self.layers[0]
+        kw["config"] = config_for(self.kernel, first, self.batch, self.launch)
         for layer in self.layers:
             if self.kernel == "decode":
                 m.decode(layer[0], **self.inp, **kw)
@@ -174,12 +194,13 @@ def check_config(kernel: str, launch: dict, device: str, slots: list[int] = (2, 
         for _ in range(3):
             if kernel == "decode":
                 inp = mamba2.random_inputs(n, H, P, N, G, device=device)
-                y = mamba2.decode(state, **inp, dt_softplus=True, slots=rows, launch=launch)
+                y = mamba2.decode(state, **inp, dt_softplus=True, slots=rows, config=config_for(kernel, state, n, launch))
                 err = max(err, rel(y, mamba2.decode_ref(want, **inp, dt_softplus=True, slots=rows)), rel(state, want))
             else:
                 inp = mamba2.random_inputs(n, H, P, N, G, T=DRAFT, device=device)
                 snaps, want_snaps = (torch.zeros(n, DRAFT, H, P, N, device=device) for _ in range(2))
-                y = mamba2.decode_multi(state, snaps, **inp, dt_softplus=True, slots=rows, launch=launch)
+                y = mamba2.decode_multi(state, snaps, **inp, dt_softplus=True, slots=rows,
+                                        config=config_for(kernel, state, n, launch))
                 y_ref = mamba2.decode_multi_ref(state, want_snaps, **inp, dt_softplus=True, slots=rows)
                 err = max(err, rel(y, y_ref), rel(snaps, want_snaps))
         return err
@@ -191,14 +212,14 @@ def check_config(kernel: str, launch: dict, device: str, slots: list[int] = (2, 
     for step in range(WINDOW + 2):
         if kernel == "verify":
             inp = mamba2.random_inputs(n, H, P, N, G, T=DRAFT, device=device)
-            y = mamba2.verify(cache, **inp, dt_softplus=True, slots=rows, launch=launch)
+            y = mamba2.verify(cache, **inp, dt_softplus=True, slots=rows, config=config_for(kernel, cache, n, launch))
             err = max(err, rel(y, mamba2.verify_ref(want, **inp, dt_softplus=True, slots=rows)))
             n_acc = torch.randint(0, DRAFT + 1, (n,), dtype=torch.int32, device=device)
             mamba2.accept(cache, n_acc, rows)
             mamba2.accept_ref(want, n_acc, rows)
         else:
             inp = mamba2.random_inputs(n, H, P, N, G, device=device)
-            y = mamba2.replay(cache, **inp, dt_softplus=True, slots=rows, launch=launch)
+            y = mamba2.replay(cache, **inp, dt_softplus=True, slots=rows, config=config_for(kernel, cache, n, launch))
             err = max(err, rel(y, mamba2.replay_ref(want, **inp, dt_softplus=True, slots=rows)))
     got, ref = mamba2.materialize(cache), mamba2.materialize_ref(want)
     return max(err, ((got - ref).abs().max() / ref.abs().max()).item())
@@ -217,7 +238,7 @@ def build_parser():
         "examples:\n"
         "  python benchmarks/sweep_mamba2.py --quick --out runs/sweep_quick.json\n"
         "  python benchmarks/sweep_mamba2.py --kernel replay --kernel decode --batch 256 \\\n"
-        "      --launch replay:num_warps=8,JB=8 --launch decode:BP=16,num_warps=4 --out runs/sweep.json\n"
+        "      --launch replay:warps=1,chunk=16 --launch decode:rows=16,warps=4 --out runs/sweep.json\n"
         "  python benchmarks/sweep_mamba2.py --dry-run   # the plan, layer counts and bytes; no GPU needed",
     )
 

@@ -79,68 +79,68 @@ for section in $SECTIONS; do
         gpu_tests tests 300 tests
         ;;
     mamba2-decode)
-        # mamba2.decode DECODE_LAUNCH (4, 128, ·): an fp32 state, N ≤ 128, above 16 heads per SM (batch 17 and up).
+        # mamba2.decode DECODE_LAUNCH["decode-fp32-n128"]: an fp32 state, 64 < N ≤ 128, above 16 heads per SM (batch 17 and up).
         shipped mamba2-decode 100 $M "decode" "64 256"
         ;;
     mamba2-decode-bf16)
-        # mamba2.decode DECODE_LAUNCH (2, 128, ·): a 2-byte state, N ≤ 128, every batch.
+        # mamba2.decode DECODE_LAUNCH["decode-bf16-n128"]: a 2-byte state, 64 < N ≤ 128, every batch.
         shipped mamba2-decode-bf16 100 $M "decode" "1 64 256" --state-dtype bf16
         ;;
     mamba2-decode-small)
-        # mamba2.decode SMALL_GRID_DECODE_LAUNCH: an fp32 state on at most 16 heads per SM (batch 16 and under).
+        # mamba2.decode DECODE_LAUNCH["decode-fp32-small"]: an fp32 state on at most 16 heads per SM (batch 16 and under).
         shipped mamba2-decode-small 100 $M "decode" "1 16"
         ;;
     mamba2-replay)
-        # mamba2.replay STEP_LAUNCH[0]: an fp32 checkpoint without a copy, batch 3 to 82.
+        # mamba2.replay STEP_LAUNCH["replay-fp32"]: an fp32 checkpoint without a copy, batch 3 to 82.
         shipped mamba2-replay 120 $M "decode replay replay-nonflush replay-flush" "16 64"
         ;;
     mamba2-replay-bf16)
-        # mamba2.replay STEP_LAUNCH[1]: a 2-byte checkpoint without a copy, batch 3 to 82.
+        # mamba2.replay STEP_LAUNCH["replay-bf16"]: a 2-byte checkpoint without a copy, batch 3 to 82.
         shipped mamba2-replay-bf16 120 $M "decode replay" "16 64" --state-dtype bf16
         ;;
     mamba2-replay-small)
-        # mamba2.replay SMALL_GRID_LAUNCH[0]: an fp32 checkpoint, with or without a copy, under two tiles per SM (batch
+        # mamba2.replay STEP_LAUNCH["replay-fp32-small"]: an fp32 checkpoint, with or without a copy, under two tiles per SM (batch
         # 1 and 2).
         shipped mamba2-replay-small 120 $M "decode replay replay-nonflush replay-flush split-bf16 split-fp8" "1 2"
         ;;
     mamba2-replay-small-bf16)
-        # mamba2.replay SMALL_GRID_LAUNCH[1]: a 2-byte checkpoint under two tiles per SM (batch 1 and 2).
+        # mamba2.replay STEP_LAUNCH["replay-bf16-small"]: a 2-byte checkpoint under two tiles per SM (batch 1 and 2).
         shipped mamba2-replay-small-bf16 100 $M "decode replay" "1 2" --state-dtype bf16
         ;;
     mamba2-replay-large)
-        # mamba2.replay LARGE_STEP_LAUNCH[0]: an fp32 checkpoint without a copy from 80 (row, head) pairs per SM (batch
+        # mamba2.replay STEP_LAUNCH["replay-fp32-large"]: an fp32 checkpoint without a copy from 80 (row, head) pairs per SM (batch
         # 83 and up).
         shipped mamba2-replay-large 150 $M "decode replay replay-nonflush replay-flush" "128 256 512"
         ;;
     mamba2-replay-large-bf16)
-        # mamba2.replay LARGE_STEP_LAUNCH[1]: a 2-byte checkpoint from batch 83 (heads programs, their flushes in the
+        # mamba2.replay STEP_LAUNCH["replay-bf16-large"]: a 2-byte checkpoint from batch 83 (heads programs, their flushes in the
         # same launch).
         shipped mamba2-replay-large-bf16 150 $M "decode replay" "128 256 512" --state-dtype bf16
         ;;
     mamba2-split)
-        # mamba2.replay SPLIT_LAUNCH[0]: an fp32 checkpoint with a bf16 or fp8 read copy, batch 3 to 82.
+        # mamba2.replay STEP_LAUNCH["replay-fp32-split"]: an fp32 checkpoint with a bf16 or fp8 read copy, batch 3 to 82.
         shipped mamba2-split 120 $M "decode split-bf16 split-bf16-nonflush split-bf16-flush split-fp8" "16 64"
         ;;
     mamba2-split-large)
-        # mamba2.replay LARGE_SPLIT_LAUNCH[0]: an fp32 checkpoint with a read copy from batch 83 (heads programs, then
+        # mamba2.replay STEP_LAUNCH["replay-fp32-split-large"]: an fp32 checkpoint with a read copy from batch 83 (heads programs, then
         # the flushes' launch).
         shipped mamba2-split-large 150 $M "decode split-bf16 split-fp8" "128 256 512"
         ;;
     mamba2-split-bf16-state)
-        # mamba2.replay SPLIT_LAUNCH[1] (also LARGE_SPLIT_LAUNCH[1]): a 2-byte checkpoint with an fp8 read copy.
+        # mamba2.replay STEP_LAUNCH["replay-bf16-split"] (and "replay-bf16-split-large", the same row): a 2-byte checkpoint with an fp8 read copy.
         shipped mamba2-split-bf16-state 120 $M "decode split-fp8" "16 64 256" --state-dtype bf16
         ;;
     mamba2-verify)
-        # mamba2.verify VERIFY_LAUNCH (4, ·, ·): an fp32 checkpoint's verify from 12 (row, head) pairs per SM (batch
+        # mamba2.verify VERIFY_LAUNCH["verify-fp32"]: an fp32 checkpoint's verify from 12 (row, head) pairs per SM (batch
         # 13 and up), beside decode_multi's DECODE_LAUNCH row.
         shipped mamba2-verify 120 $M "decode-multi verify" "64 256"
         ;;
     mamba2-verify-bf16)
-        # mamba2.verify VERIFY_LAUNCH (2, ·, ·): a 2-byte checkpoint's verify from batch 13.
+        # mamba2.verify VERIFY_LAUNCH["verify-bf16"]: a 2-byte checkpoint's verify from batch 13.
         shipped mamba2-verify-bf16 120 $M "decode-multi verify" "64 256" --state-dtype bf16
         ;;
     mamba2-verify-few-rows)
-        # mamba2.verify VERIFY_FEW_ROWS_LAUNCH: under 12 (row, head) pairs per SM (batch 12 and under), both states.
+        # mamba2.verify VERIFY_LAUNCH["verify-fp32-small"] (and -bf16-small): under 12 (row, head) pairs per SM (batch 12 and under), both states.
         for st in fp32 bf16; do
             shipped "mamba2-verify-few-rows-$st" 100 $M "decode-multi verify" "1 4 8" --state-dtype "$st"
         done

@@ -3,7 +3,7 @@ clock (Mamba-2's B·C pass, verify and accept at the Nemotron-3-Super layer shap
 fold and their folds (FPASS), key-product pass, weights, verify and accept at the Qwen3.5-122B one), and the whole
 step in a CUDA graph, with every row at one fill (a fill of W or more folds), T = 4, an fp32 checkpoint.
 
-    python benchmarks/verify_phases.py --batch 64 --batch 256 [--launch BPF=32,...] --out FILE.json
+    python benchmarks/verify_phases.py --batch 64 --batch 256 [--launch rows=32,...] --out FILE.json
     python benchmarks/verify_phases.py --op gdn --batch 256 [--launch GPASS=0,...] --out FILE.json
 """
 
@@ -63,14 +63,14 @@ def time_fill(m, cache, inp, slots, n, fill: int | None, launch: dict, steps: in
     for _ in range(3):
         if fill is not None:
             cache.fill.copy_(start)
-        m.verify(cache, **inp, launch=launch, **kw)
+        m.verify(cache, **inp, **launch_kw(m, cache, slots.shape[0], launch), **kw)
         m.accept(cache, n, slots, check=False)
     torch.cuda.synchronize()
     def run_steps():
         for _ in range(steps):
             if fill is not None:
                 cache.fill.copy_(start)
-            m.verify(cache, **inp, launch=launch, **kw)
+            m.verify(cache, **inp, **launch_kw(m, cache, slots.shape[0], launch), **kw)
             m.accept(cache, n, slots, check=False)
 
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -88,14 +88,27 @@ def time_fill(m, cache, inp, slots, n, fill: int | None, launch: dict, steps: in
     return kernel_times(prof, steps, names), begin.elapsed_time(end) * 1e3 / steps
 
 
+def launch_kw(m, cache, batch: int, launch: dict) -> dict:
+    """The verify's launch argument: for Mamba-2 the row it chooses with `launch`'s fields put in (config=), for GDN
+    `launch`'s overrides (launch=)."""
+    if m.__name__.endswith("mamba2"):
+        import importlib
+
+        from replayssm_kernels import common as kc
+
+        mv = importlib.import_module("replayssm_kernels.mamba2.verify")
+        return {"config": kc.override(mv.VERIFY_LAUNCH[mv.select(cache, batch)], launch)}
+    return {"launch": launch}
+
+
 def check_launch(op: str, launch: dict) -> None:
     """Raise ValueError for verify launch keys or values that op's verify would refuse."""
     if op == "mamba2":
-        from replayssm_kernels.mamba2.args import pick_launch
-        from replayssm_kernels.mamba2.verify import VERIFY_KEYS, VERIFY_LAUNCH
+        from replayssm_kernels import common as kc
+        from replayssm_kernels.mamba2.verify import VERIFY_LAUNCH
 
-        # the row of an fp32 checkpoint (itemsize 4), the one timed here
-        pick_launch(VERIFY_LAUNCH, 4, sweep_mamba2.SHAPE["P"], sweep_mamba2.SHAPE["N"], launch, VERIFY_KEYS)
+        # the row of an fp32 checkpoint, the one timed here
+        kc.override(VERIFY_LAUNCH["verify-fp32"], launch)
     else:
         from replayssm_kernels.gdn.common import launch_settings
         from replayssm_kernels.gdn.replay import LAUNCH

@@ -55,7 +55,7 @@ def test_bad_launch_is_one_line_and_a_nonzero_exit():
     done = benchmark_scripts.run("compile_report", "--op", "gdn", "--launch", "flush:BV=16", interpret=False)
     assert done.returncode == 2 and "expected CASE:key=value" in done.stderr and "Traceback" not in done.stderr
     done = benchmark_scripts.run("compile_report", "--op", "gdn", "--launch", "replay:maxnreg=None", interpret=False)
-    assert done.returncode == 2 and "'maxnreg=None' is not key=integer" in done.stderr
+    assert done.returncode == 2 and "'maxnreg=None' is not field=integer" in done.stderr
     assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1
     done = benchmark_scripts.run("compile_report", "--state-dtype", "fp8", interpret=False)
     assert done.returncode == 2 and "invalid choice" in done.stderr

@@ -138,7 +138,7 @@ def test_split_flush_register_cap_by_rounds():
     step's flushes take no more rounds of resident programs than at 168 (3 per SM), as measured on an H200 (132 SMs,
     Qwen3.5-122B's 64 value heads of 128 rows, W = 16; benchmarks/notes/run-68.md): 255 at batch 16 to 64 and at 128, 168 at 96
     (384 heads: one round at 168, two at 255), 256 and 512; never on the CPU, nor without FCAP."""
-    flush_cap = importlib.import_module("replayssm_kernels.mamba2.args").flush_cap
+    flush_cap = importlib.import_module("replayssm_kernels.common").flush_cap
     replay = importlib.import_module("replayssm_kernels.gdn.replay")
     rows = (("replay-split", (48, 64, 96, 128, 256, 512), 1), ("replay-split-medium", (16, 32), 2),
             ("replay-fp8", (64, 96), 1))
@@ -182,4 +182,4 @@ def test_split_drift_script(device):
     assert 0 < row["checkpoint_split_max"] < 1e-5 and 0 < row["checkpoint_fp32_max"] < 1e-5
     assert 2.0**-12 < row["output_last_quarter"] < 2.0**-6
     bad = run("split_drift", "--launch", "CTF32")
-    assert bad.returncode == 2 and "'CTF32' is not key=integer" in bad.stderr and "Traceback" not in bad.stderr
+    assert bad.returncode == 2 and "'CTF32' is not field=integer" in bad.stderr and "Traceback" not in bad.stderr

@@ -31,7 +31,7 @@ def test_sweep_dry_run_plans_every_kernel_and_batch():
 def test_sweep_bad_launch_is_one_line():
     done = _run("--launch", "replay:BV")
     assert done.returncode == 2
-    assert done.stderr.strip().count("\n") == 0 and "key=integer" in done.stderr
+    assert done.stderr.strip().count("\n") == 0 and "field=integer" in done.stderr
 
 
 def test_sweep_parse_launch(sweep):

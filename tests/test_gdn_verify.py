@@ -299,7 +299,7 @@ def test_verify_and_replay_take_their_small_grid_rows_under_two_programs_per_sm(
     """The launch row follows the grid: batch x HV programs under two per SM take the -small row, under 16 the verify's
     and a read copy's replay their -medium rows, a read copy its own."""
     gdn_replay = importlib.import_module("replayssm_kernels.gdn.replay")
-    monkeypatch.setattr(importlib.import_module("replayssm_kernels.mamba2.args"), "sm_count", lambda device: 132)
+    monkeypatch.setattr(importlib.import_module("replayssm_kernels.common"), "sm_count", lambda device: 132)
     cache = gdn.ReplayCache.create(64, 1, 64, 8, 8, 4, state_dtype="fp32", io_dtype="bf16", max_draft=2, device="cpu")
     split = gdn.ReplayCache.create(64, 1, 64, 8, 8, 4, state_dtype="fp32", read_dtype="bf16", io_dtype="bf16",
                                    max_draft=2, device="cpu")

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from replayssm_kernels import gdn, mamba2
-from replayssm_kernels.mamba2 import args as margs
+from replayssm_kernels import common
 
 W = 16
 WINDOWS = 64
@@ -23,7 +23,7 @@ Y_TOL = {None: 2.0**-6, "bf16": 2.0**-5, "fp8": 2.0**-2}
 
 
 def _batch(op: str, grid: str) -> int:
-    sms = margs.sm_count(torch.device("cuda"))
+    sms = common.sm_count(torch.device("cuda"))
     if op == "mamba2":
         return 80 * sms // 128 + 8 if grid == "large" else 256
     return 64 if grid == "large" else 256

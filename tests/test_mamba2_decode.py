@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
-from replayssm_kernels import mamba2
+from replayssm_kernels import common, mamba2
+from replayssm_kernels.mamba2.decode import DecodeConfig
 
 DT = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 NAN = float("nan")
@@ -44,7 +47,7 @@ def test_decode_plain(device, assert_close, shape):
     state = _state(batch + 1, H, P, N, torch.float32, device)
     inp = mamba2.random_inputs(batch, H, P, N, G, io_dtype=torch.float32, device=device, optional=False)
     got_state, want_state = state.clone(), state.clone()
-    y = mamba2.decode(got_state, **inp, launch={"BP": 4})
+    y = mamba2.decode(got_state, **inp, config=DecodeConfig(rows=4, warps=4))
     want = mamba2.decode_ref(want_state, **inp)
     assert_close(y, want, torch.float32, what="y")
     assert_close(got_state, want_state, torch.float32, what="state")
@@ -112,8 +115,6 @@ BAD_DECODE = {
     "slots-range": (lambda s, i: i.update(slots=torch.tensor([0, 3], dtype=torch.int32)), "slots must be in"),
     "slots-repeat": (lambda s, i: i.update(slots=torch.tensor([1, 1], dtype=torch.int32)), "must not repeat"),
     "slots-dtype": (lambda s, i: i.update(slots=torch.tensor([0, 1.0])), "slots must be"),
-    "launch-key": (lambda s, i: i.update(launch={"BLOCK": 4}), "launch has unknown key 'BLOCK'"),
-    "launch-value": (lambda s, i: i.update(launch={"BP": 3}), "power of two"),
 }
 
 
@@ -200,19 +201,20 @@ def test_decode_on_cpu_without_interpreter_is_refused():
     assert "ValueError: the tensors are on the CPU" in done.stdout, done.stdout + done.stderr
 
 
-def test_decode_small_grid_row(monkeypatch):
-    """An fp32 state on at most 16 heads per SM takes one-warp 4-row programs; larger grids and 2-byte states the
-    per-shape rows."""
+def test_decode_rows_by_grid(monkeypatch):
+    """An fp32 state on at most 16 (row, head) programs per SM takes the small-grid row; larger grids, the CPU and
+    2-byte states the rows by N."""
     import importlib
 
-    from replayssm_kernels.mamba2 import args
-
     decode_mod = importlib.import_module("replayssm_kernels.mamba2.decode")
+    monkeypatch.setattr(common, "sm_count", lambda device: 132)
 
-    monkeypatch.setattr(args, "sm_count", lambda device: 132)
-    fp32 = torch.empty(1, 128, 64, 128)
-    assert decode_mod._launch(fp32, 64, 128, None, heads=16 * 132) == {"BP": 4, "num_warps": 1, "num_stages": 1}
-    assert decode_mod._launch(fp32, 64, 128, None, heads=16 * 132 + 1)["BP"] == 32
-    assert decode_mod._launch(fp32, 64, 128, None)["BP"] == 32
-    assert decode_mod._launch(fp32.bfloat16(), 64, 128, None, heads=128)["BP"] == 32
-    assert decode_mod._launch(fp32, 64, 128, {"BP": 16}, heads=128)["BP"] == 16
+    def pool(itemsize, N, device="cuda"):
+        return SimpleNamespace(element_size=lambda: itemsize, shape=(1, 128, 64, N), device=torch.device(device))
+
+    assert [decode_mod.select(pool(4, 128), b) for b in (16 * 132 // 128, 16 * 132 // 128 + 1, None)] == [
+        "decode-fp32-small", "decode-fp32-n128", "decode-fp32-n128"]
+    assert [decode_mod.select(pool(2, n), 1) for n in (64, 128, 256)] == [
+        "decode-bf16-n64", "decode-bf16-n128", "decode-bf16"]
+    monkeypatch.undo()
+    assert decode_mod.select(pool(4, 256, "cpu"), 1) == "decode-fp32"

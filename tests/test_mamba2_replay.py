@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
+import importlib
+
 import pytest
 import torch
 
-from replayssm_kernels import mamba2
-from replayssm_kernels.mamba2 import args as margs
-from replayssm_kernels.mamba2.common import LIST_ENTRY, LIST_HEADER
+from replayssm_kernels import common, mamba2
+from replayssm_kernels.common import LIST_ENTRY, LIST_HEADER
+from replayssm_kernels.mamba2.replay import STEP_LAUNCH, StepConfig
+
+replay_mod = importlib.import_module("replayssm_kernels.mamba2.replay")
 
 DT = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "fp8": torch.float8_e4m3fn, None: None}
 NAN = float("nan")
@@ -84,43 +89,29 @@ def test_replay_matches_reference(device, assert_close, state, read, io, W):
                  what="materialized subset")
 
 
-LAUNCH_CASES = [
-    (None, None),
-    ({"RC": 16, "STAGES": 3}, None),
-    ({"BP": 64, "RC": 64}, None),
-    ({"BP": 16, "RC": 16, "num_warps": 1}, None),
-    ({"RC": 16, "STAGES": 2}, "bf16"),
-    ({"BP": 16, "RC": 16, "num_warps": 1}, "fp8"),
-    ({"BP": 4, "RC": 4, "num_warps": 1}, None),
-    ({"BP": 8, "RC": 8, "num_warps": 1}, "bf16"),
-    ({"BP": 8, "RC": 8, "num_warps": 1, "EARLY": 2}, None),
-    ({"RC": 16, "STAGES": 2, "EARLY": 1}, "bf16"),
-    ({"BP": 16, "RC": 16, "num_warps": 1, "EARLY": 1, "TF32": 1}, "fp8"),
-    ({"TF32": 1}, None),
-    ({"PHASES": 2}, None),
-    ({"PHASES": 2, "maxnreg": 64, "flush_maxnreg": 128, "flush_RC": 16}, "bf16"),
-    ({"PHASES": 2, "BP": 16, "RC": 16, "num_warps": 1, "EARLY": 1, "flush_BP": 32}, "fp8"),
-    ({"PHASES": 2, "flush_PPS": 1}, "bf16"),
-    ({"PHASES": 2, "BP": 32, "RC": 16, "flush_BP": 16, "flush_PPS": 1}, None),
-    # each chunk's x, buffered x and z read a chunk ahead (PREFETCH), the last chunks' rows past P masked
-    ({"RC": 16, "STAGES": 3, "PREFETCH": 1}, None),
-    ({"BP": 32, "RC": 16, "PREFETCH": 1}, "bf16"),
-    ({"PHASES": 2, "RC": 16, "maxnreg": 96, "PREFETCH": 1}, "fp8"),
+def _row(name: str, **fields) -> StepConfig:
+    return dataclasses.replace(STEP_LAUNCH[name], **fields)
+
+
+# Beyond the shipped rows (tests/test_launch_rows.py): P split over programs of under 16 rows (the flush's 16-row
+# chunk masked to the program's rows) and a heads row on one head per group (a non-flush launch of (row, head)
+# programs that lists the flushes for a second launch).
+VARIANTS = [
+    ("rows4", _row("replay-fp32-small", rows=4, chunk=4), "fp32", None, 1),
+    ("rows8-early", _row("replay-fp32-small", rows=8, chunk=8), "fp32", "bf16", 1),
+    ("heads-one-per-group", STEP_LAUNCH["replay-fp32-split-large"], "fp32", "fp8", 2),
+    ("heads-one-per-group-tail", STEP_LAUNCH["replay-bf16-large"], "bf16", None, 2),
 ]
 
 
-@pytest.mark.parametrize("launch,read", LAUNCH_CASES,
-                         ids=[f"B3-H2-P48-N20-G1-W4-fp32-{r or 'full'}-" + ("default" if not l else
-                              ",".join(f"{k}={v}" for k, v in l.items())) for l, r in LAUNCH_CASES])
-def test_replay_launch_settings(device, assert_close, launch, read):
-    """The streamed tile (RC rows at a time), the whole tile, P split over programs (under 16 rows each: the
-    flush's 16-row chunk masked to the program's rows), the buffer read whole before the fill (EARLY: its NaN
-    entries past the fill weighted out), the flush folded through 3xTF32 and the flushes in a launch of their own
-    (PHASES=2, with other settings, P split differently: their own arrival counts) all match the reference."""
-    _replay_staggered((5, 2, 48, 20, 1), launch, "fp32", read, device, assert_close)
+@pytest.mark.parametrize("config,state,read,G", [v[1:] for v in VARIANTS], ids=[
+    f"B3-H2-P48-N20-G{v[4]}-W4-{v[2]}-{v[3] or 'full'}-{v[0]}" for v in VARIANTS])
+def test_replay_launch_variants(device, assert_close, config, state, read, G):
+    """Staggered rows from NaN-poisoned buffers: every output, then every cache tensor, as the reference."""
+    _replay_staggered((5, 2, 48, 20, G), config, state, read, device, assert_close)
 
 
-def _replay_staggered(shape, launch, state, read, device, assert_close, W=4):
+def _replay_staggered(shape, config, state, read, device, assert_close, W=4):
     """2W + 2 steps of three staggered rows from NaN-poisoned buffers: every output, then every cache tensor."""
     _, H, P, N, G = shape
     got = make_cache(shape, W, device, state=state, read=read)
@@ -130,64 +121,20 @@ def _replay_staggered(shape, launch, state, read, device, assert_close, W=4):
     for step in range(2 * W + 2):
         inp = mamba2.random_inputs(3, H, P, N, G, io_dtype=torch.bfloat16, device=device)
         rows = staggered(slots, step, device)
-        y = mamba2.replay(got, **inp, dt_softplus=True, slots=rows, launch=launch,
+        y = mamba2.replay(got, **inp, dt_softplus=True, slots=rows, config=config,
                           out=torch.full((3, H, P), NAN, dtype=torch.bfloat16, device=device))
         y_ref = mamba2.replay_ref(want, **inp, dt_softplus=True, slots=rows)
         assert_close(y, y_ref, torch.bfloat16, DT[state], *([DT[read]] if read else []), what=f"y at step {step}")
     assert_caches_close(got, want, assert_close)
 
 
-HEADS_CASES = [
-    ({"HPP": 2}, "fp32", None),
-    ({"HPP": 4, "RC": 16, "STAGES": 2}, "fp32", "bf16"),
-    ({"HPP": 8}, "fp32", "fp8"),
-    ({"HPP": 2, "RC": 64, "flush_PPS": 1}, "bf16", None),
-    ({"HPP": 4, "VN": 16}, "fp32", "fp16"),
-    # the large-grid rows (LARGE_SPLIT_LAUNCH, LARGE_STEP_LAUNCH)
-    ({"HPP": 8, "RC": 64, "VN": 64, "STAGES": 3, "maxnreg": 128, "flush_maxnreg": 168}, "fp32", "bf16"),
-    ({"HPP": 8, "RC": 64, "VN": 64, "STAGES": 3, "maxnreg": 128, "flush_maxnreg": 168, "TF32": 2}, "bf16", None),
-    # a 2-byte checkpoint's flushes in one TF32 product (TF32=2)
-    ({"HPP": 4, "RC": 64, "flush_TF32": 2}, "bf16", None),
-    ({"HPP": 2, "TF32": 2}, "fp16", None),
-    # the heads launch's row sums on the tensor cores (MMA=1: bf16 or fp8 tiles)
-    ({"HPP": 4, "RC": 16, "MMA": 1}, "bf16", None),
-    ({"HPP": 8, "RC": 64, "MMA": 1}, "fp32", "bf16"),
-    ({"HPP": 2, "RC": 32, "STAGES": 2, "MMA": 1}, "fp32", "fp8"),
-    # each chunk's inputs read a chunk ahead (PREFETCH), across the program's heads
-    ({"HPP": 4, "RC": 16, "STAGES": 2, "PREFETCH": 1}, "fp32", "bf16"),
-    ({"HPP": 8, "RC": 64, "VN": 64, "STAGES": 3, "maxnreg": 128, "flush_maxnreg": 168, "TF32": 2, "PREFETCH": 1},
-     "bf16", None),
-    ({"HPP": 2, "RC": 64, "MMA": 1, "PREFETCH": 1}, "fp32", "fp8"),
-    # the flushes in the heads launch (TAIL), the large-grid 2-byte state's row among them
-    ({"HPP": 2, "TAIL": 1}, "fp32", None),
-    ({"HPP": 4, "RC": 16, "TAIL": 1, "flush_PPS": 1, "flush_STAGES": 2}, "fp32", "bf16"),
-    ({"HPP": 8, "RC": 64, "VN": 64, "STAGES": 3, "maxnreg": 168, "TF32": 2, "PREFETCH": 1, "TAIL": 1}, "bf16", None),
-    ({"HPP": 8, "RC": 32, "TAIL": 1, "flush_BPF": 32}, "fp32", "fp8"),
-]
-
-
-@pytest.mark.parametrize("launch,state,read", HEADS_CASES,
-                         ids=[f"B3-H8-P48-N20-G2-W4-{s}-{r or 'full'}-" + ",".join(f"{k}={v}" for k, v in l.items())
-                              for l, s, r in HEADS_CASES])
-def test_replay_heads_per_program(device, assert_close, launch, state, read):
-    """The non-flush launch in programs of HPP heads of a group (PHASES=2; HPP=8 lowered to the group's 4 heads):
-    outputs every step of staggered rows, then every cache tensor, as the reference."""
-    # BP and EARLY pinned: on a GPU this small grid would take the small-grid row (16-row programs, EARLY).
-    _replay_staggered((5, 8, 48, 20, 2), {"PHASES": 2, "BP": 64, "EARLY": 0, **launch}, state, read, device,
-                      assert_close)
-
-
-@pytest.mark.parametrize("launch,state", [
-    ({"PHASES": 2, "flush_PPS": 1}, "fp32"),
-    ({"PHASES": 2, "HPP": 4, "RC": 16, "PREFETCH": 1, "flush_PPS": 1, "flush_BP": 32}, "bf16"),
-    ({"PHASES": 2, "HPP": 2, "TAIL": 1, "flush_PPS": 1}, "bf16"),
-], ids=["B3-H8-P48-N20-G2-W4-fp32-full-PHASES=2,flush_PPS=1",
-        "B3-H8-P48-N20-G2-W4-bf16-full-HPP=4,RC=16,PREFETCH=1,flush_PPS=1,flush_BP=32",
-        "B3-H8-P48-N20-G2-W4-bf16-full-HPP=2,TAIL=1,flush_PPS=1"])
-def test_replay_flushes_of_many_rows_in_one_program(device, assert_close, launch, state):
-    """Every row flushing on the same step, their heads in one list that one program of the flushes' launch walks
-    (flush_PPS=1): items of different rows and slots follow one another. Outputs every step, then every cache
-    tensor, as the reference."""
+@pytest.mark.parametrize("row,state", [("replay-fp32-split-large", "fp32"), ("replay-bf16-large", "bf16")],
+                         ids=["B3-H8-P48-N20-G2-W4-fp32-full-heads", "B3-H8-P48-N20-G2-W4-bf16-full-heads-tail"])
+def test_replay_flushes_of_many_rows_in_one_program(device, assert_close, monkeypatch, row, state):
+    """Every row flushing on the same step, their heads in one list that one program of the flushes walks: items
+    of different rows and slots follow one another. Outputs every step, then every cache tensor, as the
+    reference."""
+    monkeypatch.setattr(replay_mod, "FLUSH_PROGRAMS_PER_SM", 1)
     shape, W = (5, 8, 48, 20, 2), 4
     _, H, P, N, G = shape
     got = make_cache(shape, W, device, state=state)
@@ -196,7 +143,7 @@ def test_replay_flushes_of_many_rows_in_one_program(device, assert_close, launch
     rows = torch.tensor([3, 0, 4], dtype=torch.int32, device=device)
     for step in range(2 * W + 1):
         inp = mamba2.random_inputs(3, H, P, N, G, io_dtype=torch.bfloat16, device=device)
-        y = mamba2.replay(got, **inp, dt_softplus=True, slots=rows, launch={"BP": 64, "EARLY": 0, **launch},
+        y = mamba2.replay(got, **inp, dt_softplus=True, slots=rows, config=STEP_LAUNCH[row],
                           out=torch.full((3, H, P), NAN, dtype=torch.bfloat16, device=device))
         y_ref = mamba2.replay_ref(want, **inp, dt_softplus=True, slots=rows)
         assert_close(y, y_ref, torch.bfloat16, DT[state], what=f"y at step {step}")
@@ -209,49 +156,22 @@ def test_replay_flushes_of_many_rows_in_one_program(device, assert_close, launch
 
 
 def test_replay_rows_by_grid(monkeypatch):
-    """From 80 (row, head) pairs per SM a step on a 2-byte or 1-byte tile takes programs of 8 heads in two
-    launches (the flushes' capped at 168 registers; a 2-byte state's flushes in one TF32 product, in the heads
-    launch itself, its chunks' inputs read a chunk ahead) and an fp32 state's registers are capped at 96 rather
-    than 112; a bf16 checkpoint with a read copy, smaller grids and the CPU keep their rows."""
-    import importlib
+    """`select` by programs per SM on a 132-SM GPU at H = 128: under 2 the small-grid rows (split steps too), from 80
+    the large-grid rows, between them and on the CPU the medium rows."""
     from types import SimpleNamespace
 
-    from replayssm_kernels.mamba2 import args
-
-    replay_mod = importlib.import_module("replayssm_kernels.mamba2.replay")
-    monkeypatch.setattr(args, "sm_count", lambda device: 132)
+    monkeypatch.setattr(common, "sm_count", lambda device: 132)
 
     def cache(state, copy, device="cuda"):
         return SimpleNamespace(shape=(600, 128, 64, 128, 8), device=torch.device(device),
                                read_copy=object() if copy else None, checkpoint=torch.empty(0, dtype=DT[state]))
 
-    def row(c, batch):
-        settings = replay_mod.step_launch(c, batch)
-        return settings["HPP"], settings["PHASES"], settings["RC"]
-
-    assert row(cache("fp32", True), 83) == (8, 2, 64)
-    assert row(cache("bf16", False), 512) == (8, 2, 64)
-    assert replay_mod.step_launch(cache("fp32", True), 256)["flush_maxnreg"] == 168
-    assert [replay_mod.step_launch(cache(s, False), 256)["TF32"] for s in ("bf16", "fp32")] == [2, 0]
-    prefetch = [replay_mod.step_launch(c, b)["PREFETCH"] for c, b in
-                ((cache("bf16", False), 256), (cache("bf16", False), 64), (cache("fp32", True), 256),
-                 (cache("fp32", False), 256))]
-    assert prefetch == [1, 0, 0, 0]
-    # the 2-byte state's flushes in its heads launch (TAIL), at 168 registers; the split copies' in their own launch
-    tail = [(replay_mod.step_launch(c, 256)["TAIL"], replay_mod.step_launch(c, 256)["maxnreg"])
-            for c in (cache("bf16", False), cache("fp32", True), cache("bf16", True))]
-    assert tail == [(1, 168), (0, 128), (0, 128)]
-    assert replay_mod.step_launch(cache("bf16", False), 64)["TF32"] == 0
-    assert "flush_maxnreg" not in replay_mod.step_launch(cache("fp32", True), 64)
-    assert "flush_maxnreg" not in replay_mod.step_launch(cache("fp32", True), 256, {"PHASES": 1, "HPP": 1})
-    assert row(cache("fp32", True), 82) == (1, 1, 32)
-    assert row(cache("bf16", False), 64)[0] == 1
-    assert row(cache("fp32", False), 512)[0] == 1
-    assert [replay_mod.step_launch(cache("fp32", False), b)["maxnreg"] for b in (16, 82, 83)] == [112, 112, 96]
-    assert row(cache("bf16", True), 512)[0] == 1
-    assert row(cache("fp32", True, "cpu"), 512)[0] == 1
-    assert replay_mod.step_launch(cache("fp32", True), 1)["BP"] == 16
-    assert replay_mod.step_launch(cache("fp32", True), 256, {"HPP": 2})["HPP"] == 2
+    assert [replay_mod.select(cache("fp32", True), b) for b in (2, 3, 82, 83)] == [
+        "replay-fp32-small", "replay-fp32-split", "replay-fp32-split", "replay-fp32-split-large"]
+    assert [replay_mod.select(cache("bf16", False), b) for b in (1, 64, 512)] == [
+        "replay-bf16-small", "replay-bf16", "replay-bf16-large"]
+    monkeypatch.undo()
+    assert replay_mod.select(cache("fp32", True, "cpu"), 512) == "replay-fp32-split"
 
 
 @pytest.mark.parametrize("W", [1, 4, 7], ids=["B3-H2-P12-N12-G1-W1-fp32-fp32", "B3-H2-P12-N12-G1-W4-fp32-fp32",
@@ -352,9 +272,8 @@ def test_move_keeps_outputs(device, assert_close):
     assert torch.equal(mamba2.materialize(moved, [0]), mamba2.materialize(stay, [1]))
 
 
-@pytest.mark.parametrize("G,launch", [(2, None), (1, {"PHASES": 2, "HPP": 2, "BP": 64, "EARLY": 0, "TAIL": 1})],
-                         ids=["one-launch", "TAIL"])
-def test_padding_rows_touch_nothing(device, G, launch):
+@pytest.mark.parametrize("G,config", [(2, None), (1, _row("replay-bf16-large", precision="tf32x3"))], ids=["one-launch", "tail"])
+def test_padding_rows_touch_nothing(device, G, config):
     """Rows with slot -1 leave every cache tensor of every other slot, and their output rows, untouched (with TAIL,
     their heads programs count as done, or the flushing programs would wait for them)."""
     cache = make_cache((4, 2, 8, 8, G), 2, device, read="bf16")
@@ -363,7 +282,7 @@ def test_padding_rows_touch_nothing(device, G, launch):
     for _ in range(3):
         out = torch.full((3, 2, 8), NAN, dtype=torch.bfloat16, device=device)
         mamba2.replay(cache, **mamba2.random_inputs(3, 2, 8, 8, G, device=device), dt_softplus=True, slots=rows,
-                      out=out, launch=launch)
+                      out=out, config=config)
         assert out[[0, 2]].isnan().all() and not out[1].isnan().any()
     for name, t in cache.tensors().items():
         keep = [0, 1, 3]
@@ -382,37 +301,9 @@ BAD_REPLAY = {
     "C-shape": (lambda c, i: i.update(C=i["C"][:, :, :4]), "C must have shape"),
     "slots-range": (lambda c, i: i.update(slots=torch.tensor([0, 7], dtype=torch.int32)), "slots must be in"),
     "batch-without-slots": (lambda c, i: i.update(**mamba2.random_inputs(4, 4, 8, 8, 2)), "batch 4 must not exceed"),
-    "launch": (lambda c, i: i.update(launch={"num_warps": 3}), "power of two"),
-    "launch-rc": (lambda c, i: i.update(launch={"RC": 24}), r"launch\['RC'\] must be a power of two, got 24"),
-    "launch-vn": (lambda c, i: i.update(launch={"VN": 48}), r"launch\['VN'\] must be a power of two, got 48"),
-    "launch-flag": (lambda c, i: i.update(launch={"EARLY": 3}), r"launch\[.EARLY.\] must be 0 or 1 or 2, got 3"),
     "out-shape": (lambda c, i: i.update(out=torch.zeros(2, 4, 7)), "out must have shape"),
-    "launch-phases": (lambda c, i: i.update(launch={"PHASES": 3}), r"launch\[.PHASES.\] must be 1 or 2, got 3"),
-    "launch-flush-flag": (lambda c, i: i.update(launch={"PHASES": 2, "flush_TF32": 5}),
-                          r"launch\[.flush_TF32.\] must be 0 or 1 or 2, got 5"),
-    "launch-flush-one-launch": (lambda c, i: i.update(launch={"flush_RC": 16}), "flush_RC apply only with PHASES=2"),
-    "launch-heads": (lambda c, i: i.update(launch={"PHASES": 2, "HPP": 3}), r"launch\[.HPP.\] must be a power of two"),
-    "launch-heads-one-launch": (lambda c, i: i.update(launch={"HPP": 2}), "HPP = 2 .* applies only with PHASES=2"),
-    "launch-heads-rows": (lambda c, i: i.update(launch={"PHASES": 2, "HPP": 2, "BP": 4}),
-                          "HPP = 2 takes whole heads: BP = 4 must cover P = 8"),
-    "launch-heads-early": (lambda c, i: i.update(launch={"PHASES": 2, "HPP": 2, "EARLY": 1}), "EARLY must be 0"),
-    "launch-one-tf32-fp32": (lambda c, i: i.update(launch={"TF32": 2}),
-                             "TF32 = 2 .* applies only to a 2-byte checkpoint"),
-    "launch-one-tf32-flush-fp32": (lambda c, i: i.update(launch={"PHASES": 2, "flush_TF32": 2}),
-                                   "TF32 = 2 .* applies only to a 2-byte checkpoint"),
-    "launch-tf32-value": (lambda c, i: i.update(launch={"TF32": 3}), r"launch\[.TF32.\] must be 0 or 1 or 2, got 3"),
-    "launch-mma-one-head": (lambda c, i: i.update(launch={"PHASES": 2, "MMA": 1}),
-                            "MMA = 1 .* applies only to the heads launch"),
-    "launch-mma-fp32-tile": (lambda c, i: i.update(launch={"PHASES": 2, "HPP": 2, "EARLY": 0, "MMA": 1}),
-                             "MMA = 1 takes a bf16 or fp8 tile and bf16 inputs .*, got a float32 tile and bfloat16"),
-    "launch-heads-flush": (lambda c, i: i.update(launch={"PHASES": 2, "flush_HPP": 2}), "unknown key 'flush_HPP'"),
-    "launch-tail-one-head": (lambda c, i: i.update(launch={"PHASES": 2, "HPP": 1, "TAIL": 1}),
-                             "TAIL = 1 .* applies only to the heads launch: HPP > 1"),
-    "launch-tail-shape": (lambda c, i: i.update(launch={"PHASES": 2, "HPP": 2, "EARLY": 0, "TAIL": 1,
-                                                        "flush_maxnreg": 168}),
-                          "flush_maxnreg shape a second launch's programs; with TAIL = 1"),
-    "launch-tail-value": (lambda c, i: i.update(launch={"PHASES": 2, "HPP": 2, "TAIL": 2}),
-                          r"launch\['TAIL'\] must be 0 or 1, got 2"),
+    "config-tf32-fp32": (lambda c, i: i.update(config=_row("replay-fp32", precision="tf32")),
+                         "'tf32' .* applies only to a 2-byte checkpoint"),
 }
 
 
@@ -426,6 +317,17 @@ def test_replay_bad_input(device, case):
         mamba2.replay(cache, **inp, dt_softplus=True)
     for name, t in cache.tensors().items():
         assert torch.equal(t, before.tensors()[name])
+
+
+def test_step_config_refuses_settings_that_do_not_combine():
+    with pytest.raises(ValueError, match="StepConfig.warps must be a power of two, got 3"):
+        _row("replay-fp32", warps=3)
+    with pytest.raises(ValueError, match="precision must be one of ieee, tf32x3, tf32"):
+        _row("replay-fp32", precision="fp16")
+    with pytest.raises(ValueError, match="apply only to the heads launch"):
+        _row("replay-fp32", tail=True)
+    with pytest.raises(ValueError, match="early must be False"):
+        _row("replay-bf16-large", early=True)
 
 
 BAD_CREATE = {
@@ -458,7 +360,7 @@ def test_cache_slot_operations_check_slots(device):
         mamba2.replay(None, **mamba2.random_inputs(1, 2, 8, 8, 1, device=device))
 
 
-def large_grid_steps(batch, H, P, N, G, W, state, read, device, assert_close, launch=None):
+def large_grid_steps(batch, H, P, N, G, W, state, read, device, assert_close, config=None):
     """2W + 2 steps of `batch` rows from NaN-poisoned buffers, outputs pre-filled with NaN: row r joins at step
     r % W, so that a W-th of the rows flush each step, and every seventh row is padding. Every output, then every
     cache tensor, as the reference."""
@@ -470,7 +372,7 @@ def large_grid_steps(batch, H, P, N, G, W, state, read, device, assert_close, la
     for step in range(2 * W + 2):
         rows = torch.where((r % W <= step) & (r % 7 != 3), slots, -1)
         inp = mamba2.random_inputs(batch, H, P, N, G, io_dtype=torch.bfloat16, device=device)
-        y = mamba2.replay(got, **inp, dt_softplus=True, slots=rows, launch=launch,
+        y = mamba2.replay(got, **inp, dt_softplus=True, slots=rows, config=config,
                           out=torch.full((batch, H, P), NAN, dtype=torch.bfloat16, device=device))
         y_ref = mamba2.replay_ref(want, **inp, dt_softplus=True, slots=rows)
         assert_close(y, y_ref, torch.bfloat16, DT[state], *([DT[read]] if read else []), what=f"y at step {step}")
@@ -489,8 +391,8 @@ def test_large_grid_rows_match_reference(assert_close, state, read):
     wait on heads programs still running: outputs and caches as the reference."""
     device = torch.device("cuda")
     H, P, N, G, W = 128, 64, 128, 8, 16
-    batch = 80 * margs.sm_count(device) // H + 8
-    assert margs.large_grid(batch * H, device)
+    batch = 80 * common.sm_count(device) // H + 8
+    assert replay_mod.select(make_cache((1, H, P, N, G), W, device, state=state, read=read), batch).endswith("-large")
     large_grid_steps(batch, H, P, N, G, W, state, read, device, assert_close)
 
 

@@ -28,17 +28,38 @@ def test_sweep_dry_run_plans_every_kernel_and_batch():
 
 
 def test_sweep_bad_launch_is_one_line():
-    done = _run("--launch", "replay:num_warps")
+    done = _run("--launch", "replay:warps")
     assert done.returncode == 2
-    assert done.stderr.strip().count("\n") == 0 and "key=integer" in done.stderr
+    assert done.stderr.strip().count("\n") == 0 and "field=integer" in done.stderr
 
 
 def test_sweep_parse_launch(sweep):
-    assert sweep.parse_launch("replay:num_warps=8,JB=8") == ("replay", {"num_warps": 8, "JB": 8})
+    assert sweep.parse_launch("replay:warps=1,maxnreg=none,precision=tf32x3") == (
+        "replay", {"warps": 1, "maxnreg": None, "precision": "tf32x3"})
     with pytest.raises(ValueError, match="KERNEL one of"):
-        sweep.parse_launch("conv:BP=4")
-    plan = sweep.plan(["replay", "decode"], True, [("replay", {"num_warps": 4})])
-    assert plan["replay"] == [{"num_warps": 4}] and plan["decode"] == sweep.QUICK_GRID["decode"]
+        sweep.parse_launch("conv:rows=4")
+    plan = sweep.plan(["replay", "decode"], True, [("replay", {"warps": 4})])
+    assert plan["replay"] == [{"warps": 4}] and plan["decode"] == sweep.QUICK_GRID["decode"]
+
+
+def test_sweep_configs_are_the_chosen_rows_with_the_fields_put_in(sweep):
+    """Each timed setting is a field of the launch configuration the kernel picks at that batch."""
+    import importlib
+
+    import torch
+
+    from replayssm_kernels import mamba2
+
+    mr = importlib.import_module("replayssm_kernels.mamba2.replay")
+    cache = mamba2.ReplayCache.create(2, 4, 8, 8, 2, 4, device="cpu")
+    assert sweep.config_for("replay", cache, 2, {"chunk": 16}) == mr.STEP_LAUNCH["replay-fp32"].__class__(
+        **{**mr.STEP_LAUNCH["replay-fp32"].__dict__, "chunk": 16})
+    for kernel, settings in sweep.GRID.items():
+        target = torch.zeros(2, 4, 8, 8) if kernel.startswith("decode") else cache
+        for fields in settings:
+            sweep.config_for(kernel, target, 2, fields)
+    with pytest.raises(ValueError, match="StepConfig has no field 'RC'"):
+        sweep.config_for("replay", cache, 2, {"RC": 16})
 
 
 def test_sweep_byte_model(sweep):
@@ -143,10 +164,10 @@ def test_sweep_stops_at_a_fault_and_keeps_the_rows_before_it(sweep, monkeypatch,
     monkeypatch.setattr(sweep.common, "time_config", fake_time)
     out = tmp_path / "sweep.json"
     code = sweep.main(["--kernel", "decode", "--kernel", "replay", "--batch", "16", "--launch", "decode:",
-                       "--launch", "replay:RC=16", "--launch", "replay:RC=32", "--out", str(out)])
+                       "--launch", "replay:chunk=16", "--launch", "replay:chunk=32", "--out", str(out)])
     err = capsys.readouterr()
     assert code == 1
-    assert "stopped at replay batch 16 {'RC': 16}: RuntimeError: CUDA error: an illegal memory access" in err.err
+    assert "stopped at replay batch 16 {'chunk': 16}: RuntimeError: CUDA error: an illegal memory access" in err.err
     assert "1 configs after it not run" in err.err and "more" not in err.err
     assert "decode" in err.out
     saved = json.loads(out.read_text())

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from replayssm_kernels import mamba2
-from replayssm_kernels.mamba2 import args as margs
-from replayssm_kernels.mamba2.verify import BCPASS_MIN_PAIRS_PER_SM
+from replayssm_kernels import common
+from replayssm_kernels.mamba2.verify import SMALL_GRID, VerifyConfig
 
 DT = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "fp8": torch.float8_e4m3fn, None: None}
 NAN = float("nan")
@@ -92,23 +92,22 @@ def test_verify_folds_a_full_buffer_first(device, assert_close):
 
 
 
-# (launch, read copy): P split over several programs per head; the entries' B·C summed per group first (BCPASS, as
-# the shipped rows do) or in each program
-LAUNCHES = [({"BP": 16, "BPF": 16, "VN": 16}, None), ({"BP": 32, "BPF": 32, "VN": 32, "num_warps": 2}, None),
-            ({"BCPASS": 0}, None), ({"BP": 16, "VN": 16, "BCPASS": 1}, "fp8")]
+# (config, read copy): P split over several programs per head (the shipped rows cover it whole at P ≤ 64), with the
+# entries' B·C summed per group first or in each program
+CONFIGS = [(VerifyConfig(rows=16, piece=16, bc_pass=False, warps=4, maxnreg=None), None),
+           (VerifyConfig(rows=16, piece=16, bc_pass=True, warps=2, maxnreg=None), "fp8")]
 
 
-@pytest.mark.parametrize("launch,read", LAUNCHES, ids=[
-    "B4-H4-P40-N40-G2-W5-T3-BP16-BPF16-VN16-fp32-bf16", "B4-H4-P40-N40-G2-W5-T3-BP32-BPF32-VN32-fp32-bf16",
-    "B4-H4-P40-N40-G2-W5-T3-BCPASS0-fp32-bf16", "B4-H4-P40-N40-G2-W5-T3-BP16-VN16-BCPASS-fp32-fp8-bf16"])
-def test_verify_launch_settings_match_reference(device, assert_close, launch, read):
-    """Launch overrides, with P split over several programs per head or B·C summed per group first, through rounds
-    that fold: the outputs, fills and committed states equal the reference's."""
+@pytest.mark.parametrize("config,read", CONFIGS, ids=["B4-H4-P40-N40-G2-W5-T3-rows16-fp32-full-bf16",
+                                                      "B4-H4-P40-N40-G2-W5-T3-rows16-bc-pass-fp32-fp8-bf16"])
+def test_verify_split_rows_match_reference(device, assert_close, config, read):
+    """P split over programs, through rounds that fold: the outputs, fills and committed states equal the
+    reference's."""
     rows = torch.tensor([4, -1, 1, 0], dtype=torch.int32, device=device)
-    verify_rounds(5, rows, 4, 40, 40, 2, 5, 3, read, device, assert_close, launch=launch)
+    verify_rounds(5, rows, 4, 40, 40, 2, 5, 3, read, device, assert_close, config=config)
 
 
-def verify_rounds(nslots, rows, H, P, N, G, W, T, read, device, assert_close, launch=None, rounds=5, state="fp32"):
+def verify_rounds(nslots, rows, H, P, N, G, W, T, read, device, assert_close, config=None, rounds=5, state="fp32"):
     """Rounds of verify + accept over `rows` (slots, -1 for padding), accepting every draft on even rounds (the
     fills pass W within 2W / T rounds, so that rows fold): outputs pre-filled with NaN, fills, arrival counters
     and committed states as the reference's."""
@@ -120,7 +119,7 @@ def verify_rounds(nslots, rows, H, P, N, G, W, T, read, device, assert_close, la
     for round_ in range(rounds):
         inp = mamba2.random_inputs(batch, H, P, N, G, T=T, device=device)
         out = torch.full((batch, T, H, P), NAN, dtype=torch.bfloat16, device=device)
-        y = mamba2.verify(cache, **inp, dt_softplus=True, slots=rows, out=out, launch=launch)
+        y = mamba2.verify(cache, **inp, dt_softplus=True, slots=rows, out=out, config=config)
         y_ref = mamba2.verify_ref(want, **inp, dt_softplus=True, slots=rows)
         assert y[rows < 0].isnan().all()
         assert_close(y, y_ref, torch.bfloat16, DT[state], *([DT[read]] if read else []),
@@ -143,7 +142,7 @@ def test_verify_on_a_grid_that_takes_the_bc_pass(assert_close, state):
     rounds that fold, with an fp32 or a 2-byte checkpoint: outputs, fills and committed states as the reference's."""
     device = torch.device("cuda")
     H, P, N, G, W, T = 128, 64, 128, 8, 16, 4
-    batch = BCPASS_MIN_PAIRS_PER_SM * margs.sm_count(device) // H + 4
+    batch = SMALL_GRID * common.sm_count(device) // H + 4
     r = torch.arange(batch, device=device)
     rows = torch.where(r % 7 != 3, torch.randperm(batch + 2, device=device)[:batch], -1).to(torch.int32)
     verify_rounds(batch + 2, rows, H, P, N, G, W, T, None, device, assert_close, rounds=10, state=state)

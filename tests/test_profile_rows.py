@@ -14,14 +14,12 @@ script = benchmark_scripts.fixture("profile_rows")
 
 @pytest.fixture
 def replay_rows():
-    """mamba2.replay's LARGE_STEP_LAUNCH and gdn.decode's LAUNCH, restored after the test."""
+    """mamba2.replay's STEP_LAUNCH and gdn.decode's LAUNCH, restored after the test."""
     replay = importlib.import_module("replayssm_kernels.mamba2.replay")
     decode = importlib.import_module("replayssm_kernels.gdn.decode")
-    saved = [dict(row) for _, row in replay.LARGE_STEP_LAUNCH], {k: dict(v) for k, v in decode.LAUNCH.items()}
+    saved = dict(replay.STEP_LAUNCH), {k: dict(v) for k, v in decode.LAUNCH.items()}
     yield replay, decode
-    for (_, row), old in zip(replay.LARGE_STEP_LAUNCH, saved[0]):
-        row.clear()
-        row.update(old)
+    replay.STEP_LAUNCH.update(saved[0])
     for name, old in saved[1].items():
         decode.LAUNCH[name].clear()
         decode.LAUNCH[name].update(old)
@@ -29,45 +27,45 @@ def replay_rows():
 
 def test_set_changes_the_named_row_only(script, replay_rows):
     replay, decode = replay_rows
-    before = dict(replay.LARGE_STEP_LAUNCH[0][1])
-    row = script.apply_set(*script.parse_set("mamba2.replay:LARGE_STEP_LAUNCH:1:PREFETCH=1,flush_STAGES=2"))
-    assert row is replay.LARGE_STEP_LAUNCH[1][1]
-    assert (row["PREFETCH"], row["flush_STAGES"], row["TF32"]) == (1, 2, 2)
-    assert replay.LARGE_STEP_LAUNCH[0][1] == before
+    before = replay.STEP_LAUNCH["replay-fp32-large"]
+    row = script.apply_set(*script.parse_set("mamba2.replay:STEP_LAUNCH:replay-bf16-large:prefetch=0,stages=2"))
+    assert row is replay.STEP_LAUNCH["replay-bf16-large"]
+    assert (row.prefetch, row.stages, row.precision) == (False, 2, "tf32")
+    assert replay.STEP_LAUNCH["replay-fp32-large"] == before
     script.apply_set(*script.parse_set("gdn.decode:LAUNCH:decode-small:VP=8,BV=8"))
     assert (decode.LAUNCH["decode-small"]["VP"], decode.LAUNCH["decode"]["VP"]) == (8, 8)
     assert decode.LAUNCH["decode-bf16-small"]["VP"] == 4
 
 
 @pytest.mark.parametrize("text,message", [
-    ("mamba2.replay:LARGE_STEP_LAUNCH", "expected MODULE:TABLE:ROW:key=value"),
-    ("mamba2.replay:LARGE_STEP_LAUNCH:1:PREFETCH", "'PREFETCH' is not key=value"),
-    ("mamba2.replay:LARGE_STEP_LAUNCH:1:PREFETCH=on", "PREFETCH='on' is not an integer"),
-    ("mamba2.replays:LARGE_STEP_LAUNCH:1:PREFETCH=1", "no module replayssm_kernels.mamba2.replays"),
-    ("mamba2.replay:LARGE_STEPS:1:PREFETCH=1", "has no table 'LARGE_STEPS'"),
-    ("mamba2.replay:LARGE_STEP_LAUNCH:2:PREFETCH=1", "has rows 0 to 1, not '2'"),
-    ("mamba2.replay:LARGE_STEP_LAUNCH:1:PREFECH=1", "takes no key 'PREFECH'"),
+    ("mamba2.replay:STEP_LAUNCH", "expected MODULE:TABLE:ROW:key=value"),
+    ("mamba2.replay:STEP_LAUNCH:replay-bf16-large:prefetch", "'prefetch' is not key=value"),
+    ("mamba2.replay:STEP_LAUNCH:replay-bf16-large:prefetch=on", "prefetch='on' is not an integer"),
+    ("mamba2.replays:STEP_LAUNCH:replay-bf16-large:prefetch=1", "no module replayssm_kernels.mamba2.replays"),
+    ("mamba2.replay:LARGE_STEPS:1:prefetch=1", "has no table 'LARGE_STEPS'"),
+    ("mamba2.replay:STEP_LAUNCH:replay-bf16-huge:prefetch=1", "has no row 'replay-bf16-huge'"),
+    ("mamba2.replay:STEP_LAUNCH:replay-bf16-large:prefech=1", "StepConfig has no field 'prefech'"),
     ("gdn.decode:LAUNCH:decode-large:VP=4", "has no row 'decode-large'; its rows: decode, decode-small"),
 ])
 def test_bad_set_is_one_line_and_exit_2(script, replay_rows, capsys, text, message):
-    before = dict(replay_rows[0].LARGE_STEP_LAUNCH[1][1])
+    before = replay_rows[0].STEP_LAUNCH["replay-bf16-large"]
     assert script.main(["--set", text, "--", "--help"]) == 2
     err = capsys.readouterr().err.strip()
     assert message in err and "\n" not in err
-    assert replay_rows[0].LARGE_STEP_LAUNCH[1][1] == before
+    assert replay_rows[0].STEP_LAUNCH["replay-bf16-large"] is before
 
 
 def test_profile_runs_after_the_set(script, replay_rows, tmp_path, capsys):
     """The arguments after -- go to `replayssm profile` (predicted rows on a machine without a GPU), after the row is
     set; a bad profile option is its one-line error and exit 2."""
     out = tmp_path / "rows.json"
-    assert script.main(["--set", "mamba2.replay:LARGE_STEP_LAUNCH:1:PREFETCH=0", "--", "-p",
+    assert script.main(["--set", "mamba2.replay:STEP_LAUNCH:replay-bf16-large:prefetch=0", "--", "-p",
                         "nemotron-3-super-120b-a12b", "--batch", "1", "--state-dtype", "bf16", "--no-phases",
                         "--out", str(out)]) == 0
-    assert replay_rows[0].LARGE_STEP_LAUNCH[1][1]["PREFETCH"] == 0
+    assert replay_rows[0].STEP_LAUNCH["replay-bf16-large"].prefetch is False
     rows = json.loads(out.read_text())["rows"]
     assert {r["variant"] for r in rows} == {"conventional", "replay"} and all(r["batch"] == 1 for r in rows)
     capsys.readouterr()
-    assert script.main(["--set", "mamba2.replay:LARGE_STEP_LAUNCH:1:PREFETCH=1", "--", "--bogus"]) == 2
+    assert script.main(["--set", "mamba2.replay:STEP_LAUNCH:replay-bf16-large:prefetch=1", "--", "--bogus"]) == 2
     err = capsys.readouterr().err
     assert "No such option: --bogus" in err

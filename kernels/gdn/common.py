@@ -8,32 +8,23 @@ import torch
 import triton
 import triton.language as tl
 
-# One definition of each for both ops.
-from replayssm_kernels.mamba2.args import (  # noqa: F401
-    CHOICE_KEYS,
-    check_flush_keys,
-    compile_options,
-    flush_cap,
-    flush_grid,
-    flush_list,
-    flush_precision,
-    medium_grid,
-    pop_flush_keys,
-    small_grid,
-    sm_count,
-)
-from replayssm_kernels.mamba2.common import (  # noqa: F401
+from replayssm_kernels.common import (  # noqa: F401
     advance_heads,
     dot_fp32,
     fills_read,
     flat_program_ids,
+    flush_cap,
+    flush_grid,
+    flush_list,
     list_done,
     list_flush,
     list_heads,
     listed_ahead,
     listed_flush,
+    per_sm,
     scalar_mask,
     slot_of,
+    sm_count,
 )
 
 FP8_MAX = 448.0
@@ -48,6 +39,67 @@ DTYPES = {
 STATE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 IO_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 READ_DTYPES = (torch.bfloat16, torch.float16, torch.float8_e4m3fn)
+
+
+# Launch keys that choose a kernel's variant rather than size it, and their values: EARLY, MMA, PREFETCH, TAIL, the
+# verify's BCPASS (Mamba-2) and GPASS (GDN; 2: each value head's weights from that pass too) and the GDN decode's
+# SFIRST and CSTRIDES switch a variant on (1) or off (0); PHASES is the number of launches a replay step takes (2: the
+# flushes in a launch of their own, or with TAIL in the heads launch's programs after the heads').
+# TF32 is how a replay's flush folds its buffered entries into the checkpoint: 0 in fp32 FMAs, 1 in three TF32
+# products (about fp32's accuracy), 2 in one TF32 product, for a 2-byte checkpoint only (its error, about 2^-11 of
+# the update, is under the checkpoint's own rounding; `flush_precision`).
+CHOICE_KEYS = {"EARLY": (0, 1, 2), "TF32": (0, 1, 2), "MMA": (0, 1), "PHASES": (1, 2), "SFIRST": (0, 1),
+               "CSTRIDES": (0, 1), "PREFETCH": (0, 1), "TAIL": (0, 1), "BCPASS": (0, 1),
+               "GPASS": (0, 1, 2), "KSPLIT": (1, 2), "FPASS": (0, 1),
+               "FKSPLIT": (1, 2), "FSTREAM": (0, 1), "FPREF": (0, 1),
+               "FSPLITW": (0, 1, 2), "ARRIVE": (0, 1),
+               "WFILL": (0, 1), "LCOUNT": (0, 1), "CTF32": (0, 1),
+               "SLOAD": (0, 1, 2), "PDL": (0, 1)}
+
+FLUSH_PREFIX = "flush_"
+
+_PRECISION = {0: "ieee", 1: "tf32x3", 2: "tf32"}
+
+
+def flush_precision(checkpoint: torch.Tensor, tf32: int) -> str:
+    """A flush's tl.dot input precision for launch key TF32 (CHOICE_KEYS) on this checkpoint."""
+    if tf32 == 2 and checkpoint.element_size() > 2:
+        raise ValueError("launch TF32 = 2 (one TF32 product per flush) applies only to a 2-byte checkpoint; an fp32 "
+                         "checkpoint's flush takes TF32 = 0 or 1")
+    return _PRECISION[tf32]
+
+
+def pop_flush_keys(launch: dict) -> dict:
+    """Remove the keys prefixed flush_ (the settings of a replay's second launch, for its flushes) from `launch`;
+    return them without the prefix."""
+    return {key[len(FLUSH_PREFIX):]: launch.pop(key) for key in list(launch) if key.startswith(FLUSH_PREFIX)}
+
+
+def check_flush_keys(flush: dict, phases: int) -> None:
+    if flush and phases == 1:
+        raise ValueError(f"launch keys {', '.join(FLUSH_PREFIX + key for key in flush)} apply only with PHASES=2")
+
+
+def compile_options(settings: dict) -> dict:
+    """The settings that go to Triton as compile options rather than kernel constants."""
+    options = {key: settings[key] for key in ("num_warps", "num_stages") if key in settings}
+    if settings.get("maxnreg") is not None:
+        options["maxnreg"] = settings["maxnreg"]
+    return options
+
+
+def small_grid(programs: int, device: torch.device) -> bool:
+    """A grid of under two programs per SM: latency-bound, so the kernels take their small-grid rows (never on the
+    CPU)."""
+    n = per_sm(programs, device)
+    return n is not None and n < 2
+
+
+def medium_grid(programs: int, device: torch.device) -> bool:
+    """A grid of under 16 programs per SM (GDN's verify at batch 32 and under on an H200), where that verify takes its
+    medium-grid row (never on the CPU)."""
+    n = per_sm(programs, device)
+    return n is not None and n < 16
 
 
 @triton.jit

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from replayssm_kernels import families
+from replayssm_kernels import common, families
 from replayssm_kernels.mamba2 import args
 from replayssm_kernels.mamba2.reference import quantize_ref
 
@@ -45,7 +45,7 @@ class ReplayCache:
 
     def __post_init__(self):
         if self.work is None:
-            self.work = args.flush_list(*self.fill.shape, self.fill.device)
+            self.work = common.flush_list(*self.fill.shape, self.fill.device)
 
     @classmethod
     def create(cls, nslots: int, H: int, P: int, N: int, G: int, window: int, *, state_dtype=torch.float32,
@@ -61,14 +61,14 @@ class ReplayCache:
             max_draft: the most drafts one `verify` may carry, in [0, 8].
             device: where every tensor lives.
         """
-        args.check_dims((nslots, H, P, N, G), "(nslots, H, P, N, G)")
+        common.check_dims((nslots, H, P, N, G), "(nslots, H, P, N, G)")
         args.check_group(H, G, name="the cache")
-        args.check_window(window)
+        common.check_window(window)
         if not isinstance(max_draft, int) or not 0 <= max_draft <= 8:
             raise ValueError(f"max_draft must be an integer in [0, 8], got {max_draft!r}")
-        state_dtype = args.as_dtype(state_dtype, "state_dtype", args.FLOAT_DTYPES)
-        io_dtype = args.as_dtype(io_dtype, "io_dtype", args.FLOAT_DTYPES)
-        read_dtype = None if read_dtype is None else args.as_dtype(read_dtype, "read_dtype", args.READ_DTYPES)
+        state_dtype = common.as_dtype(state_dtype, "state_dtype", common.FLOAT_DTYPES)
+        io_dtype = common.as_dtype(io_dtype, "io_dtype", common.FLOAT_DTYPES)
+        read_dtype = None if read_dtype is None else common.as_dtype(read_dtype, "read_dtype", common.READ_DTYPES)
         cap = window + max_draft
         dev = torch.device(device)
         if dev.type == "cuda" and dev.index is None:
@@ -143,16 +143,16 @@ class ReplayCache:
             slots = torch.tensor(list(slots), dtype=torch.int64, device=self.device)
         if not isinstance(slots, torch.Tensor) or slots.dim() != 1:
             raise ValueError(f"{what} must be a 1-D tensor of slot indices")
-        args.check_tensor(what, slots, tuple(slots.shape), "(n,)", args.INDEX_DTYPES, self.device)
-        args.check_slots(slots, slots.shape[0], nslots, self.device, True, padding=False)
+        common.check_tensor(what, slots, tuple(slots.shape), "(n,)", common.INDEX_DTYPES, self.device)
+        common.check_slots(slots, slots.shape[0], nslots, self.device, True, padding=False)
         return slots.long()
 
     def load(self, state: torch.Tensor, slots=None) -> None:
         """Set the checkpoints of `slots` (default: all) from full states (n, H, P, N) and empty their buffers."""
         idx = self.slot_index(slots, "slots")
         _, H, P, N, _ = self.shape
-        args.check_tensor("state", state, (idx.shape[0], H, P, N), "(len(slots), H, P, N)",
-                          (*args.FLOAT_DTYPES, torch.float64), self.device, unit_stride=False)
+        common.check_tensor("state", state, (idx.shape[0], H, P, N), "(len(slots), H, P, N)",
+                          (*common.FLOAT_DTYPES, torch.float64), self.device, unit_stride=False)
         self.reset(idx)
         self.checkpoint.index_copy_(0, idx, state.to(self.checkpoint.dtype))
         if self.read_copy is not None:
@@ -185,6 +185,6 @@ def _raw(t: torch.Tensor) -> torch.Tensor:
 
 
 def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
-    if not args.host_checks(True):
+    if not common.host_checks(True):
         return False
     return bool(set(a.tolist()) & set(b.tolist()))

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
 
-from replayssm_kernels import families
+from replayssm_kernels import common, families
+from replayssm_kernels.common import flat_program_ids, slot_of
 from replayssm_kernels.mamba2 import args
-from replayssm_kernels.mamba2.common import finish_output, flat_program_ids, slot_of, step_delta
+from replayssm_kernels.mamba2.common import finish_output, step_delta
 
 
 @triton.jit
@@ -124,49 +127,69 @@ def mamba2_accept_snapshot_kernel(
     tl.store(p_s, b_s.to(p_s.dtype.element_ty), mask=m_s)
 
 
-# These kernels write state in place, so they are not autotuned (a trial launch would advance the state);
-# the settings are fixed per (state itemsize, N, P) and `launch=` overrides them.
-DECODE_LAUNCH = [
-    ((4, 64, 1 << 30), {"BP": 32, "num_warps": 4, "num_stages": 1}),
-    ((4, 128, 1 << 30), {"BP": 32, "num_warps": 8, "num_stages": 1}),
-    ((4, 1 << 30, 1 << 30), {"BP": 8, "num_warps": 4, "num_stages": 1}),
-    ((2, 64, 1 << 30), {"BP": 64, "num_warps": 4, "num_stages": 1}),
-    ((2, 128, 1 << 30), {"BP": 32, "num_warps": 4, "num_stages": 1}),
-    ((2, 1 << 30, 1 << 30), {"BP": 16, "num_warps": 4, "num_stages": 1}),
-]
-# An fp32 state on a grid of at most 16 heads per SM is latency-bound: one-warp programs of 4 rows, mamba_ssm's
-# tile, take batch 1 from 5.49 to 4.64 µs and batch 16 from 39.3 to 36.2 at the Nemotron-3-Super shape
-# (benchmarks/notes/run-33.md); 2-byte states and larger grids were not measured with it.
-SMALL_GRID_DECODE_LAUNCH = [((4, 1 << 30, 1 << 30), {"BP": 4, "num_warps": 1, "num_stages": 1})]
-SMALL_GRID_HEADS_PER_SM = 16
-DECODE_KEYS = ("BP", "num_warps", "num_stages", "maxnreg")
+# These kernels write state in place, so they are not autotuned (a trial launch would advance the state): each state
+# width and N has a fixed row, chosen by `select`.
+@dataclass(frozen=True)
+class DecodeConfig:
+    """How `decode`, `decode_multi` and `accept_snapshot` are launched."""
+
+    # rows of P per program (lowered to cover P): 4 to 64, fewer for larger N
+    rows: int
+    # warps per program: 1 to 8
+    warps: int
+
+    def __post_init__(self):
+        for name in ("rows", "warps"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1 or value & (value - 1):
+                raise ValueError(f"DecodeConfig.{name} must be a power of two, got {value!r}")
 
 
-def _launch(state: torch.Tensor, P: int, N: int, launch: dict | None, heads: int | None = None) -> dict:
-    """The decode row for this state; `heads` (batch x H) picks the small-grid row for an fp32 state."""
-    table = DECODE_LAUNCH
-    small = heads is not None and heads <= SMALL_GRID_HEADS_PER_SM * args.sm_count(state.device)
-    if small and state.element_size() == 4:
-        table = SMALL_GRID_DECODE_LAUNCH
-    settings = args.pick_launch(table, state.element_size(), P, N, launch, DECODE_KEYS)
-    if not launch or "BP" not in launch:
-        settings["BP"] = min(settings["BP"], args.block(P))
-    return settings
+DECODE_LAUNCH = {
+    "decode-fp32-n64": DecodeConfig(rows=32, warps=4),
+    "decode-fp32-n128": DecodeConfig(rows=32, warps=8),
+    "decode-fp32": DecodeConfig(rows=8, warps=4),
+    "decode-bf16-n64": DecodeConfig(rows=64, warps=4),
+    "decode-bf16-n128": DecodeConfig(rows=32, warps=4),
+    "decode-bf16": DecodeConfig(rows=16, warps=4),
+    # an fp32 state on a latency-bound grid: one-warp programs of 4 rows, mamba_ssm's tile
+    "decode-fp32-small": DecodeConfig(rows=4, warps=1),
+}
+# An fp32 state's decode takes its small-grid row at up to this many (row, head) programs per SM.
+SMALL_GRID = 16
+
+
+def select(state: torch.Tensor, batch: int | None = None) -> str:
+    """The DECODE_LAUNCH row for this state pool: by its width and N and, given the batch of a `decode`, the grid's
+    (row, head) programs per SM."""
+    width = "fp32" if state.element_size() == 4 else "bf16"
+    N = state.shape[-1]
+    if batch is not None and width == "fp32":
+        per_sm = common.per_sm(batch * state.shape[1], state.device)
+        if per_sm is not None and per_sm <= SMALL_GRID:
+            return "decode-fp32-small"
+    return f"decode-{width}-n64" if N <= 64 else f"decode-{width}-n128" if N <= 128 else f"decode-{width}"
+
+
+def _config(state: torch.Tensor, config: DecodeConfig | None, batch: int | None = None) -> tuple[int, dict]:
+    """(rows per program, compile options) of a launch on `state`."""
+    c = DECODE_LAUNCH[select(state, batch)] if config is None else config
+    return min(c.rows, common.block(state.shape[2])), common.compile_options(c.warps, None)
 
 
 def _check_state(state, kernel) -> tuple[int, int, int, int]:
     if not isinstance(state, torch.Tensor) or state.dim() != 4:
         got = tuple(state.shape) if isinstance(state, torch.Tensor) else type(state).__name__
         raise ValueError(f"state must have shape (nslots, H, P, N), got {got}")
-    args.check_device(state.device, kernel)
-    args.check_tensor("state", state, tuple(state.shape), "(nslots, H, P, N)", args.FLOAT_DTYPES, state.device)
-    args.check_dims(tuple(state.shape), "state")
+    common.check_device(state.device, kernel)
+    common.check_tensor("state", state, tuple(state.shape), "(nslots, H, P, N)", common.FLOAT_DTYPES, state.device)
+    common.check_dims(tuple(state.shape), "state")
     return tuple(state.shape)
 
 
 @families.refuse_out_of_resources
 def decode(state, x, dt, A, B, C, *, D=None, z=None, dt_bias=None, dt_softplus=False, slots=None, out=None,
-           launch: dict | None = None, check: bool = True) -> torch.Tensor:
+           config: DecodeConfig | None = None, check: bool = True) -> torch.Tensor:
     """One conventional Mamba-2 decode step; the state pool is updated in place through `slots`.
 
     S = exp(A·Δ) S + Δ x Bᵀ and y = S C + D x, times silu(z) when z is given, with Δ = dt (+ dt_bias, then
@@ -179,7 +202,7 @@ def decode(state, x, dt, A, B, C, *, D=None, z=None, dt_bias=None, dt_softplus=F
         slots: (batch,) int32/int64 state slot of each row, -1 for a padding row (skipped, nothing written);
             default row b -> slot b.
         out: optional (batch, H, P) output; padding rows keep what it held.
-        launch: overrides of the fixed launch settings (BP, num_warps, num_stages).
+        config: the launch settings (default: the DECODE_LAUNCH row `select` chooses); for benchmarks.
         check: range-check `slots` on the host (a device sync); skipped while a CUDA graph is captured.
 
     Returns:
@@ -187,11 +210,10 @@ def decode(state, x, dt, A, B, C, *, D=None, z=None, dt_bias=None, dt_softplus=F
     """
     nslots, H, P, N = _check_state(state, mamba2_decode_kernel)
     batch, _, G = args.check_inputs(x, dt, A, B, C, D, z, dt_bias, H=H, P=P, N=N, device=state.device, tokens=False)
-    args.check_slots(slots, batch, nslots, state.device, check)
+    common.check_slots(slots, batch, nslots, state.device, check)
     args.check_out(out, (batch, H, P), "(batch, H, P)", state.device)
-    settings = _launch(state, P, N, launch, heads=batch * H)
+    BP, options = _config(state, config, batch)
     y = torch.empty_like(x) if out is None else out
-    BP = settings.pop("BP")
     zs = z.stride() if z is not None else (0, 0, 0)
     mamba2_decode_kernel[(batch * H * triton.cdiv(P, BP),)](
         state=state, x=x, dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=dt_bias, slots=slots, y=y,
@@ -203,10 +225,10 @@ def decode(state, x, dt, A, B, C, *, D=None, z=None, dt_bias=None, dt_softplus=F
         stride_C_b=C.stride(0), stride_C_g=C.stride(1),
         stride_z_b=zs[0], stride_z_h=zs[1],
         stride_y_b=y.stride(0), stride_y_h=y.stride(1),
-        BP=BP, BN=args.block(N),
+        BP=BP, BN=common.block(N),
         HAS_D=D is not None, HAS_Z=z is not None, HAS_DT_BIAS=dt_bias is not None, USE_SOFTPLUS=bool(dt_softplus),
         HAS_SLOTS=slots is not None,
-        **settings,
+        **options,
     )
     return y
 
@@ -219,12 +241,12 @@ def _check_snapshots(snapshots, state, T: int) -> None:
     if snapshots.shape[1] < T:
         raise ValueError(f"snapshots holds {snapshots.shape[1]} positions per slot but x carries T = {T} drafts")
     shape = (nslots, snapshots.shape[1], H, P, N)
-    args.check_tensor("snapshots", snapshots, shape, "(nslots, T, H, P, N)", (state.dtype,), state.device)
+    common.check_tensor("snapshots", snapshots, shape, "(nslots, T, H, P, N)", (state.dtype,), state.device)
 
 
 @families.refuse_out_of_resources
 def decode_multi(state, snapshots, x, dt, A, B, C, *, D=None, z=None, dt_bias=None, dt_softplus=False, slots=None,
-                 out=None, launch: dict | None = None, check: bool = True) -> torch.Tensor:
+                 out=None, config: DecodeConfig | None = None, check: bool = True) -> torch.Tensor:
     """T conventional decode steps from one state read, writing the state after each draft to a snapshot.
 
     The speculative path of vLLM: snapshots[slot, t] receives the state after draft t (state dtype); the
@@ -234,20 +256,19 @@ def decode_multi(state, snapshots, x, dt, A, B, C, *, D=None, z=None, dt_bias=No
         state: (nslots, H, P, N) fp32, bf16 or fp16; read only.
         snapshots: (nslots, T_max, H, P, N) in the state's dtype, T_max ≥ T; mutated.
         x, z: (batch, T, H, P) with 1 ≤ T ≤ 8. dt: (batch, T, H). B, C: (batch, T, G, N). A, D, dt_bias: (H,).
-        slots, out, launch, check: as in `decode`; out is (batch, T, H, P).
+        slots, out, config, check: as in `decode`; out is (batch, T, H, P).
 
     Returns:
         y (batch, T, H, P) in x's dtype (or `out`).
     """
     nslots, H, P, N = _check_state(state, mamba2_decode_multi_kernel)
     batch, T, G = args.check_inputs(x, dt, A, B, C, D, z, dt_bias, H=H, P=P, N=N, device=state.device, tokens=True)
-    args.check_draft(T, 8)
+    common.check_draft(T, 8)
     _check_snapshots(snapshots, state, T)
-    args.check_slots(slots, batch, nslots, state.device, check)
+    common.check_slots(slots, batch, nslots, state.device, check)
     args.check_out(out, (batch, T, H, P), "(batch, T, H, P)", state.device)
-    settings = _launch(state, P, N, launch)
+    BP, options = _config(state, config)
     y = torch.empty_like(x) if out is None else out
-    BP = settings.pop("BP")
     zs = z.stride() if z is not None else (0, 0, 0, 0)
     mamba2_decode_multi_kernel[(batch * H * triton.cdiv(P, BP),)](
         state=state, snapshots=snapshots, x=x, dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=dt_bias, slots=slots, y=y,
@@ -261,44 +282,43 @@ def decode_multi(state, snapshots, x, dt, A, B, C, *, D=None, z=None, dt_bias=No
         stride_C_b=C.stride(0), stride_C_t=C.stride(1), stride_C_g=C.stride(2),
         stride_z_b=zs[0], stride_z_t=zs[1], stride_z_h=zs[2],
         stride_y_b=y.stride(0), stride_y_t=y.stride(1), stride_y_h=y.stride(2),
-        T=T, BP=BP, BN=args.block(N),
+        T=T, BP=BP, BN=common.block(N),
         HAS_D=D is not None, HAS_Z=z is not None, HAS_DT_BIAS=dt_bias is not None, USE_SOFTPLUS=bool(dt_softplus),
         HAS_SLOTS=slots is not None,
-        **settings,
+        **options,
     )
     return y
 
 
 @families.refuse_out_of_resources
-def accept_snapshot(state, snapshots, n_accepted, slots=None, *, launch: dict | None = None,
+def accept_snapshot(state, snapshots, n_accepted, slots=None, *, config: DecodeConfig | None = None,
                     check: bool = True) -> None:
     """Copy snapshots[slot, n - 1] into state[slot] for each row with n ≥ 1; rows with n = 0 keep their state.
 
     Args:
         state: (nslots, H, P, N); mutated. snapshots: (nslots, T_max, H, P, N) as written by `decode_multi`.
         n_accepted: (batch,) int32/int64 on the device, each in [0, T_max]; read on the device (no sync).
-        slots, launch, check: as in `decode`; `check` also range-checks n_accepted on the host.
+        slots, config, check: as in `decode`; `check` also range-checks n_accepted on the host.
     """
     nslots, H, P, N = _check_state(state, mamba2_accept_snapshot_kernel)
     _check_snapshots(snapshots, state, 1)
     if not isinstance(n_accepted, torch.Tensor) or n_accepted.dim() != 1:
         raise ValueError("n_accepted must be a 1-D (batch,) integer tensor")
     batch = n_accepted.shape[0]
-    args.check_tensor("n_accepted", n_accepted, (batch,), "(batch,)", args.INDEX_DTYPES, state.device)
-    args.check_slots(slots, batch, nslots, state.device, check)
-    if args.host_checks(check):
+    common.check_tensor("n_accepted", n_accepted, (batch,), "(batch,)", common.INDEX_DTYPES, state.device)
+    common.check_slots(slots, batch, nslots, state.device, check)
+    if common.host_checks(check):
         T = snapshots.shape[1]
         bad = [n for n in n_accepted.tolist() if not 0 <= n <= T]
         if bad:
             raise ValueError(f"n_accepted must be in [0, {T}], got {bad[0]}")
-    settings = _launch(state, P, N, launch)
-    BP = settings.pop("BP")
+    BP, options = _config(state, config)
     mamba2_accept_snapshot_kernel[(batch, H, triton.cdiv(P, BP))](
         state=state, snapshots=snapshots, n_accepted=n_accepted, slots=slots,
         P=P, N=N,
         stride_state_s=state.stride(0), stride_state_h=state.stride(1), stride_state_p=state.stride(2),
         stride_snap_s=snapshots.stride(0), stride_snap_t=snapshots.stride(1),
         stride_snap_h=snapshots.stride(2), stride_snap_p=snapshots.stride(3),
-        BP=BP, BN=args.block(N), HAS_SLOTS=slots is not None,
-        **settings,
+        BP=BP, BN=common.block(N), HAS_SLOTS=slots is not None,
+        **options,
     )

@@ -2,32 +2,30 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
 
-from replayssm_kernels import families
-from replayssm_kernels.mamba2 import args
-from replayssm_kernels.mamba2.cache import ReplayCache
-from replayssm_kernels.mamba2.common import (
+from replayssm_kernels import common, families
+from replayssm_kernels.common import (
     LIST_ENTRY,
     LIST_HEADER,
     advance_heads,
-    finish_output,
-    fold_entries,
-    list_done,
     fills_read,
+    list_done,
     list_flush,
     listed_flush,
     slot_of,
-    step_delta,
-    store_read_copy,
     tail_claim,
     tail_heads_done,
     tail_ticket,
     tail_wait,
-    z_gate,
 )
+from replayssm_kernels.mamba2 import args
+from replayssm_kernels.mamba2.cache import ReplayCache
+from replayssm_kernels.mamba2.common import finish_output, fold_entries, step_delta, store_read_copy, z_gate
 
 
 @triton.jit
@@ -59,25 +57,19 @@ def _chunk_output(
     checkpoint, read_copy, read_scale, D, p_y, p_xb, p_x, z, o_z, i_h, i_s, i_sh, o_r, b_C3, b_kw, b_decay, b_bc,
     o_n3, m_n3, o_w, m_w, P, stride_ck_s, stride_ck_h, stride_ck_p, stride_rc_s, stride_rc_h, stride_rc_p,
     HAS_D: tl.constexpr, HAS_Z: tl.constexpr, USE_COPY: tl.constexpr, IS_FP8: tl.constexpr,
-    b_Cm, o_n, m_n, MMA: tl.constexpr, b_xw, b_xc, b_z, PREFETCH: tl.constexpr,
+    b_xw, b_xc, b_z, PREFETCH: tl.constexpr,
 ):
     """A non-flush step's outputs for rows o_r of a head: y = e^{Λ_t}(S₀C) + Σ_j w_j x_j + ΔB·C x from the tile (the
     read copy, else the checkpoint) [RC, NC, VN], the buffered x [BW, RC] with weights b_kw, and this token's x,
     which it returns as given. With PREFETCH the caller has read the buffered x, x and z (b_xw, b_xc, b_z, from
-    `_chunk_inputs`); else they are read here, after the tile. With MMA the tile is [RC, BN] and S₀C one
-    tensor-core product against b_Cm [BN, 16] (C in bf16 in its first column, zeros after): a bf16 tile (an fp8
-    copy converted exactly) times a bf16 C is exact in the fp32 accumulator, as the FMAs are."""
+    `_chunk_inputs`); else they are read here, after the tile."""
     m_r = o_r < P
     if USE_COPY:
         p_t = read_copy + i_s * stride_rc_s + i_h * stride_rc_h + o_r * stride_rc_p
     else:
         p_t = checkpoint + i_s * stride_ck_s + i_h * stride_ck_h + o_r * stride_ck_p
-    if MMA:
-        b_t = tl.load(p_t[:, None] + o_n[None, :], mask=m_r[:, None] & m_n[None, :], other=0.0)
-        b_yc = tl.sum(tl.dot(b_t.to(tl.bfloat16), b_Cm), axis=1)
-    else:
-        b_t = tl.load(p_t[:, None, None] + o_n3[None, :, :], mask=m_r[:, None, None] & m_n3[None, :, :], other=0.0)
-        b_yc = tl.sum(tl.sum(b_t.to(tl.float32) * b_C3[None, :, :], axis=1), axis=1)
+    b_t = tl.load(p_t[:, None, None] + o_n3[None, :, :], mask=m_r[:, None, None] & m_n3[None, :, :], other=0.0)
+    b_yc = tl.sum(tl.sum(b_t.to(tl.float32) * b_C3[None, :, :], axis=1), axis=1)
     if not PREFETCH:
         # z is read with the output's gate below
         b_xw, b_xc, _ = _chunk_inputs(p_xb, p_x, z, o_z, o_r, m_r, o_w, m_w, P, False)
@@ -163,16 +155,15 @@ def mamba2_replay_kernel(
     NC: tl.constexpr = BN // VN
     o_n3 = tl.arange(0, NC)[:, None] * VN + tl.arange(0, VN)[None, :]
     m_n3 = o_n3 < N
-    if EARLY == 2:
-        # the slot's load issued first, so that it is in flight while what the inputs' layouts wait on arrives
-        i_s = slot_of(slots, i_b, HAS_SLOTS)
     if EARLY:
-        # The step's own inputs depend on neither the slot nor the fill: read first, they leave the chain too.
+        # The slot's load issued first (in flight while the inputs' layouts wait), then the step's own inputs: they
+        # depend on neither the slot nor the fill and so leave the chain of dependent loads too.
+        i_s = slot_of(slots, i_b, HAS_SLOTS)
         b_xr, b_Br, b_C, b_dt = _step_inputs(
             x, dt, B, C, dt_bias, i_b, i_h, i_g, o_p, m_p, o_n, m_n, stride_x_b, stride_x_h, stride_dt_b,
             stride_dt_h, stride_B_b, stride_B_g, stride_C_b, stride_C_g, HAS_DT_BIAS, USE_SOFTPLUS)
         b_C3 = tl.load(C + i_b * stride_C_b + i_g * stride_C_g + o_n3, mask=m_n3, other=0.0).to(tl.float32)
-    if EARLY != 2:
+    else:
         i_s = slot_of(slots, i_b, HAS_SLOTS)
     if i_s < 0:
         return
@@ -267,8 +258,7 @@ def mamba2_replay_kernel(
                 _chunk_output(
                     checkpoint, read_copy, read_scale, D, p_y, p_xb, p_x, z, o_z, i_h, i_s, i_sh, o_r, b_C3, b_kw,
                     b_decay, b_bc, o_n3, m_n3, o_w, m_w, P, stride_ck_s, stride_ck_h, stride_ck_p, stride_rc_s,
-                    stride_rc_h, stride_rc_p, HAS_D, HAS_Z, USE_COPY, IS_FP8, None, None, None, 0, b_xw, b_xc, b_z,
-                    PREFETCH,
+                    stride_rc_h, stride_rc_p, HAS_D, HAS_Z, USE_COPY, IS_FP8, b_xw, b_xc, b_z, PREFETCH,
                 )
         tl.store(p_xb + f * P + o_p, b_xr, mask=m_p)
         if i_p == 0:
@@ -324,7 +314,7 @@ def _heads_step(
     W: tl.constexpr, CAP: tl.constexpr, BP: tl.constexpr, BN: tl.constexpr, BW: tl.constexpr, VN: tl.constexpr,
     RC: tl.constexpr, STAGES: tl.constexpr, HPP: tl.constexpr, HAS_D: tl.constexpr, HAS_Z: tl.constexpr,
     HAS_DT_BIAS: tl.constexpr, USE_SOFTPLUS: tl.constexpr, HAS_SLOTS: tl.constexpr, USE_COPY: tl.constexpr,
-    IS_FP8: tl.constexpr, MMA: tl.constexpr, PREFETCH: tl.constexpr, TAIL: tl.constexpr,
+    IS_FP8: tl.constexpr, PREFETCH: tl.constexpr, TAIL: tl.constexpr,
 ):
     """Heads h0 .. h0 + HPP of row i_b (mamba2_heads_kernel)."""
     HPG = H // G
@@ -350,8 +340,6 @@ def _heads_step(
                        mask=m_w[:, None, None] & m_n3[None, :, :], other=0.0)
         b_cbw = tl.sum(tl.sum(b_bw.to(tl.float32) * b_C3[None, :, :], axis=1), axis=1)
         b_cb = tl.sum(b_Br.to(tl.float32) * b_C, axis=0)
-        # [BN, 16]: C in bf16 in the first column (MMA)
-        b_Cm = tl.where(tl.arange(0, 16)[None, :] == 0, b_C.to(tl.bfloat16)[:, None], 0.0).to(tl.bfloat16)
         p_x, o_z = x + i_b * stride_x_b, i_b * stride_z_b
         if PREFETCH:
             o_r = tl.arange(0, RC)
@@ -382,7 +370,7 @@ def _heads_step(
                 checkpoint, read_copy, read_scale, D, y + i_b * stride_y_b + i_h * stride_y_h, p_xb,
                 p_x + i_h * stride_x_h, z, o_z + i_h * stride_z_h, i_h, i_s, i_sh, o_r, b_C3, b_kw, tl.exp(b_lam),
                 b_dt * b_cb, o_n3, m_n3, o_w, m_w, P, stride_ck_s, stride_ck_h, stride_ck_p, stride_rc_s, stride_rc_h,
-                stride_rc_p, HAS_D, HAS_Z, USE_COPY, IS_FP8, b_Cm, o_n, m_n, MMA, b_xw, b_xc, b_z, PREFETCH,
+                stride_rc_p, HAS_D, HAS_Z, USE_COPY, IS_FP8, b_xw, b_xc, b_z, PREFETCH,
             )
             # This token's entry: x's rows with each chunk, Δ and lam with each head's first.
             tl.store(p_xb + f * P + o_r, b_xc, mask=o_r < P)
@@ -410,12 +398,12 @@ def mamba2_heads_kernel(
     W: tl.constexpr, CAP: tl.constexpr, BP: tl.constexpr, BN: tl.constexpr, BW: tl.constexpr, VN: tl.constexpr,
     RC: tl.constexpr, STAGES: tl.constexpr, HPP: tl.constexpr, HAS_D: tl.constexpr, HAS_Z: tl.constexpr,
     HAS_DT_BIAS: tl.constexpr, USE_SOFTPLUS: tl.constexpr, HAS_SLOTS: tl.constexpr, USE_COPY: tl.constexpr,
-    IS_FP8: tl.constexpr, MMA: tl.constexpr, PREFETCH: tl.constexpr, TAIL: tl.constexpr, BPF: tl.constexpr,
+    IS_FP8: tl.constexpr, PREFETCH: tl.constexpr, TAIL: tl.constexpr, BPF: tl.constexpr,
     FSTAGES: tl.constexpr, PRECISION: tl.constexpr,
 ):
     """A two-launch step's non-flush launch with HPP heads of one group per program (whole heads, BP ≥ P): the
     group's C·B of the buffered entries is summed once for all of them, and one pipelined loop streams their tiles
-    RC rows at a time, head after head (with MMA, each chunk's S₀C on the tensor cores). Heads that flush are
+    RC rows at a time, head after head. Heads that flush are
     listed in `work` for `mamba2_flush_kernel`.
 
     With TAIL the flushes run in this launch instead: a flat grid of NHP heads programs and then flushing programs,
@@ -438,7 +426,7 @@ def mamba2_heads_kernel(
             stride_dt_b, stride_dt_h, stride_B_b, stride_B_g, stride_C_b, stride_C_g, stride_z_b, stride_z_h,
             stride_y_b, stride_y_h, i_b, h0,
             W, CAP, BP, BN, BW, VN, RC, STAGES, HPP, HAS_D, HAS_Z, HAS_DT_BIAS, USE_SOFTPLUS, HAS_SLOTS,
-            USE_COPY, IS_FP8, MMA, PREFETCH, TAIL,
+            USE_COPY, IS_FP8, PREFETCH, TAIL,
         )
         if TAIL:
             tail_heads_done(work)
@@ -571,102 +559,107 @@ def mamba2_materialize_kernel(
     tl.store(p_out, b_s, mask=m_s)
 
 
-# These kernels mutate the cache, so they are not autotuned (a trial launch would advance it); settings are
-# fixed per (checkpoint itemsize, max N, max P) and `launch=` overrides them (benchmarks/sweep_mamba2.py).
-# Measured on an H200 (benchmarks/notes/): with many programs per SM the non-flush step reads fastest from
-# 2-warp programs that stream their tile RC rows at a time (registers capped so that more programs fit); a
-# grid of fewer than two programs per SM is latency-bound and does better with small whole tiles per warp. 2-byte
-# tiles (a bf16 checkpoint, a read copy: SPLIT_LAUNCH) stream faster three chunks deep, reduced in 64-wide pieces.
-STEP_LAUNCH = [
-    ((4, 1 << 30, 1 << 30), {"BP": 64, "BPF": 16, "VN": 32, "RC": 32, "STAGES": 2, "EARLY": 0, "TF32": 0,
-                             "num_warps": 2, "num_stages": 1, "maxnreg": 112, "PHASES": 1, "PPS": 6, "HPP": 1,
-                             "MMA": 0, "PREFETCH": 0, "TAIL": 0}),
-    ((2, 1 << 30, 1 << 30), {"BP": 64, "BPF": 16, "VN": 64, "RC": 32, "STAGES": 3, "EARLY": 0, "TF32": 0,
-                             "num_warps": 2, "num_stages": 1, "maxnreg": 128, "PHASES": 1, "PPS": 6, "HPP": 1,
-                             "MMA": 0, "PREFETCH": 0, "TAIL": 0}),
-]
-SPLIT_LAUNCH = [
-    ((4, 1 << 30, 1 << 30), {"BP": 64, "BPF": 16, "VN": 64, "RC": 32, "STAGES": 3, "EARLY": 0, "TF32": 0,
-                             "num_warps": 2, "num_stages": 1, "maxnreg": 128, "PHASES": 1, "PPS": 6, "HPP": 1,
-                             "MMA": 0, "PREFETCH": 0, "TAIL": 0}),
-    ((2, 1 << 30, 1 << 30), {"BP": 64, "BPF": 16, "VN": 32, "RC": 32, "STAGES": 3, "EARLY": 0, "TF32": 0,
-                             "num_warps": 2, "num_stages": 1, "maxnreg": 128, "PHASES": 1, "PPS": 6, "HPP": 1,
-                             "MMA": 0, "PREFETCH": 0, "TAIL": 0}),
-]
-# A small grid's programs take 16 rows, read the buffer before the fill and fold the flush through 3xTF32 (batch 1,
-# fp32: 4.64 µs against 5.23 without the last two, 4.70 without TF32, 5.07 without EARLY, 4.97 in 8-row programs;
-# bf16: 4.09 against 4.60; benchmarks/notes/run-34.md to run-36.md), their slot's load issued before the step's own inputs (EARLY=2: under
-# `replayssm profile` batch 1 5.13 -> 4.81 µs, a bf16 state's 4.66 -> 4.39; benchmarks/notes/run-65.md).
-SMALL_GRID_LAUNCH = [
-    ((4, 1 << 30, 1 << 30), {"BP": 16, "BPF": 16, "VN": 32, "RC": 16, "STAGES": 1, "EARLY": 2, "TF32": 1,
-                             "num_warps": 1, "num_stages": 1, "PHASES": 1, "PPS": 6, "HPP": 1, "MMA": 0,
-                             "PREFETCH": 0, "TAIL": 0}),
-    ((2, 1 << 30, 1 << 30), {"BP": 16, "BPF": 16, "VN": 32, "RC": 16, "STAGES": 1, "EARLY": 2, "TF32": 1,
-                             "num_warps": 1, "num_stages": 1, "PHASES": 1, "PPS": 6, "HPP": 1, "MMA": 0,
-                             "PREFETCH": 0, "TAIL": 0}),
-]
-# On a large grid (args.large_grid) a step on a 2-byte or 1-byte tile takes its non-flush launch in programs of 8
-# whole heads of a group (their buffered C·B summed once) streamed in 64-row chunks, and its flushes in a launch of
-# their own: the bf16 copy's window 234.8 -> 210.8 µs at batch 256 and 461.1 -> 400.5 at 512, the fp8 copy's 246.1
-# -> 185.0 and 481.3 -> 339.6, a bf16 state's 213.0 -> 193.3 at 256; from batch 96 up all three gain, at 64 the bf16
-# copy and state lose 8-13% (benchmarks/notes/run-52.md). An fp32 state keeps its row (329.7 against 292.0 µs at 256 in programs of
-# two heads), with registers capped at 96: 112 took 3.5% off batch 16 and 1.4% off 32, and cost 1.2% at 128 and 256.
-# A 2-byte checkpoint with a read copy (not measured) keeps its row. The flushes' launch caps its registers at 168
-# (the window at 256: bf16 copy 212.96 -> 209.43 µs, fp8 copy 184.86 -> 181.98, bf16 state 194.94 -> 193.02; 144
-# and 192 registers, 8 programs per SM, 4 warps, 32-row flush chunks, 2 stages and TF32 no better: benchmarks/notes/run-53.md).
-# The heads launch's row sums on the tensor cores (MMA) measured 2-13% slower than its FMAs.
-_HEADS = {"BP": 64, "BPF": 16, "VN": 64, "RC": 64, "STAGES": 3, "EARLY": 0, "TF32": 0, "num_warps": 2, "num_stages": 1,
-          "maxnreg": 128, "PHASES": 2, "PPS": 6, "HPP": 8, "MMA": 0, "PREFETCH": 0, "TAIL": 0, "flush_maxnreg": 168}
-# A 2-byte state's flushes there fold in one TF32 product (TF32=2): its window at 256 191.48 -> 186.22 µs, at 512
-# 358.25 -> 352.68 (its flushes alone 534.85 -> 496.22); on medium and small grids one product lost (59.53 -> 60.87
-# µs at batch 64, 4.10 -> 4.38 at 1; benchmarks/notes/run-53.md). Its heads launch reads each chunk's x, buffered x and z a chunk
-# ahead (PREFETCH): under `replayssm profile`, three runs each, 184.88-185.10 -> 181.34-181.43 µs at 256 and
-# 354.56-354.85 -> 343.92-344.02 at 512 (1.9% at 128); around it 112 and 144 registers, 2 stages, VN 32, 32-row
-# chunks, and for its flushes 1, 2 and 4 stages, 4 and 12 programs per SM, 144 and 192 registers and 32-row items
-# were slower (benchmarks/notes/run-55.md). Its flushes run in the heads launch's own programs after the heads' (TAIL), at 168
-# registers (the most at which 6 programs of 2 warps fit an SM): under `replayssm profile`, twice each on one H200,
-# 102.7 -> 95.4 µs at 128, 181.7 -> 178.3 at 256, 344.6 -> 339.8 at 512 (168 registers without TAIL 102.0 / 184.1
-# / 345.7; TAIL at 128 registers, its flushes spilling, 100.0 / 186.4 / 354.9 on another H200); a split copy's row
-# loses with it (bf16 copy 208.7 -> 213.4 µs at 256, fp8 163.2 -> 172.8; benchmarks/notes/run-56.md). The row's flush_maxnreg
-# then goes (`_tail`).
-LARGE_STEP_LAUNCH = [((4, 1 << 30, 1 << 30), dict(STEP_LAUNCH[0][1], maxnreg=96)),
-                     ((2, 1 << 30, 1 << 30), dict(_HEADS, TF32=2, PREFETCH=1, TAIL=1, maxnreg=168))]
-LARGE_SPLIT_LAUNCH = [((4, 1 << 30, 1 << 30), _HEADS), SPLIT_LAUNCH[1]]
-STEP_KEYS = ("BP", "BPF", "VN", "RC", "STAGES", "EARLY", "TF32", "num_warps", "num_stages", "maxnreg", "PHASES",
-             "PPS", "HPP", "MMA", "PREFETCH", "TAIL")
-# With PHASES=2 the flushes run in a second launch, with the row's settings overridden by these, in PPS programs per
-# SM that loop over the heads the first launch listed as flushing. HPP > 1 (heads per program, PHASES=2 only) takes
-# that first launch in programs of whole heads, HPP of a group each (`mamba2_heads_kernel`).
-FLUSH_KEYS = tuple(args.FLUSH_PREFIX + key for key in STEP_KEYS
-                   if key not in ("PHASES", "HPP", "MMA", "PREFETCH", "TAIL"))
-# With TAIL the flushes run in the heads launch's programs, so the flush_ keys that shape a launch's programs do not
-# apply.
-_TAIL_SHAPE_KEYS = ("BP", "num_warps", "num_stages", "maxnreg")
-# materialize folds a whole (P, N) tile per program, BPF rows at a time.
-REPLAY_LAUNCH = [
-    ((4, 64, 64), {"num_warps": 4, "num_stages": 1, "JB": 4, "BPF": 8}),
-    ((4, 128, 64), {"num_warps": 8, "num_stages": 1, "JB": 4, "BPF": 8}),
-    ((4, 128, 128), {"num_warps": 8, "num_stages": 1, "JB": 4, "BPF": 8}),
-    ((4, 1 << 30, 1 << 30), {"num_warps": 16, "num_stages": 1, "JB": 4, "BPF": 8}),
-    ((2, 128, 64), {"num_warps": 4, "num_stages": 1, "JB": 4, "BPF": 8}),
-    ((2, 128, 128), {"num_warps": 8, "num_stages": 1, "JB": 4, "BPF": 8}),
-    ((2, 1 << 30, 1 << 30), {"num_warps": 16, "num_stages": 1, "JB": 4, "BPF": 8}),
-]
-REPLAY_KEYS = ("num_warps", "num_stages", "JB", "BPF", "maxnreg")
+# These kernels mutate the cache, so they are not autotuned (a trial launch would advance it): each grid class and
+# checkpoint width has a fixed row, chosen by `select` (measured on an H200, benchmarks/notes/).
+@dataclass(frozen=True)
+class StepConfig:
+    """How one `replay` step is launched."""
+
+    # rows of P per program of the non-flush step: 16 (small grids) or 64
+    rows: int
+    # rows per streamed chunk of the tile, 16, 32 or 64; a chunk covering `rows` reads the tile whole
+    chunk: int
+    # width of the pieces of N a thread sums in registers before a row's lanes meet: 32 or 64
+    piece: int
+    # depth of the streamed chunks' pipeline: 1 to 3
+    stages: int
+    # warps per program: 1 or 2
+    warps: int
+    # registers per thread the programs are capped at (more programs fit an SM): None (the compiler's choice) or
+    # 96 to 168
+    maxnreg: int | None
+    # True: the slot read first, then the step's inputs and the whole buffer before the fill (a latency-bound grid)
+    early: bool = False
+    # how a flush folds the buffer (tl.dot's input precision): "ieee", "tf32x3", or "tf32" (2-byte checkpoints)
+    precision: str = "ieee"
+    # 1: the step in one launch; 8: the non-flush steps in a launch of programs of that many whole heads of a group
+    # (lowered to a power of two dividing H / G; their buffered C·B summed once), the flushes after them
+    heads: int = 1
+    # with heads > 1: each chunk's x, buffered x and z read a chunk ahead
+    prefetch: bool = False
+    # with heads > 1: the flushes run in the heads launch's own programs, after the heads'; else in a second launch
+    tail: bool = False
+    # with heads > 1 and no tail: the flushes' launch's register cap (None: `maxnreg`)
+    flush_maxnreg: int | None = None
+
+    def __post_init__(self):
+        _powers_of_two(self, "rows", "chunk", "piece", "warps", "heads")
+        if self.precision not in common.PRECISIONS:
+            raise ValueError(f"precision must be one of {', '.join(common.PRECISIONS)}, got {self.precision!r}")
+        if self.heads == 1 and (self.prefetch or self.tail or self.flush_maxnreg is not None):
+            raise ValueError("prefetch, tail and flush_maxnreg apply only to the heads launch (heads > 1)")
+        if self.heads > 1 and self.early:
+            raise ValueError("the heads launch reads the buffer after the fill: early must be False")
+        if self.tail and self.flush_maxnreg is not None:
+            raise ValueError("with tail the flushes run in the heads launch's programs: flush_maxnreg does not apply")
 
 
-def replay_launch(cache: ReplayCache, launch: dict | None, table: list = REPLAY_LAUNCH,
-                  keys: tuple = REPLAY_KEYS) -> dict:
-    _, _, P, N, _ = cache.shape
-    settings = args.pick_launch(table, cache.checkpoint.element_size(), P, N, launch, keys)
-    settings["BPF"] = min(settings["BPF"], args.block(P))
-    return settings
+def _powers_of_two(config, *fields: str) -> None:
+    for name in fields:
+        value = getattr(config, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1 or value & (value - 1):
+            raise ValueError(f"{type(config).__name__}.{name} must be a power of two, got {value!r}")
+
+
+# 2-byte tiles (a bf16 checkpoint, a read copy) stream three chunks deep, reduced in 64-wide pieces; a small grid's
+# programs take 16 rows with the slot and buffer read early and the flush in 3xTF32; a large grid's fp32 state caps
+# its registers at 96, and its 2-byte tiles take the heads launch (a bf16 state: its flushes in its own programs, in
+# one TF32 product, its chunks' inputs read ahead; an fp32 checkpoint's copy: its flushes in a launch of their own).
+_SMALL_STEP = StepConfig(rows=16, chunk=16, piece=32, stages=1, warps=1, maxnreg=None, early=True, precision="tf32x3")
+STEP_LAUNCH = {
+    "replay-fp32": StepConfig(rows=64, chunk=32, piece=32, stages=2, warps=2, maxnreg=112),
+    "replay-bf16": StepConfig(rows=64, chunk=32, piece=64, stages=3, warps=2, maxnreg=128),
+    "replay-fp32-split": StepConfig(rows=64, chunk=32, piece=64, stages=3, warps=2, maxnreg=128),
+    "replay-bf16-split": StepConfig(rows=64, chunk=32, piece=32, stages=3, warps=2, maxnreg=128),
+    "replay-fp32-small": _SMALL_STEP,
+    "replay-bf16-small": _SMALL_STEP,
+    "replay-fp32-large": StepConfig(rows=64, chunk=32, piece=32, stages=2, warps=2, maxnreg=96),
+    "replay-bf16-large": StepConfig(rows=64, chunk=64, piece=64, stages=3, warps=2, maxnreg=168, precision="tf32",
+                                    heads=8, prefetch=True, tail=True),
+    "replay-fp32-split-large": StepConfig(rows=64, chunk=64, piece=64, stages=3, warps=2, maxnreg=128, heads=8,
+                                          flush_maxnreg=168),
+    "replay-bf16-split-large": StepConfig(rows=64, chunk=32, piece=32, stages=3, warps=2, maxnreg=128),
+}
+# Grid classes in (row, head) programs per SM: a small grid (under 2) is latency-bound, a large one (80 and up) takes
+# the heads launch.
+SMALL_GRID, LARGE_GRID = 2, 80
+# A flush walks its rows 16 at a time (the fold is one [16, BW] x [BW, BN] product); a flush launch has 6 programs per
+# SM.
+FLUSH_ROWS, FLUSH_PROGRAMS_PER_SM = 16, 6
+
+
+def _width(cache: ReplayCache) -> str:
+    """A table key's checkpoint width: fp32, or bf16 for any 2-byte checkpoint (fp16 takes bf16's rows)."""
+    return "fp32" if cache.checkpoint.element_size() == 4 else "bf16"
+
+
+def select(cache: ReplayCache, batch: int) -> str:
+    """The STEP_LAUNCH row a `replay` step of `batch` rows takes: by the checkpoint's width, its read copy and the
+    grid's (row, head) programs per SM (medium on the CPU)."""
+    per_sm = common.per_sm(batch * cache.shape[1], cache.device)
+    split = "-split" if cache.read_copy is not None else ""
+    if per_sm is not None and per_sm < SMALL_GRID:
+        # a small grid's split steps take its rows too
+        return f"replay-{_width(cache)}-small"
+    if per_sm is not None and per_sm >= LARGE_GRID:
+        return f"replay-{_width(cache)}{split}-large"
+    return f"replay-{_width(cache)}{split}"
 
 
 def check_cache(cache, kernel) -> tuple[int, int, int, int, int]:
     if not isinstance(cache, ReplayCache):
         raise ValueError(f"cache must be a ReplayCache, got {type(cache).__name__}")
-    args.check_device(cache.device, kernel)
+    common.check_device(cache.device, kernel)
     families.check_read_dtype(cache.read_dtype, cache.device)
     if cache.checkpoint.stride(-1) != 1 or (cache.read_copy is not None and cache.read_copy.stride(-1) != 1):
         raise ValueError("cache.checkpoint and cache.read_copy must have unit stride on N")
@@ -679,9 +672,9 @@ def check_cache(cache, kernel) -> tuple[int, int, int, int, int]:
 
 @families.refuse_out_of_resources
 def replay(cache: ReplayCache, x, dt, A, B, C, *, D=None, z=None, dt_bias=None, dt_softplus=False, slots=None,
-           out=None, launch: dict | None = None, check: bool = True) -> torch.Tensor:
-    """One ReplaySSM decode step (one launch, or two with PHASES=2); same inputs and outputs as `decode`, state kept
-    in `cache`.
+           out=None, config: StepConfig | None = None, check: bool = True) -> torch.Tensor:
+    """One ReplaySSM decode step (one launch, or two with the heads launch); same inputs and outputs as `decode`,
+    state kept in `cache`.
 
     Each row at fill f appends (x, B, Δ, lam) to its slot's buffer and answers from the checkpoint (its
     read copy under split precision) plus the f buffered entries while f + 1 < W, writing no state. The
@@ -696,18 +689,7 @@ def replay(cache: ReplayCache, x, dt, A, B, C, *, D=None, z=None, dt_bias=None, 
         slots: (batch,) int32/int64 cache slot per row, -1 for a padding row (skipped, nothing written);
             default row b -> slot b.
         out: optional (batch, H, P) output; padding rows keep what it held.
-        launch: overrides of the fixed launch settings: BP (rows of P per program), BPF (rows per flush
-            chunk), VN (width of the row pieces a thread sums), RC (rows per streamed chunk), STAGES,
-            EARLY (1: read the buffer before the fill; 2: also the slot before the step's inputs), TF32 (1: fold
-            the flush through 3xTF32; 2: one TF32 product, a 2-byte checkpoint only),
-            num_warps, num_stages, maxnreg, PHASES (2: the non-flush steps in one launch, listing the heads that
-            flush in cache.work, then the flushes in a second, with these settings overridden by the keys
-            prefixed flush_, such as flush_maxnreg and flush_PPS, that launch's programs per SM), HPP (with
-            PHASES=2: the non-flush launch in programs of HPP whole heads of a group, which sum the group's buffered
-            C·B once; lowered to a power of two dividing H / G), MMA (1, with HPP > 1: that launch's row sums on the
-            tensor cores, for a bf16 or fp8 tile and bf16 inputs), PREFETCH (1: a streamed tile's chunks read their
-            x, buffered x and z one chunk ahead), TAIL (1, with HPP > 1: the flushes in the heads launch itself, in
-            flush_PPS programs per SM that start after the heads programs and flush each head as it is listed).
+        config: the launch settings (default: the STEP_LAUNCH row `select` chooses); for benchmarks.
         check: range-check `slots` on the host (a device sync); skipped while a CUDA graph is captured.
 
     Returns:
@@ -718,109 +700,42 @@ def replay(cache: ReplayCache, x, dt, A, B, C, *, D=None, z=None, dt_bias=None, 
                                        tokens=False, io_dtypes=(cache.io_dtype,))
     if G_in != G:
         raise ValueError(f"B must have the cache's G = {G} groups, got {G_in}")
-    args.check_slots(slots, batch, nslots, cache.device, check)
+    common.check_slots(slots, batch, nslots, cache.device, check)
     args.check_out(out, (batch, H, P), "(batch, H, P)", cache.device)
-    settings = step_launch(cache, batch, launch)
-    flush = args.pop_flush_keys(settings)
-    phases = settings.pop("PHASES")
-    args.check_flush_keys(flush, phases)
-    hpp = _heads_per_program(settings, phases, H // G, P)
-    tail = _tail(settings, flush, hpp, launch)
-    for tf32 in (settings["TF32"], flush.get("TF32", settings["TF32"])):
-        # before either launch, so that a refused setting leaves the cache as it was
-        args.flush_precision(cache.checkpoint, tf32)
-    if settings["MMA"]:
-        _check_mma(cache, hpp, min(settings["RC"], args.block(P)))
+    c = STEP_LAUNCH[select(cache, batch)] if config is None else config
+    # before any launch, so that a refused setting leaves the cache as it was
+    common.check_precision(cache.checkpoint, c.precision)
+    hpp = c.heads
+    while (H // G) % hpp:
+        hpp //= 2
     y = torch.empty_like(x) if out is None else out
     step = dict(x=x, dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=dt_bias, slots=slots, y=y)
     softplus = bool(dt_softplus)
-    if phases == 1:
-        _launch_replay(cache, step, batch, softplus, settings, 0)
-    elif tail:
-        _launch_heads(cache, step, batch, softplus, settings, hpp, {**settings, **flush})
+    if c.heads == 1:
+        _launch_replay(cache, step, batch, softplus, c, 0)
+    elif c.tail and hpp > 1:
+        _launch_heads(cache, step, batch, softplus, c, hpp, tail=True)
     else:
         if hpp > 1:
-            _launch_heads(cache, step, batch, softplus, settings, hpp)
+            _launch_heads(cache, step, batch, softplus, c, hpp)
         else:
-            _launch_replay(cache, step, batch, softplus, settings, 1)
-        _launch_flushes(cache, step, batch, softplus, {**settings, **flush})
+            _launch_replay(cache, step, batch, softplus, c, 1)
+        _launch_flushes(cache, step, batch, softplus, c)
     return y
 
 
-def step_launch(cache: ReplayCache, batch: int, launch: dict | None = None) -> dict:
-    """The settings a `replay` step of `batch` rows takes: its grid's row (small, large or neither) for the cache's
-    checkpoint itemsize and read copy, overridden by `launch`."""
-    _, H, P, N, _ = cache.shape
-    if args.small_grid(batch * H * triton.cdiv(P, 64), cache.device):
-        table = SMALL_GRID_LAUNCH
-    elif args.large_grid(batch * H, cache.device):
-        table = LARGE_STEP_LAUNCH if cache.read_copy is None else LARGE_SPLIT_LAUNCH
-    else:
-        table = STEP_LAUNCH if cache.read_copy is None else SPLIT_LAUNCH
-    return args.pick_launch(table, cache.checkpoint.element_size(), P, N, launch, STEP_KEYS + FLUSH_KEYS)
-
-
-def _check_mma(cache: ReplayCache, hpp: int, rc: int) -> None:
-    """MMA=1 (the heads launch's S₀C on the tensor cores) is exact only for a bf16 or fp8 tile against a bf16 C."""
-    tile = cache.checkpoint if cache.read_copy is None else cache.read_copy
-    if hpp < 2:
-        raise ValueError("launch MMA = 1 (tensor-core row sums) applies only to the heads launch: HPP > 1 with "
-                         "PHASES=2")
-    if tile.dtype not in (torch.bfloat16, torch.float8_e4m3fn) or cache.io_dtype != torch.bfloat16:
-        names = [str(t).removeprefix("torch.") for t in (tile.dtype, cache.io_dtype)]
-        raise ValueError(f"launch MMA = 1 takes a bf16 or fp8 tile and bf16 inputs (exact in bf16 products), got a "
-                         f"{names[0]} tile and {names[1]} inputs")
-    if rc < 16:
-        raise ValueError(f"launch MMA = 1 takes chunks of at least 16 rows (a tensor-core product), got RC = {rc}")
-
-
-def _tail(settings: dict, flush: dict, hpp: int, launch: dict | None) -> bool:
-    """The launch's TAIL (popped from `settings`): the flushes in the heads launch itself, which takes the flush_
-    keys that are not a second launch's program shape (the row's of those go; a caller's are refused)."""
-    tail = bool(settings.pop("TAIL"))
-    if tail:
-        if hpp < 2:
-            raise ValueError("launch TAIL = 1 (the flushes in the heads launch) applies only to the heads launch: "
-                             "HPP > 1 with PHASES=2")
-        shape = [key for key in _TAIL_SHAPE_KEYS if key in flush]
-        given = [args.FLUSH_PREFIX + key for key in shape if args.FLUSH_PREFIX + key in (launch or {})]
-        if given:
-            raise ValueError(f"launch keys {', '.join(given)} shape a second launch's programs; with TAIL = 1 the "
-                             "flushes run in the heads launch's")
-        for key in shape:
-            del flush[key]
-    return tail
-
-
-def _heads_per_program(settings: dict, phases: int, heads_per_group: int, P: int) -> int:
-    """The launch's HPP (popped from `settings`) as run: the largest power of two, no larger than asked, that divides
-    the heads of a group. HPP > 1 takes whole heads in a non-flush launch of its own."""
-    hpp = settings.pop("HPP")
-    if hpp > 1:
-        if phases != 2:
-            raise ValueError(f"launch HPP = {hpp} (heads per program) applies only with PHASES=2")
-        if min(settings["BP"], args.block(P)) < args.block(P):
-            raise ValueError(f"launch HPP = {hpp} takes whole heads: BP = {settings['BP']} must cover P = {P}")
-        if settings["EARLY"]:
-            raise ValueError(f"launch HPP = {hpp} reads the buffer after the fill: EARLY must be 0")
-    while heads_per_group % hpp:
-        hpp //= 2
-    return hpp
-
-
-def _launch_heads(cache: ReplayCache, step: dict, batch: int, softplus: bool, settings: dict, hpp: int,
-                  flush: dict | None = None) -> None:
-    """The heads launch; given `flush` (TAIL), its flushes too, in flush["PPS"] programs per SM after the heads'."""
+def _launch_heads(cache: ReplayCache, step: dict, batch: int, softplus: bool, c: StepConfig, hpp: int,
+                  tail: bool = False) -> None:
+    """The heads launch; with `tail`, its flushes too, in FLUSH_PROGRAMS_PER_SM programs per SM after the heads'."""
     _, H, P, N, G = cache.shape
-    BN = max(16, args.block(N))
+    BN = max(16, common.block(N))
     rc = cache.read_copy
     nhp = batch * (H // hpp)
-    if flush is None:
-        grid, tail = (batch, H // hpp), {"BPF": 16, "FSTAGES": 1, "PRECISION": "ieee"}
+    if tail:
+        grid = (nhp + common.flush_grid(batch * H, FLUSH_PROGRAMS_PER_SM, cache.device)[0],)
+        flush = {"FSTAGES": c.stages, "PRECISION": c.precision}
     else:
-        grid = (nhp + args.flush_grid(batch * H, flush["PPS"], cache.device)[0],)
-        tail = {"BPF": max(16, min(flush["BPF"], args.block(P))), "FSTAGES": flush["STAGES"],
-                "PRECISION": args.flush_precision(cache.checkpoint, flush["TF32"])}
+        grid, flush = (batch, H // hpp), {"FSTAGES": 1, "PRECISION": "ieee"}
     mamba2_heads_kernel[grid](
         **step,
         checkpoint=cache.checkpoint, read_copy=rc, read_scale=cache.read_scale, x_buf=cache.x_buf,
@@ -828,12 +743,12 @@ def _launch_heads(cache: ReplayCache, step: dict, batch: int, softplus: bool, se
         H=H, G=G, P=P, N=N,
         **_strides(cache, step),
         NHP=nhp, NE=(cache.work.numel() - LIST_HEADER.value) // LIST_ENTRY.value,
-        W=cache.window, CAP=cache.capacity, BP=args.block(P), BN=BN, BW=max(16, args.block(cache.capacity)),
-        VN=min(settings["VN"], BN), RC=min(settings["RC"], args.block(P)), STAGES=settings["STAGES"], HPP=hpp,
+        W=cache.window, CAP=cache.capacity, BP=common.block(P), BN=BN, BW=max(16, common.block(cache.capacity)),
+        VN=min(c.piece, BN), RC=min(c.chunk, common.block(P)), STAGES=c.stages, HPP=hpp,
         HAS_D=step["D"] is not None, HAS_Z=step["z"] is not None, HAS_DT_BIAS=step["dt_bias"] is not None,
         USE_SOFTPLUS=softplus, HAS_SLOTS=step["slots"] is not None, USE_COPY=rc is not None,
-        IS_FP8=cache.read_scale is not None, MMA=settings["MMA"], PREFETCH=bool(settings["PREFETCH"]),
-        TAIL=flush is not None, **tail, **args.compile_options(settings),
+        IS_FP8=cache.read_scale is not None, PREFETCH=c.prefetch, TAIL=tail, BPF=FLUSH_ROWS, **flush,
+        **common.compile_options(c.warps, c.maxnreg),
     )
 
 
@@ -854,66 +769,90 @@ def _strides(cache: ReplayCache, step: dict) -> dict:
     )
 
 
-def _launch_flushes(cache: ReplayCache, step: dict, batch: int, softplus: bool, settings: dict) -> None:
-    """The flushes a PHASE 1 launch listed: PPS programs per SM (PPS in all on the CPU), at most one per item."""
+def _launch_flushes(cache: ReplayCache, step: dict, batch: int, softplus: bool, c: StepConfig) -> None:
+    """The flushes the non-flush launch listed: a few programs per SM (all of them on the CPU), each looping over
+    the items."""
     _, H, P, N, G = cache.shape
-    BP = min(settings["BP"], args.block(P))
+    BP = min(c.rows, common.block(P))
     NPB = triton.cdiv(P, BP)
     items = batch * H * NPB
-    mamba2_flush_kernel[args.flush_grid(items, settings["PPS"], cache.device)](
+    mamba2_flush_kernel[common.flush_grid(items, FLUSH_PROGRAMS_PER_SM, cache.device)](
         **step,
         checkpoint=cache.checkpoint, read_copy=cache.read_copy, read_scale=cache.read_scale, x_buf=cache.x_buf,
         b_buf=cache.b_buf, dt_buf=cache.dt_buf, lam_buf=cache.lam_buf, work=cache.work,
         H=H, G=G, P=P, N=N,
         **_strides(cache, step),
-        CAP=cache.capacity, BP=BP, BPF=max(16, min(settings["BPF"], BP)), BN=max(16, args.block(N)),
-        BW=max(16, args.block(cache.capacity)), STAGES=settings["STAGES"], NPB=NPB,
+        CAP=cache.capacity, BP=BP, BPF=FLUSH_ROWS, BN=max(16, common.block(N)),
+        BW=max(16, common.block(cache.capacity)), STAGES=c.stages, NPB=NPB,
         HAS_D=step["D"] is not None, HAS_Z=step["z"] is not None, HAS_DT_BIAS=step["dt_bias"] is not None,
         USE_SOFTPLUS=softplus, HAS_SLOTS=step["slots"] is not None, USE_COPY=cache.read_copy is not None,
-        IS_FP8=cache.read_scale is not None, PRECISION=args.flush_precision(cache.checkpoint, settings["TF32"]),
-        **args.compile_options(settings),
+        IS_FP8=cache.read_scale is not None, PRECISION=c.precision,
+        **common.compile_options(c.warps, c.maxnreg if c.flush_maxnreg is None else c.flush_maxnreg),
     )
 
 
-def _launch_replay(cache: ReplayCache, step: dict, batch: int, softplus: bool, settings: dict, phase: int) -> None:
+def _launch_replay(cache: ReplayCache, step: dict, batch: int, softplus: bool, c: StepConfig, phase: int) -> None:
     _, H, P, N, G = cache.shape
-    settings = dict(settings)
-    settings.pop("PPS")
-    # tl.dot needs every dimension of the fold's product to be at least 16: programs of fewer rows fold one masked chunk.
-    BP = min(settings.pop("BP"), args.block(P))
-    BPF = max(16, min(settings.pop("BPF"), BP))
-    NPB = triton.cdiv(P, BP)
-    BN = max(16, args.block(N))
-    VN = min(settings.pop("VN"), BN)
-    RC = min(settings.pop("RC"), BP)
-    STAGES = settings.pop("STAGES")
-    EARLY = settings.pop("EARLY")
-    PREFETCH = bool(settings.pop("PREFETCH"))
-    settings.pop("MMA")
-    PRECISION = args.flush_precision(cache.checkpoint, settings.pop("TF32"))
+    BP = min(c.rows, common.block(P))
+    BN = max(16, common.block(N))
     rc = cache.read_copy
-    mamba2_replay_kernel[(batch, H, NPB)](
+    mamba2_replay_kernel[(batch, H, triton.cdiv(P, BP))](
         **step,
         checkpoint=cache.checkpoint, read_copy=rc, read_scale=cache.read_scale, x_buf=cache.x_buf,
         b_buf=cache.b_buf, dt_buf=cache.dt_buf, lam_buf=cache.lam_buf, fill=cache.fill, arrive=cache.arrive,
         work=cache.work,
         H=H, G=G, P=P, N=N,
         **_strides(cache, step),
-        W=cache.window, CAP=cache.capacity, BP=BP, BPF=BPF, BN=BN,
-        BW=max(16, args.block(cache.capacity)), VN=VN, RC=RC, STAGES=STAGES, NPB=NPB,
+        W=cache.window, CAP=cache.capacity, BP=BP, BPF=FLUSH_ROWS, BN=BN,
+        BW=max(16, common.block(cache.capacity)), VN=min(c.piece, BN), RC=min(c.chunk, BP), STAGES=c.stages,
+        NPB=triton.cdiv(P, BP),
         HAS_D=step["D"] is not None, HAS_Z=step["z"] is not None, HAS_DT_BIAS=step["dt_bias"] is not None,
         USE_SOFTPLUS=softplus,
         HAS_SLOTS=step["slots"] is not None, USE_COPY=rc is not None, IS_FP8=cache.read_scale is not None,
-        EARLY=EARLY, PRECISION=PRECISION, PHASE=phase, PREFETCH=PREFETCH, **settings,
+        EARLY=c.early, PRECISION=c.precision, PHASE=phase, PREFETCH=c.prefetch,
+        **common.compile_options(c.warps, c.maxnreg),
     )
 
 
+@dataclass(frozen=True)
+class MaterializeConfig:
+    """How `materialize` is launched: one program per (slot, head) folds the whole (P, N) tile."""
+
+    # warps per program: 4 to 16, more for larger tiles
+    warps: int
+
+
+MATERIALIZE_LAUNCH = {
+    "materialize-fp32-n64-p64": MaterializeConfig(warps=4),
+    "materialize-fp32-n128-p64": MaterializeConfig(warps=8),
+    "materialize-fp32-n128-p128": MaterializeConfig(warps=8),
+    "materialize-fp32": MaterializeConfig(warps=16),
+    "materialize-bf16-n128-p64": MaterializeConfig(warps=4),
+    "materialize-bf16-n128-p128": MaterializeConfig(warps=8),
+    "materialize-bf16": MaterializeConfig(warps=16),
+}
+# The buffered entries folded as rank-1 updates this many at a time.
+MATERIALIZE_ENTRIES = 4
+
+
+def select_materialize(cache: ReplayCache) -> str:
+    """The MATERIALIZE_LAUNCH row of this cache: the first whose N and P bounds (in its name) cover the shape."""
+    _, _, P, N, _ = cache.shape
+    prefix = f"materialize-{_width(cache)}"
+    for name in MATERIALIZE_LAUNCH:
+        if name.startswith(prefix + "-"):
+            n, p = (int(part[1:]) for part in name[len(prefix) + 1:].split("-"))
+            if N <= n and P <= p:
+                return name
+    return prefix
+
+
 @families.refuse_out_of_resources
-def materialize(cache: ReplayCache, slots=None, *, launch: dict | None = None) -> torch.Tensor:
+def materialize(cache: ReplayCache, slots=None, *, config: MaterializeConfig | None = None) -> torch.Tensor:
     """Full fp32 states (len(slots), H, P, N): each slot's checkpoint folded with its committed buffer entries.
 
     For tests, prefix caching and debugging; not on the decode path. slots: 1-D tensor or list of slot
-    indices (default: every slot). The cache is not changed.
+    indices (default: every slot). The cache is not changed. config: the launch (default: `select_materialize`'s).
     """
     nslots, H, P, N, G = check_cache(cache, mamba2_materialize_kernel)
     idx = cache.slot_index(slots, "slots")
@@ -921,15 +860,14 @@ def materialize(cache: ReplayCache, slots=None, *, launch: dict | None = None) -
     out = torch.empty((idx.shape[0], H, P, N), dtype=torch.float32, device=cache.device)
     if idx.shape[0] == 0:
         return out
-    settings = replay_launch(cache, launch)
-    settings.pop("BPF")
+    c = MATERIALIZE_LAUNCH[select_materialize(cache)] if config is None else config
     mamba2_materialize_kernel[(idx.shape[0], H)](
         checkpoint=ck, x_buf=cache.x_buf, b_buf=cache.b_buf, dt_buf=cache.dt_buf, lam_buf=cache.lam_buf,
         fill=cache.fill, slots=idx, out=out,
         H=H, G=G, P=P, N=N,
         stride_ck_s=ck.stride(0), stride_ck_h=ck.stride(1), stride_ck_p=ck.stride(2),
         stride_out_s=out.stride(0), stride_out_h=out.stride(1), stride_out_p=out.stride(2),
-        CAP=cache.capacity, BP=args.block(P), BN=args.block(N),
-        **settings,
+        CAP=cache.capacity, BP=common.block(P), BN=common.block(N), JB=MATERIALIZE_ENTRIES,
+        **common.compile_options(c.warps, None),
     )
     return out

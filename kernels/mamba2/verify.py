@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
 
-from replayssm_kernels import families
+from replayssm_kernels import common, families
+from replayssm_kernels.common import dot_fp32, fills_read, slot_of
 from replayssm_kernels.mamba2 import args
 from replayssm_kernels.mamba2.cache import ReplayCache
-from replayssm_kernels.mamba2.common import dot_fp32, fills_read, finish_output, slot_of, step_delta, store_read_copy
+from replayssm_kernels.mamba2.common import finish_output, step_delta, store_read_copy
 from replayssm_kernels.mamba2.replay import check_cache
 
 
@@ -241,33 +244,48 @@ def mamba2_accept_kernel(
     tl.store(p_f, b_f + n, mask=m_h)
 
 
-# verify mutates the cache, so it is not autotuned (a trial launch would advance it); settings are fixed per
-# (checkpoint itemsize, max N, max P) and `launch=` overrides them. P is split into BP-row blocks, as in replay.
-# Without the pass maxnreg 168 fits three 4-warp programs in an SM's registers; the Nemotron-layer kernel needs no
-# spills at it.
-# BCPASS=1 sums the entries' B·C once per group in a launch before the verify's (`mamba2_verify_bc_kernel`, one
-# tensor-core product per (row, group)) instead of in each head's programs: the verify then needs 151 registers, and
-# at 128 (no spills) four programs fit an SM instead of three. An fp32 checkpoint's speculative step at T = 4 (verify
-# + accept, Nemotron-3-Super layer, µs per token) 136.4 -> 125.8 at batch 256 with the pass's first form, a sum over
-# shuffles that took 42.8 µs of the step at 256 (benchmarks/notes/run-57.md); as a product it takes 6.3, and the step 112.6 µs per
-# token (run 58). A 2-byte checkpoint's verify and accept (sweep, µs per layer-step) 506.1 -> 393.7 at 256, 135.1 ->
-# 110.3 at 64, 40.8 -> 37.9 at 16 with the pass at 128 registers (456.8 at 256 at 168; run 58).
-_VERIFY_ROW = {"BP": 64, "BPF": 16, "VN": 32, "BCPASS": 1, "num_warps": 4, "num_stages": 1, "maxnreg": 128}
-VERIFY_LAUNCH = [((size, 1 << 30, 1 << 30), dict(_VERIFY_ROW)) for size in (4, 2)]
-# Grids under 12 (row, head) pairs per SM (batch 12 and under at H = 128 on an H200; never on the CPU) keep B·C in
-# the verify's programs: there the launch before them is the step's serial start (batch 1 at T = 4: 9.12 µs per
-# model step without it, 12.24 with it; the sweep at batch 4 and 8 slower with it by 4.6% and 1.6%, at 16 faster by
-# 1.3%, at 24 by 11%; benchmarks/notes/run-58.md).
-VERIFY_FEW_ROWS_LAUNCH = [(key, dict(row, BCPASS=0, maxnreg=168)) for key, row in VERIFY_LAUNCH]
-BCPASS_MIN_PAIRS_PER_SM = 12
-VERIFY_KEYS = ("BP", "BPF", "VN", "BCPASS", "num_warps", "num_stages", "maxnreg")
-ACCEPT_LAUNCH = {"num_warps": 1, "num_stages": 1}
-BC_LAUNCH = {"num_warps": 2, "num_stages": 1}
+# verify mutates the cache, so it is not autotuned (a trial launch would advance it): each checkpoint width and grid
+# class has a fixed row, chosen by `select`.
+@dataclass(frozen=True)
+class VerifyConfig:
+    """How `verify` is launched: P in blocks of `rows` per program, as in replay."""
+
+    # rows of P per program: 64
+    rows: int
+    # lanes of a row in the reductions over N: 16 or 32
+    piece: int
+    # True: the entries' B·C summed once per group in a launch before the verify's (`mamba2_verify_bc_kernel`)
+    bc_pass: bool
+    # warps per program: 4
+    warps: int
+    # registers per thread the programs are capped at: 128 (with the pass: four programs fit an SM) or 168 (three)
+    maxnreg: int | None
+
+
+VERIFY_LAUNCH = {
+    "verify-fp32": VerifyConfig(rows=64, piece=32, bc_pass=True, warps=4, maxnreg=128),
+    "verify-bf16": VerifyConfig(rows=64, piece=32, bc_pass=True, warps=4, maxnreg=128),
+    # a grid of few programs keeps B·C in the verify's: there the launch before it is the step's serial start
+    "verify-fp32-small": VerifyConfig(rows=64, piece=32, bc_pass=False, warps=4, maxnreg=168),
+    "verify-bf16-small": VerifyConfig(rows=64, piece=32, bc_pass=False, warps=4, maxnreg=168),
+}
+# verify takes its small-grid rows under this many (row, head) programs per SM.
+SMALL_GRID = 12
+# A fold walks its rows 16 at a time (one product).
+FOLD_ROWS = 16
+
+
+def select(cache: ReplayCache, batch: int) -> str:
+    """The VERIFY_LAUNCH row of a `verify` of `batch` rows: by the checkpoint's width and the grid's (row, head)
+    programs per SM (medium on the CPU)."""
+    width = "fp32" if cache.checkpoint.element_size() == 4 else "bf16"
+    per_sm = common.per_sm(batch * cache.shape[1], cache.device)
+    return f"verify-{width}-small" if per_sm is not None and per_sm < SMALL_GRID else f"verify-{width}"
 
 
 @families.refuse_out_of_resources
 def verify(cache: ReplayCache, x, dt, A, B, C, *, D=None, z=None, dt_bias=None, dt_softplus=False, slots=None,
-           out=None, launch: dict | None = None, check: bool = True) -> torch.Tensor:
+           out=None, config: VerifyConfig | None = None, check: bool = True) -> torch.Tensor:
     """Outputs of T draft tokens per row from one checkpoint read; the drafts are buffered, not committed.
 
     Draft t's output is what `replay` would give after drafts 0..t-1. A row whose fill is ≥ W (after an
@@ -280,9 +298,7 @@ def verify(cache: ReplayCache, x, dt, A, B, C, *, D=None, z=None, dt_bias=None, 
         x: (batch, T, H, P) and B: (batch, T, G, N) in cache.io_dtype, 1 ≤ T ≤ 8. dt: (batch, T, H).
         C: (batch, T, G, N). A, D, dt_bias: (H,). z: optional (batch, T, H, P).
         slots, check: as in `replay`. out: optional (batch, T, H, P).
-        launch: overrides of the fixed launch settings: BP (rows of P per program), BPF (rows per fold chunk),
-            VN (lanes of a row in the reductions over N, 16 or 32), BCPASS (1: the entries' B·C summed once per
-            group in a launch of its own), num_warps, num_stages, maxnreg.
+        config: the launch settings (default: the VERIFY_LAUNCH row `select` chooses); for benchmarks.
 
     Returns:
         y (batch, T, H, P) in x's dtype (or `out`).
@@ -292,21 +308,18 @@ def verify(cache: ReplayCache, x, dt, A, B, C, *, D=None, z=None, dt_bias=None, 
                                        tokens=True, io_dtypes=(cache.io_dtype,))
     if G_in != G:
         raise ValueError(f"B must have the cache's G = {G} groups, got {G_in}")
-    args.check_draft(T, cache.max_draft)
-    args.check_slots(slots, batch, nslots, cache.device, check)
+    common.check_draft(T, cache.max_draft)
+    common.check_slots(slots, batch, nslots, cache.device, check)
     args.check_out(out, (batch, T, H, P), "(batch, T, H, P)", cache.device)
-    few = batch * H < BCPASS_MIN_PAIRS_PER_SM * args.sm_count(cache.device)
-    table = VERIFY_FEW_ROWS_LAUNCH if few else VERIFY_LAUNCH
-    settings = args.pick_launch(table, cache.checkpoint.element_size(), P, N, launch, VERIFY_KEYS)
+    c = VERIFY_LAUNCH[select(cache, batch)] if config is None else config
     # tl.dot needs every dimension of its products to be at least 16.
-    BP = max(16, min(settings.pop("BP"), args.block(P)))
-    BPF = max(16, min(settings.pop("BPF"), BP))
+    BP = max(16, min(c.rows, common.block(P)))
     NPB = triton.cdiv(P, BP)
-    BN = max(16, args.block(N))
-    VN = min(settings.pop("VN"), BN)
+    BN = max(16, common.block(N))
+    VN = min(c.piece, BN)
     y = torch.empty_like(x) if out is None else out
-    BJ, BT = max(16, args.block(cache.capacity + T)), args.block(T)
-    bcpass = bool(settings.pop("BCPASS"))
+    BJ, BT = max(16, common.block(cache.capacity + T)), common.block(T)
+    bcpass = c.bc_pass
     bc = None
     if bcpass:
         bc = torch.empty(batch, G, BJ, BT, dtype=torch.float32, device=cache.device)
@@ -315,7 +328,7 @@ def verify(cache: ReplayCache, x, dt, A, B, C, *, D=None, z=None, dt_bias=None, 
             stride_B_b=B.stride(0), stride_B_t=B.stride(1), stride_B_g=B.stride(2),
             stride_C_b=C.stride(0), stride_C_t=C.stride(1), stride_C_g=C.stride(2),
             T=T, CAP=cache.capacity, BN=BN, BJ=BJ, BT=BT, BTD=16, HAS_SLOTS=slots is not None,
-            IS_HALF_IO=cache.x_buf.element_size() == 2, **BC_LAUNCH,
+            IS_HALF_IO=cache.x_buf.element_size() == 2, **common.compile_options(2, None),
         )
     ck, rc = cache.checkpoint, cache.read_copy
     rcs = rc.stride() if rc is not None else (0, 0, 0, 0)
@@ -334,12 +347,12 @@ def verify(cache: ReplayCache, x, dt, A, B, C, *, D=None, z=None, dt_bias=None, 
         stride_z_b=zs[0], stride_z_t=zs[1], stride_z_h=zs[2],
         stride_y_b=y.stride(0), stride_y_t=y.stride(1), stride_y_h=y.stride(2),
         HPG=H // G, T=T, MAXT=cache.b_draft.shape[2], W=cache.window, CAP=cache.capacity,
-        BP=BP, BPF=BPF, BN=BN, BJ=BJ, BT=BT, BTD=16,
+        BP=BP, BPF=FOLD_ROWS, BN=BN, BJ=BJ, BT=BT, BTD=16,
         VN=VN, VEC=min(VN, 4), NPB=NPB, BCPASS=bcpass,
         HAS_D=D is not None, HAS_Z=z is not None, HAS_DT_BIAS=dt_bias is not None, USE_SOFTPLUS=bool(dt_softplus),
         HAS_SLOTS=slots is not None, USE_COPY=rc is not None, IS_FP8=cache.read_scale is not None,
         IS_HALF_IO=cache.x_buf.element_size() == 2,
-        **settings,
+        **common.compile_options(c.warps, c.maxnreg),
     )
     cache.last_draft = T
     return y
@@ -359,20 +372,20 @@ def accept(cache: ReplayCache, n_accepted, slots=None, *, check: bool = True) ->
     if not isinstance(n_accepted, torch.Tensor) or n_accepted.dim() != 1:
         raise ValueError("n_accepted must be a 1-D (batch,) integer tensor")
     batch = n_accepted.shape[0]
-    args.check_tensor("n_accepted", n_accepted, (batch,), "(batch,)", args.INDEX_DTYPES, cache.device)
-    args.check_slots(slots, batch, nslots, cache.device, check)
+    common.check_tensor("n_accepted", n_accepted, (batch,), "(batch,)", common.INDEX_DTYPES, cache.device)
+    common.check_slots(slots, batch, nslots, cache.device, check)
     T = cache.last_draft
     if T == 0:
         raise ValueError("accept needs a verify on this cache first: there are no drafts to accept")
-    if args.host_checks(check):
+    if common.host_checks(check):
         bad = [n for n in n_accepted.tolist() if not 0 <= n <= T]
         if bad:
             raise ValueError(f"n_accepted must be in [0, {T}] (the last verify's T), got {bad[0]}")
     mamba2_accept_kernel[(batch, G)](
         n_accepted=n_accepted, slots=slots, fill=cache.fill, b_buf=cache.b_buf, b_draft=cache.b_draft,
         H=H, G=G, N=N,
-        HPG=H // G, BH=args.block(H // G), MAXT=cache.b_draft.shape[2], CAP=cache.capacity, BN=args.block(N),
-        BT=args.block(T),
+        HPG=H // G, BH=common.block(H // G), MAXT=cache.b_draft.shape[2], CAP=cache.capacity, BN=common.block(N),
+        BT=common.block(T),
         HAS_SLOTS=slots is not None,
-        **ACCEPT_LAUNCH,
+        **common.compile_options(1, None),
     )

@@ -74,56 +74,43 @@ def _module(name: str):
     return importlib.import_module(f"replayssm_kernels.{name}")
 
 
-def _covering(table: list, index: int, itemsize: int, shapes) -> tuple[int, int] | None:
-    """The first (P, N) of `shapes` for which pick_launch's first-match rule picks table[index]."""
-    for P, N in shapes:
-        for i, ((size, max_n, max_p), _) in enumerate(table):
-            if size == itemsize and N <= max_n and P <= max_p:
-                if i == index:
-                    return P, N
-                break
-    return None
-
-
-def _shape(table: list, index: int) -> tuple[int, int] | None:
-    """The (P, N) a Mamba-2 table's row is compiled at: the first preset shape that picks it, else the first other."""
-    size = table[index][0][0]
-    return _covering(table, index, size, MAMBA2_SHAPES) or _covering(table, index, size, MAMBA2_EXTRA_SHAPES)
-
-
-def _mamba2_rows(name: str, table: list) -> list[tuple[str, int]]:
-    """(row label, checkpoint itemsize) of each row of a Mamba-2 table that some shape picks."""
-    return [(f"{name}[{i}]", key[0]) for i, (key, _) in enumerate(table) if _shape(table, i) is not None]
+def _mamba2_shape(row: str) -> tuple[int, int]:
+    """The (P, N) a Mamba-2 row is compiled at: the bounds its name carries (decode's and materialize's rows are by
+    shape), the first preset shape beyond them for a row without an upper bound, else the Nemotron-3-Super layer's."""
+    bounds = dict(re.findall(r"-([np])(\d+)", row))
+    if bounds:
+        return int(bounds.get("p", 64)), int(bounds["n"])
+    if row.startswith(("decode", "materialize")) and not row.endswith("-small"):
+        return 64, 256
+    return MAMBA2_SHAPES[0]
 
 
 def cases() -> list[Case]:
     """Every (op, public function, launch row, cache configuration) the compile check covers."""
     gr = _module("gdn.replay")
-    md = _module("mamba2.decode")
-    mr = _module("mamba2.replay")
-    mv = _module("mamba2.verify")
+    md, mr, mv = _module("mamba2.decode"), _module("mamba2.replay"), _module("mamba2.verify")
+
+    def width(row: str) -> str:
+        return "bf16" if "-bf16" in row else "fp32"
 
     out: list[Case] = []
-    state = {4: "fp32", 2: "bf16"}
     for entry in ("decode", "decode_multi"):
-        tables = [("DECODE_LAUNCH", md.DECODE_LAUNCH)]
-        if entry == "decode":
-            tables.append(("SMALL_GRID_DECODE_LAUNCH", md.SMALL_GRID_DECODE_LAUNCH))
-        for name, table in tables:
-            out += [Case("mamba2", entry, label, state[size]) for label, size in _mamba2_rows(name, table)]
-    out.append(Case("mamba2", "accept_snapshot", "DECODE_LAUNCH[1]", "fp32"))
-    for name in ("STEP_LAUNCH", "SMALL_GRID_LAUNCH", "LARGE_STEP_LAUNCH", "SPLIT_LAUNCH", "LARGE_SPLIT_LAUNCH"):
-        # a small grid's split-precision steps take its rows too
-        plain, split = "SPLIT" not in name, "SPLIT" in name or name == "SMALL_GRID_LAUNCH"
-        for label, size in _mamba2_rows(name, getattr(mr, name)):
-            copies = (["fp32→bf16", "fp32→fp8"] if size == 4 else ["bf16→fp8"]) if split else []
-            configs = ([state[size]] if plain else []) + copies
-            out += [Case("mamba2", "replay", label, c, 89 if c.endswith("fp8") else 80) for c in configs]
-    out += [Case("mamba2", "materialize", label, state[size]) for label, size in
-            _mamba2_rows("REPLAY_LAUNCH", mr.REPLAY_LAUNCH)]
-    for name in ("VERIFY_LAUNCH", "VERIFY_FEW_ROWS_LAUNCH"):
-        out += [Case("mamba2", "verify", label, state[size]) for label, size in _mamba2_rows(name, getattr(mv, name))]
-    out.append(Case("mamba2", "accept", "ACCEPT_LAUNCH", "fp32"))
+        out += [Case("mamba2", entry, row, width(row)) for row in md.DECODE_LAUNCH
+                if entry == "decode" or not row.endswith("-small")]
+    out.append(Case("mamba2", "accept_snapshot", "decode-fp32-n128", "fp32"))
+    for row in mr.STEP_LAUNCH:
+        state = width(row)
+        if "-split" in row:
+            configs = ["fp32→bf16", "fp32→fp8"] if state == "fp32" else ["bf16→fp8"]
+        elif row.endswith("-small"):
+            # a small grid's split-precision steps take its rows too
+            configs = [state] + (["fp32→bf16", "fp32→fp8"] if state == "fp32" else ["bf16→fp8"])
+        else:
+            configs = [state]
+        out += [Case("mamba2", "replay", row, c, 89 if c.endswith("fp8") else 80) for c in configs]
+    out += [Case("mamba2", "materialize", row, width(row)) for row in mr.MATERIALIZE_LAUNCH]
+    out += [Case("mamba2", "verify", row, width(row)) for row in mv.VERIFY_LAUNCH]
+    out.append(Case("mamba2", "accept", "accept", "fp32"))
 
     for name in ("decode", "decode-small"):
         out.append(Case("gdn", "decode", name, "fp32"))
@@ -184,8 +171,7 @@ def _drive_state(ops, entry: str, dims: tuple, dtype, inp: dict, tokens: dict, *
 
 
 def _drive_mamba2(case: Case) -> None:
-    """Call the Mamba-2 function of `case` with its row forced: the table its chooser reads on the CPU holds only
-    that row (materialize's row is passed as launch=)."""
+    """Call the Mamba-2 function of `case` with its launch row passed as config=."""
     import torch
 
     from replayssm_kernels import mamba2 as m
@@ -194,42 +180,26 @@ def _drive_mamba2(case: Case) -> None:
     H, G = MAMBA2_HEADS, MAMBA2_GROUPS
     state, read = _dtypes(case.config)
     slots = torch.arange(BATCH, dtype=torch.int32)
-    forced: dict = {}
-    P, N, row = 64, 128, None
-    if case.entry not in ("accept", "accept_snapshot"):
-        name, index = re.fullmatch(r"(\w+)\[(\d+)\]", case.row).groups()
-        module = {"decode": md, "decode_multi": md, "replay": mr, "materialize": mr, "verify": mv}[case.entry]
-        table = getattr(module, name)
-        size = table[int(index)][0][0]
-        P, N = _shape(table, int(index))
-        row = dict(table[int(index)][1])
-        only = [((size, 1 << 30, 1 << 30), row)]
-        forced = {"decode": {(md, "DECODE_LAUNCH"): only}, "decode_multi": {(md, "DECODE_LAUNCH"): only},
-                  "replay": {(mr, "STEP_LAUNCH"): only, (mr, "SPLIT_LAUNCH"): only},
-                  "verify": {(mv, "VERIFY_LAUNCH"): only}}.get(case.entry, {})
-    saved = {key: getattr(*key) for key in forced}
-    for (module, attr), value in forced.items():
-        setattr(module, attr, value)
-    try:
-        inp = m.random_inputs(BATCH, H, P, N, G, io_dtype=torch.bfloat16)
-        tokens = m.random_inputs(BATCH, H, P, N, G, T=DRAFT, io_dtype=torch.bfloat16)
-        if case.entry in ("decode", "decode_multi", "accept_snapshot"):
-            _drive_state(m, case.entry, (H, P, N), state, inp, tokens, dt_softplus=True)
-            return
-        cache = m.ReplayCache.create(BATCH, H, P, N, G, WINDOW, state_dtype=state, read_dtype=read,
-                                     io_dtype="bf16", max_draft=DRAFT if case.entry in ("verify", "accept") else 0,
-                                     device="cpu")
-        if case.entry == "replay":
-            m.replay(cache, **inp, dt_softplus=True, slots=slots, check=False)
-        elif case.entry == "materialize":
-            m.materialize(cache, slots, launch=row)
-        else:
-            m.verify(cache, **tokens, dt_softplus=True, slots=slots, check=False)
-            if case.entry == "accept":
-                m.accept(cache, torch.ones(BATCH, dtype=torch.int32), slots, check=False)
-    finally:
-        for (module, attr), value in saved.items():
-            setattr(module, attr, value)
+    P, N = _mamba2_shape(case.row)
+    table = {"decode": md.DECODE_LAUNCH, "decode_multi": md.DECODE_LAUNCH, "replay": mr.STEP_LAUNCH,
+             "materialize": mr.MATERIALIZE_LAUNCH, "verify": mv.VERIFY_LAUNCH}.get(case.entry, {})
+    config = table.get(case.row)
+    inp = m.random_inputs(BATCH, H, P, N, G, io_dtype=torch.bfloat16)
+    tokens = m.random_inputs(BATCH, H, P, N, G, T=DRAFT, io_dtype=torch.bfloat16)
+    if case.entry in ("decode", "decode_multi", "accept_snapshot"):
+        _drive_state(m, case.entry, (H, P, N), state, inp, tokens, dt_softplus=True, config=config)
+        return
+    cache = m.ReplayCache.create(BATCH, H, P, N, G, WINDOW, state_dtype=state, read_dtype=read,
+                                 io_dtype="bf16", max_draft=DRAFT if case.entry in ("verify", "accept") else 0,
+                                 device="cpu")
+    if case.entry == "replay":
+        m.replay(cache, **inp, dt_softplus=True, slots=slots, check=False, config=config)
+    elif case.entry == "materialize":
+        m.materialize(cache, slots, config=config)
+    else:
+        m.verify(cache, **tokens, dt_softplus=True, slots=slots, check=False, config=config)
+        if case.entry == "accept":
+            m.accept(cache, torch.ones(BATCH, dtype=torch.int32), slots, check=False)
 
 
 def _drive_gdn(case: Case) -> None:
@@ -327,7 +297,7 @@ def compiled_kernels(drive: Callable[[], None], arch: int) -> list[tuple[str, An
 
 def _device_checked() -> list:
     """The kernel modules that refuse CPU tensors outside the interpreter (check_device), imported."""
-    return [_module(name) for name in ("mamba2.args", "gdn.common", "gdn.decode", "gdn.replay")]
+    return [_module(name) for name in ("common", "gdn.common", "gdn.decode", "gdn.replay")]
 
 
 def compile_case(index: int, arch: int) -> list[dict[str, Any]]:
