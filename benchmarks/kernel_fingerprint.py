@@ -41,7 +41,7 @@ def normalised_sass(sass: str) -> str:
 
 def fingerprint_case(task: tuple[int, int]) -> tuple[str, list[dict]]:
     """The fingerprint of each kernel one compile-check case launches, compiled for sm_`arch`."""
-    from replayssm_cli import compile_check as cc
+    from replayssm_cli.measure import compile_check as cc
 
     index, arch = task
     case = cc.cases()[index]
@@ -64,7 +64,7 @@ def main() -> int:
     parser.add_argument("--compare", help="a fingerprint file to compare with, case by case")
     parser.add_argument("--rename", help="JSON {old case key: new case key} for cases renamed since --compare")
     a = parser.parse_args()
-    from replayssm_cli import compile_check as cc
+    from replayssm_cli.measure import compile_check as cc
 
     tasks = [(i, a.arch) for i in range(len(cc.cases()))]
     result: dict[str, list] = {}
