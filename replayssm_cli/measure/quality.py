@@ -106,10 +106,7 @@ class Inputs:
         return int(self.tensors[ops.named(self.op).head_input].shape[1])
 
     def dims(self) -> dict[str, int]:
-        t = self.tensors
-        if self.op == "mamba2":
-            return {"H": self.heads, "P": int(t["x"].shape[2]), "N": int(t["B"].shape[2])}
-        return {"H": self.heads, "K": int(t["q"].shape[2]), "V": int(t["v"].shape[2])}
+        return {"H": self.heads, **_harness(self.op).dims(self.tensors)}
 
 
 def bytes_per_token(shape: SSMShape, heads: int, configs: int) -> int:
@@ -166,38 +163,50 @@ def synthetic_inputs(
     a = torch.exp(torch.linspace(math.log(max(lo, MIN_A)), math.log(max(hi, MIN_A)), heads, dtype=torch.float64))
     dt_target = torch.exp(torch.linspace(math.log(DT_RANGE[0]), math.log(DT_RANGE[1]), heads, dtype=torch.float64))
     dt_bias = (dt_target + torch.log(-torch.expm1(-dt_target))).float()
-    if shape.op == "mamba2":
-        P, N = shape.P, shape.N
-        if dt_softplus:
-            dt = (DT_NOISE * torch.randn(T, heads, generator=gen)).to(io).float()
-        else:
-            dt = (dt_target.float() * torch.exp(DT_NOISE * torch.randn(T, heads, generator=gen))).to(io).float()
-            dt_bias = torch.zeros(heads)
-        B, C = normal(T, 1, N), normal(T, 1, N)
-        tensors = {
-            "x": normal(T, heads, P),
-            "dt": dt,
-            "B": B.expand(T, heads, N).contiguous(),
-            "C": C.expand(T, heads, N).contiguous(),
-            "A": -a.float(),
-            "D": torch.ones(heads),
-            "dt_bias": dt_bias,
-        }
-        return Inputs("mamba2", tensors, prompt, f"synthetic (seed {seed})", dt_softplus)
-    if shape.op == "gdn":
-        K, V = shape.K, shape.V
-        q, k = _l2norm(normal(T, 1, K)), _l2norm(normal(T, 1, K))
-        a_in = normal(T, heads)
-        g = -a.float() * torch.nn.functional.softplus(a_in + dt_bias)
-        tensors = {
-            "q": q.expand(T, heads, K).contiguous(),
-            "k": k.expand(T, heads, K).contiguous(),
-            "v": normal(T, heads, V),
-            "g": g,
-            "beta": torch.sigmoid(normal(T, heads)),
-        }
-        return Inputs("gdn", tensors, prompt, f"synthetic (seed {seed})", True, K**-0.5)
-    raise ValueError(f"shape must be a Mamba2Shape or a GDNShape, got {shape!r}")
+    try:
+        draw = _harness(shape.op).synthetic
+    except ValueError:
+        raise ValueError(f"shape must be a Mamba2Shape or a GDNShape, got {shape!r}") from None
+    return draw(shape, T, heads, normal, gen, a, dt_target, dt_bias, io, dt_softplus=dt_softplus, prompt=prompt, seed=seed)
+
+
+def _mamba2_synthetic(shape, T, heads, normal, gen, a, dt_target, dt_bias, io, *, dt_softplus, prompt, seed) -> Inputs:
+    import torch
+
+    P, N = shape.P, shape.N
+    if dt_softplus:
+        dt = (DT_NOISE * torch.randn(T, heads, generator=gen)).to(io).float()
+    else:
+        dt = (dt_target.float() * torch.exp(DT_NOISE * torch.randn(T, heads, generator=gen))).to(io).float()
+        dt_bias = torch.zeros(heads)
+    B, C = normal(T, 1, N), normal(T, 1, N)
+    tensors = {
+        "x": normal(T, heads, P),
+        "dt": dt,
+        "B": B.expand(T, heads, N).contiguous(),
+        "C": C.expand(T, heads, N).contiguous(),
+        "A": -a.float(),
+        "D": torch.ones(heads),
+        "dt_bias": dt_bias,
+    }
+    return Inputs("mamba2", tensors, prompt, f"synthetic (seed {seed})", dt_softplus)
+
+
+def _gdn_synthetic(shape, T, heads, normal, gen, a, dt_target, dt_bias, io, *, dt_softplus, prompt, seed) -> Inputs:
+    import torch
+
+    K, V = shape.K, shape.V
+    q, k = _l2norm(normal(T, 1, K)), _l2norm(normal(T, 1, K))
+    a_in = normal(T, heads)
+    g = -a.float() * torch.nn.functional.softplus(a_in + dt_bias)
+    tensors = {
+        "q": q.expand(T, heads, K).contiguous(),
+        "k": k.expand(T, heads, K).contiguous(),
+        "v": normal(T, heads, V),
+        "g": g,
+        "beta": torch.sigmoid(normal(T, heads)),
+    }
+    return Inputs("gdn", tensors, prompt, f"synthetic (seed {seed})", True, K**-0.5)
 
 
 def _l2norm(x):
@@ -213,34 +222,44 @@ def trace_inputs(trace, *, heads: int = DEFAULT_HEADS, steps: int | None = None)
     _check_run(steps if steps is not None else 1, trace.prompt_tokens, heads)
     end = trace.steps if steps is None else min(trace.steps, trace.prompt_tokens + steps)
     a = {k: torch.from_numpy(v) for k, v in trace.arrays.items()}
-    shape = trace.shape
-    if trace.op == "mamba2":
-        n = min(heads, shape.H)
-        group = torch.arange(n) // (shape.H // shape.G)
-        tensors = {
-            "x": a["x"][:end, :n],
-            "dt": a["dt"][:end, :n],
-            "B": a["B"][:end, group],
-            "C": a["C"][:end, group],
-            "A": a["A"][:n],
-            "D": a["D"][:n],
-            "dt_bias": a["dt_bias"][:n],
-        }
-        inputs = Inputs("mamba2", tensors, trace.prompt_tokens, f"trace {trace.model or 'unnamed'} layer {trace.layer}", trace.dt_softplus)
-    else:
-        n = min(heads, shape.HV)
-        key_head = torch.arange(n) // (shape.HV // shape.H)
-        tensors = {
-            "q": _l2norm(a["q"][:end, key_head]),
-            "k": _l2norm(a["k"][:end, key_head]),
-            "v": a["v"][:end, :n],
-            "g": a["g"][:end, :n],
-            "beta": a["beta"][:end, :n],
-        }
-        scale = trace.scale if trace.scale is not None else shape.K**-0.5
-        inputs = Inputs("gdn", tensors, trace.prompt_tokens, f"trace {trace.model or 'unnamed'} layer {trace.layer}", True, scale)
+    inputs = _harness(trace.op).from_trace(trace, a, end, heads)
     inputs.tensors = {k: v.float().contiguous() for k, v in inputs.tensors.items()}
     return inputs
+
+
+def _mamba2_from_trace(trace, a, end: int, heads: int) -> Inputs:
+    import torch
+
+    shape = trace.shape
+    n = min(heads, shape.H)
+    group = torch.arange(n) // (shape.H // shape.G)
+    tensors = {
+        "x": a["x"][:end, :n],
+        "dt": a["dt"][:end, :n],
+        "B": a["B"][:end, group],
+        "C": a["C"][:end, group],
+        "A": a["A"][:n],
+        "D": a["D"][:n],
+        "dt_bias": a["dt_bias"][:n],
+    }
+    return Inputs("mamba2", tensors, trace.prompt_tokens, f"trace {trace.model or 'unnamed'} layer {trace.layer}", trace.dt_softplus)
+
+
+def _gdn_from_trace(trace, a, end: int, heads: int) -> Inputs:
+    import torch
+
+    shape = trace.shape
+    n = min(heads, shape.HV)
+    key_head = torch.arange(n) // (shape.HV // shape.H)
+    tensors = {
+        "q": _l2norm(a["q"][:end, key_head]),
+        "k": _l2norm(a["k"][:end, key_head]),
+        "v": a["v"][:end, :n],
+        "g": a["g"][:end, :n],
+        "beta": a["beta"][:end, :n],
+    }
+    scale = trace.scale if trace.scale is not None else shape.K**-0.5
+    return Inputs("gdn", tensors, trace.prompt_tokens, f"trace {trace.model or 'unnamed'} layer {trace.layer}", True, scale)
 
 
 @dataclass
@@ -479,12 +498,7 @@ def run(
     if inputs.generated < 1:
         raise ValueError("the inputs hold no generated token after the prompt")
     with torch.no_grad(), _one_thread():
-        if inputs.op == "mamba2":
-            err2, ref2, ys = _run_mamba2(inputs, configs, on_step, keep_outputs)
-        elif inputs.op == "gdn":
-            err2, ref2, ys = _run_gdn(inputs, configs, on_step, keep_outputs)
-        else:
-            raise ValueError(f"inputs op must be mamba2 or gdn, got {inputs.op!r}")
+        err2, ref2, ys = _harness(inputs.op).run(inputs, configs, on_step, keep_outputs)
     report = Report(inputs.op, inputs.dims(), inputs.prompt, inputs.generated, inputs.source)
     for i, c in enumerate(configs):
         buckets, worst = _summarise(err2[i], ref2)
@@ -496,7 +510,7 @@ def run(
 
 def _out_dims(inputs: Inputs) -> tuple[int, int]:
     d = inputs.dims()
-    return (d["H"], d["P"] if inputs.op == "mamba2" else d["V"])
+    return (d["H"], d[_harness(inputs.op).out_key])
 
 
 def _split_configs(configs: list[Config]):
@@ -733,6 +747,26 @@ def _ops(op: str, backend: str):
     return find("decode_ref", "reference"), find("replay_ref", "reference"), cache
 
 
+def _mamba2_step_call(t, inputs: Inputs, d: dict[str, int]):
+    """The kernels' keyword arguments, ReplayCache dimensions and per-token arguments: every head its own group."""
+    H = d["H"]
+
+    def step_args(s):
+        return (t["x"][s : s + 1], t["dt"][s : s + 1], t["A"], t["B"][s : s + 1], t["C"][s : s + 1])
+
+    return dict(D=t["D"], dt_bias=t["dt_bias"], dt_softplus=inputs.dt_softplus), dict(H=H, P=d["P"], N=d["N"], G=H), step_args
+
+
+def _gdn_step_call(t, inputs: Inputs, d: dict[str, int]):
+    """The same for GDN: every value head its own key head."""
+    H = d["H"]
+
+    def step_args(s):
+        return tuple(t[n][s : s + 1] for n in ("q", "k", "v", "g", "beta"))
+
+    return dict(scale=inputs.scale), dict(H=H, HV=H, K=d["K"], V=d["V"]), step_args
+
+
 def stepwise_outputs(inputs: Inputs, config: Config, *, backend: str = "kernels", device: str = "cuda"):
     """The fp32 outputs (G, H, P) or (G, HV, V) of one config, stepping the kernels (or references) token by token.
 
@@ -748,18 +782,7 @@ def stepwise_outputs(inputs: Inputs, config: Config, *, backend: str = "kernels"
     t = {k: v.to(dev) for k, v in inputs.tensors.items()}
     d = inputs.dims()
     H = d["H"]
-    if inputs.op == "mamba2":
-        kw = dict(D=t["D"], dt_bias=t["dt_bias"], dt_softplus=inputs.dt_softplus)
-        dims = dict(H=H, P=d["P"], N=d["N"], G=H)
-
-        def step_args(s):
-            return (t["x"][s : s + 1], t["dt"][s : s + 1], t["A"], t["B"][s : s + 1], t["C"][s : s + 1])
-    else:
-        kw = dict(scale=inputs.scale)
-        dims = dict(H=H, HV=H, K=d["K"], V=d["V"])
-
-        def step_args(s):
-            return tuple(t[n][s : s + 1] for n in ("q", "k", "v", "g", "beta"))
+    kw, dims, step_args = _harness(inputs.op).step_call(t, inputs, d)
 
     with _one_thread():
         state = _prompt_state(inputs).float()
@@ -804,14 +827,22 @@ def run_kernels(
 
 def _prompt_state(inputs: Inputs):
     """The fp64 state after the prompt tokens, (H, P, N) or (HV, V, K)."""
+    return _harness(inputs.op).prompt_state(inputs)
+
+
+def _mamba2_prompt_state(inputs: Inputs):
     import torch
 
-    if inputs.op == "mamba2":
-        x, B, _, _, delta, log_a = _mamba2_params(inputs, torch.float64)
-        S = torch.zeros(x.shape[1], x.shape[2], B.shape[2], dtype=torch.float64)
-        for s in range(inputs.prompt):
-            S = _mamba2_update(S, log_a[s], delta[s], x[s], B[s])
-        return S
+    x, B, _, _, delta, log_a = _mamba2_params(inputs, torch.float64)
+    S = torch.zeros(x.shape[1], x.shape[2], B.shape[2], dtype=torch.float64)
+    for s in range(inputs.prompt):
+        S = _mamba2_update(S, log_a[s], delta[s], x[s], B[s])
+    return S
+
+
+def _gdn_prompt_state(inputs: Inputs):
+    import torch
+
     q, k, v, g, beta = _gdn_params(inputs, torch.float64)
     S = torch.zeros(v.shape[1], v.shape[2], k.shape[2], dtype=torch.float64)
     for s in range(inputs.prompt):
@@ -821,24 +852,62 @@ def _prompt_state(inputs: Inputs):
 
 def _reference_outputs(inputs: Inputs):
     """fp64 outputs of the generated tokens, (G, H, P) or (G, HV, V)."""
+    return _harness(inputs.op).reference_outputs(inputs, _prompt_state(inputs))
+
+
+def _mamba2_reference_outputs(inputs: Inputs, S):
     import torch
 
-    S = _prompt_state(inputs)
     G, p = inputs.generated, inputs.prompt
-    if inputs.op == "mamba2":
-        x, B, C, D, delta, log_a = _mamba2_params(inputs, torch.float64)
-        ys = torch.empty(G, x.shape[1], x.shape[2], dtype=torch.float64)
-        for g in range(G):
-            s = p + g
-            S = _mamba2_update(S, log_a[s], delta[s], x[s], B[s])
-            ys[g] = _mv(S, C[s]) + D[:, None] * x[s]
-        return ys
+    x, B, C, D, delta, log_a = _mamba2_params(inputs, torch.float64)
+    ys = torch.empty(G, x.shape[1], x.shape[2], dtype=torch.float64)
+    for g in range(G):
+        s = p + g
+        S = _mamba2_update(S, log_a[s], delta[s], x[s], B[s])
+        ys[g] = _mv(S, C[s]) + D[:, None] * x[s]
+    return ys
+
+
+def _gdn_reference_outputs(inputs: Inputs, S):
+    import torch
+
+    G, p = inputs.generated, inputs.prompt
     q, k, v, gl, beta = _gdn_params(inputs, torch.float64)
     ys = torch.empty(G, v.shape[1], v.shape[2], dtype=torch.float64)
     for g in range(G):
         s = p + g
         S, ys[g] = _gdn_step(S, q[s], k[s], v[s], gl[s], beta[s])
     return ys
+
+
+@dataclass(frozen=True)
+class _Harness:
+    """One op's part of the harness: its dimensions from the tensors, drawn and recorded inputs, the fp64 run with
+    every config, the kernels' calls, and the fp64 prompt state and outputs."""
+
+    dims: Callable[[dict[str, Any]], dict[str, int]]
+    synthetic: Callable[..., Inputs]
+    from_trace: Callable[..., Inputs]
+    run: Callable[..., Any]
+    step_call: Callable[..., Any]
+    prompt_state: Callable[[Inputs], Any]
+    reference_outputs: Callable[[Inputs, Any], Any]
+    out_key: str
+
+
+_HARNESS = {
+    "mamba2": _Harness(lambda t: {"P": int(t["x"].shape[2]), "N": int(t["B"].shape[2])}, _mamba2_synthetic,
+                       _mamba2_from_trace, _run_mamba2, _mamba2_step_call, _mamba2_prompt_state, _mamba2_reference_outputs, "P"),
+    "gdn": _Harness(lambda t: {"K": int(t["q"].shape[2]), "V": int(t["v"].shape[2])}, _gdn_synthetic, _gdn_from_trace,
+                    _run_gdn, _gdn_step_call, _gdn_prompt_state, _gdn_reference_outputs, "V"),
+}
+
+
+def _harness(op: str) -> _Harness:
+    try:
+        return _HARNESS[op]
+    except KeyError:
+        raise ValueError(f"inputs op must be mamba2 or gdn, got {op!r}") from None
 
 
 CACHE_ENV = "REPLAYSSM_CACHE_DIR"
