@@ -143,7 +143,7 @@ _NOUNS = {"--batch": "a batch size", "--tp": "a tensor-parallel degree", "--cont
 _EXAMPLES = {
     "--batch": "1,64,256", "--window": "8,16", "--draft": "2,4", "--preset": "nemotron-3-super-120b-a12b",
     "--context": "4096,32768", "--state-dtype": "fp32,bf16", "--read-dtype": "bf16,fp8", "--variant": "conventional,replay",
-    "--baseline": "all", "--accept-dist": "0.2,0.3,0.5",
+    "--baseline": "all", "--accept-dist": "0.2,0.3,0.5", "--cohorts": "1,16,64,128,256",
 }
 
 

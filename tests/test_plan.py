@@ -184,10 +184,14 @@ def test_bad_csv_and_text_files_are_one_line(tmp_path, text, words):
     one_line_error(res, *words)
 
 
-@pytest.mark.parametrize("args, words", [(("--cohorts", "0,16"), "increasing positive"), (("--cohorts", "64,16"), "increasing positive"),
-                                         (("--cohorts", "a,b"), "not a list of integers"), (("--error-budget", "0"), "must be positive"),
-                                         (("--memory-budget", "-4"), "positive number of GiB"), (("--steps", "-1"), "0 (no quality run)")],
-                         ids=["zero-edge", "decreasing", "not-ints", "zero-budget", "negative-memory", "negative-steps"])
+@pytest.mark.parametrize("args, words", [(("--cohorts", "0,16"), "from 1 to"), (("--cohorts", "64,16"), "must be increasing"),
+                                         (("--cohorts", "a,b"), "not an integer"), (("--cohorts", "1,,16"), "empty item"),
+                                         (("--error-budget", "0"), "must be positive"),
+                                         (("--memory-budget", "-4"), "out of range"), (("--memory-budget", "inf"), "not a finite number"),
+                                         (("--steps", "-1"), "from 0 to"), (("--steps", "100000000"), "from 0 to"),
+                                         (("--heads", "100000"), "from 1 to"), (("--heads", "1000", "--steps", "16"), "more than the 128 heads")],
+                         ids=["zero-edge", "decreasing", "not-ints", "empty-item", "zero-budget", "negative-memory",
+                              "infinite-memory", "negative-steps", "steps-past-range", "heads-past-range", "heads-past-layer"])
 def test_bad_options_are_one_line(files, args, words):
     one_line_error(invoke("--traffic", str(files["csv"]), "--preset", SUPER, *args), words)
 

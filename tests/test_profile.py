@@ -13,6 +13,7 @@ import torch
 from typer.testing import CliRunner
 
 from replayssm_cli.measure import bench
+from replayssm_cli.model.gpus import load_gpu
 from replayssm_cli.measure import grid
 from replayssm_cli.measure import timing
 from replayssm_cli.report import profile_table
@@ -33,6 +34,24 @@ def no_cuda(monkeypatch):
 
 def invoke(*args: str):
     return CliRunner().invoke(app, ["profile", *args])
+
+
+def test_predicted_batch_past_the_gpus_memory_is_skipped_with_what_fits(tmp_path, no_cuda):
+    """Where a measured run would be out of memory, a predicted one says so instead of predicting a time."""
+    out = tmp_path / "p.json"
+    res = invoke("--preset", SUPER, "--batch", "64,500000", "--out", str(out), "--json")
+    assert res.exit_code == 0, res.output
+    rows = json.loads(res.stdout)
+    assert {r["batch"] for r in rows} == {64}
+    got = load(out)
+    assert [s["what"] for s in got.skipped] == [f"{SUPER} conventional B500000 fp32", f"{SUPER} replay B500000 W16 fp32"]
+    per_seq = {r["variant"]: r["mem_per_seq"] for r in rows if r["phase"] == "avg"}
+    memory = int(load_gpu("h200").memory_gib * 2**30)
+    for s in got.skipped:
+        variant = s["what"].split()[1]
+        assert s["why"].startswith("does not fit on the h200"), s["why"]
+        assert f"at most {memory // per_seq[variant]:,} sequences" in s["why"], s["why"]
+        assert f"all 40 SSM layers hold {memory // (per_seq[variant] * 40):,}" in s["why"]
 
 
 def test_profile_predicted_without_gpu(tmp_path, no_cuda):

@@ -483,7 +483,7 @@ def _memory_here() -> int | None:
         return None
 
 
-def _check_quality_size(p, trace, cands, steps: int, heads: int) -> None:
+def check_quality_size(p, trace, cands, steps: int, heads: int) -> None:
     """Refuse, before any work, a quality run with more heads than a layer has or more tokens than fit in memory."""
     from replayssm_cli.measure import quality
     from replayssm_cli.model import ops
@@ -769,7 +769,7 @@ def run(spec: TuneSpec) -> TuneRun:
     p = presets_mod.resolve(preset, tp)
     cands = tuner.candidates(windows=windows, state_dtypes=state_dtypes, read_dtypes=read_dtypes, drafts=drafts, accept_rate=accept_rate)
     recorded = _load_trace(trace, p)
-    _check_quality_size(p, recorded, cands, steps, heads)
+    check_quality_size(p, recorded, cands, steps, heads)
 
     if measured_only and results is None:
         raise UserError("--measured-only needs --results", "pass the results file whose measurements to keep to")

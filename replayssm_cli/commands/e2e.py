@@ -146,7 +146,7 @@ def _measure(lib: Any, spec: Any, resolved: list[Any], gpu: str | None, out: Pat
     path = out or default_out(env["gpu"].get("key"), kind="e2e")
     doc = {**spec.to_dict(), "kind": "e2e", "presets_resolved": [p.name for p in resolved], "notes": lib.notes(spec)}
     try:
-        writer = ResultsWriter(path, env, doc)
+        writer = ResultsWriter(path, env, doc, exclusive=out is None)
     except OSError as exc:
         raise UserError(f"cannot write the results file {path} ({exc.strerror or exc})", "pass a writable --out") from None
     result = lib.run(spec, resolved, writer, device="cuda", l2_bytes=env["gpu"].get("l2_bytes"))

@@ -11,17 +11,19 @@ from replayssm_cli import options
 from replayssm_cli.errors import UserError, cli_command
 
 WIDE = 140
+# the largest cohort edge and quality run the options take (far past any serving batch or generation)
+MAX_EDGE = 1 << 20
+MAX_STEPS = 1 << 20
+MAX_HEADS = 4096
+MAX_GIB = 65536
 
 
 def _edges(value: str | None) -> tuple[int, ...] | None:
     if value is None:
         return None
-    try:
-        edges = tuple(int(p) for p in value.split(",") if p.strip())
-    except ValueError:
-        raise UserError(f"--cohorts {value!r} is not a list of integers", "e.g. --cohorts 1,16,64,128,256") from None
-    if not edges or edges[0] < 1 or list(edges) != sorted(set(edges)):
-        raise UserError(f"--cohorts {value!r} must be increasing positive integers", "e.g. --cohorts 1,16,64,128,256")
+    edges = tuple(options.int_list(value, "--cohorts", 1, MAX_EDGE))
+    if list(edges) != sorted(edges):
+        raise UserError(f"--cohorts {value!r} must be increasing", "e.g. --cohorts 1,16,64,128,256")
     return edges
 
 
@@ -48,9 +50,9 @@ def plan(
     results: Annotated[Optional[Path], options.input_file("--results", "Kernel times from this results file. [default: the shipped H200 reference profiles]", "results file", "-r")] = None,
     cohorts: Annotated[Optional[str], typer.Option("--cohorts", help="Concurrency cohort edges: [1,16), [16,64), ... [256, inf). [default: 1,16,64,128,256]", show_default=False)] = None,
     error_budget: Annotated[float, typer.Option("--error-budget", help="Largest relative output error against fp64 at the cohort's generation lengths.")] = 1e-3,
-    memory_budget: Annotated[Optional[float], typer.Option("--memory-budget", help="GiB per GPU for SSM states and buffers. [default: the GPU's memory]", show_default=False)] = None,
-    steps: Annotated[Optional[int], typer.Option("--steps", help="Generated tokens the quality run decodes; 0 skips it. [default: the traffic's p99 generation length, 128-4096]", show_default=False)] = None,
-    heads: Annotated[int, typer.Option("--heads", help="Heads of one layer the quality run decodes.")] = 2,
+    memory_budget: Annotated[Optional[float], options.number("--memory-budget", "GiB per GPU for SSM states and buffers. [default: the GPU's memory]", 0, MAX_GIB, lo_open=True, show_default=False)] = None,
+    steps: Annotated[Optional[int], options.count("--steps", "Generated tokens the quality run decodes; 0 skips it. [default: the traffic's p99 generation length, 128-4096]", 0, MAX_STEPS, show_default=False)] = None,
+    heads: Annotated[int, options.count("--heads", "Heads of one layer the quality run decodes.", 1, MAX_HEADS)] = 2,
     tp: Annotated[int, options.tp()] = 1,
     gate: Annotated[Optional[list[str]], typer.Option("--gate", help="Rollout thresholds KEY=VALUE, comma-separated or repeated: min-gain (tokens/s, with its pessimistic bound over min-gain-lo, default 1), min-gain-lo, quality-margin, memory-headroom. Exit 1 when one fails.", show_default=False)] = None,
     gpu: Annotated[Optional[str], options.gpu("GPU the traffic is served on; the gate refuses times from another. [default: the traffic file's `gpu` metadata]")] = None,
@@ -82,12 +84,6 @@ def plan(
     edges = _edges(cohorts) or lib.DEFAULT_COHORTS
     if not error_budget > 0:
         raise UserError(f"--error-budget {error_budget} must be positive", "e.g. --error-budget 1e-3")
-    if memory_budget is not None and not memory_budget > 0:
-        raise UserError(f"--memory-budget {memory_budget} must be a positive number of GiB", "e.g. --memory-budget 40")
-    if steps is not None and steps < 0:
-        raise UserError(f"--steps {steps} must be 0 (no quality run) or more", "e.g. --steps 1024")
-    if heads < 1:
-        raise UserError(f"--heads {heads} must be at least 1", "e.g. --heads 2")
     if tp < 1:
         raise UserError(f"--tp {tp} is not a tensor-parallel degree", "pass a positive integer")
     t = traffic_mod.read(traffic)
@@ -106,6 +102,10 @@ def plan(
             warn(exc.message)
     cands = lib.measured_candidates(source)
     n_steps = lib.quality_steps(t) if steps is None else steps
+    if n_steps:
+        from replayssm_cli.advise.tuning import check_quality_size
+
+        check_quality_size(p, None, cands, n_steps, heads)
     quality = lib.run_quality(p, cands, steps=n_steps, heads=heads, progress=not json_) if n_steps else None
     result = lib.build(t, p, source, cohort_edges=edges, error_budget=error_budget,
                        memory_budget=memory_budget * 2**30 if memory_budget else None, quality=quality)

@@ -394,7 +394,24 @@ def _finish(writer: Any, on_close: Callable[[], dict[str, Any]] | None) -> None:
             writer.results.environment["x_close_error"] = f"{type(exc).__name__}: {exc}"
 
 
+def does_not_fit(point: Point, preset: Any, free_bytes: int | None, gpu: str) -> str | None:
+    """Why a predicted point could not run on the GPU it is predicted for (one layer's cache for the batch is past its
+    memory, where a measured run would be out of memory), else None."""
+    if not free_bytes:
+        return None
+    per_seq = memory_fields(point, preset, free_bytes)["mem_per_seq"]
+    if point.batch * per_seq <= free_bytes:
+        return None
+    model = f"; all {preset.ssm_layers} SSM layers hold {free_bytes // (per_seq * preset.ssm_layers):,}" if preset.ssm_layers > 1 else ""
+    return (f"does not fit on the {gpu}: one layer's state and buffers for batch {point.batch:,} take "
+            f"{point.batch * per_seq / 2**30:,.0f} GiB of its {free_bytes / 2**30:,.0f} (at most {free_bytes // per_seq:,} "
+            f"sequences{model})")
+
+
 def _run_point(point, preset, writer, run: ProfileRun, mode, ceilings, free_bytes, runner, context) -> None:
+    if mode == "predicted" and (why := does_not_fit(point, preset, free_bytes, context.get("gpu", "h200"))):
+        writer.skip(point.label(), why)
+        return
     try:
         if mode == "predicted":
             rows = predicted_rows(point, preset, ceilings, free_bytes, gpu=context.get("gpu", "h200"), reference=context.get("reference"))
