@@ -59,7 +59,7 @@ def test_bad_input_is_one_line_and_a_nonzero_exit(tmp_path):
     done = _run("--op", "gdn", "--kernel", "verify", "--launch", "replay:BV=16", str(tmp_path))
     assert done.returncode == 2 and "give settings for --kernel verify" in done.stderr
     done = _run("--op", "gdn", "--kernel", "verify", "--launch", "verify:BV=x", str(tmp_path))
-    assert done.returncode == 2 and "is not key=integer" in done.stderr and "Traceback" not in done.stderr
+    assert done.returncode == 2 and "is not field=integer" in done.stderr and "Traceback" not in done.stderr
     done = _run(str(tmp_path))
     assert done.returncode == 2 and "--op and --kernel are required" in done.stderr
     done = _run("--op", "mamba2", "--kernel", "verify", "--fill", "20", str(tmp_path))
