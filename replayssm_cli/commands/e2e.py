@@ -34,6 +34,10 @@ def e2e(
         Optional[list[str]], options.words("--variant", "SSM variants, comma-separated or repeated.", choices=("conventional", "replay", "split"), show_default="conventional,replay")
     ] = None,
     tp: Annotated[int, options.tp("Tensor-parallel degree: heads and MLP sizes as one GPU of the group sees them.")] = 1,
+    tp_launch: Annotated[str, typer.Option(
+        "--tp-launch", metavar="LAUNCH", help="How --tp runs: one-gpu times one GPU's shard alone, no all-reduces; spawn starts --tp "
+        "processes, one per GPU, over NCCL and times the all-reduces; torchrun is one rank of the processes torchrun "
+        "started. Rows and table say which ran.")] = "one-gpu",
     max_weights_gib: Annotated[
         Optional[float],
         options.number("--max-weights-gib", "Cap on weight memory in GiB: MLP/MoE blocks then share weight sets round-robin.", 0.0, 1e6, lo_open=True, show_default="30% of free memory"),
@@ -61,6 +65,8 @@ def e2e(
       replayssm e2e --preset nemotron-3-nano-4b --batch 1,64,512 --weight-dtype fp8
 
       replayssm e2e --preset qwen3.5-122b-a10b --weight-dtype nvfp4 --dry-run --gpu b300 --json
+
+      replayssm e2e --preset nemotron-3-super-120b-a12b --batch 64,256 --tp 4 --tp-launch spawn
     """
     from replayssm_cli.measure import e2e as lib
     from replayssm_cli.model import presets as presets_mod
@@ -74,6 +80,7 @@ def e2e(
         state_dtype=state_dtype.value if state_dtype else None,
         read_dtype=read_dtype.value,
         tp=tp,
+        tp_launch=tp_launch,
         max_weights_gib=max_weights_gib,
         energy=energy,
         weight_dtype=weight_dtype.value,
@@ -91,7 +98,19 @@ def e2e(
 
     if spec.weight_dtype not in lib.RUNNABLE_WEIGHT_DTYPES:
         lib.check_runnable(spec.weight_dtype, spec.kv_dtype, "", None, has_moe=False)
-    if not torch.cuda.is_available():
+    from replayssm_cli.measure import tensor_parallel
+
+    cuda = torch.cuda.is_available()
+    tensor_parallel.check_launch(spec.tp, spec.tp_launch, cuda=cuda, visible=torch.cuda.device_count() if cuda else 0)
+    ranks = (spec, resolved, gpu, out, json_)
+    if spec.tp_launch == "spawn":
+        tensor_parallel.spawn(tensor_parallel.run_rank, spec.tp, args=("spawn", _measure_rank, ranks, tensor_parallel.quiet_run))
+        return
+    if spec.tp_launch == "torchrun":
+        rank, local, world = tensor_parallel.torchrun_world()
+        tensor_parallel.run_rank(rank, world, None, "torchrun", _measure_rank, ranks, tensor_parallel.quiet_run, local_rank=local)
+        return
+    if not cuda:
         raise UserError(
             "the e2e estimate needs a CUDA GPU: it times the whole model's real kernels, and no prediction of the non-SSM layers is made",
             "run it on a machine with an NVIDIA GPU, or pass --dry-run for the layer inventory and memory plan",
@@ -117,6 +136,11 @@ def _dry_run(lib: Any, spec: Any, resolved: list[Any], gpu: str | None, json_: b
         free, l2 = int(g.memory_gib * lib.GIB), int(g.l2_mib * lib.MIB)
         where = {"name": g.name, "key": g.key, "memory": "total (datasheet)", "bytes": free, "l2_bytes": l2}
     entries = lib.dry_run(spec, resolved, free=free, l2_bytes=l2)
+    if spec.tp > 1:
+        from replayssm_cli.measure.tensor_parallel import plan_summary
+
+        for p, entry in zip(resolved, entries):
+            entry["collectives"] = {"source": "modelled: vLLM's tensor-parallel step, not run", **plan_summary(lib.inventory(p))}
     if json_:
         print_json({"gpu": where, "spec": spec.to_dict(), "presets": entries, "notes": lib.notes(spec)})
         return
@@ -125,6 +149,11 @@ def _dry_run(lib: Any, spec: Any, resolved: list[Any], gpu: str | None, json_: b
         console.print(e2e_table.inventory_table(lib.inventory(p, weight_dtype=spec.weight_dtype)))
         console.print(e2e_table.memory_table(entry, spec.batches))
         console.print(e2e_table.prediction_table(entry))
+        if "collectives" in entry:
+            c = entry["collectives"]
+            console.print(f"{p.name}: tp {spec.tp} runs {c['all_reduce']} all-reduces and {c['all_gather']} all-gather per step, "
+                          f"{c['bytes_per_seq'] / 1024:.0f} KiB per sequence from each rank (modelled; --tp-launch spawn times them)",
+                          highlight=False)
     console.print(
         f"memory planned against {where['bytes'] / lib.GIB:.0f} GiB ({where['memory']}) of {where['name']}; "
         f"state dtype {spec.state_dtype or 'each preset’s own'}; {lib.weights_note(spec.weight_dtype)}; "
@@ -133,7 +162,14 @@ def _dry_run(lib: Any, spec: Any, resolved: list[Any], gpu: str | None, json_: b
     )
 
 
-def _measure(lib: Any, spec: Any, resolved: list[Any], gpu: str | None, out: Path | None, json_: bool) -> None:
+def _measure_rank(spec: Any, resolved: list[Any], gpu: str | None, out: Path | None, json_: bool, **run_kw: Any) -> None:
+    """Rank 0 of `--tp-launch spawn|torchrun`: the one-process path, with the hooks that put the collectives in every step."""
+    from replayssm_cli.measure import e2e as lib
+
+    _measure(lib, spec, resolved, gpu, out, json_, **run_kw)
+
+
+def _measure(lib: Any, spec: Any, resolved: list[Any], gpu: str | None, out: Path | None, json_: bool, **run_kw: Any) -> None:
     from replayssm_cli.report import e2e_table
     from replayssm_cli.report.results import default_out
     from replayssm_cli.console import err, note, out as stdout, print_json, warn
@@ -149,7 +185,7 @@ def _measure(lib: Any, spec: Any, resolved: list[Any], gpu: str | None, out: Pat
         writer = ResultsWriter(path, env, doc, exclusive=out is None)
     except OSError as exc:
         raise UserError(f"cannot write the results file {path} ({exc.strerror or exc})", "pass a writable --out") from None
-    result = lib.run(spec, resolved, writer, device="cuda", l2_bytes=env["gpu"].get("l2_bytes"))
+    result = lib.run(spec, resolved, writer, device="cuda", l2_bytes=env["gpu"].get("l2_bytes"), **run_kw)
     rows = result.results.rows
     if json_:
         print_json({
@@ -159,7 +195,7 @@ def _measure(lib: Any, spec: Any, resolved: list[Any], gpu: str | None, out: Pat
     else:
         backends = ", ".join(sorted({r["x_attn_backend"] for r in rows if r.get("x_attn_backend")})) or "none ran"
         title = (f"replayssm e2e · {env['gpu']['name']} · one decode step of the whole model (prefill not timed) · "
-                 f"weights {spec.weight_dtype} · KV {spec.kv_dtype} · attention {backends}")
+                 f"weights {spec.weight_dtype} · KV {spec.kv_dtype} · attention {backends} · {lib.tp_title(spec)}")
         caption = "\n".join(lib.notes(spec))
         _wide(stdout).print(e2e_table.render_table(rows, title=title, caption=caption))
         for name, plan in result.plans.items():

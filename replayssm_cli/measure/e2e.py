@@ -30,6 +30,8 @@ DEFAULT_VARIANTS = ("conventional", "replay")
 VARIANTS = ("conventional", "replay", "split")
 MAX_WINDOW = 64
 CATEGORIES = ("ssm", "attn", "mlp", "other")
+# The collectives between ranks: a fifth category, present only when the step runs over several GPUs (tensor_parallel).
+COMM = "comm"
 # Block letters as in Nemotron-H's hybrid_override_pattern: M SSM mixer, * attention, - dense MLP, E MoE.
 BLOCK_KIND = {"M": "ssm", "*": "attn", "-": "mlp", "E": "moe"}
 IO_DTYPE = "bf16"
@@ -1023,7 +1025,8 @@ class Measurement:
     kernel: list[float]
 
     def category_us(self) -> dict[str, float]:
-        return {c: statistics.fmean(self.parts[c]) if self.parts.get(c) else 0.0 for c in CATEGORIES}
+        present = (*CATEGORIES, COMM) if self.parts.get(COMM) else CATEGORIES
+        return {c: statistics.fmean(self.parts[c]) if self.parts.get(c) else 0.0 for c in present}
 
 
 def measure(step: Step, *, replays: int, warmup: int = WARMUP_REPLAYS, timer: Timer | None = None) -> Measurement:
@@ -1035,17 +1038,22 @@ def measure(step: Step, *, replays: int, warmup: int = WARMUP_REPLAYS, timer: Ti
     timer = timer or graph_timer
     present = {op.category for op in step.ops}
     full = timer(step, select_all, replays, warmup)
-    parts = {c: timer(step, select_category(c), replays, warmup) if c in present else [] for c in CATEGORIES}
+    parts = {c: timer(step, select_category(c), replays, warmup) if c in present else [] for c in (*CATEGORIES, COMM)}
     kernel = timer(step, select_kernel, replays, warmup)
     return Measurement(step=full, parts=parts, kernel=kernel)
 
 
 def shares(category_us: dict[str, float]) -> dict[str, float]:
-    """Each category's share of the step: its time over the sum of all four (the shares add up to 1)."""
-    total = sum(category_us.get(c, 0.0) for c in CATEGORIES)
+    """Each category's share of the step: its time over the sum of all four (and comm, when given; the shares add up to 1)."""
+    keys = (*CATEGORIES, COMM) if COMM in category_us else CATEGORIES
+    total = sum(category_us.get(c, 0.0) for c in keys)
     if not total > 0:
         raise ValueError(f"no category took any time: {category_us}")
-    return {c: category_us.get(c, 0.0) / total for c in CATEGORIES}
+    return {c: category_us.get(c, 0.0) / total for c in keys}
+
+
+# How --tp runs: one GPU's shard with no collectives, --tp processes the command starts, or one of torchrun's processes.
+TP_LAUNCHES = ("one-gpu", "spawn", "torchrun")
 
 
 @dataclass(frozen=True)
@@ -1060,6 +1068,7 @@ class E2ESpec:
     state_dtype: str | None = None
     read_dtype: str = "bf16"
     tp: int = 1
+    tp_launch: str = "one-gpu"
     max_weights_gib: float | None = None
     windows: int = TIMED_WINDOWS
     seed: int = 0
@@ -1089,6 +1098,8 @@ class E2ESpec:
                 raise UserError(f"{option} {value!r} is not a dtype the kernels take", f"choose from {', '.join(e.value for e in enum)}")
         if self.tp < 1:
             raise UserError(f"--tp {self.tp} is not a tensor-parallel degree", "pass a positive integer")
+        if self.tp_launch not in TP_LAUNCHES:
+            raise UserError(f"--tp-launch {self.tp_launch!r} is not a launch the step knows", f"choose from {', '.join(TP_LAUNCHES)}")
         if self.max_weights_gib is not None and not self.max_weights_gib > 0:
             raise UserError(f"--max-weights-gib {self.max_weights_gib} is not a size", "pass GiB, e.g. --max-weights-gib 60")
         if self.windows < 1:
@@ -1141,9 +1152,27 @@ def notes(spec: E2ESpec) -> list[str]:
         weights_note(spec.weight_dtype),
         f"KV cache {spec.kv_dtype}; attention: FlashInfer's paged decode where flashinfer imports, else flash_attn_with_kvcache, "
         "else PyTorch SDPA (each row's x_attn_backend says which ran)",
-        f"--tp {spec.tp}: one GPU of the group; the all-reduces between GPUs are not timed" if spec.tp > 1 else
-        "one GPU, no tensor parallelism",
+        tp_note(spec),
     ]
+
+
+def tp_title(spec: E2ESpec) -> str:
+    """The tensor-parallel path in a few words, for the table's title."""
+    if spec.tp == 1:
+        return "one GPU"
+    return f"tp {spec.tp}, one GPU's shard, no all-reduces" if spec.tp_launch == "one-gpu" else f"tp {spec.tp} over {spec.tp} GPUs (NCCL)"
+
+
+def tp_note(spec: E2ESpec) -> str:
+    """Which tensor-parallel path ran: one GPU, one GPU's shard of --tp without collectives, or --tp ranks over NCCL."""
+    if spec.tp == 1:
+        return "one GPU, no tensor parallelism"
+    if spec.tp_launch == "one-gpu":
+        return (f"--tp {spec.tp}: one GPU's shard of the group, timed alone; the all-reduces between GPUs are not run "
+                f"(--tp-launch spawn runs {spec.tp} ranks and times them)")
+    return (f"--tp {spec.tp} over {spec.tp} GPUs, one process each ({spec.tp_launch}), NCCL with NVLink multicast off: every rank "
+            "runs its shard as vLLM splits it; the all-reduces after the embedding and every mixer and MLP/MoE block and the "
+            "LM head's all-gather run in the step's CUDA graph ('comm' share); rank 0's times")
 
 
 @dataclass
@@ -1189,7 +1218,7 @@ def build_row(
         "x_blocks": ", ".join(f"{inv.count(k)} {k}" for k in ("ssm", "attn", "mlp", "moe") if inv.count(k)),
         "x_weights_gib": plan.total / GIB, "x_weight_sets": plan.sets, "x_ffn_blocks": plan.ffn_blocks,
         "x_weights_shared": plan.shared, "x_weight_dtype": inv.weight_dtype, "x_weight_path": weight_path(inv),
-        "x_kv_dtype": spec.kv_dtype, **step_info,
+        "x_kv_dtype": spec.kv_dtype, "x_tp_launch": spec.tp_launch, **step_info,
     }
     if meas is None:
         return row
@@ -1204,9 +1233,9 @@ def build_row(
         "us": us, "us_p50": med, "us_p95": percentile(meas.step, 95), "us_p99": percentile(meas.step, 99),
         "spread": (p75 - p25) / med if med > 0 else None, "us_per_token": us,
         "x_us_p25": p25, "x_us_p75": p75, "x_tokens_per_s": batch * 1e6 / us,
-        **{f"x_share_{c}": share[c] for c in CATEGORIES},
+        **{f"x_share_{c}": share[c] for c in share},
         "x_share_ssm_kernel": kernel_us / total if total > 0 else None,
-        **{f"x_us_{c}": cat[c] for c in CATEGORIES}, "x_us_ssm_kernel": kernel_us,
+        **{f"x_us_{c}": cat[c] for c in cat}, "x_us_ssm_kernel": kernel_us,
         "x_category_sum_ratio": total / us if us > 0 else None, "x_replays": len(meas.step),
     })
     return row
@@ -1243,6 +1272,7 @@ def run(
     l2_bytes: int | None = None,
     attention: str | None = None,
     families: dict[str, Family] | None = None,
+    step_hook: Callable[[Step], dict[str, Any]] | None = None,
 ) -> E2ERun:
     """Estimate every configuration of `spec` for `presets`, writing rows as they finish.
 
@@ -1250,7 +1280,8 @@ def run(
     size whose KV cache, states and buffers do not fit beside the weights is skipped with the
     reason and the largest batch that fits), its SSM kernels checked against the reference, and
     timed. An out-of-memory error skips the configuration; Ctrl-C closes the file incomplete.
-    free_fn gives the free device memory in bytes (default: CUDA's; None from it skips the checks).
+    free_fn gives the free device memory in bytes (default: CUDA's; None from it skips the checks). step_hook is
+    given every step once built (tensor_parallel.attach) and returns fields for its row.
     """
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -1281,7 +1312,8 @@ def run(
             task = bar.add_task("", total=len(labels))
             for preset in presets:
                 _run_preset(spec, preset, writer, result, skip, done, bar, task, device=device, timer=timer, free_fn=free_fn,
-                            l2_bytes=l2_bytes, attention=attention, family=(families or {}).get(preset.name), meter=meter)
+                            l2_bytes=l2_bytes, attention=attention, family=(families or {}).get(preset.name), meter=meter,
+                            step_hook=step_hook)
     except KeyboardInterrupt:
         result.interrupted = True
         for label in labels:
@@ -1298,7 +1330,7 @@ def run(
 
 
 def _run_preset(spec, preset, writer, result, skip, done, bar, task, *, device, timer, free_fn, l2_bytes, attention, family,
-                meter=None) -> None:
+                meter=None, step_hook=None) -> None:
     configs = [(c, b, v) for c in spec.contexts for b in spec.batches for v in spec.variants]
     state_dtype = spec.state_dtype or preset.state_dtype
     why = None
@@ -1347,7 +1379,7 @@ def _run_preset(spec, preset, writer, result, skip, done, bar, task, *, device, 
             why = None
             try:
                 row = _measure_config(inv, spec, weights, v, b, c, state_dtype, plan, info, device=device, timer=timer, attention=attention,
-                                      meter=meter)
+                                      meter=meter, step_hook=step_hook)
             except KeyboardInterrupt:
                 raise
             except Exception as exc:
@@ -1370,11 +1402,11 @@ def _run_preset(spec, preset, writer, result, skip, done, bar, task, *, device, 
 
 
 def _measure_config(inv, spec, weights, variant, batch, context, state_dtype, plan, info, *, device, timer, attention,
-                    meter=None) -> dict[str, Any]:
+                    meter=None, step_hook=None) -> dict[str, Any]:
     step = Step(inv, weights, variant=variant, batch=batch, context=context, window=spec.window, state_dtype=state_dtype,
                 read_dtype=spec.read_dtype, device=device, seed=spec.seed, attention=attention, kv_dtype=spec.kv_dtype)
     try:
-        info = {**info, "x_attn_backend": step.attention}
+        info = {**info, "x_attn_backend": step.attention, **(step_hook(step) if step_hook else {})}
         if "moe" in inv.blocks:
             info.update(x_experts_touched=step.touched, x_tokens_per_expert=step.per_expert)
         tol = step.tolerance()

@@ -13,15 +13,17 @@ def render_table(rows: list[dict[str, Any]], *, title: str, caption: str | None 
     from rich.table import Table
 
     several = len({r["preset"] for r in rows}) > 1
+    # The collectives' share, where ranks ran them (e2e --tp-launch spawn|torchrun).
+    comm = any("x_share_comm" in r for r in rows)
     table = Table(title=title, caption=caption, caption_justify="left", title_justify="left", box=box.SIMPLE_HEAD)
     cols = (["preset"] if several else []) + ["context", "batch", "variant", "ITL ms", "tok/s", "SSM %\n(kernel)",
-                                              "attn %", "MLP %", "other %", "speedup\n(kernel)", "max\nbatch"]
+                                              "attn %", "MLP %", *(["comm %"] if comm else []), "other %", "speedup\n(kernel)", "max\nbatch"]
     for col in cols:
         table.add_column(col, justify="left" if col in ("preset", "variant") else "right", no_wrap=True)
     order = {v: i for i, v in enumerate(VARIANTS)}
     for r in sorted(rows, key=lambda r: (r["preset"], r.get("x_context") or 0, r["batch"], order.get(r["variant"], 9))):
         if r["status"] != "ok":
-            cells = [str(r.get("x_context")), str(r["batch"]), r["variant"], "[red]check failed[/]"] + [""] * 7
+            cells = [str(r.get("x_context")), str(r["batch"]), r["variant"], "[red]check failed[/]"] + [""] * (8 if comm else 7)
         else:
             ssm = f"{100 * r['x_share_ssm']:.1f} ({100 * (r.get('x_share_ssm_kernel') or 0):.1f})"
             sp = "–"
@@ -29,7 +31,7 @@ def render_table(rows: list[dict[str, Any]], *, title: str, caption: str | None 
                 sp = f"{r['speedup']:.2f}x" + (f" ({r['x_kernel_speedup']:.2f}x)" if r.get("x_kernel_speedup") else "")
             cells = [str(r.get("x_context")), str(r["batch"]), r["variant"], f"{r['us'] / 1e3:.2f}",
                      f"{r['x_tokens_per_s']:,.0f}", ssm, f"{100 * r['x_share_attn']:.1f}", f"{100 * r['x_share_mlp']:.1f}",
-                     f"{100 * r['x_share_other']:.1f}", sp, str(r.get("x_max_batch") if r.get("x_max_batch") is not None else "–")]
+                     *([f"{100 * r.get('x_share_comm', 0.0):.1f}"] if comm else []), f"{100 * r['x_share_other']:.1f}", sp, str(r.get("x_max_batch") if r.get("x_max_batch") is not None else "–")]
         table.add_row(*(([r["preset"]] if several else []) + cells))
     return table
 
