@@ -1172,7 +1172,7 @@ def tp_note(spec: E2ESpec) -> str:
                 f"(--tp-launch spawn runs {spec.tp} ranks and times them)")
     return (f"--tp {spec.tp} over {spec.tp} GPUs, one process each ({spec.tp_launch}), NCCL with NVLink multicast off: every rank "
             "runs its shard as vLLM splits it; the all-reduces after the embedding and every mixer and MLP/MoE block and the "
-            "LM head's all-gather run in the step's CUDA graph ('comm' share); rank 0's times")
+            "LM head's all-gather run in the step's CUDA graph ('comm' share; NCCL's, not vLLM's custom all-reduce); rank 0's times")
 
 
 @dataclass
