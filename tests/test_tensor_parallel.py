@@ -231,3 +231,49 @@ def test_the_table_and_notes_say_which_path_ran():
         console.print(render_table(rows, title="t"))
         text = console.export_text()
         assert ("comm %" in text) == shown and ("15.0" in text) == shown
+
+
+def _run_rank0(spec, presets, out, **hooks):
+    from replayssm_cli.report.results import ResultsWriter
+
+    writer = ResultsWriter(out, {"gpu": {"name": "cpu"}}, spec.to_dict())
+    e2e.run(spec, presets, writer, device="cpu", progress=False, timer=_eager_timer, attention="torch-sdpa", **hooks)
+
+
+def _run_quiet(spec, presets, out, **hooks):
+    from replayssm_cli.report.results import ResultsWriter
+
+    writer = ResultsWriter(f"{out}.rank{dist.get_rank()}", {"gpu": {"name": "cpu"}}, spec.to_dict())
+    e2e.run(spec, presets, writer, device="cpu", progress=False, timer=_eager_timer, attention="torch-sdpa", **hooks)
+
+
+def _eager_timer(step, select, replays, warmup):
+    """The selected ops run once, eagerly, on every rank in the same order (so the collectives meet); one 'µs' per op."""
+    step.run(select)
+    return [float(sum(1 for op in step.ops if select(op)))] * replays
+
+
+def _gloo_rank(rank, world, port, spec, presets, out):
+    torch.set_num_threads(1)
+    torch.set_default_device("cpu")
+    # The kernels' check against their reference is another test's; here the ranks' lockstep and rows are.
+    e2e.Step.check = lambda self: 0.0
+    tp.run_rank(rank, world, port, "spawn", _run_rank0, (spec, presets, out), _run_quiet, backend="gloo")
+
+
+def test_ranks_run_the_step_and_write_comm_rows(interpreter, tmp_path):
+    preset = P.with_tp(tiny("dense"), 2)
+    spec = e2e.E2ESpec(presets=(preset.name,), batches=(2,), contexts=(4,), variants=("conventional",), window=2, windows=1,
+                       tp=2, tp_launch="spawn")
+    out = tmp_path / "tp.json"
+    tp.spawn(_gloo_rank, 2, args=(spec, [preset], str(out)), start_method="fork")
+    from replayssm_cli.report.results import load
+
+    got = load(out)
+    assert got.complete and len(got.rows) == 1 and not got.skipped
+    row = got.rows[0]
+    inv = e2e.inventory(preset)
+    assert row["x_tp_launch"] == "spawn" and row["x_tp_ranks"] == 2 and row["x_tp_backend"] == "gloo"
+    assert row["x_us_comm"] == len(tp.collectives(inv)) == row["x_allreduces_per_step"] + 1
+    assert row["x_share_comm"] > 0 and sum(row[f"x_share_{c}"] for c in (*e2e.CATEGORIES, e2e.COMM)) == pytest.approx(1.0)
+    assert load(f"{out}.rank1").rows[0]["x_us_comm"] == row["x_us_comm"], "rank 1 ran the same step"

@@ -616,18 +616,19 @@ def min_over_ranks(value: int | None, device: torch.device | str) -> int | None:
 
 
 def run_rank(rank: int, tp: int, port: int | None, launch: str, main: Callable[..., None], main_args: tuple,
-             quiet: Callable[..., None], local_rank: int | None = None) -> None:
-    """One rank of `e2e --tp N`: join the NCCL group; rank 0 runs `main(*main_args, **hooks)` (it prints and writes the
-    results file), the others `quiet(*main_args, **hooks)`; hooks attach the collectives to every step and make the
-    free memory each rank plans with the smallest of any rank's."""
+             quiet: Callable[..., None], local_rank: int | None = None, backend: str = "nccl") -> None:
+    """One rank of `e2e --tp N`: join the group; rank 0 runs `main(*main_args, **hooks)` (it prints and writes the results
+    file), the others `quiet(*main_args, **hooks)`; hooks attach the collectives to every step and make the free memory
+    each rank plans with the smallest of any rank's (gloo, on the CPU: no memory figure)."""
     import typer
 
-    comm = init(rank, tp, port, "nccl", local_rank)
-    device = torch.device("cuda", torch.cuda.current_device())
-    hooks = {
-        "step_hook": lambda step: attach(step, comm, launch),
-        "free_fn": lambda: min_over_ranks(int(torch.cuda.mem_get_info()[0]), device),
-    }
+    comm = init(rank, tp, port, backend, local_rank)
+    if backend == "nccl":
+        device = torch.device("cuda", torch.cuda.current_device())
+        free_fn: Callable[[], int | None] = lambda: min_over_ranks(int(torch.cuda.mem_get_info()[0]), device)
+    else:
+        free_fn = lambda: None
+    hooks = {"step_hook": lambda step: attach(step, comm, launch), "free_fn": free_fn}
     code = 0
     try:
         (main if rank == 0 else quiet)(*main_args, **hooks)
