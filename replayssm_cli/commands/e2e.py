@@ -62,11 +62,9 @@ def e2e(
 
       replayssm e2e --preset nemotron-3-super-120b-a12b --batch 1,64,256 --context 4096,32768 --state-dtype fp32
 
-      replayssm e2e --preset nemotron-3-nano-4b --batch 1,64,512 --weight-dtype fp8
+      replayssm e2e --preset nemotron-3-super-120b-a12b --batch 64,256 --tp 4 --tp-launch spawn --weight-dtype fp8
 
       replayssm e2e --preset qwen3.5-122b-a10b --weight-dtype nvfp4 --dry-run --gpu b300 --json
-
-      replayssm e2e --preset nemotron-3-super-120b-a12b --batch 64,256 --tp 4 --tp-launch spawn
     """
     from replayssm_cli.measure import e2e as lib
     from replayssm_cli.model import presets as presets_mod

@@ -72,6 +72,9 @@ def profile(
                      "to open in Nsight Compute; the table names them."),
     ] = None,
     energy: Annotated[bool, typer.Option("--energy", help="Also measure joules per step and tokens per joule from NVML's energy counter (about 3 s more per configuration).")] = False,
+    gpus: Annotated[Optional[str], typer.Option(
+        "--gpus", metavar="N|all", help="Split the grid over N visible GPUs (or all), one process each, rows merged into one file "
+        "as they finish, each naming its GPU; a preset's batch stays on one GPU, so every ratio is within one.")] = None,
     json_: Annotated[bool, typer.Option("--json", help="Print the rows as JSON on stdout instead of the table.")] = False,
     wide: Annotated[bool, typer.Option("--wide", help="Show every column of the table, whatever the terminal's width.")] = False,
 ) -> None:
@@ -90,7 +93,7 @@ def profile(
 
       replayssm profile --preset nemotron-3-super-120b-a12b --batch 64,256 --state-dtype fp32 --read-dtype bf16
 
-      replayssm profile --preset qwen3.5-122b-a10b --draft 2,4 --accept-rate 0.9 --out runs/spec.json --json
+      replayssm profile --preset qwen3.5-122b-a10b --draft 2,4 --accept-rate 0.9 --gpus all --out runs/spec.json --json
     """
     from replayssm_cli.model import presets as presets_mod
     from replayssm_cli.measure import grid
@@ -132,7 +135,13 @@ def profile(
         from replayssm_cli.measure.check import refuse_missing_features
 
         refuse_missing_features(spec.read_dtypes)
-    run = prof.run_profile(spec, out=out, predict=predict, require_gpu=require_gpu, gpu=gpu)
+    n = _gpus(gpus, predict, ncu or ncu_report is not None)
+    if n > 1:
+        from replayssm_cli.measure.profile_gpus import run_profile_gpus
+
+        run = run_profile_gpus(spec, n, out=out)
+    else:
+        run = prof.run_profile(spec, out=out, predict=predict, require_gpu=require_gpu, gpu=gpu)
 
     rows = run.results.rows
     ncu = ncu or ncu_report is not None
@@ -176,6 +185,23 @@ def profile(
         raise typer.Exit(EXIT_TERMINATED if run.stop_signal == "SIGTERM" else EXIT_INTERRUPTED)
     if run.failed:
         raise typer.Exit(EXIT_FAILED)
+
+
+def _gpus(value: str | None, predict: bool, ncu: bool) -> int:
+    """How many GPUs --gpus asks for (1 without it); one line for what cannot go with it."""
+    if value is None:
+        return 1
+    import torch
+
+    from replayssm_cli.measure.profile_gpus import gpu_count
+
+    if predict:
+        raise UserError("--gpus measures on several GPUs and --predict measures nothing", "drop one of them")
+    if ncu:
+        raise UserError("--ncu profiles one GPU's kernels under Nsight Compute", "drop --gpus, or --ncu")
+    if not torch.cuda.is_available():
+        raise UserError("--gpus runs one process per CUDA GPU, and no CUDA GPU is visible", "drop --gpus (a predicted profile needs no GPU)")
+    return gpu_count(value, torch.cuda.device_count())
 
 
 def _wide(console: Any, wide: bool = False) -> Any:
