@@ -106,11 +106,8 @@ def _work(w: _Worker) -> None:
     try:
         if sampler is not None:
             sampler.__enter__()
-        while True:
-            try:
-                group = w.work.get_nowait()
-            except queue_mod.Empty:
-                break
+        # Groups until this worker's end mark (a blocking get: a multiprocessing queue can look empty before it is).
+        for group in iter(w.work.get, None):
             for point in group:
                 prof._run_point(point, w.presets[point.preset], sink, run, "measured", setup["ceilings"], setup["free_bytes"],
                                 w.runner, setup.get("context") or {})
@@ -196,6 +193,8 @@ def run_profile_gpus(
     work, results = ctx.Queue(), ctx.Queue()
     for g in groups(points):
         work.put(g)
+    for _ in range(n):
+        work.put(None)
     presets = {p.name: p for p in resolved}
     workers = [_Worker(i, d, presets, work, results, setup or prof.measured_setup, runner, spec) for i, d in enumerate(visible_devices(n))]
     run = prof.ProfileRun(results=writer.results, path=path, mode="measured")
@@ -260,10 +259,10 @@ def run_profile_gpus(
     for proc in procs:
         proc.join(INTERRUPT_GRACE_S)
     why = "; ".join(f"the process on GPU {i} ended with exit code {code}" for i, code in sorted(lost.items()))
-    for point in points:
-        if point.label() not in done:
-            writer.skip(point.label(), f"not run: {why}")
-    run.results = writer.close(complete=not lost)
+    missing = [p for p in points if p.label() not in done]
+    for point in missing:
+        writer.skip(point.label(), f"not run: {why or 'no GPU process took it'}")
+    run.results = writer.close(complete=not missing)
     writer.release()
     return _finish(run, ready, resolved)
 
