@@ -14,6 +14,7 @@ import typer
 from typer.testing import CliRunner
 
 from replayssm_cli.measure import e2e
+from replayssm_cli.model import hybrid
 from replayssm_kernels import e2e_ops
 from replayssm_cli.measure import timing
 from replayssm_cli.model import presets as P
@@ -84,7 +85,7 @@ def tiny(kind: str) -> P.Preset:
 
 
 def test_inventory_matches_nemotron_super():
-    inv = e2e.inventory(P.load_preset(SUPER))
+    inv = hybrid.inventory(P.load_preset(SUPER))
     assert inv.order_source == "preset file" and inv.family.name == "nemotron-h"
     assert {k: inv.count(k) for k in ("ssm", "attn", "mlp", "moe")} == {"ssm": 40, "attn": 8, "mlp": 0, "moe": 40}
     assert len(inv.order) == 88 and inv.order.startswith("MEMEMEM*E")
@@ -101,7 +102,7 @@ def test_inventory_matches_nemotron_super():
 
 
 def test_inventory_matches_qwen35():
-    inv = e2e.inventory(P.load_preset(QWEN))
+    inv = hybrid.inventory(P.load_preset(QWEN))
     assert inv.family.name == "qwen3-next"
     assert {k: inv.count(k) for k in ("ssm", "attn", "mlp", "moe")} == {"ssm": 36, "attn": 12, "mlp": 0, "moe": 48}
     assert inv.order == "MEMEME*E" * 12, "three Gated DeltaNet layers to one attention layer, each with its MoE"
@@ -117,7 +118,7 @@ def test_inventory_matches_qwen35():
 
 
 def test_inventory_divides_for_tp():
-    inv = e2e.inventory(P.load_preset(SUPER, tp=4))
+    inv = hybrid.inventory(P.load_preset(SUPER, tp=4))
     attn = inv.blocks["attn"].sizes
     assert (attn["heads"], attn["kv_heads"]) == (8, 1), "2 KV heads over 4 GPUs: one per GPU, replicated"
     assert inv.blocks["moe"].linear("experts_up").n == 2688 // 4
@@ -131,48 +132,48 @@ def test_inventory_divides_for_tp():
 ])
 def test_inventory_names_missing_fields(name, missing):
     with pytest.raises(UserError) as info:
-        e2e.inventory(P.load_preset(name))
+        hybrid.inventory(P.load_preset(name))
     line = info.value.line()
     assert "\n" not in line and all(m in line for m in missing)
 
 
 def test_layer_order_spreads_blocks_without_a_pattern():
     p = replace(tiny("dense"), e2e={**tiny("dense").e2e, "mlp_layers": 3})
-    order, source = e2e.layer_order(p)
+    order, source = hybrid.layer_order(p)
     assert source == "spread evenly" and P.pattern_counts(order) == {"ssm": 2, "attn": 1, "mlp": 3, "moe": 0}
     assert order == "M-M-*-"
 
 
 def test_experts_touched():
-    assert e2e.experts_touched(512, 22, 1) == 22
-    assert e2e.experts_touched(512, 22, 64) == round(512 * (1 - (1 - 22 / 512) ** 64))
-    assert e2e.experts_touched(512, 22, 256) == 512
-    assert e2e.experts_touched(6, 2, 1000) == 6
+    assert hybrid.experts_touched(512, 22, 1) == 22
+    assert hybrid.experts_touched(512, 22, 64) == round(512 * (1 - (1 - 22 / 512) ** 64))
+    assert hybrid.experts_touched(512, 22, 256) == 512
+    assert hybrid.experts_touched(6, 2, 1000) == 6
 
 
 def test_plan_weights_shares_a_pool_and_guards_l2():
-    inv = e2e.inventory(P.load_preset(SUPER))
+    inv = hybrid.inventory(P.load_preset(SUPER))
     unique, one = inv.unique_bytes(), inv.ffn_set_bytes()
-    full = e2e.plan_weights(inv, None, 60 * 2**20)
+    full = hybrid.plan_weights(inv, None, 60 * 2**20)
     assert not full.shared and full.total == inv.full_bytes()
-    plan = e2e.plan_weights(inv, unique + 5 * one + one // 2, 60 * 2**20)
+    plan = hybrid.plan_weights(inv, unique + 5 * one + one // 2, 60 * 2**20)
     assert plan.shared and plan.sets == 5 and plan.total == unique + 5 * one
     assert "5 weight sets" in plan.describe() and "L2" in plan.describe()
     with pytest.raises(UserError, match="weight budget"):
-        e2e.plan_weights(inv, unique, 60 * 2**20)
+        hybrid.plan_weights(inv, unique, 60 * 2**20)
     with pytest.raises(UserError, match="served from the"):
-        e2e.plan_weights(inv, unique + one, 10 * GIB)
+        hybrid.plan_weights(inv, unique + one, 10 * GIB)
 
 
 def test_seq_bytes_counts_kv_and_state():
-    inv = e2e.inventory(P.load_preset(QWEN))
-    conv = e2e.seq_bytes(inv, variant="conventional", context=4096, window=16, state_dtype="fp32", read_dtype=None)
-    replay = e2e.seq_bytes(inv, variant="replay", context=8192, window=16, state_dtype="fp32", read_dtype=None)
+    inv = hybrid.inventory(P.load_preset(QWEN))
+    conv = hybrid.seq_bytes(inv, variant="conventional", context=4096, window=16, state_dtype="fp32", read_dtype=None)
+    replay = hybrid.seq_bytes(inv, variant="replay", context=8192, window=16, state_dtype="fp32", read_dtype=None)
     assert conv["kv"] == 12 * 2 * 2 * 4096 * 256 * 2 and replay["kv"] == 2 * conv["kv"]
     assert conv["ssm"] > 36 * 64 * 128 * 128 * 4 and replay["ssm"] > conv["ssm"]
     assert conv["total"] == sum(v for k, v in conv.items() if k != "total")
-    assert e2e.max_batch(conv["total"], None) is None
-    assert e2e.max_batch(conv["total"], 100 * GIB) == int((90 * GIB - e2e.RESERVE_BYTES) // conv["total"])
+    assert hybrid.max_batch(conv["total"], None) is None
+    assert hybrid.max_batch(conv["total"], 100 * GIB) == int((90 * GIB - hybrid.RESERVE_BYTES) // conv["total"])
 
 
 def _nan(*shape, dtype=torch.float32):
@@ -266,12 +267,12 @@ def wall_timer(step, select, replays, warmup):
 @pytest.mark.parametrize("kind", ["nemotron", "qwen", "dense"])
 def test_step_builds_the_inventory(interpreter, kind):
     preset = tiny(kind)
-    inv = e2e.inventory(preset)
-    plan = e2e.plan_weights(inv, None, None)
+    inv = hybrid.inventory(preset)
+    plan = hybrid.plan_weights(inv, None, None)
     weights = e2e.Weights(inv, plan.sets, interpreter, seed=3)
     assert weights.nbytes == plan.total == inv.full_bytes()
     for letter, block in zip(inv.order, weights.blocks):
-        spec = inv.blocks[e2e.BLOCK_KIND[letter]]
+        spec = inv.blocks[hybrid.BLOCK_KIND[letter]]
         for lin in spec.linears:
             want = (lin.n, lin.k) if lin.experts == 1 else (lin.experts, lin.n, lin.k)
             assert tuple(block[lin.name].shape) == want, (letter, lin.name)
@@ -285,7 +286,7 @@ def test_step_builds_the_inventory(interpreter, kind):
         assert sum(n.endswith(".mlp") for n in names) == inv.count("mlp")
         assert sum(n.endswith(".moe") for n in names) == inv.count("moe")
         assert sum(n.endswith(".norm") for n in names) == len(inv.order)
-        assert {op.category for op in step.ops} <= set(e2e.CATEGORIES)
+        assert {op.category for op in step.ops} <= set(hybrid.CATEGORIES)
         conv_dim = inv.blocks["ssm"].sizes["conv_dim"]
         assert [tuple(t.shape) for t in step.conv_states] == [(3, 3, conv_dim)] * inv.count("ssm")
         kv = inv.blocks["attn"].sizes
@@ -304,8 +305,8 @@ def test_step_builds_the_inventory(interpreter, kind):
 
 
 def test_weight_pool_is_shared_round_robin(interpreter):
-    inv = e2e.inventory(tiny("nemotron"))
-    plan = e2e.plan_weights(inv, inv.unique_bytes() + 2 * inv.ffn_set_bytes(), None)
+    inv = hybrid.inventory(tiny("nemotron"))
+    plan = hybrid.plan_weights(inv, inv.unique_bytes() + 2 * inv.ffn_set_bytes(), None)
     assert plan.shared and plan.sets == 2
     weights = e2e.Weights(inv, plan.sets, interpreter)
     experts = [b["experts_up"].data_ptr() for letter, b in zip(inv.order, weights.blocks) if letter == "E"]
@@ -313,13 +314,13 @@ def test_weight_pool_is_shared_round_robin(interpreter):
 
 
 def test_routing_is_balanced(interpreter):
-    inv = e2e.inventory(tiny("qwen"))
+    inv = hybrid.inventory(tiny("qwen"))
     weights = e2e.Weights(inv, inv.ffn_blocks, interpreter)
     step = e2e.Step(inv, weights, variant="conventional", batch=3, context=4, window=None, state_dtype="fp32",
                     read_dtype=None, device=interpreter)
     try:
         touched, per, index, weight = step.routing()
-        assert touched == e2e.experts_touched(5, 2, 3) and touched * per >= 3 * 2
+        assert touched == hybrid.experts_touched(5, 2, 3) and touched * per >= 3 * 2
         real = weight.view(-1) > 0
         assert sorted(index[real].tolist()) == [0, 0, 1, 1, 2, 2], "every token goes to k experts"
         for t in range(3):
@@ -335,9 +336,9 @@ def _measurement(step_us, parts, kernel):
 
 
 def test_share_accounting_adds_up():
-    inv = e2e.inventory(P.load_preset(SUPER))
+    inv = hybrid.inventory(P.load_preset(SUPER))
     spec = e2e.E2ESpec(presets=(SUPER,))
-    plan = e2e.plan_weights(inv, None, None)
+    plan = hybrid.plan_weights(inv, None, None)
     parts = {"ssm": [3000.0, 3100.0], "attn": [500.0, 520.0], "mlp": [5000.0, 5100.0], "other": [400.0, 410.0]}
     conv = e2e.build_row(inv, spec, variant="conventional", batch=64, context=4096, state_dtype="fp32", plan=plan,
                          meas=_measurement([9000.0, 9200.0, 9100.0], parts, [2000.0, 2100.0]), check_err=1e-4, status="ok", step_info={})
@@ -346,7 +347,7 @@ def test_share_accounting_adds_up():
                         meas=_measurement([8000.0, 8100.0, 8050.0], parts, [1000.0, 1100.0]), check_err=1e-4, status="ok", step_info={})
     for row in (conv, rep):
         validate_row(row)
-        assert sum(row[f"x_share_{c}"] for c in e2e.CATEGORIES) == pytest.approx(1.0, abs=1e-12)
+        assert sum(row[f"x_share_{c}"] for c in hybrid.CATEGORIES) == pytest.approx(1.0, abs=1e-12)
         assert row["kind"] == "e2e" and row["phase"] == "avg" and row["x_context"] == 4096
         assert row["us_per_token"] == row["us"] and row["x_tokens_per_s"] == pytest.approx(64 * 1e6 / row["us"])
         assert 0 < row["x_share_ssm_kernel"] < row["x_share_ssm"]
@@ -361,7 +362,7 @@ def test_share_accounting_adds_up():
     e2e.attach_speedup(other_ctx, [conv])
     assert "speedup" not in other_ctx, "speedups compare the same context only"
     with pytest.raises(ValueError):
-        e2e.shares({c: 0.0 for c in e2e.CATEGORIES})
+        e2e.shares({c: 0.0 for c in hybrid.CATEGORIES})
 
 
 def test_run_writes_rows_and_skips_what_does_not_fit(interpreter, tmp_path):
@@ -376,8 +377,8 @@ def test_run_writes_rows_and_skips_what_does_not_fit(interpreter, tmp_path):
     conv, rep = got.rows
     for row in got.rows:
         assert row["status"] == "ok" and row["us"] > 0 and row["x_max_batch"] > 2
-        assert sum(row[f"x_share_{c}"] for c in e2e.CATEGORIES) == pytest.approx(1.0)
-        assert row["x_experts_touched"] == e2e.experts_touched(6, 2, 2) and row["x_attn_backend"] == "torch-sdpa"
+        assert sum(row[f"x_share_{c}"] for c in hybrid.CATEGORIES) == pytest.approx(1.0)
+        assert row["x_experts_touched"] == hybrid.experts_touched(6, 2, 2) and row["x_attn_backend"] == "torch-sdpa"
         assert row["x_prefill"] == "not timed"
     assert rep["speedup"] == pytest.approx(conv["us"] / rep["us"]) and "speedup" not in conv
     assert len(got.skipped) == 2 and all("largest batch that fits" in s["why"] for s in got.skipped)
@@ -484,8 +485,8 @@ def measured(monkeypatch):
     def fake_run(spec, presets, writer, **kwargs):
         result = e2e.E2ERun(results=writer.results, path=writer.results.path)
         for preset in presets:
-            inv = e2e.inventory(preset)
-            plan = e2e.plan_weights(inv, 40 * GIB, 60 * 2**20)
+            inv = hybrid.inventory(preset)
+            plan = hybrid.plan_weights(inv, 40 * GIB, 60 * 2**20)
             result.plans[preset.name] = plan.describe()
             for batch in spec.batches:
                 for variant in spec.variants:
@@ -530,6 +531,6 @@ def test_run_times_cuda_graphs(tmp_path, kind):
     assert not result.skipped and [r["variant"] for r in rows] == ["conventional", "replay"], result.skipped
     for row in rows:
         assert row["status"] == "ok" and row["x_replays"] == 8 and row["us"] > 0
-        assert sum(row[f"x_share_{c}"] for c in e2e.CATEGORIES) == pytest.approx(1.0)
+        assert sum(row[f"x_share_{c}"] for c in hybrid.CATEGORIES) == pytest.approx(1.0)
         assert 0.5 < row["x_category_sum_ratio"] < 2.0, "the categories' graphs add up to about the whole step"
     assert rows[1]["speedup"] > 0

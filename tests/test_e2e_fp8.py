@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from replayssm_cli.measure import e2e
+from replayssm_cli.model import hybrid
 from replayssm_kernels import e2e_ops
 from replayssm_cli.model import presets as P
 from replayssm_cli.errors import UserError
@@ -30,10 +31,10 @@ def fake_gpu(monkeypatch):
 
 
 def test_weight_bytes_per_dtype():
-    inv16 = e2e.inventory(P.load_preset(NANO))
-    inv8 = e2e.inventory(P.load_preset(NANO), weight_dtype="fp8")
-    inv4 = e2e.inventory(P.load_preset(NANO), weight_dtype="nvfp4")
-    lins = [(lin, e2e.inventory(P.load_preset(NANO)).count(kind)) for kind, b in inv16.blocks.items() for lin in b.linears]
+    inv16 = hybrid.inventory(P.load_preset(NANO))
+    inv8 = hybrid.inventory(P.load_preset(NANO), weight_dtype="fp8")
+    inv4 = hybrid.inventory(P.load_preset(NANO), weight_dtype="nvfp4")
+    lins = [(lin, hybrid.inventory(P.load_preset(NANO)).count(kind)) for kind, b in inv16.blocks.items() for lin in b.linears]
     quantized = sum(lin.params * n for lin, n in lins)
     tensors = sum(n for _, n in lins)
     # Every SSM, attention and MLP matrix of this model is 16-aligned; the embedding and LM head (2 x 131072 x 3136) stay bf16.
@@ -44,16 +45,16 @@ def test_weight_bytes_per_dtype():
 
 
 def test_unaligned_and_kept_matrices_stay_bf16():
-    lin = e2e.Linear("in_proj", 32, 84)
+    lin = hybrid.Linear("in_proj", 32, 84)
     assert not lin.quantized("fp8") and lin.nbytes("fp8") == lin.nbytes("bf16") == 32 * 84 * 2
-    assert not e2e.Linear("router", 4096, 512).quantized("fp8")
-    experts = e2e.Linear("experts_up", 1024, 2688, experts=512)
+    assert not hybrid.Linear("router", 4096, 512).quantized("fp8")
+    experts = hybrid.Linear("experts_up", 1024, 2688, experts=512)
     assert experts.nbytes("fp8") == 512 * 1024 * 2688 + 512 * 4, "one fp32 scale per expert"
 
 
 def test_predicted_shares_grow_as_weights_shrink():
     spec = e2e.E2ESpec(presets=(NANO,), batches=(1, 256), contexts=(4096,))
-    got = {wd: e2e.predicted_shares(e2e.inventory(P.load_preset(NANO), weight_dtype=wd), spec, "fp32") for wd in e2e.WEIGHT_DTYPES}
+    got = {wd: hybrid.predicted_shares(hybrid.inventory(P.load_preset(NANO), weight_dtype=wd), spec, "fp32") for wd in hybrid.WEIGHT_DTYPES}
     for rows in got.values():
         for r in rows:
             assert r["source"] == "predicted" and sum(r["shares"].values()) == pytest.approx(1.0)
@@ -65,9 +66,9 @@ def test_predicted_shares_grow_as_weights_shrink():
 
 
 def test_replay_saves_the_state_writes_in_the_prediction():
-    inv = e2e.inventory(P.load_preset(NANO))
+    inv = hybrid.inventory(P.load_preset(NANO))
     kw = dict(batch=64, context=4096, window=16, state_dtype="fp32", read_dtype=None)
-    base, fast = e2e.step_bytes(inv, variant="conventional", **kw), e2e.step_bytes(inv, variant="replay", **kw)
+    base, fast = hybrid.step_bytes(inv, variant="conventional", **kw), hybrid.step_bytes(inv, variant="replay", **kw)
     assert {k: base[k] for k in ("attn", "mlp", "other")} == {k: fast[k] for k in ("attn", "mlp", "other")}
     state = 96 * 80 * 128 * 4 * 64 * 21
     assert base["ssm"] - fast["ssm"] == pytest.approx(state * 15 / 16, rel=0.05), "15 of 16 state writes saved per window"
@@ -171,7 +172,7 @@ def dense16() -> P.Preset:
 
 
 def test_fp8_step_runs_and_stays_close_to_bf16(interpreter):
-    inv8 = e2e.inventory(dense16(), weight_dtype="fp8")
+    inv8 = hybrid.inventory(dense16(), weight_dtype="fp8")
     w8 = e2e.Weights(inv8, sets=3, device=interpreter)
     mlp = w8.blocks[inv8.order.index("-")]
     assert mlp["up_proj"].dtype == torch.float8_e4m3fn and mlp["up_proj.scale"].shape == ()
@@ -186,7 +187,7 @@ def test_fp8_step_runs_and_stays_close_to_bf16(interpreter):
         got = step._mm(x, mlp, "up_proj").float()
         weight = mlp["up_proj"].float() * mlp["up_proj.scale"]
         # The product of the quantized activations and weights, each at its own scale, in bf16.
-        x_q = step._quantized(x).float() * (e2e.ACT_AMAX / e2e.FP8_MAX)
+        x_q = step._quantized(x).float() * (hybrid.ACT_AMAX / e2e.FP8_MAX)
         assert torch.allclose(got, x_q @ weight.t(), rtol=2.0**-7, atol=2.0**-7 * (x_q @ weight.t()).abs().max())
         exact = x.float() @ weight.t()
         assert (got - exact).abs().max() <= FP8_UNITS * exact.abs().max(), "within the activations' fp8 rounding"
@@ -232,9 +233,9 @@ def test_rows_say_which_weights_and_pair_only_like_with_like():
 
     rows = []
     for wd, us in (("bf16", 1000.0), ("fp8", 700.0)):
-        inv = e2e.inventory(P.load_preset("nemotron-3-nano-30b-a3b"), weight_dtype=wd)
+        inv = hybrid.inventory(P.load_preset("nemotron-3-nano-30b-a3b"), weight_dtype=wd)
         spec = e2e.E2ESpec(presets=(inv.preset.name,), weight_dtype=wd)
-        plan = e2e.plan_weights(inv, None, None)
+        plan = hybrid.plan_weights(inv, None, None)
         for variant, scale in (("conventional", 1.0), ("replay", 0.9)):
             parts = {"ssm": [300.0 * scale], "attn": [100.0], "mlp": [500.0], "other": [100.0]}
             row = e2e.build_row(inv, spec, variant=variant, batch=8, context=4096, state_dtype="fp32", plan=plan,

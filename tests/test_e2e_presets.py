@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from replayssm_cli.measure import e2e
+from replayssm_cli.model import hybrid
 from replayssm_cli.model import presets as P
 from replayssm_cli.model.shapes import GDNShape, Mamba2Shape
 
@@ -36,7 +36,7 @@ def test_small_preset_loads_with_its_config_shapes(name):
 @pytest.mark.parametrize("name", sorted(CONFIGS))
 def test_small_preset_inventory_has_every_block(name):
     want = CONFIGS[name]
-    inv = e2e.inventory(P.load_preset(name))
+    inv = hybrid.inventory(P.load_preset(name))
     assert inv.family.name == want["family"]
     assert {k: inv.count(k) for k in ("ssm", "attn", "mlp", "moe")} == want["counts"]
     mlp = inv.blocks["mlp"].linear("up_proj")
@@ -44,17 +44,17 @@ def test_small_preset_inventory_has_every_block(name):
 
 
 def test_nemotron_nano_4b_follows_its_hybrid_pattern():
-    inv = e2e.inventory(P.load_preset("nemotron-3-nano-4b"))
+    inv = hybrid.inventory(P.load_preset("nemotron-3-nano-4b"))
     assert inv.order_source == "preset file" and inv.order == "M-M-M-MM-M-M*-M-M*-M-M-M*-M-M-MM*-MMM-M-M-"
     ssm = inv.blocks["ssm"]
     # z and x (96 x 80 each), B and C (8 x 128 each), dt (96).
     assert ssm.linear("in_proj").n == 2 * 7680 + 2 * 1024 + 96 and ssm.sizes["norm_group"] == 7680 // 8
     # Embedding and LM head (untied), 21 Mamba-2, 4 attention and 17 squared-ReLU MLP blocks: about 3.97B parameters.
-    assert inv.full_bytes() / e2e.WEIGHT_ITEMSIZE / 1e9 == pytest.approx(3.97, rel=0.01)
+    assert inv.full_bytes() / hybrid.WEIGHT_ITEMSIZE / 1e9 == pytest.approx(3.97, rel=0.01)
 
 
 def test_qwen35_4b_puts_an_mlp_after_every_mixer():
-    inv = e2e.inventory(P.load_preset("qwen3.5-4b"))
+    inv = hybrid.inventory(P.load_preset("qwen3.5-4b"))
     assert inv.order == "M-M-M-*-" * 8
     assert inv.blocks["attn"].linear("qkv_proj").n == (2 * 16 + 2 * 4) * 256, "gated attention: the query projection is twice as wide"
     assert inv.blocks["ssm"].sizes["conv_dim"] == 2 * 16 * 128 + 32 * 128
@@ -62,6 +62,6 @@ def test_qwen35_4b_puts_an_mlp_after_every_mixer():
 
 @pytest.mark.parametrize("name, tp", [("nemotron-3-nano-4b", 2), ("qwen3.5-4b", 4)])
 def test_small_presets_divide_for_tp(name, tp):
-    inv = e2e.inventory(P.load_preset(name, tp=tp))
+    inv = hybrid.inventory(P.load_preset(name, tp=tp))
     want = CONFIGS[name]
     assert inv.dims["intermediate"] == want["inter"] // tp and inv.dims["heads"] == want["heads"] // tp

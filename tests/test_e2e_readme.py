@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from replayssm_cli.measure import e2e
+from replayssm_cli.model import hybrid
 from replayssm_cli.model import presets as P
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -45,7 +46,7 @@ def test_our_cells_are_the_tools(preset, batch, ours):
         if what.startswith("predicted"):
             wd = what[len("predicted ("):-1] if "(" in what else "bf16"
             spec = e2e.E2ESpec(presets=(preset,), batches=(batch,), contexts=(4096,))
-            got = e2e.predicted_shares(e2e.inventory(P.load_preset(preset), weight_dtype=wd), spec, "fp32")[0]["speedup"]
+            got = hybrid.predicted_shares(hybrid.inventory(P.load_preset(preset), weight_dtype=wd), spec, "fp32")[0]["speedup"]
         else:
             rows = json.loads((ROOT / "profiles/reference/h200-e2e.json").read_text())["rows"]
             got = next(r["speedup"] for r in rows if r["preset"] == preset and r["batch"] == batch and r.get("speedup"))

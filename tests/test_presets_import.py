@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from replayssm_cli.measure import e2e
+from replayssm_cli.model import hybrid
 from replayssm_cli.model import presets as P
 from replayssm_cli.errors import UserError
 from replayssm_cli.model.shapes import Mamba2Shape
@@ -71,7 +71,7 @@ def test_import_agrees_with_the_shipped_preset_of_the_same_model(tmp_path):
     assert imported.state_dtype == shipped.state_dtype == "fp32"
     assert "Nemotron-H family" in imported.estimated_reasons["state_dtype"]
     assert imported.e2e == shipped.e2e
-    assert e2e.inventory(imported).full_bytes() == e2e.inventory(shipped).full_bytes()
+    assert hybrid.inventory(imported).full_bytes() == hybrid.inventory(shipped).full_bytes()
 
 
 @pytest.mark.parametrize("wrapper", ["text_config", "llm_config"])
@@ -85,9 +85,9 @@ def test_falcon_h1_auto_head_and_mlp_blocks(tmp_path):
     p = P.load_preset_file(write(tmp_path / "falcon", FALCON_H1))
     assert p.shape == Mamba2Shape(H=32, P=128, N=256, G=1), "mamba_d_head 'auto' is mamba_d_ssm / mamba_n_heads"
     assert (p.ssm_layers, p.attn_layers) == (72, 72) and p.e2e["mlp_layers"] == 72
-    inv = e2e.inventory(p)
+    inv = hybrid.inventory(p)
     assert inv.count("mlp") == 72
-    mlp = inv.blocks["mlp"].params * 72 * e2e.WEIGHT_ITEMSIZE
+    mlp = inv.blocks["mlp"].params * 72 * hybrid.WEIGHT_ITEMSIZE
     assert inv.full_bytes() > 2 * (inv.full_bytes() - mlp), "the MLP blocks hold most of the weights"
 
 
@@ -112,7 +112,7 @@ def test_granite_needs_no_hand_written_head_dim(tmp_path):
     assert p.e2e["head_dim"] == 4096 // 32
     assert p.e2e["moe_layers"] == 40 and p.e2e["moe_intermediate_size"] == 768 and "intermediate_size" not in p.e2e
     assert p.e2e["shared_expert_intermediate_size"] == 1536
-    inv = e2e.inventory(p)
+    inv = hybrid.inventory(p)
     assert (inv.count("ssm"), inv.count("attn"), inv.count("moe")) == (36, 4, 40)
 
 

@@ -11,6 +11,7 @@ import torch.distributed as dist
 
 from replayssm_cli.errors import UserError
 from replayssm_cli.measure import e2e
+from replayssm_cli.model import hybrid
 from replayssm_cli.measure import tensor_parallel as tp
 from replayssm_cli.model import presets as P
 from replayssm_cli.model.shapes import GDNShape, Mamba2Shape
@@ -89,7 +90,7 @@ def test_check_shard_matches_the_unsharded_step(sharded, world, kind):
 @pytest.mark.parametrize("world", [2, 4], ids=["tp2", "tp4"])
 @pytest.mark.parametrize("kind", KINDS)
 def test_check_shard_runs_the_modelled_collectives(sharded, world, kind):
-    inv = e2e.inventory(P.with_tp(tiny(kind), world))
+    inv = hybrid.inventory(P.with_tp(tiny(kind), world))
     blocks = len(inv.order)
     norms = inv.count("ssm") if kind == "dense" else 0
     for result in sharded[world]:
@@ -105,14 +106,14 @@ def test_a_wrong_split_fails_the_check(sharded, world):
 
 
 def test_collectives_follow_the_blocks():
-    inv = e2e.inventory(P.load_preset("nemotron-3-super-120b-a12b", 4))
+    inv = hybrid.inventory(P.load_preset("nemotron-3-super-120b-a12b", 4))
     plan = tp.collectives(inv)
     assert [c.after for c in plan[:3]] == ["embed", "M0.out_proj", "E1.moe"]
     assert sum(c.kind == "all_reduce" for c in plan) == 1 + len(inv.order) == 1 + 88
     assert plan[-1].kind == "all_gather" and plan[-1].elems == 131072 // 4
     summary = tp.plan_summary(inv, batch=64)
     assert summary["bytes_per_step"] == 64 * (89 * 4096 * 2 + 131072 // 4 * 2)
-    assert tp.collectives(e2e.inventory(P.load_preset("nemotron-3-super-120b-a12b"))) == []
+    assert tp.collectives(hybrid.inventory(P.load_preset("nemotron-3-super-120b-a12b"))) == []
 
 
 class FakeComm(tp.Comm):
@@ -130,7 +131,7 @@ class FakeComm(tp.Comm):
 
 def test_attach_puts_the_collectives_into_the_step(interpreter, monkeypatch):
     monkeypatch.setattr(dist, "get_backend", lambda group=None: "fake")
-    inv = e2e.inventory(P.with_tp(tiny("dense"), 2))
+    inv = hybrid.inventory(P.with_tp(tiny("dense"), 2))
     weights = e2e.Weights(inv, inv.ffn_blocks, interpreter)
     step = e2e.Step(inv, weights, variant="replay", batch=2, context=4, window=2, state_dtype="fp32", read_dtype=None,
                     device=interpreter)
@@ -272,8 +273,8 @@ def test_ranks_run_the_step_and_write_comm_rows(interpreter, tmp_path):
     got = load(out)
     assert got.complete and len(got.rows) == 1 and not got.skipped
     row = got.rows[0]
-    inv = e2e.inventory(preset)
+    inv = hybrid.inventory(preset)
     assert row["x_tp_launch"] == "spawn" and row["x_tp_ranks"] == 2 and row["x_tp_backend"] == "gloo"
     assert row["x_us_comm"] == len(tp.collectives(inv)) == row["x_allreduces_per_step"] + 1
-    assert row["x_share_comm"] > 0 and sum(row[f"x_share_{c}"] for c in (*e2e.CATEGORIES, e2e.COMM)) == pytest.approx(1.0)
+    assert row["x_share_comm"] > 0 and sum(row[f"x_share_{c}"] for c in (*hybrid.CATEGORIES, e2e.COMM)) == pytest.approx(1.0)
     assert load(f"{out}.rank1").rows[0]["x_us_comm"] == row["x_us_comm"], "rank 1 ran the same step"

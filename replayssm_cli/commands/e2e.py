@@ -67,6 +67,7 @@ def e2e(
       replayssm e2e --preset qwen3.5-122b-a10b --weight-dtype nvfp4 --dry-run --gpu b300 --json
     """
     from replayssm_cli.measure import e2e as lib
+    from replayssm_cli.model import hybrid
     from replayssm_cli.model import presets as presets_mod
 
     spec = lib.E2ESpec(
@@ -87,14 +88,14 @@ def e2e(
     spec.validate()
     resolved = [presets_mod.resolve(name, tp) for name in spec.presets]
     for p in resolved:
-        lib.inventory(p, weight_dtype=spec.weight_dtype)
+        hybrid.inventory(p, weight_dtype=spec.weight_dtype)
     if dry_run:
         _dry_run(lib, spec, resolved, gpu, json_)
         return
 
     import torch
 
-    if spec.weight_dtype not in lib.RUNNABLE_WEIGHT_DTYPES:
+    if spec.weight_dtype not in hybrid.RUNNABLE_WEIGHT_DTYPES:
         lib.check_runnable(spec.weight_dtype, spec.kv_dtype, "", None, has_moe=False)
     from replayssm_cli.measure import tensor_parallel
 
@@ -117,6 +118,7 @@ def e2e(
 
 
 def _dry_run(lib: Any, spec: Any, resolved: list[Any], gpu: str | None, json_: bool) -> None:
+    from replayssm_cli.model import hybrid
     from replayssm_cli.report import e2e_table
     import torch
 
@@ -131,7 +133,7 @@ def _dry_run(lib: Any, spec: Any, resolved: list[Any], gpu: str | None, json_: b
         from replayssm_cli.model import gpus
 
         g = gpus.load_gpu(gpu or "h200")
-        free, l2 = int(g.memory_gib * lib.GIB), int(g.l2_mib * lib.MIB)
+        free, l2 = int(g.memory_gib * hybrid.GIB), int(g.l2_mib * hybrid.MIB)
         where = {"name": g.name, "key": g.key, "memory": "total (datasheet)", "bytes": free, "l2_bytes": l2}
     entries = lib.dry_run(spec, resolved, free=free, l2_bytes=l2)
     if spec.tp > 1:
@@ -144,7 +146,7 @@ def _dry_run(lib: Any, spec: Any, resolved: list[Any], gpu: str | None, json_: b
         return
     console = _wide(stdout)
     for p, entry in zip(resolved, entries):
-        console.print(e2e_table.inventory_table(lib.inventory(p, weight_dtype=spec.weight_dtype)))
+        console.print(e2e_table.inventory_table(hybrid.inventory(p, weight_dtype=spec.weight_dtype)))
         console.print(e2e_table.memory_table(entry, spec.batches))
         console.print(e2e_table.prediction_table(entry))
         if "collectives" in entry:
@@ -153,9 +155,9 @@ def _dry_run(lib: Any, spec: Any, resolved: list[Any], gpu: str | None, json_: b
                           f"{c['bytes_per_seq'] / 1024:.0f} KiB per sequence from each rank (modelled; --tp-launch spawn times them)",
                           highlight=False)
     console.print(
-        f"memory planned against {where['bytes'] / lib.GIB:.0f} GiB ({where['memory']}) of {where['name']}; "
+        f"memory planned against {where['bytes'] / hybrid.GIB:.0f} GiB ({where['memory']}) of {where['name']}; "
         f"state dtype {spec.state_dtype or 'each preset’s own'}; {lib.weights_note(spec.weight_dtype)}; "
-        f"{lib.PREDICTION_METHOD}; nothing was allocated or timed",
+        f"{hybrid.PREDICTION_METHOD}; nothing was allocated or timed",
         highlight=False,
     )
 

@@ -17,7 +17,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from replayssm_cli.errors import UserError
-from replayssm_cli.measure.e2e import BLOCK_KIND, CONV_WIDTH, TP_LAUNCHES as LAUNCHES, Family, Inventory, Op, Step, inventory
+from replayssm_cli.measure.e2e import TP_LAUNCHES as LAUNCHES, Op, Step
+from replayssm_cli.model.hybrid import BLOCK_KIND, CONV_WIDTH, Family, Inventory, inventory
 from replayssm_cli.model import ops
 from replayssm_cli.model.presets import Preset, with_tp
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from replayssm_cli.measure.e2e import CATEGORIES, GIB, MIB, VARIANTS, Inventory
-from replayssm_kernels.e2e_ops import CONV_WIDTH
+from replayssm_cli.measure.e2e import VARIANTS
+from replayssm_cli.model.hybrid import CATEGORIES, CONV_WIDTH, GIB, MIB, Inventory
 from typing import Any
 
 
