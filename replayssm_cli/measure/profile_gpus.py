@@ -98,9 +98,20 @@ def _work(w: _Worker) -> None:
         send(("failed", w.index, f"{type(exc).__name__}: {exc}"))
         return
     env = setup["environment"]
+    index = _nvml_index() if w.setup is prof.measured_setup else None
+    if index:
+        # measured_setup asked NVML for its GPU 0, which is not this process's GPU: the name, UUID and clocks of this one.
+        from replayssm_cli.model import gpus
+
+        env["gpu"].update(gpus.detect(index).to_dict())
+        setup["sampler"] = gpus.ClockSampler(index=index, required=False)
     gpu = {"index": w.index, "device": w.device, "name": env["gpu"].get("name"), "uuid": env["gpu"].get("uuid")}
     send(("ready", w.index, {k: setup[k] for k in ("environment", "ceilings", "free_bytes", "gpu_key", "gpu_name")}))
     sink = _Collect(gpu, send)
+    if w.runner is None:
+        from replayssm_cli.measure import bench
+
+        w.runner = bench.run_point
     run = prof.ProfileRun(results=None, path=Path("."))
     sampler = setup.get("sampler")
     try:
@@ -120,6 +131,27 @@ def _work(w: _Worker) -> None:
         if sampler is not None:
             sampler.__exit__(None, None, None)
     send(("done", w.index, {"clocks": clocks} if clocks is not None else {}))
+
+
+def _nvml_index() -> int | None:
+    """NVML's index of the one GPU this process sees (CUDA device 0), matched by UUID: NVML ignores CUDA_VISIBLE_DEVICES."""
+    import torch
+
+    want = str(getattr(torch.cuda.get_device_properties(0), "uuid", "") or "")
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception:  # noqa: BLE001 - no NVML: the environment stays as measured_setup found it
+        return None
+    try:
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            uuid = pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(i))
+            if want and want in (uuid.decode() if isinstance(uuid, bytes) else str(uuid)):
+                return i
+        return None
+    finally:
+        pynvml.nvmlShutdown()
 
 
 def _start(workers: list[_Worker], start_method: str) -> list[Any]:
