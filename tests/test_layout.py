@@ -70,3 +70,24 @@ def test_layout_keeps_every_triton_kernel_in_the_kernel_package():
               for path in ROOT.rglob("*.py") for node in ast.walk(ast.parse(path.read_text()))
               if isinstance(node, ast.FunctionDef) and any("jit" in ast.unparse(d) for d in node.decorator_list)]
     assert not jitted, f"Triton kernels outside replayssm_kernels: {jitted}"
+
+
+# presets.py reads Hugging Face's model_type strings; tensor_parallel.py's sharded reference step still branches (issue 46).
+OP_NAME_ALLOWED = {"model/ops.py", "model/presets.py", "measure/tensor_parallel.py"}
+
+
+def test_layout_asks_the_op_adapter_instead_of_comparing_op_names():
+    found = []
+    for path in ROOT.rglob("*.py"):
+        where = str(path.relative_to(ROOT))
+        if where in OP_NAME_ALLOWED:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Compare) and any(isinstance(op, (ast.Eq, ast.NotEq)) for op in node.ops):
+                names = [c.value for c in [node.left, *node.comparators] if isinstance(c, ast.Constant)]
+                if {"mamba2", "gdn"} & set(names):
+                    found.append(f"{where}:{node.lineno}")
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "isinstance" and len(node.args) == 2:
+                if {"Mamba2Shape", "GDNShape"} & {n.id for n in ast.walk(node.args[1]) if isinstance(n, ast.Name)}:
+                    found.append(f"{where}:{node.lineno}")
+    assert not found, f"branches on an op's name or shape type (ask replayssm_cli.model.ops): {found}"

@@ -238,7 +238,7 @@ def _drive_gdn(case: Case) -> None:
 
 def drive(case: Case) -> None:
     """Call the public function of `case` with its launch row forced."""
-    (_drive_mamba2 if case.op == "mamba2" else _drive_gdn)(case)
+    {"mamba2": _drive_mamba2, "gdn": _drive_gdn}[case.op](case)
 
 
 def sass(cubin: bytes, *options: str) -> str:

@@ -10,7 +10,7 @@ from typing import Any
 
 from replayssm_cli.errors import UserError, readable_path
 from replayssm_cli.model import ops
-from replayssm_cli.model.shapes import GDNShape, Mamba2Shape, SSMShape
+from replayssm_cli.model.shapes import SSMShape
 
 FORMAT = "replayssm-trace"
 VERSION = 1
@@ -59,11 +59,10 @@ class Trace:
 
     @property
     def shape(self) -> SSMShape:
-        a = self.arrays
-        if self.op == "mamba2":
-            _, H, P = a["x"].shape
-            return Mamba2Shape(H=H, P=P, N=a["B"].shape[2], G=a["B"].shape[1])
-        return GDNShape(H=a["q"].shape[1], HV=a["v"].shape[1], K=a["q"].shape[2], V=a["v"].shape[2])
+        dims = {letter: int(size) for name, (letters, _) in ARRAYS[self.op].items()
+                for letter, size in zip(letters.split(), self.arrays[name].shape)}
+        op = ops.named(self.op)
+        return op.shape(**{k: dims[k] for k in op.dims})
 
     def meta(self) -> dict[str, Any]:
         return {
@@ -105,21 +104,34 @@ def validate(trace: Trace) -> None:
             raise ValueError(f"trace array {name} has dtype {arr.dtype}; expected floating point")
         if not np.all(np.isfinite(arr)):
             raise ValueError(f"trace array {name} holds NaN or infinite values")
-    if trace.op == "mamba2":
-        if dims["H"] % dims["G"]:
-            raise ValueError(f"mamba2 trace has H={dims['H']} heads, not a multiple of G={dims['G']} groups")
-        if np.any(trace.arrays["A"] >= 0):
-            raise ValueError("mamba2 trace has A >= 0; A = -exp(A_log) must be negative")
-    else:
-        if dims["HV"] % dims["H"]:
-            raise ValueError(f"gdn trace has HV={dims['HV']} value heads, not a multiple of H={dims['H']} key heads")
-        if np.any(trace.arrays["g"] > 0):
-            raise ValueError("gdn trace has g > 0; the log decay must be <= 0")
-        beta = trace.arrays["beta"]
-        if np.any(beta < 0) or np.any(beta > 1):
-            raise ValueError("gdn trace has beta outside [0, 1]")
+    VALUE_CHECKS[trace.op](dims, trace.arrays)
     if not 0 <= trace.prompt_tokens < dims["T"]:
         raise ValueError(f"trace has prompt_tokens={trace.prompt_tokens} but {dims['T']} steps: no generated token")
+
+
+def _check_mamba2(dims: dict[str, int], arrays: dict[str, Any]) -> None:
+    import numpy as np
+
+    if dims["H"] % dims["G"]:
+        raise ValueError(f"mamba2 trace has H={dims['H']} heads, not a multiple of G={dims['G']} groups")
+    if np.any(arrays["A"] >= 0):
+        raise ValueError("mamba2 trace has A >= 0; A = -exp(A_log) must be negative")
+
+
+def _check_gdn(dims: dict[str, int], arrays: dict[str, Any]) -> None:
+    import numpy as np
+
+    if dims["HV"] % dims["H"]:
+        raise ValueError(f"gdn trace has HV={dims['HV']} value heads, not a multiple of H={dims['H']} key heads")
+    if np.any(arrays["g"] > 0):
+        raise ValueError("gdn trace has g > 0; the log decay must be <= 0")
+    beta = arrays["beta"]
+    if np.any(beta < 0) or np.any(beta > 1):
+        raise ValueError("gdn trace has beta outside [0, 1]")
+
+
+# Each op's checks of how its dimensions fit together and of its values' ranges.
+VALUE_CHECKS = {"mamba2": _check_mamba2, "gdn": _check_gdn}
 
 
 def write(path: str | Path, trace: Trace) -> Path:
