@@ -43,13 +43,13 @@ def fake_runner(point, context):
     return [{"phase": "avg", "ok": True, "samples_us": [us] * 5, "layers": 1, "note": f"ran on {device}"}]
 
 
-def test_grid_split_over_two_gpus(tmp_path, monkeypatch):
+def test_grid_split_over_two_gpus(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "5,7")
     (tmp_path / "barrier").mkdir()
     monkeypatch.setenv("FAKE_BARRIER", str(tmp_path / "barrier"))
     spec = ProfileSpec(presets=("nemotron-3-super-120b-a12b", "qwen3.5-122b-a10b"), batches=(1, 16, 64), phases=False, repeats=3)
     out = tmp_path / "p.json"
-    run = pg.run_profile_gpus(spec, 2, out=out, progress=False, setup=fake_setup, runner=fake_runner, start_method="fork")
+    run = pg.run_profile_gpus(spec, 2, out=out, progress=True, setup=fake_setup, runner=fake_runner, start_method="fork")
     got = load(out)
     assert got.complete and not run.interrupted and len(got.rows) == 2 * 3 * 2
     assert os.environ["CUDA_VISIBLE_DEVICES"] == "5,7", "the parent's devices are left as they were"
@@ -67,6 +67,7 @@ def test_grid_split_over_two_gpus(tmp_path, monkeypatch):
     assert all(len(g) == 1 for g in by_group.values()), "a preset and batch stay on one GPU"
     assert [g["uuid"] for g in got.environment["x_gpus"]] == ["GPU-fake-5", "GPU-fake-7"]
     assert run.gpu_name.startswith("2 x ")
+    assert "profile: 12/12 done on 2 GPUs" in capsys.readouterr().err, "a plain progress line where stderr is no terminal"
 
 
 def test_groups_keep_each_ratio_on_one_gpu():

@@ -180,6 +180,8 @@ def test_launch_refusals(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     _one_line(invoke("--preset", "nemotron-3-super-120b-a12b", "--tp", "2", "--tp-launch", "spawn"), "no CUDA GPU")
     _one_line(invoke("--preset", "nemotron-3-super-120b-a12b", "--tp", "1", "--tp-launch", "spawn"), "--tp 1")
+    _one_line(invoke("--preset", "nemotron-3-super-120b-a12b", "--tp", "2", "--tp-launch", "spawn", "--energy"), "--energy")
+    _one_line(invoke("--preset", "nemotron-3-super-120b-a12b", "--tp", "2", "--tp-launch", "ring"), "--tp-launch 'ring'")
     monkeypatch.setenv("WORLD_SIZE", "2")
     _one_line(invoke("--preset", "nemotron-3-super-120b-a12b", "--tp", "2"), "--tp-launch torchrun")
     monkeypatch.delenv("WORLD_SIZE")

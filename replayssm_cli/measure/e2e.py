@@ -621,6 +621,9 @@ class E2ESpec:
             raise UserError(f"--tp {self.tp} is not a tensor-parallel degree", "pass a positive integer")
         if self.tp_launch not in TP_LAUNCHES:
             raise UserError(f"--tp-launch {self.tp_launch!r} is not a launch the step knows", f"choose from {', '.join(TP_LAUNCHES)}")
+        if self.energy and self.tp_launch != "one-gpu":
+            raise UserError(f"--energy reads one GPU's energy counter, and --tp-launch {self.tp_launch} runs {self.tp} GPUs",
+                            "drop --energy, or --tp-launch")
         if self.max_weights_gib is not None and not self.max_weights_gib > 0:
             raise UserError(f"--max-weights-gib {self.max_weights_gib} is not a size", "pass GiB, e.g. --max-weights-gib 60")
         if self.windows < 1:

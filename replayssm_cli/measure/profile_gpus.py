@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import queue as queue_mod
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -237,6 +238,9 @@ def run_profile_gpus(
     bar = Progress(TextColumn(f"[bold]profile[/] on {n} GPUs"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                    TextColumn("{task.description}"), console=err, transient=True, disable=not progress or not err.is_terminal)
     procs = _start(workers, start_method)
+    # Where stderr is no terminal (a log, CI), plain lines instead of the bar: at most one every LOG_EVERY_S, and the last.
+    log = progress and not err.is_terminal
+    started = last_line = time.monotonic()
     try:
         with bar, prof.stop_signals_interrupt():
             task = bar.add_task("", total=len(points))
@@ -260,6 +264,11 @@ def run_profile_gpus(
                 elif kind == "point":
                     done.add(msg[2])
                     bar.update(task, advance=1, description=f"GPU {msg[1]}: {msg[2]}")
+                    now = time.monotonic()
+                    if log and (now - last_line >= prof.LOG_EVERY_S or len(done) == len(points)):
+                        err.print(f"profile: {len(done)}/{len(points)} done on {n} GPUs, {now - started:.0f} s: GPU {msg[1]}: {msg[2]}",
+                                  highlight=False, soft_wrap=True)
+                        last_line = now
                 elif kind == "ready":
                     ready[msg[1]] = msg[2]
                     _environment(writer, ready, workers)
