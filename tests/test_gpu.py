@@ -365,7 +365,7 @@ def test_ceiling_kernels_compute_what_they_claim():
 
 
 def test_gpu_says_which_launch_table_a_chip_takes():
-    from replayssm_cli.commands.gpu import launch_table
+    from replayssm_cli.model.gpus import launch_table
 
     assert launch_table("9.0") == {"family": "sm_90", "table": "sm_90 table (tuned on an NVIDIA H200)", "tuned": True,
                                    "fp8": True, "pdl": True, "shared_kib_per_sm": 228}

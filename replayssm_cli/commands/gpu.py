@@ -45,7 +45,7 @@ def gpu(
         ceilings = G.datasheet_ceilings(spec)
         if json_out:
             print_json({"gpu": None, "spec": spec.to_dict(), "theoretical_gbs": None, "ceilings": ceilings.to_dict(),
-                        "launch_table": launch_table(spec.compute_capability)})
+                        "launch_table": G.launch_table(spec.compute_capability)})
             return
         _spec_table(spec)
         _ceilings_table(ceilings, spec)
@@ -68,7 +68,7 @@ def gpu(
             "spec": spec.to_dict() if spec else None,
             "theoretical_gbs": detected.theoretical_gbs,
             "ceilings": ceilings.to_dict() if ceilings else None,
-            "launch_table": launch_table(detected.compute_capability),
+            "launch_table": G.launch_table(detected.compute_capability),
         })
         return
     _detected_table(detected)
@@ -170,24 +170,10 @@ def _ceilings_table(c: G.Ceilings, spec: G.GpuSpec | None) -> None:
         note("datasheet figures; `replayssm gpu --measure` measures this GPU's own")
 
 
-def launch_table(compute_capability: str | None) -> dict[str, Any] | None:
-    """The kernels' launch table for a GPU of this compute capability ("9.0"): its family, whether its rows were
-    tuned there, what the family lacks; None when the capability is unknown."""
-    from replayssm_kernels import families
-
-    if not compute_capability:
-        return None
-    major, _, minor = compute_capability.partition(".")
-    try:
-        family = families.family_of(int(major) * 10 + int(minor or 0))
-    except ValueError as exc:
-        return {"family": None, "table": None, "tuned": False, "error": str(exc)}
-    return {"family": family.name, "table": family.table(), "tuned": family.tuned, "fp8": family.fp8,
-            "pdl": family.pdl, "shared_kib_per_sm": family.shared_kib}
 
 
 def _table_line(compute_capability: str | None) -> str:
-    table = launch_table(compute_capability)
+    table = G.launch_table(compute_capability)
     if table is None:
         return "-"
     if table["family"] is None:

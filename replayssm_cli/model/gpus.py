@@ -638,3 +638,18 @@ def format_tflops(tflops: float | None) -> str:
         return "-"
     return f"{tflops:,.1f} TFLOP/s"
 
+
+def launch_table(compute_capability: str | None) -> dict[str, Any] | None:
+    """The kernels' launch table for a GPU of this compute capability ("9.0"): its family, whether its rows were
+    tuned there, what the family lacks; None when the capability is unknown."""
+    from replayssm_kernels import families
+
+    if not compute_capability:
+        return None
+    major, _, minor = compute_capability.partition(".")
+    try:
+        family = families.family_of(int(major) * 10 + int(minor or 0))
+    except ValueError as exc:
+        return {"family": None, "table": None, "tuned": False, "error": str(exc)}
+    return {"family": family.name, "table": family.table(), "tuned": family.tuned, "fp8": family.fp8,
+            "pdl": family.pdl, "shared_kib_per_sm": family.shared_kib}
