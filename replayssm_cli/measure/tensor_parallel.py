@@ -89,7 +89,6 @@ def plan_summary(inv: Inventory, batch: int | None = None) -> dict[str, Any]:
     return out
 
 
-# --- every weight's split -------------------------------------------------------------------------------------------
 # A tensor dimension is a list of segments (full size, rule): "split" takes the rank's 1/tp chunk (heads, groups,
 # intermediate features), "whole" replicates it, ("kv", heads, head_dim) splits KV heads or, with fewer KV heads than
 # ranks, gives rank r head r // (tp / heads), as vLLM's QKVParallelLinear does.
@@ -194,9 +193,6 @@ def shard_cache(full: Inventory, cache: dict[str, Any], rank: int, tp: int) -> d
         "conv": [_take(c, 2, m["conv"], rank, tp).clone() for c in cache["conv"]],
         "kv": [tuple(_take(t, 1, kv_rule, rank, tp).clone() for t in pair) for pair in cache["kv"]],
     }
-
-
-# --- the plain-PyTorch step -----------------------------------------------------------------------------------------
 
 
 @dataclass
@@ -473,9 +469,6 @@ def check_shard(preset: Preset, tp: int, comm: Comm, *, batch: int = 3, context:
     }
 
 
-# --- the collectives in the timed step ------------------------------------------------------------------------------
-
-
 def attach(step: Step, comm: Comm, launch: str) -> dict[str, Any]:
     """Put this rank's collectives into `step` (category 'comm', each after the op it follows) and return the row fields
     that say so. The block outputs and the embedding are all-reduced in place; the LM head writes its logits into a
@@ -515,9 +508,6 @@ def attach(step: Step, comm: Comm, launch: str) -> dict[str, Any]:
     return {"x_tp_launch": launch, "x_tp_ranks": comm.tp, "x_tp_backend": dist.get_backend(comm.group) if comm.tp > 1 else None,
             "x_allreduces_per_step": summary["all_reduce"], "x_allgathers_per_step": summary["all_gather"],
             "x_comm_bytes_per_step": summary["bytes_per_step"]}
-
-
-# --- the ranks ------------------------------------------------------------------------------------------------------
 
 
 def free_port() -> int:
