@@ -520,6 +520,21 @@ def _split_configs(configs: list[Config]):
     return conv, rep, windows
 
 
+def _start_states(S64, configs: list[Config], heads: int):
+    """Each config's state after the prompt as it stores it: the conventional configs' states stacked, the replay
+    configs' checkpoints and read copies, their windows' buffers and each config's window index; with the configs
+    split (conv, rep, windows) and in the order the errors come out."""
+    import torch
+
+    conv, rep, windows = _split_configs(configs)
+    Sc = torch.stack([_stored(S64.float(), c.state_dtype) for c in conv]) if conv else None
+    S0 = [_stored(S64.float(), c.state_dtype) for c in rep]
+    Rd = torch.stack([_read_copy(s, c.read_dtype) for s, c in zip(S0, rep)]) if rep else None
+    win = _Windows(windows, heads) if rep else None
+    cfg_w = torch.tensor([windows.index(c.window) for c in rep], dtype=torch.long)
+    return conv, rep, windows, conv + rep, Sc, S0, Rd, win, cfg_w
+
+
 def _mamba2_params(inputs: Inputs, dtype):
     import torch.nn.functional as F
 
@@ -541,14 +556,7 @@ def _run_mamba2(inputs: Inputs, configs: list[Config], on_step, keep: bool):
     x64, B64, C64, D64, delta64, log_a64 = _mamba2_params(inputs, torch.float64)
     H = x.shape[1]
     S64 = _prompt_state(inputs)
-
-    conv, rep, windows = _split_configs(configs)
-    order = conv + rep
-    Sc = torch.stack([_stored(S64.float(), c.state_dtype) for c in conv]) if conv else None
-    S0 = [_stored(S64.float(), c.state_dtype) for c in rep]
-    Rd = torch.stack([_read_copy(s, c.read_dtype) for s, c in zip(S0, rep)]) if rep else None
-    win = _Windows(windows, H) if rep else None
-    cfg_w = torch.tensor([windows.index(c.window) for c in rep], dtype=torch.long)
+    conv, rep, windows, order, Sc, S0, Rd, win, cfg_w = _start_states(S64, configs, H)
 
     G = inputs.generated
     err2 = torch.zeros(len(order), G, dtype=torch.float64)
@@ -616,14 +624,7 @@ def _run_gdn(inputs: Inputs, configs: list[Config], on_step, keep: bool):
     q64, k64, v64, g64, beta64 = _gdn_params(inputs, torch.float64)
     H, V = v.shape[1], v.shape[2]
     S64 = _prompt_state(inputs)
-
-    conv, rep, windows = _split_configs(configs)
-    order = conv + rep
-    Sc = torch.stack([_stored(S64.float(), c.state_dtype) for c in conv]) if conv else None
-    S0 = [_stored(S64.float(), c.state_dtype) for c in rep]
-    Rd = torch.stack([_read_copy(s_, c.read_dtype) for s_, c in zip(S0, rep)]) if rep else None
-    win = _Windows(windows, H) if rep else None
-    cfg_w = torch.tensor([windows.index(c.window) for c in rep], dtype=torch.long)
+    conv, rep, windows, order, Sc, S0, Rd, win, cfg_w = _start_states(S64, configs, H)
     # The buffer caches the corrected update u_j, so each config keeps its own ring of them.
     u_ring = torch.zeros(len(rep), win.wmax if rep else 1, H, V)
 
