@@ -4,6 +4,7 @@ collectives the timed step runs, and the launch's refusals."""
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 import torch
@@ -280,3 +281,30 @@ def test_ranks_run_the_step_and_write_comm_rows(interpreter, tmp_path):
     assert row["x_us_comm"] == len(tp.collectives(inv)) == row["x_allreduces_per_step"] + 1
     assert row["x_share_comm"] > 0 and sum(row[f"x_share_{c}"] for c in (*hybrid.CATEGORIES, e2e.COMM)) == pytest.approx(1.0)
     assert load(f"{out}.rank1").rows[0]["x_us_comm"] == row["x_us_comm"], "rank 1 ran the same step"
+
+
+def _sleeper(seconds: float) -> None:
+    time.sleep(seconds)
+
+
+def _deaf(seconds: float) -> None:
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    time.sleep(seconds)
+
+
+def test_stop_interrupts_then_kills(monkeypatch):
+    import multiprocessing as mp
+
+    monkeypatch.setattr(tp, "STOP_WAIT_S", 0.2)
+    monkeypatch.setattr(tp, "INTERRUPT_GRACE_S", 0.5)
+    ctx = mp.get_context("fork")
+    procs = [ctx.Process(target=_sleeper, args=(60,)), ctx.Process(target=_deaf, args=(60,))]
+    for proc in procs:
+        proc.start()
+    started = time.monotonic()
+    tp.stop(procs)
+    assert time.monotonic() - started < 5 and not any(p.is_alive() for p in procs)
+    assert procs[0].exitcode == 1, "Ctrl-C's KeyboardInterrupt ended the first"
+    assert procs[1].exitcode == -9, "the one that ignores SIGINT was killed"

@@ -13,10 +13,12 @@ from typing import Any, Callable
 from replayssm_cli.errors import UserError
 from replayssm_cli.measure import profile as prof
 from replayssm_cli.measure.grid import Point, ProfileSpec, plan
+from replayssm_cli.measure.tensor_parallel import stop
 
 # How often the parent looks for a worker that died without a word while it waits for rows.
 POLL_S = 1.0
-INTERRUPT_GRACE_S = 30
+# How long the parent waits for a worker to end after its last group.
+END_WAIT_S = 30
 
 
 def gpu_count(value: str | None, visible: int) -> int:
@@ -284,7 +286,7 @@ def run_profile_gpus(
     except KeyboardInterrupt as exc:
         run.interrupted = True
         run.stop_signal = getattr(exc, "signal_name", "SIGINT")
-        _stop(procs)
+        stop(procs)
         with prof.signals_held():
             _drain(results, writer, done)
             for point in points:
@@ -294,11 +296,11 @@ def run_profile_gpus(
         writer.release()
         return _finish(run, ready, resolved)
     except BaseException:
-        _stop(procs)
+        stop(procs)
         writer.release()
         raise
     for proc in procs:
-        proc.join(INTERRUPT_GRACE_S)
+        proc.join(END_WAIT_S)
     why = "; ".join(f"the process on GPU {i} ended with exit code {code}" for i, code in sorted(lost.items()))
     missing = [p for p in points if p.label() not in done]
     for point in missing:
@@ -315,18 +317,6 @@ def _environment(writer: Any, ready: dict[int, dict[str, Any]], workers: list[_W
     writer.results.environment["x_gpus"] = [
         {"index": i, "device": workers[i].device, **ready[i]["environment"]["gpu"]} for i in sorted(ready)
     ]
-
-
-def _stop(procs: list[Any]) -> None:
-    import signal
-
-    for proc in procs:
-        if proc.is_alive():
-            os.kill(proc.pid, signal.SIGINT)
-    for proc in procs:
-        proc.join(INTERRUPT_GRACE_S)
-        if proc.is_alive():
-            proc.kill()
 
 
 def _drain(results: Any, writer: Any, done: set[str]) -> None:

@@ -26,6 +26,7 @@ from replayssm_cli.model.presets import Preset, with_tp
 NCCL_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 # A rank that fails on its own leaves the others in a collective: they give up after this long.
 COLLECTIVE_TIMEOUT_S = 600
+STOP_WAIT_S = 5
 INTERRUPT_GRACE_S = 30
 EXIT_INTERRUPTED = 130
 ITEMSIZE = {"bf16": 2, "fp32": 4}
@@ -558,11 +559,9 @@ def check_launch(tp: int, launch: str, *, cuda: bool, visible: int) -> None:
 def spawn(fn: Callable[..., Any], tp: int, args: tuple = (), *, start_method: str = "spawn") -> None:
     """Run fn(rank, tp, port, *args) in tp processes with NCCL_ENV set; raise typer.Exit with the first failing rank's code.
 
-    Ctrl-C is passed on to every rank (rank 0 then closes its results file with the rows it finished); a rank still
-    running INTERRUPT_GRACE_S later, stuck in a collective its peers left, is killed.
+    On Ctrl-C every rank stops (rank 0 closes its results file with the rows it finished, see stop); a rank still
+    running after that, stuck in a collective its peers left, is killed.
     """
-    import signal
-
     import torch.multiprocessing as mp
     import typer
 
@@ -572,16 +571,32 @@ def spawn(fn: Callable[..., Any], tp: int, args: tuple = (), *, start_method: st
         while not ctx.join(timeout=1):
             pass
     except KeyboardInterrupt:
-        for proc in ctx.processes:
-            if proc.is_alive():
-                os.kill(proc.pid, signal.SIGINT)
-        for proc in ctx.processes:
-            proc.join(INTERRUPT_GRACE_S)
-            if proc.is_alive():
-                proc.kill()
+        stop(ctx.processes)
         raise typer.Exit(EXIT_INTERRUPTED) from None
     except mp.ProcessExitedException as exc:
         raise typer.Exit(exc.exit_code or 1) from None
+
+
+def stop(procs: list[Any]) -> None:
+    """Stop child processes after a Ctrl-C: a terminal's or timeout's SIGINT reaches their whole process group, so each
+    gets STOP_WAIT_S to finish on its own, then SIGINT, then INTERRUPT_GRACE_S before it is killed."""
+    import signal
+    import time
+
+    def join_all(seconds: float) -> None:
+        deadline = time.monotonic() + seconds
+        for proc in procs:
+            proc.join(max(0.0, deadline - time.monotonic()))
+
+    join_all(STOP_WAIT_S)
+    for proc in procs:
+        if proc.is_alive():
+            os.kill(proc.pid, signal.SIGINT)
+    join_all(INTERRUPT_GRACE_S)
+    for proc in procs:
+        if proc.is_alive():
+            proc.kill()
+            proc.join()
 
 
 def init(rank: int, tp: int, port: int | None, backend: str, local_rank: int | None = None) -> Comm:
