@@ -2,24 +2,24 @@
 # Past one GPU, on a machine with 2 to 8 GPUs: `replayssm e2e --tp 2` and `--tp 4` over as many processes and GPUs
 # (NCCL, NVLink multicast off) for the 120B-class presets at batch 64 and 256, conventional against ReplaySSM
 # (W = 16, each preset's own state dtype, 4096-token context), each beside the same shard timed alone on one GPU
-# (--tp-launch one-gpu, no collectives); then the default `replayssm profile` timed on one GPU and, where
-# `profile --gpus` exists, on every GPU. A --tp past the visible GPUs is refused in one line and the script goes on.
+# (--tp-launch one-gpu, no collectives); then the default `replayssm profile` timed on one GPU and on every GPU
+# (--gpus all). A --tp past the visible GPUs is refused in one line and the script goes on.
 # Each run is stopped with Ctrl-C after RUN_LIMIT seconds (its finished rows stay in its file).
-# Writes under $OUT (default runs/tp-gpus), at most 8 files: topo.txt (GPUs, links, versions); e2e-tp2.json and
-# e2e-tp4.json (the ranks' rows, both presets: rank 0's results file); log.txt (every command's stderr and exit);
-# summary.txt (every e2e row, spawned beside one-gpu, and the profile wall times); profile-1gpu.json and
-# profile-gpus.json (the profile results).
-# Usage: OUT=dir [RUN_LIMIT=120] [TPS="2 4"] benchmarks/tp_gpus.sh [e2e|profile|all]
+# Before the e2e runs, the GPU tests of tests/test_tensor_parallel.py: vLLM's split checked over NCCL and a tiny step
+# timed with its collectives inside CUDA graphs.
+# Writes under $OUT (default runs/tp-gpus), at most 8 files: log.txt (GPUs, links and versions, the GPU tests' output,
+# every command's stderr and exit); e2e-tp2.json and e2e-tp4.json (the ranks' rows, both presets: rank 0's results
+# file); e2e-tp2-one-gpu.json and e2e-tp4-one-gpu.json (one GPU's shard alone); summary.txt (every e2e row and the
+# profile wall times); profile-1gpu.json and profile-gpus.json. `e2e` takes about 8 minutes, `profile` about 2.
+# Usage: OUT=dir [RUN_LIMIT=100] [TPS="2 4"] benchmarks/tp_gpus.sh [e2e|profile|all]
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=$(mkdir -p "${OUT:-runs/tp-gpus}" && cd "${OUT:-runs/tp-gpus}" && pwd)
 WHAT=${1:-all}
-RUN_LIMIT=${RUN_LIMIT:-120}
+RUN_LIMIT=${RUN_LIMIT:-100}
 PRESETS="-p nemotron-3-super-120b-a12b -p qwen3.5-122b-a10b"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 unset TRITON_INTERPRET
-SCRATCH=$(mktemp -d)
-trap 'rm -rf "$SCRATCH"' EXIT
 LOG="$OUT/log.txt"
 
 run() {
@@ -36,13 +36,19 @@ run() {
     nvidia-smi --query-gpu=index,name,uuid,driver_version,memory.total --format=csv
     nvidia-smi topo -m
     python -c 'import torch, triton; print("torch", torch.__version__, "cuda", torch.version.cuda, "nccl", torch.cuda.nccl.version(), "triton", triton.__version__, "gpus", torch.cuda.device_count())'
-} > "$OUT/topo.txt" 2>&1
+} >> "$LOG" 2>&1
 
 if [ "$WHAT" = e2e ] || [ "$WHAT" = all ]; then
-    for tp in ${TPS:-2 4}; do
-        for launch in spawn one-gpu; do
+    # First the split over NCCL (tiny models against the unsharded step) and a tiny step with its collectives in CUDA graphs.
+    start=$SECONDS
+    echo "== gpu tests: tests/test_tensor_parallel.py -m gpu" >> "$LOG"
+    timeout -s INT -k 30 300 python -m pytest -q -p no:xdist -m gpu tests/test_tensor_parallel.py -rs >> "$LOG" 2>&1
+    echo "gpu tests: exit $?, $((SECONDS - start)) s" | tee -a "$LOG" >&2
+    # The ranks first, so that a run cut short by the machine's time limit has them.
+    for launch in spawn one-gpu; do
+        for tp in ${TPS:-2 4}; do
             file="$OUT/e2e-tp$tp.json"
-            [ "$launch" = one-gpu ] && file="$SCRATCH/e2e-tp$tp-one-gpu.json"
+            [ "$launch" = one-gpu ] && file="$OUT/e2e-tp$tp-one-gpu.json"
             run "e2e tp$tp $launch" replayssm e2e $PRESETS --batch 64,256 --context 4096 --variant conventional,replay \
                 --window 16 --tp "$tp" --tp-launch "$launch" --out "$file"
         done
@@ -58,17 +64,17 @@ if [ "$WHAT" = profile ] || [ "$WHAT" = all ]; then
     fi
 fi
 
-python - "$OUT" "$SCRATCH" <<'PY' | tee "$OUT/summary.txt"
+python - "$OUT" <<'PY' | tee "$OUT/summary.txt"
 import json
 import sys
 from pathlib import Path
 
 from replayssm_cli.report.results import load
 
-out, scratch = Path(sys.argv[1]), Path(sys.argv[2])
+out = Path(sys.argv[1])
 print(f"{'preset':28} {'tp':>2} {'launch':8} {'batch':>5} {'variant':12} {'ITL ms':>8} {'tok/s':>9} {'SSM %':>6} {'attn %':>6} "
       f"{'MLP %':>6} {'comm %':>6} {'speedup':>7}")
-for path in sorted([*out.glob("e2e-tp*.json"), *scratch.glob("e2e-tp*.json")]):
+for path in sorted(out.glob("e2e-tp*.json")):
     try:
         results = load(path)
     except Exception as exc:  # an unreadable file is reported, the others still summarised

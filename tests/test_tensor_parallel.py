@@ -237,18 +237,21 @@ def test_the_table_and_notes_say_which_path_ran():
         assert ("comm %" in text) == shown and ("15.0" in text) == shown
 
 
-def _run_rank0(spec, presets, out, **hooks):
+def _run_rank0(spec, presets, out, device, **hooks):
+    _run(spec, presets, out, device, **hooks)
+
+
+def _run_quiet(spec, presets, out, device, **hooks):
+    _run(spec, presets, f"{out}.rank{dist.get_rank()}", device, **hooks)
+
+
+def _run(spec, presets, out, device, **hooks):
     from replayssm_cli.report.results import ResultsWriter
 
-    writer = ResultsWriter(out, {"gpu": {"name": "cpu"}}, spec.to_dict())
-    e2e.run(spec, presets, writer, device="cpu", progress=False, timer=_eager_timer, attention="torch-sdpa", **hooks)
-
-
-def _run_quiet(spec, presets, out, **hooks):
-    from replayssm_cli.report.results import ResultsWriter
-
-    writer = ResultsWriter(f"{out}.rank{dist.get_rank()}", {"gpu": {"name": "cpu"}}, spec.to_dict())
-    e2e.run(spec, presets, writer, device="cpu", progress=False, timer=_eager_timer, attention="torch-sdpa", **hooks)
+    writer = ResultsWriter(out, {"gpu": {"name": device}}, spec.to_dict())
+    # On the CPU each selection runs once, eagerly; on CUDA through the CUDA-graph timer, collectives captured in the graphs.
+    timer = _eager_timer if device == "cpu" else None
+    e2e.run(spec, presets, writer, device=device, progress=False, timer=timer, attention="torch-sdpa", **hooks)
 
 
 def _eager_timer(step, select, replays, warmup):
@@ -262,7 +265,7 @@ def _gloo_rank(rank, world, port, spec, presets, out):
     torch.set_default_device("cpu")
     # The kernels' check against their reference is another test's; here the ranks' lockstep and rows are.
     e2e.Step.check = lambda self: 0.0
-    tp.run_rank(rank, world, port, "spawn", _run_rank0, (spec, presets, out), _run_quiet, backend="gloo")
+    tp.run_rank(rank, world, port, "spawn", _run_rank0, (spec, presets, out, "cpu"), _run_quiet, backend="gloo")
 
 
 def test_ranks_run_the_step_and_write_comm_rows(interpreter, tmp_path):
@@ -308,3 +311,48 @@ def test_stop_interrupts_then_kills(monkeypatch):
     assert time.monotonic() - started < 5 and not any(p.is_alive() for p in procs)
     assert procs[0].exitcode == 1, "Ctrl-C's KeyboardInterrupt ended the first"
     assert procs[1].exitcode == -9, "the one that ignores SIGINT was killed"
+
+
+two_gpus = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs")
+
+
+def _nccl_check(rank, world, port, out):
+    comm = tp.init(rank, world, port, "nccl")
+    try:
+        got = {kind: tp.check_shard(tiny(kind), world, tp.Comm(tp=world, rank=rank), device="cuda") for kind in KINDS}
+    finally:
+        dist.destroy_process_group()
+    with open(f"{out}/rank{rank}.json", "w") as fh:
+        json.dump(got, fh)
+
+
+@pytest.mark.gpu
+@two_gpus
+def test_check_shard_over_nccl(tmp_path):
+    tp.spawn(_nccl_check, 2, args=(str(tmp_path),))
+    for rank in range(2):
+        result = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        for kind in KINDS:
+            r = result[kind]
+            assert max(r[p] for p in ("logits", "ssm", "conv", "kv")) <= 1e-4, (rank, kind, r)
+            assert [tuple(c) for c in r["calls"]] == [tuple(c) for c in r["modelled"]]
+
+
+def _nccl_rank(rank, world, port, spec, presets, out):
+    tp.run_rank(rank, world, port, "spawn", _run_rank0, (spec, presets, out, "cuda"), _run_quiet)
+
+
+@pytest.mark.gpu
+@two_gpus
+def test_nccl_ranks_time_the_step_with_collectives_in_its_graphs(tmp_path):
+    from replayssm_cli.report.results import load
+
+    preset = P.with_tp(tiny("nemotron"), 2)
+    spec = e2e.E2ESpec(presets=(preset.name,), batches=(4,), contexts=(64,), window=4, windows=1, tp=2, tp_launch="spawn")
+    out = tmp_path / "tp.json"
+    tp.spawn(_nccl_rank, 2, args=(spec, [preset], str(out)))
+    got = load(out)
+    assert got.complete and not got.skipped, got.skipped
+    for row in got.rows:
+        assert row["status"] == "ok" and row["x_tp_backend"] == "nccl" and row["x_share_comm"] > 0
+    assert got.rows[-1]["speedup"] > 0

@@ -351,7 +351,7 @@ def _ssm(inv: Inventory, w: dict[str, torch.Tensor], xn: torch.Tensor, cache: di
 def _rope(x: torch.Tensor, pos: int, rot: int) -> torch.Tensor:
     if not rot:
         return x
-    inv_freq = 10000.0 ** (-torch.arange(0, rot, 2, dtype=torch.float64) / rot)
+    inv_freq = 10000.0 ** (-torch.arange(0, rot, 2, dtype=torch.float64, device=x.device) / rot)
     cos, sin = (f(pos * inv_freq).to(x.dtype) for f in (torch.cos, torch.sin))
     x1, x2 = x[..., :rot // 2], x[..., rot // 2:rot]
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin, x[..., rot:]], dim=-1)
@@ -440,16 +440,27 @@ def step_ref(inv: Inventory, weights: dict[str, Any], cache: dict[str, Any], tok
     return gathered.permute(1, 0, 2).reshape(tokens.shape[0], -1)[:, :vocab]
 
 
+def _to(obj: Any, device: torch.device | str) -> Any:
+    if isinstance(obj, torch.Tensor):
+        return obj.to(device)
+    if isinstance(obj, dict):
+        return {k: _to(v, device) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_to(v, device) for v in obj)
+    return obj
+
+
 def check_shard(preset: Preset, tp: int, comm: Comm, *, batch: int = 3, context: int = 5, seed: int = 0,
-                family: Family | None = None) -> dict[str, Any]:
+                family: Family | None = None, device: torch.device | str = "cpu") -> dict[str, Any]:
     """On rank comm.rank: the whole model's step (tp=1, plain PyTorch, fp32) against this rank's shard of it run with the
-    collectives of `comm`. Returns the largest relative differences of the logits, SSM states, conv states and KV
-    caches, and the collectives run next to those modelled by `collectives`."""
+    collectives of `comm`, on `device` (the model drawn on the CPU, the same on every rank). Returns the largest
+    relative differences of the logits, SSM states, conv states and KV caches, and the collectives run next to those
+    modelled by `collectives`."""
     full = inventory(preset, family)
     inv = inventory(with_tp(preset, tp), family)
-    weights = full_weights(full, seed=seed)
-    cache = full_cache(full, batch, context, seed=seed)
-    tokens = torch.randint(preset.e2e["vocab_size"], (batch,), generator=torch.Generator().manual_seed(seed + 2))
+    weights = _to(full_weights(full, seed=seed), device)
+    cache = _to(full_cache(full, batch, context, seed=seed), device)
+    tokens = torch.randint(preset.e2e["vocab_size"], (batch,), generator=torch.Generator().manual_seed(seed + 2)).to(device)
     shard = shard_cache(full, cache, comm.rank, tp)
     want = step_ref(full, weights, cache, tokens, Comm())
     got = step_ref(inv, shard_weights(full, weights, comm.rank, tp), shard, tokens, comm)
