@@ -10,7 +10,7 @@ stores, shuffles, shared-memory traffic, barriers, FP32 arithmetic, special func
     python benchmarks/compile_report.py --op mamba2 --launch replay:rows=64,warps=4
     python benchmarks/compile_report.py --op mamba2 --launch verify:rows=32,warps=4
     python benchmarks/compile_report.py --op gdn --state-dtype bf16 --launch replay:maxnreg=96
-    python benchmarks/compile_report.py --op gdn --launch replay:EARLY=2,VP=16,BV=16,STAGES=1,num_warps=1,maxnreg=255 \
+    python benchmarks/compile_report.py --op gdn --launch replay:early=1,rows=16,chunk=16,stages=1,warps=1,maxnreg=255 \
         --sass _replay_kernel
 
 With --sass KERNEL it also lists, for each compiled kernel whose name contains KERNEL, its memory and
@@ -91,25 +91,28 @@ def compile_kernels(op: str, launches: dict[str, dict], arch: int,
                      slots=slots, check=False, config=kc.override(mv.VERIFY_LAUNCH[mv.select(cache, 4)],
                                                                   launches.get(case)))
         else:
+            from replayssm_kernels import common as kc
             from replayssm_kernels import gdn as g
 
-            for name in ("replayssm_kernels.gdn.decode", "replayssm_kernels.gdn.replay"):
-                sys.modules[name].check_device = lambda *a, **k: None
+            gd, gr, gv = (sys.modules[f"replayssm_kernels.gdn.{name}"] for name in ("decode", "replay", "verify"))
+            kc.check_device = lambda *a, **k: None
             H, HV, K, V = 16, 64, 128, 128
             inp = g.random_inputs(4, H, HV, K, V, io_dtype=torch.bfloat16)
             case = "decode"
-            g.decode(torch.zeros(4, HV, V, K, dtype=state), **inp, use_qk_l2norm_in_kernel=True,
-                     slots=slots, launch=launches.get(case), check=False)
+            pool = torch.zeros(4, HV, V, K, dtype=state)
+            g.decode(pool, **inp, use_qk_l2norm_in_kernel=True, slots=slots, check=False,
+                     config=kc.override(gd.DECODE_LAUNCH[gd.select(pool, 4)], launches.get(case)))
             for case, read in (("replay", None), ("split-bf16", "bf16")):
                 cache = g.ReplayCache.create(4, H, HV, K, V, 16, state_dtype=state_dtype if read is None else "fp32",
                                              read_dtype=read, io_dtype="bf16", device="cpu")
-                g.replay(cache, **inp, use_qk_l2norm_in_kernel=True, slots=slots, launch=launches.get(case),
-                         check=False)
+                g.replay(cache, **inp, use_qk_l2norm_in_kernel=True, slots=slots, check=False,
+                         config=kc.override(gr.REPLAY_LAUNCH[gr.select(cache, 4)], launches.get(case)))
             case = "verify"
             cache = g.ReplayCache.create(4, H, HV, K, V, 16, state_dtype="fp32", io_dtype="bf16", max_draft=4,
                                          device="cpu")
             g.verify(cache, **g.random_inputs(4, H, HV, K, V, T=4, io_dtype=torch.bfloat16),
-                     use_qk_l2norm_in_kernel=True, slots=slots, launch=launches.get(case), check=False)
+                     use_qk_l2norm_in_kernel=True, slots=slots, check=False,
+                     config=kc.override(gv.VERIFY_LAUNCH[gv.select_verify(cache, 4)], launches.get(case)))
     finally:
         JITFunction.run = real_run
         driver._active = None

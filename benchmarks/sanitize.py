@@ -8,7 +8,7 @@ that every row flushes at least twice. Nothing is timed or checked here: the san
 
     python benchmarks/sanitize.py --list
     python benchmarks/sanitize.py                       # every case, in one process
-    python benchmarks/sanitize.py --case mamba2-split-bf16-large --steps 20
+    python benchmarks/sanitize.py --case mamba2-replay-replay-fp32-split-large --steps 20
 """
 
 from __future__ import annotations
@@ -24,32 +24,90 @@ GDN = {"H": 16, "HV": 64, "K": 128, "V": 128}
 W, T = 16, 4
 
 
-def _batches(op: str, kind: str) -> dict[str, int]:
-    """A batch per grid class that has rows of its own on this GPU, from the kernels' own grid tests."""
-    from replayssm_kernels import common
+# The batches tried for a row: the largest that the kernel's `select` answers with the row runs it (the most programs
+# at once); a row no batch selects at this shape (decode's and materialize's rows for other N and P) runs at FORCED,
+# passed as config.
+BATCHES, FORCED = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96), 64
 
-    sms = common.sm_count(torch.device("cuda"))
+
+def _modules(op: str):
+    import importlib
+
+    names = ("decode", "replay", "verify")
+    return [importlib.import_module(f"replayssm_kernels.{op}.{name}") for name in names]
+
+
+def _entries(op: str) -> list[tuple[str, str, object, str, str | None]]:
+    """(entry, row, table, state dtype, read dtype) of every shipped launch row of `op`, from its tables."""
+    decode, replay, verify = _modules(op)
+    out = []
     if op == "mamba2":
-        heads = MAMBA2["H"]
-        if kind == "verify":
-            # under 12 (row, head) pairs per SM a verify keeps B·C in its own programs
-            return {"few": max(1, 12 * sms // heads - 1), "medium": 64}
-        return {"small": 1, "medium": 64, "large": 80 * sms // heads + 8}
-    heads = GDN["HV"]
-    return {"small": 1, "medium": max(1, 16 * sms // heads - 1), "large": 64}
+        for row in decode.DECODE_LAUNCH:
+            state = "bf16" if "-bf16" in row else "fp32"
+            out.append(("decode", row, decode.DECODE_LAUNCH, state, None))
+            if not row.endswith("-small"):
+                out.append(("snapshots", row, decode.DECODE_LAUNCH, state, None))
+        for row in replay.STEP_LAUNCH:
+            state = "bf16" if "-bf16" in row else "fp32"
+            copies = ["bf16", "fp8"] if state == "fp32" else ["fp8"]
+            reads = copies if "-split" in row else [None] + copies if row.endswith("-small") else [None]
+            out += [("replay", row, replay.STEP_LAUNCH, state, read) for read in reads]
+        for row in replay.MATERIALIZE_LAUNCH:
+            out.append(("materialize", row, replay.MATERIALIZE_LAUNCH, "bf16" if "-bf16" in row else "fp32", None))
+        for row in verify.VERIFY_LAUNCH:
+            out.append(("verify", row, verify.VERIFY_LAUNCH, "bf16" if "-bf16" in row else "fp32", None))
+        return out
+    for row in decode.DECODE_LAUNCH:
+        state = "bf16" if "-bf16" in row else "fp32"
+        entry = {"decode-multi": "snapshots", "accept-snapshot": "snapshots"}.get(row, "decode")
+        out.append((entry, row, decode.DECODE_LAUNCH, state, None))
+    for row in replay.REPLAY_LAUNCH:
+        read = "fp8" if "-fp8" in row else "bf16" if "-split" in row else None
+        states = ["fp32"] if read else ["fp32", "bf16"]
+        out += [("replay", row, replay.REPLAY_LAUNCH, state, read) for state in states]
+    for row in verify.VERIFY_LAUNCH:
+        read = "fp8" if "-fp8" in row else "bf16" if "-split" in row else None
+        out.append(("verify", row, verify.VERIFY_LAUNCH, "fp32", read))
+    out.append(("materialize", "-", None, "fp32", None))
+    return out
+
+
+def _chooses(op: str, entry: str, row: str, state: str, read, batch: int) -> bool:
+    """Whether the kernel's `select` takes `row` for a `batch`-row call at the layer shape on this GPU."""
+    decode, replay, verify = _modules(op)
+    if entry in ("decode", "snapshots"):
+        dims = (1, MAMBA2["H"], MAMBA2["P"], MAMBA2["N"]) if op == "mamba2" else (1, GDN["HV"], GDN["V"], GDN["K"])
+        pool = torch.empty(dims, dtype={"fp32": torch.float32, "bf16": torch.bfloat16}[state], device="cuda")
+        if entry == "snapshots" and op == "gdn":
+            return True
+        return decode.select(pool, batch if entry == "decode" else None) == row
+    if entry == "materialize":
+        return op == "gdn" or replay.select_materialize(_cache(op, 1, state, read, 0)) == row
+    cache = _cache(op, 1, state, read, T if entry == "verify" else 0)
+    if entry == "verify":
+        return (verify.select if op == "mamba2" else verify.select_verify)(cache, batch) == row
+    return replay.select(cache, batch) == row
+
+
+def _cache(op: str, nslots: int, state: str, read, max_draft: int):
+    from replayssm_kernels import gdn, mamba2
+
+    m, dims = (mamba2, tuple(MAMBA2[k] for k in "HPNG")) if op == "mamba2" else (gdn, tuple(GDN[k] for k in
+                                                                                          ("H", "HV", "K", "V")))
+    return m.ReplayCache.create(nslots, *dims, W, state_dtype=state, read_dtype=read, io_dtype="bf16",
+                                max_draft=max_draft, device="cuda")
 
 
 def cases() -> list[dict]:
+    """Every shipped launch row of both ops, each at the largest batch that selects it (or passed at FORCED)."""
     out = []
     for op in ("mamba2", "gdn"):
-        for kind, dtypes in (("decode", ("fp32", "bf16")), ("snapshots", ("fp32",)), ("replay", ("fp32", "bf16")),
-                             ("split", ("bf16", "fp8")), ("verify", ("fp32", "bf16") if op == "mamba2" else
-                                                            ("fp32", "split-bf16", "fp8"))):
-            for dtype in dtypes:
-                for grid, batch in _batches(op, "verify" if kind == "verify" else kind).items():
-                    out.append({"name": f"{op}-{kind}-{dtype}-{grid}", "op": op, "kind": kind, "dtype": dtype,
-                                "batch": batch})
-        out.append({"name": f"{op}-materialize", "op": op, "kind": "materialize", "dtype": "fp32", "batch": 64})
+        for entry, row, table, state, read in _entries(op):
+            batch = max((b for b in BATCHES if _chooses(op, entry, row, state, read, b)), default=None)
+            name = f"{op}-{entry}-{row}-{state}" + (f"-{read}" if read else "")
+            out.append({"name": name, "op": op, "kind": entry, "state": state, "read": read,
+                        "batch": batch or FORCED, "config": None if table is None else table[row],
+                        "forced": batch is None})
     return out
 
 
@@ -65,7 +123,7 @@ def _stagger(cache, slots: torch.Tensor) -> None:
 
 
 def run(case: dict, steps: int) -> None:
-    op, kind, dtype, batch = case["op"], case["kind"], case["dtype"], case["batch"]
+    op, kind, batch, config = case["op"], case["kind"], case["batch"], case["config"]
     gen = torch.Generator().manual_seed(0)
     nslots = batch + 8
     if op == "mamba2":
@@ -78,7 +136,6 @@ def run(case: dict, steps: int) -> None:
 
         extra = {"dt_softplus": True}
         state_shape = (nslots, H, P, N)
-        ref = m
     else:
         from replayssm_kernels import gdn as m
 
@@ -89,40 +146,37 @@ def run(case: dict, steps: int) -> None:
 
         extra = {"use_qk_l2norm_in_kernel": True}
         state_shape = (nslots, HV, V, K)
-        ref = m
     slots = _slots(batch, nslots, gen)
     if kind in ("decode", "snapshots"):
         state = torch.randn(state_shape, generator=gen).to("cuda", {"fp32": torch.float32,
-                                                                    "bf16": torch.bfloat16}[dtype])
+                                                                    "bf16": torch.bfloat16}[case["state"]])
+        multi = config if op == "mamba2" or case["name"].endswith(("decode-multi-fp32", "decode-multi-bf16")) else None
+        accept = config if op == "mamba2" or "accept-snapshot" in case["name"] else None
         for _ in range(steps):
             if kind == "decode":
-                ref.decode(state, **inputs(), **extra, slots=slots, check=False)
+                m.decode(state, **inputs(), **extra, slots=slots, check=False, config=config)
             else:
                 snaps = torch.empty((nslots, T, *state_shape[1:]), dtype=state.dtype, device="cuda")
-                ref.decode_multi(state, snaps, **inputs(T), **extra, slots=slots, check=False)
+                m.decode_multi(state, snaps, **inputs(T), **extra, slots=slots, check=False, config=multi)
                 n = torch.randint(0, T + 1, (batch,), generator=gen).to(torch.int32).cuda()
-                ref.accept_snapshot(state, snaps, n, slots=slots, check=False)
+                m.accept_snapshot(state, snaps, n, slots=slots, check=False, config=accept)
         return
-    state_dtype, read = {"fp32": ("fp32", None), "bf16": ("bf16", None), "fp8": ("fp32", "fp8"),
-                         "split-bf16": ("fp32", "bf16")}[dtype]
-    if kind == "split":
-        state_dtype, read = "fp32", dtype
-    dims = (nslots, *(MAMBA2[k] for k in "HPNG")) if op == "mamba2" else (nslots, *(GDN[k] for k in
-                                                                                    ("H", "HV", "K", "V")))
-    cache = m.ReplayCache.create(*dims, W, state_dtype=state_dtype, read_dtype=read, io_dtype="bf16",
-                                 max_draft=T if kind == "verify" else 0, device="cuda")
+    cache = _cache(op, nslots, case["state"], case["read"], T if kind == "verify" else 0)
     cache.load(torch.randn(state_shape, generator=gen).cuda())
     _stagger(cache, slots)
     for _ in range(steps):
         if kind == "verify":
-            m.verify(cache, **inputs(T), **extra, slots=slots, check=False)
+            m.verify(cache, **inputs(T), **extra, slots=slots, check=False, config=config)
             n = torch.randint(0, T + 1, (batch,), generator=gen).to(torch.int32).cuda()
             m.accept(cache, n, slots=slots, check=False)
         elif kind == "materialize":
             m.replay(cache, **inputs(), **extra, slots=slots, check=False)
-            m.materialize(cache, slots)
+            if op == "mamba2":
+                m.materialize(cache, slots, config=config)
+            else:
+                m.materialize(cache, slots)
         else:
-            m.replay(cache, **inputs(), **extra, slots=slots, check=False)
+            m.replay(cache, **inputs(), **extra, slots=slots, check=False, config=config)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -137,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     chosen = [c for c in cases() if not opts.case or any(part in c["name"] for part in opts.case)]
     if opts.list:
         for c in chosen:
-            print(f"{c['name']:40s} batch {c['batch']}")
+            print(f"{c['name']:48s} batch {c['batch']}" + (" (row passed as config)" if c["forced"] else ""))
         return 0
     if not chosen:
         print(f"error: no case matches {opts.case}; see --list", file=sys.stderr)
@@ -145,7 +199,8 @@ def main(argv: list[str] | None = None) -> int:
     for c in chosen:
         start = time.time()
         # the case's name on stdout, where the sanitizer prints its reports, so that each report follows its case
-        print(f"== case {c['name']} (batch {c['batch']}, {opts.steps} steps)", flush=True)
+        print(f"== case {c['name']} (batch {c['batch']}, {opts.steps} steps"
+              + (", row passed as config" if c["forced"] else "") + ")", flush=True)
         run(c, opts.steps)
         torch.cuda.synchronize()
         print(f"== done {c['name']} in {time.time() - start:.1f} s", flush=True)

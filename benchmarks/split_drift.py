@@ -5,7 +5,7 @@ beside an fp64 conventional recurrence (`decode_ref`), and prints, per batch, th
 checkpoint at its flushes and of the outputs in the first and last quarter of the run, relative to the exact
 state's and outputs' largest magnitude: what a change to a flush's arithmetic costs the checkpoint's exactness.
 
-    python benchmarks/split_drift.py --batch 1 --batch 64 --launch CTF32=1 --launch flush_CTF32=1
+    python benchmarks/split_drift.py --batch 1 --batch 64 --launch correction=tf32 --launch precision=tf32x3
 """
 
 from __future__ import annotations
@@ -30,11 +30,21 @@ def _rel(got: torch.Tensor, exact: torch.Tensor) -> float:
 
 
 def _launch(text: str) -> dict:
-    """key=value,... (integer values) as a launch dict (the sweeps' parser); "" is the shipped row."""
+    """field=value,... as ReplayConfig fields to put in the shipped row (the sweeps' parser); "" is the row."""
     try:
         return common.parse_launch(f"replay:{text}", ("replay",))[1]
     except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"{exc} (for example CTF32=1)") from None
+        raise argparse.ArgumentTypeError(f"{exc} (for example correction=tf32)") from None
+
+
+def _config(cache, batch: int, fields: dict):
+    """The replay row `cache` takes at `batch` rows with `fields` (ReplayConfig's) put in."""
+    import importlib
+
+    from replayssm_kernels import common as kc
+
+    replay = importlib.import_module("replayssm_kernels.gdn.replay")
+    return kc.override(replay.REPLAY_LAUNCH[replay.select(cache, batch)], fields)
 
 
 def drift(batch: int, steps: int, window: int, read_dtype: str, launch: dict, seed: int, shape: dict = SHAPE,
@@ -51,7 +61,7 @@ def drift(batch: int, steps: int, window: int, read_dtype: str, launch: dict, se
     out_err, ckpt_split, ckpt_full = [], [], []
     for step in range(steps):
         inp = gdn.random_inputs(batch, H, HV, K, V, device=device, generator=gen)
-        y_split = gdn.replay(split, **inp, use_qk_l2norm_in_kernel=True, launch=launch or None)
+        y_split = gdn.replay(split, **inp, use_qk_l2norm_in_kernel=True, config=_config(split, batch, launch))
         gdn.replay(full, **inp, use_qk_l2norm_in_kernel=True)
         y_exact = gdn.decode_ref(exact, **{k: v.double() for k, v in inp.items()}, use_qk_l2norm_in_kernel=True)
         out_err.append(_rel(y_split, y_exact))
@@ -70,8 +80,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--batch", type=int, action="append", help="repeatable (default 1 and 64)")
     parser.add_argument("--launch", action="append", type=_launch, default=None,
-                        help="key=value,... for gdn.replay, repeatable; each is run at each batch where it applies "
-                             "(flush_ keys on two-launch rows only); the shipped row always")
+                        help="field=value,... of gdn.replay's ReplayConfig, repeatable; each is run at each batch on "
+                             "the row the batch takes; the shipped row always")
     parser.add_argument("--steps", type=int, default=2000)
     parser.add_argument("--window", type=int, default=16)
     parser.add_argument("--read-dtype", default="bf16", choices=("bf16", "fp16", "fp8"))

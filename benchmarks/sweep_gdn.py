@@ -13,39 +13,24 @@ SHAPE = {"H": 16, "HV": 64, "K": 128, "V": 128}
 WINDOW = 16
 DRAFT = 4
 ACCEPTED = 3
+# Fields of each kernel's launch configuration (DecodeConfig, ReplayConfig, VerifyConfig) put into the row the kernel
+# chooses at the timed batch; flush_FIELD sets a field of a two-launch replay row's FlushConfig, fold_FIELD of a
+# verify row's FoldConfig (where the row has no field of that name itself).
 GRID = {
-    # VP rows of a head per program, BV at a time through a loop pipelined STAGES deep.
-    "decode": [{"VP": 4, "BV": 4, "num_warps": 1}, {"VP": 8, "BV": 8, "num_warps": 1},
-               {"VP": 8, "BV": 8, "SFIRST": 1, "CSTRIDES": 1, "num_warps": 1, "maxnreg": 64},
-               {"VP": 16, "BV": 4, "STAGES": 2, "num_warps": 1}, {"VP": 32, "BV": 8, "STAGES": 2, "num_warps": 1},
-               {"VP": 64, "BV": 8, "STAGES": 3, "num_warps": 1}, {"VP": 32, "BV": 32, "num_warps": 4},
-               {"VP": 128, "BV": 32, "STAGES": 2, "num_warps": 4}, {"VP": 128, "BV": 32, "STAGES": 2, "num_warps": 4,
-                                                                     "maxnreg": 80},
-               {"VP": 128, "BV": 32, "STAGES": 3, "num_warps": 4, "maxnreg": 96},
-               {"VP": 128, "BV": 16, "STAGES": 3, "num_warps": 2}],
-    # maxnreg 255 lifts the replay row's cap for settings that hold the whole tile; VP < 128 splits each head's
+    "decode": [{"rows": 4, "warps": 1}, {"rows": 8, "warps": 1},
+               {"rows": 8, "state_first": 1, "block_strides": 1, "warps": 1, "maxnreg": 64},
+               {"rows": 16, "warps": 1}, {"rows": 32, "warps": 4}, {"rows": 128, "warps": 4, "maxnreg": 96}],
+    # maxnreg 255 lifts the replay row's cap for settings that hold the whole tile; rows < 128 splits each head's
     # rows over programs.
-    "replay": [{"VP": 128, "BV": 32, "STAGES": 2, "maxnreg": 96}, {"VP": 128, "BV": 32, "STAGES": 3, "maxnreg": 128},
-               {"VP": 128, "BV": 128, "STAGES": 1, "num_warps": 4, "maxnreg": 255},
-               {"VP": 64, "BV": 64, "BVF": 16, "STAGES": 1, "num_warps": 4, "maxnreg": 255},
-               {"VP": 32, "BV": 32, "BVF": 16, "STAGES": 1, "num_warps": 4, "maxnreg": 255},
-               {"VP": 32, "BV": 32, "BVF": 16, "STAGES": 1, "num_warps": 2, "maxnreg": 255},
-               {"VP": 32, "BV": 32, "BVF": 16, "STAGES": 1, "num_warps": 1, "maxnreg": 255},
-               {"VP": 16, "BV": 16, "BVF": 16, "STAGES": 1, "num_warps": 2, "maxnreg": 255},
-               {"VP": 16, "BV": 16, "BVF": 16, "STAGES": 1, "num_warps": 1, "maxnreg": 255}],
-    # PHASES=1 takes the flushes in the non-flush steps' launch; flush_ keys set the flushes' own launch.
-    "split-bf16": [{}, {"BV": 32, "STAGES": 2}, {"flush_BVF": 16}, {"flush_maxnreg": 255},
-                   {"PHASES": 1, "BV": 128, "BVF": 32, "STAGES": 2, "num_warps": 4, "maxnreg": 168, "TF32": 1}],
-    "decode-multi": [{"BV": 8, "num_warps": 1}, {"BV": 16, "num_warps": 4}, {"BV": 32, "num_warps": 4}],
-    # MMA=0 the shuffle row sums (the row before run 59, without the key-product pass (GPASS=0) and its folds in the
-    # verify (FPASS=0)), MMA=1 the tensor-core products
-    "verify": [{"MMA": 1, "GPASS": 1, "KSPLIT": 2, "BV": 32, "STAGES": 2, "FSTAGES": 3, "num_warps": 2, "maxnreg": 168},
-               {"MMA": 1, "GPASS": 1, "KSPLIT": 2, "BV": 32, "STAGES": 2, "FSTAGES": 1, "num_warps": 2, "maxnreg": 168},
-               {"MMA": 1, "GPASS": 1, "KSPLIT": 2, "BV": 64, "STAGES": 2, "num_warps": 4, "maxnreg": 168},
-               {"MMA": 0, "GPASS": 0, "FPASS": 0, "KSPLIT": 1, "FSTAGES": 1, "BV": 16, "STAGES": 3, "num_warps": 2,
-                "maxnreg": 168},
-               {"MMA": 0, "GPASS": 1, "KSPLIT": 1, "FSTAGES": 1, "BV": 16, "STAGES": 3, "num_warps": 2,
-                "maxnreg": 168}],
+    "replay": [{"rows": 128, "chunk": 32, "stages": 2, "maxnreg": 96}, {"rows": 128, "chunk": 32, "stages": 3},
+               {"rows": 128, "chunk": 128, "stages": 1, "warps": 4, "maxnreg": 255},
+               {"rows": 32, "chunk": 32, "stages": 1, "warps": 2, "maxnreg": 255},
+               {"rows": 16, "chunk": 16, "stages": 1, "warps": 1, "maxnreg": 255}],
+    "split-bf16": [{}, {"chunk": 32, "stages": 2}, {"flush_flush_chunk": 16}, {"flush_maxnreg": 255}],
+    "decode-multi": [{"rows": 8, "warps": 1}, {"rows": 16, "warps": 4}, {"rows": 32, "warps": 4}],
+    # mma False: the shuffle row sums; key_pass 0 with the folds in the verify (fold none)
+    "verify": [{}, {"fold_stages": 1}, {"key_pass": 1, "weights_fill": 0, "chunk": 64, "warps": 4},
+               {"mma": 0, "key_pass": 0, "fold": None, "arrive": 1, "ksplit": 1, "fold_stages": 1, "chunk": 16}],
 }
 GRID["replay-nonflush"] = GRID["replay-flush"] = GRID["replay"]
 GRID["split-bf16-nonflush"] = GRID["split-bf16-flush"] = GRID["split-fp8"] = GRID["split-bf16"]
@@ -58,18 +43,46 @@ EXTRA_KERNELS = FLA_KERNELS + ("decode-direct",)
 GRID["fla"] = GRID["fla-inplace"] = [{"V_FIRST": 1}, {"V_FIRST": 0}]
 GRID["decode-direct"] = GRID["decode"]
 QUICK_GRID = {
-    "decode": [{"VP": 4, "BV": 4, "num_warps": 1}, {"VP": 32, "BV": 32, "num_warps": 4}],
-    "replay": [{"VP": 128, "BV": 32, "STAGES": 2, "maxnreg": 96},
-               {"VP": 32, "BV": 32, "BVF": 16, "STAGES": 1, "num_warps": 2, "maxnreg": 255}],
+    "decode": [{"rows": 4, "warps": 1}, {"rows": 32, "warps": 4}],
+    "replay": [{"rows": 128, "chunk": 32, "stages": 2, "maxnreg": 96},
+               {"rows": 32, "chunk": 32, "stages": 1, "warps": 2, "maxnreg": 255}],
     "split-bf16": [{}],
-    "decode-multi": [{"BV": 32, "num_warps": 4}],
-    "verify": [{"MMA": 1, "GPASS": 1, "KSPLIT": 2, "BV": 32, "STAGES": 2, "FSTAGES": 3, "num_warps": 2, "maxnreg": 168},
-               {"MMA": 1, "GPASS": 1, "KSPLIT": 2, "BV": 64, "STAGES": 2, "num_warps": 4, "maxnreg": 168}],
+    "decode-multi": [{"rows": 32, "warps": 4}],
+    "verify": [{}, {"key_pass": 1, "weights_fill": 0, "chunk": 64, "warps": 4}],
 }
 QUICK_GRID["replay-nonflush"] = QUICK_GRID["replay-flush"] = QUICK_GRID["replay"]
 QUICK_GRID["split-bf16-nonflush"] = QUICK_GRID["split-bf16-flush"] = QUICK_GRID["split-fp8"] = QUICK_GRID["split-bf16"]
 QUICK_GRID["fla"] = QUICK_GRID["fla-inplace"] = [{"V_FIRST": 1}]
 QUICK_GRID["decode-direct"] = QUICK_GRID["decode"]
+
+
+def config_for(kernel: str, target, batch: int, fields: dict):
+    """The launch row `kernel` chooses for `target` (a state pool or cache) at `batch` rows, with `fields` put in
+    (flush_FIELD and fold_FIELD into its nested flush or fold configuration)."""
+    import dataclasses
+    import importlib
+
+    from replayssm_kernels import common as kc
+
+    gd, gr, gv = (importlib.import_module(f"replayssm_kernels.gdn.{m}") for m in ("decode", "replay", "verify"))
+    if kernel in ("decode", "decode-direct"):
+        row = gd.DECODE_LAUNCH[gd.select(target, batch)]
+    elif kernel == "decode-multi":
+        row = gd.DECODE_LAUNCH["decode-multi"]
+    elif kernel == "verify":
+        row = gv.VERIFY_LAUNCH[gv.select_verify(target, batch)]
+    else:
+        row = gr.REPLAY_LAUNCH[gr.select(target, batch)]
+    fields = dict(fields)
+    for nested in ("flush", "fold"):
+        # (a field of the row itself, such as fold_stages or flush_chunk, is not a nested one)
+        own = {f.name for f in dataclasses.fields(row)}
+        inner = {k[len(nested) + 1:]: fields.pop(k) for k in list(fields) if k.startswith(nested + "_") and k not in own}
+        if inner:
+            if getattr(row, nested, None) is None:
+                raise ValueError(f"{nested}_ fields apply only to a row with a {nested} launch")
+            fields[nested] = kc.override(getattr(row, nested), inner)
+    return kc.override(row, fields) if fields else dataclasses.replace(row)
 
 
 def parse_launch(text: str) -> tuple[str, dict]:
@@ -217,7 +230,10 @@ class Stack:
                 layer.fill.copy_(self.start[:, None].expand_as(layer.fill))
 
     def step(self) -> None:
-        m, kw = self.m, dict(use_qk_l2norm_in_kernel=True, slots=self.slots, launch=self.launch, check=False)
+        m, kw = self.m, dict(use_qk_l2norm_in_kernel=True, slots=self.slots, check=False)
+        if self.kernel not in FLA_KERNELS:
+            first = self.layers[0][0] if isinstance(self.layers[0], (tuple, list)) else self.layers[0]
+            kw["config"] = config_for(self.kernel, first, self.batch, self.launch)
         for layer in self.layers:
             if self.kernel in FLA_KERNELS:
                 _, layer[0] = _fla_step(layer[0], self.inp, bool(self.launch["V_FIRST"]), self.kernel == "fla-inplace")
@@ -271,7 +287,7 @@ def check_config(kernel: str, launch: dict, device: str, slots: list[int] = (2, 
         for _ in range(3):
             inp = gdn.random_inputs(n, H, HV, K, V, device=device)
             if direct:
-                y = gdn.decode(state, **inp, use_qk_l2norm_in_kernel=True, launch=launch)
+                y = gdn.decode(state, **inp, use_qk_l2norm_in_kernel=True, config=config_for(kernel, state, n, launch))
             else:
                 y, state = _fla_step(state, inp, v_first, kernel == "fla-inplace")
             y_ref = gdn.decode_ref(want, **inp, use_qk_l2norm_in_kernel=True)
@@ -284,12 +300,12 @@ def check_config(kernel: str, launch: dict, device: str, slots: list[int] = (2, 
         for _ in range(3):
             if kernel == "decode":
                 inp = gdn.random_inputs(n, H, HV, K, V, device=device)
-                y = gdn.decode(state, **inp, **kw, launch=launch)
+                y = gdn.decode(state, **inp, **kw, config=config_for(kernel, state, n, launch))
                 err = max(err, rel(y, gdn.decode_ref(want, **inp, **kw)), rel(state, want))
             else:
                 inp = gdn.random_inputs(n, H, HV, K, V, T=DRAFT, device=device)
                 snaps, want_snaps = (torch.zeros(n, DRAFT, HV, V, K, device=device) for _ in range(2))
-                y = gdn.decode_multi(state, snaps, **inp, **kw, launch=launch)
+                y = gdn.decode_multi(state, snaps, **inp, **kw, config=config_for(kernel, state, n, launch))
                 y_ref = gdn.decode_multi_ref(state, want_snaps, **inp, **kw)
                 err = max(err, rel(y, y_ref), rel(snaps, want_snaps))
         return err
@@ -299,14 +315,14 @@ def check_config(kernel: str, launch: dict, device: str, slots: list[int] = (2, 
     for step in range(WINDOW + 2):
         if kernel == "verify":
             inp = gdn.random_inputs(n, H, HV, K, V, T=DRAFT, device=device)
-            y = gdn.verify(cache, **inp, **kw, launch=launch)
+            y = gdn.verify(cache, **inp, **kw, config=config_for(kernel, cache, n, launch))
             err = max(err, rel(y, gdn.verify_ref(want, **inp, **kw)))
             n_acc = torch.randint(0, DRAFT + 1, (n,), dtype=torch.int32, device=device)
             gdn.accept(cache, n_acc, rows)
             gdn.accept_ref(want, n_acc, rows)
         else:
             inp = gdn.random_inputs(n, H, HV, K, V, device=device)
-            y = gdn.replay(cache, **inp, **kw, launch=launch)
+            y = gdn.replay(cache, **inp, **kw, config=config_for(kernel, cache, n, launch))
             err = max(err, rel(y, gdn.replay_ref(want, **inp, **kw)))
     got, ref = gdn.materialize(cache), gdn.materialize_ref(want)
     return max(err, ((got - ref).abs().max() / ref.abs().max()).item())
@@ -325,7 +341,7 @@ def build_parser():
         "examples:\n"
         "  python benchmarks/sweep_gdn.py --quick --out runs/sweep_gdn_quick.json\n"
         "  python benchmarks/sweep_gdn.py --kernel replay --kernel decode --batch 256 \\\n"
-        "      --launch replay:BV=64,num_warps=8 --launch decode:BV=32,num_warps=4 --out runs/sweep_gdn.json\n"
+        "      --launch replay:chunk=16,warps=1 --launch decode:rows=16,warps=4 --out runs/sweep_gdn.json\n"
         "  python benchmarks/sweep_gdn.py --kernel decode --kernel fla --kernel fla-inplace --batch 256 --slots identity\n"
         "  python benchmarks/sweep_gdn.py --dry-run   # the plan, layer counts and bytes; no GPU needed",
         extra=EXTRA_KERNELS,

@@ -4,7 +4,7 @@ fold and their folds (FPASS), key-product pass, weights, verify and accept at th
 step in a CUDA graph, with every row at one fill (a fill of W or more folds), T = 4, an fp32 checkpoint.
 
     python benchmarks/verify_phases.py --batch 64 --batch 256 [--launch rows=32,...] --out FILE.json
-    python benchmarks/verify_phases.py --op gdn --batch 256 [--launch GPASS=0,...] --out FILE.json
+    python benchmarks/verify_phases.py --op gdn --batch 256 [--launch key_pass=1,...] --out FILE.json
 """
 
 from __future__ import annotations
@@ -83,16 +83,16 @@ def time_fill(m, cache, inp, slots, n, fill: int | None, launch: dict, steps: in
 
 
 def launch_kw(m, cache, batch: int, launch: dict) -> dict:
-    """The verify's launch argument: for Mamba-2 the row it chooses with `launch`'s fields put in (config=), for GDN
-    `launch`'s overrides (launch=)."""
+    """The verify's launch configuration: the row it chooses with `launch`'s fields put in."""
+    import importlib
+
+    from replayssm_kernels import common as kc
+
     if m.__name__.endswith("mamba2"):
-        import importlib
-
-        from replayssm_kernels import common as kc
-
         mv = importlib.import_module("replayssm_kernels.mamba2.verify")
         return {"config": kc.override(mv.VERIFY_LAUNCH[mv.select(cache, batch)], launch)}
-    return {"launch": launch}
+    gv = importlib.import_module("replayssm_kernels.gdn.verify")
+    return {"config": kc.override(gv.VERIFY_LAUNCH[gv.select_verify(cache, batch)], launch)}
 
 
 def check_launch(op: str, launch: dict) -> None:
@@ -104,10 +104,10 @@ def check_launch(op: str, launch: dict) -> None:
         # the row of an fp32 checkpoint, the one timed here
         kc.override(VERIFY_LAUNCH["verify-fp32"], launch)
     else:
-        from replayssm_kernels.gdn.common import launch_settings
-        from replayssm_kernels.gdn.replay import LAUNCH
+        from replayssm_kernels import common as kc
+        from replayssm_kernels.gdn.verify import VERIFY_LAUNCH
 
-        launch_settings(LAUNCH, "verify", launch)
+        kc.override(VERIFY_LAUNCH["verify"], launch)
 
 
 def main(argv: list[str] | None = None) -> int:

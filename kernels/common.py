@@ -132,6 +132,11 @@ def check_slots(slots, batch: int, nslots: int, device: torch.device, check: boo
         raise ValueError("slots must not repeat a slot within one call (two rows would race on one state)")
 
 
+def default_slots(slots, batch: int, device) -> torch.Tensor:
+    """`slots`, or without one the table of row b -> slot b, for kernels that always read a slot table."""
+    return torch.arange(batch, dtype=torch.int32, device=device) if slots is None else slots
+
+
 def check_window(window: int) -> None:
     if not isinstance(window, int) or not 1 <= window <= 64:
         raise ValueError(f"window must be an integer in [1, 64], got {window!r}")

@@ -21,7 +21,7 @@ class Family:
     shared_kib: int
     # float8 e4m3 conversions (the fp8 read copies)
     fp8: bool
-    # programmatic dependent launch (launch key PDL)
+    # programmatic dependent launch (a launch row's pdl)
     pdl: bool
     # whether its launch rows were tuned on a GPU of this family, or carried over from sm_90's untuned
     tuned: bool
@@ -37,7 +37,7 @@ class Family:
             return f"{self.name} table (tuned on an NVIDIA H200)"
         if self.pdl:
             return f"{TUNED.name} table carried over untuned"
-        return f"{TUNED.name} table carried over untuned, without programmatic dependent launch (PDL = 0)"
+        return f"{TUNED.name} table carried over untuned, without programmatic dependent launch"
 
 
 FAMILIES = (
@@ -98,16 +98,19 @@ def check_read_dtype(read_dtype, device: torch.device) -> None:
                             f"{_chip(arch, device)}: use --read-dtype bf16 (read_dtype='bf16')")
 
 
-def family_row(settings: dict, launch: dict | None, device: torch.device) -> dict:
-    """The settings of a launch row on this device's family: a row carried over from sm_90 to a family without
-    programmatic dependent launch takes PDL = 0; PDL = 1 asked for by the caller there is refused."""
+def pdl(wanted: bool, asked: bool, device: torch.device) -> bool:
+    """Whether a launch row's programmatic dependent launch runs on this device: never on the CPU (the interpreter runs
+    launches in order); a row carried over from sm_90 to a family without it goes without, and one a caller asked
+    for (`asked`) there is refused."""
     arch = capability(device)
-    if arch is None or not settings.get("PDL") or family_of(arch).pdl:
-        return settings
-    if (launch or {}).get("PDL"):
-        raise UnsupportedOnChip(f"launch PDL = 1 (programmatic dependent launch) needs sm_90 or newer; this GPU is "
-                                f"{_chip(arch, device)}: take a launch row without PDL (launch PDL = 0)")
-    return dict(settings, PDL=0)
+    if arch is None or not wanted:
+        return False
+    if family_of(arch).pdl:
+        return True
+    if asked:
+        raise UnsupportedOnChip(f"pdl (programmatic dependent launch) needs sm_90 or newer; this GPU is "
+                                f"{_chip(arch, device)}: take a launch row without it (pdl=False)")
+    return False
 
 
 def refuse_out_of_resources(fn):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib
+
 import pytest
 import torch
 from triton.runtime.errors import OutOfResources
@@ -70,28 +72,28 @@ def test_fp8_cache_on_a_chip_without_fp8_is_refused_by_the_kernel(chip, op):
 
 
 def test_pdl_rows_carry_over_without_pdl_and_an_asked_pdl_is_refused(chip):
-    row = {"PHASES": 2, "PDL": 1, "BV": 32}
     chip(90)
-    assert families.family_row(row, None, CPU) is row
+    assert families.pdl(True, False, CPU) and not families.pdl(False, True, CPU)
     for arch in (80, 86, 89):
         chip(arch)
-        assert families.family_row(row, None, CPU) == dict(row, PDL=0), "the sm_90 row carried over without PDL"
+        assert not families.pdl(True, False, CPU), "the sm_90 row carried over without PDL"
         with pytest.raises(ValueError) as exc:
-            families.family_row(row, {"PDL": 1}, CPU)
+            families.pdl(True, True, CPU)
         line = _one_line(exc)
         assert "programmatic dependent launch" in line and "sm_90" in line and f"sm_{arch}" in line
-        assert "without PDL" in line
-    # the CPU (Triton's interpreter) has no family: rows as they are
+        assert "without it" in line
+    # the CPU (Triton's interpreter) has no family: nothing to overlap
     chip(None)
-    assert families.family_row(row, {"PDL": 1}, CPU) is row
+    assert not families.pdl(True, True, CPU)
 
 
 def test_gdn_replay_refuses_an_asked_pdl_before_sm90(chip):
     chip(86)
     cache = gdn.ReplayCache.create(2, 2, 4, 8, 8, 4, state_dtype="fp32", read_dtype="bf16", io_dtype="bf16", device="cpu")
     before = cache.fill.clone()
-    with pytest.raises(ValueError, match="launch PDL = 1 .*needs sm_90 or newer; this GPU is sm_86"):
-        gdn.replay(cache, **gdn.random_inputs(2, 2, 4, 8, 8, io_dtype=torch.bfloat16), launch={"PHASES": 2, "PDL": 1})
+    row = importlib.import_module("replayssm_kernels.gdn.replay").REPLAY_LAUNCH["replay-split"]
+    with pytest.raises(ValueError, match="pdl .*needs sm_90 or newer; this GPU is sm_86"):
+        gdn.replay(cache, **gdn.random_inputs(2, 2, 4, 8, 8, io_dtype=torch.bfloat16), config=row)
     assert torch.equal(cache.fill, before), "nothing ran"
 
 

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from replayssm_kernels import gdn
+from replayssm_kernels.gdn.decode import DECODE_LAUNCH, DecodeConfig
 
 DT = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 NAN = float("nan")
@@ -60,14 +61,14 @@ def test_decode_without_slots_updates_row_b_in_slot_b(device, assert_close):
     assert torch.equal(got[3:], want[3:])
 
 
-STRIDED_CASES = [(False, None), (True, None), (True, {"SFIRST": 1, "CSTRIDES": 1})]
+STRIDED_CASES = [(False, None), (True, None), (True, DECODE_LAUNCH["decode"])]
 
 
-@pytest.mark.parametrize("l2norm,launch", STRIDED_CASES,
+@pytest.mark.parametrize("l2norm,config", STRIDED_CASES,
                          ids=["B2-H1-HV4-K16-V32-fp32-fp32", "B2-H1-HV4-K16-V32-fp32-fp32-l2norm",
-                              "B2-H1-HV4-K16-V32-fp32-fp32-l2norm-SFIRST-CSTRIDES"])
-def test_decode_strided_pool_and_scale(device, assert_close, l2norm, launch):
-    """A state pool that is a strided view, q/k/v views of one fused projection, and an explicit scale; CSTRIDES
+                              "B2-H1-HV4-K16-V32-fp32-fp32-l2norm-state-first-block-strides"])
+def test_decode_strided_pool_and_scale(device, assert_close, l2norm, config):
+    """A state pool that is a strided view, q/k/v views of one fused projection, and an explicit scale; block_strides
     compiles strides in only for a contiguous (HV, V, K) block, which this view is not."""
     B, H, HV, K, V = 2, 1, 4, 16, 32
     pool = torch.randn(3, V, HV, K + 3, device=device)
@@ -82,53 +83,22 @@ def test_decode_strided_pool_and_scale(device, assert_close, l2norm, launch):
     g = -torch.rand(B, HV, device=device)
     beta = torch.rand(B, HV, device=device)
     kw = dict(scale=0.3, use_qk_l2norm_in_kernel=l2norm, slots=rows([2, 0], device))
-    y = gdn.decode(state, q, k, v, g, beta, **kw, launch=launch)
+    y = gdn.decode(state, q, k, v, g, beta, **kw, config=config)
     y_ref = gdn.decode_ref(want, q, k, v, g, beta, **kw)
     assert_close(y, y_ref, torch.float32, what="o")
     assert_close(pool[..., :K].transpose(1, 2), want, torch.float32, what="state, through the pool")
     assert not torch.equal(pool[1], torch.zeros_like(pool[1])) and torch.equal(state[1], want[1])
 
 
-VK_CASES = [{"VK": 4}, {"BV": 8, "VK": 64}]
+# Beyond the shipped rows (tests/test_launch_rows.py): a head's rows over programs of 4 and 16 rows, with and
+# without the state read first and the strides compiled in.
+ROW_CASES = [DecodeConfig(rows=16, state_first=True), DecodeConfig(rows=4, block_strides=True)]
 
 
-@pytest.mark.parametrize("launch", VK_CASES, ids=[f"B3-H2-HV6-K24-V20-BV{l.get('BV', 32)}-VK{l['VK']}-fp32-bf16"
-                                                  for l in VK_CASES])
-def test_decode_and_multi_k_pieces(device, assert_close, launch):
-    """Other widths of the K pieces rows are reduced in (VK), for decode and decode_multi."""
-    B, H, HV, K, V, T = 3, 2, 6, 24, 20, 2
-    start = torch.randn(4, HV, V, K, device=device)
-    got, want = start.clone(), start.clone()
-    slots = rows([3, -1, 0], device)
-    inp = gdn.random_inputs(B, H, HV, K, V, io_dtype=torch.bfloat16, device=device)
-    out = torch.full((B, HV, V), NAN, dtype=torch.bfloat16, device=device)
-    y = gdn.decode(got, **inp, use_qk_l2norm_in_kernel=True, slots=slots, out=out, launch=launch)
-    y_ref = gdn.decode_ref(want, **inp, use_qk_l2norm_in_kernel=True, slots=slots)
-    assert_close(y, y_ref, torch.bfloat16, torch.float32, what="o")
-    assert_close(got, want, torch.float32, what="state")
-    snaps = torch.full((4, T, HV, V, K), NAN, device=device)
-    snaps_ref = snaps.clone()
-    inp = gdn.random_inputs(B, H, HV, K, V, T=T, io_dtype=torch.bfloat16, device=device)
-    out = torch.full((B, T, HV, V), NAN, dtype=torch.bfloat16, device=device)
-    y = gdn.decode_multi(got, snaps, **inp, slots=slots, out=out, launch=launch)
-    y_ref = gdn.decode_multi_ref(want, snaps_ref, **inp, slots=slots)
-    assert_close(y, y_ref, torch.bfloat16, torch.float32, what="decode_multi o")
-    assert_close(snaps, snaps_ref, torch.float32, what="snapshots")
-
-
-ROW_CASES = [{"VP": 16, "BV": 4, "STAGES": 2}, {"VP": 8, "BV": 8, "num_warps": 1},
-             {"VP": 32, "BV": 8, "VK": 8, "STAGES": 3}, {"VP": 8, "BV": 8, "SFIRST": 1, "CSTRIDES": 1, "maxnreg": 64},
-             {"VP": 16, "BV": 4, "STAGES": 2, "SFIRST": 1}, {"VP": 4, "BV": 4, "CSTRIDES": 1}]
-
-
-def _row_id(launch: dict) -> str:
-    keys = "".join(f"-{k}" for k in ("SFIRST", "CSTRIDES") if launch.get(k))
-    return f"B3-H2-HV6-K24-V20-VP{launch['VP']}-BV{launch['BV']}{keys}-fp32-bf16"
-
-
-@pytest.mark.parametrize("launch", ROW_CASES, ids=[_row_id(l) for l in ROW_CASES])
-def test_decode_rows_per_program(device, assert_close, launch):
-    """A head's rows over several programs (VP < V) and a program's rows in several chunks (BV < VP), masked past V."""
+@pytest.mark.parametrize("config", ROW_CASES, ids=["B3-H2-HV6-K24-V20-rows16-state-first-fp32-bf16",
+                                                   "B3-H2-HV6-K24-V20-rows4-block-strides-fp32-bf16"])
+def test_decode_rows_per_program(device, assert_close, config):
+    """A head's rows over several programs (rows < V), masked past V."""
     B, H, HV, K, V = 3, 2, 6, 24, 20
     got = torch.randn(4, HV, V, K, device=device)
     want = got.clone()
@@ -136,7 +106,7 @@ def test_decode_rows_per_program(device, assert_close, launch):
     for _ in range(2):
         inp = gdn.random_inputs(B, H, HV, K, V, io_dtype=torch.bfloat16, device=device)
         out = torch.full((B, HV, V), NAN, dtype=torch.bfloat16, device=device)
-        y = gdn.decode(got, **inp, use_qk_l2norm_in_kernel=True, slots=slots, out=out, launch=launch)
+        y = gdn.decode(got, **inp, use_qk_l2norm_in_kernel=True, slots=slots, out=out, config=config)
         y_ref = gdn.decode_ref(want, **inp, use_qk_l2norm_in_kernel=True, slots=slots)
         assert_close(y[[0, 2]], y_ref[[0, 2]], torch.bfloat16, torch.float32, what="o")
         assert out[1].isnan().all(), "a padding row's output was written"
@@ -188,15 +158,12 @@ BAD_DECODE = {
     "q-fp64": (lambda s, i: i.update(q=i["q"].double(), k=i["k"].double()), "q must be fp32, bf16 or fp16"),
     "state-shape": (lambda s, i: i.update(state=torch.zeros(3, 4, 8, 8)), "state must have shape"),
     "state-dtype": (lambda s, i: i.update(state=s.double()), "state must be fp32, bf16 or fp16"),
-    "slots-dtype": (lambda s, i: i.update(slots=torch.zeros(2)), "slots must be an int32 or int64"),
+    "slots-dtype": (lambda s, i: i.update(slots=torch.zeros(2)), "slots must be int32 or int64"),
     "slots-range": (lambda s, i: i.update(slots=torch.tensor([0, 3], dtype=torch.int32)), "slots must be in"),
     "slots-repeat": (lambda s, i: i.update(slots=torch.tensor([1, 1], dtype=torch.int32)), "must not repeat"),
     "batch-without-slots": (lambda s, i: i.update(**gdn.random_inputs(4, 2, 4, 16, 8, io_dtype=torch.float32)),
                             "batch 4 must not exceed"),
     "scale": (lambda s, i: i.update(scale=-1.0), "scale must be a positive"),
-    "launch-key": (lambda s, i: i.update(launch={"BK": 32}), "unknown key 'BK'"),
-    "launch-bv": (lambda s, i: i.update(launch={"BV": 24}), "power of two"),
-    "launch-vk": (lambda s, i: i.update(launch={"VK": 6}), "power of two"),
     "out-dtype": (lambda s, i: i.update(out=torch.zeros(2, 4, 8, dtype=torch.bfloat16)), "out must be a"),
 }
 
@@ -224,13 +191,13 @@ def test_decode_multi_and_accept_snapshot_bad_input(device):
     snaps = torch.zeros(3, 3, 4, 8, 16, device=device)
     with pytest.raises(ValueError, match=r"n_accepted must be in \[0, 3\]"):
         gdn.accept_snapshot(state, snaps, rows([1, 4], device))
-    with pytest.raises(ValueError, match="n_accepted must be an int32"):
+    with pytest.raises(ValueError, match="n_accepted must be int32 or int64"):
         gdn.accept_snapshot(state, snaps, torch.ones(2, device=device))
 
 
 def test_kernels_refuse_cpu_tensors_without_the_interpreter(monkeypatch):
     """On the CPU without TRITON_INTERPRET the kernels would fail deep in Triton: a ValueError says why first."""
-    from replayssm_kernels.gdn import common
+    from replayssm_kernels import common
 
     monkeypatch.setattr("triton.runtime.interpreter.InterpretedFunction", type("NotThis", (), {}))
     with pytest.raises(ValueError, match="TRITON_INTERPRET=1"):

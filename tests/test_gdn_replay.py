@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 
 import pytest
@@ -103,61 +104,26 @@ def test_replay_matches_reference(device, assert_close, state, read, io, W, buff
     assert_close(gdn.materialize(got, subset), gdn.materialize_ref(want, subset), DT[state], what="materialized subset")
 
 
-LAUNCH_CASES = [
-    (None, {"BV": 8, "VK": 8}),
-    ("bf16", {"BV": 8, "VK": 4}),
-    ("fp8", {"BV": 16, "VK": 64}),
-    ("bf16", {"VK": 4}),
-    (None, {"VP": 16, "BV": 16, "VK": 8}),
-    (None, {"VP": 16, "BV": 8, "VK": 8, "STAGES": 2}),
-    ("bf16", {"VP": 16, "BV": 16, "VK": 8}),
-    ("fp8", {"VP": 16, "BV": 16, "VK": 16}),
-    ("bf16", {"EARLY": 1, "VP": 16, "BV": 16, "VK": 16}),
-    ("bf16", {"PHASES": 1, "VK": 8}),
-    ("bf16", {"PHASES": 2, "VK": 8, "flush_BVF": 16, "flush_num_warps": 2, "flush_TF32": 0}),
-    ("fp8", {"PHASES": 1, "VP": 16, "BV": 16, "VK": 16}),
-    ("bf16", {"PHASES": 2, "VK": 8, "flush_VP": 16}),
-    ("bf16", {"PHASES": 2, "VK": 8, "flush_PPS": 1}),
-    ("fp16", {"PHASES": 2, "VP": 16, "BV": 16, "VK": 8, "flush_VP": 8, "flush_PPS": 1}),
-    (None, {"PHASES": 2, "VK": 8}),
-    (None, {"PHASES": 2, "EARLY": 1, "VP": 16, "BV": 16, "VK": 8, "flush_VP": 8}),
-    (None, {"EARLY": 2, "LCOUNT": 1, "VP": 16, "BV": 16, "VK": 8}),
-    ("bf16", {"EARLY": 2, "LCOUNT": 1, "TF32": 1, "PHASES": 1, "VP": 16, "BV": 16, "VK": 8}),
-    ("fp8", {"EARLY": 2, "LCOUNT": 1, "TF32": 1, "PHASES": 1, "VP": 16, "BV": 16, "VK": 8}),
-    (None, {"EARLY": 1, "BV": 8, "VK": 8}),
-    ("bf16", {"EARLY": 2, "VP": 16, "BV": 8, "VK": 8}),
-    (None, {"EARLY": 1, "LCOUNT": 1, "VP": 4, "BV": 4, "VK": 8}),
-    ("bf16", {"VP": 8, "BV": 8, "VK": 8}),
-    (None, {"TF32": 1, "EARLY": 1, "VP": 16, "BV": 16, "VK": 8}),
-    ("bf16", {"TF32": 1, "VK": 8}),
-    ("bf16", {"PHASES": 2, "VK": 8, "flush_SLOAD": 1}),
-    ("bf16", {"PHASES": 2, "VK": 8, "flush_SLOAD": 2, "flush_BVF": 16}),
-    ("fp8", {"PHASES": 1, "VK": 8, "SLOAD": 1}),
-    (None, {"VK": 8, "SLOAD": 2}),
-    ("bf16", {"PHASES": 2, "VK": 8, "PDL": 1}),
-    (None, {"PHASES": 2, "VK": 8, "PDL": 1, "flush_PPS": 1}),
+# Beyond the shipped rows (tests/test_launch_rows.py): a non-flush step's tile streamed in chunks (narrower K
+# pieces), a head's rows over five programs counting their arrivals lane by lane, a flush launch's items of fewer rows.
+_R = gdn_replay.REPLAY_LAUNCH
+VARIANTS = [
+    ("chunks", "bf16", dataclasses.replace(_R["replay"], chunk=8, piece=4)),
+    ("chunks-two-launch", "fp8", dataclasses.replace(_R["replay-fp8"], chunk=16, piece=8)),
+    ("rows4-lane-count", None, dataclasses.replace(_R["replay-small"], rows=4, chunk=4, piece=8)),
+    ("flush-items8", "fp16", dataclasses.replace(_R["replay-split"], rows=16, chunk=16, piece=8,
+                                                 flush=dataclasses.replace(_R["replay-split"].flush, rows=8))),
 ]
 
 
-@pytest.mark.parametrize("read,launch", LAUNCH_CASES,
-                         ids=[f"B3-H2-HV4-K24-V20-W3-fp32-{r or 'full'}-VP{l.get('VP', 'all')}-BV{l.get('BV', 32)}"
-                              f"-VK{l['VK']}" + {0: "", 1: "-early", 2: "-early2"}[l.get("EARLY", 0)]
-                              + ("-lcount" if l.get("LCOUNT") else "")
-                              + ("-tf32" if l.get("TF32") else "") + (f"-phases{l['PHASES']}" if "PHASES" in l else "")
-                              + (f"-sload{l['SLOAD']}" if "SLOAD" in l else "") + ("-pdl" if l.get("PDL") else "")
-                              + ("-flush-" + "-".join(f"{k[6:]}{v}" for k, v in l.items() if k.startswith("flush_"))
-                                 if any(k.startswith("flush_") for k in l) else "")
-                              for r, l in LAUNCH_CASES])
-def test_replay_launch_settings_match_reference(device, assert_close, read, launch):
-    """Rows in several chunks (tile read after the fill), other K piece widths, each head's rows split over
-    programs (VP = 16 of V = 20: two programs share a fill counter), the buffer read whole before the fill
-    (EARLY: its NaN entries past the fill weighted out), the flush folded through 3xTF32 and its checkpoint rows
-    read under a branch or a chunk ahead (SLOAD), the flushes' launch begun while the non-flush launch ends (PDL,
-    on a GPU), through flushes."""
-    _replay_staggered((4, 2, 4, 24, 20), 5, "fp32", read, launch, device, assert_close)
+@pytest.mark.parametrize("read,config", [v[1:] for v in VARIANTS],
+                         ids=[f"B3-H2-HV4-K24-V20-W3-fp32-{v[1] or 'full'}-{v[0]}" for v in VARIANTS])
+def test_replay_launch_variants_match_reference(device, assert_close, read, config):
+    """Staggered rows through flushes, from NaN-poisoned buffers, against the reference."""
+    _replay_staggered((4, 2, 4, 24, 20), 5, "fp32", read, config, device, assert_close)
 
 
-def _replay_staggered(shape, steps, state, read, launch, device, assert_close):
+def _replay_staggered(shape, steps, state, read, config, device, assert_close):
     """`steps` steps (W = 3) of three staggered rows from NaN-poisoned buffers: every output, then every cache
     tensor, against the reference."""
     _, H, HV, K, V = shape
@@ -169,85 +135,10 @@ def _replay_staggered(shape, steps, state, read, launch, device, assert_close):
         inp = gdn.random_inputs(3, H, HV, K, V, device=device)
         rows = staggered(slots, step, device)
         out = torch.full((3, HV, V), NAN, dtype=torch.bfloat16, device=device)
-        y = gdn.replay(got, **inp, use_qk_l2norm_in_kernel=True, slots=rows, out=out, launch=launch)
+        y = gdn.replay(got, **inp, use_qk_l2norm_in_kernel=True, slots=rows, out=out, config=config)
         y_ref = gdn.replay_ref(want, **inp, use_qk_l2norm_in_kernel=True, slots=rows)
         assert_close(y, y_ref, torch.bfloat16, DT[state], *([DT[read]] if read else []), what=f"o at step {step}")
     assert_caches_close(got, want, assert_close)
-
-
-TF32_CASES = [
-    ("bf16", {"TF32": 2, "VK": 8}),
-    ("fp16", {"TF32": 2, "VP": 16, "BV": 16, "VK": 8}),
-    ("bf16", {"PHASES": 2, "VK": 8, "flush_TF32": 2, "flush_PPS": 1}),
-]
-
-
-@pytest.mark.parametrize("state,launch", TF32_CASES,
-                         ids=[f"B3-H2-HV4-K24-V20-W3-{s}-full-" + ",".join(f"{k}={v}" for k, v in l.items())
-                              for s, l in TF32_CASES])
-def test_replay_one_tf32_product_on_a_2_byte_state(device, assert_close, state, launch):
-    """A 2-byte checkpoint's flushes folded in one TF32 product (TF32=2, in one launch or in the flushes' own):
-    outputs every step and every cache tensor as the reference, through flushes, from NaN-poisoned buffers."""
-    _replay_staggered((4, 2, 4, 24, 20), 7, state, None, launch, device, assert_close)
-
-
-HEADS_CASES = [
-    ("fp32", None, {"HPP": 2}),
-    ("fp32", "bf16", {"HPP": 4, "BV": 8, "VK": 8}),
-    ("fp32", "fp8", {"HPP": 8, "BV": 16, "VK": 16}),
-    ("fp32", "fp16", {"HPP": 2, "BV": 32, "STAGES": 2, "flush_PPS": 1}),
-    ("bf16", None, {"HPP": 4, "BV": 16, "VK": 8}),
-]
-
-
-@pytest.mark.parametrize("state,read,launch", HEADS_CASES,
-                         ids=[f"B3-H2-HV8-K24-V20-W3-{s}-{r or 'full'}-" + ",".join(f"{k}={v}" for k, v in l.items())
-                              for s, r, l in HEADS_CASES])
-def test_replay_heads_per_program_match_reference(device, assert_close, state, read, launch):
-    """The non-flush launch in programs of HPP value heads of a k-head (PHASES=2; HPP=8 lowered to the k-head's 4),
-    through flushes, from NaN-poisoned buffers: outputs every step and every cache tensor, as the reference."""
-    # VP, EARLY, MMA and the warps (heads programs take 1 or 2) pinned: on a GPU this small grid takes the
-    # small-grid row.
-    launch = {"PHASES": 2, "VP": 256, "EARLY": 0, "MMA": 0, "num_warps": 2, **launch}
-    _replay_staggered((4, 2, 8, 24, 20), 7, state, read, launch, device, assert_close)
-
-
-MMA_CASES = [
-    ("bf16", None, "bf16", {"BV": 16}),
-    ("fp32", "bf16", "bf16", {"BV": 16}),
-    ("fp32", "fp16", "fp16", {"BV": 16, "PHASES": 1}),
-    ("fp32", "bf16", "bf16", {"EARLY": 1, "VP": 16, "BV": 16}),
-]
-
-
-@pytest.mark.parametrize("state,read,io,launch", MMA_CASES,
-                         ids=[f"B3-H2-HV4-K24-V20-W3-{s}-{r or 'full'}-{i}-BV16" + ("-early" if l.get("EARLY") else "")
-                              for s, r, i, l in MMA_CASES])
-def test_replay_tensor_core_row_sums_match_reference(device, assert_close, state, read, io, launch):
-    """MMA=1: a 2-byte tile in the inputs' dtype sums its rows times k and q in one tensor-core product, in the
-    pipelined loop (BV = 16 of 32 rows) and in the one-chunk program that reads its tile before the fill."""
-    shape = (4, 2, 4, 24, 20)
-    got = make_cache(shape, 3, device, state=state, read=read, io=io)
-    assert gdn_replay._mma_tile(got)
-    poison(got)
-    want = got.clone()
-    slots = [2, 0, 3]
-    for step in range(5):
-        inp = gdn.random_inputs(3, 2, 4, 24, 20, io_dtype=DT[io], device=device)
-        rows = staggered(slots, step, device)
-        out = torch.full((3, 4, 20), NAN, dtype=DT[io], device=device)
-        y = gdn.replay(got, **inp, use_qk_l2norm_in_kernel=True, slots=rows, out=out, launch=dict(launch, MMA=1))
-        y_ref = gdn.replay_ref(want, **inp, use_qk_l2norm_in_kernel=True, slots=rows)
-        assert_close(y, y_ref, DT[io], DT[state], *([DT[read]] if read else []), what=f"o at step {step}")
-    assert_caches_close(got, want, assert_close)
-
-
-@pytest.mark.parametrize("state,read,io,exact", [("bf16", None, "bf16", True), ("fp32", "bf16", "bf16", True),
-                                                  ("fp32", None, "bf16", False), ("bf16", None, "fp32", False),
-                                                  ("fp32", "fp8", "bf16", False), ("fp32", "bf16", "fp16", False)])
-def test_tensor_core_row_sums_only_where_exact(device, state, read, io, exact):
-    """MMA applies to a 2-byte tile in the inputs' own dtype; fp32 and fp8 tiles, or other inputs, keep row sums."""
-    assert gdn_replay._mma_tile(make_cache((1, 1, 1, 16, 16), 2, device, state=state, read=read, io=io)) == exact
 
 
 @pytest.mark.parametrize("W", [1, 4, 7], ids=[f"B3-H1-HV2-K12-V10-W{w}-fp32-fp32" for w in (1, 4, 7)])
@@ -272,13 +163,6 @@ def test_replay_equals_conventional(device, assert_close, W):
         assert_close(y_conv[live], y_exact[live], torch.float32, what=f"conventional o at step {step}")
     assert_close(gdn.materialize(cache), exact, torch.float32, what="materialized state")
     assert_close(gdn.materialize(cache), conv, torch.float32, what="materialized vs conventional state")
-
-
-def test_launch_rows_are_distinct_dicts():
-    """Each LAUNCH row is its own dict, so that a row changed in place (benchmarks/profile_rows.py --set) leaves the
-    rows built from the same settings as they are."""
-    rows = importlib.import_module("replayssm_kernels.gdn.replay").LAUNCH
-    assert len({id(row) for row in rows.values()}) == len(rows)
 
 
 def test_default_slots_are_the_rows(device, assert_close):
@@ -386,36 +270,12 @@ BAD_REPLAY = {
     "beta-shape": (lambda i: i.update(beta=i["beta"][:, :2]), "beta must have shape"),
     "slots-range": (lambda i: i.update(slots=torch.tensor([0, 7], dtype=torch.int32)), "slots must be in"),
     "batch-without-slots": (lambda i: i.update(**gdn.random_inputs(4, 2, 4, 8, 8)), "batch 4 must not exceed"),
-    "launch": (lambda i: i.update(launch={"num_warps": 3}), "power of two"),
-    "launch-vk": (lambda i: i.update(launch={"VK": 12}), "power of two"),
-    "launch-vp": (lambda i: i.update(launch={"VP": 12}), r"launch\['VP'\] must be a power of two"),
     "out-shape": (lambda i: i.update(out=torch.zeros(2, 4, 7, dtype=torch.bfloat16)), "out must be a"),
-    "launch-phases": (lambda i: i.update(launch={"PHASES": 3}), r"launch\['PHASES'\] must be 1 or 2"),
-    "launch-flush-one-launch": (lambda i: i.update(launch={"flush_BVF": 32}), "flush_BVF apply only with PHASES=2"),
-    "launch-flush-key": (lambda i: i.update(launch={"PHASES": 2, "flush_PHASES": 1}),
-                         r"unknown key 'PHASES' for replay(-small)?-flush"),
-    "launch-heads": (lambda i: i.update(launch={"PHASES": 2, "VP": 256, "EARLY": 0, "HPP": 3}),
-                     r"launch\['HPP'\] must be a power of two"),
-    "launch-heads-one-launch": (lambda i: i.update(launch={"PHASES": 1, "HPP": 2}), "HPP = 2 .* only with PHASES=2"),
-    "launch-heads-rows": (lambda i: i.update(launch={"PHASES": 2, "VP": 4, "EARLY": 0, "HPP": 2}),
-                          "HPP = 2 takes whole heads: VP = 4 must cover V = 8"),
-    "launch-heads-early": (lambda i: i.update(launch={"PHASES": 2, "VP": 256, "EARLY": 1, "HPP": 2}),
-                           "EARLY and MMA must be 0"),
-    "launch-heads-flush": (lambda i: i.update(launch={"PHASES": 2, "flush_HPP": 2}),
-                           r"unknown key 'HPP' for replay(-small)?-flush"),
-    "launch-tf32": (lambda i: i.update(launch={"TF32": 3}), r"launch\['TF32'\] must be 0 or 1 or 2"),
-    "launch-tf32-fp32": (lambda i: i.update(launch={"TF32": 2}), "TF32 = 2 .* applies only to a 2-byte checkpoint"),
-    "launch-flush-tf32-fp32": (lambda i: i.update(launch={"PHASES": 2, "flush_TF32": 2}),
-                               "TF32 = 2 .* applies only to a 2-byte checkpoint"),
-    "launch-ctf32": (lambda i: i.update(launch={"CTF32": 2}), r"launch\['CTF32'\] must be 0 or 1"),
-    "launch-sload": (lambda i: i.update(launch={"SLOAD": 3}), r"launch\['SLOAD'\] must be 0 or 1 or 2"),
-    "launch-pdl": (lambda i: i.update(launch={"PHASES": 1, "PDL": 1}), "PDL = 1 .* applies only with PHASES=2"),
-    "launch-fcap": (lambda i: i.update(launch={"FCAP": 255}),
-                    "FCAP = 255 .* applies to a flush launch: give it as flush_FCAP, with PHASES=2"),
-    "launch-ctf32-no-copy": (lambda i: i.update(launch={"CTF32": 1}),
-                             "CTF32 = 1 .* applies only to a bf16 or fp16 read copy; this cache has no read copy"),
-    "launch-flush-ctf32-no-copy": (lambda i: i.update(launch={"PHASES": 2, "flush_CTF32": 1}),
-                                   "CTF32 = 1 .* applies only to a bf16 or fp16 read copy"),
+    "config-correction-no-copy": (lambda i: i.update(config=dataclasses.replace(_R["replay"], correction="tf32")),
+                                  "correction 'tf32' .* applies only to a bf16 or fp16 read copy; this cache has no "
+                                  "read copy"),
+    "config-tf32-fp32": (lambda i: i.update(config=dataclasses.replace(_R["replay"], precision="tf32")),
+                         "'tf32' .* applies only to a 2-byte checkpoint"),
 }
 
 

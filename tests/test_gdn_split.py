@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 
 import pytest
@@ -66,13 +67,15 @@ def test_split_precision_error_stays_bounded_over_2000_steps():
     assert last_conv > 5 * last_split
 
 
-SPLIT_CASES = [(r, 4, None) for r in READ] + [("fp16", 9, None), ("bf16", 9, {"PHASES": 1}), ("fp8", 9, {"PHASES": 1})]
+_R = importlib.import_module("replayssm_kernels.gdn.replay").REPLAY_LAUNCH
+SPLIT_CASES = [(r, 4, None) for r in READ] + [("fp16", 9, None), ("bf16", 9, _R["replay-split-small"]),
+                                              ("fp8", 9, _R["replay-fp8-small"])]
 
 
-@pytest.mark.parametrize("read,W,launch", SPLIT_CASES,
-                         ids=[f"B2-H1-HV2-K12-V10-W{w}-fp32-{r}-fp32" + ("-one-launch" if l else "")
-                              for r, w, l in SPLIT_CASES])
-def test_split_kernel_checkpoint_matches_full_precision(device, assert_close, read, W, launch):
+@pytest.mark.parametrize("read,W,config", SPLIT_CASES,
+                         ids=[f"B2-H1-HV2-K12-V10-W{w}-fp32-{r}-fp32" + ("-one-launch" if c else "")
+                              for r, w, c in SPLIT_CASES])
+def test_split_kernel_checkpoint_matches_full_precision(device, assert_close, read, W, config):
     """Kernels, 3 windows, staggered rows: the split cache's checkpoint and materialized state equal an
     fp32-only cache's to fp32 rounding, and its outputs differ from that cache's only by the read dtype; the
     flushes in a launch of their own or, "one-launch", in the non-flush steps' launch."""
@@ -86,7 +89,7 @@ def test_split_kernel_checkpoint_matches_full_precision(device, assert_close, re
     for step in range(3 * W):
         inp = gdn.random_inputs(2, H, HV, K, V, io_dtype=torch.float32, device=device)
         rows = torch.tensor([2, 0 if step >= 1 else -1], dtype=torch.int32, device=device)
-        y_split = gdn.replay(split, **inp, use_qk_l2norm_in_kernel=True, slots=rows, launch=launch)
+        y_split = gdn.replay(split, **inp, use_qk_l2norm_in_kernel=True, slots=rows, config=config)
         y_full = gdn.replay(full, **inp, use_qk_l2norm_in_kernel=True, slots=rows)
         live = rows >= 0
         assert_close(y_split[live], y_full[live], READ[read], what=f"o at step {step}")
@@ -118,7 +121,7 @@ def test_split_kernel_2000_steps_on_gpu():
 
 
 def test_fp8_copy_refuses_one_pass_correction(device):
-    """CTF32 = 1 takes a 2-byte copy's flush correction in one TF32 pass; an fp8 copy's checkpoint - copy is too
+    """A flush's correction in one TF32 pass takes a 2-byte copy; an fp8 copy's checkpoint - copy is too
     large for it: refused before either launch of a two-launch step, the cache unchanged."""
     cache = gdn.ReplayCache.create(2, 1, 2, 12, 10, 4, state_dtype="fp32", read_dtype="fp8", io_dtype="fp32",
                                    device=device)
@@ -126,27 +129,27 @@ def test_fp8_copy_refuses_one_pass_correction(device):
     before = {name: t.view(torch.uint8).clone() for name, t in cache.tensors().items() if t.dtype.itemsize == 1}
     before.update({name: t.clone() for name, t in cache.tensors().items() if t.dtype.itemsize > 1})
     inp = gdn.random_inputs(2, 1, 2, 12, 10, io_dtype=torch.float32, device=device)
-    with pytest.raises(ValueError, match=r"CTF32 = 1 .* applies only to a bf16 or fp16 read copy; this cache has a "
-                                         r"torch.float8_e4m3fn read copy"):
-        gdn.replay(cache, **inp, launch={"PHASES": 2, "flush_CTF32": 1})
+    with pytest.raises(ValueError, match=r"correction 'tf32' .* applies only to a bf16 or fp16 read copy; this cache "
+                                         r"has a torch.float8_e4m3fn read copy"):
+        gdn.replay(cache, **inp, config=_R["replay-split"])
     for name, t in cache.tensors().items():
         assert torch.equal(t.view(torch.uint8) if t.dtype.itemsize == 1 else t, before[name]), name
 
 
 def test_split_flush_register_cap_by_rounds():
-    """A copy's flush launch runs at FCAP's 255 registers (2 four-warp programs per SM, each faster) where a staggered
+    """A copy's flush launch runs at its round_cap's 255 registers (2 four-warp programs per SM, each faster) where a staggered
     step's flushes take no more rounds of resident programs than at 168 (3 per SM), as measured on an H200 (132 SMs,
     Qwen3.5-122B's 64 value heads of 128 rows, W = 16; benchmarks/notes/run-68.md): 255 at batch 16 to 64 and at 128, 168 at 96
-    (384 heads: one round at 168, two at 255), 256 and 512; never on the CPU, nor without FCAP."""
+    (384 heads: one round at 168, two at 255), 256 and 512; never on the CPU, nor without round_cap."""
     flush_cap = importlib.import_module("replayssm_kernels.common").flush_cap
     replay = importlib.import_module("replayssm_kernels.gdn.replay")
     rows = (("replay-split", (48, 64, 96, 128, 256, 512), 1), ("replay-split-medium", (16, 32), 2),
             ("replay-fp8", (64, 96), 1))
     for row, batches, per_head in rows:
-        flush = replay._replay_settings(row, None)[1]
-        assert min(flush["VP"], 128) == 128 // per_head
-        caps = [flush_cap(flush["maxnreg"], flush["FCAP"], -(-batch // 16) * 64 * per_head, flush["num_warps"],
-                          flush["PPS"], 132) for batch in batches]
+        flush = replay.REPLAY_LAUNCH[row].flush
+        assert min(flush.rows, 128) == 128 // per_head
+        caps = [flush_cap(flush.maxnreg, flush.round_cap, -(-batch // 16) * 64 * per_head, flush.warps,
+                          replay.FLUSH_PROGRAMS_PER_SM, 132) for batch in batches]
         assert caps == {"replay-split": [255, 255, 168, 255, 168, 168], "replay-split-medium": [255, 255],
                         "replay-fp8": [255, 168]}[row], row
     assert flush_cap(168, 255, 256, 4, 6, 0) == 168 and flush_cap(168, None, 256, 4, 6, 132) == 168
@@ -156,19 +159,18 @@ def test_split_flush_launch_counts_a_staggered_step(monkeypatch, device):
     """The flush launch asks `flush_cap` about the items of batch / W rows' heads (a staggered step), not of every
     row: at batch 10, W = 4, 2 value heads of 20 rows in 32-row items, 3 rows' 6 items (the flush row's settings
     given, so that a GPU's small-grid row and the CPU's large one ask the same)."""
-    replay = importlib.import_module("replayssm_kernels.gdn.replay")
     asked = []
 
     def record(maxnreg, fcap, items, num_warps, pps, sms):
         asked.append((maxnreg, fcap, items))
         return maxnreg
 
-    monkeypatch.setattr(replay, "flush_cap", record)
+    monkeypatch.setattr(importlib.import_module("replayssm_kernels.common"), "flush_cap", record)
     cache = gdn.ReplayCache.create(10, 1, 2, 12, 20, 4, state_dtype="fp32", read_dtype="bf16", io_dtype="fp32",
                                    device=device)
     cache.load(torch.randn(10, 2, 20, 12, device=device))
     gdn.replay(cache, **gdn.random_inputs(10, 1, 2, 12, 20, io_dtype=torch.float32, device=device),
-               launch={"PHASES": 2, "flush_VP": 32, "flush_maxnreg": 168, "flush_FCAP": 255})
+               config=dataclasses.replace(_R["replay-split"], flush=dataclasses.replace(_R["replay-split"].flush, rows=32)))
     assert asked == [(168, 255, 6)]
 
 
@@ -181,5 +183,5 @@ def test_split_drift_script(device):
     row = drift.drift(2, 3 * 4, 4, "bf16", {}, 0, shape={"H": 1, "HV": 2, "K": 16, "V": 16}, device=device)
     assert 0 < row["checkpoint_split_max"] < 1e-5 and 0 < row["checkpoint_fp32_max"] < 1e-5
     assert 2.0**-12 < row["output_last_quarter"] < 2.0**-6
-    bad = run("split_drift", "--launch", "CTF32")
-    assert bad.returncode == 2 and "'CTF32' is not field=integer" in bad.stderr and "Traceback" not in bad.stderr
+    bad = run("split_drift", "--launch", "correction")
+    assert bad.returncode == 2 and "'correction' is not field=integer" in bad.stderr and "Traceback" not in bad.stderr

@@ -29,13 +29,13 @@ def test_sweep_dry_run_plans_every_kernel_and_batch():
 
 
 def test_sweep_bad_launch_is_one_line():
-    done = _run("--launch", "replay:BV")
+    done = _run("--launch", "replay:chunk")
     assert done.returncode == 2
     assert done.stderr.strip().count("\n") == 0 and "field=integer" in done.stderr
 
 
 def test_sweep_parse_launch(sweep):
-    assert sweep.parse_launch("replay:BV=64,num_warps=8") == ("replay", {"BV": 64, "num_warps": 8})
+    assert sweep.parse_launch("replay:chunk=64,warps=8") == ("replay", {"chunk": 64, "warps": 8})
     with pytest.raises(ValueError, match="KERNEL one of"):
         sweep.parse_launch("conv:BV=4")
     plan = sweep.plan(["replay", "decode"], True, [("replay", {"num_warps": 4})])
@@ -110,7 +110,7 @@ def test_sweep_check_and_step_at_a_tiny_shape(sweep, device, monkeypatch, kernel
     monkeypatch.setattr(sweep, "WINDOW", 3)
     monkeypatch.setattr(sweep, "DRAFT", 2)
     monkeypatch.setattr(sweep, "ACCEPTED", 1)
-    launch = {"BV": 8, "num_warps": 2}
+    launch = {"rows": 8, "warps": 2} if kernel.startswith("decode") else {"chunk": 16, "warps": 2}
     assert sweep.check_config(kernel, launch, device) < 2e-2
     stack = sweep.Stack(kernel, 3, 2, launch, device)
     stack.rewind()
@@ -125,18 +125,18 @@ def test_sweep_check_and_step_at_a_tiny_shape(sweep, device, monkeypatch, kernel
 def test_sweep_checks_on_rows_of_the_timed_grid_class(sweep, device, monkeypatch):
     """The check runs the launch row the timed batch takes: as many rows as the batch up to 8, so on the H200 (132
     SMs, a grid small under 264 programs) the check's grid is small exactly when the timed one is; a split row's
-    flush_ keys (which only its large-grid row takes) then pass the check at a large batch."""
+    flush_ fields (which only its two-launch rows take) then pass the check at a large batch."""
     common = sweep.common
     assert common.check_rows(1) == [0] and common.check_rows(3) == [2, -1, 0]
     assert common.check_rows(512) == [2, -1, 0, 3, 4, 5, 6, 7]
     for batch in range(1, 600):
         assert (len(common.check_rows(batch)) * 64 < 264) == (batch * 64 < 264), batch
     # On a GPU the check's 8 rows need enough heads for a grid that is not small (8 x 64 programs; 8 x 2 would take
-    # the one-launch small-grid row, which refuses flush_ keys); on the CPU no grid is small.
+    # the one-launch small-grid row, which has no flush_ fields); on the CPU no grid is small.
     hv = 2 if device == "cpu" else 64
     monkeypatch.setattr(sweep, "SHAPE", {"H": 1, "HV": hv, "K": 16, "V": 8})
     monkeypatch.setattr(sweep, "WINDOW", 3)
-    assert sweep.check_config("split-bf16", {"flush_BVF": 16}, device, common.check_rows(256)) < 2e-2
+    assert sweep.check_config("split-bf16", {"flush_flush_chunk": 16}, device, common.check_rows(256)) < 2e-2
 
 
 @pytest.mark.parametrize("kernel,v_first", [("fla", 1), ("fla-inplace", 1), ("fla-inplace", 0)])
@@ -170,3 +170,21 @@ def test_sweep_skips_a_missing_outside_kernel(sweep, monkeypatch, capsys):
     assert code == 0
     assert err.strip() == "sweep_gdn: skipping fla needs a package"
     assert out.strip().startswith("decode") and "fla" not in out
+
+
+def test_sweep_configs_are_the_chosen_rows_with_the_fields_put_in(sweep):
+    """Each timed setting is a field of the launch configuration the kernel picks at that batch."""
+    from replayssm_kernels import gdn
+
+    cache = gdn.ReplayCache.create(2, 1, 2, 8, 8, 4, state_dtype="fp32", read_dtype="bf16", io_dtype="bf16",
+                                   max_draft=2, device="cpu")
+    plain = gdn.ReplayCache.create(2, 1, 2, 8, 8, 4, state_dtype="fp32", io_dtype="bf16", max_draft=2, device="cpu")
+    for kernel, settings in sweep.GRID.items():
+        if kernel in sweep.FLA_KERNELS:
+            continue
+        target = torch.zeros(2, 2, 8, 8) if kernel.startswith("decode") else cache if "split" in kernel else plain
+        for fields in settings:
+            sweep.config_for(kernel, target, 2, fields)
+    assert sweep.config_for("split-bf16", cache, 2, {"flush_rows": 64}).flush.rows == 64
+    with pytest.raises(ValueError, match="ReplayConfig has no field 'BV'"):
+        sweep.config_for("replay", plain, 2, {"BV": 16})

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 
 import pytest
@@ -9,6 +10,20 @@ import torch
 
 from replayssm_kernels import gdn
 from replayssm_kernels.gdn.cache import dequantize_read
+
+gdn_verify = importlib.import_module("replayssm_kernels.gdn.verify")
+# the fold launch's settings where a row folds in the verify's own programs (a test asking for the launch)
+FOLDS = gdn_verify.FoldConfig(rows=128, warps=4, programs_per_sm=4, precision="tf32x3", ksplit=2, stream=False,
+                              prefetch=False)
+
+
+def config(cache, batch: int, fold: dict | None = None, **fields):
+    """The VERIFY_LAUNCH row `verify` takes on this cache, with `fields` put in and, given `fold`, its folds in a
+    launch of their own with those fields of its FoldConfig."""
+    row = gdn_verify.VERIFY_LAUNCH[gdn_verify.select_verify(cache, batch)]
+    if fold is not None:
+        fields["fold"] = dataclasses.replace(row.fold or FOLDS, **fold)
+    return dataclasses.replace(row, **fields)
 
 DT = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "fp8": torch.float8_e4m3fn, None: None}
 NAN = float("nan")
@@ -60,17 +75,10 @@ VERIFY_CASES = [
     ("fp32", None, "bf16", 4, 3, 0, 0),
     ("bf16", None, "fp32", 3, 2, 0, 0),
     ("fp32", "bf16", "bf16", 4, 3, 0, 0),
-    ("fp32", "fp8", "fp16", 3, 4, 0, 0),
-    ("fp32", None, "bf16", 4, 3, 1, 0),
-    ("bf16", None, "fp32", 3, 2, 1, 0),
     ("fp32", "fp8", "fp16", 3, 4, 1, 0),
     ("fp32", None, "bf16", 4, 3, 1, 2),
-    ("fp32", None, "fp32", 3, 2, 0, 1),
-    ("bf16", None, "bf16", 4, 3, 1, 2),
-    ("bf16", None, "fp32", 3, 2, 1, 1),
     ("fp32", "bf16", "bf16", 4, 3, 1, 1),
     ("fp32", "fp8", "fp16", 3, 4, 0, 1),
-    ("fp32", None, "bf16", 4, 3, 2, 2),
     ("bf16", None, "bf16", 4, 3, 2, 2),
     ("fp32", None, "fp32", 3, 4, 2, 1),
 ]
@@ -92,64 +100,56 @@ def test_verify_accept_with_2_byte_buffers(device, assert_close, gpass, mma):
     _verify_cycles(device, assert_close, "bf16", None, "bf16", 4, 3, gpass, mma, buffer="bf16")
 
 
-# (state, read copy, io, GPASS, MMA as above, the fold launch's settings)
+# (state, read copy, io, key_pass, mma as above, the fold launch's fields): items of fewer rows and programs, fp32
+# FMAs or 3xTF32, the folds on a second stream, an item's entry loaded ahead, the key products in K halves, the
+# drafts' keys from each key head's first value head (arrive False), each program's fill from the weights launch
 FOLD_CASES = [
-    ("fp32", None, "bf16", 2, 2, {}),
-    ("fp32", None, "fp32", 1, 1, {"FVP": 8, "PPS": 1}),
-    ("bf16", None, "bf16", 2, 2, {"FVP": 16, "FWARPS": 2}),
-    ("fp32", "fp8", "fp16", 1, 0, {"FVP": 8}),
-    ("fp32", "bf16", "bf16", 1, 1, {"PPS": 1, "FWARPS": 1}),
-    ("fp32", None, "bf16", 2, 2, {"TF32": 0, "FWARPS": 2}),
-    ("fp32", "fp8", "bf16", 1, 0, {"TF32": 0}),
-    ("fp32", None, "bf16", 2, 2, {"TF32": 0, "FKSPLIT": 1, "FSTAGES": 2}),
-    ("fp32", None, "bf16", 2, 2, {"TF32": 0, "FKSPLIT": 1, "FSTREAM": 1}),
-    ("bf16", "fp8", "fp32", 1, 1, {"FSTREAM": 1, "PPS": 1}),
-    ("fp32", None, "fp16", 0, 0, {"FVP": 8}),
-    ("fp32", None, "bf16", 2, 2, {"TF32": 0, "FKSPLIT": 1, "FPREF": 1, "FVP": 8, "PPS": 1}),
-    ("fp32", "bf16", "fp32", 1, 1, {"FPREF": 1, "PPS": 2, "GKSPLIT": 2}),
-    ("fp32", None, "bf16", 2, 2, {"TF32": 0, "FKSPLIT": 1, "FSTREAM": 1, "FPREF": 1, "GKSPLIT": 2}),
-    ("fp32", None, "bf16", 2, 2, {"TF32": 0, "FKSPLIT": 1, "FSTREAM": 1, "FPREF": 1, "GKSPLIT": 2, "ARRIVE": 0}),
-    ("fp32", None, "bf16", 2, 2, {"TF32": 0, "FKSPLIT": 1, "ARRIVE": 0, "WFILL": 1}),
-    ("bf16", None, "fp32", 2, 2, {"WFILL": 1}),
-    ("fp32", None, "bf16", 2, 2, {"ARRIVE": 1, "WFILL": 0}),
-    ("fp32", "bf16", "fp32", 1, 1, {"PPS": 2, "ARRIVE": 0}),
-    ("fp32", None, "fp16", 0, 0, {"FVP": 8, "ARRIVE": 0}),
+    ("fp32", None, "bf16", 2, 2, {}, {}),
+    ("fp32", "fp8", "fp16", 1, 0, {"rows": 8}, {}),
+    ("fp32", "bf16", "bf16", 1, 1, {"programs_per_sm": 1, "warps": 1, "stream": True}, {}),
+    ("bf16", None, "bf16", 2, 2, {"rows": 16, "precision": "tf32x3", "ksplit": 2}, {"fold_stages": 2}),
+    ("fp32", None, "bf16", 2, 2, {"rows": 8, "programs_per_sm": 1, "prefetch": True}, {"key_split": 2}),
+    ("fp32", None, "fp16", 0, 0, {"rows": 8}, {"arrive": False}),
+    ("bf16", None, "fp32", 2, 2, {}, {"arrive": False, "weights_fill": True}),
 ]
 
 
-@pytest.mark.parametrize("state,read,io,gpass,mma,fold", FOLD_CASES,
-                         ids=[f"{s}-{r or 'full'}-{i}-GPASS{p}-MMA{m}" + "".join(f"-{k}{v}" for k, v in f.items())
-                              for s, r, i, p, m, f in FOLD_CASES])
-def test_verify_accept_folds_in_a_launch_of_their_own(device, assert_close, state, read, io, gpass, mma, fold):
-    """FPASS: `_verify_list_kernel` lists the heads that fold and `_verify_fold_kernel` folds them (items of FVP rows,
-    PPS programs per SM; with FSTREAM on a second stream beside the key products) before the verify; the same
-    cycles, flush-first verifies among them."""
-    _verify_cycles(device, assert_close, state, read, io, 4, 3, gpass, mma, launch={"FPASS": 1, **fold})
+@pytest.mark.parametrize("state,read,io,gpass,mma,fold,fields", FOLD_CASES,
+                         ids=[f"{s}-{r or 'full'}-{i}-key-pass{p}-mma{m}" + "".join(f"-{k}{v}" for k, v in f.items())
+                              + "".join(f"-{k}{v}" for k, v in x.items()) for s, r, i, p, m, f, x in FOLD_CASES])
+def test_verify_accept_folds_in_a_launch_of_their_own(device, assert_close, state, read, io, gpass, mma, fold,
+                                                     fields):
+    """`_verify_list_kernel` lists the heads that fold and `_verify_fold_kernel` folds them before the verify; the
+    same cycles, flush-first verifies among them."""
+    _verify_cycles(device, assert_close, state, read, io, 4, 3, gpass, mma, fold=fold, **fields)
 
 
+# (state, W, the fold launch's fields or None for folds in the verify, fold_window)
 EVERY_ROW_CASES = [
-    ("fp32", 4, {"FPREF": 0, "PPS": 1}), ("fp32", 4, {"FPREF": 1, "PPS": 1}), ("fp32", 4, {"FPREF": 1, "PPS": 2}),
-    ("fp32", 16, {"FPREF": 1, "PPS": 2}), ("fp32", 16, {"FPREF": 1, "PPS": 2, "FSPLITW": 1}),
-    ("fp32", 16, {"FPASS": 0, "FSPLITW": 1}), ("fp32", 16, {"FPREF": 1, "PPS": 2, "FSPLITW": 2}),
-    ("fp32", 16, {"FPASS": 0, "FSPLITW": 2}), ("bf16", 16, {"FPREF": 1, "PPS": 2, "FSPLITW": 2}),
-    ("fp32", 16, {"FPREF": 1, "PPS": 2, "FSPLITW": 2, "ARRIVE": 0}),
-    ("fp32", 16, {"FPREF": 1, "PPS": 2, "FSPLITW": 2, "ARRIVE": 0, "WFILL": 1}),
+    ("fp32", 4, {"programs_per_sm": 1, "prefetch": False}, 0), ("fp32", 16, {"programs_per_sm": 2}, 1),
+    ("fp32", 16, None, 1), ("fp32", 16, {"programs_per_sm": 2}, 2), ("bf16", 16, None, 2),
 ]
 
 
-@pytest.mark.parametrize("state,W,fold", EVERY_ROW_CASES,
-                         ids=[f"{s}-W{w}" + "".join(f"-{k}{v}" for k, v in f.items()) for s, w, f in EVERY_ROW_CASES])
-def test_fold_launch_takes_every_row_at_once(device, assert_close, state, W, fold):
+@pytest.mark.parametrize("state,W,fold,window", EVERY_ROW_CASES,
+                         ids=[f"{s}-W{w}-" + ("own-folds" if f is None else "fold-launch" + "".join(
+                             f"-{k}{v}" for k, v in f.items())) + f"-fold-window{x}" for s, w, f, x in EVERY_ROW_CASES])
+def test_fold_launch_takes_every_row_at_once(device, assert_close, state, W, fold, window):
     """Every row of a permuted slot table folds in the same verify, in items of 8 rows, each program (one or two on
-    the CPU) taking items of several rows and heads in turn; at W = 16 the rows' fills W to W + 3 (with FSPLITW a
-    fill of W in a product over 16 entries, past it over 32, or with FSPLITW=2 over 16 and the rest one by one;
-    FPASS=0: the same in the verify's own fold): outputs, then every cache tensor."""
+    the CPU) taking items of several rows and heads in turn; at W = 16 the rows' fills W to W + 3 (with fold_window
+    a fill of W in a product over 16 entries, past it over 32, or with 2 over 16 and the rest one by one; without a
+    fold launch the same in the verify's own fold): outputs, then every cache tensor."""
     T, (B, H, HV, K, V) = 4, (4, 2, 4, 16, 20)
     got = make_cache((6, H, HV, K, V), W, device, state=state, max_draft=T)
     poison(got)
     want = got.clone()
     slots = torch.tensor([4, 1, 5, 0], dtype=torch.int32, device=device)
-    launch = {"GPASS": 2, "MMA": 1, "TF32": 0, "FKSPLIT": 1, "FPASS": 1, "FVP": 8, **fold}
+    if fold is None:
+        cfg = config(got, B, key_pass=2, mma=True, fold=None, fold_window=window)
+        cfg = dataclasses.replace(cfg, fold=None, arrive=True)
+    else:
+        cfg = config(got, B, key_pass=2, mma=True, fold={"precision": "ieee", "ksplit": 1, "rows": 8, **fold},
+                     fold_window=window)
     for _ in range(W - 1):
         inp = gdn.random_inputs(B, H, HV, K, V, device=device)
         gdn.replay(got, **inp, slots=slots)
@@ -157,7 +157,7 @@ def test_fold_launch_takes_every_row_at_once(device, assert_close, state, W, fol
     for step in range(2):
         inp = gdn.random_inputs(B, H, HV, K, V, T=T, device=device)
         out = torch.full((B, T, HV, V), NAN, dtype=torch.bfloat16, device=device)
-        y = gdn.verify(got, **inp, slots=slots, out=out, launch=launch)
+        y = gdn.verify(got, **inp, slots=slots, out=out, config=cfg)
         y_ref = gdn.verify_ref(want, **inp, slots=slots)
         assert_close(y, y_ref, torch.bfloat16, DT[state], what=f"o at step {step}")
         if step == 0:
@@ -170,13 +170,15 @@ def test_fold_launch_takes_every_row_at_once(device, assert_close, state, W, fol
 
 
 @pytest.mark.parametrize("state,io,gpass,mma", [("fp32", "bf16", 2, 2), ("bf16", "fp32", 1, 1)],
-                         ids=["fp32-bf16-GPASS2-MMA-KSPLIT2", "bf16-fp32-GPASS1-MMA"])
+                         ids=["fp32-bf16-key-pass2-mma-ksplit2", "bf16-fp32-key-pass1-mma"])
 def test_verify_accept_folds_in_the_verify(device, assert_close, state, io, gpass, mma):
-    """FPASS=0 with the key-product pass (the small grids' rows): each folding row's verify program folds first."""
-    _verify_cycles(device, assert_close, state, None, io, 4, 3, gpass, mma, launch={"FPASS": 0})
+    """No fold launch, with the key-product pass (the small grids' rows): each folding row's verify program folds
+    first."""
+    _verify_cycles(device, assert_close, state, None, io, 4, 3, gpass, mma, own_folds=True)
 
 
-def _verify_cycles(device, assert_close, state, read, io, W, T, gpass, mma, buffer="fp32", launch=None):
+def _verify_cycles(device, assert_close, state, read, io, W, T, gpass, mma, buffer="fp32", fold=None,
+                   own_folds=False, **fields):
     B, H, HV, K, V = 3, 2, 6, 24, 20
     got = make_cache((5, H, HV, K, V), W, device, state=state, read=read, io=io, max_draft=T, buffer=buffer)
     assert got.buf_u.dtype == got.buf_k.dtype == DT[buffer]
@@ -194,9 +196,11 @@ def _verify_cycles(device, assert_close, state, read, io, W, T, gpass, mma, buff
         else:
             inp = gdn.random_inputs(B, H, HV, K, V, T=T, io_dtype=DT[io], device=device)
             out = torch.full((B, T, HV, V), NAN, dtype=DT[io], device=device)
-            y = gdn.verify(got, **inp, use_qk_l2norm_in_kernel=True, slots=slots, out=out,
-                           launch={"GPASS": gpass, "MMA": min(mma, 1), "KSPLIT": max(mma, 1),
-                                   "FSTAGES": max(mma, 1), **(launch or {})})
+            cfg = config(got, B, fold=fold, **{"key_pass": gpass, "mma": bool(mma), "ksplit": max(mma, 1),
+                                               "fold_stages": max(mma, 1), **fields})
+            if own_folds:
+                cfg = dataclasses.replace(cfg, fold=None, arrive=True)
+            y = gdn.verify(got, **inp, use_qk_l2norm_in_kernel=True, slots=slots, out=out, config=cfg)
             y_ref = gdn.verify_ref(want, **inp, use_qk_l2norm_in_kernel=True, slots=slots)
             n = torch.randint(0, T + 1, (B,), generator=gen, dtype=torch.int32).to(device)
             n[0] = T if step % 2 else n[0]
@@ -258,19 +262,13 @@ def test_verify_twice_before_accept_overwrites_the_drafts(device, assert_close):
     assert_caches_close(got, want, assert_close)
 
 
-LAUNCHES = [
-    {"BV": 16, "BVF": 16, "VK": 16, "STAGES": 1},
-    {"BV": 64, "BVF": 32, "VK": 64, "STAGES": 3, "num_warps": 2},
-    {"BV": 32, "STAGES": 2, "num_warps": 4},
-    {"MMA": 1, "KSPLIT": 2, "FSTAGES": 2, "BV": 32, "STAGES": 2, "num_warps": 2},
-    {"MMA": 1, "GPASS": 1, "KSPLIT": 2, "BV": 16, "STAGES": 3, "num_warps": 1},
-]
+# Beyond the shipped rows: the tile in 16-row chunks in one-warp programs, and 64-row chunks with the key pass and
+# the tensor cores, through a read copy's rounds that flush first
+CONFIGS = [{"chunk": 16, "warps": 1}, {"chunk": 64, "key_pass": 1, "mma": True, "ksplit": 2, "warps": 2}]
 
 
-@pytest.mark.parametrize("launch", LAUNCHES, ids=["BV16-BVF16-VK16-STAGES1", "BV64-BVF32-VK64-STAGES3-warps2",
-                                                  "BV32-STAGES2-small-grid-row", "MMA-KSPLIT2-FSTAGES2-BV32-warps2",
-                                                  "MMA-GPASS-KSPLIT2-BV16-warps1"])
-def test_verify_launch_settings_match_reference(device, assert_close, launch):
+@pytest.mark.parametrize("fields", CONFIGS, ids=["chunk16-warps1", "chunk64-key-pass-mma-ksplit2-warps2"])
+def test_verify_launch_settings_match_reference(device, assert_close, fields):
     """Other chunkings of the tile, the flush and the K pieces give the reference's outputs and cache, flushes first
     included (B2-H1-HV2-K40-V24-W3-T2-fp32-bf16-fp32)."""
     B, H, HV, K, V, W, T = 2, 1, 2, 40, 24, 3, 2
@@ -282,7 +280,8 @@ def test_verify_launch_settings_match_reference(device, assert_close, launch):
     for step in range(4):
         inp = gdn.random_inputs(B, H, HV, K, V, T=T, io_dtype=torch.float32, device=device)
         out = torch.full((B, T, HV, V), NAN, device=device)
-        y = gdn.verify(got, **inp, use_qk_l2norm_in_kernel=True, slots=slots, out=out, launch=launch)
+        y = gdn.verify(got, **inp, use_qk_l2norm_in_kernel=True, slots=slots, out=out,
+                       config=config(got, B, **fields))
         y_ref = gdn.verify_ref(want, **inp, use_qk_l2norm_in_kernel=True, slots=slots)
         assert_close(y, y_ref, torch.float32, torch.bfloat16, what=f"o at step {step}")
         n = torch.tensor([T, step % (T + 1)], dtype=torch.int32, device=device)
@@ -291,8 +290,6 @@ def test_verify_launch_settings_match_reference(device, assert_close, launch):
         fills.append(int(got.fill[2, 0]))
     assert any(b < a for a, b in zip(fills, fills[1:])), f"no verify flushed first (fills {fills})"
     assert_caches_close(got, want, assert_close)
-    with pytest.raises(ValueError, match="unknown key 'BP'"):
-        gdn.verify(got, **inp, slots=slots, launch={"BP": 16})
 
 
 def test_verify_and_replay_take_their_small_grid_rows_under_two_programs_per_sm(monkeypatch):
@@ -303,27 +300,18 @@ def test_verify_and_replay_take_their_small_grid_rows_under_two_programs_per_sm(
     cache = gdn.ReplayCache.create(64, 1, 64, 8, 8, 4, state_dtype="fp32", io_dtype="bf16", max_draft=2, device="cpu")
     split = gdn.ReplayCache.create(64, 1, 64, 8, 8, 4, state_dtype="fp32", read_dtype="bf16", io_dtype="bf16",
                                    max_draft=2, device="cpu")
-    for kernel in ("verify", "replay"):
-        assert gdn_replay.launch_name(kernel, cache, 4) == f"{kernel}-small"
-        assert gdn_replay.launch_name(kernel, cache, 33) == kernel
-        assert gdn_replay.launch_name(kernel, cache) == kernel
-    # under 16 programs per SM the verify takes its medium-grid row; the replay has none
-    assert gdn_replay.launch_name("verify", cache, 5) == gdn_replay.launch_name("verify", cache, 32) == "verify-medium"
-    assert gdn_replay.launch_name("replay", cache, 5) == "replay"
-    assert gdn_replay.LAUNCH["verify-medium"]["FVP"] < gdn_replay.LAUNCH["verify"]["FVP"]
-    assert gdn_replay.launch_name("verify", split, 1) == "verify-split"
-    assert gdn_replay.launch_name("replay", split, 4) == "replay-split-small"
-    # a copy's staggered flushes on medium grids take items of fewer rows than a head's
-    assert gdn_replay.launch_name("replay", split, 5) == "replay-split-medium"
-    assert gdn_replay.launch_name("replay", split, 33) == "replay-split"
-    settings, flush = gdn_replay._replay_settings("replay-split-medium", None)
-    assert settings["PHASES"] == 2 and flush["VP"] == 64 < gdn_replay._replay_settings("replay-split", None)[1]["VP"]
     fp8 = gdn.ReplayCache.create(64, 1, 64, 8, 8, 4, state_dtype="fp32", read_dtype="fp8", io_dtype="bf16",
                                  device="cpu")
-    assert gdn_replay.launch_name("replay", fp8, 4) == "replay-fp8-small"
-    assert gdn_replay.launch_name("replay", fp8, 5) == "replay-fp8-medium"
-    assert gdn_replay.launch_name("replay", fp8, 33) == "replay-fp8"
-    assert gdn_replay.LAUNCH["verify-small"]["num_warps"] > gdn_replay.LAUNCH["verify"]["num_warps"]
+    select, select_verify = gdn_replay.select, gdn_verify.select_verify
+    assert [select_verify(cache, b) for b in (4, 5, 32, 33)] == ["verify-small", "verify-medium", "verify-medium",
+                                                                "verify"]
+    assert [select(cache, b) for b in (4, 5, 33)] == ["replay-small", "replay", "replay"]
+    assert select_verify(split, 1) == "verify-split"
+    # a copy's staggered flushes on medium grids take items of fewer rows than a head's
+    assert [select(split, b) for b in (4, 5, 33)] == ["replay-split-small", "replay-split-medium", "replay-split"]
+    assert [select(fp8, b) for b in (4, 5, 33)] == ["replay-fp8-small", "replay-fp8-medium", "replay-fp8"]
+    monkeypatch.undo()
+    assert select_verify(cache, 1) == "verify" and select(split, 1) == "replay-split"
 
 
 def test_verify_and_accept_bad_input(device):
@@ -344,41 +332,18 @@ def test_verify_and_accept_bad_input(device):
     assert not cache.fill.any()
     inp = gdn.random_inputs(2, 1, 2, 8, 8, T=2, io_dtype=torch.float32, device=device)
     split = make_cache((3, 1, 2, 8, 8), 4, device, read="bf16", io="fp32", max_draft=2)
-    for got, launch in ((split, {"MMA": 1, "GPASS": 2}), (cache, {"MMA": 0, "GPASS": 2})):
+    for got, fields in ((split, {"mma": True, "key_pass": 2}), (cache, {"mma": False, "key_pass": 2})):
         before = got.clone()
-        with pytest.raises(ValueError, match="GPASS = 2 .* takes MMA = 1 and no read copy"):
-            gdn.verify(got, **inp, launch=launch)
+        with pytest.raises(ValueError, match="key_pass 2 .* takes mma and no read copy"):
+            gdn.verify(got, **inp, config=config(got, 2, **fields))
         assert torch.equal(got.checkpoint, before.checkpoint) and torch.equal(got.fill, before.fill)
-    for launch, message in [
-        ({"FPASS": 1, "FVP": 12}, r"launch\['FVP'\] must be a power of two"),
-        ({"FPASS": 1, "FSTREAM": 2}, r"launch\['FSTREAM'\] must be 0 or 1; got 2"),
-        ({"FSPLITW": 3}, r"launch\['FSPLITW'\] must be 0 or 1 or 2; got 3"),
-        ({"FPASS": 1, "FPREF": 2}, r"launch\['FPREF'\] must be 0 or 1; got 2"),
-        ({"GPASS": 1, "GKSPLIT": 3}, r"launch\['GKSPLIT'\] must be a power of two; got 3"),
-        ({"FPASS": 1, "ARRIVE": 2}, r"launch\['ARRIVE'\] must be 0 or 1; got 2"),
-        ({"GPASS": 2, "WFILL": 2}, r"launch\['WFILL'\] must be 0 or 1; got 2"),
-    ]:
-        with pytest.raises(ValueError, match=message):
-            gdn.verify(cache, **inp, launch=launch)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("launch", [{}, {"MMA": 1, "GPASS": 1}, {"MMA": 1, "GPASS": 1, "BV": 32, "num_warps": 4},
-                                    {"MMA": 1, "GPASS": 1, "KSPLIT": 2, "BV": 32, "STAGES": 2, "maxnreg": 168},
-                                    {"GPASS": 2}, {"GPASS": 2, "BV": 64, "num_warps": 4, "FSTAGES": 1},
-                                    {"GPASS": 2, "FPASS": 1, "FSTREAM": 0}, {"GPASS": 2, "FPASS": 1, "FSTREAM": 1},
-                                    {"GPASS": 2, "FPASS": 1, "FSTREAM": 1, "FPREF": 1, "GKSPLIT": 2},
-                                    {"GPASS": 2, "FPASS": 1, "FSTREAM": 1, "FPREF": 1, "FVP": 16, "PPS": 1,
-                                     "GKSPLIT": 4, "FSPLITW": 1}, {"GPASS": 2, "FPASS": 1, "FSPLITW": 1},
-                                    {"GPASS": 2, "FPASS": 1, "FSPLITW": 2},
-                                    {"GPASS": 2, "FPASS": 1, "FSTREAM": 1, "FSPLITW": 2, "ARRIVE": 0},
-                                    {"GPASS": 2, "FPASS": 1, "FSTREAM": 1, "FSPLITW": 2, "ARRIVE": 0, "WFILL": 1},
-                                    {"GPASS": 1, "BV": 64, "num_warps": 4, "FPASS": 0, "FSPLITW": 1}],
-                         ids=["row", "MMA-GPASS", "MMA-GPASS-BV32-warps4", "MMA-GPASS-KSPLIT2-BV32", "row-GPASS2",
-                              "small-row-GPASS2", "row-FPASS-one-stream", "row-FPASS-FSTREAM",
-                              "row-FPREF-GKSPLIT2", "row-FPREF-FVP16-PPS1-GKSPLIT4-FSPLITW", "row-FSPLITW",
-                              "row-FSPLITW2", "row-ARRIVE0", "row-WFILL", "small-row-FSPLITW"])
-def test_verify_qwen_shape_on_gpu(assert_close, launch):
+@pytest.mark.parametrize("fields", [{}, {"key_pass": 1, "weights_fill": False}, {"fold": None, "arrive": True},
+                                    {"fold_window": 1}, {"fold_window": 0}],
+                         ids=["row", "key-pass1", "own-folds", "fold-window1", "fold-window0"])
+def test_verify_qwen_shape_on_gpu(assert_close, fields):
     """The Qwen3.5-122B layer shape, T = 4, fills crossing W, against the references."""
     shape = (4, 16, 64, 128, 128)
     got = make_cache(shape, 16, "cuda", max_draft=4)
@@ -387,7 +352,7 @@ def test_verify_qwen_shape_on_gpu(assert_close, launch):
     for step in range(8):
         inp = gdn.random_inputs(4, 16, 64, 128, 128, T=4, device="cuda")
         out = torch.full_like(inp["v"], NAN)
-        y = gdn.verify(got, **inp, use_qk_l2norm_in_kernel=True, slots=slots, out=out, launch=launch)
+        y = gdn.verify(got, **inp, use_qk_l2norm_in_kernel=True, slots=slots, out=out, config=config(got, 4, **fields))
         y_ref = gdn.verify_ref(want, **inp, use_qk_l2norm_in_kernel=True, slots=slots)
         ok = slots >= 0
         assert_close(y[ok], y_ref[ok], torch.bfloat16, what=f"o at step {step}")

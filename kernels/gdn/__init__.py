@@ -12,7 +12,8 @@ from replayssm_kernels.gdn.reference import (
     replay_ref,
     verify_ref,
 )
-from replayssm_kernels.gdn.replay import accept, materialize, replay, verify
+from replayssm_kernels.gdn.replay import materialize, replay
+from replayssm_kernels.gdn.verify import accept, verify
 
 __all__ = [
     "ReplayCache",

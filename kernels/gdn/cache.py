@@ -7,18 +7,11 @@ from dataclasses import dataclass, fields, replace
 import torch
 
 from replayssm_kernels import families
-from replayssm_kernels.gdn.common import (
-    FP8_MAX,
-    IO_DTYPES,
-    READ_DTYPES,
-    STATE_DTYPES,
-    flush_list,
-    host_checks,
-    resolve_dtype,
-)
+from replayssm_kernels.common import flush_list, host_checks
+from replayssm_kernels.gdn.common import FP8_MAX, IO_DTYPES, READ_DTYPES, STATE_DTYPES, resolve_dtype
 
 # A warp's lanes: a small grid's replay programs (one warp) may each count their arrival at a (slot, head) on a
-# counter of their own lane (the replay's LCOUNT).
+# counter of their own lane (a replay row's lane_count).
 ARRIVE_LANES = 32
 
 

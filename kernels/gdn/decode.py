@@ -2,52 +2,65 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
 
-from replayssm_kernels import families
+from replayssm_kernels import common, families
+from replayssm_kernels.common import default_slots, flat_program_ids, slot_of
 from replayssm_kernels.gdn.common import (
     cast,
     check_accepted,
-    check_device,
     check_out,
-    check_rows_fit,
-    check_slots,
     check_state,
     check_step,
-    compile_options,
     default_scale,
-    flat_program_ids,
-    qk_factors,
-    launch_settings,
     next_pow2,
+    qk_factors,
     rounded,
-    slot_of,
-    small_grid,
 )
 
-# These kernels mutate state in place, so their settings are fixed here (an autotuner would rerun them on live state).
-# VK is the width of the K pieces a row is reduced in: a thread sums its pieces in registers, then lanes shuffle.
-# decode's programs take VP rows of a head, BV at a time through a pipelined loop of STAGES. SFIRST 1 reads each
-# chunk of the state before q, k and the gates, behind a barrier that keeps the compiler from interleaving them (as
-# fla's program does, whose q and k sit in a loop after its state's loads); CSTRIDES 1 compiles a state's strides in
-# when its (HV, V, K) block is contiguous: one base address and constant offsets instead of an address per row.
-# An fp32 state reads fastest from one-warp programs of 8 whole rows with both, capped at 64 registers (all 8 loads
-# in flight first, 32 programs per SM): 523.6-527.0 µs at batch 256 against 531.3-536.4 for 4-row programs, 134.1
-# against 135.8-136.6 at 64, 35.4-35.9 against 36.0-36.1 at 16 (benchmarks/notes/run-54.md); a latency-bound grid keeps 4 rows
-# ("decode-small": 4.14 against 4.64 µs at batch 1). 2-byte states read 16 whole rows per program above two heads per
-# SM (270.1 µs at batch 256 against 280.6 for 8 rows, 70.3 against 73.2 at 64, 19.6 against 20.4 at 16; neither key
-# helps them) and 4 below ("decode-bf16-small": 3.58 against 3.76 at batch 1; benchmarks/notes/run-34.md).
-_ROW = {"SFIRST": 0, "CSTRIDES": 0, "VK": 128, "STAGES": 1, "num_warps": 1, "num_stages": 1, "maxnreg": None}
-LAUNCH = {
-    "decode": dict(_ROW, VP=8, BV=8, SFIRST=1, CSTRIDES=1, maxnreg=64),
-    "decode-small": dict(_ROW, VP=4, BV=4),
-    "decode-bf16": dict(_ROW, VP=16, BV=16),
-    "decode-bf16-small": dict(_ROW, VP=4, BV=4),
-    "decode-multi": {"BV": 8, "VK": 128, "num_warps": 1, "num_stages": 1, "maxnreg": None},
-    "accept-snapshot": {"BV": 32, "num_warps": 4, "num_stages": 1, "maxnreg": None},
+
+# These kernels mutate state in place, so they are not autotuned (a trial launch would advance the state): each state
+# width and grid class has a fixed row, chosen by `select`.
+@dataclass(frozen=True)
+class DecodeConfig:
+    """How `decode`, `decode_multi` and `accept_snapshot` are launched: programs of `rows` rows of a value head."""
+
+    # rows of V per program: 4 to 32
+    rows: int
+    # warps per program: 1 or 4
+    warps: int = 1
+    # registers per thread the programs are capped at: None (the compiler's choice) or 64
+    maxnreg: int | None = None
+    # decode: the state's rows read before q, k and the gates, behind a barrier that keeps them apart (as fla does)
+    state_first: bool = False
+    # decode: a contiguous (HV, V, K) block's strides compiled in (one base address, constant offsets)
+    block_strides: bool = False
+
+
+# An fp32 state: one-warp programs of 8 rows capped at 64 registers (32 per SM, all loads in flight first); 2-byte
+# states 16 rows; a latency-bound grid 4.
+DECODE_LAUNCH = {
+    "decode": DecodeConfig(rows=8, maxnreg=64, state_first=True, block_strides=True),
+    "decode-small": DecodeConfig(rows=4),
+    "decode-bf16": DecodeConfig(rows=16),
+    "decode-bf16-small": DecodeConfig(rows=4),
+    "decode-multi": DecodeConfig(rows=8),
+    "accept-snapshot": DecodeConfig(rows=32, warps=4),
 }
+# decode takes its small-grid rows under this many (row, value head) programs per SM; a row is reduced in pieces of
+# 128 of K, in one pipeline stage.
+SMALL_GRID, DECODE_PIECE, DECODE_STAGES = 2, 128, 1
+
+
+def select(state: torch.Tensor, batch: int) -> str:
+    """The DECODE_LAUNCH row of a `decode` of `batch` rows: by the state's width and the grid's programs per SM."""
+    name = "decode" if state.element_size() == 4 else "decode-bf16"
+    per_sm = common.per_sm(batch * state.shape[1], state.device)
+    return name + "-small" if per_sm is not None and per_sm < SMALL_GRID else name
 
 
 @triton.jit
@@ -198,10 +211,10 @@ def _block_contiguous(state) -> bool:
     return state.stride(3) == 1 and state.stride(2) == K and state.stride(1) == V * K
 
 
-def _launch_decode(state, q, k, v, g, beta, out, slots, scale, l2norm, settings):
+def _launch_decode(state, q, k, v, g, beta, out, slots, scale, l2norm, c: DecodeConfig):
     batch, H, K = q.shape
     HV, V = v.shape[1], v.shape[2]
-    VP = min(settings["VP"], next_pow2(V))
+    VP = min(c.rows, next_pow2(V))
     _decode_kernel[(batch * HV * triton.cdiv(V, VP),)](
         s=state, q=q, k=k, v=v, g=g, beta=beta, o=out, slots=slots,
         s_sn=state.stride(0), s_sh=state.stride(1), s_sv=state.stride(2), s_sk=state.stride(3),
@@ -212,18 +225,18 @@ def _launch_decode(state, q, k, v, g, beta, out, slots, scale, l2norm, settings)
         s_bb=beta.stride(0), s_bh=beta.stride(1),
         s_ob=out.stride(0), s_oh=out.stride(1), s_ov=out.stride(2),
         scale=scale,
-        H=H, HV=HV, K=K, V=V, BK=next_pow2(K), VP=VP, BV=min(settings["BV"], VP),
-        VK=min(settings["VK"], next_pow2(K)), STAGES=settings["STAGES"], SFIRST=bool(settings["SFIRST"]),
-        CSTRIDES=bool(settings["CSTRIDES"]) and _block_contiguous(state),
+        H=H, HV=HV, K=K, V=V, BK=next_pow2(K), VP=VP, BV=VP,
+        VK=min(DECODE_PIECE, next_pow2(K)), STAGES=DECODE_STAGES, SFIRST=c.state_first,
+        CSTRIDES=c.block_strides and _block_contiguous(state),
         USE_QK_L2NORM=l2norm, HAS_SLOTS=slots is not None,
-        **compile_options(settings),
+        **common.compile_options(c.warps, c.maxnreg),
     )
 
 
-def _launch_decode_multi(state, snapshots, q, k, v, g, beta, out, slots, scale, l2norm, settings):
+def _launch_decode_multi(state, snapshots, q, k, v, g, beta, out, slots, scale, l2norm, c: DecodeConfig):
     batch, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
-    BV = min(settings["BV"], next_pow2(V))
+    BV = min(c.rows, next_pow2(V))
     _decode_multi_kernel[(batch * HV * triton.cdiv(V, BV),)](
         s=state, snap=snapshots, q=q, k=k, v=v, g=g, beta=beta, o=out, slots=slots,
         s_sn=state.stride(0), s_sh=state.stride(1), s_sv=state.stride(2), s_sk=state.stride(3),
@@ -236,23 +249,23 @@ def _launch_decode_multi(state, snapshots, q, k, v, g, beta, out, slots, scale, 
         s_bb=beta.stride(0), s_bt=beta.stride(1), s_bh=beta.stride(2),
         s_ob=out.stride(0), s_ot=out.stride(1), s_oh=out.stride(2), s_ov=out.stride(3),
         scale=scale,
-        T=T, H=H, HV=HV, K=K, V=V, BK=next_pow2(K), BV=BV, VK=min(settings["VK"], next_pow2(K)),
+        T=T, H=H, HV=HV, K=K, V=V, BK=next_pow2(K), BV=BV, VK=min(DECODE_PIECE, next_pow2(K)),
         USE_QK_L2NORM=l2norm,
-        **compile_options(settings),
+        **common.compile_options(c.warps, c.maxnreg),
     )
 
 
-def _launch_accept_snapshot(state, snapshots, n_accepted, slots, settings):
+def _launch_accept_snapshot(state, snapshots, n_accepted, slots, c: DecodeConfig):
     batch = slots.shape[0]
     HV, V, K = state.shape[1:]
-    BV = min(settings["BV"], next_pow2(V))
+    BV = min(c.rows, next_pow2(V))
     _accept_snapshot_kernel[(batch, HV, triton.cdiv(V, BV))](
         s=state, snap=snapshots, n=n_accepted, slots=slots,
         s_sn=state.stride(0), s_sh=state.stride(1), s_sv=state.stride(2), s_sk=state.stride(3),
         s_pn=snapshots.stride(0), s_pt=snapshots.stride(1), s_ph=snapshots.stride(2),
         s_pv=snapshots.stride(3), s_pk=snapshots.stride(4),
         K=K, V=V, BK=next_pow2(K), BV=BV,
-        **compile_options(settings),
+        **common.compile_options(c.warps, c.maxnreg),
     )
 
 
@@ -269,7 +282,7 @@ def decode(
     use_qk_l2norm_in_kernel: bool = False,
     slots: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
-    launch: dict | None = None,
+    config: DecodeConfig | None = None,
     check: bool = True,
 ) -> torch.Tensor:
     """One conventional Gated DeltaNet decode step; updates `state` in place.
@@ -282,28 +295,19 @@ def decode(
     rows with slot -1 are padding: neither their state nor their output is touched.
     Per value head: S = e^g S; u = beta (v - S k); S += u kᵀ; o = S q.
     Returns o (batch, HV, V) in v's dtype (written into `out` when given; padding rows keep what it
-    held). `launch` overrides the kernel's VP (rows of a head per program), BV (rows per chunk of
-    its loop), VK (width of the K pieces rows are reduced in), STAGES (the loop's pipeline depth),
-    SFIRST (1: each chunk's state loads before q, k and the gates), CSTRIDES (1: a contiguous (HV, V, K)
-    block's strides compiled in; other layouts keep runtime strides), num_warps, num_stages, maxnreg.
+    held). `config`: the launch settings (default: the DECODE_LAUNCH row `select` chooses); for benchmarks.
     `check` range-checks slots on the host (a device sync), skipped while a CUDA graph is captured.
     """
     batch, _, H, HV, K, V = check_step(q, k, v, g, beta, tokens=False)
     check_state(state, "state", HV, V, K, q.device)
-    check_device(q.device, _decode_kernel)
+    common.check_device(q.device, _decode_kernel)
     scale = default_scale(K, scale)
     # Without slots, row b updates slot b and the kernel reads no slot table.
-    if slots is None:
-        check_rows_fit(batch, state.shape[0])
-    else:
-        slots = check_slots(slots, batch, state.shape[0], q.device, check)
+    common.check_slots(slots, batch, state.shape[0], q.device, check)
     out = check_out(out, v.shape, v.dtype, q.device)
-    name = "decode" if state.element_size() == 4 else "decode-bf16"
-    if small_grid(batch * HV, q.device):
-        name += "-small"
-    settings = launch_settings(LAUNCH, name, launch)
+    c = DECODE_LAUNCH[select(state, batch)] if config is None else config
     if batch:
-        _launch_decode(state, q, k, v, g, beta, out, slots, scale, bool(use_qk_l2norm_in_kernel), settings)
+        _launch_decode(state, q, k, v, g, beta, out, slots, scale, bool(use_qk_l2norm_in_kernel), c)
     return out
 
 
@@ -321,7 +325,7 @@ def decode_multi(
     use_qk_l2norm_in_kernel: bool = False,
     slots: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
-    launch: dict | None = None,
+    config: DecodeConfig | None = None,
     check: bool = True,
 ) -> torch.Tensor:
     """T conventional steps of speculative drafts, writing the state after each draft to `snapshots`.
@@ -330,7 +334,7 @@ def decode_multi(
     (batch, T, HV). `state` (nslots, HV, V, K) is read and left unchanged; snapshots (nslots, T', HV,
     V, K) with T' >= T and the state's dtype receives snapshots[slot, t] = the state after draft t,
     rounded to the state dtype after every draft as `decode` would. Returns o (batch, T, HV, V).
-    slots, out, launch, check: as in `decode`. Commit n drafts with `accept_snapshot`.
+    slots, out, config, check: as in `decode`. Commit n drafts with `accept_snapshot`.
     """
     batch, T, H, HV, K, V = check_step(q, k, v, g, beta, tokens=True)
     check_state(state, "state", HV, V, K, q.device)
@@ -344,15 +348,14 @@ def decode_multi(
         raise ValueError(f"snapshots must have shape ({state.shape[0]}, >= {T}, {HV}, {V}, {K})")
     if snapshots.dtype != state.dtype or snapshots.device != state.device:
         raise ValueError("snapshots must have the dtype and device of state")
-    check_device(q.device, _decode_multi_kernel)
+    common.check_device(q.device, _decode_multi_kernel)
     scale = default_scale(K, scale)
-    slots = check_slots(slots, batch, state.shape[0], q.device, check)
+    common.check_slots(slots, batch, state.shape[0], q.device, check)
+    slots = default_slots(slots, batch, q.device)
     out = check_out(out, v.shape, v.dtype, q.device)
-    settings = launch_settings(LAUNCH, "decode-multi", launch)
+    c = DECODE_LAUNCH["decode-multi"] if config is None else config
     if batch and T:
-        _launch_decode_multi(
-            state, snapshots, q, k, v, g, beta, out, slots, scale, bool(use_qk_l2norm_in_kernel), settings
-        )
+        _launch_decode_multi(state, snapshots, q, k, v, g, beta, out, slots, scale, bool(use_qk_l2norm_in_kernel), c)
     return out
 
 
@@ -363,12 +366,12 @@ def accept_snapshot(
     n_accepted: torch.Tensor,
     slots: torch.Tensor | None = None,
     *,
-    launch: dict | None = None,
+    config: DecodeConfig | None = None,
     check: bool = True,
 ) -> None:
     """Commit n accepted drafts of `decode_multi`: state[slot] = snapshots[slot, n - 1] for rows with n >= 1.
 
-    n_accepted (batch,) int32 or int64 on the state's device, each in [0, T]; slots, launch, check as
+    n_accepted (batch,) int32 or int64 on the state's device, each in [0, T]; slots, config, check as
     in `decode` (`check` also range-checks n_accepted on the host).
     """
     if not isinstance(state, torch.Tensor) or state.dim() != 4:
@@ -381,9 +384,10 @@ def accept_snapshot(
         raise ValueError(f"snapshots must have shape ({nslots}, T, {HV}, {V}, {K}) and the state's dtype")
     if not isinstance(n_accepted, torch.Tensor) or n_accepted.dim() != 1:
         raise ValueError("n_accepted must be a 1-D int32 or int64 tensor of shape (batch,)")
-    check_device(state.device, _accept_snapshot_kernel)
+    common.check_device(state.device, _accept_snapshot_kernel)
     check_accepted(n_accepted, n_accepted.shape[0], snapshots.shape[1], state.device, check)
-    slots = check_slots(slots, n_accepted.shape[0], nslots, state.device, check)
-    settings = launch_settings(LAUNCH, "accept-snapshot", launch)
+    common.check_slots(slots, n_accepted.shape[0], nslots, state.device, check)
+    slots = default_slots(slots, n_accepted.shape[0], state.device)
+    c = DECODE_LAUNCH["accept-snapshot"] if config is None else config
     if n_accepted.shape[0]:
-        _launch_accept_snapshot(state, snapshots, n_accepted, slots, settings)
+        _launch_accept_snapshot(state, snapshots, n_accepted, slots, c)

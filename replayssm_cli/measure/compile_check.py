@@ -112,14 +112,14 @@ def cases() -> list[Case]:
     out += [Case("mamba2", "verify", row, width(row)) for row in mv.VERIFY_LAUNCH]
     out.append(Case("mamba2", "accept", "accept", "fp32"))
 
+    gd, gv = _module("gdn.decode"), _module("gdn.verify")
     for name in ("decode", "decode-small"):
         out.append(Case("gdn", "decode", name, "fp32"))
         out.append(Case("gdn", "decode", name.replace("decode", "decode-bf16"), "bf16"))
     out.append(Case("gdn", "decode_multi", "decode-multi", "fp32"))
     out.append(Case("gdn", "accept_snapshot", "accept-snapshot", "fp32"))
-    for name in gr.LAUNCH:
-        if name.endswith("-flush") or not name.startswith(("replay", "verify")):
-            continue
+    assert set(gd.DECODE_LAUNCH) == {c.row for c in out if c.op == "gdn"}, "a GDN decode row without a case"
+    for name in [*gr.REPLAY_LAUNCH, *gv.VERIFY_LAUNCH]:
         entry = name.split("-")[0]
         if "-fp8" in name:
             configs = ["fp32→fp8"]
@@ -167,7 +167,8 @@ def _drive_state(ops, entry: str, dims: tuple, dtype, inp: dict, tokens: dict, *
     elif entry == "decode_multi":
         ops.decode_multi(state, snaps, **tokens, slots=slots, check=False, **options)
     else:
-        ops.accept_snapshot(state, snaps, torch.ones(BATCH, dtype=torch.int32), slots=slots, check=False)
+        ops.accept_snapshot(state, snaps, torch.ones(BATCH, dtype=torch.int32), slots=slots, check=False,
+                            config=options.get("config"))
 
 
 def _drive_mamba2(case: Case) -> None:
@@ -203,37 +204,32 @@ def _drive_mamba2(case: Case) -> None:
 
 
 def _drive_gdn(case: Case) -> None:
-    """Call the GDN function of `case` with its row forced: the chooser of its row name answers that name."""
+    """Call the GDN function of `case` with its launch row passed as config=."""
     import torch
 
     from replayssm_kernels import gdn as g
 
-    gd, gr = _module("gdn.decode"), _module("gdn.replay")
+    gd, gr, gv = _module("gdn.decode"), _module("gdn.replay"), _module("gdn.verify")
     H, HV, K, V = GDN_HEADS, GDN_VALUE_HEADS, GDN_K, GDN_V
     state, read = _dtypes(case.config)
     slots = torch.arange(BATCH, dtype=torch.int32)
-    saved = gd.small_grid, gr.launch_name
-    gd.small_grid = lambda programs, device: case.row.endswith("-small")
-    gr.launch_name = lambda kernel, cache, batch=None: case.row
-    try:
-        inp = g.random_inputs(BATCH, H, HV, K, V, io_dtype=torch.bfloat16)
-        tokens = g.random_inputs(BATCH, H, HV, K, V, T=DRAFT, io_dtype=torch.bfloat16)
-        if case.entry in ("decode", "decode_multi", "accept_snapshot"):
-            _drive_state(g, case.entry, (HV, V, K), state, inp, tokens, use_qk_l2norm_in_kernel=True)
-            return
-        cache = g.ReplayCache.create(BATCH, H, HV, K, V, WINDOW, state_dtype=state, read_dtype=read,
-                                     io_dtype="bf16", max_draft=DRAFT if case.entry in ("verify", "accept") else 0,
-                                     device="cpu")
-        if case.entry == "replay":
-            g.replay(cache, **inp, use_qk_l2norm_in_kernel=True, slots=slots, check=False)
-        elif case.entry == "verify":
-            g.verify(cache, **tokens, use_qk_l2norm_in_kernel=True, slots=slots, check=False)
-        elif case.entry == "accept":
-            g.accept(cache, torch.ones(BATCH, dtype=torch.int32), slots, check=False)
-        else:
-            g.materialize(cache, slots)
-    finally:
-        gd.small_grid, gr.launch_name = saved
+    config = {**gd.DECODE_LAUNCH, **gr.REPLAY_LAUNCH, **gv.VERIFY_LAUNCH}.get(case.row)
+    inp = g.random_inputs(BATCH, H, HV, K, V, io_dtype=torch.bfloat16)
+    tokens = g.random_inputs(BATCH, H, HV, K, V, T=DRAFT, io_dtype=torch.bfloat16)
+    if case.entry in ("decode", "decode_multi", "accept_snapshot"):
+        _drive_state(g, case.entry, (HV, V, K), state, inp, tokens, use_qk_l2norm_in_kernel=True, config=config)
+        return
+    cache = g.ReplayCache.create(BATCH, H, HV, K, V, WINDOW, state_dtype=state, read_dtype=read,
+                                 io_dtype="bf16", max_draft=DRAFT if case.entry in ("verify", "accept") else 0,
+                                 device="cpu")
+    if case.entry == "replay":
+        g.replay(cache, **inp, use_qk_l2norm_in_kernel=True, slots=slots, check=False, config=config)
+    elif case.entry == "verify":
+        g.verify(cache, **tokens, use_qk_l2norm_in_kernel=True, slots=slots, check=False, config=config)
+    elif case.entry == "accept":
+        g.accept(cache, torch.ones(BATCH, dtype=torch.int32), slots, check=False)
+    else:
+        g.materialize(cache, slots)
 
 
 def drive(case: Case) -> None:
@@ -297,7 +293,7 @@ def compiled_kernels(drive: Callable[[], None], arch: int) -> list[tuple[str, An
 
 def _device_checked() -> list:
     """The kernel modules that refuse CPU tensors outside the interpreter (check_device), imported."""
-    return [_module(name) for name in ("common", "gdn.common", "gdn.decode", "gdn.replay")]
+    return [_module("common")]
 
 
 def compile_case(index: int, arch: int) -> list[dict[str, Any]]:
