@@ -146,67 +146,67 @@ for section in $SECTIONS; do
         done
         ;;
     gdn-decode)
-        # gdn.decode LAUNCH["decode"]: an fp32 state from two heads per SM (batch 5 and up).
+        # gdn.decode DECODE_LAUNCH["decode"]: an fp32 state from two heads per SM (batch 5 and up).
         shipped gdn-decode 100 $G "decode" "16 64 256"
         ;;
     gdn-decode-small)
-        # gdn.decode LAUNCH["decode-small"]: an fp32 state under two heads per SM (batch 4 and under).
+        # gdn.decode DECODE_LAUNCH["decode-small"]: an fp32 state under two heads per SM (batch 4 and under).
         shipped gdn-decode-small 100 $G "decode" "1 2 4"
         ;;
     gdn-decode-bf16)
-        # gdn.decode LAUNCH["decode-bf16"]: a 2-byte state from batch 5.
+        # gdn.decode DECODE_LAUNCH["decode-bf16"]: a 2-byte state from batch 5.
         shipped gdn-decode-bf16 100 $G "decode" "16 64 256" --state-dtype bf16
         ;;
     gdn-decode-bf16-small)
-        # gdn.decode LAUNCH["decode-bf16-small"]: a 2-byte state at batch 4 and under.
+        # gdn.decode DECODE_LAUNCH["decode-bf16-small"]: a 2-byte state at batch 4 and under.
         shipped gdn-decode-bf16-small 100 $G "decode" "1 4" --state-dtype bf16
         ;;
     gdn-replay)
-        # gdn.replay LAUNCH["replay"]: a checkpoint without a copy (fp32 or 2-byte) from batch 5.
+        # gdn.replay REPLAY_LAUNCH["replay"]: a checkpoint without a copy (fp32 or 2-byte) from batch 5.
         shipped gdn-replay 150 $G "decode replay replay-nonflush replay-flush" "16 64 256"
         shipped gdn-replay-bf16 120 $G "decode replay" "64 256" --state-dtype bf16
         ;;
     gdn-replay-small)
-        # gdn.replay LAUNCH["replay-small"]: a checkpoint without a copy under two programs per SM (batch 4 and under).
+        # gdn.replay REPLAY_LAUNCH["replay-small"]: a checkpoint without a copy under two programs per SM (batch 4 and under).
         for st in fp32 bf16; do
             shipped "gdn-replay-small-$st" 120 $G "decode replay replay-nonflush replay-flush" "1 2 4" \
                 --state-dtype "$st"
         done
         ;;
     gdn-split)
-        # gdn.replay LAUNCH["replay-split"] and its "-flush" launch: a bf16 copy from 16 programs per SM (batch 33 up).
+        # gdn.replay REPLAY_LAUNCH["replay-split"] with its flush launch: a bf16 copy from 16 programs per SM (batch 33 up).
         shipped gdn-split 150 $G "decode split-bf16 split-bf16-nonflush split-bf16-flush" "64 256"
         ;;
     gdn-split-medium)
-        # gdn.replay LAUNCH["replay-split-medium"] and its "-flush" launch: a bf16 copy at batch 5 to 32.
+        # gdn.replay REPLAY_LAUNCH["replay-split-medium"] with its flush launch: a bf16 copy at batch 5 to 32.
         shipped gdn-split-medium 120 $G "decode split-bf16" "8 16 32"
         ;;
     gdn-split-small)
-        # gdn.replay LAUNCH["replay-split-small"]: a bf16 copy at batch 4 and under, one launch.
+        # gdn.replay REPLAY_LAUNCH["replay-split-small"]: a bf16 copy at batch 4 and under, one launch.
         shipped gdn-split-small 120 $G "decode split-bf16" "1 2 4"
         ;;
     gdn-fp8)
-        # gdn.replay LAUNCH["replay-fp8"] and its "-flush" launch: an fp8 copy from batch 33.
+        # gdn.replay REPLAY_LAUNCH["replay-fp8"] with its flush launch: an fp8 copy from batch 33.
         shipped gdn-fp8 150 $G "decode split-fp8" "64 256"
         ;;
     gdn-fp8-medium)
-        # gdn.replay LAUNCH["replay-fp8-medium"] and its "-flush" launch: an fp8 copy at batch 5 to 32.
+        # gdn.replay REPLAY_LAUNCH["replay-fp8-medium"] with its flush launch: an fp8 copy at batch 5 to 32.
         shipped gdn-fp8-medium 120 $G "decode split-fp8" "8 16 32"
         ;;
     gdn-fp8-small)
-        # gdn.replay LAUNCH["replay-fp8-small"]: an fp8 copy at batch 4 and under, one launch.
+        # gdn.replay REPLAY_LAUNCH["replay-fp8-small"]: an fp8 copy at batch 4 and under, one launch.
         shipped gdn-fp8-small 120 $G "decode split-fp8" "1 2 4"
         ;;
     gdn-verify)
-        # gdn.replay LAUNCH["verify"]: the verify without a copy from batch 33 (here fp32), beside "decode-multi".
+        # gdn.verify VERIFY_LAUNCH["verify"]: the verify without a copy from batch 33 (here fp32), beside "decode-multi".
         shipped gdn-verify 150 $G "decode-multi verify" "64 256"
         ;;
     gdn-verify-medium)
-        # gdn.replay LAUNCH["verify-medium"]: the verify at batch 5 to 32.
+        # gdn.verify VERIFY_LAUNCH["verify-medium"]: the verify at batch 5 to 32.
         shipped gdn-verify-medium 120 $G "decode-multi verify" "8 16 32"
         ;;
     gdn-verify-small)
-        # gdn.replay LAUNCH["verify-small"]: the verify at batch 4 and under.
+        # gdn.verify VERIFY_LAUNCH["verify-small"]: the verify at batch 4 and under.
         shipped gdn-verify-small 120 $G "decode-multi verify" "1 2 4"
         ;;
     esac

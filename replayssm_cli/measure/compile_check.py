@@ -112,13 +112,12 @@ def cases() -> list[Case]:
     out += [Case("mamba2", "verify", row, width(row)) for row in mv.VERIFY_LAUNCH]
     out.append(Case("mamba2", "accept", "accept", "fp32"))
 
-    gd, gv = _module("gdn.decode"), _module("gdn.verify")
+    gv = _module("gdn.verify")
     for name in ("decode", "decode-small"):
         out.append(Case("gdn", "decode", name, "fp32"))
         out.append(Case("gdn", "decode", name.replace("decode", "decode-bf16"), "bf16"))
     out.append(Case("gdn", "decode_multi", "decode-multi", "fp32"))
     out.append(Case("gdn", "accept_snapshot", "accept-snapshot", "fp32"))
-    assert set(gd.DECODE_LAUNCH) == {c.row for c in out if c.op == "gdn"}, "a GDN decode row without a case"
     for name in [*gr.REPLAY_LAUNCH, *gv.VERIFY_LAUNCH]:
         entry = name.split("-")[0]
         if "-fp8" in name:
