@@ -29,6 +29,14 @@ def print_json(obj: Any) -> None:
     sys.stdout.flush()
 
 
+def sized(console: Console, width: int, *, wide: bool = False) -> Console:
+    """`console` itself on a terminal, its tables fitted to it; with `wide`, or for a pipe or a file, a console of
+    `width` columns on the same file, so that no table is squeezed to 80 columns."""
+    if console.is_terminal and not wide:
+        return console
+    return Console(file=console.file, width=width, force_terminal=console.is_terminal)
+
+
 def warn(message: str) -> None:
     err.print(f"[yellow]warning:[/] {message}", highlight=False)
 

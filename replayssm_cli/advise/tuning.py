@@ -629,13 +629,12 @@ def _fmt(value: float | None, spec: str = ".3g") -> str:
 
 def _render(p, source, quality, decisions, error_budget, budget, budget_note, baseline) -> None:
     from rich import box
-    from rich.console import Console
     from rich.table import Table
 
-    from replayssm_cli.console import out
     from replayssm_cli.advise.tuner import fmt_bytes
+    from replayssm_cli.console import out, sized
 
-    console = out if out.is_terminal else Console(file=out.file, width=WIDE)
+    console = sized(out, WIDE)
     console.print(
         f"[bold]replayssm tune[/] · {p.display} ({p.label()}, {p.ssm_layers} SSM layers, tp {p.tp}) · {source['gpu']}\n"
         f"times: {source['describe']}\n"

@@ -122,7 +122,7 @@ def _dry_run(lib: Any, spec: Any, resolved: list[Any], gpu: str | None, json_: b
     from replayssm_cli.report import e2e_table
     import torch
 
-    from replayssm_cli.console import out as stdout, print_json
+    from replayssm_cli.console import out as stdout, print_json, sized
 
     if torch.cuda.is_available():
         props = torch.cuda.get_device_properties(0)
@@ -144,7 +144,7 @@ def _dry_run(lib: Any, spec: Any, resolved: list[Any], gpu: str | None, json_: b
     if json_:
         print_json({"gpu": where, "spec": spec.to_dict(), "presets": entries, "notes": lib.notes(spec)})
         return
-    console = _wide(stdout)
+    console = sized(stdout, WIDE)
     for p, entry in zip(resolved, entries):
         console.print(e2e_table.inventory_table(hybrid.inventory(p, weight_dtype=spec.weight_dtype)))
         console.print(e2e_table.memory_table(entry, spec.batches))
@@ -172,7 +172,7 @@ def _measure_rank(spec: Any, resolved: list[Any], gpu: str | None, out: Path | N
 def _measure(lib: Any, spec: Any, resolved: list[Any], gpu: str | None, out: Path | None, json_: bool, **run_kw: Any) -> None:
     from replayssm_cli.report import e2e_table
     from replayssm_cli.report.results import default_out
-    from replayssm_cli.console import err, note, out as stdout, print_json, warn
+    from replayssm_cli.console import err, note, out as stdout, print_json, sized, warn
     from replayssm_cli.report.results import ResultsWriter
 
     if gpu:
@@ -197,7 +197,7 @@ def _measure(lib: Any, spec: Any, resolved: list[Any], gpu: str | None, out: Pat
         title = (f"replayssm e2e · {env['gpu']['name']} · one decode step of the whole model (prefill not timed) · "
                  f"weights {spec.weight_dtype} · KV {spec.kv_dtype} · attention {backends} · {lib.tp_title(spec)}")
         caption = "\n".join(lib.notes(spec))
-        _wide(stdout).print(e2e_table.render_table(rows, title=title, caption=caption))
+        sized(stdout, WIDE).print(e2e_table.render_table(rows, title=title, caption=caption))
         for name, plan in result.plans.items():
             note(f"{name}: {plan}")
     note(f"results: {result.path} ({len(rows)} rows{'' if result.results.complete else ', incomplete'})")
@@ -212,12 +212,3 @@ def _measure(lib: Any, spec: Any, resolved: list[Any], gpu: str | None, out: Pat
         raise typer.Exit(EXIT_INTERRUPTED)
     if result.failed:
         raise typer.Exit(EXIT_FAILED)
-
-
-def _wide(console: Any) -> Any:
-    """The console itself on a terminal; for a pipe or a file, one wide enough for the whole table."""
-    if console.is_terminal:
-        return console
-    from rich.console import Console
-
-    return Console(width=WIDE, force_terminal=False)

@@ -127,11 +127,10 @@ def plan(
 
         print_json(doc)
     else:
-        from rich.console import Console
-
         from replayssm_cli.console import out as stdout
+        from replayssm_cli.console import sized
 
-        console = stdout if stdout.is_terminal else Console(file=stdout.file, width=WIDE)
+        console = sized(stdout, WIDE)
         lib.render(result, console)
         if thresholds.active:
             for v in verdicts:

@@ -101,7 +101,7 @@ def profile(
     from replayssm_cli.measure import profile as prof
     from replayssm_cli.report import provenance
     from replayssm_cli.advise import verdict
-    from replayssm_cli.console import err, note, print_json, warn
+    from replayssm_cli.console import err, note, print_json, sized, warn
     from replayssm_cli.console import out as stdout
 
     if out is not None:
@@ -160,12 +160,12 @@ def profile(
     else:
         title = f"replayssm profile · {run.gpu_name} · {run.mode}"
         caption = _caption(run.mode, run.ceilings, any(r["variant"].startswith("baseline:") for r in rows))
-        console = _wide(stdout, wide)
+        console = sized(stdout, WIDE, wide=wide)
         table = profile_table.render_table(rows, title=title, caption=caption, layers_of=run.layers_of,
                                   width=None if wide or not console.is_terminal else console.width)
         console.print(table)
         if ncu and run.mode == "measured" and (ncu_table := ncu_mod.comparison_table(rows)) is not None:
-            _wide(stdout, wide).print(ncu_table)
+            sized(stdout, WIDE, wide=wide).print(ncu_table)
         # A run cut short gets no verdict: its rows are a part of the grid, and Ctrl-C or SIGTERM must end it at once.
         if not run.interrupted:
             stdout.print("\n" + verdict.profile_verdict(rows, list(run.layers_of), gpu=run.gpu_name, tp=tp), highlight=False, markup=False, soft_wrap=True)
@@ -202,16 +202,6 @@ def _gpus(value: str | None, predict: bool, ncu: bool) -> int:
     if not torch.cuda.is_available():
         raise UserError("--gpus runs one process per CUDA GPU, and no CUDA GPU is visible", "drop --gpus (a predicted profile needs no GPU)")
     return gpu_count(value, torch.cuda.device_count())
-
-
-def _wide(console: Any, wide: bool = False) -> Any:
-    """The console itself on a terminal (its table fitted to the width); with --wide, or for a pipe or a file, one wide
-    enough for the whole table (not squeezed to 80 columns)."""
-    if console.is_terminal and not wide:
-        return console
-    from rich.console import Console
-
-    return Console(width=WIDE, force_terminal=bool(console.is_terminal))
 
 
 def _caption(mode: str, c: Any, baselines: bool = False) -> str:

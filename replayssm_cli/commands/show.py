@@ -10,6 +10,9 @@ import typer
 from replayssm_cli import options
 from replayssm_cli.errors import cli_command
 
+# Columns of the table where stdout is a pipe or a file.
+WIDE = 240
+
 
 @cli_command
 def show(
@@ -39,12 +42,11 @@ def show(
       replayssm show runs/20261130-h200.json --csv rows.csv --json
     """
     from replayssm_cli.report import selection as report
-    from replayssm_cli.console import err, note, out, print_json
+    from replayssm_cli.console import err, note, out, print_json, sized
     from replayssm_cli.report.profile_table import render_table
     from replayssm_cli.report.provenance import file_label
     from replayssm_cli.report.results import origin_of
     from replayssm_cli.report.roofline import load_files, results_gpu_name
-    from rich.console import Console
 
     loaded = load_files([results])[0][1]
     batches = [int(b) for value in batch or [] for b in str(value).split(",") if b.strip()]
@@ -72,7 +74,7 @@ def show(
     # Each row names the file it was measured in, so that the table's provenance line is the file's, not "here".
     origin = origin_of(loaded)
     shown = [r if "x_origin" in r else {**r, "x_origin": origin} for r in rows]
-    console = out if out.is_terminal else Console(width=240)
+    console = sized(out, WIDE)
     table = render_table(shown, title=title, caption=caption, layers_of=report.layers_of(rows),
                          width=out.width if out.is_terminal else None)
     console.print(table)
