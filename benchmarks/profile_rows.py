@@ -3,13 +3,12 @@
 The sweeps (sweep_mamba2.py, sweep_gdn.py) time kernels under a loop of their own; the reference profile's loop
 (`replayssm profile`: inputs rotated over several sets, its own state and cache placement) has disagreed with them
 by a few percent, even on the sign of a change (benchmarks/notes/run-55.md), so a row is confirmed here before it ships. Each
---set names a module under replayssm_kernels, a table in it, a row of the table (its index in a list of
-(key, settings) rows, or its name in a dict of rows) and the settings to put in that row; everything after --
-goes to `replayssm profile`.
+--set names a module under replayssm_kernels, a table of launch configurations in it, a row of the table by name and
+the fields to put in that row; everything after -- goes to `replayssm profile`.
 
     python benchmarks/profile_rows.py --set mamba2.replay:STEP_LAUNCH:replay-bf16-large:prefetch=0 -- \\
         -p nemotron-3-super-120b-a12b --batch 256,512 --state-dtype bf16 --no-phases --out runs/rows.json
-    python benchmarks/profile_rows.py --set gdn.decode:LAUNCH:decode:VP=4,BV=4 -- -p qwen3.5-122b-a10b --batch 256
+    python benchmarks/profile_rows.py --set gdn.decode:DECODE_LAUNCH:decode:rows=4 -- -p qwen3.5-122b-a10b --batch 256
 """
 
 from __future__ import annotations
@@ -40,38 +39,24 @@ def parse_set(text: str) -> tuple[str, str, str, dict[str, int]]:
 
 
 def apply_set(module: str, table: str, row: str, settings: dict[str, int]):
-    """Put `settings` into the row of replayssm_kernels.MODULE's TABLE; return the row's settings as changed (a
-    launch configuration's fields, replaced in its table, or a settings dict updated in place)."""
+    """Put `settings` into the row of replayssm_kernels.MODULE's TABLE (a dict of launch configurations); return the
+    row as changed, replaced in its table."""
+    from replayssm_kernels import common
+
     try:
         mod = importlib.import_module(f"replayssm_kernels.{module}")
     except ImportError:
         raise ValueError(f"no module replayssm_kernels.{module} (e.g. mamba2.replay, gdn.decode)") from None
     rows = getattr(mod, table, None)
-    if isinstance(rows, dict):
-        if row not in rows:
-            raise ValueError(f"{module}.{table} has no row {row!r}; its rows: {', '.join(rows)}")
-        target = rows[row]
-    elif isinstance(rows, list):
-        if not row.isdigit() or int(row) >= len(rows):
-            raise ValueError(f"{module}.{table} has rows 0 to {len(rows) - 1}, not {row!r}")
-        target = rows[int(row)][1]
-    else:
+    if not isinstance(rows, dict) or not all(dataclasses.is_dataclass(r) for r in rows.values()):
         raise ValueError(f"replayssm_kernels.{module} has no table {table!r} of launch rows")
-    if dataclasses.is_dataclass(target):
-        from replayssm_kernels import common
-
-        try:
-            rows[row] = common.override(target, settings)
-        except (TypeError, ValueError) as exc:
-            raise ValueError(f"{module}.{table}[{row}]: {exc}") from None
-        return rows[row]
-    # A row's keys, and the keys its table may add (a replay row's flush_ settings).
-    known = set(target) | set(getattr(mod, "STEP_KEYS", ())) | set(getattr(mod, "FLUSH_KEYS", ()))
-    unknown = sorted(set(settings) - known)
-    if unknown:
-        raise ValueError(f"{module}.{table}[{row}] takes no key {unknown[0]!r}; its keys: {', '.join(sorted(known))}")
-    target.update(settings)
-    return target
+    if row not in rows:
+        raise ValueError(f"{module}.{table} has no row {row!r}; its rows: {', '.join(rows)}")
+    try:
+        rows[row] = common.override(rows[row], settings)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{module}.{table}[{row}]: {exc}") from None
+    return rows[row]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -14,15 +14,13 @@ script = benchmark_scripts.fixture("profile_rows")
 
 @pytest.fixture
 def replay_rows():
-    """mamba2.replay's STEP_LAUNCH and gdn.decode's LAUNCH, restored after the test."""
+    """mamba2.replay's STEP_LAUNCH and gdn.decode's DECODE_LAUNCH, restored after the test."""
     replay = importlib.import_module("replayssm_kernels.mamba2.replay")
     decode = importlib.import_module("replayssm_kernels.gdn.decode")
-    saved = dict(replay.STEP_LAUNCH), {k: dict(v) for k, v in decode.LAUNCH.items()}
+    saved = dict(replay.STEP_LAUNCH), dict(decode.DECODE_LAUNCH)
     yield replay, decode
     replay.STEP_LAUNCH.update(saved[0])
-    for name, old in saved[1].items():
-        decode.LAUNCH[name].clear()
-        decode.LAUNCH[name].update(old)
+    decode.DECODE_LAUNCH.update(saved[1])
 
 
 def test_set_changes_the_named_row_only(script, replay_rows):
@@ -32,9 +30,10 @@ def test_set_changes_the_named_row_only(script, replay_rows):
     assert row is replay.STEP_LAUNCH["replay-bf16-large"]
     assert (row.prefetch, row.stages, row.precision) == (False, 2, "tf32")
     assert replay.STEP_LAUNCH["replay-fp32-large"] == before
-    script.apply_set(*script.parse_set("gdn.decode:LAUNCH:decode-small:VP=8,BV=8"))
-    assert (decode.LAUNCH["decode-small"]["VP"], decode.LAUNCH["decode"]["VP"]) == (8, 8)
-    assert decode.LAUNCH["decode-bf16-small"]["VP"] == 4
+    small = decode.DECODE_LAUNCH["decode-bf16-small"]
+    row = script.apply_set(*script.parse_set("gdn.decode:DECODE_LAUNCH:decode-small:rows=16"))
+    assert row is decode.DECODE_LAUNCH["decode-small"] and row.rows == 16
+    assert decode.DECODE_LAUNCH["decode-bf16-small"] == small
 
 
 @pytest.mark.parametrize("text,message", [
@@ -45,7 +44,8 @@ def test_set_changes_the_named_row_only(script, replay_rows):
     ("mamba2.replay:LARGE_STEPS:1:prefetch=1", "has no table 'LARGE_STEPS'"),
     ("mamba2.replay:STEP_LAUNCH:replay-bf16-huge:prefetch=1", "has no row 'replay-bf16-huge'"),
     ("mamba2.replay:STEP_LAUNCH:replay-bf16-large:prefech=1", "StepConfig has no field 'prefech'"),
-    ("gdn.decode:LAUNCH:decode-large:VP=4", "has no row 'decode-large'; its rows: decode, decode-small"),
+    ("gdn.decode:DECODE_LAUNCH:decode-large:rows=4", "has no row 'decode-large'; its rows: decode, decode-small"),
+    ("gdn.decode:DECODE_LAUNCH:decode:VP=4", "DecodeConfig has no field 'VP'"),
 ])
 def test_bad_set_is_one_line_and_exit_2(script, replay_rows, capsys, text, message):
     before = replay_rows[0].STEP_LAUNCH["replay-bf16-large"]

@@ -25,8 +25,8 @@ def run(script, capsys):
 
 @pytest.mark.parametrize("op,launch,message", [("mamba2", "XX=1", "has no field 'XX'"),
                                                ("mamba2", "BPF", "is not field=integer"),
-                                               ("gdn", "BPF=32", "unknown key 'BPF'"),
-                                               ("gdn", "KSPLIT=3", "KSPLIT")])
+                                               ("gdn", "BPF=32", "VerifyConfig has no field 'BPF'"),
+                                               ("gdn", "ksplit", "is not field=integer")])
 def test_bad_launch_is_one_line(run, tmp_path, op, launch, message):
     done = run("--op", op, "--launch", launch, "--out", str(tmp_path / "phases.json"))
     assert done.returncode == 2

@@ -79,7 +79,6 @@ KERNELS: tuple[KernelKind, ...] = (
     KernelKind("_decode_kernel", "gdn", ("conventional",), None),
     KernelKind("_replay_kernel", "gdn", ("replay", "split"), None),
     KernelKind("_flush_kernel", "gdn", ("split",), None),
-    KernelKind("_heads_kernel", "gdn", (), None),
     KernelKind("_decode_multi_kernel", "gdn", ("spec-conventional",), None),
     KernelKind("_verify_list_kernel", "gdn", ("spec-replay",), None),
     KernelKind("_verify_gram_kernel", "gdn", ("spec-replay",), None),
