@@ -371,7 +371,7 @@ def test_gpu_says_which_launch_table_a_chip_takes():
                                    "fp8": True, "pdl": True, "shared_kib_per_sm": 228}
     a100 = launch_table("8.0")
     assert a100["family"] == "sm_80" and not a100["tuned"] and "carried over untuned" in a100["table"]
-    assert "PDL = 0" in a100["table"] and not a100["fp8"]
+    assert "without programmatic dependent launch" in a100["table"] and not a100["fp8"]
     assert launch_table("7.5")["family"] is None and launch_table(None) is None
     res = runner.invoke(app, ["gpu", "--gpu", "a100-sxm4-80gb", "--json"])
     assert res.exit_code == 0 and json.loads(res.stdout)["launch_table"]["family"] == "sm_80"

@@ -16,8 +16,8 @@ m2_verify = importlib.import_module("replayssm_kernels.mamba2.verify")
 
 DT = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "fp8": torch.float8_e4m3fn, None: None}
 NAN = float("nan")
-# Mamba-2: three rows of a pool of five slots, P = 24 (not a power of two), N = 20, two heads per group.
-M2 = dict(nslots=5, H=4, P=24, N=20, G=2)
+# Mamba-2: three rows of a pool of five slots, P = 24 (not a power of two), N = 20, two heads in one group.
+M2 = dict(nslots=5, H=2, P=24, N=20, G=1)
 SLOTS = [3, 0, 4]
 
 
@@ -60,8 +60,8 @@ def _assert_m2_caches(got, want, assert_close):
 
 @pytest.mark.parametrize("row,read", M2_STEP, ids=[f"{r}-{c or 'full'}" for r, c in M2_STEP])
 def test_mamba2_replay_row(device, assert_close, row, read):
-    """2W + 1 steps, row r joining at step r (its flushes r steps after row 0's)."""
-    W, state = 3, _state_of(row)
+    """2W + 1 steps (W = 2), row r joining at step r: every row flushes, in different steps."""
+    W, state = 2, _state_of(row)
     got = _m2_cache(W, device, state, read)
     want = got.clone()
     for step in range(2 * W + 1):
@@ -182,8 +182,8 @@ def _assert_g_caches(got, want, assert_close):
 
 @pytest.mark.parametrize("row,state", G_REPLAY, ids=[f"{r}-{s}" for r, s in G_REPLAY])
 def test_gdn_replay_row(device, assert_close, row, state):
-    """2W + 1 steps (W = 3), row r joining at step r."""
-    W, read = 3, _g_read(row)
+    """2W + 1 steps (W = 2), row r joining at step r: every row flushes, in different steps."""
+    W, read = 2, _g_read(row)
     got = _g_cache(W, device, state, read)
     want = got.clone()
     for step in range(2 * W + 1):

@@ -57,13 +57,11 @@ def assert_caches_close(got, want, assert_close):
         assert_close(got.lam_buf[s, :, :f], want.lam_buf[s, :, :f], torch.float32, what=f"lam buffer of slot {s}")
 
 
+# The shipped rows' state and copy dtypes at bf16 inputs are tests/test_launch_rows.py's; here the other dtypes
 REF_CASES = [
-    ("fp32", None, "bf16", 4),
     ("bf16", None, "fp16", 3),
     ("fp16", None, "fp32", 5),
-    ("fp32", "bf16", "bf16", 4),
     ("fp32", "fp16", "fp32", 2),
-    ("fp32", "fp8", "bf16", 4),
     ("bf16", "fp8", "fp16", 1),
 ]
 
