@@ -5,6 +5,8 @@ kernels' speed.
 
     python benchmarks/kernel_fingerprint.py --out before.json            # record (sm_90 by default)
     python benchmarks/kernel_fingerprint.py --out after.json --compare before.json
+    python benchmarks/kernel_fingerprint.py --out now.json --compare benchmarks/fingerprints/sm90-c2d9155.json \
+        --rename benchmarks/fingerprints/renames-c2d9155.json     # against the rows as they were at c2d9155
 """
 
 from __future__ import annotations
