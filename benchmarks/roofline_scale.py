@@ -1,4 +1,4 @@
-"""How long `replayssm roofline` takes on a large results file (CPU): DESIGN.md §7 holds it under 10 s at 10,000 rows.
+"""How long `replayssm roofline` takes on a large results file (CPU): under 10 s at 10,000 rows (docs/design.md).
 
 Builds a results file of N kernel rows from the shipped H200 reference (its configurations repeated over more batch
 sizes), then times `replayssm roofline FILE` end to end in a fresh process (imports, loading, placing, the figure, the
