@@ -3,6 +3,7 @@ committed spill baseline."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import subprocess
@@ -81,3 +82,18 @@ def test_compile_check_compiles_for_the_oldest_and_newest_generation_against_the
     assert all(r["status"] == "ok" and r["regs"] > 0 and r["kernel"] == "mamba2_accept_snapshot_kernel"
                for r in rows), rows
     assert not any(r["tuned"] for r in rows), "sm_80 and sm_120 take sm_90's rows untuned"
+
+
+def test_a_row_with_pdl_compiles_for_a_chip_without_it_as_select_gives_it():
+    """sm_80 to sm_89 run sm_90's rows without programmatic dependent launch; the check compiles them so, and refuses
+    nothing that a user there would get."""
+    replay = importlib.import_module("replayssm_kernels.gdn.replay")
+    assert replay.REPLAY_LAUNCH["replay-split"].pdl, "the shipped split row launches its flushes early on sm_90"
+    index = next(i for i, c in enumerate(cc.cases()) if (c.op, c.entry, c.row) == ("gdn", "replay", "replay-split"))
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    code = f"import json; from replayssm_cli.measure import compile_check as cc; print(json.dumps(cc.compile_case({index}, 86)))"
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    rows = json.loads(done.stdout)
+    assert rows and all(r["status"] == "ok" for r in rows), rows
+    assert {r["kernel"] for r in rows} == {"_replay_kernel", "_flush_kernel"}
