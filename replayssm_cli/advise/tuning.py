@@ -473,39 +473,6 @@ def _measure(p, preset_arg: str, cands, batches, io: str, accept_rate: float, *,
     return run.results.rows, run.gpu_name, gpu.get("memory_total"), run.path
 
 
-def _memory_here() -> int | None:
-    """Bytes of physical memory on this machine, where the OS says."""
-    import os
-
-    try:
-        return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
-    except (ValueError, OSError, AttributeError):
-        return None
-
-
-def check_quality_size(p, trace, cands, steps: int, heads: int) -> None:
-    """Refuse, before any work, a quality run with more heads than a layer has or more tokens than fit in memory."""
-    from replayssm_cli.measure import quality
-    from replayssm_cli.model import ops
-
-    shape = trace.shape if trace is not None else p.shape
-    layer_heads = ops.of(shape).state_heads(shape)
-    if heads > layer_heads:
-        where = "the trace's layer" if trace is not None else f"a layer of {p.name}" + (f" at tp {p.tp}" if p.tp != 1 else "")
-        raise UserError(f"--heads {heads} is more than the {layer_heads} heads of {where}", f"pass --heads 1 to {layer_heads}")
-    configs = len({c.quality_key() for c in cands})
-    per_token = quality.bytes_per_token(shape, heads, configs)
-    have = _memory_here()
-    tokens = quality.DEFAULT_PROMPT + steps
-    if have and tokens * per_token > have // 2:
-        fit = max(have // 2 // per_token - quality.DEFAULT_PROMPT, 0)
-        raise UserError(
-            f"--steps {steps:,} needs about {tokens * per_token / 2**30:,.0f} GiB for the quality run, over half of the "
-            f"{have / 2**30:.0f} GiB here",
-            f"at most --steps {fit:,} fit with --heads {heads} (the default 4,096 is what the error buckets need)",
-        )
-
-
 def _load_trace(path: Path | None, p):
     """The trace file, checked against the preset's kind; None without --trace."""
     if path is None:
@@ -757,6 +724,7 @@ class TuneRun:
 def run(spec: TuneSpec) -> TuneRun:
     """Time, check and decide every candidate at every batch of `spec` (written to spec.out when given)."""
     from replayssm_cli.advise import engine_flags, tuner, verdict
+    from replayssm_cli.measure import quality as quality_mod
     from replayssm_cli.model import presets as presets_mod
 
     spec.validate()
@@ -768,7 +736,7 @@ def run(spec: TuneSpec) -> TuneRun:
     p = presets_mod.resolve(preset, tp)
     cands = tuner.candidates(windows=windows, state_dtypes=state_dtypes, read_dtypes=read_dtypes, drafts=drafts, accept_rate=accept_rate)
     recorded = _load_trace(trace, p)
-    check_quality_size(p, recorded, cands, steps, heads)
+    quality_mod.check_size(p, recorded, cands, steps, heads)
 
     if measured_only and results is None:
         raise UserError("--measured-only needs --results", "pass the results file whose measurements to keep to")

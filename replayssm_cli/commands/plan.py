@@ -103,9 +103,9 @@ def plan(
     cands = lib.measured_candidates(source)
     n_steps = lib.quality_steps(t) if steps is None else steps
     if n_steps:
-        from replayssm_cli.advise.tuning import check_quality_size
+        from replayssm_cli.measure import quality as quality_mod
 
-        check_quality_size(p, None, cands, n_steps, heads)
+        quality_mod.check_size(p, None, cands, n_steps, heads)
     quality = lib.run_quality(p, cands, steps=n_steps, heads=heads, progress=not json_) if n_steps else None
     result = lib.build(t, p, source, cohort_edges=edges, error_budget=error_budget,
                        memory_budget=memory_budget * 2**30 if memory_budget else None, quality=quality)

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from replayssm_cli.errors import UserError
 from replayssm_cli.model import ops
 from replayssm_cli.model.shapes import SSMShape
 
@@ -114,6 +115,37 @@ def bytes_per_token(shape: SSMShape, heads: int, configs: int) -> int:
     fp32 and fp64 working copies, plus each config's squared error."""
     per_head = ops.of(shape).quality_elems_per_head(shape)
     return 3 * 8 * heads * per_head + 8 * (configs + 1)
+
+
+def memory_here() -> int | None:
+    """Bytes of physical memory on this machine, where the OS says."""
+    import os
+
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def check_size(p, trace, cands, steps: int, heads: int) -> None:
+    """Refuse, before any work, a quality run of preset `p` (or of a recorded trace) for the candidates' stored
+    precisions with more heads than a layer has or more tokens than fit in memory."""
+    shape = trace.shape if trace is not None else p.shape
+    layer_heads = ops.of(shape).state_heads(shape)
+    if heads > layer_heads:
+        where = "the trace's layer" if trace is not None else f"a layer of {p.name}" + (f" at tp {p.tp}" if p.tp != 1 else "")
+        raise UserError(f"--heads {heads} is more than the {layer_heads} heads of {where}", f"pass --heads 1 to {layer_heads}")
+    configs = len({c.quality_key() for c in cands})
+    per_token = bytes_per_token(shape, heads, configs)
+    have = memory_here()
+    tokens = DEFAULT_PROMPT + steps
+    if have and tokens * per_token > have // 2:
+        fit = max(have // 2 // per_token - DEFAULT_PROMPT, 0)
+        raise UserError(
+            f"--steps {steps:,} needs about {tokens * per_token / 2**30:,.0f} GiB for the quality run, over half of the "
+            f"{have / 2**30:.0f} GiB here",
+            f"at most --steps {fit:,} fit with --heads {heads} (the default 4,096 is what the error buckets need)",
+        )
 
 
 def _check_run(steps: int, prompt: int, heads: int) -> None:
@@ -549,6 +581,16 @@ def _mamba2_update(S, log_a, delta, x, B):
     return torch.exp(log_a)[:, None, None] * S + (delta[:, None] * x)[:, :, None] * B[:, None, :]
 
 
+def _record_step(y, y64, g: int, err2, kept, on_step) -> None:
+    """Step g's squared error of every config's outputs `y` against the fp64 outputs, the outputs themselves when
+    kept, and the progress callback."""
+    err2[:, g] = ((y - y64) ** 2).sum((1, 2))
+    if kept is not None:
+        kept[:, g] = y
+    if on_step is not None:
+        on_step(g + 1)
+
+
 def _run_mamba2(inputs: Inputs, configs: list[Config], on_step, keep: bool):
     import torch
 
@@ -593,12 +635,7 @@ def _run_mamba2(inputs: Inputs, configs: list[Config], on_step, keep: bool):
                     Rd[i] = _read_copy(S0[i], c.read_dtype)
                 win.reset(w)
             ys.append(y_rep)
-        y = torch.cat(ys).double()
-        err2[:, g] = ((y - y64) ** 2).sum((1, 2))
-        if keep:
-            kept[:, g] = y
-        if on_step is not None:
-            on_step(g + 1)
+        _record_step(torch.cat(ys).double(), y64, g, err2, kept, on_step)
     return _reorder(err2, order, configs), ref2, _reorder(kept, order, configs) if keep else None
 
 
@@ -685,12 +722,7 @@ def _run_gdn(inputs: Inputs, configs: list[Config], on_step, keep: bool):
                     Rd[i] = _read_copy(S0[i], rep[i].read_dtype)
                 win.reset(w)
             ys.append(y_rep)
-        y = torch.cat(ys).double()
-        err2[:, g] = ((y - y64) ** 2).sum((1, 2))
-        if keep:
-            kept[:, g] = y
-        if on_step is not None:
-            on_step(g + 1)
+        _record_step(torch.cat(ys).double(), y64, g, err2, kept, on_step)
     return _reorder(err2, order, configs), ref2, _reorder(kept, order, configs) if keep else None
 
 
