@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -111,6 +111,15 @@ def pdl(wanted: bool, asked: bool, device: torch.device) -> bool:
         raise UnsupportedOnChip(f"pdl (programmatic dependent launch) needs sm_90 or newer; this GPU is "
                                 f"{_chip(arch, device)}: take a launch row without it (pdl=False)")
     return False
+
+
+def as_selected(config, device: torch.device):
+    """A shipped launch row as `select` gives it on this device: a row carried over from sm_90 to a family without
+    programmatic dependent launch goes without it (a config passed explicitly keeps it, and `pdl` refuses it)."""
+    arch = capability(device)
+    if getattr(config, "pdl", False) and arch is not None and not family_of(arch).pdl:
+        return replace(config, pdl=False)
+    return config
 
 
 def refuse_out_of_resources(fn):

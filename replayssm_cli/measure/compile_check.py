@@ -4,7 +4,6 @@ the CPU (nothing launched): registers, spills and shared memory per kernel, row 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import os
 import re
@@ -215,9 +214,7 @@ def _drive_gdn(case: Case) -> None:
     state, read = _dtypes(case.config)
     slots = torch.arange(BATCH, dtype=torch.int32)
     config = {**gd.DECODE_LAUNCH, **gr.REPLAY_LAUNCH, **gv.VERIFY_LAUNCH}.get(case.row)
-    if getattr(config, "pdl", False) and not families.family_of(families.capability(torch.device("cpu"))).pdl:
-        # the row as `select` gives it to a chip without programmatic dependent launch: the same row without it
-        config = dataclasses.replace(config, pdl=False)
+    config = families.as_selected(config, torch.device("cpu"))
     inp = g.random_inputs(BATCH, H, HV, K, V, io_dtype=torch.bfloat16)
     tokens = g.random_inputs(BATCH, H, HV, K, V, T=DRAFT, io_dtype=torch.bfloat16)
     if case.entry in ("decode", "decode_multi", "accept_snapshot"):
