@@ -1,0 +1,259 @@
+"""How the kernels store a state: rounded to nearest or stochastically, in 16 bits or in 8-bit rows with a scale.
+
+Stochastic rounding takes one of the two neighbours of a value in the stored dtype, the upper with probability equal
+to the value's distance from the lower over the gap between them, so the stored state is unbiased and its rounding
+errors average out over a long decode instead of drifting. Its random bits come from Philox4x32 (Triton's
+`tl.philox`) keyed by a seed and counted by (element, slot, head, step), where `step` is the slot's own count of
+stores: a run is reproducible, a slot's rounding does not depend on which rows share its batch, and nothing is read
+on the host (CUDA graphs capture it).
+
+An 8-bit state row, fp8 e4m3 or int8, holds the row's values over its row's fp32 scale: Mamba-2's row is one
+(slot, head, p) over N, Gated DeltaNet's one (slot, head, v) over K. The scale is the row's largest magnitude over
+the format's largest value (448 for e4m3, 127 for int8); a read multiplies the row back by it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+# Philox rounds per random draw (Philox4x32-10, the generator's standard strength).
+ROUNDS = tl.constexpr(10)
+EIGHT_BIT = (torch.float8_e4m3fn, torch.int8)
+QMAX = {torch.float8_e4m3fn: 448.0, torch.int8: 127.0}
+# The fields that a format's rounding works with: its mantissa bits dropped from fp32's 23 and its smallest normal
+# (below it the format's spacing is fixed, as fp32's is once the smallest normal is added).
+_FORMATS = {torch.bfloat16: (16, 0.0), torch.float16: (13, 2.0**-14), torch.float8_e4m3fn: (20, 2.0**-6)}
+
+
+@dataclass
+class StateRounding:
+    """Stochastic rounding of the states a kernel stores: Philox keyed by `seed`, counted per element by
+    (element, slot, head, step[slot]); step (nslots,) int64 counts each slot's stores, advanced on the device after
+    every launch that stores (`advance`) and zeroed with the slot (`reset`)."""
+
+    seed: int
+    step: torch.Tensor
+
+    @classmethod
+    def create(cls, nslots: int, seed: int = 0, *, device) -> "StateRounding":
+        if not isinstance(seed, int) or not 0 <= seed < 2**63:
+            raise ValueError(f"the rounding seed must be an integer in [0, 2^63), got {seed!r}")
+        if not isinstance(nslots, int) or nslots < 1:
+            raise ValueError(f"nslots must be a positive integer, got {nslots!r}")
+        return cls(seed, torch.zeros(nslots, dtype=torch.int64, device=device))
+
+    @property
+    def nslots(self) -> int:
+        return self.step.shape[0]
+
+    def check(self, nslots: int, device: torch.device) -> None:
+        if self.nslots != nslots:
+            raise ValueError(f"the rounding counts {self.nslots} slots but the state has {nslots}")
+        if self.step.device != device:
+            raise ValueError(f"the rounding's step counts are on {self.step.device}, the state on {device}")
+
+    def advance(self, slots: torch.Tensor | None, batch: int) -> None:
+        """One more store for each slot of a launch's rows (row b's slot without a slot table; -1 rows skipped)."""
+        if slots is None:
+            self.step[:batch] += 1
+            return
+        index = slots.long()
+        self.step.index_add_(0, index.clamp_min(0), (index >= 0).long())
+
+    def reset(self, slots: torch.Tensor | None = None) -> None:
+        if slots is None:
+            self.step.zero_()
+        else:
+            self.step[slots.long()] = 0
+
+    def clone(self) -> "StateRounding":
+        return StateRounding(self.seed, self.step.clone())
+
+
+def check_rounding(rounding, state_dtype: torch.dtype, nslots: int, device: torch.device) -> None:
+    """A StateRounding (or None) fit for a state of `state_dtype` with `nslots` slots on `device`."""
+    if rounding is None:
+        return
+    if not isinstance(rounding, StateRounding):
+        raise ValueError(f"rounding must be a StateRounding or None, got {type(rounding).__name__}")
+    if state_dtype == torch.float32:
+        raise ValueError("stochastic rounding applies to a 16-bit or 8-bit state; an fp32 state is stored exactly")
+    rounding.check(nslots, device)
+
+
+def rounding_args(rounding: StateRounding | None, state: torch.Tensor) -> tuple:
+    """(seed, step counts, RANDOM) of a launch: the step tensor stands in for itself when rounding is off."""
+    if rounding is None:
+        return 0, state, False
+    return rounding.seed, rounding.step, True
+
+
+@triton.jit
+def random_bits(seed, step, i_s, i_h, o_e, N_ROUNDS: tl.constexpr = ROUNDS):
+    """uint32 random bits for elements o_e (an int block: their places in the (slot i_s, head i_h) state) at the
+    slot's store `step`."""
+    b_0 = o_e.to(tl.int64) * 0
+    b_r, _, _, _ = tl.philox(seed, o_e.to(tl.uint32), (b_0 + i_s).to(tl.uint32), (b_0 + i_h).to(tl.uint32),
+                             (b_0 + step).to(tl.uint32), N_ROUNDS)
+    return b_r
+
+
+@triton.jit
+def slot_bits(seed, steps, i_s, i_h, o_e, RANDOM: tl.constexpr):
+    """random_bits at slot i_s's current store count; zeros (unused) when RANDOM is off."""
+    if RANDOM:
+        b_r = random_bits(seed, tl.load(steps + i_s), i_s, i_h, o_e)
+    else:
+        b_r = o_e.to(tl.uint32) * 0
+    return b_r
+
+
+@triton.jit
+def _drop_bits(b_a, b_add, DROP: tl.constexpr):
+    # b_a (fp32, non-negative) with b_add added to its DROP low bits, which are then cleared: b_add = half the gap
+    # rounds to nearest, uniform random bits round stochastically; a carry moves into the exponent as it should.
+    b_i = b_a.to(tl.int32, bitcast=True) + b_add
+    return (b_i & -(1 << DROP)).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def rounded(b_x, b_r, DTYPE: tl.constexpr, RANDOM: tl.constexpr):
+    """fp32 b_x rounded to bf16, fp16 or fp8 e4m3 (DTYPE), still as fp32 values that DTYPE holds exactly: to nearest
+    even, or with RANDOM stochastically by the uint32 bits b_r. e4m3 saturates at 448; inf and NaN stay as they are.
+    Rounded by hand, so the CPU interpreter (which truncates bf16 and drops fp8's carries) rounds as the GPU does."""
+    if DTYPE == tl.bfloat16:
+        DROP: tl.constexpr = 16
+        TINY: tl.constexpr = 0.0
+    elif DTYPE == tl.float16:
+        DROP: tl.constexpr = 13
+        TINY: tl.constexpr = 2.0**-14
+    else:
+        DROP: tl.constexpr = 20
+        TINY: tl.constexpr = 2.0**-6
+    b_a = tl.abs(b_x)
+    if TINY > 0:
+        b_sub = b_a < TINY
+        b_a = tl.where(b_sub, b_a + TINY, b_a)
+    if RANDOM:
+        b_add = (b_r >> (32 - DROP)).to(tl.int32)
+    else:
+        b_add = (1 << (DROP - 1)) - 1 + ((b_a.to(tl.int32, bitcast=True) >> DROP) & 1)
+    b_q = _drop_bits(b_a, b_add, DROP)
+    if TINY > 0:
+        b_q = tl.where(b_sub, b_q - TINY, b_q)
+    if DTYPE == tl.float8e4nv:
+        b_q = tl.minimum(b_q, 448.0)
+    # the sign put back bitwise, so that a negative value rounded to zero gives -0 as a cast does
+    b_q = (b_q.to(tl.int32, bitcast=True) | (b_x.to(tl.int32, bitcast=True) & -0x80000000)).to(tl.float32, bitcast=True)
+    return tl.where(tl.abs(b_x) < float("inf"), b_q, b_x)
+
+
+@triton.jit
+def stored(b_x, b_r, DTYPE: tl.constexpr, RANDOM: tl.constexpr):
+    """fp32 b_x as DTYPE (fp32, bf16 or fp16) for a state store, rounded to nearest or with RANDOM stochastically."""
+    if DTYPE == tl.float32:
+        return b_x
+    else:
+        return rounded(b_x, b_r, DTYPE, RANDOM).to(DTYPE)
+
+
+@triton.jit
+def quantized_rows(b_s, b_r, DTYPE: tl.constexpr, RANDOM: tl.constexpr):
+    """Rows b_s [R, C] (fp32) as 8-bit DTYPE (fp8 e4m3 or int8) values and their scales [R]: each row over its
+    largest magnitude / QMAX, rounded to nearest (int8: ties away from zero) or with RANDOM stochastically."""
+    if DTYPE == tl.int8:
+        QMAX_: tl.constexpr = 127.0
+    else:
+        QMAX_: tl.constexpr = 448.0
+    b_amax = tl.max(tl.abs(b_s), axis=1)
+    b_scale = tl.math.div_rn(b_amax, QMAX_ + tl.zeros_like(b_amax))
+    b_inv = tl.where(b_amax > 0, tl.math.div_rn(QMAX_ + tl.zeros_like(b_amax), b_amax), 0.0)
+    b_q = tl.minimum(tl.maximum(b_s * b_inv[:, None], -QMAX_), QMAX_)
+    if DTYPE == tl.int8:
+        if RANDOM:
+            b_u = (b_r >> 8).to(tl.float32) * 5.9604644775390625e-08
+            b_q = tl.math.floor(b_q + b_u)
+        else:
+            b_q = tl.where(b_q < 0, -tl.math.floor(0.5 - b_q), tl.math.floor(b_q + 0.5))
+        b_q = tl.minimum(tl.maximum(b_q, -QMAX_), QMAX_)
+    else:
+        b_q = rounded(b_q, b_r, DTYPE, RANDOM)
+    return b_q.to(DTYPE), b_scale
+
+
+# --- references (plain PyTorch) -----------------------------------------------------------------------------------
+
+
+def _drop_bits_reference(a: torch.Tensor, add: torch.Tensor, drop: int) -> torch.Tensor:
+    bits = (a.view(torch.int32).long() & 0xFFFFFFFF) + add.long()
+    bits = (bits & ~((1 << drop) - 1)) & 0xFFFFFFFF
+    return bits.to(torch.int64).where(bits < 2**31, bits - 2**32).to(torch.int32).view(torch.float32)
+
+
+def rounded_reference(x: torch.Tensor, bits: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
+    """`rounded` in PyTorch: fp32 x to bf16, fp16 or fp8 e4m3 values (as fp32), to nearest even without bits, else
+    stochastically by the uint32 bits (held in an int64 tensor, as `draw_bits` gives them)."""
+    drop, tiny = _FORMATS[dtype]
+    x = x.float()
+    a = x.abs()
+    sub = a < tiny
+    a = torch.where(sub, a + tiny, a)
+    if bits is None:
+        raw = a.view(torch.int32).long() & 0xFFFFFFFF
+        add = (1 << (drop - 1)) - 1 + ((raw >> drop) & 1)
+    else:
+        add = bits.long() >> (32 - drop)
+    q = _drop_bits_reference(a, add, drop)
+    q = torch.where(sub, q - tiny, q)
+    if dtype == torch.float8_e4m3fn:
+        q = q.clamp_max(448.0)
+    q = (q.view(torch.int32) | (x.view(torch.int32) & -0x80000000)).view(torch.float32)
+    return torch.where(x.abs() < float("inf"), q, x)
+
+
+def quantized_rows_reference(s: torch.Tensor, bits: torch.Tensor | None, dtype: torch.dtype):
+    """`quantized_rows` in PyTorch over the last axis: (8-bit values, fp32 scales over the other axes)."""
+    qmax = QMAX[dtype]
+    s = s.float()
+    amax = s.abs().amax(-1)
+    scale = amax / qmax
+    inv = torch.where(amax > 0, qmax / amax, torch.zeros_like(amax))
+    q = (s * inv[..., None]).clamp(-qmax, qmax)
+    if dtype == torch.int8:
+        if bits is None:
+            q = torch.where(q < 0, -torch.floor(0.5 - q), torch.floor(q + 0.5))
+        else:
+            q = torch.floor(q + (bits.long() >> 8).float() * 2.0**-24)
+        q = q.clamp(-qmax, qmax)
+    else:
+        q = rounded_reference(q, bits, dtype)
+    return q.to(dtype), scale
+
+
+def dequantized_rows(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """An 8-bit state's fp32 values: each row times its scale."""
+    return q.float() * scale[..., None]
+
+
+@triton.jit
+def _bits_kernel(out, seed, steps, slots, H, E, BE: tl.constexpr):
+    i_b, i_h, i_e = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_s = tl.load(slots + i_b).to(tl.int64)
+    o_e = i_e * BE + tl.arange(0, BE)
+    b_r = random_bits(seed, tl.load(steps + i_s), i_s, i_h, o_e)
+    tl.store(out + (i_b * H + i_h) * E + o_e, b_r.to(tl.int64), mask=o_e < E)
+
+
+def draw_bits(rounding: StateRounding, slots: torch.Tensor, heads: int, elements: int) -> torch.Tensor:
+    """The random bits a kernel draws at each slot's current step, (len(slots), heads, elements) int64 holding
+    uint32 values: element e of a head's state gets bits [slot, head, e]. For references and tests."""
+    slots = slots.to(device=rounding.step.device, dtype=torch.int64)
+    out = torch.empty(slots.shape[0], heads, elements, dtype=torch.int64, device=rounding.step.device)
+    BE = min(1024, triton.next_power_of_2(elements))
+    grid = (slots.shape[0], heads, triton.cdiv(elements, BE))
+    _bits_kernel[grid](out, rounding.seed, rounding.step, slots, heads, elements, BE=BE)
+    return out
