@@ -351,6 +351,20 @@ def read_dtype(help: str = "Read-copy dtype of split precision:", *, none: bool 
                         callback=_dtype_cb(allowed, dtypes.ReadDtype, auto=None, none=none), autocompletion=_complete_from(allowed))
 
 
+def stochastic_rounding(help: str = "Round every stored 16-bit or 8-bit state stochastically (a per-slot Philox stream, "
+                        "seeded per slot and step) instead of to nearest; an fp32 state is stored exactly.") -> Any:
+    return typer.Option("--stochastic-rounding", help=help)
+
+
+def refuse_precision(state_dtype: str, read_dtype: str | None = None, rounding: str | None = None) -> None:
+    """One line (exit 2) where a state dtype, read copy and rounding cannot go together."""
+    why = dtypes.precision_problem(state_dtype, read_dtype, rounding)
+    if why:
+        hint = "drop --stochastic-rounding, or pass --state-dtype bf16, fp16, fp8 or int8" if "stochastic" in why else \
+            "pass a narrower --read-dtype, or none"
+        raise UserError(why, hint)
+
+
 def io_dtype(help: str = "Dtype of inputs and outputs:", show_default: Any = True) -> Any:
     allowed = tuple(d.value for d in dtypes.IODtype)
     return typer.Option("--io-dtype", help=_dtype_help(help, allowed, None, False), show_default=show_default, metavar="DTYPE",

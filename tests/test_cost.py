@@ -305,6 +305,67 @@ def test_step_cost_nemotron_super_split_bf16_ratio():
     assert conventional.total_bytes / split.total_bytes == pytest.approx(per_row_ratio, rel=1e-5)
 
 
+# An 8-bit state of M2: 30 one-byte elements and one fp32 scale per row (H, P); of GDN: 30 elements, rows (HV, V).
+M2_INT8_STATE = 2 * 3 * 5 * 1 + 2 * 3 * 4
+GDN_INT8_STATE = 2 * 5 * 3 * 1 + 2 * 5 * 4
+# Stochastic rounding: Philox4x32-10 per stored element, 10 rounds of 2 umulhi, 2 mul, 4 xor, 2 add.
+PHILOX = 10 * (2 + 2 + 4 + 2)
+STEP_COUNT = 8  # the slot's int64 store count, read and written by a step that stores
+
+
+@pytest.mark.parametrize("state", ["int8", "fp8"])
+def test_step_cost_eight_bit_state(state):
+    # Conventional: the state and its scales read and written; FLOPs per row as fp32's plus a dequantise per element
+    # (30) and the store's quantise, a division per element and per row (2 * (15 + 3)).
+    assert m2("conventional", state_dtype=state) == Cost(
+        B * (M2_INT8_STATE + M2_INPUTS) + M2_PARAMS,
+        B * (M2_INT8_STATE + M2_OUT),
+        B * (2 * (6 + 3 * (3 + 5) + 5 * 3 * 5) + 30 + 2 * (15 + 3)),
+    )
+    # Nonflush at fill 1 reads the 8-bit checkpoint as an fp8 copy: its scales, a dequantise per row (3 per head).
+    assert m2("replay", "nonflush", fill=1, state_dtype=state) == Cost(
+        B * (M2_INT8_STATE + 1 * M2_ENTRY + M2_INPUTS + M2_COUNTERS) + M2_PARAMS,
+        B * (M2_ENTRY + M2_OUT + M2_COUNTERS),
+        B * 2 * (7 + 2 * 15 + 2 * (2 * 5 + 2 * 3 + 4) + 3 * (4 + 5) + 3),
+    )
+    # The flush dequantises the checkpoint it reads (30) and quantises the one it writes (15 + 3 per head).
+    assert m2("replay", "flush", state_dtype=state) == Cost(
+        B * (M2_INT8_STATE + 3 * M2_ENTRY + M2_INPUTS + M2_COUNTERS) + M2_PARAMS,
+        B * (M2_INT8_STATE + M2_OUT + M2_COUNTERS),
+        B * (2 * (7 + 4 * (3 + 3) + 15 * (1 + 2 * 4 + 2) + 3 * (2 + 5) + 15 + 3) + 30),
+    )
+    # GDN: per value head 1 + K + 7 VK + 2V, plus dequantise 30 and quantise 2 * (15 + 5).
+    assert gdn("conventional", state_dtype=state) == Cost(
+        B * (GDN_INT8_STATE + GDN_INPUTS), B * (GDN_INT8_STATE + GDN_OUT), B * (2 * (1 + 3 + 7 * 15 + 2 * 5) + 30 + 2 * 20),
+    )
+    assert memory_per_seq(M2, "conventional", state_dtype=state)["total"] == M2_INT8_STATE
+    assert memory_per_seq(GDN, "replay", window=W, state_dtype=state)["state"] == GDN_INT8_STATE
+
+
+def test_step_cost_stochastic_rounding_counts_philox_apart_from_flops():
+    nearest = m2("conventional", state_dtype="bf16")
+    sr = m2("conventional", state_dtype="bf16", rounding="stochastic")
+    # One draw per stored element (30 per row), and the store count read and written.
+    assert sr == Cost(nearest.bytes_read + B * STEP_COUNT, nearest.bytes_written + B * STEP_COUNT, nearest.flops,
+                      B * 30 * PHILOX)
+    assert sr.int_ops == 6000 and sr.as_dict()["int_ops"] == 6000
+    # A nonflush step stores nothing: no draws; the flush stores the checkpoint once.
+    kw = dict(state_dtype="int8", rounding="stochastic")
+    assert m2("replay", "nonflush", fill=1, **kw) == m2("replay", "nonflush", fill=1, state_dtype="int8")
+    flush = m2("replay", "flush", **kw)
+    assert flush.int_ops == B * 30 * PHILOX
+    assert flush.bytes_read == m2("replay", "flush", state_dtype="int8").bytes_read + B * STEP_COUNT
+    # The window average: one store in W steps.
+    assert m2("replay", **kw).int_ops == round(B * 30 * PHILOX / W)
+    # decode_multi stores T snapshots; a verify that folds stores one checkpoint.
+    assert m2("spec-conventional", draft=2, **kw).int_ops == 2 * B * 30 * PHILOX
+    assert m2("spec-replay", "flush", draft=2, **kw).int_ops == B * 30 * PHILOX
+    assert gdn("conventional", state_dtype="fp16", rounding="stochastic").int_ops == B * 30 * PHILOX
+    assert memory_per_seq(M2, "conventional", state_dtype="bf16", rounding="stochastic")["counters"] == STEP_COUNT
+    replay = memory_per_seq(M2, "replay", window=W, state_dtype="bf16", rounding="stochastic")
+    assert replay["counters"] == M2_HELD_COUNTERS + STEP_COUNT
+
+
 @pytest.mark.parametrize(
     "call, match",
     [
@@ -313,7 +374,11 @@ def test_step_cost_nemotron_super_split_bf16_ratio():
         (lambda: step_cost(M2, "replay", batch=B), "window"),
         (lambda: step_cost(M2, "conventional", batch=0), "batch"),
         (lambda: m2("split"), "read_dtype"),
-        (lambda: m2("replay", state_dtype="fp8"), "state_dtype"),
+        (lambda: m2("replay", state_dtype="fp4"), "state_dtype"),
+        (lambda: m2("split", state_dtype="int8", read_dtype="fp8"), "not narrower"),
+        (lambda: m2("split", state_dtype="bf16", read_dtype="fp16"), "not narrower"),
+        (lambda: m2("conventional", rounding="stochastic"), "fp32 state is stored exactly"),
+        (lambda: m2("replay", state_dtype="bf16", rounding="dithered"), "rounding"),
         (lambda: m2("replay", io_dtype="int8"), "io_dtype"),
         (lambda: m2("fast"), "variant"),
         (lambda: m2("replay", "middle"), "phase"),
@@ -327,7 +392,8 @@ def test_step_cost_nemotron_super_split_bf16_ratio():
         (lambda: step_cost(object(), "conventional", batch=B), "shape"),
     ],
     ids=[
-        "window0", "window65", "no-window", "batch0", "split-no-read", "state-fp8", "io-int8", "variant",
+        "window0", "window65", "no-window", "batch0", "split-no-read", "state-fp4", "int8-fp8-copy", "bf16-fp16-copy",
+        "stochastic-fp32", "rounding", "io-int8", "variant",
         "phase", "nonflush-fill", "flush-fill", "draft0", "draft9", "accepted", "spec-flush-fill", "W1-nonflush",
         "shape",
     ],
@@ -529,3 +595,30 @@ def test_kernels_readme_bytes_tables_are_the_cost_models(tmp_path):
     assert tables.main(["--write", str(stale)]) == 0 and stale.read_text() == readme.read_text()
     (tmp_path / "bare.md").write_text("no markers\n")
     assert tables.main(["--check", str(tmp_path / "bare.md")]) == 2
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--state-dtype", "int8", "--read-dtype", "fp8"], "the read copy (fp8) is not narrower than the checkpoint (int8)"),
+    (["--state-dtype", "fp32", "--stochastic-rounding"], "an fp32 state is stored exactly"),
+], ids=["int8-fp8-copy", "stochastic-fp32"])
+def test_cost_cli_refuses_an_impossible_precision_in_one_line(args, needle):
+    result = runner.invoke(app, ["cost", *args])
+    assert result.exit_code == 2
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and needle in lines[0], result.output
+
+
+def test_cost_cli_eight_bit_state_with_stochastic_rounding():
+    result = runner.invoke(app, ["cost", "-p", "nemotron-3-super-120b-a12b", "--state-dtype", "int8",
+                                 "--stochastic-rounding", "--batch", "2", "--json"])
+    assert result.exit_code == 0, result.output
+    rows = json.loads(result.stdout)
+    shape = presets.resolve("nemotron-3-super-120b-a12b").shape
+    # an 8-bit state has no narrower read copy: no split rows
+    assert {r["variant"] for r in rows} == {"conventional", "replay"}
+    conv = next(r for r in rows if r["variant"] == "conventional")
+    assert conv["state_dtype"] == "int8" and conv["rounding"] == "stochastic"
+    assert conv["int_ops"] == 2 * shape.state_elems * 100
+    assert conv["memory"]["state"] == shape.state_elems + shape.state_rows * 4
+    text = runner.invoke(app, ["cost", "-p", "nemotron-3-super-120b-a12b", "--state-dtype", "bf16", "--stochastic-rounding"])
+    assert text.exit_code == 0 and "int ops" in text.stdout and "split fp8" in text.stdout

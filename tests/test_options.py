@@ -205,13 +205,13 @@ def test_number_out_of_range_names_the_range(args, needle):
     "args, needle",
     [
         (["cost", "--state-dtype", "fp8_e5m2"], "e5m2 is not implemented"),
-        (["cost", "--state-dtype", "int8"], "choose from fp32, bf16, fp16, auto (the preset's)"),
+        (["cost", "--state-dtype", "int4"], "choose from fp32, bf16, fp16, fp8, int8, auto (the preset's)"),
         (["profile", "--state-dtype", "auto,fp32"], "auto (the preset's own dtype) stands alone"),
         (["cost", "--read-dtype", "float32"], "--read-dtype 'float32' is not a dtype it takes"),
         (["tune", "-p", SUPER, "--read-dtype", "none,bf16"], "none stands alone"),
         (["e2e", "--dry-run", "--variant", "spec"], "--variant 'spec' is not one it takes"),
     ],
-    ids=["e5m2", "int8", "auto-mixed", "read-fp32", "none-mixed", "variant"],
+    ids=["e5m2", "int4", "auto-mixed", "read-fp32", "none-mixed", "variant"],
 )
 def test_unknown_dtype_or_word_says_what_is_taken(args, needle):
     assert needle in one_error_line(invoke(*args))

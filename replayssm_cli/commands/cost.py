@@ -11,7 +11,7 @@ import typer
 from replayssm_cli import options
 from replayssm_cli.console import out, print_json
 from replayssm_cli.model.cost import cost_table
-from replayssm_cli.model.dtypes import IODtype, ReadDtype, StateDtype
+from replayssm_cli.model.dtypes import IODtype, ReadDtype, Rounding, StateDtype, default_read_dtype
 from replayssm_cli.errors import UserError, cli_command
 from replayssm_cli.model.presets import DEFAULT_PRESETS, resolve
 
@@ -67,7 +67,7 @@ def _validate(window: int, batch: int, draft: int, accepted: float | None, tp: i
         raise UserError(f"--tp must be at least 1, got {tp}")
 
 
-def _print_table(title: str, caption: str, rows: list[dict[str, Any]]) -> None:
+def _print_table(title: str, caption: str, rows: list[dict[str, Any]], *, int_ops: bool = False) -> None:
     from rich import box
     from rich.table import Table
 
@@ -77,9 +77,11 @@ def _print_table(title: str, caption: str, rows: list[dict[str, Any]]) -> None:
     )
     table.add_column("variant", no_wrap=True)
     table.add_column("phase", no_wrap=True)
-    for name in ("fill", "read", "written", "FLOPs", "FLOP/B", "× conv", "mem/seq"):
+    names = ("fill", "read", "written", "FLOPs", *(("int ops",) if int_ops else ()), "FLOP/B", "× conv", "mem/seq")
+    for name in names:
         table.add_column(name, justify="right", no_wrap=True)
     for r in rows:
+        ints = (_si(r["int_ops"]),) if int_ops else ()
         table.add_row(
             r["variant"] + (f" {r['read_dtype']}" if r["variant"] == "split" else ""),
             r["phase"],
@@ -87,6 +89,7 @@ def _print_table(title: str, caption: str, rows: list[dict[str, Any]]) -> None:
             _si(r["bytes_read"]),
             _si(r["bytes_written"]),
             _si(r["flops"]),
+            *ints,
             f"{r['intensity']:.2f}",
             f"{r['bytes_ratio']:.2f}x",
             _mib(r["mem_per_seq"]),
@@ -100,7 +103,8 @@ def cost(
     preset_file: Annotated[Optional[list[Path]], options.preset_file()] = None,
     window: Annotated[int, options.window()] = 16,
     state_dtype: Annotated[Optional[str], options.state_dtype("State and checkpoint dtype:", show_default="the preset's own (auto)")] = None,
-    read_dtype: Annotated[str, options.read_dtype("Dtype of the split-precision rows' read copy:", show_default=True)] = ReadDtype.bf16.value,
+    read_dtype: Annotated[Optional[str], options.read_dtype("Dtype of the split-precision rows' read copy:", show_default="bf16 over fp32, fp8 over a 16-bit state, none over 8 bits")] = None,
+    stochastic_rounding: Annotated[bool, options.stochastic_rounding()] = False,
     io_dtype: Annotated[str, options.io_dtype("Dtype of the inputs and outputs:")] = IODtype.bf16.value,
     batch: Annotated[Optional[list[str]], options.batch("Sequences decoded per step, comma-separated or repeated.", show_default="256")] = None,
     draft: Annotated[int, options.draft("Speculative drafts per verify step T (0: no speculative rows).", lo=0, show_default=True)] = 0,
@@ -125,21 +129,26 @@ def cost(
       replayssm cost --preset nemotron-3-super-120b-a12b --window 32 --read-dtype fp8
 
       replayssm cost -p qwen3.5-122b-a10b --batch 1,64,256 --draft 4 --accept-rate 0.8 --json
+
+      replayssm cost --state-dtype int8 --stochastic-rounding
     """
     batches = [int(b) for b in batch or ["256"]]
     accepted = _mean_accepted(draft, accepted, accept_rate, accept_dist)
     for b in batches:
         _validate(window, b, draft, accepted, tp)
     state = _dtype(state_dtype, StateDtype, "--state-dtype") if state_dtype is not None else None
-    read = _dtype(read_dtype, ReadDtype, "--read-dtype")
+    read = _dtype(read_dtype, ReadDtype, "--read-dtype") if read_dtype is not None else None
     io = _dtype(io_dtype, IODtype, "--io-dtype")
+    rounding = Rounding.stochastic if stochastic_rounding else Rounding.nearest
     names = options.preset_names_given(preset, preset_file) or list(DEFAULT_PRESETS)
     everything: list[dict[str, Any]] = []
     for name in names:
         p = resolve(name, tp)
         st = state.value if state else p.state_dtype
+        options.refuse_precision(st, read.value if read else None, rounding.value)
+        rd = read.value if read else default_read_dtype(st)
         for b in batches:
-            everything.extend(_preset_rows(p, st, read, io, b, window, draft, accepted, tp, as_json))
+            everything.extend(_preset_rows(p, st, rd, io, b, window, draft, accepted, tp, as_json, rounding.value))
     if as_json:
         print_json(everything)
 
@@ -159,15 +168,16 @@ def _mean_accepted(draft: int, accepted: float | None, rate: float | None, dist:
     return mean
 
 
-def _preset_rows(p: Any, st: str, read: Any, io: Any, batch: int, window: int, draft: int, accepted: float | None, tp: int,
-                 as_json: bool) -> list[dict[str, Any]]:
+def _preset_rows(p: Any, st: str, read: str | None, io: Any, batch: int, window: int, draft: int, accepted: float | None,
+                 tp: int, as_json: bool, rounding: str) -> list[dict[str, Any]]:
     try:
         rows = cost_table(
             p.shape,
             batch=batch,
             window=window,
             state_dtype=st,
-            read_dtype=read.value,
+            read_dtype=read,
+            rounding=rounding,
             io_dtype=io.value,
             draft=draft,
             accepted=accepted,
@@ -182,7 +192,8 @@ def _preset_rows(p: Any, st: str, read: Any, io: Any, batch: int, window: int, d
         title = (
             f"{p.display}: {p.kind} {p.shape.label()}"
             + (f" (tp {tp})" if tp > 1 else "")
-            + f", batch {batch}, window {window}, state {st}, io {io.value}"
+            + f", batch {batch}, window {window}, state {st}" + (" stochastic" if rounding == "stochastic" else "")
+            + f", io {io.value}"
             + (f", T = {draft}, {rows[-1]['accepted']:g} accepted" if draft else "")
         )
         caption = (
@@ -190,6 +201,8 @@ def _preset_rows(p: Any, st: str, read: Any, io: Any, batch: int, window: int, d
             "per model step). × conv: the conventional kernel's bytes over this row's (spec-replay: over "
             "spec-conventional's). mem/seq: one sequence's state or checkpoint, read copy, buffers, "
             "counters and snapshots in one layer."
+            + (" int ops: stochastic rounding's Philox4x32-10 draws (one per stored element, 100 integer operations "
+               "each), counted apart from FLOPs." if rounding == "stochastic" else "")
         )
-        _print_table(title, caption, rows)
+        _print_table(title, caption, rows, int_ops=rounding == "stochastic")
     return rows

@@ -8,12 +8,13 @@ from enum import Enum
 from typing import Any
 
 from replayssm_cli.model import ops
-from replayssm_cli.model.dtypes import itemsize
-from replayssm_cli.model.shapes import SSMShape
+from replayssm_cli.model.dtypes import EIGHT_BIT, itemsize, precision_problem
+from replayssm_cli.model.shapes import SCALE_BYTES, SSMShape
 
 VARIANTS = ("conventional", "replay", "split", "spec-conventional", "spec-replay")
 PHASES = ("avg", "nonflush", "flush")
-STATE_DTYPES = ("fp32", "bf16", "fp16")
+STATE_DTYPES = ("fp32", "bf16", "fp16", "fp8", "int8")
+ROUNDINGS = ("nearest", "stochastic")
 READ_DTYPES = ("bf16", "fp16", "fp8")
 IO_DTYPES = ("bf16", "fp16", "fp32")
 MAX_WINDOW = 64
@@ -24,15 +25,23 @@ LAUNCH_US = 2.0
 
 _F32 = 4
 _I32 = 4
+# A StateRounding's store count per slot (int64), read and advanced by every step that stores the state.
+_STEP_COUNT = 8
+# Integer operations of one Philox4x32-10 draw (triton.language.random.philox_impl): 10 rounds of 2 umulhi,
+# 2 multiplies, 4 xors and 2 adds. Stochastic rounding draws once per stored element.
+PHILOX_ROUNDS = 10
+PHILOX_INT_OPS = PHILOX_ROUNDS * (2 + 2 + 4 + 2)
 
 
 @dataclass(frozen=True)
 class Cost:
-    """DRAM bytes read, bytes written and FLOPs of one decode step of one layer over the whole batch."""
+    """DRAM bytes read, bytes written and FLOPs of one decode step of one layer over the whole batch; int_ops counts
+    the integer operations of stochastic rounding's random draws, apart from the FLOPs."""
 
     bytes_read: int
     bytes_written: int
     flops: int
+    int_ops: int = 0
 
     @property
     def total_bytes(self) -> int:
@@ -47,12 +56,13 @@ class Cost:
         if not isinstance(other, Cost):
             return NotImplemented
         return Cost(
-            self.bytes_read + other.bytes_read, self.bytes_written + other.bytes_written, self.flops + other.flops
+            self.bytes_read + other.bytes_read, self.bytes_written + other.bytes_written, self.flops + other.flops,
+            self.int_ops + other.int_ops,
         )
 
     def scaled(self, k: float) -> Cost:
         """This cost times k, rounded to whole bytes and FLOPs (k = layers for a whole model step)."""
-        return Cost(round(self.bytes_read * k), round(self.bytes_written * k), round(self.flops * k))
+        return Cost(round(self.bytes_read * k), round(self.bytes_written * k), round(self.flops * k), round(self.int_ops * k))
 
     def as_dict(self) -> dict[str, float]:
         return {
@@ -60,6 +70,7 @@ class Cost:
             "bytes_written": self.bytes_written,
             "total_bytes": self.total_bytes,
             "flops": self.flops,
+            "int_ops": self.int_ops,
             "intensity": self.intensity,
         }
 
@@ -71,21 +82,22 @@ class _Count:
     read: float = 0
     written: float = 0
     flops: float = 0
+    ints: float = 0
 
     def __add__(self, other: _Count) -> _Count:
-        return _Count(self.read + other.read, self.written + other.written, self.flops + other.flops)
+        return _Count(self.read + other.read, self.written + other.written, self.flops + other.flops, self.ints + other.ints)
 
     def __sub__(self, other: _Count) -> _Count:
-        return _Count(self.read - other.read, self.written - other.written, self.flops - other.flops)
+        return _Count(self.read - other.read, self.written - other.written, self.flops - other.flops, self.ints - other.ints)
 
     def __mul__(self, k: float) -> _Count:
-        return _Count(self.read * k, self.written * k, self.flops * k)
+        return _Count(self.read * k, self.written * k, self.flops * k, self.ints * k)
 
     def __truediv__(self, k: float) -> _Count:
-        return _Count(self.read / k, self.written / k, self.flops / k)
+        return _Count(self.read / k, self.written / k, self.flops / k, self.ints / k)
 
     def cost(self) -> Cost:
-        return Cost(round(self.read), round(self.written), round(self.flops))
+        return Cost(round(self.read), round(self.written), round(self.flops), round(self.ints))
 
 
 @dataclass(frozen=True)
@@ -101,20 +113,28 @@ class _Sizes:
     draft_b: int
     counters: int
     heads: int
+    # Whether the tile a nonflush step or verify reads is 8-bit with row scales (an fp8 copy, or an 8-bit checkpoint).
     fp8: bool
     # What a split-precision flush reads of the copy: GDN carries checkpoint - copy through the entries
     # (it reads both); Mamba-2's buffered updates need no correction (the checkpoint only).
     flush_copy: int = 0
+    # Whether the state itself is 8-bit: dequantised where it is read, quantised where it is stored.
+    eight_bit: bool = False
+    # Per state store: the random draws of stochastic rounding (one per element) and the rounding's store count.
+    draws: int = 0
+    step_count: int = 0
 
 
-def _sizes(shape: SSMShape, st: str, rd: str | None, io: str, has_z: bool) -> _Sizes:
+def _sizes(shape: SSMShape, st: str, rd: str | None, io: str, has_z: bool, rounding: str = "nearest") -> _Sizes:
     s, r = itemsize(st), itemsize(rd)
     op = _op(shape)
     part = op.step_sizes(shape, itemsize(io), has_z)
-    scales = part["rows"] * _F32 if rd == "fp8" else 0
+    scales = part["rows"] * SCALE_BYTES if rd == "fp8" else 0
     copy = shape.state_elems * r + scales if rd else 0
+    eight_bit = st in EIGHT_BIT
+    stochastic = rounding == "stochastic"
     return _Sizes(
-        state=shape.state_elems * s,
+        state=shape.state_elems * s + (part["rows"] * SCALE_BYTES if eight_bit else 0),
         copy=copy,
         inputs=part["inputs"],
         outputs=part["outputs"],
@@ -123,8 +143,11 @@ def _sizes(shape: SSMShape, st: str, rd: str | None, io: str, has_z: bool) -> _S
         draft_b=part["draft_b"],
         counters=part["heads"] * _I32,
         heads=part["heads"],
-        fp8=rd == "fp8",
+        fp8=rd == "fp8" or (rd is None and eight_bit),
         flush_copy=copy if op.split_flush_reads_copy else 0,
+        eight_bit=eight_bit,
+        draws=shape.state_elems if stochastic else 0,
+        step_count=_STEP_COUNT if stochastic else 0,
     )
 
 
@@ -200,8 +223,18 @@ def spec_replay_cycle(window: int, accepted: float) -> tuple[float, float, float
     return (folded - accepted) / 2, folded, accepted / folded
 
 
+def _dequant(s: _Sizes, fl: Any) -> float:
+    """Reading a whole 8-bit state: each element times its row's scale."""
+    return fl.tile_dequant if s.eight_bit else 0
+
+
 def _conventional(s: _Sizes, fl: Any, b: int, T: int) -> _Count:
-    row = _Count(s.state + T * s.inputs, T * s.state + T * s.outputs, fl.conventional(T))
+    row = _Count(
+        s.state + T * s.inputs + s.step_count,
+        T * s.state + T * s.outputs + s.step_count,
+        fl.conventional(T) + (_dequant(s, fl) + T * fl.quant if s.eight_bit else 0),
+        T * s.draws * PHILOX_INT_OPS,
+    )
     return row * b + _Count(read=s.params)
 
 
@@ -227,18 +260,20 @@ def _flush(s: _Sizes, fl: Any, b: int, f: int) -> _Count:
     # Under split precision a flush reads the checkpoint, and GDN's the copy too (measured with Nsight Compute
     # on an H200, profiles/reference/ncu/).
     row = _Count(
-        s.state + s.flush_copy + f * s.entry + s.inputs + s.counters,
-        s.state + s.copy + s.outputs + s.counters,
-        fl.flush(f, quantise=s.fp8) + (fl.correction(f, s.fp8) if s.flush_copy else 0),
+        s.state + s.flush_copy + f * s.entry + s.inputs + s.counters + s.step_count,
+        s.state + s.copy + s.outputs + s.counters + s.step_count,
+        fl.flush(f, quantise=s.fp8) + (fl.correction(f, s.fp8) if s.flush_copy else 0) + _dequant(s, fl),
+        s.draws * PHILOX_INT_OPS,
     )
     return row * b + _Count(read=s.params)
 
 
 def _verify_after_fold(s: _Sizes, fl: Any, b: int, F: float, T: int) -> _Count:
     row = _Count(
-        s.state + F * s.entry + T * s.inputs + s.counters,
-        s.state + s.copy + T * s.entry + T * s.outputs + s.counters,
-        fl.fold(F, quantise=s.fp8) + (fl.correction(F, s.fp8) if s.flush_copy else 0) + fl.verify(0, T),
+        s.state + F * s.entry + T * s.inputs + s.counters + s.step_count,
+        s.state + s.copy + T * s.entry + T * s.outputs + s.counters + s.step_count,
+        fl.fold(F, quantise=s.fp8) + (fl.correction(F, s.fp8) if s.flush_copy else 0) + fl.verify(0, T) + _dequant(s, fl),
+        s.draws * PHILOX_INT_OPS,
     )
     return row * b + _Count(read=s.params)
 
@@ -291,6 +326,7 @@ def step_cost(
     draft: int = 0,
     accepted: float | None = None,
     has_z: bool = True,
+    rounding: str = "nearest",
 ) -> Cost:
     """Modelled DRAM bytes read and written and FLOPs of one decode step of one layer, whole batch.
 
@@ -308,10 +344,12 @@ def step_cost(
             replay flush: W-1 only. Spec-replay nonflush: the committed fill at the verify, 0..W-1
             (default: the steady-state mean); flush: the committed entries folded, W..W+T-1 (default W).
             Ignored by phase avg.
-        state_dtype, read_dtype, io_dtype: dtype names (read_dtype ignored by the conventional variants).
+        state_dtype, read_dtype, io_dtype: dtype names (read_dtype ignored by the conventional variants). A read
+            copy must be narrower than the state (so an 8-bit state, fp8 or int8, has none).
         draft: T, 1 to 8, for the speculative variants (ignored by the others).
         accepted: mean drafts committed per spec-replay step, in (0, T] (default T, the most flushes).
         has_z: Mamba-2 only: the kernel reads z and gates its output with it (a preset's has_z says).
+        rounding: "nearest" or "stochastic" (a 16-bit or 8-bit state only): how every state store rounds.
 
     Bytes are unique DRAM bytes per step (io = io_dtype size, st = state, rd = read copy), what the kernels
     move; a tensor shared by several programs (B and C by the heads of a group, k by the value heads of a
@@ -360,6 +398,15 @@ def step_cost(
       fp8 copy 1 more to dequantise it), 2f²K + fK for y_j and fV to add the corrections.
 
     Accept: one add per counter.
+
+    An 8-bit state (fp8 e4m3 or int8) carries one fp32 scale per row (Mamba-2 (H, P), GDN (HV, V)), read and
+    written with its row: the state's bytes are elements + 4 per row everywhere it moves. Its reads dequantise as an
+    fp8 copy does (a nonflush step 1 per row, a verify 1 per element; a conventional step, a flush or a fold reading
+    the whole state 1 per element) and its stores quantise as an fp8 copy's (1 per element, 1 per row).
+
+    Stochastic rounding draws one Philox4x32-10 per stored element (`int_ops`: PHILOX_INT_OPS = 100 integer
+    operations per draw, not FLOPs) wherever the state is stored: every conventional step (T snapshots for
+    spec-conventional), a flush, a fold; and each such step reads and writes the slot's store count (int64).
     """
     variant = _choice(variant, VARIANTS, "variant")
     phase = _choice(phase, PHASES, "phase")
@@ -367,10 +414,8 @@ def step_cost(
     st = _choice(state_dtype, STATE_DTYPES, "state_dtype")
     io = _choice(io_dtype, IO_DTYPES, "io_dtype")
     conventional = variant in ("conventional", "spec-conventional")
-    rd = None if conventional or read_dtype is None else _choice(read_dtype, READ_DTYPES, "read_dtype")
-    if variant == "split" and rd is None:
-        raise ValueError("the split variant needs a read_dtype (bf16, fp16 or fp8)")
-    s = _sizes(shape, st, rd, io, has_z)
+    rd = _read_dtype(variant, st, read_dtype, conventional)
+    s = _sizes(shape, st, rd, io, has_z, _rounding(st, rounding))
     fl = _op(shape).flops(shape, has_z)
     if variant == "conventional":
         return _conventional(s, fl, b, 1).cost()
@@ -383,6 +428,24 @@ def step_cost(
     T = _check_draft(draft)
     s = _with_capacity(s, shape, rd, W + T)
     return _spec_replay(s, fl, b, W, T, _check_accepted(accepted, T), phase, fill).cost()
+
+
+def _read_dtype(variant: str, st: str, read_dtype: str | Enum | None, conventional: bool) -> str | None:
+    rd = None if conventional or read_dtype is None else _choice(read_dtype, READ_DTYPES, "read_dtype")
+    if variant == "split" and rd is None:
+        raise ValueError("the split variant needs a read_dtype (bf16, fp16 or fp8)")
+    why = precision_problem(st, rd)
+    if why:
+        raise ValueError(why)
+    return rd
+
+
+def _rounding(st: str, rounding: str | Enum | None) -> str:
+    ro = _choice(rounding or "nearest", ROUNDINGS, "rounding")
+    why = precision_problem(st, None, ro)
+    if why:
+        raise ValueError(why)
+    return ro
 
 
 def launches_per_step(variant: str, phase: str = "avg") -> float:
@@ -422,24 +485,24 @@ def memory_per_seq(
     read_dtype: str | None = None,
     io_dtype: str = "bf16",
     draft: int = 0,
+    rounding: str = "nearest",
 ) -> dict[str, int]:
     """Bytes one sequence holds in one layer, by part, for a variant.
 
     Returns a dict with state (the state, or the replay variants' full-precision checkpoint), read_copy (with
     its fp8 scales), buffers (W + draft entries: the ReplayCache's capacity; Mamba-2 adds the drafts' B, at least
     one draft's (G, N), as its cache holds), counters (`_held_counters`: fills, arrival counts, flush-list
-    entries), snapshots (T states for spec-conventional) and total: what a ReplayCache allocates per slot. draft is
-    required (1 to 8) for the speculative variants and sizes the replay buffers when given for the others.
+    entries; with stochastic rounding also the store count), snapshots (T states for spec-conventional) and total:
+    what a ReplayCache allocates per slot. draft is required (1 to 8) for the speculative variants and sizes the
+    replay buffers when given for the others. An 8-bit state's row scales count with the state and each snapshot.
     """
     variant = _choice(variant, VARIANTS, "variant")
     st = _choice(state_dtype, STATE_DTYPES, "state_dtype")
     io = _choice(io_dtype, IO_DTYPES, "io_dtype")
     conventional = variant in ("conventional", "spec-conventional")
-    rd = None if conventional or read_dtype is None else _choice(read_dtype, READ_DTYPES, "read_dtype")
-    if variant == "split" and rd is None:
-        raise ValueError("the split variant needs a read_dtype (bf16, fp16 or fp8)")
-    s = _sizes(shape, st, rd, io, has_z=True)
-    parts = {"state": s.state, "read_copy": 0, "buffers": 0, "counters": 0, "snapshots": 0}
+    rd = _read_dtype(variant, st, read_dtype, conventional)
+    s = _sizes(shape, st, rd, io, has_z=True, rounding=_rounding(st, rounding))
+    parts = {"state": s.state, "read_copy": 0, "buffers": 0, "counters": s.step_count, "snapshots": 0}
     if variant == "spec-conventional":
         parts["snapshots"] = _check_draft(draft) * s.state
     elif not conventional:
@@ -447,7 +510,7 @@ def memory_per_seq(
         T = _check_draft(draft) if variant == "spec-replay" else _check_int(draft, 0, MAX_DRAFT, "draft")
         s = _with_capacity(s, shape, rd, W + T)
         parts.update(read_copy=s.copy, buffers=(W + T) * s.entry + max(T, 1) * s.draft_b,
-                     counters=_held_counters(s, shape, T))
+                     counters=_held_counters(s, shape, T) + s.step_count)
     parts["total"] = sum(parts.values())
     return parts
 
@@ -492,29 +555,31 @@ def cost_table(
     draft: int = 0,
     accepted: float | None = None,
     has_z: bool = True,
+    rounding: str = "nearest",
 ) -> list[dict[str, Any]]:
     """The rows `replayssm cost` prints: every variant and phase at one batch, window and set of dtypes.
 
     Rows: conventional; replay at nonflush fills 0 and W-2, its flush and its window average; the same for
     split when read_dtype is given; with draft > 0, spec-conventional and spec-replay (nonflush at the
     steady-state mean fill, flush, average). Each row has variant, phase, fill, window, state_dtype,
-    read_dtype, io_dtype, draft, accepted, bytes_read, bytes_written, total_bytes, flops, intensity,
+    read_dtype, io_dtype, rounding, draft, accepted, bytes_read, bytes_written, total_bytes, flops, int_ops, intensity,
     bytes_ratio (the conventional counterpart's bytes over this row's: conventional for replay and split,
     spec-conventional for spec-replay), launches, mem_per_seq and memory (its parts).
     """
     st = _choice(state_dtype, STATE_DTYPES, "state_dtype")
     io = _choice(io_dtype, IO_DTYPES, "io_dtype")
-    rd = None if read_dtype is None else _choice(read_dtype, READ_DTYPES, "read_dtype")
+    rd = _read_dtype("replay", st, read_dtype, False)
+    ro = _rounding(st, rounding)
     W = _check_window(window)
     T = _check_int(draft, 0, MAX_DRAFT, "draft")
-    common = {"batch": batch, "state_dtype": st, "io_dtype": io, "has_z": has_z}
+    common = {"batch": batch, "state_dtype": st, "io_dtype": io, "has_z": has_z, "rounding": ro}
     rows: list[dict[str, Any]] = []
 
     def row(variant: str, phase: str, fill: float | None, baseline: Cost | None, **kw: Any) -> Cost:
         # The speculative fills are steady-state means (maybe fractional): step_cost's defaults are those.
         c = step_cost(shape, variant, phase, fill=fill if variant != "spec-replay" else None, **common, **kw)
         mem = memory_per_seq(
-            shape, variant, state_dtype=st, io_dtype=io,
+            shape, variant, state_dtype=st, io_dtype=io, rounding=ro,
             window=kw.get("window"), read_dtype=kw.get("read_dtype"), draft=kw.get("draft", 0),
         )
         rows.append({
@@ -525,6 +590,7 @@ def cost_table(
             "state_dtype": st,
             "read_dtype": kw.get("read_dtype"),
             "io_dtype": io,
+            "rounding": ro,
             "draft": kw.get("draft", 0),
             "accepted": kw.get("accepted"),
             **c.as_dict(),

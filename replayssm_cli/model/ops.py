@@ -20,6 +20,8 @@ class Mamba2Flops:
         self.gate = 5 if has_z else 0
         self.row_dequant = self.H * self.P
         self.tile_dequant = self.H * self.P * self.N
+        # Quantising a stored 8-bit state: a division per element and one per row (its scale).
+        self.quant = self.H * (self.P * self.N + self.P)
 
     def conventional(self, T: int) -> float:
         H, P, N = self.H, self.P, self.N
@@ -48,6 +50,7 @@ class GDNFlops:
         self.HV, self.K, self.V = shape.HV, shape.K, shape.V
         self.row_dequant = self.HV * 2 * self.V
         self.tile_dequant = self.HV * self.V * self.K
+        self.quant = self.HV * (self.V * self.K + self.V)
 
     def conventional(self, T: int) -> float:
         HV, K, V = self.HV, self.K, self.V

@@ -5,7 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Union
 
-from replayssm_cli.model.dtypes import itemsize
+from replayssm_cli.model.dtypes import EIGHT_BIT, itemsize
+
+# Bytes of the fp32 scale each row of an 8-bit state carries.
+SCALE_BYTES = 4
 
 
 @dataclass(frozen=True)
@@ -24,6 +27,11 @@ class Mamba2Shape:
     @property
     def state_elems(self) -> int:
         return self.H * self.P * self.N
+
+    @property
+    def state_rows(self) -> int:
+        """Rows of the state, each (head, p) over N: what an 8-bit state scales one by one."""
+        return self.H * self.P
 
     def label(self) -> str:
         return f"H{self.H}-P{self.P}-N{self.N}-G{self.G}"
@@ -46,6 +54,11 @@ class GDNShape:
     def state_elems(self) -> int:
         return self.HV * self.V * self.K
 
+    @property
+    def state_rows(self) -> int:
+        """Rows of the state, each (value head, v) over K."""
+        return self.HV * self.V
+
     def label(self) -> str:
         return f"H{self.H}-HV{self.HV}-K{self.K}-V{self.V}"
 
@@ -62,5 +75,5 @@ def _check_dims(shape: Mamba2Shape | GDNShape) -> None:
 
 
 def state_bytes(shape: SSMShape, dtype: str) -> int:
-    """Bytes of one sequence's recurrent state in one layer."""
-    return shape.state_elems * itemsize(dtype)
+    """Bytes of one sequence's recurrent state in one layer (an 8-bit state's with its row scales)."""
+    return shape.state_elems * itemsize(dtype) + (shape.state_rows * SCALE_BYTES if dtype in EIGHT_BIT else 0)

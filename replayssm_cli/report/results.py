@@ -33,7 +33,8 @@ ROW_FIELDS: dict[str, str] = {
     "phase": "avg (whole-window average) | nonflush | flush",
     "batch": "sequences decoded per step",
     "window": "ReplaySSM window W (None for conventional)",
-    "state_dtype": "dtype of the stored state or checkpoint",
+    "state_dtype": "dtype of the stored state or checkpoint (fp8 and int8: 8-bit rows, each with an fp32 scale)",
+    "rounding": "how stored states are rounded: 'nearest' or 'stochastic' (rows written without it: nearest)",
     "read_dtype": "dtype of the low-precision read copy (None without split precision)",
     "io_dtype": "dtype of x, B, C, z, q, k, v and outputs",
     "draft": "speculative draft tokens per verify step T (0 for plain decode)",
@@ -54,6 +55,7 @@ ROW_FIELDS: dict[str, str] = {
     "bytes_read": "modelled DRAM bytes read per step per layer",
     "bytes_written": "modelled DRAM bytes written per step per layer",
     "flops": "modelled FLOPs per step per layer",
+    "int_ops": "modelled integer operations per step per layer of stochastic rounding's random draws (not in flops)",
     "intensity": "flops / (bytes_read + bytes_written), FLOP per byte",
     "gbs": "achieved bandwidth, GB/s (modelled bytes over measured or predicted time)",
     "pct_copy_bw": "gbs as a percentage of the ceiling used (measured copy bandwidth where known)",
@@ -65,6 +67,8 @@ ROW_FIELDS: dict[str, str] = {
     "speedup_lo": "pessimistic speedup: this row's p75 against the baseline's p25",
     "speedup_hi": "optimistic speedup: this row's p25 against the baseline's p75",
     "speedup_vs_decode": "speculative rows: plain conventional decode's us_per_token over this row's (None otherwise)",
+    "speedup_vs_fp32": "rows with a low-precision state or stochastic rounding: the fp32 conventional step's "
+                       "us_per_token over this row's, where the run measured it (None otherwise)",
     "mem_per_seq": "bytes one sequence holds in one SSM layer: checkpoint or state, read copy, buffers, snapshots",
     "mem_per_seq_model": "mem_per_seq times the preset's SSM layer count: bytes one sequence holds in the whole model",
     "seqs_fit": "sequences whose per-layer state of every SSM layer fits in the GPU's free memory",
@@ -74,7 +78,7 @@ ROW_FIELDS: dict[str, str] = {
 _NUM = {"type": ["number", "null"], "minimum": 0}
 _POS = {"type": ["number", "null"], "exclusiveMinimum": 0}
 _INT = {"type": ["integer", "null"], "minimum": 0}
-_DTYPES = ["fp32", "bf16", "fp16", "fp8"]
+_DTYPES = ["fp32", "bf16", "fp16", "fp8", "int8"]
 # The JSON Schema type of each row field (ROW_FIELDS gives its meaning).
 ROW_TYPES: dict[str, dict[str, Any]] = {
     "kind": {"enum": ["kernel", "e2e"]},
@@ -85,6 +89,7 @@ ROW_TYPES: dict[str, dict[str, Any]] = {
     "batch": {"type": "integer", "minimum": 1},
     "window": {"type": ["integer", "null"], "minimum": 1},
     "state_dtype": {"enum": [*_DTYPES, None]},
+    "rounding": {"enum": ["nearest", "stochastic", None]},
     "read_dtype": {"enum": [*_DTYPES, None]},
     "io_dtype": {"enum": [*_DTYPES, None]},
     "draft": _INT,
@@ -97,9 +102,9 @@ ROW_TYPES: dict[str, dict[str, Any]] = {
     **dict.fromkeys(("us", "us_p50", "us_p95", "us_p99", "us_per_token", "us_model_step"), _POS),
     "spread": _NUM,
     "tokens_per_step": _POS,
-    **dict.fromkeys(("bytes_read", "bytes_written", "flops"), _INT),
+    **dict.fromkeys(("bytes_read", "bytes_written", "flops", "int_ops"), _INT),
     **dict.fromkeys(("intensity", "gbs", "pct_copy_bw", "flops_per_s", "check_max_err"), _NUM),
-    **dict.fromkeys(("speedup", "speedup_lo", "speedup_hi", "speedup_vs_decode"), _POS),
+    **dict.fromkeys(("speedup", "speedup_lo", "speedup_hi", "speedup_vs_decode", "speedup_vs_fp32"), _POS),
     "speedup_over": {"enum": [*SPEEDUP_OVER, None]},
     **dict.fromkeys(("mem_per_seq", "mem_per_seq_model", "seqs_fit"), _INT),
 }
@@ -231,6 +236,11 @@ def speedup_over_of(row: dict[str, Any]) -> str | None:
     if variant == "split" and row.get("state_dtype") == "fp32":
         return "fp32-conventional"
     return "conventional"
+
+
+def rounding_of(row: dict[str, Any]) -> str:
+    """How a row's stored states were rounded: its `rounding`, or nearest for a row written before the field."""
+    return row.get("rounding") or "nearest"
 
 
 def upgrade(doc: dict[str, Any]) -> dict[str, Any]:
