@@ -31,6 +31,18 @@ def test_check_cases_cover_every_kernel():
     assert [s["shape"]["op"] for s in check.cases("gdn")] == ["gdn"] * len(check.GRID)
 
 
+def test_check_cases_round_every_stored_low_precision_state_when_asked():
+    assert {s["rounding"] for s in check.cases()} == {"nearest"}
+    specs = check.cases("mamba2", "stochastic")
+    assert {(s["state_dtype"], s["rounding"]) for s in specs} == {("fp32", "nearest"), ("bf16", "stochastic"), ("fp16", "stochastic")}
+    assert check.label(next(s for s in specs if s["state_dtype"] == "bf16")).endswith("bf16 SR io bf16")
+
+
+def test_check_compile_with_stochastic_rounding_is_one_line():
+    res = CliRunner().invoke(app, ["check", "--compile", "--stochastic-rounding"])
+    assert res.exit_code == 2 and "drop one of them" in res.stderr
+
+
 def test_check_cli_passes(device, tiny_grid):
     res = CliRunner().invoke(app, ["check", "--op", "mamba2", "--json"])
     assert res.exit_code == 0, res.output

@@ -114,7 +114,8 @@ def test_profile_require_gpu_is_one_line(no_cuda, tmp_path):
         (["--batch=-5"], "--batch -5"),
         (["--batch", "0,16"], "--batch 0"),
         (["--batch", "many"], "--batch 'many'"),
-        (["--state-dtype", "fp8"], "--state-dtype 'fp8'"),
+        (["--state-dtype", "fp4"], "--state-dtype 'fp4'"),
+        (["--state-dtype", "fp32", "--stochastic-rounding"], "an fp32 state is stored exactly"),
         (["--read-dtype", "int4"], "--read-dtype 'int4'"),
         (["--io-dtype", "fp64"], "--io-dtype 'fp64'"),
         (["--draft", "9"], "--draft 9"),
@@ -122,7 +123,7 @@ def test_profile_require_gpu_is_one_line(no_cuda, tmp_path):
         (["--accept-rate", "1.5"], "--accept-rate"),
         (["--tp", "3"], "tp"),
     ],
-    ids=["unknown-preset", "window-0", "window-65", "negative-batch", "zero-batch", "batch-word", "state-fp8",
+    ids=["unknown-preset", "window-0", "window-65", "negative-batch", "zero-batch", "batch-word", "state-fp4", "stochastic-fp32",
          "read-int4", "io-fp64", "draft-9", "dist-two-drafts", "rate-1.5", "tp-3"],
 )
 def test_profile_bad_options_exit_with_one_line(tmp_path, no_cuda, args, words):
@@ -310,7 +311,7 @@ def test_profile_split_needs_a_narrower_read_copy(tmp_path, no_cuda):
     assert res.exit_code == 0, res.output
     rows = json.loads(res.stdout)
     assert {(r["state_dtype"], r["read_dtype"]) for r in rows if r["variant"] == "split"} == {("fp32", "bf16")}
-    assert load(out).skipped == [{"what": f"{QWEN} split bf16-bf16", "why": "a bf16 read copy is not narrower than a bf16 state"}]
+    assert load(out).skipped == [{"what": f"{QWEN} split bf16-bf16", "why": "the read copy (bf16) is not narrower than the checkpoint (bf16): a read copy is bf16 or fp16 over fp32, fp8 over 16 bits"}]
     assert "not narrower" in " ".join(res.stderr.split())
     res = invoke("--preset", QWEN, "--state-dtype", "bf16", "--read-dtype", "fp16", "--out", str(out))
     assert res.exit_code == 0
@@ -394,3 +395,41 @@ def test_profile_table_memory_is_per_model_or_blank():
     cells = [c["MiB/seq"] for c in (profile_table._row_cells(r, "", False, [], None) for r in rows)]
     assert cells == ["40", "–"]
     assert profile_table._row_cells(base, "", False, [], {SUPER: 40})["MiB/seq"] == "40"
+
+
+def test_profile_stochastic_rounding_and_eight_bit_rows(tmp_path, measured):
+    runner = measured(fake_runner())
+    out = tmp_path / "sr.json"
+    res = invoke("--preset", SUPER, "--batch", "64", "--state-dtype", "fp32,bf16,int8", "--stochastic-rounding",
+                 "--no-phases", "--out", str(out))
+    assert res.exit_code == 0, res.output
+    doc = json.loads(out.read_text())
+    assert schema_errors(doc) == []
+    by = {(r["variant"], r["state_dtype"]): r for r in load(out).rows}
+    # fp32 stays exact (the fp32 baseline); the 16-bit and 8-bit states round stochastically
+    assert {k: r["rounding"] for k, r in by.items()} == {
+        ("conventional", "fp32"): "nearest", ("replay", "fp32"): "nearest",
+        ("conventional", "bf16"): "stochastic", ("replay", "bf16"): "stochastic",
+        ("conventional", "int8"): "stochastic", ("replay", "int8"): "stochastic"}
+    assert f"{SUPER} replay B64 W16 int8-SR" in runner.calls
+    rep, conv, fp32 = by["replay", "int8"], by["conventional", "int8"], by["conventional", "fp32"]
+    # over the conventional step at the same precision and rounding, and over fp32 conventional beside it
+    assert rep["speedup_over"] == "conventional"
+    assert rep["speedup"] == pytest.approx(conv["us_per_token"] / rep["us_per_token"])
+    assert rep["speedup_vs_fp32"] == pytest.approx(fp32["us_per_token"] / rep["us_per_token"])
+    assert conv["speedup"] is None and conv["speedup_vs_fp32"] == pytest.approx(fp32["us_per_token"] / conv["us_per_token"])
+    assert by["replay", "fp32"]["speedup_vs_fp32"] is None
+    # the cost model's 8-bit bytes (scales with the rows) and the random draws as integer ops
+    shape = presets.resolve(SUPER).shape
+    assert conv["int_ops"] == 64 * shape.state_elems * 100 and by["conventional", "fp32"]["int_ops"] == 0
+    assert conv["x_mem_state"] == shape.state_elems + shape.state_rows * 4
+    assert "int8 SR" in " ".join(res.stdout.split())
+
+
+def test_rows_written_before_rounding_pair_as_nearest():
+    from replayssm_cli.measure.grid import config_key
+    from replayssm_cli.report.results import rounding_of
+
+    old = {"kind": "kernel", "variant": "replay", "state_dtype": "bf16"}
+    assert rounding_of(old) == "nearest"
+    assert config_key(old) == config_key({**old, "rounding": "nearest"}) != config_key({**old, "rounding": "stochastic"})

@@ -7,6 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
+from replayssm_cli import options
 from replayssm_cli.model.dtypes import Op
 from replayssm_cli.errors import UserError, cli_command
 
@@ -22,6 +23,8 @@ def check(
     function: Annotated[Optional[str], typer.Option("--function", help="With --compile: one public kernel function only (decode, decode_multi, accept_snapshot, replay, materialize, verify, accept).", show_default=False)] = None,
     update_baseline: Annotated[bool, typer.Option("--update-baseline", help="With --compile: record these spills as the baseline of this Triton release series.")] = False,
     jobs: Annotated[Optional[int], typer.Option("--jobs", min=1, help="With --compile: compiler processes.", show_default="CPU count")] = None,
+    stochastic_rounding: Annotated[bool, options.stochastic_rounding(
+        "Check the 16-bit and 8-bit states' kernels with stochastic rounding instead of to nearest (the fp32 cases stay exact).")] = False,
 ) -> None:
     """Run every kernel (decode, replay with flushes, split precision, verify + accept, decode_multi) against its reference on small random cases.
 
@@ -38,18 +41,23 @@ def check(
       TRITON_INTERPRET=1 replayssm check --op mamba2 --json
 
       replayssm check --compile --target sm_80,sm_120 --op gdn
+
+      TRITON_INTERPRET=1 replayssm check --stochastic-rounding
     """
     from replayssm_cli.console import err, out, print_json
 
     if not compile_ and (target or function or update_baseline or jobs):
         raise UserError("--target, --function, --update-baseline and --jobs go with --compile", "add --compile")
+    if compile_ and stochastic_rounding:
+        raise UserError("--stochastic-rounding checks the kernels against their references, --compile only compiles them",
+                        "drop one of them")
     if compile_:
         _compile(op.value if op else None, target, function, update_baseline, jobs, json_)
         return
     from replayssm_cli.measure import check as checks
 
     dev = checks.device()
-    results = checks.run_checks(checks.cases(op.value if op else None), dev)
+    results = checks.run_checks(checks.cases(op.value if op else None, "stochastic" if stochastic_rounding else "nearest"), dev)
     if json_:
         print_json(results)
     else:

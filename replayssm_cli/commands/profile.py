@@ -38,6 +38,9 @@ def profile(
     state_dtype: Annotated[Optional[list[str]], options.state_dtype("State (checkpoint) dtypes:", show_default="the preset's own (auto)")] = None,
     read_dtype: Annotated[Optional[list[str]], options.read_dtype("Split precision (adds split rows): read-copy dtypes")] = None,
     io_dtype: Annotated[str, options.io_dtype()] = "bf16",
+    stochastic_rounding: Annotated[bool, options.stochastic_rounding(
+        "Store every 16-bit and 8-bit state with stochastic rounding (a per-slot Philox stream) instead of to nearest; "
+        "fp32 rows stay exact, as the baseline of speedup_vs_fp32.")] = False,
     draft: Annotated[Optional[list[str]], options.draft()] = None,
     accept_rate: Annotated[float, options.accept_rate()] = 0.8,
     accept_dist: Annotated[Optional[str], options.accept_dist()] = None,
@@ -94,6 +97,8 @@ def profile(
       replayssm profile --preset nemotron-3-super-120b-a12b --batch 64,256 --state-dtype fp32 --read-dtype bf16
 
       replayssm profile --preset qwen3.5-122b-a10b --draft 2,4 --accept-rate 0.9 --gpus all --out runs/spec.json --json
+
+      replayssm profile --state-dtype fp32,bf16,int8,fp8 --stochastic-rounding --batch 64,256
     """
     from replayssm_cli.model import presets as presets_mod
     from replayssm_cli.measure import grid
@@ -125,6 +130,7 @@ def profile(
         repeats=repeats,
         baselines=options.words_given(baseline),
         energy=energy,
+        rounding="stochastic" if stochastic_rounding else "nearest",
     )
     if ncu_report is not None:
         try:
@@ -134,7 +140,7 @@ def profile(
     if not predict:
         from replayssm_cli.measure.check import refuse_missing_features
 
-        refuse_missing_features(spec.read_dtypes)
+        refuse_missing_features(spec.read_dtypes, spec.state_dtypes)
     n = _gpus(gpus, predict, ncu or ncu_report is not None)
     if n > 1:
         from replayssm_cli.measure.profile_gpus import run_profile_gpus

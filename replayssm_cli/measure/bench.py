@@ -11,11 +11,11 @@ import torch
 
 from replayssm_cli.measure.timing import graph_samples
 from replayssm_cli.model import ops
-from replayssm_cli.model.dtypes import torch_dtype
+from replayssm_cli.model.dtypes import EIGHT_BIT, torch_dtype
 
 # Max relative error (max |kernel - reference| / max |reference|) allowed, keyed by the least precise dtype in play.
-TOLERANCE = {"fp32": 2e-3, "fp16": 1e-2, "bf16": 3e-2, "fp8": 8e-2}
-PRECISION_ORDER = ("fp32", "fp16", "bf16", "fp8")
+TOLERANCE = {"fp32": 2e-3, "fp16": 1e-2, "bf16": 3e-2, "int8": 8e-2, "fp8": 8e-2}
+PRECISION_ORDER = ("fp32", "fp16", "bf16", "int8", "fp8")
 # The stack's state must exceed this many L2 sizes so that batch 1 is served from DRAM, not L2.
 L2_MULTIPLE = 4
 # Distinct input sets per layer, cycled over the steps.
@@ -70,6 +70,10 @@ class _Layer:
     inputs: list[dict[str, torch.Tensor]]
     slots: torch.Tensor
     state0: torch.Tensor
+    # An 8-bit state's row scales (state0's and the live state's); a conventional step's stochastic rounding.
+    scale0: torch.Tensor | None = None
+    state_scale: torch.Tensor | None = None
+    rounding: Any = None
     state: torch.Tensor | None = None
     snapshots: torch.Tensor | None = None
     cache: Any = None
@@ -111,6 +115,8 @@ class Case:
         if self.variant == "split" and not self.read_dtype:
             raise ValueError("variant 'split' needs a read_dtype")
         self.io_dtype = spec.get("io_dtype") or "bf16"
+        self.rounding = spec.get("rounding") or "nearest"
+        self.eight_bit = self.state_dtype in EIGHT_BIT
         self.draft = int(spec.get("draft") or 0)
         if (self.variant in SPEC_VARIANTS) != (self.draft > 0):
             raise ValueError(f"variant {self.variant!r} and draft {self.draft} do not go together")
@@ -163,8 +169,10 @@ class Case:
 
     def _bytes_per_layer(self) -> int:
         """What one layer allocates: the kernels' data, the initial state kept to load again, the input sets."""
+        from replayssm_cli.model.shapes import state_bytes
+
         io = self._input_elems() * max(1, self.draft) * torch_dtype(self.io_dtype).itemsize * INPUT_SETS * 2
-        initial = self.shape.state_elems * torch_dtype(self.state_dtype).itemsize
+        initial = state_bytes(self.shape, self.state_dtype)
         return self._touched_per_layer() + (initial + io) * self.batch
 
     def _input_elems(self) -> int:
@@ -208,17 +216,22 @@ class Case:
                                  has_D=self.has_D, io=io, sets=INPUT_SETS)
         state_shape = (b, *op.state_shape(s))
         slots = torch.randperm(b, generator=self._gen, device=dev).to(torch.int32)
-        state0 = self._randn(*state_shape, scale=0.5).to(torch_dtype(self.state_dtype))
-        layer = _Layer(params=params, inputs=inputs, slots=slots, state0=state0)
+        state0, scale0 = self._initial_state(state_shape)
+        layer = _Layer(params=params, inputs=inputs, slots=slots, state0=state0, scale0=scale0)
         K = kernels(self.op)
         if self.variant in CACHE_VARIANTS:
             layer.cache = K.ReplayCache.create(
                 b, *op.cache_dims(s), self.window, state_dtype=torch_dtype(self.state_dtype),
                 read_dtype=torch_dtype(self.read_dtype) if self.read_dtype else None,
-                io_dtype=io, max_draft=self.draft, device=dev,
+                io_dtype=io, max_draft=self.draft, device=dev, **self._cache_rounding(),
             )
         elif self.baseline is None:
             layer.state = state0.clone()
+            layer.state_scale = None if scale0 is None else scale0.clone()
+            if self.rounding == "stochastic":
+                from replayssm_kernels.rounding import StateRounding
+
+                layer.rounding = StateRounding.create(b, self._seed(), device=dev)
             if self.variant == "spec-conventional":
                 layer.snapshots = torch.empty((b, self.draft, *state_shape[1:]), dtype=state0.dtype, device=dev)
         if self.draft:
@@ -227,23 +240,57 @@ class Case:
             layer.accept = draws.view(ACCEPT_ROWS, b).to(torch.int32)
         return layer
 
-    def _args(self, layer: _Layer, i: int) -> tuple[tuple, dict[str, Any]]:
-        return self.adapter.kernel_args(layer.params, layer.inputs[i % INPUT_SETS], layer.slots)
+    def _seed(self) -> int:
+        return int(self.spec.get("seed") or 0)
+
+    def _initial_state(self, state_shape: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Every slot's starting state in the state dtype, and for an 8-bit state its row scales (rows over the last axis,
+        quantised to nearest as the kernels store them)."""
+        full = self._randn(*state_shape, scale=0.5)
+        if not self.eight_bit:
+            return full.to(torch_dtype(self.state_dtype)), None
+        from replayssm_kernels.rounding import quantized_rows_reference
+
+        return quantized_rows_reference(full, None, torch_dtype(self.state_dtype))
+
+    def full_state0(self, layer: _Layer) -> torch.Tensor:
+        """A layer's starting states as full values (an 8-bit state dequantised): what a cache or an outside kernel loads."""
+        if layer.scale0 is None:
+            return layer.state0
+        return layer.state0.float() * layer.scale0[..., None]
+
+    def _cache_rounding(self) -> dict[str, Any]:
+        """ReplayCache.create's rounding arguments: none when rounding to nearest (the kernels' default)."""
+        return {"rounding": "stochastic", "seed": self._seed()} if self.rounding == "stochastic" else {}
+
+    def _store(self, state_scale: Any, rounding: Any) -> dict[str, Any]:
+        """The keyword arguments of a conventional step that says how its state is stored."""
+        store = {}
+        if state_scale is not None:
+            store["state_scale"] = state_scale
+        if rounding is not None:
+            store["rounding"] = rounding
+        return store
+
+    def _args(self, layer: _Layer, i: int, store: dict[str, Any] | None = None) -> tuple[tuple, dict[str, Any]]:
+        return self.adapter.kernel_args(layer.params, layer.inputs[i % INPUT_SETS], layer.slots, store=store)
 
     def _run(self, layer: _Layer, i: int, K: Any = None, *, ref: bool = False, target: Any = None) -> torch.Tensor:
         """One step of one layer through the kernels (or the references on `target`); returns the outputs."""
         if self.baseline is not None and not ref:
             return self.baseline.step(self, layer, layer.handle, i)
         K = K or kernels(self.op)
-        args, kwargs = self._args(layer, i)
         sfx = "_ref" if ref else ""
-        if self.variant == "conventional":
-            return getattr(K, "decode" + sfx)(target if ref else layer.state, *args, **kwargs)
+        if self.variant in ("conventional", "spec-conventional"):
+            # a conventional target is (state, snapshots, scales, rounding), the kernels' copies
+            state, snaps, scale, rounding = target if ref else (layer.state, layer.snapshots, layer.state_scale, layer.rounding)
+            args, kwargs = self._args(layer, i, self._store(scale, rounding))
+            if self.variant == "conventional":
+                return getattr(K, "decode" + sfx)(state, *args, **kwargs)
+            return getattr(K, "decode_multi" + sfx)(state, snaps, *args, **kwargs)
+        args, kwargs = self._args(layer, i)
         if self.variant in ("replay", "split"):
             return getattr(K, "replay" + sfx)(target if ref else layer.cache, *args, **kwargs)
-        if self.variant == "spec-conventional":
-            state, snaps = target if ref else (layer.state, layer.snapshots)
-            return getattr(K, "decode_multi" + sfx)(state, snaps, *args, **kwargs)
         cache = target if ref else layer.cache
         y = getattr(K, "verify" + sfx)(cache, *args, **kwargs)
         getattr(K, "accept" + sfx)(cache, layer.accept[i % ACCEPT_ROWS], slots=layer.slots)
@@ -303,8 +350,12 @@ class Case:
         for layer in self._layers:
             if layer.cache is None:
                 layer.state.copy_(layer.state0)
+                if layer.state_scale is not None:
+                    layer.state_scale.copy_(layer.scale0)
+                if layer.rounding is not None:
+                    layer.rounding.reset()
                 continue
-            layer.cache.load(layer.state0, layer.slots)
+            layer.cache.load(self.full_state0(layer), layer.slots)
             target = self.fills(flush, fill)
             for k in range(int(target.max().item())):
                 # Padding rows (slot -1) are skipped: only rows still short of their fill take this step.
@@ -332,10 +383,8 @@ class Case:
             return self._check_baseline(K, layer)
         if layer.cache is not None:
             target: Any = copy.deepcopy(layer.cache)
-        elif layer.snapshots is not None:
-            target = (layer.state.clone(), layer.snapshots.clone())
         else:
-            target = layer.state.clone()
+            target = tuple(None if t is None else t.clone() for t in (layer.state, layer.snapshots, layer.state_scale, layer.rounding))
         worst = 0.0
         for i in range(self.check_steps()):
             want = self._run(layer, i, K, ref=True, target=target)
@@ -346,7 +395,7 @@ class Case:
         elif layer.snapshots is not None:
             worst = max(worst, rel_err(layer.snapshots, target[1]))
         else:
-            worst = max(worst, rel_err(layer.state, target))
+            worst = max(worst, rel_err(_values(layer.state, layer.state_scale), _values(target[0], target[2])))
         del target
         self.rewind()
         return worst
@@ -355,7 +404,7 @@ class Case:
         """A baseline against our conventional reference: its full states where ours start, then the same steps on the same inputs."""
         a = self.baseline
         target = a.state(self, layer, layer.handle, 0).clone()
-        start = layer.state0.to(target.dtype, copy=True)
+        start = self.full_state0(layer).to(target.dtype, copy=True)
         fills = self._placed
         for k in range(int(fills.max().item()) if fills is not None else 0):
             # The rows a ReplaySSM kernel was placed at fill f took the first f steps; the others were padding.
@@ -388,11 +437,17 @@ class Case:
             torch.cuda.empty_cache()
 
 
+def _values(state: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
+    """A state's values: an 8-bit state's rows times their scales."""
+    return state.float() if scale is None else state.float() * scale[..., None]
+
+
 def make_case(spec: dict[str, Any], device: torch.device | str) -> Case:
     """Build one configuration on `device`.
 
     spec: "variant" (conventional | replay | split | spec-conventional | spec-replay), "batch",
-    "window", "state_dtype", "read_dtype", "io_dtype", "draft", "accept" (probabilities of accepting
+    "window", "state_dtype" (fp32, bf16, fp16, or 8-bit fp8 / int8 with row scales), "read_dtype", "io_dtype",
+    "rounding" (nearest | stochastic: how every stored 16-bit or 8-bit state rounds), "draft", "accept" (probabilities of accepting
     0..draft drafts), "flush" (staggered | aligned), "phase" (avg, or nonflush | flush to set every
     row at that fill), "layers" (a cap), "seed", and either "preset" (+ "tp") or "shape" (a dict
     with "op" and H, P, N, G or H, HV, K, V; then "ssm_layers", "has_z", "has_D", "dt_softplus",

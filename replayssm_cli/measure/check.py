@@ -6,6 +6,7 @@ import os
 from typing import Any
 
 from replayssm_cli.errors import UserError
+from replayssm_cli.model.dtypes import precision_label
 
 KERNEL_OF = {
     "conventional": "decode",
@@ -49,17 +50,29 @@ def device() -> Any:
     )
 
 
-def refuse_missing_features(read_dtypes) -> None:
-    """A UserError (one line, exit 2) where this machine's GPU lacks a feature asked for: fp8 read copies before
-    sm_89. Nothing to refuse without a GPU (the interpreter, or a prediction)."""
+def refuse_missing_features(read_dtypes, state_dtypes=()) -> None:
+    """A UserError (one line, exit 2) where this machine's GPU lacks a feature asked for: fp8 read copies or fp8
+    checkpoints before sm_89. Nothing to refuse without a GPU (the interpreter, or a prediction)."""
+    import torch
+
+    if "fp8" not in (*(read_dtypes or ()), *(state_dtypes or ())) or not torch.cuda.is_available():
+        return
+    refuse_fp8_on(torch.device("cuda", torch.cuda.current_device()), read_dtypes, state_dtypes)
+
+
+def refuse_fp8_on(dev: Any, read_dtypes=(), state_dtypes=()) -> None:
+    """refuse_missing_features on one device (a CUDA device; the CPU refuses nothing)."""
     import torch
 
     from replayssm_kernels import families
 
-    if "fp8" not in (read_dtypes or ()) or not torch.cuda.is_available():
-        return
     try:
-        families.check_read_dtype(torch.float8_e4m3fn, torch.device("cuda", torch.cuda.current_device()))
+        if "fp8" in (read_dtypes or ()):
+            families.check_read_dtype(torch.float8_e4m3fn, dev)
+        arch = families.capability(dev)
+        if "fp8" in (state_dtypes or ()) and arch is not None and not families.family_of(arch).fp8:
+            raise UserError(f"fp8 checkpoints need sm_89 or newer (float8 e4m3 conversions); this GPU is sm_{arch}",
+                            "pass --state-dtype int8 (the same bytes, an fp32 scale per row) or bf16")
     except families.UnsupportedOnChip as exc:
         raise UserError(str(exc)) from None
 
@@ -71,7 +84,7 @@ def label(spec: dict[str, Any]) -> str:
         parts.append(f"W{spec['window']}")
     if spec.get("draft"):
         parts.append(f"T{spec['draft']}")
-    parts.append(spec["state_dtype"] + (f"→{spec['read_dtype']}" if spec.get("read_dtype") else ""))
+    parts.append(precision_label(spec["state_dtype"], spec.get("read_dtype"), spec.get("rounding")))
     parts.append(f"io {spec['io_dtype']}")
     return " ".join(parts)
 
@@ -80,8 +93,11 @@ def shape_label(shape: dict[str, Any]) -> str:
     return "-".join(f"{k}{v}" for k, v in shape.items() if k != "op")
 
 
-def cases(op: str | None = None) -> list[dict[str, Any]]:
-    """The check grid as bench case specs: every kernel, a few dtypes, shapes that are not powers of two, rows at staggered fills."""
+def cases(op: str | None = None, rounding: str = "nearest") -> list[dict[str, Any]]:
+    """The check grid as bench case specs: every kernel, a few dtypes, shapes that are not powers of two, rows at staggered
+    fills; `rounding` for every 16-bit and 8-bit state (fp32 states are stored exactly)."""
+    from replayssm_cli.measure.grid import rounding_for
+
     ops = [op] if op else list(SHAPES)
     out = []
     for o in ops:
@@ -90,7 +106,7 @@ def cases(op: str | None = None) -> list[dict[str, Any]]:
             accept = [1.0 / (draft + 1)] * (draft + 1) if draft else []
             out.append({
                 "shape": SHAPES[o], "variant": variant, "batch": BATCH, "window": WINDOW if replay else None,
-                "state_dtype": sd, "read_dtype": rd, "io_dtype": io, "draft": draft, "accept": accept,
+                "state_dtype": sd, "read_dtype": rd, "io_dtype": io, "rounding": rounding_for(sd, rounding), "draft": draft, "accept": accept,
                 "flush": "staggered", "layers": 1, "seed": seed,
             })
     return out

@@ -3,7 +3,7 @@
 from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
-from replayssm_cli.model.dtypes import IODtype, ReadDtype, StateDtype
+from replayssm_cli.model.dtypes import IODtype, ReadDtype, Rounding, StateDtype, precision_problem
 from replayssm_cli.errors import UserError
 
 
@@ -28,8 +28,14 @@ PHASED_VARIANTS = ("replay", "split")
 # The row fields that say which configuration a row measured; compare matches rows on them.
 CONFIG_KEYS = (
     "kind", "op", "preset", "variant", "phase", "batch", "window", "state_dtype",
-    "read_dtype", "io_dtype", "draft", "tp", "flush",
+    "read_dtype", "io_dtype", "draft", "tp", "flush", "rounding",
 )
+
+
+def config_key(row: dict[str, Any], keys: tuple[str, ...] = CONFIG_KEYS) -> tuple:
+    """A row's configuration as a tuple of `keys`; a row written before `rounding` existed rounded to nearest."""
+    return tuple((row.get(k) or "nearest") if k == "rounding" and row.get("kind", "kernel") == "kernel" else row.get(k)
+                 for k in keys)
 
 
 @dataclass(frozen=True)
@@ -54,6 +60,8 @@ class ProfileSpec:
     seed: int = 0
     baselines: tuple[str, ...] = ()
     energy: bool = False
+    # How every 16-bit or 8-bit state is stored: "nearest" or "stochastic" (fp32 states always exactly).
+    rounding: str = "nearest"
 
     def validate(self) -> None:
         """Raise UserError (one line) for an option the kernels or the grid cannot take."""
@@ -73,6 +81,8 @@ class ProfileSpec:
         for d in self.read_dtypes:
             _enum(ReadDtype, d, "--read-dtype")
         _enum(IODtype, self.io_dtype, "--io-dtype")
+        if self.state_dtypes:
+            refuse_rounding(self.state_dtypes, self.rounding)
         if not 0.0 <= self.accept_rate <= 1.0:
             raise UserError(f"--accept-rate {self.accept_rate} is not a probability", "pass a value in [0, 1]")
         if self.accept_dist:
@@ -107,6 +117,18 @@ def _enum(enum: type, value: str, option: str) -> str:
     except ValueError:
         choices = ", ".join(e.value for e in enum)
         raise UserError(f"{option} {value!r} is not a dtype the kernels take", f"choose from {choices}") from None
+
+
+def refuse_rounding(state_dtypes: tuple[str, ...], rounding: str) -> None:
+    """One line where stochastic rounding would apply to no state of the run (every state fp32)."""
+    if rounding == Rounding.stochastic.value and all(d == StateDtype.fp32.value for d in state_dtypes):
+        raise UserError(f"--stochastic-rounding with --state-dtype {','.join(state_dtypes)}: {precision_problem('fp32', None, rounding)}",
+                        "add --state-dtype bf16, fp16, fp8 or int8 (fp32 rows stay exact), or drop --stochastic-rounding")
+
+
+def rounding_for(state_dtype: str, rounding: str) -> str:
+    """The rounding a run's rows of `state_dtype` take: the run's, except an fp32 state's (stored exactly: nearest)."""
+    return Rounding.nearest.value if state_dtype == StateDtype.fp32.value else rounding
 
 
 def accept_probs(draft: int, rate: float = DEFAULT_ACCEPT_RATE, dist: tuple[float, ...] = ()) -> list[float]:
@@ -148,6 +170,7 @@ class Point:
     flush: str = "staggered"
     phases: bool = False
     competes: str | None = None
+    rounding: str = "nearest"
 
     @property
     def cost_variant(self) -> str:
@@ -158,7 +181,8 @@ class Point:
         parts = [self.preset, self.variant, f"B{self.batch}"]
         if self.window:
             parts.append(f"W{self.window}")
-        parts.append(self.state_dtype + (f"-{self.read_dtype}" if self.read_dtype else ""))
+        parts.append(self.state_dtype + (f"-{self.read_dtype}" if self.read_dtype else "")
+                     + ("-SR" if self.rounding == Rounding.stochastic.value else ""))
         if self.draft:
             parts.append(f"T{self.draft}")
         return " ".join(parts)
@@ -176,6 +200,7 @@ class Point:
             "state_dtype": self.state_dtype,
             "read_dtype": self.read_dtype,
             "io_dtype": self.io_dtype,
+            "rounding": self.rounding,
             "draft": self.draft,
             "accept": list(self.accept),
             "flush": self.flush,
@@ -187,18 +212,19 @@ class Point:
 def plan(spec: ProfileSpec, presets: list[Any], left_out: list[dict[str, str]] | None = None, baselines: list[Any] = ()) -> list[Point]:
     """The grid in run order: within a preset, state dtype and batch, the conventional kernel first (the speedup baseline).
 
-    A split read copy that is not narrower than the state is left out (appended to `left_out` with why).
+    A split read copy that is not narrower than the state is left out (appended to `left_out` with why). The run's
+    rounding applies to its 16-bit and 8-bit states; fp32 rows round to nearest (they are the fp32 baseline).
     `baselines` (replayssm_cli.measure.baselines adapters, already found importable) add a point after ours for
     each configuration of their op and variant that they can run; the others go to `left_out`.
     """
-    from replayssm_cli.model.dtypes import itemsize
-
     points: list[Point] = []
     flush = "aligned" if spec.aligned_flush else "staggered"
     for given, preset in zip(spec.presets, presets):
         state_dtypes = spec.state_dtypes or (preset.state_dtype,)
-        common = dict(preset=preset.name, source_name=given, op=preset.kind, io_dtype=spec.io_dtype, tp=spec.tp, layers_cap=spec.layers)
+        refuse_rounding(state_dtypes, spec.rounding)
         for sd in state_dtypes:
+            common = dict(preset=preset.name, source_name=given, op=preset.kind, io_dtype=spec.io_dtype, tp=spec.tp,
+                          layers_cap=spec.layers, rounding=rounding_for(sd, spec.rounding))
             for b in spec.batches:
                 points.append(Point(**common, variant="conventional", batch=b, window=None, state_dtype=sd, read_dtype=None))
                 for w in spec.windows:
@@ -206,9 +232,9 @@ def plan(spec: ProfileSpec, presets: list[Any], left_out: list[dict[str, str]] |
                         Point(**common, variant="replay", batch=b, window=w, state_dtype=sd, read_dtype=None, flush=flush, phases=spec.phases)
                     )
                     for rd in spec.read_dtypes:
-                        if itemsize(rd) >= itemsize(sd):
+                        if why := precision_problem(sd, rd):
                             if left_out is not None and b == spec.batches[0] and w == spec.windows[0]:
-                                left_out.append({"what": f"{preset.name} split {sd}-{rd}", "why": f"a {rd} read copy is not narrower than a {sd} state"})
+                                left_out.append({"what": f"{preset.name} split {sd}-{rd}", "why": why})
                             continue
                         points.append(
                             Point(**common, variant="split", batch=b, window=w, state_dtype=sd, read_dtype=rd, flush=flush, phases=spec.phases)
@@ -226,7 +252,8 @@ def plan(spec: ProfileSpec, presets: list[Any], left_out: list[dict[str, str]] |
                     if bl.op != preset.kind:
                         continue
                     for w in spec.windows if bl.variant == "replay" else (None,):
-                        why = bl.unsupported(window=w, state_dtype=sd, io_dtype=spec.io_dtype, shape=preset.shape)
+                        why = bl.unsupported(window=w, state_dtype=sd, io_dtype=spec.io_dtype, shape=preset.shape,
+                                             rounding=common["rounding"])
                         if why:
                             if left_out is not None and b == spec.batches[0]:
                                 left_out.append({"what": f"{preset.name} baseline:{bl.name}" + (f" W{w}" if w else "") + f" {sd}", "why": why})

@@ -9,7 +9,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from replayssm_cli.errors import UserError
-from replayssm_cli.measure.grid import Point, ProfileSpec, mean_accepted, nonflush_fill, plan, point_phases
+from replayssm_cli.measure.grid import Point, ProfileSpec, mean_accepted, nonflush_fill, plan, point_phases, rounding_for
+from replayssm_cli.report.results import rounding_of
 from replayssm_cli.measure.timing import is_oom, sample_stats
 
 INTERRUPTED = "not run: interrupted"
@@ -37,6 +38,7 @@ def _cost(point: Point, preset: Any, phase: str, accepted: float | None):
         draft=point.draft,
         accepted=accepted,
         has_z=getattr(preset, "has_z", True),
+        rounding=point.rounding,
     )
 
 
@@ -53,6 +55,7 @@ def memory_fields(point: Point, preset: Any, free_bytes: int | None) -> dict[str
         read_dtype=point.read_dtype,
         io_dtype=point.io_dtype,
         draft=point.draft,
+        rounding=point.rounding,
     )
     per_seq = int(mem["total"])
     fields: dict[str, Any] = {"mem_per_seq": per_seq, "mem_per_seq_model": per_seq * preset.ssm_layers}
@@ -77,6 +80,7 @@ def base_row(point: Point, preset: Any, phase: str, *, source: str, status: str,
         "state_dtype": point.state_dtype,
         "read_dtype": point.read_dtype,
         "io_dtype": point.io_dtype,
+        "rounding": point.rounding,
         "draft": point.draft,
         "accepted": None,
         "tp": point.tp,
@@ -101,6 +105,7 @@ def timing_fields(row: dict[str, Any], point: Point, preset: Any, us: float, acc
     row["bytes_read"] = int(c.bytes_read)
     row["bytes_written"] = int(c.bytes_written)
     row["flops"] = int(c.flops)
+    row["int_ops"] = int(c.int_ops)
     row["intensity"] = c.intensity
     row["gbs"] = c.total_bytes / (us * 1e-6) / 1e9 if us > 0 else None
     copy_gbs = getattr(ceilings, "copy_gbs", None) if ceilings is not None else None
@@ -194,10 +199,12 @@ def _derived_fields(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def _baseline(row: dict[str, Any], rows: list[dict[str, Any]], variant: str, draft: int = 0, state_dtype: str | None = None) -> dict[str, Any] | None:
     """The avg row of `variant` (at `draft`) of the same preset, batch, io dtype, tp and source; the same state dtype
-    as `row` unless `state_dtype` names another."""
+    and rounding as `row` unless `state_dtype` names another (an fp32 state's, rounded to nearest: stored exactly)."""
     want = {k: row.get(k) for k in ("preset", "batch", "state_dtype", "io_dtype", "tp", "source")}
+    rounding = rounding_of(row)
     if state_dtype is not None:
         want["state_dtype"] = state_dtype
+        rounding = rounding_for(state_dtype, rounding)
     for r in rows:
         if (
             r["variant"] == variant
@@ -205,6 +212,7 @@ def _baseline(row: dict[str, Any], rows: list[dict[str, Any]], variant: str, dra
             and r["status"] == "ok"
             and r.get("draft", 0) == draft
             and all(r.get(k) == v for k, v in want.items())
+            and rounding_of(r) == rounding
         ):
             return r
     return None
@@ -216,13 +224,22 @@ def attach_speedup(row: dict[str, Any], rows: list[dict[str, Any]]) -> None:
     ReplaySSM and baseline kernels: over the conventional step at the same state precision ("conventional"); split
     precision: over the fp32 conventional step ("fp32-conventional"; the same-precision one where the run has no
     fp32 conventional row); spec-replay: over the snapshot-writing spec-conventional step at the same draft width
-    ("snapshots"). Speculative rows also get speedup_vs_decode, over plain conventional decode; conventional and
-    spec-conventional rows are baselines (speedup None). A baseline row also gets x_vs_ours: its µs per token over
+    ("snapshots"). A row at the same rounding: a stochastically rounded step over the stochastically rounded
+    conventional step. Speculative rows also get speedup_vs_decode, over plain conventional decode; every row of a
+    16-bit or 8-bit state, or of stochastic rounding, gets speedup_vs_fp32, over the fp32 conventional step where the
+    run measured one (a conventional row too: what the precision alone gains); conventional and spec-conventional rows
+    are baselines (speedup None). A baseline row also gets x_vs_ours: its µs per token over
     that of our kernel of the variant it competes with (same window), so above 1 ours is faster.
     """
-    for key in ("speedup", "speedup_over", "speedup_lo", "speedup_hi", "speedup_vs_decode"):
+    for key in ("speedup", "speedup_over", "speedup_lo", "speedup_hi", "speedup_vs_decode", "speedup_vs_fp32"):
         row.setdefault(key, None)
-    if row["variant"] == "conventional" or row["status"] != "ok":
+    if row["status"] != "ok":
+        return
+    if row.get("state_dtype") not in (None, "fp32") and not row.get("read_dtype"):
+        fp32 = _baseline(row, rows, "conventional", state_dtype="fp32")
+        if fp32 is not None:
+            row["speedup_vs_fp32"] = fp32["us_per_token"] / row["us_per_token"]
+    if row["variant"] == "conventional":
         return
     conv = _baseline(row, rows, "conventional")
     if row["variant"] in ("spec-conventional", "spec-replay"):

@@ -341,10 +341,10 @@ def reference_index(gpu_key: str = "h200") -> dict[tuple, dict[str, Any]]:
 
 def reference_key(row: dict[str, Any]) -> tuple:
     """A configuration's identity for matching a prediction with a measurement (acceptance to 1e-6)."""
-    from replayssm_cli.measure.grid import CONFIG_KEYS
+    from replayssm_cli.measure.grid import config_key
 
     accepted = row.get("accepted")
-    return tuple(row.get(k) for k in CONFIG_KEYS) + (round(accepted, 6) if accepted is not None else None,)
+    return config_key(row) + (round(accepted, 6) if accepted is not None else None,)
 
 
 def write(doc: dict[str, Any], path: Path) -> None:

@@ -137,3 +137,11 @@ def default_read_dtype(state_dtype: str | Enum) -> str | None:
     """The read copy a split-precision row takes unless told: bf16 over fp32, fp8 over 16 bits, none over 8 bits."""
     st = _value(state_dtype)
     return {"fp32": "bf16", "bf16": "fp8", "fp16": "fp8"}.get(st)
+
+
+def precision_label(state_dtype: str | Enum | None, read_dtype: str | Enum | None = None, rounding: str | Enum | None = None,
+                    *, arrow: str = "→") -> str:
+    """A row's precision in a few characters: the state dtype, its read copy, and SR where it rounds stochastically
+    ("fp32→bf16", "int8 SR")."""
+    text = str(_value(state_dtype)) + (f"{arrow}{_value(read_dtype)}" if read_dtype else "")
+    return text + (" SR" if _value(rounding) == Rounding.stochastic.value else "")

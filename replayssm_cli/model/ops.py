@@ -170,10 +170,13 @@ class Mamba2:
         """replayssm_kernels.mamba2 (imports torch and triton)."""
         return importlib.import_module("replayssm_kernels.mamba2")
 
-    def kernel_args(self, params: dict[str, Any], inp: dict[str, Any], slots: Any) -> tuple[tuple, dict[str, Any]]:
-        """The positional and keyword arguments of decode, replay, verify and their references for one step."""
+    def kernel_args(self, params: dict[str, Any], inp: dict[str, Any], slots: Any,
+                    store: dict[str, Any] | None = None) -> tuple[tuple, dict[str, Any]]:
+        """The positional and keyword arguments of decode, replay, verify and their references for one step; `store`
+        (a conventional step's state_scale and rounding: how its state is stored) is passed through."""
         args = (inp["x"], inp["dt"], params["A"], inp["B"], inp["C"])
-        return args, {"D": params["D"], "z": inp["z"], "dt_bias": params["dt_bias"], "dt_softplus": params["dt_softplus"], "slots": slots}
+        return args, {"D": params["D"], "z": inp["z"], "dt_bias": params["dt_bias"], "dt_softplus": params["dt_softplus"],
+                      "slots": slots, **(store or {})}
 
     def draw(self, s: Mamba2Shape, randn: Callable[..., Any], lead: tuple[int, ...], neg_a: Any, dt_bias: Any, *,
              dt_softplus: bool, has_z: bool, has_D: bool, io: Any, sets: int) -> tuple[dict[str, Any], list[dict[str, Any]]]:
@@ -277,9 +280,11 @@ class GDN:
         """replayssm_kernels.gdn (imports torch and triton)."""
         return importlib.import_module("replayssm_kernels.gdn")
 
-    def kernel_args(self, params: dict[str, Any], inp: dict[str, Any], slots: Any) -> tuple[tuple, dict[str, Any]]:
+    def kernel_args(self, params: dict[str, Any], inp: dict[str, Any], slots: Any,
+                    store: dict[str, Any] | None = None) -> tuple[tuple, dict[str, Any]]:
         # As Qwen3.5 runs it: the kernel L2-normalises q and k (unit-norm keys), q scaled by K^-1/2.
-        return (inp["q"], inp["k"], inp["v"], inp["g"], inp["beta"]), {"use_qk_l2norm_in_kernel": True, "slots": slots}
+        return (inp["q"], inp["k"], inp["v"], inp["g"], inp["beta"]), {"use_qk_l2norm_in_kernel": True, "slots": slots,
+                                                                       **(store or {})}
 
     def draw(self, s: GDNShape, randn: Callable[..., Any], lead: tuple[int, ...], neg_a: Any, dt_bias: Any, *,
              dt_softplus: bool, has_z: bool, has_D: bool, io: Any, sets: int) -> tuple[dict[str, Any], list[dict[str, Any]]]:

@@ -8,7 +8,8 @@ from typing import Any
 
 from replayssm_cli.report import provenance
 from replayssm_cli.errors import UserError
-from replayssm_cli.measure.grid import CONFIG_KEYS
+from replayssm_cli.measure.grid import CONFIG_KEYS, config_key
+from replayssm_cli.model.dtypes import precision_label
 
 # Environment facts that must match for two files' times to be comparable (software versions and the GPU).
 ENV_KEYS = ("replayssm", "torch", "triton", "cuda")
@@ -43,7 +44,7 @@ def environment_differences(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
 
 
 def row_key(row: dict[str, Any]) -> tuple:
-    return tuple(row.get(k) for k in CONFIG_KEYS)
+    return config_key(row)
 
 
 def _interval(row: dict[str, Any]) -> tuple[float, float]:
@@ -121,7 +122,7 @@ def render(comp: Comparison, *, name_a: str, name_b: str):
     for name in ("preset", "variant", "phase", "B", "W", "state→read", "T", "µs/tok A", "µs/tok B", "speedup", ""):
         table.add_column(name, justify="left" if name in ("preset", "variant", "phase", "state→read", "") else "right", no_wrap=name in ("", "speedup"))
     for r in comp.rows:
-        dtypes = r["state_dtype"] + (f"→{r['read_dtype']}" if r.get("read_dtype") else "")
+        dtypes = precision_label(r["state_dtype"], r.get("read_dtype"), r.get("rounding"))
         speed = f"{r['speedup']:.3f}x" if r["speedup"] else "–"
         style = {"faster": "green", "slower": "red", "within noise": "dim"}.get(r["verdict"], "yellow")
         table.add_row(

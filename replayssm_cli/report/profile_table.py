@@ -4,6 +4,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from replayssm_cli.model.dtypes import precision_label
+
 
 NOISY_SPREAD = 0.10
 
@@ -105,7 +107,7 @@ def _row_cells(r: dict[str, Any], label: str, has_draft: bool, references: list[
         "variant": r["variant"] if r["phase"] == "avg" else f"  ↳ {r['phase']}",
         "B": str(r["batch"]),
         "W": _fmt(r.get("window"), "d"),
-        "state→read": r["state_dtype"] + (f"→{r['read_dtype']}" if r.get("read_dtype") else ""),
+        "state→read": precision_label(r["state_dtype"], r.get("read_dtype"), r.get("rounding")),
         "MiB/seq": _mib(_model_mem(r, layers_of)),
         "seqs fit": _fmt(r.get("seqs_fit"), "d"),
         "from": label,
@@ -197,6 +199,8 @@ def _speedup_cell(r: dict[str, Any]) -> str:
             cell += " vs snapshots"
     if r.get("speedup_vs_decode") is not None:
         cell += f" [dim]· {r['speedup_vs_decode']:.2f}x vs decode[/]"
+    if r.get("speedup_vs_fp32") is not None:
+        cell += f" [dim]· {r['speedup_vs_fp32']:.2f}x vs fp32[/]"
     if r.get("x_vs_ours") is not None:
         cell += f" [dim]· ours {r['x_vs_ours']:.2f}x[/]"
     return cell

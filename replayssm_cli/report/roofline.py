@@ -8,8 +8,10 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from replayssm_cli.errors import UserError
+from replayssm_cli.measure.grid import config_key
+from replayssm_cli.model.dtypes import precision_label
 from replayssm_cli.report.provenance import row_label
-from replayssm_cli.report.results import Results
+from replayssm_cli.report.results import Results, rounding_of
 
 BYTES_SOURCES = ("modelled", "measured")
 PHASES = ("avg", "nonflush", "flush")
@@ -32,6 +34,7 @@ OVER_WORDS = {
 PAIR_KEYS = ("op", "preset", "batch", "io_dtype", "tp", "flush", "source")
 CONFIG_KEYS = (
     "op", "preset", "variant", "phase", "batch", "window", "state_dtype", "read_dtype", "io_dtype", "draft", "tp", "flush",
+    "rounding",
 )
 
 CEILING_NAMES = {
@@ -154,7 +157,7 @@ class Point:
         return 100.0 < self.pct_of_roof <= 100.0 * (1.0 + self.tolerance)
 
     def config(self) -> tuple:
-        return tuple(self.row.get(k) for k in CONFIG_KEYS) + (self.level,)
+        return config_key(self.row, CONFIG_KEYS) + (self.level,)
 
     def to_dict(self) -> dict[str, Any]:
         r = self.row
@@ -271,7 +274,7 @@ def describe(row: dict[str, Any], batch: bool = True) -> str:
     parts = [str(row.get("preset")), str(row.get("variant"))] + ([f"B{row.get('batch')}"] if batch else [])
     if row.get("window"):
         parts.append(f"W{row['window']}")
-    dtypes = "/".join(str(row[k]) for k in ("state_dtype", "read_dtype") if row.get(k))
+    dtypes = precision_label(row["state_dtype"], row.get("read_dtype"), row.get("rounding"), arrow="/") if row.get("state_dtype") else ""
     if dtypes:
         parts.append(dtypes)
     if row.get("draft"):
@@ -554,7 +557,7 @@ def speedup_pairs(points: Sequence[Point]) -> list[Pair]:
     index: dict[tuple, Point] = {}
     for p in points:
         if p.level == "DRAM" and p.row.get("phase", "avg") == "avg" and p.variant in ("conventional", "spec-conventional"):
-            key = (p.file_index, p.variant, p.row.get("state_dtype"), p.row.get("draft") or 0)
+            key = (p.file_index, p.variant, p.row.get("state_dtype"), p.row.get("draft") or 0, rounding_of(p.row))
             index.setdefault(key + tuple(p.row.get(k) for k in PAIR_KEYS), p)
     pairs = []
     for p in points:
@@ -565,7 +568,8 @@ def speedup_pairs(points: Sequence[Point]) -> list[Pair]:
             continue
         variant, fp32 = BASELINE_OF[over]
         draft = (p.row.get("draft") or 0) if variant == "spec-conventional" else 0
-        key = (p.file_index, variant, "fp32" if fp32 else p.row.get("state_dtype"), draft)
+        key = (p.file_index, variant, "fp32" if fp32 else p.row.get("state_dtype"), draft,
+               "nearest" if fp32 else rounding_of(p.row))
         base = index.get(key + tuple(p.row.get(k) for k in PAIR_KEYS))
         if base is None or base is p:
             continue
