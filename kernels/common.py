@@ -12,12 +12,15 @@ import triton.language as tl
 
 FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 READ_DTYPES = (torch.bfloat16, torch.float16, torch.float8_e4m3fn)
+# a state or checkpoint: fp32, 16-bit, or 8-bit rows with an fp32 scale each (replayssm_kernels.rounding)
+STATE_DTYPES = (*FLOAT_DTYPES, torch.float8_e4m3fn, torch.int8)
 INDEX_DTYPES = (torch.int32, torch.int64)
 DTYPE_NAMES = {
     torch.float32: "fp32",
     torch.bfloat16: "bf16",
     torch.float16: "fp16",
     torch.float8_e4m3fn: "fp8",
+    torch.int8: "int8",
     torch.float64: "fp64",
     torch.int32: "int32",
     torch.int64: "int64",
@@ -98,6 +101,21 @@ def check_tensor(name: str, t, shape: tuple, dims: str, dtypes, device: torch.de
 def check_optional(name: str, t, shape: tuple, dims: str, dtypes, device: torch.device, **kwargs) -> None:
     if t is not None:
         check_tensor(name, t, shape, dims, dtypes, device, **kwargs)
+
+
+def check_state_scale(scale, state: torch.Tensor, shape: tuple, dims: str, name: str = "state_scale") -> None:
+    """An 8-bit state's fp32 row scales (`shape`, contiguous), required for an 8-bit state and refused for any other."""
+    eight_bit = state.dtype in (torch.float8_e4m3fn, torch.int8)
+    if scale is None:
+        if eight_bit:
+            raise ValueError(f"an {dtype_name(state.dtype)} state needs {name}: its fp32 row scales {dims}")
+        return
+    if not eight_bit:
+        raise ValueError(f"{name} applies only to an 8-bit (fp8 or int8) state; this state is "
+                         f"{dtype_name(state.dtype)}: pass {name}=None")
+    check_tensor(name, scale, shape, dims, (torch.float32,), state.device)
+    if not scale.is_contiguous():
+        raise ValueError(f"{name} must be contiguous {dims}, got strides {scale.stride()}")
 
 
 def check_dims(shape: tuple, names: str) -> None:

@@ -91,11 +91,20 @@ def _chip(arch: int, device: torch.device) -> str:
 
 def check_read_dtype(read_dtype, device: torch.device) -> None:
     """Refuse an fp8 read copy on a chip without e4m3 conversions (before sm_89)."""
+    _check_fp8(read_dtype, device, "fp8 read copies", "--read-dtype bf16 (read_dtype='bf16')")
+
+
+def check_state_dtype(state_dtype, device: torch.device) -> None:
+    """Refuse an fp8 state or checkpoint on a chip without e4m3 conversions (before sm_89)."""
+    _check_fp8(state_dtype, device, "fp8 states", "--state-dtype int8 (state_dtype='int8')")
+
+
+def _check_fp8(dtype, device: torch.device, what: str, alternative: str) -> None:
     arch = capability(device)
-    if arch is None or read_dtype != torch.float8_e4m3fn or family_of(arch).fp8:
+    if arch is None or dtype != torch.float8_e4m3fn or family_of(arch).fp8:
         return
-    raise UnsupportedOnChip(f"fp8 read copies need sm_89 or newer (float8 e4m3 conversions); this GPU is "
-                            f"{_chip(arch, device)}: use --read-dtype bf16 (read_dtype='bf16')")
+    raise UnsupportedOnChip(f"{what} need sm_89 or newer (float8 e4m3 conversions); this GPU is "
+                            f"{_chip(arch, device)}: use {alternative}")
 
 
 def pdl(wanted: bool, asked: bool, device: torch.device) -> bool:

@@ -56,13 +56,14 @@ class StateRounding:
         if self.step.device != device:
             raise ValueError(f"the rounding's step counts are on {self.step.device}, the state on {device}")
 
-    def advance(self, slots: torch.Tensor | None, batch: int) -> None:
-        """One more store for each slot of a launch's rows (row b's slot without a slot table; -1 rows skipped)."""
+    def advance(self, slots: torch.Tensor | None, batch: int, by: int = 1) -> None:
+        """`by` more stores (default one) for each slot of a launch's rows (row b's slot without a slot table; -1 rows
+        skipped): a launch that stores T states per slot draws at steps step .. step + T - 1 and advances by T."""
         if slots is None:
-            self.step[:batch] += 1
+            self.step[:batch] += by
             return
         index = slots.long()
-        self.step.index_add_(0, index.clamp_min(0), (index >= 0).long())
+        self.step.index_add_(0, index.clamp_min(0), (index >= 0).long() * by)
 
     def reset(self, slots: torch.Tensor | None = None) -> None:
         if slots is None:
@@ -85,10 +86,11 @@ def check_rounding(rounding, state_dtype: torch.dtype, nslots: int, device: torc
     rounding.check(nslots, device)
 
 
-def rounding_args(rounding: StateRounding | None, state: torch.Tensor) -> tuple:
-    """(seed, step counts, RANDOM) of a launch: the step tensor stands in for itself when rounding is off."""
+def rounding_args(rounding: StateRounding | None, state: torch.Tensor | None = None) -> tuple:
+    """(seed, step counts, RANDOM) of a launch; (None, None, False) when rounding is off, so that the seed and the
+    counts are compile-time Nones and a launch rounding to nearest compiles to the kernel it was without them."""
     if rounding is None:
-        return 0, state, False
+        return None, None, False
     return rounding.seed, rounding.step, True
 
 
@@ -248,12 +250,12 @@ def _bits_kernel(out, seed, steps, slots, H, E, BE: tl.constexpr):
     tl.store(out + (i_b * H + i_h) * E + o_e, b_r.to(tl.int64), mask=o_e < E)
 
 
-def draw_bits(rounding: StateRounding, slots: torch.Tensor, heads: int, elements: int) -> torch.Tensor:
-    """The random bits a kernel draws at each slot's current step, (len(slots), heads, elements) int64 holding
-    uint32 values: element e of a head's state gets bits [slot, head, e]. For references and tests."""
+def draw_bits(rounding: StateRounding, slots: torch.Tensor, heads: int, elements: int, ahead: int = 0) -> torch.Tensor:
+    """The random bits a kernel draws at each slot's current step (plus `ahead`), (len(slots), heads, elements) int64
+    holding uint32 values: element e of a head's state gets bits [slot, head, e]. For references and tests."""
     slots = slots.to(device=rounding.step.device, dtype=torch.int64)
     out = torch.empty(slots.shape[0], heads, elements, dtype=torch.int64, device=rounding.step.device)
     BE = min(1024, triton.next_power_of_2(elements))
     grid = (slots.shape[0], heads, triton.cdiv(elements, BE))
-    _bits_kernel[grid](out, rounding.seed, rounding.step, slots, heads, elements, BE=BE)
+    _bits_kernel[grid](out, rounding.seed, rounding.step + ahead, slots, heads, elements, BE=BE)
     return out

@@ -1,4 +1,5 @@
-"""Triton pieces every Mamba-2 kernel shares: Δ, the D and gate terms, folding buffered entries, the read copy."""
+"""Triton pieces every Mamba-2 kernel shares: Δ, the D and gate terms, folding buffered entries, the read copy, how
+a state's rows are loaded and stored."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import triton
 import triton.language as tl
 
 from replayssm_kernels.common import scalar_mask
+from replayssm_kernels.rounding import quantized_rows, rounded, slot_bits
 
 FP8_MAX = tl.constexpr(448.0)
 
@@ -67,3 +69,29 @@ def store_read_copy(b_s, p_copy, read_scale, o_scale, m_s, m_p, IS_FP8: tl.const
         tl.store(p_copy, b_q.to(p_copy.dtype.element_ty), mask=m_s)
     else:
         tl.store(p_copy, b_s.to(p_copy.dtype.element_ty), mask=m_s)
+
+
+@triton.jit
+def load_rows(p_s, m_s, scale, o_r, m_r, IS_Q8: tl.constexpr):
+    """State rows [R, BN] as fp32: as stored, or with IS_Q8 8-bit rows times their scales (scale + o_r, [R])."""
+    b_s = tl.load(p_s, mask=m_s, other=0.0).to(tl.float32)
+    if IS_Q8:
+        b_s = b_s * tl.load(scale + o_r, mask=m_r, other=0.0)[:, None]
+    return b_s
+
+
+@triton.jit
+def store_rows(p_s, b_s, m_s, scale, o_r, m_r, seed, steps, i_s, i_h, o_e, IS_Q8: tl.constexpr,
+               RANDOM: tl.constexpr):
+    """fp32 rows b_s [R, BN] (whole rows over N; masked elements zero) stored in the state's dtype: a cast (to
+    nearest), with RANDOM rounded stochastically by the bits of elements o_e of the (slot i_s, head i_h) state, or
+    with IS_Q8 as 8-bit rows and their scales (scale + o_r, [R])."""
+    DTYPE: tl.constexpr = p_s.dtype.element_ty
+    if IS_Q8:
+        b_q, b_scale = quantized_rows(b_s, slot_bits(seed, steps, i_s, i_h, o_e, RANDOM), DTYPE, RANDOM)
+        tl.store(p_s, b_q, mask=m_s)
+        tl.store(scale + o_r, b_scale, mask=m_r)
+    elif RANDOM:
+        tl.store(p_s, rounded(b_s, slot_bits(seed, steps, i_s, i_h, o_e, True), DTYPE, True).to(DTYPE), mask=m_s)
+    else:
+        tl.store(p_s, b_s.to(DTYPE), mask=m_s)

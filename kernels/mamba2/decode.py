@@ -8,15 +8,16 @@ import torch
 import triton
 import triton.language as tl
 
-from replayssm_kernels import common, families
+from replayssm_kernels import common, families, rounding as rnd
 from replayssm_kernels.common import flat_program_ids, slot_of
 from replayssm_kernels.mamba2 import args
-from replayssm_kernels.mamba2.common import finish_output, step_delta
+from replayssm_kernels.mamba2.common import finish_output, load_rows, step_delta, store_rows
+from replayssm_kernels.rounding import random_bits, rounded
 
 
 @triton.jit
 def mamba2_decode_kernel(
-    state, x, dt, A, B, C, D, z, dt_bias, slots, y,
+    state, state_scale, x, dt, A, B, C, D, z, dt_bias, slots, y, seed, steps,
     H, P, N, HPG,
     stride_state_s, stride_state_h, stride_state_p,
     stride_x_b, stride_x_h,
@@ -27,8 +28,9 @@ def mamba2_decode_kernel(
     stride_y_b, stride_y_h,
     BP: tl.constexpr, BN: tl.constexpr,
     HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_DT_BIAS: tl.constexpr, USE_SOFTPLUS: tl.constexpr,
-    HAS_SLOTS: tl.constexpr,
+    HAS_SLOTS: tl.constexpr, IS_Q8: tl.constexpr = False, RANDOM: tl.constexpr = False,
 ):
+    # IS_Q8: 8-bit state rows with scales (state_scale, contiguous (nslots, H, P)); RANDOM: stochastic rounding
     i_b, i_h, i_p = flat_program_ids(H, tl.cdiv(P, BP))
     i_s = slot_of(slots, i_b, HAS_SLOTS)
     if i_s < 0:
@@ -40,8 +42,12 @@ def mamba2_decode_kernel(
     m_s = m_p[:, None] & m_n[None, :]
 
     p_s = state + i_s * stride_state_s + i_h * stride_state_h + o_p[:, None] * stride_state_p + o_n[None, :]
+    o_sc = (i_s * H + i_h) * P + o_p
     # [BP, BN]
-    b_s = tl.load(p_s, mask=m_s, other=0.0).to(tl.float32)
+    if IS_Q8:
+        b_s = load_rows(p_s, m_s, state_scale, o_sc, m_p, True)
+    else:
+        b_s = tl.load(p_s, mask=m_s, other=0.0).to(tl.float32)
     b_x = tl.load(x + i_b * stride_x_b + i_h * stride_x_h + o_p, mask=m_p, other=0.0).to(tl.float32)
     b_B = tl.load(B + i_b * stride_B_b + i_g * stride_B_g + o_n, mask=m_n, other=0.0).to(tl.float32)
     b_C = tl.load(C + i_b * stride_C_b + i_g * stride_C_g + o_n, mask=m_n, other=0.0).to(tl.float32)
@@ -49,7 +55,12 @@ def mamba2_decode_kernel(
     b_a = tl.exp(tl.load(A + i_h).to(tl.float32) * b_dt)
 
     b_s = b_s * b_a + (b_dt * b_x)[:, None] * b_B[None, :]
-    tl.store(p_s, b_s.to(p_s.dtype.element_ty), mask=m_s)
+    # the nearest path inline, not through store_rows, so that it compiles to the code it did
+    if IS_Q8 or RANDOM:
+        store_rows(p_s, b_s, m_s, state_scale, o_sc, m_p, seed, steps, i_s, i_h, o_p[:, None] * N + o_n[None, :],
+                   IS_Q8, RANDOM)
+    else:
+        tl.store(p_s, b_s.to(p_s.dtype.element_ty), mask=m_s)
     b_y = tl.sum(b_s * b_C[None, :], axis=1)
     b_y = finish_output(b_y, b_x, D, z, i_b * stride_z_b + i_h * stride_z_h + o_p, m_p, i_h, HAS_D, HAS_Z)
     p_y = y + i_b * stride_y_b + i_h * stride_y_h + o_p
@@ -58,7 +69,7 @@ def mamba2_decode_kernel(
 
 @triton.jit
 def mamba2_decode_multi_kernel(
-    state, snapshots, x, dt, A, B, C, D, z, dt_bias, slots, y,
+    state, snapshots, x, dt, A, B, C, D, z, dt_bias, slots, y, seed, steps,
     H, P, N, HPG,
     stride_state_s, stride_state_h, stride_state_p,
     stride_snap_s, stride_snap_t, stride_snap_h, stride_snap_p,
@@ -70,8 +81,10 @@ def mamba2_decode_multi_kernel(
     stride_y_b, stride_y_t, stride_y_h,
     T: tl.constexpr, BP: tl.constexpr, BN: tl.constexpr,
     HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_DT_BIAS: tl.constexpr, USE_SOFTPLUS: tl.constexpr,
-    HAS_SLOTS: tl.constexpr,
+    HAS_SLOTS: tl.constexpr, RANDOM: tl.constexpr = False,
 ):
+    # RANDOM: each snapshot rounded stochastically (draft t at the slot's store count + t), and the next draft
+    # continues from the rounded state, as T conventional steps would
     i_b, i_h, i_p = flat_program_ids(H, tl.cdiv(P, BP))
     i_s = slot_of(slots, i_b, HAS_SLOTS)
     if i_s < 0:
@@ -94,8 +107,15 @@ def mamba2_decode_multi_kernel(
         b_dt = tl.load(dt + i_b * stride_dt_b + t * stride_dt_t + i_h * stride_dt_h)
         b_dt = step_delta(b_dt, dt_bias, i_h, HAS_DT_BIAS, USE_SOFTPLUS)
         b_s = b_s * tl.exp(b_A * b_dt) + (b_dt * b_x)[:, None] * b_B.to(tl.float32)[None, :]
-        tl.store(p_snap + t * stride_snap_t, b_s.to(p_snap.dtype.element_ty), mask=m_s)
+        if RANDOM:
+            b_r = random_bits(seed, tl.load(steps + i_s) + t, i_s, i_h, o_p[:, None] * N + o_n[None, :])
+            b_sr = rounded(b_s, b_r, p_snap.dtype.element_ty, True)
+            tl.store(p_snap + t * stride_snap_t, b_sr.to(p_snap.dtype.element_ty), mask=m_s)
+        else:
+            tl.store(p_snap + t * stride_snap_t, b_s.to(p_snap.dtype.element_ty), mask=m_s)
         b_y = tl.sum(b_s * b_C.to(tl.float32)[None, :], axis=1)
+        if RANDOM:
+            b_s = b_sr
         o_z = i_b * stride_z_b + t * stride_z_t + i_h * stride_z_h + o_p
         b_y = finish_output(b_y, b_x, D, z, o_z, m_p, i_h, HAS_D, HAS_Z)
         p_y = y + i_b * stride_y_b + t * stride_y_t + i_h * stride_y_h + o_p
@@ -177,26 +197,42 @@ def _config(state: torch.Tensor, config: DecodeConfig | None, batch: int | None 
     return min(c.rows, common.block(state.shape[2])), common.compile_options(c.warps, None)
 
 
-def _check_state(state, kernel) -> tuple[int, int, int, int]:
+def _check_state(state, kernel, dtypes=common.FLOAT_DTYPES) -> tuple[int, int, int, int]:
     if not isinstance(state, torch.Tensor) or state.dim() != 4:
         got = tuple(state.shape) if isinstance(state, torch.Tensor) else type(state).__name__
         raise ValueError(f"state must have shape (nslots, H, P, N), got {got}")
     common.check_device(state.device, kernel)
-    common.check_tensor("state", state, tuple(state.shape), "(nslots, H, P, N)", common.FLOAT_DTYPES, state.device)
+    if state.dtype in common.STATE_DTYPES and state.dtype not in dtypes:
+        raise ValueError(f"an {common.dtype_name(state.dtype)} state has no snapshots (decode_multi, accept_snapshot "
+                         f"take fp32, bf16 or fp16): decode it one step at a time, or use a ReplayCache")
+    common.check_tensor("state", state, tuple(state.shape), "(nslots, H, P, N)", dtypes, state.device)
     common.check_dims(tuple(state.shape), "state")
+    families.check_state_dtype(state.dtype, state.device)
     return tuple(state.shape)
+
+
+def _check_rounding(rounding, state: torch.Tensor) -> None:
+    rnd.check_rounding(rounding, state.dtype, state.shape[0], state.device)
 
 
 @families.refuse_out_of_resources
 def decode(state, x, dt, A, B, C, *, D=None, z=None, dt_bias=None, dt_softplus=False, slots=None, out=None,
-           config: DecodeConfig | None = None, check: bool = True) -> torch.Tensor:
+           state_scale=None, rounding: rnd.StateRounding | None = None, config: DecodeConfig | None = None,
+           check: bool = True) -> torch.Tensor:
     """One conventional Mamba-2 decode step; the state pool is updated in place through `slots`.
 
     S = exp(A·Δ) S + Δ x Bᵀ and y = S C + D x, times silu(z) when z is given, with Δ = dt (+ dt_bias, then
-    softplus when dt_softplus). Computes in fp32; the state is read once and written once in its dtype.
+    softplus when dt_softplus). Computes in fp32; the state is read once and written once in its dtype (y is
+    taken from the fp32 state before it is rounded).
 
     Args:
-        state: (nslots, H, P, N) fp32, bf16 or fp16, unit stride on N; mutated in place.
+        state: (nslots, H, P, N) fp32, bf16, fp16, or 8-bit fp8 e4m3 / int8 rows (one per (slot, head, p), over N),
+            unit stride on N; mutated in place.
+        state_scale: (nslots, H, P) fp32, contiguous: an 8-bit state's row scales (a row's value is its 8-bit
+            values times its scale), required for and only for an 8-bit state; mutated in place.
+        rounding: None (round to nearest) or a `rounding.StateRounding` over nslots slots: the stored state is rounded
+            stochastically by its Philox stream, and its step counts of the rows' slots advance by one. Refused for
+            an fp32 state.
         x: (batch, H, P) bf16, fp16 or fp32. z: optional, same shape.
         dt: (batch, H). A, D, dt_bias: (H,). B, C: (batch, G, N), G dividing H; head h reads group h // (H/G).
         slots: (batch,) int32/int64 state slot of each row, -1 for a padding row (skipped, nothing written);
@@ -208,15 +244,19 @@ def decode(state, x, dt, A, B, C, *, D=None, z=None, dt_bias=None, dt_softplus=F
     Returns:
         y (batch, H, P) in x's dtype (or `out`).
     """
-    nslots, H, P, N = _check_state(state, mamba2_decode_kernel)
+    nslots, H, P, N = _check_state(state, mamba2_decode_kernel, common.STATE_DTYPES)
+    common.check_state_scale(state_scale, state, (nslots, H, P), "(nslots, H, P)")
+    _check_rounding(rounding, state)
     batch, _, G = args.check_inputs(x, dt, A, B, C, D, z, dt_bias, H=H, P=P, N=N, device=state.device, tokens=False)
     common.check_slots(slots, batch, nslots, state.device, check)
     args.check_out(out, (batch, H, P), "(batch, H, P)", state.device)
     BP, options = _config(state, config, batch)
     y = torch.empty_like(x) if out is None else out
     zs = z.stride() if z is not None else (0, 0, 0)
+    seed, steps, random = rnd.rounding_args(rounding)
     mamba2_decode_kernel[(batch * H * triton.cdiv(P, BP),)](
-        state=state, x=x, dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=dt_bias, slots=slots, y=y,
+        state=state, state_scale=state_scale, x=x, dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=dt_bias, slots=slots, y=y,
+        seed=seed, steps=steps,
         H=H, P=P, N=N, HPG=H // G,
         stride_state_s=state.stride(0), stride_state_h=state.stride(1), stride_state_p=state.stride(2),
         stride_x_b=x.stride(0), stride_x_h=x.stride(1),
@@ -227,9 +267,11 @@ def decode(state, x, dt, A, B, C, *, D=None, z=None, dt_bias=None, dt_softplus=F
         stride_y_b=y.stride(0), stride_y_h=y.stride(1),
         BP=BP, BN=common.block(N),
         HAS_D=D is not None, HAS_Z=z is not None, HAS_DT_BIAS=dt_bias is not None, USE_SOFTPLUS=bool(dt_softplus),
-        HAS_SLOTS=slots is not None,
+        HAS_SLOTS=slots is not None, IS_Q8=state_scale is not None, RANDOM=random,
         **options,
     )
+    if rounding is not None:
+        rounding.advance(slots, batch)
     return y
 
 
@@ -246,7 +288,8 @@ def _check_snapshots(snapshots, state, T: int) -> None:
 
 @families.refuse_out_of_resources
 def decode_multi(state, snapshots, x, dt, A, B, C, *, D=None, z=None, dt_bias=None, dt_softplus=False, slots=None,
-                 out=None, config: DecodeConfig | None = None, check: bool = True) -> torch.Tensor:
+                 out=None, rounding: rnd.StateRounding | None = None, config: DecodeConfig | None = None,
+                 check: bool = True) -> torch.Tensor:
     """T conventional decode steps from one state read, writing the state after each draft to a snapshot.
 
     The speculative path of vLLM: snapshots[slot, t] receives the state after draft t (state dtype); the
@@ -257,6 +300,9 @@ def decode_multi(state, snapshots, x, dt, A, B, C, *, D=None, z=None, dt_bias=No
         snapshots: (nslots, T_max, H, P, N) in the state's dtype, T_max ≥ T; mutated.
         x, z: (batch, T, H, P) with 1 ≤ T ≤ 8. dt: (batch, T, H). B, C: (batch, T, G, N). A, D, dt_bias: (H,).
         slots, out, config, check: as in `decode`; out is (batch, T, H, P).
+        rounding: None (round to nearest) or a `rounding.StateRounding` (bf16 and fp16 states): snapshot t is
+            rounded stochastically at its slot's step count + t, draft t + 1 continues from it, and the rows' slots'
+            counts advance by T.
 
     Returns:
         y (batch, T, H, P) in x's dtype (or `out`).
@@ -265,13 +311,16 @@ def decode_multi(state, snapshots, x, dt, A, B, C, *, D=None, z=None, dt_bias=No
     batch, T, G = args.check_inputs(x, dt, A, B, C, D, z, dt_bias, H=H, P=P, N=N, device=state.device, tokens=True)
     common.check_draft(T, 8)
     _check_snapshots(snapshots, state, T)
+    _check_rounding(rounding, state)
     common.check_slots(slots, batch, nslots, state.device, check)
     args.check_out(out, (batch, T, H, P), "(batch, T, H, P)", state.device)
     BP, options = _config(state, config)
     y = torch.empty_like(x) if out is None else out
     zs = z.stride() if z is not None else (0, 0, 0, 0)
+    seed, steps, random = rnd.rounding_args(rounding)
     mamba2_decode_multi_kernel[(batch * H * triton.cdiv(P, BP),)](
         state=state, snapshots=snapshots, x=x, dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=dt_bias, slots=slots, y=y,
+        seed=seed, steps=steps,
         H=H, P=P, N=N, HPG=H // G,
         stride_state_s=state.stride(0), stride_state_h=state.stride(1), stride_state_p=state.stride(2),
         stride_snap_s=snapshots.stride(0), stride_snap_t=snapshots.stride(1),
@@ -284,9 +333,11 @@ def decode_multi(state, snapshots, x, dt, A, B, C, *, D=None, z=None, dt_bias=No
         stride_y_b=y.stride(0), stride_y_t=y.stride(1), stride_y_h=y.stride(2),
         T=T, BP=BP, BN=common.block(N),
         HAS_D=D is not None, HAS_Z=z is not None, HAS_DT_BIAS=dt_bias is not None, USE_SOFTPLUS=bool(dt_softplus),
-        HAS_SLOTS=slots is not None,
+        HAS_SLOTS=slots is not None, RANDOM=random,
         **options,
     )
+    if rounding is not None:
+        rounding.advance(slots, batch, by=T)
     return y
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from replayssm_kernels import rounding as rnd
+
 FP8_MAX = 448.0
 
 
@@ -59,42 +61,82 @@ def dequantize_ref(copy: torch.Tensor, scale: torch.Tensor | None, dtype: torch.
     return s if scale is None else s * scale.to(dtype)[..., None]
 
 
-def decode_ref(state, x, dt, A, B, C, *, D=None, z=None, dt_bias=None, dt_softplus=False, slots=None, out=None):
+def load_state(state: torch.Tensor, scale: torch.Tensor | None, cd) -> torch.Tensor:
+    """A stored (..., P, N) state as values: 8-bit rows times their (..., P) scales, any other dtype as it is."""
+    return state.to(cd) if scale is None else (state.float() * scale[..., None]).to(cd)
+
+
+def store_state(state: torch.Tensor, scale: torch.Tensor | None, s: int, S: torch.Tensor,
+                bits: torch.Tensor | None) -> None:
+    """state[s] (and scale[s] for 8-bit rows) from the values S (H, P, N), as a kernel stores them: to nearest without
+    bits, else stochastically by the (H, P·N) bits of `rounding.draw_bits`."""
+    bits = None if bits is None else bits.reshape(S.shape)
+    if scale is not None:
+        q, scale[s] = rnd.quantized_rows_reference(S.float(), bits, state.dtype)
+        state[s] = q
+    elif bits is None or state.dtype == torch.float32:
+        state[s] = S.to(state.dtype)
+    else:
+        state[s] = rnd.rounded_reference(S.float(), bits, state.dtype).to(state.dtype)
+
+
+def _slot_bits(rounding, s: int, H: int, elements: int, ahead: int = 0) -> torch.Tensor | None:
+    if rounding is None:
+        return None
+    return rnd.draw_bits(rounding, torch.tensor([s]), H, elements, ahead)[0]
+
+
+def decode_ref(state, x, dt, A, B, C, *, D=None, z=None, dt_bias=None, dt_softplus=False, slots=None, out=None,
+               state_scale=None, rounding=None):
     """One conventional step: S = exp(AΔ) S + Δ x Bᵀ, y = S C + D x (times silu(z)); state updated in place.
 
     Computes in fp32 (fp64 when the state or x is fp64) and rounds the state to its dtype on store, as the
-    kernel does. Rows whose slot is -1 are skipped; their output rows stay as `out` had them (NaN by default).
+    kernel does: to nearest, or stochastically by `rounding`'s bits (whose rows' step counts then advance), an
+    8-bit state as rows with their scales (state_scale, updated in place). Rows whose slot is -1 are skipped; their
+    output rows stay as `out` had them (NaN by default).
     """
     cd = _compute_dtype(state, x)
     batch, H, P = x.shape
+    N = state.shape[-1]
     y = _output(out, (batch, H, P), x.dtype, x.device)
     for b, s in _rows(batch, slots):
         delta = _delta(dt[b], dt_bias, dt_softplus, cd)
         xb = x[b].to(cd)
         Bh, Ch = _per_head(B[b].to(cd), H), _per_head(C[b].to(cd), H)
-        S = torch.exp(A.to(cd) * delta)[:, None, None] * state[s].to(cd)
+        S0 = load_state(state[s], None if state_scale is None else state_scale[s], cd)
+        S = torch.exp(A.to(cd) * delta)[:, None, None] * S0
         S = S + (delta[:, None] * xb)[:, :, None] * Bh[:, None, :]
-        state[s] = S.to(state.dtype)
+        store_state(state, state_scale, s, S, _slot_bits(rounding, s, H, P * N))
         yb = torch.einsum("hpn,hn->hp", S, Ch)
         y[b] = _finish(yb, xb, D, None if z is None else z[b], cd).to(y.dtype)
+    if rounding is not None:
+        rounding.advance(slots, batch)
     return y
 
 
 def decode_multi_ref(state, snapshots, x, dt, A, B, C, *, D=None, z=None, dt_bias=None, dt_softplus=False,
-                     slots=None, out=None):
+                     slots=None, out=None, rounding=None):
     """T conventional steps from one state read: snapshots[slot, t] holds the state after draft t; state untouched.
 
-    x, z (batch, T, H, P); dt (batch, T, H); B, C (batch, T, G, N). Returns y (batch, T, H, P).
+    x, z (batch, T, H, P); dt (batch, T, H); B, C (batch, T, G, N). Returns y (batch, T, H, P). With `rounding`,
+    snapshot t is rounded stochastically at its slot's step count + t, and the counts advance by T.
     """
     batch, T, H, P = x.shape
+    N = state.shape[-1]
     y = _output(out, (batch, T, H, P), x.dtype, x.device)
     for b, s in _rows(batch, slots):
-        work = state[s : s + 1].clone()
+        work = state.clone()
+        row = torch.tensor([s], device=state.device)
         for t in range(T):
+            # draft t's bits: its slot's, at the slot's count + t
+            at = None if rounding is None else rnd.StateRounding(rounding.seed, rounding.step + t)
             yt = decode_ref(work, x[b : b + 1, t], dt[b : b + 1, t], A, B[b : b + 1, t], C[b : b + 1, t], D=D,
-                            z=None if z is None else z[b : b + 1, t], dt_bias=dt_bias, dt_softplus=dt_softplus)
-            snapshots[s, t] = work[0].to(snapshots.dtype)
+                            z=None if z is None else z[b : b + 1, t], dt_bias=dt_bias, dt_softplus=dt_softplus,
+                            slots=row, rounding=at)
+            snapshots[s, t] = work[s].to(snapshots.dtype)
             y[b, t] = yt[0]
+    if rounding is not None:
+        rounding.advance(slots, batch, by=T)
     return y
 
 

@@ -1,0 +1,257 @@
+"""Mamba-2 states stored stochastically rounded and as 8-bit rows with scales: decode, decode_multi, the ReplaySSM
+cache (replay, its flushes, verify's fold, materialize) against their references."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from replayssm_kernels import mamba2
+from replayssm_kernels import rounding as R
+
+DT = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp8": torch.float8_e4m3fn, "int8": torch.int8}
+NAN = float("nan")
+# mantissa bits of each stored format, and its smallest normal (below it the spacing is fixed)
+MANTISSA = {torch.bfloat16: (7, 2.0**-126), torch.float16: (10, 2.0**-14), torch.float8_e4m3fn: (3, 2.0**-6)}
+# The kernels' fp32 values differ from the reference's by a few fp32 roundings (sums in another order, exp), which
+# moves a stored value to its other neighbour only where that difference straddles the rounding threshold: rare.
+MOVED = 0.02
+
+
+def quantum(v: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The gap between the neighbours of values v (fp32) in a 16-bit or fp8 format."""
+    mant, tiny = MANTISSA[dtype]
+    a = v.abs().clamp_min(tiny)
+    return torch.exp2(torch.floor(torch.log2(a)) - mant)
+
+
+def values(state: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
+    return R.dequantized_rows(state, scale) if scale is not None else state.float()
+
+
+def assert_stored(got, want, got_scale=None, want_scale=None, *, what: str, exact: bool = True) -> None:
+    """A stored state against the reference's: within one quantum of it everywhere and (with `exact`) equal to it
+    but for a few elements; 8-bit rows' scales within fp32 rounding."""
+    assert got.dtype == want.dtype and got.shape == want.shape, what
+    g, w = values(got, got_scale).cpu(), values(want, want_scale).cpu()
+    assert not g.isnan().any(), f"{what}: NaN stored"
+    if got_scale is not None:
+        gs, ws = got_scale.cpu(), want_scale.cpu()
+        assert torch.allclose(gs, ws, rtol=2.0**-20, atol=0), f"{what}: scales differ by {(gs - ws).abs().max():.3g}"
+        if got.dtype == torch.int8:
+            q = ws[..., None].expand(w.shape)
+        else:
+            q = ws[..., None] * quantum(want.float().cpu(), got.dtype)
+        # a scale a few fp32 roundings away moves every value of its row by as much
+        q = q * 1.001 + w.abs() * 2.0**-20
+    else:
+        q = quantum(w, got.dtype) * 1.0001
+    err = (g - w).abs()
+    bad = err > q
+    assert not bad.any(), f"{what}: {int(bad.sum())} values off by more than one quantum (worst {err.max():.3g})"
+    if exact:
+        bits = torch.int8 if got.element_size() == 1 else torch.int16
+        moved = (got.cpu().view(bits) != want.cpu().view(bits)).float().mean().item()
+        assert moved <= MOVED, f"{what}: {moved:.1%} of the stored values differ from the reference's"
+
+
+def stored_state(nslots, H, P, N, dtype, device):
+    """A random state pool in `dtype` and its row scales (None unless 8-bit)."""
+    S = torch.randn(nslots, H, P, N) * torch.logspace(-2, 1, P)[:, None]
+    if dtype in R.EIGHT_BIT:
+        q, scale = R.quantized_rows_reference(S, None, dtype)
+        return q.to(device), scale.to(device)
+    return S.to(device, dtype), None
+
+
+def clone(t):
+    return None if t is None else t.clone()
+
+
+def rounding(nslots, device, on: bool, seed: int = 5):
+    if not on:
+        return None
+    r = R.StateRounding.create(nslots, seed=seed, device=device)
+    r.step.copy_(torch.arange(nslots) * 3)
+    return r
+
+
+CASES = [(s, r) for s in ("bf16", "fp16", "fp8", "int8") for r in (False, True)]
+CASE_IDS = [f"{s}-{'stochastic' if r else 'nearest'}" for s, r in CASES]
+
+
+@pytest.mark.parametrize("state_dtype,random", CASES, ids=[f"B3-H4-P12-N20-G2-{i}" for i in CASE_IDS])
+def test_decode_rounds_as_its_reference(device, assert_close, state_dtype, random):
+    """B3-H4-P12-N20-G2 with a padding row: outputs, the stored state (and scales) and the step counts against the
+    reference; slots in no row are untouched."""
+    nslots, batch, H, P, N, G = 5, 3, 4, 12, 20, 2
+    sd = DT[state_dtype]
+    state, scale = stored_state(nslots, H, P, N, sd, device)
+    inp = mamba2.random_inputs(batch, H, P, N, G, io_dtype=torch.bfloat16, device=device)
+    slots = torch.tensor([3, -1, 0], dtype=torch.int32, device=device)
+    rnd = rounding(nslots, device, random)
+    got, got_scale, got_rnd = state.clone(), clone(scale), None if rnd is None else rnd.clone()
+    want, want_scale, want_rnd = state.clone(), clone(scale), None if rnd is None else rnd.clone()
+    y = mamba2.decode(got, **inp, dt_softplus=True, slots=slots, state_scale=got_scale, rounding=got_rnd,
+                      out=torch.full((batch, H, P), NAN, dtype=torch.bfloat16, device=device))
+    y_want = mamba2.decode_ref(want, **inp, dt_softplus=True, slots=slots, state_scale=want_scale, rounding=want_rnd)
+    assert_close(y, y_want, torch.bfloat16, what="y")
+    assert y[1].isnan().all(), "a padding row's output was written"
+    # the CPU interpreter truncates a bf16 cast where the GPU rounds to nearest: one quantum, not the same bits
+    exact = random or sd != torch.bfloat16 or device == "cuda"
+    assert_stored(got, want, got_scale, want_scale, what="state", exact=exact)
+    for s in (1, 2, 4):
+        assert torch.equal(got[s], state[s]), f"slot {s} is in no row but changed"
+    if random:
+        assert got_rnd.step.tolist() == want_rnd.step.tolist() == [1, 3, 6, 10, 12]
+
+
+@pytest.mark.parametrize("state_dtype", ["bf16", "fp16"])
+def test_decode_multi_rounds_each_snapshot(device, assert_close, state_dtype):
+    """B2-H2-P12-N10-G1-T3: each snapshot is rounded at its own step (count + t) and the next draft continues from
+    it; the counts advance by T; accept_snapshot then copies a snapshot bit for bit."""
+    nslots, batch, H, P, N, G, T = 3, 2, 2, 12, 10, 1, 3
+    sd = DT[state_dtype]
+    state, _ = stored_state(nslots, H, P, N, sd, device)
+    inp = mamba2.random_inputs(batch, H, P, N, G, T=T, io_dtype=torch.bfloat16, device=device)
+    slots = torch.tensor([2, 0], dtype=torch.int32, device=device)
+    rnd = rounding(nslots, device, True)
+    got_rnd, want_rnd = rnd.clone(), rnd.clone()
+    snaps = torch.full((nslots, T, H, P, N), NAN, dtype=sd, device=device)
+    want_snaps = snaps.clone()
+    y = mamba2.decode_multi(state, snaps, **inp, dt_softplus=True, slots=slots, rounding=got_rnd,
+                            out=torch.full((batch, T, H, P), NAN, dtype=torch.bfloat16, device=device))
+    y_want = mamba2.decode_multi_ref(state, want_snaps, **inp, dt_softplus=True, slots=slots, rounding=want_rnd)
+    assert_close(y, y_want, torch.bfloat16, sd, what="y")
+    for s in (0, 2):
+        assert_stored(snaps[s], want_snaps[s], what=f"snapshots of slot {s}")
+    assert snaps[1].isnan().all()
+    assert got_rnd.step.tolist() == want_rnd.step.tolist() == [3, 3, 9]
+    nearest = torch.full_like(snaps, NAN)
+    mamba2.decode_multi(state, nearest, **inp, dt_softplus=True, slots=slots)
+    assert not torch.equal(nearest[0], snaps[0]), "stochastic snapshots equal the nearest ones"
+    got = state.clone()
+    mamba2.accept_snapshot(got, snaps, torch.tensor([2, 3], dtype=torch.int32, device=device), slots)
+    assert torch.equal(got[2], snaps[2, 1]) and torch.equal(got[0], snaps[0, 2])
+
+
+def test_decode_is_reproducible_and_per_slot(device):
+    """The same seed and steps give the same bits; a slot's result does not depend on the rows beside it; the next
+    step draws afresh."""
+    nslots, H, P, N, G = 4, 2, 8, 16, 1
+    state, _ = stored_state(nslots, H, P, N, torch.bfloat16, device)
+    inp = mamba2.random_inputs(2, H, P, N, G, io_dtype=torch.bfloat16, device=device)
+    slots = torch.tensor([1, 3], dtype=torch.int32, device=device)
+
+    def run(rows, slots_, seed=5):
+        st, rnd = state.clone(), rounding(nslots, device, True, seed)
+        mamba2.decode(st, **{k: v[rows] if v.dim() > 1 else v for k, v in inp.items()}, dt_softplus=True,
+                      slots=slots_, rounding=rnd)
+        return st, rnd
+
+    a, rnd_a = run(slice(None), slots)
+    b, _ = run(slice(None), slots)
+    assert torch.equal(a, b), "the same seed and steps gave different states"
+    alone, _ = run(slice(1, 2), slots[1:])
+    assert torch.equal(alone[3], a[3]), "a slot's rounding depends on its batch companions"
+    other, _ = run(slice(None), slots, seed=6)
+    assert not torch.equal(other[1], a[1]), "another seed gave the same rounding"
+    again = a.clone()
+    mamba2.decode(again, **inp, dt_softplus=True, slots=slots, rounding=rnd_a)
+    twice = a.clone()
+    mamba2.decode(twice, **inp, dt_softplus=True, slots=slots, rounding=rounding(nslots, device, True))
+    assert not torch.equal(again, twice), "the next step drew the bits of the last"
+
+
+def _drift(device, dtype, random: bool, steps: int = 64):
+    """Two slots of ones (int8: rows of 0.75 to 1.5, the largest kept fixed) under decay 1 (A = 0) with increments
+    Δ x B of 2^-10 (an eighth of a bf16 ulp at 1, a twelfth of an int8 row's quantum): the exact fp32 sum grows by
+    steps · 2^-10 per element. Returns the stored state's values before and after `steps` steps."""
+    slots, H, P, N, G = 2, 1, 32, 64, 1
+    state, scale = torch.ones(slots, H, P, N, dtype=dtype, device=device), None
+    B = torch.full((slots, G, N), 2.0**-2, device=device)
+    if dtype in R.EIGHT_BIT:
+        q, scale = R.quantized_rows_reference(torch.ones(slots, H, P, N) * torch.linspace(0.75, 1.5, N), None, dtype)
+        state, scale = q.to(device), scale.to(device)
+        # the row's largest value takes no increment, so its scale stays
+        B[:, :, -1] = 0.0
+    rnd = R.StateRounding.create(slots, seed=13, device=device) if random else None
+    start = values(state, scale)
+    inp = {
+        "x": torch.full((slots, H, P), 2.0**-5, device=device),
+        "dt": torch.full((slots, H), 2.0**-3, device=device),
+        "A": torch.zeros(H, device=device),
+        "B": B,
+        "C": torch.ones(slots, G, N, device=device),
+    }
+    for _ in range(steps):
+        mamba2.decode(state, **inp, state_scale=scale, rounding=rnd)
+    return start, values(state, scale), B
+
+
+@pytest.mark.parametrize("state_dtype", ["bf16", "int8"])
+def test_decode_stochastic_rounding_does_not_drift(device, state_dtype):
+    """64 steps of increments under half a quantum: rounded to nearest the state never moves; rounded
+    stochastically its mean over the slots' elements tracks the exact fp32 sum within 5 sigma."""
+    sd, steps = DT[state_dtype], 64
+    start, nearest, _ = _drift(device, sd, False, steps)
+    assert torch.equal(nearest, start), "rounded to nearest, increments under half a quantum moved the state"
+    start, stochastic, B = _drift(device, sd, True, steps)
+    moving = (B[:, 0] > 0).cpu()
+    gain = (stochastic - start).double().cpu()[:, 0][:, :, moving[0]]
+    exact = steps * 2.0**-10
+    # each store adds an independent, unbiased error of variance at most quantum^2 / 4 per element, and the next
+    # step starts from it: an element's gain is the exact one plus a sum of `steps` such errors, and the mean over
+    # n elements has sigma at most quantum / 2 · sqrt(steps / n)
+    q = 2.0**-7 if sd == torch.bfloat16 else 1.5 / 127
+    sigma = q / 2 * math.sqrt(steps / gain.numel())
+    assert abs(gain.mean().item() - exact) <= 5 * sigma, (gain.mean().item(), exact, sigma)
+    assert gain.std().item() <= q / 2 * math.sqrt(steps), "the elements spread by more than their rounding errors"
+
+
+def test_decode_bad_rounding_and_scales(device):
+    """Each bad combination is one ValueError naming what is wrong."""
+    nslots, H, P, N, G = 3, 2, 4, 8, 1
+    inp = mamba2.random_inputs(2, H, P, N, G, io_dtype=torch.float32, device=device)
+    q8 = torch.zeros(nslots, H, P, N, dtype=torch.int8, device=device)
+    scale = torch.zeros(nslots, H, P, device=device)
+    bf = torch.zeros(nslots, H, P, N, dtype=torch.bfloat16, device=device)
+    cases = [
+        (dict(state=q8), "an int8 state needs state_scale"),
+        (dict(state=bf, state_scale=scale), "state_scale applies only to an 8-bit"),
+        (dict(state=q8, state_scale=scale[:, :1]), r"state_scale must have shape \(3, 2, 4\)"),
+        (dict(state=q8, state_scale=scale.double()), "state_scale must be fp32"),
+        (dict(state=q8, state_scale=torch.zeros(nslots, P, H, device=device).transpose(1, 2)),
+         "state_scale must (have unit stride|be contiguous)"),
+        (dict(state=torch.zeros(nslots, H, P, N, device=device), rounding=R.StateRounding.create(nslots, device=device)),
+         "an fp32 state is stored exactly"),
+        (dict(state=bf, rounding=R.StateRounding.create(nslots + 1, device=device)), "counts 4 slots but the state has 3"),
+        (dict(state=bf, rounding="stochastic"), "rounding must be a StateRounding"),
+    ]
+    for kwargs, message in cases:
+        state = kwargs.pop("state")
+        before = state.clone()
+        with pytest.raises(ValueError, match=message):
+            mamba2.decode(state, **inp, **kwargs)
+        assert torch.equal(state, before)
+    snaps = torch.zeros(nslots, 2, H, P, N, dtype=torch.int8, device=device)
+    inp2 = mamba2.random_inputs(2, H, P, N, G, T=2, io_dtype=torch.float32, device=device)
+    with pytest.raises(ValueError, match="an int8 state has no snapshots"):
+        mamba2.decode_multi(q8, snaps, **inp2)
+
+
+def test_fp8_state_is_refused_before_sm89(monkeypatch, device):
+    """An fp8 state on a chip without e4m3 conversions is one line naming int8; an int8 state runs there."""
+    from replayssm_kernels import families
+
+    monkeypatch.setattr(families, "capability", lambda dev: 80)
+    H, P, N = 2, 4, 8
+    inp = mamba2.random_inputs(2, H, P, N, 1, io_dtype=torch.float32, device=device)
+    scale = torch.ones(2, H, P, device=device)
+    with pytest.raises(ValueError, match=r"fp8 states need sm_89 .*sm_80.*state_dtype='int8'"):
+        mamba2.decode(torch.zeros(2, H, P, N, dtype=torch.float8_e4m3fn, device=device), **inp, state_scale=scale)
+    q8 = torch.zeros(2, H, P, N, dtype=torch.int8, device=device)
+    mamba2.decode(q8, **inp, state_scale=scale)
+    assert q8.any()
