@@ -195,3 +195,43 @@ def test_trace_read_errors_are_one_line(tmp_path):
     gdn.arrays["g"] = -gdn.arrays["g"]
     with pytest.raises(ValueError, match="g > 0"):
         T.write(tmp_path / "g.npz", gdn)
+
+
+@pytest.mark.parametrize("kwargs", [
+    dict(variant="conventional", state_dtype="fp32", rounding="stochastic"),
+    dict(variant="replay", state_dtype="bf16", window=4, rounding="dithered"),
+    dict(variant="split", state_dtype="int8", window=4, read_dtype="fp8"),
+], ids=["stochastic-fp32", "rounding-word", "split-int8-checkpoint"])
+def test_config_rejects_impossible_precisions(kwargs):
+    with pytest.raises(ValueError):
+        Q.Config(**kwargs)
+
+
+def test_configs_cover_eight_bit_states_and_stochastic_rounding():
+    configs = Q.configs_for((4,), ("fp32", "bf16", "int8"), ("bf16",), ("nearest", "stochastic"))
+    labels = [c.label() for c in configs]
+    assert labels == ["conventional fp32", "conventional bf16", "conventional bf16 SR", "conventional int8",
+                      "conventional int8 SR", "replay W4 fp32", "replay W4 bf16", "replay W4 bf16 SR", "replay W4 int8",
+                      "replay W4 int8 SR", "split W4 fp32+bf16"]
+    assert Q.Config("replay", "int8", 4, rounding="stochastic").key() == ("replay", "int8", 4, None, "stochastic")
+
+
+def test_eight_bit_checkpoints_and_stochastic_rounding_by_bucket():
+    """Each new precision's error by bucket: an 8-bit checkpoint re-rounds at every flush, so it grows with the
+    decode as a stored bf16 state does, while a bf16 read copy over fp32 holds; stochastic rounding's errors are
+    unbiased, so a bf16 state rounded so drifts no faster than to nearest (its level is higher: each stochastic
+    rounding's error variance is larger)."""
+    shape = Mamba2Shape(H=128, P=64, N=128, G=8)
+    inputs = Q.synthetic_inputs(shape, a_range=(1.0, 16.0), steps=600, heads=2, seed=0)
+    near, sr = Q.Config("conventional", "bf16"), Q.Config("conventional", "bf16", rounding="stochastic")
+    int8, fp8 = Q.Config("replay", "int8", 16), Q.Config("replay", "fp8", 16)
+    int8_sr, split = Q.Config("replay", "int8", 16, rounding="stochastic"), Q.Config("split", "fp32", 16, "bf16")
+    report = Q.run(inputs, [near, sr, int8, fp8, int8_sr, split])
+    b = {c: report.get(c).buckets for c in (near, sr, int8, fp8, int8_sr, split)}
+    growth = {c: v["129-1k"] / v["1-128"] for c, v in b.items()}
+    assert growth[int8] > 1.4 and growth[fp8] > 1.4 and growth[split] < 1.2, growth
+    assert growth[sr] <= growth[near] * 1.05, growth
+    # an int8 row keeps 7 bits over its largest value, e4m3 3 mantissa bits: fp8 is the coarser checkpoint
+    assert b[split]["129-1k"] < b[int8]["129-1k"] < b[fp8]["129-1k"]
+    assert b[int8_sr]["129-1k"] > b[int8]["129-1k"]
+    assert report.get(sr).to_dict()["rounding"] == "stochastic"

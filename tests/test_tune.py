@@ -16,6 +16,7 @@ from replayssm_cli.measure import trace as trace_mod
 from replayssm_cli.advise import tuner, verdict
 from replayssm_cli.main import app
 from replayssm_cli.advise.tuner import Candidate, Timing
+from replayssm_cli.model.shapes import Mamba2Shape
 
 FIXTURES = Path(__file__).parent / "fixtures"
 MAMBA2_RESULTS = FIXTURES / "tune_mamba2_h200.json"
@@ -131,9 +132,25 @@ def test_candidates_cover_the_grid():
     assert len(cands) == 2 + 4 + 4 + 2 + 4
     spec = next(c for c in cands if c.draft)
     assert spec.accepted == pytest.approx(0.5 + 0.25 + 0.125 + 0.0625)
-    assert Candidate("split", "fp32", 8, "fp8").quality_key() == ("split", "fp32", 8, "fp8")
-    assert Candidate("spec-replay", "bf16", 16, draft=4, accepted=2.0).quality_key() == ("replay", "bf16", 16, None)
-    assert Candidate("spec-conventional", "fp16", draft=4, accepted=2.0).quality_key() == ("conventional", "fp16", None, None)
+    assert Candidate("split", "fp32", 8, "fp8").quality_key() == ("split", "fp32", 8, "fp8", "nearest")
+    assert Candidate("spec-replay", "bf16", 16, draft=4, accepted=2.0).quality_key() == ("replay", "bf16", 16, None, "nearest")
+    assert Candidate("spec-conventional", "fp16", draft=4, accepted=2.0).quality_key() == ("conventional", "fp16", None, None, "nearest")
+
+
+def test_candidates_with_eight_bit_states_and_stochastic_rounding():
+    cands = tuner.candidates(windows=(8,), state_dtypes=("fp32", "bf16", "int8"), read_dtypes=("bf16",), drafts=(2,),
+                             roundings=("nearest", "stochastic"))
+    labels = [c.label() for c in cands]
+    # fp32 is stored exactly: no SR twin; 16-bit and 8-bit states both ways; no speculative 8-bit candidates
+    assert labels[:5] == ["conventional fp32", "conventional bf16", "conventional bf16 SR", "conventional int8",
+                          "conventional int8 SR"]
+    assert "replay W8 int8 SR" in labels and "split W8 fp32+bf16" in labels and "replay W8 fp32 SR" not in labels
+    assert not [c for c in cands if c.draft and c.state_dtype == "int8"]
+    assert "spec-replay T2 W8 bf16 SR" in labels
+    sr = next(c for c in cands if c.label() == "replay W8 int8 SR")
+    assert sr.quality_key() == ("replay", "int8", 8, None, "stochastic")
+    shape = Mamba2Shape(H=4, P=8, N=16, G=2)
+    assert tuner.memory_of(shape, sr)["state"] == shape.state_elems + shape.state_rows * 4
 
 
 def test_timing_from_rows_prefers_staggered_and_counts_tokens():
@@ -695,3 +712,40 @@ def test_tune_says_in_one_line_that_a_results_file_is_incomplete(tmp_path):
     assert res.exit_code == 0, res.output
     warned = [line for line in res.stderr.splitlines() if line.startswith("warning:")]
     assert len(warned) == 1 and "is incomplete" in warned[0] and "predicted" in warned[0]
+
+
+def test_tune_weighs_stochastic_rounding_and_eight_bit_states_by_bucket(tmp_path):
+    out = tmp_path / "sr.json"
+    res = invoke("--preset", SUPER, "--batch", "256", "--window", "16", "--state-dtype", "fp32,bf16,int8", "--read-dtype", "bf16",
+                 "--stochastic-rounding", "--out", str(out), *QUICK)
+    assert res.exit_code == 0, res.output
+    report = json.loads(out.read_text())
+    configs = {c["config"]: c for c in report["quality"]["configs"]}
+    # bf16 with stochastic rounding beside bf16 without; int8 checkpoints beside a bf16 read copy over fp32
+    assert {"conventional bf16", "conventional bf16 SR", "replay W16 int8", "replay W16 int8 SR", "split W16 fp32+bf16",
+            "conventional fp32"} <= set(configs)
+    assert "replay W16 fp32 SR" not in configs and configs["replay W16 int8 SR"]["rounding"] == "stochastic"
+    assert set(configs["replay W16 int8"]["buckets"]) == {"1-128", "129-1k"}
+    int8 = candidate(decision(report, 256), "replay W16 int8 SR")
+    assert int8["state_dtype"] == "int8" and int8["rounding"] == "stochastic" and int8["source"] == "predicted"
+
+
+@pytest.mark.parametrize("args, needle", [
+    (("--state-dtype", "fp32", "--stochastic-rounding"), "an fp32 state is stored exactly"),
+    (("--gpu", "a100-sxm4-80gb", "--state-dtype", "fp8"), "fp8 checkpoints need sm_89 or newer"),
+], ids=["stochastic-fp32", "fp8-on-sm80"])
+def test_tune_refuses_an_impossible_precision_in_one_line(args, needle):
+    res = invoke("--preset", SUPER, *args, *QUICK)
+    assert res.exit_code == 2
+    lines = [line for line in res.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and needle in lines[0], res.output
+
+
+def test_tune_leaves_fp8_checkpoints_out_before_sm89():
+    res = invoke("--preset", SUPER, "--gpu", "a100-sxm4-80gb", "--batch", "256", "--window", "16", "--read-dtype", "none",
+                 *QUICK, "--json")
+    assert res.exit_code == 0, res.output
+    report = json.loads(res.stdout)
+    assert "fp8 checkpoints left out" in " ".join(res.stderr.split())
+    states = {c["state_dtype"] for d in report["decisions"] for c in d["candidates"]}
+    assert "fp8" not in states and "int8" in states

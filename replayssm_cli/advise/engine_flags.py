@@ -40,7 +40,13 @@ def _set(s: EngineSettings, flag: str, key: str, value: Any) -> None:
 
 def _state(s: EngineSettings, flag: str, key: str, op: str, c: Any, replay_op: str, why: str) -> bool:
     """Set the state dtype; whether the engine's ReplaySSM switches apply (else `why` is said)."""
-    _set(s, flag, key, DTYPE[c.state_dtype])
+    if c.state_dtype in DTYPE:
+        _set(s, flag, key, DTYPE[c.state_dtype])
+    else:
+        s.missing.append(f"replayssm knows no {s.engine} switch for an {c.state_dtype} state with row scales "
+                         f"({flag} as read in {s.source})")
+    if getattr(c, "rounding", "nearest") == "stochastic":
+        s.missing.append(f"replayssm knows no {s.engine} switch for stochastic rounding of the state")
     if c.is_replay and op != replay_op:
         s.missing.append(why)
     return c.is_replay and op == replay_op

@@ -14,6 +14,7 @@ from replayssm_cli.advise import engine_flags, tuner
 from replayssm_cli.errors import UserError
 from replayssm_cli.advise.traffic import Traffic
 from replayssm_cli.advise.tuner import Candidate, Timing
+from replayssm_cli.report.results import rounding_of
 
 DEFAULT_COHORTS = (1, 16, 64, 128, 256)
 DEFAULT_ERROR_BUDGET = tuner.DEFAULT_ERROR_BUDGET
@@ -83,8 +84,9 @@ def measured_candidates(source: TimeSource) -> list[Candidate]:
             if r.get("variant") not in tuner.CONVENTIONAL + tuner.REPLAY or r.get("status") != "ok":
                 continue
             replay = r["variant"] in tuner.REPLAY
-            c = Candidate(r["variant"], r["state_dtype"], r.get("window") if replay else None, r.get("read_dtype"))
-            seen.setdefault((c.variant, c.state_dtype, c.window, c.read_dtype), c)
+            c = Candidate(r["variant"], r["state_dtype"], r.get("window") if replay else None, r.get("read_dtype"),
+                          rounding=rounding_of(r))
+            seen.setdefault((c.variant, c.state_dtype, c.window, c.read_dtype, c.rounding), c)
     return sorted(seen.values(), key=lambda c: (c.is_replay, c.label()))
 
 

@@ -15,7 +15,9 @@ UNCALIBRATED_ERROR = 0.30
 # Repeat runs of one measurement differ by about this much even when its own samples agree.
 MIN_SPREAD = 0.02
 DEFAULT_WINDOWS = (4, 8, 16, 32, 64)
-DEFAULT_STATE_DTYPES = ("fp32", "bf16", "fp16")
+DEFAULT_STATE_DTYPES = ("fp32", "bf16", "fp16", "int8", "fp8")
+# 8-bit states: no narrower read copy, and no snapshot-writing decode_multi for them.
+EIGHT_BIT = ("fp8", "int8")
 DEFAULT_READ_DTYPES = ("bf16", "fp16", "fp8")
 DEFAULT_ERROR_BUDGET = 1e-3
 GIB = 1024**3
@@ -34,6 +36,8 @@ class Candidate:
     read_dtype: str | None = None
     draft: int = 0
     accepted: float | None = None
+    # How the stored state rounds: "nearest", or "stochastic" (16-bit and 8-bit states only).
+    rounding: str = "nearest"
 
     @property
     def is_replay(self) -> bool:
@@ -46,13 +50,15 @@ class Candidate:
         if self.window:
             parts.append(f"W{self.window}")
         parts.append(f"{self.state_dtype}+{self.read_dtype}" if self.read_dtype else self.state_dtype)
+        if self.rounding == "stochastic":
+            parts.append("SR")
         return " ".join(parts)
 
-    def quality_key(self) -> tuple[str, str, int | None, str | None]:
+    def quality_key(self) -> tuple[str, str, int | None, str | None, str]:
         """The quality-harness config with the same stored precision (replayssm_cli.measure.quality.Config.key())."""
         if self.variant in CONVENTIONAL:
-            return ("conventional", self.state_dtype, None, None)
-        return ("split" if self.read_dtype else "replay", self.state_dtype, self.window, self.read_dtype)
+            return ("conventional", self.state_dtype, None, None, self.rounding)
+        return ("split" if self.read_dtype else "replay", self.state_dtype, self.window, self.read_dtype, self.rounding)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -61,6 +67,7 @@ class Candidate:
             "window": self.window,
             "state_dtype": self.state_dtype,
             "read_dtype": self.read_dtype,
+            "rounding": self.rounding,
             "draft": self.draft,
             "accepted": self.accepted,
         }
@@ -79,9 +86,11 @@ def candidates(
     read_dtypes: Sequence[str] = DEFAULT_READ_DTYPES,
     drafts: Sequence[int] = (),
     accept_rate: float = 0.8,
+    roundings: Sequence[str] = ("nearest",),
 ) -> list[Candidate]:
     """Conventional per state dtype, replay per window and state dtype, split per window and read dtype (fp32
-    checkpoint); per draft width T, spec-conventional per state dtype and spec-replay per window and state dtype."""
+    checkpoint); per draft width T, spec-conventional per state dtype and spec-replay per window and state dtype
+    (16-bit and fp32 states). Each 16-bit or 8-bit state comes at every rounding of `roundings`; fp32 at nearest."""
     if not state_dtypes:
         raise ValueError("at least one state dtype is needed")
     if any(w < 1 for w in windows):
@@ -90,13 +99,15 @@ def candidates(
         raise ValueError(f"draft widths must be positive, got {list(drafts)}")
     if drafts and not 0 < accept_rate <= 1:
         raise ValueError(f"the acceptance rate must be in (0, 1], got {accept_rate!r}")
-    out = [Candidate("conventional", s) for s in state_dtypes]
-    out += [Candidate("replay", s, w) for w in windows for s in state_dtypes]
+    stored = [(s, r) for s in state_dtypes for r in roundings if s != "fp32" or r == "nearest"]
+    out = [Candidate("conventional", s, rounding=r) for s, r in stored]
+    out += [Candidate("replay", s, w, rounding=r) for w in windows for s, r in stored]
     out += [Candidate("split", "fp32", w, r) for w in windows for r in read_dtypes]
+    spec = [(s, r) for s, r in stored if s not in EIGHT_BIT]
     for T in drafts:
         a = round(mean_accepted(T, accept_rate), 4)
-        out += [Candidate("spec-conventional", s, draft=T, accepted=a) for s in state_dtypes]
-        out += [Candidate("spec-replay", s, w, draft=T, accepted=a) for w in windows for s in state_dtypes]
+        out += [Candidate("spec-conventional", s, draft=T, accepted=a, rounding=r) for s, r in spec]
+        out += [Candidate("spec-replay", s, w, draft=T, accepted=a, rounding=r) for w in windows for s, r in spec]
     return out
 
 
@@ -157,6 +168,8 @@ def timing_from_rows(
         if r.get("kind", "kernel") != "kernel" or r.get("variant") != c.variant or r.get("phase", "avg") != "avg":
             continue
         if r.get("batch") != batch or r.get("state_dtype") != c.state_dtype or r.get("read_dtype") != c.read_dtype:
+            continue
+        if (r.get("rounding") or "nearest") != c.rounding:
             continue
         if c.is_replay and r.get("window") != c.window:
             continue
@@ -219,6 +232,7 @@ def predicted_timing(shape, candidate: Candidate, batch: int, ceilings, *, io_dt
         io_dtype=io_dtype,
         draft=c.draft,
         accepted=c.accepted if c.draft else None,
+        rounding=c.rounding,
         has_z=has_z,
     )
     us = cost.predict_us(step, ceilings, cost.launches_per_step(c.variant, "avg"))
@@ -257,6 +271,7 @@ def memory_of(shape, candidate: Candidate, *, io_dtype: str = "bf16") -> dict[st
         read_dtype=c.read_dtype,
         io_dtype=io_dtype,
         draft=c.draft,
+        rounding=c.rounding,
     )
 
 
@@ -426,7 +441,7 @@ def decide(
 
     timed = [a for a in assessments if a.us_per_token is not None]
     conventional = [a for a in timed if not a.candidate.is_replay]
-    baseline = next((a for a in conventional if a.candidate.state_dtype == baseline_dtype), None)
+    baseline = next((a for a in conventional if a.candidate.state_dtype == baseline_dtype and a.candidate.rounding == "nearest"), None)
     if baseline is None and conventional:
         baseline = min(conventional, key=lambda a: a.us_per_token)
     if baseline is not None:
@@ -488,9 +503,10 @@ def _rank(a: Assessment) -> tuple[float, float]:
 
 def _simplicity(a: Assessment, own_dtype: str) -> tuple:
     """Between candidates within each other's spread: conventional before ReplaySSM, measured before predicted,
-    the preset's own state dtype, no read copy, the shorter window; then the faster."""
+    the preset's own state dtype, no read copy, rounding to nearest, the shorter window; then the faster."""
     c = a.candidate
-    return (c.is_replay, not a.timing.measured, c.state_dtype != own_dtype, c.read_dtype is not None, c.window or 0, _rank(a))
+    return (c.is_replay, not a.timing.measured, c.state_dtype != own_dtype, c.read_dtype is not None, c.rounding != "nearest",
+            c.window or 0, _rank(a))
 
 
 def _pick(pool: list[Assessment], own_dtype: str) -> tuple[Assessment, list[Assessment], Assessment | None]:

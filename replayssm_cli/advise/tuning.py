@@ -9,12 +9,14 @@ from pathlib import Path
 from typing import Any
 
 from replayssm_cli.errors import UserError
+from replayssm_cli.model.dtypes import StateDtype
 
 # A non-terminal progress log prints at most one line this often (seconds), and the last one always.
 LOG_EVERY_S = 2.0
 # Graph replays a candidate is first timed with on the GPU; the profile's full count only where that leaves it close
 # to the best and noisier than a repeat measurement's floor.
 QUICK_REPEATS = 5
+STATE_DTYPES = tuple(d.value for d in StateDtype)
 MAX_WINDOW = 64
 MAX_DRAFT = 8
 WIDE = 200
@@ -361,7 +363,7 @@ def _run_point(point, context):
 def _point_candidate(point, by_key):
     """The candidate a profile point times, or None."""
     key = (point.variant, point.state_dtype, point.window if point.variant in ("replay", "split", "spec-replay") else None,
-           point.read_dtype, point.draft)
+           point.read_dtype, point.draft, point.rounding)
     return by_key.get(key)
 
 
@@ -430,7 +432,7 @@ def _measure(p, preset_arg: str, cands, batches, io: str, accept_rate: float, *,
     total = sum(len(v) for v in measure.values())
     note(f"measuring {total} of {len(cands) * len(batches)} configurations: those within reach of the best by "
          f"{model}, within the error and memory budgets")
-    by_key = {(c.variant, c.state_dtype, c.window if c.is_replay else None, c.read_dtype, c.draft): c for c in cands}
+    by_key = {(c.variant, c.state_dtype, c.window if c.is_replay else None, c.read_dtype, c.draft, c.rounding): c for c in cands}
     ticker = Ticker("measure", total, "configurations")
     state = {"done": 0}
 
@@ -451,26 +453,33 @@ def _measure(p, preset_arg: str, cands, batches, io: str, accept_rate: float, *,
         ticker.update(state["done"], point.label())
         return found
 
-    state_dtypes = {c.state_dtype for c in cands}
-    spec = grid.ProfileSpec(
-        presets=(preset_arg,),
-        batches=tuple(batches),
-        windows=tuple(sorted({c.window for c in cands if c.window})),
-        # Split candidates read a copy of an fp32 checkpoint, so fp32 is profiled whenever a read dtype is.
-        state_dtypes=tuple(d for d in ("fp32", "bf16", "fp16") if d in state_dtypes or (d == "fp32" and any(c.read_dtype for c in cands))),
-        read_dtypes=tuple(dict.fromkeys(c.read_dtype for c in cands if c.read_dtype)),
-        io_dtype=io,
-        drafts=tuple(sorted({c.draft for c in cands if c.draft})),
-        accept_rate=accept_rate,
-        tp=p.tp,
-        phases=False,
-    )
-    with ticker:
-        run = prof.run_profile(spec, require_gpu=True, progress=False, runner=runner, out=out)
-    if run.interrupted:
-        raise UserError("interrupted while measuring", f"the rows finished so far are in {run.path}; pass it with --results")
+    rows: list[dict[str, Any]] = []
+    # One profile per rounding the candidates store with (a profile rounds all its 16-bit and 8-bit states one way).
+    for rounding in dict.fromkeys(c.rounding for c in cands):
+        group = [c for c in cands if c.rounding == rounding]
+        state_dtypes = {c.state_dtype for c in group}
+        spec = grid.ProfileSpec(
+            presets=(preset_arg,),
+            batches=tuple(batches),
+            windows=tuple(sorted({c.window for c in group if c.window})),
+            # Split candidates read a copy of an fp32 checkpoint, so fp32 is profiled whenever a read dtype is.
+            state_dtypes=tuple(d for d in STATE_DTYPES
+                               if d in state_dtypes or (d == "fp32" and any(c.read_dtype for c in group))),
+            read_dtypes=tuple(dict.fromkeys(c.read_dtype for c in group if c.read_dtype)),
+            io_dtype=io,
+            drafts=tuple(sorted({c.draft for c in group if c.draft})),
+            accept_rate=accept_rate,
+            tp=p.tp,
+            phases=False,
+            rounding=rounding,
+        )
+        with ticker:
+            run = prof.run_profile(spec, require_gpu=True, progress=False, runner=runner, out=out if not rows else None)
+        if run.interrupted:
+            raise UserError("interrupted while measuring", f"the rows finished so far are in {run.path}; pass it with --results")
+        rows += run.results.rows
     gpu = run.results.environment.get("gpu") or {}
-    return run.results.rows, run.gpu_name, gpu.get("memory_total"), run.path
+    return rows, run.gpu_name, gpu.get("memory_total"), run.path
 
 
 def _load_trace(path: Path | None, p):
@@ -697,11 +706,22 @@ class TuneSpec:
     trace: Path | None = None
     seed: int = 0
     out: Path | None = None
+    # Whether state_dtypes were asked for (--state-dtype) rather than the defaults.
+    state_dtypes_given: bool = False
+    # "stochastic": each 16-bit and 8-bit state is a candidate rounded both ways (to nearest and stochastically).
+    rounding: str = "nearest"
 
     def validate(self) -> None:
         """Raise UserError (one line) for a value out of range."""
+        from replayssm_cli.measure.grid import refuse_rounding
+
         _check_options(self.batches, self.windows, self.drafts, self.accept_rate, self.error_budget, self.memory_budget,
                        self.steps, self.heads, self.tp)
+        refuse_rounding(self.state_dtypes, self.rounding)
+
+    @property
+    def roundings(self) -> tuple[str, ...]:
+        return ("nearest", "stochastic") if self.rounding == "stochastic" else ("nearest",)
 
 
 @dataclass
@@ -721,6 +741,39 @@ class TuneRun:
     report: dict[str, Any]
 
 
+def _with_fp8_where_it_runs(state_dtypes: tuple[str, ...], gpu: str | None, *, given: bool) -> tuple[str, ...]:
+    """The candidate state dtypes, less fp8 where the GPU (this one, else --gpu's datasheet) is older than sm_89; a
+    --state-dtype fp8 asked for there is one line (exit 2)."""
+    from replayssm_cli.console import note
+
+    if "fp8" not in state_dtypes:
+        return state_dtypes
+    arch = _target_arch(gpu)
+    if arch is None or arch >= (8, 9):
+        return state_dtypes
+    if given:
+        raise UserError(f"fp8 checkpoints need sm_89 or newer (float8 e4m3 conversions); the GPU here is sm_{arch[0]}{arch[1]}",
+                        "pass --state-dtype int8 (the same bytes, an fp32 scale per row) or bf16")
+    note(f"fp8 checkpoints left out: they need sm_89 or newer and the GPU is sm_{arch[0]}{arch[1]} (int8 stays)")
+    return tuple(d for d in state_dtypes if d != "fp8")
+
+
+def _target_arch(gpu: str | None) -> tuple[int, int] | None:
+    """The compute capability of the GPU tune decides for: this CUDA device, else --gpu's datasheet (None: unknown)."""
+    if _cuda_available():
+        import torch
+
+        return tuple(torch.cuda.get_device_capability(0))
+    from replayssm_cli.model import gpus
+
+    cc = gpus.load_gpu(gpu or "h200").compute_capability
+    try:
+        major, minor = (int(v) for v in str(cc).split("."))
+    except ValueError:
+        return None
+    return major, minor
+
+
 def run(spec: TuneSpec) -> TuneRun:
     """Time, check and decide every candidate at every batch of `spec` (written to spec.out when given)."""
     from replayssm_cli.advise import engine_flags, tuner, verdict
@@ -734,7 +787,9 @@ def run(spec: TuneSpec) -> TuneRun:
     steps, heads, seed, trace = spec.steps, spec.heads, spec.seed, spec.trace
     io = (spec.io_dtype,) if spec.io_dtype else None
     p = presets_mod.resolve(preset, tp)
-    cands = tuner.candidates(windows=windows, state_dtypes=state_dtypes, read_dtypes=read_dtypes, drafts=drafts, accept_rate=accept_rate)
+    state_dtypes = _with_fp8_where_it_runs(state_dtypes, gpu, given=spec.state_dtypes_given)
+    cands = tuner.candidates(windows=windows, state_dtypes=state_dtypes, read_dtypes=read_dtypes, drafts=drafts, accept_rate=accept_rate,
+                             roundings=spec.roundings)
     recorded = _load_trace(trace, p)
     quality_mod.check_size(p, recorded, cands, steps, heads)
 

@@ -68,6 +68,9 @@ def tune(
         Optional[Path], options.input_file("--trace", "Run quality on a recorded trace (benchmarks/record_trace.py) instead of drawn inputs.", "trace file")
     ] = None,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the drawn quality inputs.")] = 0,
+    stochastic_rounding: Annotated[bool, options.stochastic_rounding(
+        "Also weigh every 16-bit and 8-bit state stored with stochastic rounding (a per-slot Philox stream), beside the "
+        "same state rounded to nearest: the error by bucket shows which drifts and which holds.")] = False,
     out: Annotated[Optional[Path], options.out("Also write the full report as JSON to this file.")] = None,
     json_: Annotated[bool, typer.Option("--json", help="Print the report as JSON on stdout instead of tables.")] = False,
     details: Annotated[bool, typer.Option("--details", help="After the verdict, every candidate's table and the error by bucket.")] = False,
@@ -84,6 +87,8 @@ def tune(
 
       replayssm tune --preset nemotron-3-super-120b-a12b --draft 4 --trace layer12.npz --json
 
+      replayssm tune -p nemotron-3-super-120b-a12b --state-dtype bf16,int8 --read-dtype bf16 --stochastic-rounding --details
+
     The verdict comes first, one line per batch size; --details adds every candidate and the error by bucket.
     """
     from replayssm_cli.advise import tuner, tuning
@@ -91,7 +96,9 @@ def tune(
     preset = options.one_preset(preset, preset_file, "tune")
     if not preset:
         raise UserError("tune needs a preset", "pass --preset NAME (see `replayssm presets`)")
-    state_dtypes = _dtypes(state_dtype, StateDtype, "--state-dtype") or tuner.DEFAULT_STATE_DTYPES
+    given = _dtypes(state_dtype, StateDtype, "--state-dtype")
+    state_dtypes = given or tuner.DEFAULT_STATE_DTYPES
+
     read_dtypes = _dtypes(read_dtype, ReadDtype, "--read-dtype", allow_none=True)
     io = _dtypes([io_dtype] if io_dtype else None, IODtype, "--io-dtype")
     spec = tuning.TuneSpec(
@@ -104,6 +111,7 @@ def tune(
         io_dtype=io[0] if io else None,
         accept_rate=accept_rate, error_budget=error_budget, memory_budget=memory_budget, results=results,
         measured_only=measured_only, gpu=gpu, tp=tp, steps=steps, heads=heads, trace=trace, seed=seed, out=out,
+        state_dtypes_given=given is not None, rounding="stochastic" if stochastic_rounding else "nearest",
     )
     done = tuning.run(spec)
     if json_:

@@ -25,6 +25,7 @@ DEFAULT_PROMPT = 1024
 DEFAULT_HEADS = 4
 IO_DTYPE = "bf16"
 FP8_MAX = 448.0
+INT8_MAX = 127.0
 # Trained Mamba-2 and GDN layers keep softplus(dt + dt_bias) in the initialisation range [1e-3, 1e-1].
 DT_RANGE = (1e-3, 1e-1)
 DT_NOISE = 0.5
@@ -32,22 +33,32 @@ DT_NOISE = 0.5
 MIN_A = 0.01
 
 VARIANTS = ("conventional", "replay", "split")
+STATE_DTYPES = ("fp32", "bf16", "fp16", "fp8", "int8")
+# Stochastic rounding's bits in the harness come from torch's generator, one stream per config from this seed: the
+# kernels' Philox stream is reproduced by their own tests; here what matters is its statistics over a long decode.
+ROUNDING_SEED = 0
 
 
 @dataclass(frozen=True)
 class Config:
-    """How one run stores and reads state: conventional, replay (checkpoint in state_dtype) or split."""
+    """How one run stores and reads state: conventional, replay (checkpoint in state_dtype) or split; each stored
+    16-bit or 8-bit state rounded to nearest or stochastically."""
 
     variant: str
     state_dtype: str = "fp32"
     window: int | None = None
     read_dtype: str | None = None
+    rounding: str = "nearest"
 
     def __post_init__(self):
         if self.variant not in VARIANTS:
             raise ValueError(f"quality variant must be one of {', '.join(VARIANTS)}, got {self.variant!r}")
-        if self.state_dtype not in ("fp32", "bf16", "fp16"):
-            raise ValueError(f"state dtype must be fp32, bf16 or fp16, got {self.state_dtype!r}")
+        if self.state_dtype not in STATE_DTYPES:
+            raise ValueError(f"state dtype must be one of {', '.join(STATE_DTYPES)}, got {self.state_dtype!r}")
+        if self.rounding not in ("nearest", "stochastic"):
+            raise ValueError(f"rounding must be nearest or stochastic, got {self.rounding!r}")
+        if self.rounding == "stochastic" and self.state_dtype == "fp32":
+            raise ValueError("stochastic rounding applies to a 16-bit or 8-bit state; an fp32 state is stored exactly")
         if self.variant == "conventional":
             if self.window is not None or self.read_dtype is not None:
                 raise ValueError("a conventional config takes no window and no read dtype")
@@ -61,20 +72,24 @@ class Config:
             raise ValueError("a replay config takes no read dtype (that is the split variant)")
 
     def label(self) -> str:
+        sr = " SR" if self.rounding == "stochastic" else ""
         if self.variant == "conventional":
-            return f"conventional {self.state_dtype}"
+            return f"conventional {self.state_dtype}{sr}"
         if self.variant == "replay":
-            return f"replay W{self.window} {self.state_dtype}"
+            return f"replay W{self.window} {self.state_dtype}{sr}"
         return f"split W{self.window} fp32+{self.read_dtype}"
 
-    def key(self) -> tuple[str, str, int | None, str | None]:
-        return (self.variant, self.state_dtype, self.window, self.read_dtype)
+    def key(self) -> tuple[str, str, int | None, str | None, str]:
+        return (self.variant, self.state_dtype, self.window, self.read_dtype, self.rounding)
 
 
-def configs_for(windows: Sequence[int], state_dtypes: Sequence[str], read_dtypes: Sequence[str]) -> list[Config]:
-    """Every conventional, replay and split config over these windows and dtypes."""
-    out = [Config("conventional", s) for s in state_dtypes]
-    out += [Config("replay", s, w) for w in windows for s in state_dtypes]
+def configs_for(windows: Sequence[int], state_dtypes: Sequence[str], read_dtypes: Sequence[str],
+                roundings: Sequence[str] = ("nearest",)) -> list[Config]:
+    """Every conventional, replay and split config over these windows and dtypes, each 16-bit or 8-bit state at each
+    rounding."""
+    stored = [(s, r) for s in state_dtypes for r in roundings if s != "fp32" or r == "nearest"]
+    out = [Config("conventional", s, rounding=r) for s, r in stored]
+    out += [Config("replay", s, w, rounding=r) for w in windows for s, r in stored]
     out += [Config("split", "fp32", w, r) for w in windows for r in read_dtypes]
     return out
 
@@ -328,6 +343,7 @@ class ConfigErrors:
             "state_dtype": c.state_dtype,
             "window": c.window,
             "read_dtype": c.read_dtype,
+            "rounding": c.rounding,
             "buckets": self.buckets,
             "worst_token": self.worst,
             "kernel": self.kernel,
@@ -397,7 +413,7 @@ def _summarise(err2, ref2) -> tuple[dict[str, float], dict[str, float]]:
 
 
 def _stored(S, dtype: str):
-    """S (fp32) as a state stored in `dtype`, read back as fp32."""
+    """S (fp32) as a state stored in `dtype` (fp32, bf16 or fp16) to nearest, read back as fp32."""
     import torch
 
     if dtype == "fp32":
@@ -405,23 +421,55 @@ def _stored(S, dtype: str):
     return S.to({"bf16": torch.bfloat16, "fp16": torch.float16}[dtype]).float()
 
 
-def _store_each(S, configs: list[Config]):
-    """Round slice i of S in place to configs[i]'s state dtype; returns S."""
-    for i, c in enumerate(configs):
-        if c.state_dtype != "fp32":
-            S[i] = _stored(S[i], c.state_dtype)
-    return S
+class _Rounder:
+    """How each config stores a state: its dtype and rounding (the kernels' references: rounded_reference and
+    quantized_rows_reference over each row, the last axis), stochastic bits from one generator per config."""
+
+    def __init__(self, configs: Sequence[Config]):
+        import torch
+
+        self.gens = {c: torch.Generator().manual_seed(ROUNDING_SEED + i) for i, c in enumerate(configs)
+                     if c.rounding == "stochastic"}
+
+    def stored(self, S, c: Config):
+        """S (fp32) as config c stores its state, read back as fp32."""
+        if c.rounding == "nearest":
+            return _read_copy(S, c.state_dtype) if c.state_dtype in ("fp8", "int8") else _stored(S, c.state_dtype)
+        import torch
+
+        from replayssm_cli.model.dtypes import EIGHT_BIT, torch_dtype
+        from replayssm_kernels import rounding
+
+        bits = None
+        if c.rounding == "stochastic":
+            bits = torch.randint(0, 2**32, S.shape, generator=self.gens[c], dtype=torch.int64)
+        dtype = torch_dtype(c.state_dtype)
+        if c.state_dtype in EIGHT_BIT:
+            return rounding.dequantized_rows(*rounding.quantized_rows_reference(S, bits, dtype))
+        return rounding.rounded_reference(S, bits, dtype)
+
+    def each(self, S, configs: list[Config]):
+        """Round slice i of S in place as configs[i] stores it; returns S."""
+        for i, c in enumerate(configs):
+            if c.state_dtype != "fp32":
+                S[i] = self.stored(S[i], c)
+        return S
 
 
 def _read_copy(S, dtype: str | None):
-    """The read copy of checkpoint S as the split kernel sees it: bf16/fp16, or fp8 e4m3 with a scale per row."""
+    """The read copy of checkpoint S as the split kernel sees it: bf16/fp16, or fp8 e4m3 with a scale per row; and an
+    8-bit checkpoint (fp8, or int8 rounded half away from zero) as stored to nearest, each row over its scale."""
     import torch
 
     if dtype is None:
         return S.clone()
-    if dtype == "fp8":
-        scale = S.abs().amax(-1, keepdim=True).clamp_min(1e-30) / FP8_MAX
-        return (S / scale).to(torch.float8_e4m3fn).float() * scale
+    if dtype in ("fp8", "int8"):
+        qmax = FP8_MAX if dtype == "fp8" else INT8_MAX
+        scale = S.abs().amax(-1, keepdim=True).clamp_min(1e-30) / qmax
+        q = S / scale
+        if dtype == "fp8":
+            return q.to(torch.float8_e4m3fn).float() * scale
+        return torch.copysign(torch.floor(q.abs() + 0.5).clamp_max(qmax), q) * scale
     return _stored(S, dtype)
 
 
@@ -529,12 +577,12 @@ def run(
         raise ValueError("quality configs must be distinct")
     if inputs.generated < 1:
         raise ValueError("the inputs hold no generated token after the prompt")
+    report = Report(inputs.op, inputs.dims(), inputs.prompt, inputs.generated, inputs.source)
     with torch.no_grad(), _one_thread():
         err2, ref2, ys = _harness(inputs.op).run(inputs, configs, on_step, keep_outputs)
-    report = Report(inputs.op, inputs.dims(), inputs.prompt, inputs.generated, inputs.source)
-    for i, c in enumerate(configs):
-        buckets, worst = _summarise(err2[i], ref2)
-        report.errors.append(ConfigErrors(c, buckets, worst))
+        for i, c in enumerate(configs):
+            buckets, worst = _summarise(err2[i], ref2)
+            report.errors.append(ConfigErrors(c, buckets, worst))
     if keep_outputs:
         report.outputs = {c: ys[i] for i, c in enumerate(configs)}
     return report
@@ -552,15 +600,15 @@ def _split_configs(configs: list[Config]):
     return conv, rep, windows
 
 
-def _start_states(S64, configs: list[Config], heads: int):
+def _start_states(S64, configs: list[Config], heads: int, rnd: _Rounder):
     """Each config's state after the prompt as it stores it: the conventional configs' states stacked, the replay
     configs' checkpoints and read copies, their windows' buffers and each config's window index; with the configs
     split (conv, rep, windows) and in the order the errors come out."""
     import torch
 
     conv, rep, windows = _split_configs(configs)
-    Sc = torch.stack([_stored(S64.float(), c.state_dtype) for c in conv]) if conv else None
-    S0 = [_stored(S64.float(), c.state_dtype) for c in rep]
+    Sc = torch.stack([rnd.stored(S64.float(), c) for c in conv]) if conv else None
+    S0 = [rnd.stored(S64.float(), c) for c in rep]
     Rd = torch.stack([_read_copy(s, c.read_dtype) for s, c in zip(S0, rep)]) if rep else None
     win = _Windows(windows, heads) if rep else None
     cfg_w = torch.tensor([windows.index(c.window) for c in rep], dtype=torch.long)
@@ -598,7 +646,8 @@ def _run_mamba2(inputs: Inputs, configs: list[Config], on_step, keep: bool):
     x64, B64, C64, D64, delta64, log_a64 = _mamba2_params(inputs, torch.float64)
     H = x.shape[1]
     S64 = _prompt_state(inputs)
-    conv, rep, windows, order, Sc, S0, Rd, win, cfg_w = _start_states(S64, configs, H)
+    rnd = _Rounder(configs)
+    conv, rep, windows, order, Sc, S0, Rd, win, cfg_w = _start_states(S64, configs, H, rnd)
 
     G = inputs.generated
     err2 = torch.zeros(len(order), G, dtype=torch.float64)
@@ -614,7 +663,7 @@ def _run_mamba2(inputs: Inputs, configs: list[Config], on_step, keep: bool):
         if conv:
             Snew = _mamba2_update(Sc, log_a[s], delta[s], x[s], B[s])
             ys.append(_mv(Snew, C[s]) + skip)
-            Sc = _store_each(Snew, conv)
+            Sc = rnd.each(Snew, conv)
         if rep:
             win.append(g, log_a[s])
             tok = win.token(g, inputs.prompt)
@@ -631,7 +680,7 @@ def _run_mamba2(inputs: Inputs, configs: list[Config], on_step, keep: bool):
                         continue
                     Snew = decay * S0[i] + fold
                     y_rep[i] = _mv(Snew, C[s]) + skip
-                    S0[i] = _stored(Snew, c.state_dtype)
+                    S0[i] = rnd.stored(Snew, c)
                     Rd[i] = _read_copy(S0[i], c.read_dtype)
                 win.reset(w)
             ys.append(y_rep)
@@ -661,7 +710,8 @@ def _run_gdn(inputs: Inputs, configs: list[Config], on_step, keep: bool):
     q64, k64, v64, g64, beta64 = _gdn_params(inputs, torch.float64)
     H, V = v.shape[1], v.shape[2]
     S64 = _prompt_state(inputs)
-    conv, rep, windows, order, Sc, S0, Rd, win, cfg_w = _start_states(S64, configs, H)
+    rnd = _Rounder(configs)
+    conv, rep, windows, order, Sc, S0, Rd, win, cfg_w = _start_states(S64, configs, H, rnd)
     # The buffer caches the corrected update u_j, so each config keeps its own ring of them.
     u_ring = torch.zeros(len(rep), win.wmax if rep else 1, H, V)
 
@@ -677,7 +727,7 @@ def _run_gdn(inputs: Inputs, configs: list[Config], on_step, keep: bool):
         if conv:
             Snew, y = _gdn_step(Sc, q[s], k[s], v[s], gl[s], beta[s])
             ys.append(y)
-            Sc = _store_each(Snew, conv)
+            Sc = rnd.each(Snew, conv)
         if rep:
             alpha = torch.exp(gl[s])
             tok = win.token(g, inputs.prompt)
@@ -718,7 +768,7 @@ def _run_gdn(inputs: Inputs, configs: list[Config], on_step, keep: bool):
                 Snew = torch.exp(win.lam[w])[None, :, None, None] * S0w + fold
                 y_rep[sel] = _mv(Snew, q[s])
                 for j, i in enumerate(members):
-                    S0[i] = _stored(Snew[j], rep[i].state_dtype)
+                    S0[i] = rnd.stored(Snew[j], rep[i])
                     Rd[i] = _read_copy(S0[i], rep[i].read_dtype)
                 win.reset(w)
             ys.append(y_rep)
@@ -821,15 +871,28 @@ def stepwise_outputs(inputs: Inputs, config: Config, *, backend: str = "kernels"
         state = _prompt_state(inputs).float()
     G = inputs.generated
     ys = torch.full((G, H, d.get("P", d.get("V"))), float("nan"), dtype=torch.float32, device=dev)
+    stochastic = config.rounding == "stochastic"
     with torch.no_grad(), _one_thread():
         if config.variant == "conventional":
-            pool = state.to(torch_dtype(config.state_dtype)).to(dev)[None].contiguous()
+            store: dict[str, Any] = {}
+            if config.state_dtype in ("fp8", "int8"):
+                from replayssm_kernels.rounding import quantized_rows_reference
+
+                pool, scale = quantized_rows_reference(state.to(dev)[None], None, torch_dtype(config.state_dtype))
+                store["state_scale"] = scale
+            else:
+                pool = state.to(torch_dtype(config.state_dtype)).to(dev)[None].contiguous()
+            if stochastic:
+                from replayssm_kernels.rounding import StateRounding
+
+                store["rounding"] = StateRounding.create(1, ROUNDING_SEED, device=dev)
             for g in range(G):
-                ys[g] = decode(pool, *step_args(inputs.prompt + g), **kw)[0]
+                ys[g] = decode(pool, *step_args(inputs.prompt + g), **kw, **store)[0]
         else:
             cache = ReplayCache.create(
                 1, *dims.values(), config.window,
                 state_dtype=config.state_dtype, read_dtype=config.read_dtype, io_dtype="fp32", device=dev,
+                **({"rounding": "stochastic", "seed": ROUNDING_SEED} if stochastic else {}),
             )
             cache.load(state.to(dev)[None].contiguous())
             for g in range(G):
