@@ -433,3 +433,20 @@ def test_rows_written_before_rounding_pair_as_nearest():
     old = {"kind": "kernel", "variant": "replay", "state_dtype": "bf16"}
     assert rounding_of(old) == "nearest"
     assert config_key(old) == config_key({**old, "rounding": "nearest"}) != config_key({**old, "rounding": "stochastic"})
+
+
+@pytest.mark.parametrize("state, rounding", [("int8", "nearest"), ("fp8", "nearest"), ("bf16", "stochastic"), ("int8", "stochastic")],
+                         ids=["int8", "fp8", "bf16-SR", "int8-SR"])
+def test_make_case_checks_a_conventional_step_at_the_new_precisions(device, state, rounding):
+    """The instrumented loop hands the kernel and its reference the same row scales and rounding streams."""
+    case = bench.make_case({"shape": {"op": "mamba2", "H": 2, "P": 12, "N": 8, "G": 1}, "variant": "conventional", "batch": 3,
+                            "state_dtype": state, "rounding": rounding, "io_dtype": "bf16", "layers": 1, "seed": 2}, device)
+    try:
+        layer = case._layers[0]
+        assert layer.state.dtype == {"int8": torch.int8, "fp8": torch.float8_e4m3fn, "bf16": torch.bfloat16}[state]
+        assert (layer.state_scale is not None) == (state != "bf16") and (layer.rounding is not None) == (rounding == "stochastic")
+        assert case.check() <= case.tolerance()
+        if layer.rounding is not None:
+            assert layer.rounding.step.tolist() == [2, 2, 2], "the check's two steps advanced every slot's store count"
+    finally:
+        case.close()

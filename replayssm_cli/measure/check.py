@@ -69,10 +69,8 @@ def refuse_fp8_on(dev: Any, read_dtypes=(), state_dtypes=()) -> None:
     try:
         if "fp8" in (read_dtypes or ()):
             families.check_read_dtype(torch.float8_e4m3fn, dev)
-        arch = families.capability(dev)
-        if "fp8" in (state_dtypes or ()) and arch is not None and not families.family_of(arch).fp8:
-            raise UserError(f"fp8 checkpoints need sm_89 or newer (float8 e4m3 conversions); this GPU is sm_{arch}",
-                            "pass --state-dtype int8 (the same bytes, an fp32 scale per row) or bf16")
+        if "fp8" in (state_dtypes or ()):
+            families.check_state_dtype(torch.float8_e4m3fn, dev)
     except families.UnsupportedOnChip as exc:
         raise UserError(str(exc)) from None
 
