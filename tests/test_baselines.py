@@ -520,3 +520,14 @@ def test_profile_unknown_baseline_is_one_line(tmp_path, monkeypatch):
     assert res.exit_code == 2 and len(res.stderr.strip().splitlines()) == 1
     assert "--baseline 'cudnn'" in res.stderr and "flashinfer-ssu" in res.stderr
     assert not (tmp_path / "x.json").exists()
+
+
+def test_baselines_store_only_what_they_are_run_with():
+    ssu, cp, fla = (baselines.get(n) for n in ("flashinfer-ssu", "flashinfer-checkpointing", "fla"))
+    assert "fp32 and 16-bit states only" in ssu.unstored("int8", "nearest")
+    assert "rounding to nearest only" in fla.unstored("bf16", "stochastic")
+    assert ssu.unstored("bf16", "nearest") is None
+    # checkpointing_ssu stores fp8 and int8 states with row scales and rounds fp16 and 8-bit states stochastically
+    for state, rounding in (("int8", "nearest"), ("fp8", "stochastic"), ("fp16", "stochastic"), ("bf16", "nearest")):
+        assert cp.unstored(state, rounding) is None, (state, rounding)
+    assert "not bf16" in cp.unstored("bf16", "stochastic")

@@ -12,6 +12,8 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Callable
 
+from replayssm_cli.model.dtypes import EIGHT_BIT
+
 PREFIX = "baseline:"
 ALL = "all"
 # Path to mamba_ssm's ops/triton/selective_state_update.py, for machines where mamba_ssm's CUDA build is impossible.
@@ -50,6 +52,15 @@ class Baseline:
 
     def unsupported(self, *, window: int | None, state_dtype: str, io_dtype: str, shape: Any) -> str | None:
         """Why this kernel cannot run the configuration, or None."""
+        return None
+
+    def unstored(self, state_dtype: str, rounding: str) -> str | None:
+        """Why this kernel cannot store a state of this dtype and rounding, or None: outside kernels here take fp32 and
+        16-bit states rounded to nearest unless they say otherwise."""
+        if state_dtype in EIGHT_BIT:
+            return f"{self.kernel} is run here with fp32 and 16-bit states only"
+        if rounding == "stochastic":
+            return f"{self.kernel} is run here rounding to nearest only"
         return None
 
     def settings(self, case: Any) -> list[dict[str, Any]]:
@@ -261,6 +272,13 @@ class FlashInferCheckpointing(Baseline):
             raise ImportError("flashinfer.mamba has no checkpointing_ssu (FlashInfer 0.7.2 or later has it)")
         return mod
 
+    def unstored(self, state_dtype: str, rounding: str) -> str | None:
+        # Its Philox path is taken for an fp16 state only (kernel_checkpointing_ssu.cuh: kPhiloxF16); a bf16 state given
+        # a seed would round to nearest, so it is not run as stochastic rounding.
+        if rounding == "stochastic" and state_dtype == "bf16":
+            return "checkpointing_ssu rounds stochastically into fp16 and 8-bit states only, not bf16"
+        return None
+
     def unsupported(self, *, window: int | None, state_dtype: str, io_dtype: str, shape: Any) -> str | None:
         if not window or window > FLASHINFER_MAX_WINDOW:
             return f"checkpointing_ssu takes windows of 1 to {FLASHINFER_MAX_WINDOW}"
@@ -273,6 +291,10 @@ class FlashInferCheckpointing(Baseline):
         return None
 
     def settings(self, case: Any) -> list[dict[str, Any]]:
+        # An 8-bit state runs its monolithic kernel only (the two-kernel split and the autotuner's other tactics take
+        # 16-bit and fp32 states).
+        if case.eight_bit:
+            return [{"algorithm": "monolith"}]
         return [{"algorithm": "monolith"}, {"algorithm": "two-kernel"}, {"algorithm": "auto", "autotune": True}]
 
     def make(self, case: Any, layer: Any, settings: dict[str, Any]) -> Any:
@@ -289,6 +311,9 @@ class FlashInferCheckpointing(Baseline):
             settings=settings,
             ring=ring,
             state=layer.state0.clone(),
+            # an 8-bit state's decode scales per (slot, head, p), as ours; the Philox seed where rounding stochastically
+            state_scale=None if layer.scale0 is None else layer.scale0.clone(),
+            rand_seed=torch.tensor([case.spec.get("seed") or 0], dtype=torch.int64, device=dev) if case.rounding == "stochastic" else None,
             x_cache=torch.zeros((nslots, s.H, ring, s.P), dtype=io, device=dev),
             B_cache=torch.zeros((nslots, s.G, ring, s.N), dtype=io, device=dev),
             dt_cache=torch.zeros((nslots, s.H, ring), dtype=torch.float32, device=dev),
@@ -317,7 +342,7 @@ class FlashInferCheckpointing(Baseline):
         self.load_module().checkpointing_ssu(
             h.state, h.x_cache, h.B_cache, h.dt_cache, ring_start, pnat, inp["x"], inp["dt"], h.A, inp["B"], inp["C"],
             h.out, D=h.D, z=inp["z"], dt_bias=h.dt_bias, dt_softplus=h.dt_softplus, state_batch_indices=slots,
-            pad_slot_id=-1, algorithm=algorithm, **scratch,
+            pad_slot_id=-1, algorithm=algorithm, state_scale=h.state_scale, rand_seed=h.rand_seed, **scratch,
         )
 
     def _tune(self, case: Any, layer: Any, h: Any) -> None:
@@ -335,6 +360,8 @@ class FlashInferCheckpointing(Baseline):
 
         h = handle
         h.state.copy_(layer.state0)
+        if h.state_scale is not None:
+            h.state_scale.copy_(layer.scale0)
         nslots = h.state.shape[0]
         zeros = torch.zeros(nslots, dtype=torch.int32, device=case.device)
         for k in range(int(fills.max().item())):
@@ -371,7 +398,7 @@ class FlashInferCheckpointing(Baseline):
         k = _schedule_row(done, h.ring_start.shape[0])
         start, count = h.ring_start[k].long(), h.pnat[k].long()
         A = layer.params["A"].float()
-        S = h.state.float().clone()
+        S = h.state.float() * h.state_scale[..., None] if h.state_scale is not None else h.state.float().clone()
         idx = torch.arange(S.shape[0], device=S.device)
         heads_per_group = S.shape[1] // h.B_cache.shape[1]
         for j in range(int(count.max().item()) if count.numel() else 0):

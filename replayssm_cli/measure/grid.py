@@ -252,8 +252,8 @@ def plan(spec: ProfileSpec, presets: list[Any], left_out: list[dict[str, str]] |
                     if bl.op != preset.kind:
                         continue
                     for w in spec.windows if bl.variant == "replay" else (None,):
-                        why = bl.unsupported(window=w, state_dtype=sd, io_dtype=spec.io_dtype, shape=preset.shape,
-                                             rounding=common["rounding"])
+                        why = (bl.unsupported(window=w, state_dtype=sd, io_dtype=spec.io_dtype, shape=preset.shape)
+                               or bl.unstored(sd, common["rounding"]))
                         if why:
                             if left_out is not None and b == spec.batches[0]:
                                 left_out.append({"what": f"{preset.name} baseline:{bl.name}" + (f" W{w}" if w else "") + f" {sd}", "why": why})
