@@ -148,14 +148,21 @@ def accept_snapshot_ref(state, snapshots, n_accepted, slots=None):
             state[s] = snapshots[s, n - 1]
 
 
+def _checkpoint(cache, s: int, cd) -> torch.Tensor:
+    scale = cache.checkpoint_scale
+    return load_state(cache.checkpoint[s], None if scale is None else scale[s], cd)
+
+
 def _read_state(cache, s: int, cd) -> torch.Tensor:
     if cache.read_copy is None:
-        return cache.checkpoint[s].to(cd)
+        return _checkpoint(cache, s, cd)
     return dequantize_ref(cache.read_copy[s], None if cache.read_scale is None else cache.read_scale[s], cd)
 
 
 def _store_checkpoint(cache, s: int, S: torch.Tensor) -> None:
-    cache.checkpoint[s] = S.to(cache.checkpoint.dtype)
+    """A new checkpoint for slot s, rounded as the cache's stores are (bits at the slot's current count)."""
+    _, H, P, N = cache.checkpoint.shape
+    store_state(cache.checkpoint, cache.checkpoint_scale, s, S, _slot_bits(cache.rounding, s, H, P * N))
     if cache.read_copy is not None:
         copy, scale = quantize_ref(S, cache.read_copy.dtype)
         cache.read_copy[s] = copy
@@ -185,10 +192,11 @@ def _lam_last(cache, s: int, f: int, cd) -> torch.Tensor:
 def replay_ref(cache, x, dt, A, B, C, *, D=None, z=None, dt_bias=None, dt_softplus=False, slots=None, out=None):
     """One ReplaySSM step on a ReplayCache, mutating it exactly as the kernel does.
 
-    A row at fill f appends its entry and answers from the checkpoint (its read copy when there is one)
-    plus the buffer while f + 1 < W; otherwise it folds the buffer and this token into a new checkpoint
-    (rounded to the state dtype, read copy rewritten from the fp32 value), answers from the fp32 value and
-    empties the buffer. Computes in fp32.
+    A row at fill f appends its entry and answers from the checkpoint (its read copy when there is one; 8-bit rows
+    times their scales) plus the buffer while f + 1 < W; otherwise it folds the buffer and this token into a new
+    checkpoint (stored as the cache rounds: to nearest or stochastically by `cache.rounding`, 8-bit rows with their
+    scales; read copy rewritten from the fp32 value), answers from the fp32 value and empties the buffer. Every
+    row's slot's rounding count then advances by one. Computes in fp32.
     """
     cd = torch.float32
     batch, H, P = x.shape
@@ -215,11 +223,13 @@ def replay_ref(cache, x, dt, A, B, C, *, D=None, z=None, dt_bias=None, dt_softpl
             cache.lam_buf[s, :, f] = lam
             cache.fill[s] = f + 1
         else:
-            S = _fold(cache.checkpoint[s].to(cd), xs, bs, ds, ls, lam)
+            S = _fold(_checkpoint(cache, s, cd), xs, bs, ds, ls, lam)
             _store_checkpoint(cache, s, S)
             yb = torch.einsum("hpn,hn->hp", S, Ch)
             cache.fill[s] = 0
         y[b] = _finish(yb, xb.to(cd), D, None if z is None else z[b], cd).to(y.dtype)
+    if cache.rounding is not None:
+        cache.rounding.advance(slots, batch)
     return y
 
 
@@ -228,7 +238,8 @@ def verify_ref(cache, x, dt, A, B, C, *, D=None, z=None, dt_bias=None, dt_softpl
 
     x, z (batch, T, H, P); dt (batch, T, H); B, C (batch, T, G, N). A row whose fill is ≥ W first folds its
     committed entries into the checkpoint (as a flush does) and answers from that fp32 value. The drafts' x,
-    Δ and lam go to the buffer at fill..fill+T-1, their B to the draft area that `accept_ref` commits.
+    Δ and lam go to the buffer at fill..fill+T-1, their B to the draft area that `accept_ref` commits. A fold stores
+    as `replay_ref`'s flush does, and every row's slot's rounding count advances by one.
     """
     cd = torch.float32
     batch, T, H, P = x.shape
@@ -238,7 +249,7 @@ def verify_ref(cache, x, dt, A, B, C, *, D=None, z=None, dt_bias=None, dt_softpl
         f = int(cache.fill[s, 0])
         if f >= cache.window:
             xs, bs, ds, ls = _entries(cache, s, f, cd)
-            S0 = _fold(cache.checkpoint[s].to(cd), xs, bs, ds, ls, _lam_last(cache, s, f, cd))
+            S0 = _fold(_checkpoint(cache, s, cd), xs, bs, ds, ls, _lam_last(cache, s, f, cd))
             _store_checkpoint(cache, s, S0)
             f = 0
             cache.fill[s] = 0
@@ -263,6 +274,8 @@ def verify_ref(cache, x, dt, A, B, C, *, D=None, z=None, dt_bias=None, dt_softpl
         cache.dt_buf[s, :, f : f + T] = delta.transpose(0, 1)
         cache.lam_buf[s, :, f : f + T] = lam.transpose(0, 1)
         cache.b_draft[s, :, :T] = Bd.transpose(0, 1)
+    if cache.rounding is not None:
+        cache.rounding.advance(slots, batch)
     return y
 
 
@@ -282,7 +295,8 @@ def materialize_ref(cache, slots=None) -> torch.Tensor:
     for s in idx:
         f = int(cache.fill[s, 0])
         xs, bs, ds, ls = _entries(cache, s, f, torch.float32)
-        states.append(_fold(cache.checkpoint[s].float(), xs, bs, ds, ls, _lam_last(cache, s, f, torch.float32)))
+        states.append(_fold(_checkpoint(cache, s, torch.float32), xs, bs, ds, ls,
+                            _lam_last(cache, s, f, torch.float32)))
     if not states:
         return cache.checkpoint.new_zeros((0, *cache.checkpoint.shape[1:]), dtype=torch.float32)
     return torch.stack(states)

@@ -8,7 +8,7 @@ import torch
 import triton
 import triton.language as tl
 
-from replayssm_kernels import common, families
+from replayssm_kernels import common, families, rounding as rnd
 from replayssm_kernels.common import (
     LIST_ENTRY,
     LIST_HEADER,
@@ -25,7 +25,7 @@ from replayssm_kernels.common import (
 )
 from replayssm_kernels.mamba2 import args
 from replayssm_kernels.mamba2.cache import ReplayCache
-from replayssm_kernels.mamba2.common import finish_output, fold_entries, step_delta, store_read_copy, z_gate
+from replayssm_kernels.mamba2.common import finish_output, fold_entries, step_delta, store_read_copy, store_rows, z_gate
 
 
 @triton.jit
@@ -57,12 +57,12 @@ def _chunk_output(
     checkpoint, read_copy, read_scale, D, p_y, p_xb, p_x, z, o_z, i_h, i_s, i_sh, o_r, b_C3, b_kw, b_decay, b_bc,
     o_n3, m_n3, o_w, m_w, P, stride_ck_s, stride_ck_h, stride_ck_p, stride_rc_s, stride_rc_h, stride_rc_p,
     HAS_D: tl.constexpr, HAS_Z: tl.constexpr, USE_COPY: tl.constexpr, IS_FP8: tl.constexpr,
-    b_xw, b_xc, b_z, PREFETCH: tl.constexpr,
+    b_xw, b_xc, b_z, PREFETCH: tl.constexpr, ck_scale, CK_Q8: tl.constexpr,
 ):
     """A non-flush step's outputs for rows o_r of a head: y = e^{Λ_t}(S₀C) + Σ_j w_j x_j + ΔB·C x from the tile (the
-    read copy, else the checkpoint) [RC, NC, VN], the buffered x [BW, RC] with weights b_kw, and this token's x,
-    which it returns as given. With PREFETCH the caller has read the buffered x, x and z (b_xw, b_xc, b_z, from
-    `_chunk_inputs`); else they are read here, after the tile."""
+    read copy, else the checkpoint; with CK_Q8 8-bit rows, times their scales ck_scale) [RC, NC, VN], the buffered x
+    [BW, RC] with weights b_kw, and this token's x, which it returns as given. With PREFETCH the caller has read the
+    buffered x, x and z (b_xw, b_xc, b_z, from `_chunk_inputs`); else they are read here, after the tile."""
     m_r = o_r < P
     if USE_COPY:
         p_t = read_copy + i_s * stride_rc_s + i_h * stride_rc_h + o_r * stride_rc_p
@@ -75,6 +75,8 @@ def _chunk_output(
         b_xw, b_xc, _ = _chunk_inputs(p_xb, p_x, z, o_z, o_r, m_r, o_w, m_w, P, False)
     if IS_FP8:
         b_yc = b_yc * tl.load(read_scale + i_sh * P + o_r, mask=m_r, other=0.0)
+    if CK_Q8:
+        b_yc = b_yc * tl.load(ck_scale + i_sh * P + o_r, mask=m_r, other=0.0)
     b_yc = b_decay * b_yc + tl.sum(b_kw[:, None] * b_xw.to(tl.float32), axis=0)
     b_yc += b_bc * b_xc.to(tl.float32)
     if PREFETCH:
@@ -94,9 +96,12 @@ def _flush_rows(
     P, N, stride_x_b, stride_x_h, stride_ck_p, stride_rc_s, stride_rc_h, stride_rc_p,
     BP: tl.constexpr, BPF: tl.constexpr, STAGES: tl.constexpr, HAS_D: tl.constexpr, HAS_Z: tl.constexpr,
     USE_COPY: tl.constexpr, IS_FP8: tl.constexpr, PRECISION: tl.constexpr,
+    ck_scale, seed, steps, CK_Q8: tl.constexpr, RANDOM: tl.constexpr,
 ):
     """The step that fills the window for rows i_p·BP .. of a (slot, head): fold the f buffered entries (weights b_cw
-    [BW]) and this token into a new checkpoint (and read copy), answer from it."""
+    [BW]) and this token into a new checkpoint (and read copy), answer from it (from the fp32 values). With CK_Q8
+    the checkpoint is 8-bit rows with scales ck_scale, read and stored as such; with RANDOM it is stored rounded
+    stochastically."""
     m_w = o_w < f
     # The flush walks its rows BPF at a time (a pipelined loop) so that this rare branch does not raise the
     # register count of the common one; each chunk's rank-f update is one [BPF, BW] x [BW, BN] fp32 product.
@@ -111,11 +116,18 @@ def _flush_rows(
         m_sc = m_c[:, None] & m_n[None, :]
         p_ckc = checkpoint + o_s + o_c[:, None] * stride_ck_p + o_n[None, :]
         b_s = tl.load(p_ckc, mask=m_sc, other=0.0).to(tl.float32)
+        if CK_Q8:
+            b_s = b_s * tl.load(ck_scale + i_sh * P + o_c, mask=m_c, other=0.0)[:, None]
         b_xc = tl.load(p_xb + o_w[:, None] * P + o_c[None, :], mask=m_w[:, None] & m_c[None, :], other=0.0)
         b_xt = tl.load(x + i_b * stride_x_b + i_h * stride_x_h + o_c, mask=m_c, other=0.0).to(tl.float32)
         b_u = tl.dot(tl.trans(b_xc.to(tl.float32) * b_cw[:, None]), b_bwf, input_precision=PRECISION)
         b_s = b_s * b_decay + b_u + b_xt[:, None] * b_sB[None, :]
-        tl.store(p_ckc, b_s.to(p_ckc.dtype.element_ty), mask=m_sc)
+        # the nearest path inline, not through store_rows, so that it compiles to the code it did
+        if CK_Q8 or RANDOM:
+            store_rows(p_ckc, b_s, m_sc, ck_scale, i_sh * P + o_c, m_c, seed, steps, i_s, i_h,
+                       o_c[:, None] * N + o_n[None, :], CK_Q8, RANDOM)
+        else:
+            tl.store(p_ckc, b_s.to(p_ckc.dtype.element_ty), mask=m_sc)
         if USE_COPY:
             p_rcc = read_copy + i_s * stride_rc_s + i_h * stride_rc_h + o_c[:, None] * stride_rc_p + o_n[None, :]
             store_read_copy(b_s, p_rcc, read_scale, i_sh * P + o_c, m_sc, m_c, IS_FP8)
@@ -127,7 +139,7 @@ def _flush_rows(
 @triton.jit
 def mamba2_replay_kernel(
     x, dt, A, B, C, D, z, dt_bias, slots, y,
-    checkpoint, read_copy, read_scale, x_buf, b_buf, dt_buf, lam_buf, fill, arrive, work,
+    checkpoint, read_copy, read_scale, x_buf, b_buf, dt_buf, lam_buf, fill, arrive, work, ck_scale, seed, steps,
     H, G, P, N,
     stride_ck_s, stride_ck_h, stride_ck_p,
     stride_rc_s, stride_rc_h, stride_rc_p,
@@ -140,7 +152,7 @@ def mamba2_replay_kernel(
     W: tl.constexpr, CAP: tl.constexpr, BP: tl.constexpr, BPF: tl.constexpr, BN: tl.constexpr, BW: tl.constexpr,
     VN: tl.constexpr, RC: tl.constexpr, STAGES: tl.constexpr, NPB: tl.constexpr, HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_DT_BIAS: tl.constexpr, USE_SOFTPLUS: tl.constexpr,
     HAS_SLOTS: tl.constexpr, USE_COPY: tl.constexpr, IS_FP8: tl.constexpr, EARLY: tl.constexpr, PRECISION: tl.constexpr,
-    PHASE: tl.constexpr, PREFETCH: tl.constexpr,
+    PHASE: tl.constexpr, PREFETCH: tl.constexpr, CK_Q8: tl.constexpr = False, RANDOM: tl.constexpr = False,
 ):
     # PHASE 0 takes every row's step; 1 only the non-flush steps, and lists the (row, head, fill) of each head that
     # flushes in `work` for `mamba2_flush_kernel` (`replay` launches the two where the settings ask for two
@@ -233,6 +245,8 @@ def mamba2_replay_kernel(
             b_y = tl.sum(tl.sum(b_r.to(tl.float32) * b_C3[None, :, :], axis=1), axis=1)
             if IS_FP8:
                 b_y = b_y * tl.load(read_scale + i_sh * P + o_p, mask=m_p, other=0.0)
+            if CK_Q8:
+                b_y = b_y * tl.load(ck_scale + i_sh * P + o_p, mask=m_p, other=0.0)
             b_y = tl.exp(b_lam) * b_y + tl.sum(b_kw[:, None] * b_xw.to(tl.float32), axis=0)
             b_y += (b_dt * tl.sum(b_B * b_C, axis=0)) * b_x
             b_y = finish_output(b_y, b_x, D, z, o_z + o_p, m_p, i_h, HAS_D, HAS_Z)
@@ -258,7 +272,8 @@ def mamba2_replay_kernel(
                 _chunk_output(
                     checkpoint, read_copy, read_scale, D, p_y, p_xb, p_x, z, o_z, i_h, i_s, i_sh, o_r, b_C3, b_kw,
                     b_decay, b_bc, o_n3, m_n3, o_w, m_w, P, stride_ck_s, stride_ck_h, stride_ck_p, stride_rc_s,
-                    stride_rc_h, stride_rc_p, HAS_D, HAS_Z, USE_COPY, IS_FP8, b_xw, b_xc, b_z, PREFETCH,
+                    stride_rc_h, stride_rc_p, HAS_D, HAS_Z, USE_COPY, IS_FP8, b_xw, b_xc, b_z, PREFETCH, ck_scale,
+                    CK_Q8,
                 )
         tl.store(p_xb + f * P + o_p, b_xr, mask=m_p)
         if i_p == 0:
@@ -273,7 +288,7 @@ def mamba2_replay_kernel(
                 checkpoint, read_copy, read_scale, x, D, z, p_y, p_xb, p_bb,
                 i_b, i_h, i_p, i_s, i_sh, f, b_lam, b_cw, b_dt, b_B, b_C, o_s, o_z, o_n, m_n, o_w,
                 P, N, stride_x_b, stride_x_h, stride_ck_p, stride_rc_s, stride_rc_h, stride_rc_p,
-                BP, BPF, STAGES, HAS_D, HAS_Z, USE_COPY, IS_FP8, PRECISION,
+                BP, BPF, STAGES, HAS_D, HAS_Z, USE_COPY, IS_FP8, PRECISION, ck_scale, seed, steps, CK_Q8, RANDOM,
             )
         f_next = f * 0
 
@@ -300,7 +315,7 @@ def mamba2_replay_kernel(
 @triton.jit
 def _heads_step(
     x, dt, A, B, C, D, z, dt_bias, slots, y,
-    checkpoint, read_copy, read_scale, x_buf, b_buf, dt_buf, lam_buf, fill, work,
+    checkpoint, read_copy, read_scale, x_buf, b_buf, dt_buf, lam_buf, fill, work, ck_scale,
     H, G, P, N,
     stride_ck_s, stride_ck_h, stride_ck_p,
     stride_rc_s, stride_rc_h, stride_rc_p,
@@ -314,7 +329,7 @@ def _heads_step(
     W: tl.constexpr, CAP: tl.constexpr, BP: tl.constexpr, BN: tl.constexpr, BW: tl.constexpr, VN: tl.constexpr,
     RC: tl.constexpr, STAGES: tl.constexpr, HPP: tl.constexpr, HAS_D: tl.constexpr, HAS_Z: tl.constexpr,
     HAS_DT_BIAS: tl.constexpr, USE_SOFTPLUS: tl.constexpr, HAS_SLOTS: tl.constexpr, USE_COPY: tl.constexpr,
-    IS_FP8: tl.constexpr, PREFETCH: tl.constexpr, TAIL: tl.constexpr,
+    IS_FP8: tl.constexpr, PREFETCH: tl.constexpr, TAIL: tl.constexpr, CK_Q8: tl.constexpr,
 ):
     """Heads h0 .. h0 + HPP of row i_b (mamba2_heads_kernel)."""
     HPG = H // G
@@ -370,7 +385,7 @@ def _heads_step(
                 checkpoint, read_copy, read_scale, D, y + i_b * stride_y_b + i_h * stride_y_h, p_xb,
                 p_x + i_h * stride_x_h, z, o_z + i_h * stride_z_h, i_h, i_s, i_sh, o_r, b_C3, b_kw, tl.exp(b_lam),
                 b_dt * b_cb, o_n3, m_n3, o_w, m_w, P, stride_ck_s, stride_ck_h, stride_ck_p, stride_rc_s, stride_rc_h,
-                stride_rc_p, HAS_D, HAS_Z, USE_COPY, IS_FP8, b_xw, b_xc, b_z, PREFETCH,
+                stride_rc_p, HAS_D, HAS_Z, USE_COPY, IS_FP8, b_xw, b_xc, b_z, PREFETCH, ck_scale, CK_Q8,
             )
             # This token's entry: x's rows with each chunk, Δ and lam with each head's first.
             tl.store(p_xb + f * P + o_r, b_xc, mask=o_r < P)
@@ -384,7 +399,7 @@ def _heads_step(
 @triton.jit
 def mamba2_heads_kernel(
     x, dt, A, B, C, D, z, dt_bias, slots, y,
-    checkpoint, read_copy, read_scale, x_buf, b_buf, dt_buf, lam_buf, fill, work,
+    checkpoint, read_copy, read_scale, x_buf, b_buf, dt_buf, lam_buf, fill, work, ck_scale, seed, steps,
     H, G, P, N,
     stride_ck_s, stride_ck_h, stride_ck_p,
     stride_rc_s, stride_rc_h, stride_rc_p,
@@ -399,7 +414,7 @@ def mamba2_heads_kernel(
     RC: tl.constexpr, STAGES: tl.constexpr, HPP: tl.constexpr, HAS_D: tl.constexpr, HAS_Z: tl.constexpr,
     HAS_DT_BIAS: tl.constexpr, USE_SOFTPLUS: tl.constexpr, HAS_SLOTS: tl.constexpr, USE_COPY: tl.constexpr,
     IS_FP8: tl.constexpr, PREFETCH: tl.constexpr, TAIL: tl.constexpr, BPF: tl.constexpr,
-    FSTAGES: tl.constexpr, PRECISION: tl.constexpr,
+    FSTAGES: tl.constexpr, PRECISION: tl.constexpr, CK_Q8: tl.constexpr = False, RANDOM: tl.constexpr = False,
 ):
     """A two-launch step's non-flush launch with HPP heads of one group per program (whole heads, BP ≥ P): the
     group's C·B of the buffered entries is summed once for all of them, and one pipelined loop streams their tiles
@@ -420,13 +435,13 @@ def mamba2_heads_kernel(
     if heads:
         _heads_step(
             x, dt, A, B, C, D, z, dt_bias, slots, y,
-            checkpoint, read_copy, read_scale, x_buf, b_buf, dt_buf, lam_buf, fill, work,
+            checkpoint, read_copy, read_scale, x_buf, b_buf, dt_buf, lam_buf, fill, work, ck_scale,
             H, G, P, N,
             stride_ck_s, stride_ck_h, stride_ck_p, stride_rc_s, stride_rc_h, stride_rc_p, stride_x_b, stride_x_h,
             stride_dt_b, stride_dt_h, stride_B_b, stride_B_g, stride_C_b, stride_C_g, stride_z_b, stride_z_h,
             stride_y_b, stride_y_h, i_b, h0,
             W, CAP, BP, BN, BW, VN, RC, STAGES, HPP, HAS_D, HAS_Z, HAS_DT_BIAS, USE_SOFTPLUS, HAS_SLOTS,
-            USE_COPY, IS_FP8, PREFETCH, TAIL,
+            USE_COPY, IS_FP8, PREFETCH, TAIL, CK_Q8,
         )
         if TAIL:
             tail_heads_done(work)
@@ -442,7 +457,7 @@ def mamba2_heads_kernel(
                 stride_x_h, stride_dt_b, stride_dt_h, stride_B_b, stride_B_g, stride_C_b, stride_C_g, stride_z_b,
                 stride_z_h, stride_y_b, stride_y_h,
                 CAP, BP, BPF, BN, BW, FSTAGES, HAS_D, HAS_Z, HAS_DT_BIAS, USE_SOFTPLUS, HAS_SLOTS, USE_COPY,
-                IS_FP8, PRECISION,
+                IS_FP8, PRECISION, ck_scale, seed, steps, CK_Q8, RANDOM,
             )
             i_e = tail_claim(work)
             listed = tail_wait(work, i_e, NHP, NE)
@@ -465,7 +480,7 @@ def _flush_item(
     CAP: tl.constexpr, BP: tl.constexpr, BPF: tl.constexpr, BN: tl.constexpr, BW: tl.constexpr,
     STAGES: tl.constexpr, HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_DT_BIAS: tl.constexpr,
     USE_SOFTPLUS: tl.constexpr, HAS_SLOTS: tl.constexpr, USE_COPY: tl.constexpr, IS_FP8: tl.constexpr,
-    PRECISION: tl.constexpr,
+    PRECISION: tl.constexpr, ck_scale, seed, steps, CK_Q8: tl.constexpr, RANDOM: tl.constexpr,
 ):
     """Rows i_p·BP .. of the flush the list's entry i_e names."""
     o_n, o_w = tl.arange(0, BN), tl.arange(0, BW)
@@ -489,14 +504,14 @@ def _flush_item(
         i_b, i_h, i_p, i_s, i_sh, f, b_lam, b_cw, b_dt, b_Br.to(tl.float32), b_C,
         i_s * stride_ck_s + i_h * stride_ck_h, i_b * stride_z_b + i_h * stride_z_h, o_n, m_n, o_w,
         P, N, stride_x_b, stride_x_h, stride_ck_p, stride_rc_s, stride_rc_h, stride_rc_p,
-        BP, BPF, STAGES, HAS_D, HAS_Z, USE_COPY, IS_FP8, PRECISION,
+        BP, BPF, STAGES, HAS_D, HAS_Z, USE_COPY, IS_FP8, PRECISION, ck_scale, seed, steps, CK_Q8, RANDOM,
     )
 
 
 @triton.jit
 def mamba2_flush_kernel(
     x, dt, A, B, C, D, z, dt_bias, slots, y,
-    checkpoint, read_copy, read_scale, x_buf, b_buf, dt_buf, lam_buf, work,
+    checkpoint, read_copy, read_scale, x_buf, b_buf, dt_buf, lam_buf, work, ck_scale, seed, steps,
     H, G, P, N,
     stride_ck_s, stride_ck_h, stride_ck_p,
     stride_rc_s, stride_rc_h, stride_rc_p,
@@ -509,7 +524,7 @@ def mamba2_flush_kernel(
     CAP: tl.constexpr, BP: tl.constexpr, BPF: tl.constexpr, BN: tl.constexpr, BW: tl.constexpr,
     STAGES: tl.constexpr, NPB: tl.constexpr, HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_DT_BIAS: tl.constexpr,
     USE_SOFTPLUS: tl.constexpr, HAS_SLOTS: tl.constexpr, USE_COPY: tl.constexpr, IS_FP8: tl.constexpr,
-    PRECISION: tl.constexpr,
+    PRECISION: tl.constexpr, CK_Q8: tl.constexpr = False, RANDOM: tl.constexpr = False,
 ):
     """The flushes the non-flush launch listed in `work` (mamba2.common's list), BP rows of a head per item: each
     program loops over the items, so the launch's programs are a few per SM however few rows flush. The last program
@@ -527,7 +542,7 @@ def mamba2_flush_kernel(
             stride_dt_b, stride_dt_h, stride_B_b, stride_B_g, stride_C_b, stride_C_g, stride_z_b, stride_z_h,
             stride_y_b, stride_y_h,
             CAP, BP, BPF, BN, BW, STAGES, HAS_D, HAS_Z, HAS_DT_BIAS, USE_SOFTPLUS, HAS_SLOTS, USE_COPY, IS_FP8,
-            PRECISION,
+            PRECISION, ck_scale, seed, steps, CK_Q8, RANDOM,
         )
         i_j += n_programs
     list_done(work, n_programs)
@@ -535,11 +550,11 @@ def mamba2_flush_kernel(
 
 @triton.jit
 def mamba2_materialize_kernel(
-    checkpoint, x_buf, b_buf, dt_buf, lam_buf, fill, slots, out,
+    checkpoint, x_buf, b_buf, dt_buf, lam_buf, fill, slots, out, ck_scale,
     H, G, P, N,
     stride_ck_s, stride_ck_h, stride_ck_p,
     stride_out_s, stride_out_h, stride_out_p,
-    CAP: tl.constexpr, BP: tl.constexpr, BN: tl.constexpr, JB: tl.constexpr,
+    CAP: tl.constexpr, BP: tl.constexpr, BN: tl.constexpr, JB: tl.constexpr, CK_Q8: tl.constexpr = False,
 ):
     i_r, i_h = tl.program_id(0), tl.program_id(1)
     i_s = tl.load(slots + i_r).to(tl.int64)
@@ -550,6 +565,8 @@ def mamba2_materialize_kernel(
     m_s = m_p[:, None] & m_n[None, :]
     p_ck = checkpoint + i_s * stride_ck_s + i_h * stride_ck_h + o_p[:, None] * stride_ck_p + o_n[None, :]
     b_s = tl.load(p_ck, mask=m_s, other=0.0).to(tl.float32)
+    if CK_Q8:
+        b_s = b_s * tl.load(ck_scale + i_sh * P + o_p, mask=m_p, other=0.0)[:, None]
     f = tl.load(fill + i_sh)
     p_lb = lam_buf + i_sh * CAP
     b_lam = tl.load(p_lb + f - 1, mask=f > 0, other=0.0)
@@ -661,8 +678,15 @@ def check_cache(cache, kernel) -> tuple[int, int, int, int, int]:
         raise ValueError(f"cache must be a ReplayCache, got {type(cache).__name__}")
     common.check_device(cache.device, kernel)
     families.check_read_dtype(cache.read_dtype, cache.device)
+    families.check_state_dtype(cache.state_dtype, cache.device)
     if cache.checkpoint.stride(-1) != 1 or (cache.read_copy is not None and cache.read_copy.stride(-1) != 1):
         raise ValueError("cache.checkpoint and cache.read_copy must have unit stride on N")
+    nslots, H, P, _ = cache.checkpoint.shape
+    common.check_state_scale(cache.checkpoint_scale, cache.checkpoint, (nslots, H, P), "(nslots, H, P)",
+                             "cache.checkpoint_scale")
+    if cache.is_eight_bit and cache.read_copy is not None:
+        raise ValueError("an 8-bit checkpoint takes no read copy (it is as narrow as one)")
+    rnd.check_rounding(cache.rounding, cache.state_dtype, nslots, cache.device)
     for name in ("x_buf", "b_buf", "dt_buf", "lam_buf", "b_draft", "fill", "arrive", "read_scale"):
         t = getattr(cache, name)
         if t is not None and not t.is_contiguous():
@@ -683,7 +707,10 @@ def replay(cache: ReplayCache, x, dt, A, B, C, *, D=None, z=None, dt_bias=None, 
     the step can be captured in a CUDA graph; rows at different fills flush on their own steps.
 
     Args:
-        cache: a ReplayCache; its checkpoint, read copy, buffers and fills are mutated.
+        cache: a ReplayCache; its checkpoint (and scales), read copy, buffers and fills are mutated. A flush stores
+            the checkpoint as the cache rounds (to nearest, or stochastically by `cache.rounding`, whose counts of
+            the rows' slots then advance by one, flushed or not); an 8-bit checkpoint is read times its row scales
+            and stored as rows with new scales.
         x: (batch, H, P) and B: (batch, G, N) in cache.io_dtype (they are buffered as they come).
         dt: (batch, H). C: (batch, G, N). A, D, dt_bias: (H,). z: optional (batch, H, P).
         slots: (batch,) int32/int64 cache slot per row, -1 for a padding row (skipped, nothing written);
@@ -721,6 +748,9 @@ def replay(cache: ReplayCache, x, dt, A, B, C, *, D=None, z=None, dt_bias=None, 
         else:
             _launch_replay(cache, step, batch, softplus, c, 1)
         _launch_flushes(cache, step, batch, softplus, c)
+    if cache.rounding is not None:
+        # one more store for every row's slot, flushed or not: a slot's counts stay its own
+        cache.rounding.advance(slots, batch)
     return y
 
 
@@ -748,8 +778,16 @@ def _launch_heads(cache: ReplayCache, step: dict, batch: int, softplus: bool, c:
         HAS_D=step["D"] is not None, HAS_Z=step["z"] is not None, HAS_DT_BIAS=step["dt_bias"] is not None,
         USE_SOFTPLUS=softplus, HAS_SLOTS=step["slots"] is not None, USE_COPY=rc is not None,
         IS_FP8=cache.read_scale is not None, PREFETCH=c.prefetch, TAIL=tail, BPF=FLUSH_ROWS, **flush,
+        **store_args(cache),
         **common.compile_options(c.warps, c.maxnreg),
     )
+
+
+def store_args(cache: ReplayCache) -> dict:
+    """How a launch stores the checkpoint: its 8-bit rows' scales and the stochastic rounding's seed and counts
+    (compile-time Nones and False when the checkpoint is 16-bit or fp32 and rounded to nearest)."""
+    seed, steps, random = rnd.rounding_args(cache.rounding)
+    return dict(ck_scale=cache.checkpoint_scale, seed=seed, steps=steps, CK_Q8=cache.is_eight_bit, RANDOM=random)
 
 
 def _strides(cache: ReplayCache, step: dict) -> dict:
@@ -786,7 +824,7 @@ def _launch_flushes(cache: ReplayCache, step: dict, batch: int, softplus: bool, 
         BW=max(16, common.block(cache.capacity)), STAGES=c.stages, NPB=NPB,
         HAS_D=step["D"] is not None, HAS_Z=step["z"] is not None, HAS_DT_BIAS=step["dt_bias"] is not None,
         USE_SOFTPLUS=softplus, HAS_SLOTS=step["slots"] is not None, USE_COPY=cache.read_copy is not None,
-        IS_FP8=cache.read_scale is not None, PRECISION=c.precision,
+        IS_FP8=cache.read_scale is not None, PRECISION=c.precision, **store_args(cache),
         **common.compile_options(c.warps, c.maxnreg if c.flush_maxnreg is None else c.flush_maxnreg),
     )
 
@@ -809,7 +847,7 @@ def _launch_replay(cache: ReplayCache, step: dict, batch: int, softplus: bool, c
         HAS_D=step["D"] is not None, HAS_Z=step["z"] is not None, HAS_DT_BIAS=step["dt_bias"] is not None,
         USE_SOFTPLUS=softplus,
         HAS_SLOTS=step["slots"] is not None, USE_COPY=rc is not None, IS_FP8=cache.read_scale is not None,
-        EARLY=c.early, PRECISION=c.precision, PHASE=phase, PREFETCH=c.prefetch,
+        EARLY=c.early, PRECISION=c.precision, PHASE=phase, PREFETCH=c.prefetch, **store_args(cache),
         **common.compile_options(c.warps, c.maxnreg),
     )
 
@@ -851,8 +889,8 @@ def select_materialize(cache: ReplayCache) -> str:
 def materialize(cache: ReplayCache, slots=None, *, config: MaterializeConfig | None = None) -> torch.Tensor:
     """Full fp32 states (len(slots), H, P, N): each slot's checkpoint folded with its committed buffer entries.
 
-    For tests, prefix caching and debugging; not on the decode path. slots: 1-D tensor or list of slot
-    indices (default: every slot). The cache is not changed. config: the launch (default: `select_materialize`'s).
+    For tests, prefix caching and debugging; not on the decode path (an 8-bit checkpoint is taken as its rows
+    times their scales). slots: 1-D tensor or list of slot indices (default: every slot). The cache is not changed. config: the launch (default: `select_materialize`'s).
     """
     nslots, H, P, N, G = check_cache(cache, mamba2_materialize_kernel)
     idx = cache.slot_index(slots, "slots")
@@ -863,11 +901,12 @@ def materialize(cache: ReplayCache, slots=None, *, config: MaterializeConfig | N
     c = MATERIALIZE_LAUNCH[select_materialize(cache)] if config is None else config
     mamba2_materialize_kernel[(idx.shape[0], H)](
         checkpoint=ck, x_buf=cache.x_buf, b_buf=cache.b_buf, dt_buf=cache.dt_buf, lam_buf=cache.lam_buf,
-        fill=cache.fill, slots=idx, out=out,
+        fill=cache.fill, slots=idx, out=out, ck_scale=cache.checkpoint_scale,
         H=H, G=G, P=P, N=N,
         stride_ck_s=ck.stride(0), stride_ck_h=ck.stride(1), stride_ck_p=ck.stride(2),
         stride_out_s=out.stride(0), stride_out_h=out.stride(1), stride_out_p=out.stride(2),
         CAP=cache.capacity, BP=common.block(P), BN=common.block(N), JB=MATERIALIZE_ENTRIES,
+        CK_Q8=cache.is_eight_bit,
         **common.compile_options(c.warps, None),
     )
     return out

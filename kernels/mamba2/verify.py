@@ -12,8 +12,8 @@ from replayssm_kernels import common, families
 from replayssm_kernels.common import dot_fp32, fills_read, slot_of
 from replayssm_kernels.mamba2 import args
 from replayssm_kernels.mamba2.cache import ReplayCache
-from replayssm_kernels.mamba2.common import finish_output, step_delta, store_read_copy
-from replayssm_kernels.mamba2.replay import check_cache
+from replayssm_kernels.mamba2.common import finish_output, step_delta, store_read_copy, store_rows
+from replayssm_kernels.mamba2.replay import store_args, check_cache
 
 
 @triton.jit
@@ -50,7 +50,7 @@ def mamba2_verify_bc_kernel(
 @triton.jit
 def mamba2_verify_kernel(
     x, dt, A, B, C, D, z, dt_bias, slots, y,
-    checkpoint, read_copy, read_scale, x_buf, b_buf, dt_buf, lam_buf, b_draft, fill, arrive, bc,
+    checkpoint, read_copy, read_scale, x_buf, b_buf, dt_buf, lam_buf, b_draft, fill, arrive, bc, ck_scale, seed, steps,
     H, G, P, N,
     stride_ck_s, stride_ck_h, stride_ck_p,
     stride_rc_s, stride_rc_h, stride_rc_p,
@@ -65,7 +65,10 @@ def mamba2_verify_kernel(
     VN: tl.constexpr, VEC: tl.constexpr, NPB: tl.constexpr, BCPASS: tl.constexpr,
     HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_DT_BIAS: tl.constexpr, USE_SOFTPLUS: tl.constexpr,
     HAS_SLOTS: tl.constexpr, USE_COPY: tl.constexpr, IS_FP8: tl.constexpr, IS_HALF_IO: tl.constexpr,
+    CK_Q8: tl.constexpr = False, RANDOM: tl.constexpr = False,
 ):
+    # CK_Q8: the checkpoint is 8-bit rows with scales ck_scale (nslots, H, P); RANDOM: a fold stores it rounded
+    # stochastically
     i_b, i_h, i_p = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_s = slot_of(slots, i_b, HAS_SLOTS)
     if i_s < 0:
@@ -121,6 +124,8 @@ def mamba2_verify_kernel(
     b_s3 = b_r.to(tl.float32)
     if IS_FP8:
         b_s3 = b_s3 * tl.load(read_scale + i_sh * P + o_p, mask=m_p, other=0.0)[:, None, None]
+    if CK_Q8:
+        b_s3 = b_s3 * tl.load(ck_scale + i_sh * P + o_p, mask=m_p, other=0.0)[:, None, None]
     if USE_COPY:
         # a fold answers from the full-precision checkpoint, not its read copy
         if f >= W:
@@ -183,9 +188,17 @@ def mamba2_verify_kernel(
             m_sc = m_c[:, None] & m_n[None, :]
             b_xf = tl.load(p_xb + o_j[:, None] * P + o_c[None, :], mask=m_jc[:, None] & m_c[None, :], other=0.0)
             p_cks = p_ck + o_c[:, None] * stride_ck_p + o_n[None, :]
-            b_s = tl.load(p_cks, mask=m_sc, other=0.0).to(tl.float32) * tl.exp(b_lam0)
+            b_s = tl.load(p_cks, mask=m_sc, other=0.0).to(tl.float32)
+            if CK_Q8:
+                b_s = b_s * tl.load(ck_scale + i_sh * P + o_c, mask=m_c, other=0.0)[:, None]
+            b_s = b_s * tl.exp(b_lam0)
             b_s += dot_fp32(tl.trans(b_xf.to(tl.float32) * b_cf[:, None]), b_bf, False, IS_HALF_IO)
-            tl.store(p_cks, b_s.to(p_cks.dtype.element_ty), mask=m_sc)
+            # the nearest path inline, not through store_rows, so that it compiles to the code it did
+            if CK_Q8 or RANDOM:
+                store_rows(p_cks, b_s, m_sc, ck_scale, i_sh * P + o_c, m_c, seed, steps, i_s, i_h,
+                           o_c[:, None] * N + o_n[None, :], CK_Q8, RANDOM)
+            else:
+                tl.store(p_cks, b_s.to(p_cks.dtype.element_ty), mask=m_sc)
             if USE_COPY:
                 p_rcs = read_copy + i_s * stride_rc_s + i_h * stride_rc_h + o_c[:, None] * stride_rc_p + o_n[None, :]
                 store_read_copy(b_s, p_rcs, read_scale, i_sh * P + o_c, m_sc, m_c, IS_FP8)
@@ -294,7 +307,8 @@ def verify(cache: ReplayCache, x, dt, A, B, C, *, D=None, z=None, dt_bias=None, 
     unchanged until `accept` commits a prefix, so a rejected draft is simply overwritten later.
 
     Args:
-        cache: a ReplayCache created with max_draft ≥ T; mutated as above.
+        cache: a ReplayCache created with max_draft ≥ T; mutated as above. A fold stores the checkpoint as
+            `replay`'s flush does, and the rounding counts of the rows' slots advance by one.
         x: (batch, T, H, P) and B: (batch, T, G, N) in cache.io_dtype, 1 ≤ T ≤ 8. dt: (batch, T, H).
         C: (batch, T, G, N). A, D, dt_bias: (H,). z: optional (batch, T, H, P).
         slots, check: as in `replay`. out: optional (batch, T, H, P).
@@ -351,9 +365,12 @@ def verify(cache: ReplayCache, x, dt, A, B, C, *, D=None, z=None, dt_bias=None, 
         VN=VN, VEC=min(VN, 4), NPB=NPB, BCPASS=bcpass,
         HAS_D=D is not None, HAS_Z=z is not None, HAS_DT_BIAS=dt_bias is not None, USE_SOFTPLUS=bool(dt_softplus),
         HAS_SLOTS=slots is not None, USE_COPY=rc is not None, IS_FP8=cache.read_scale is not None,
-        IS_HALF_IO=cache.x_buf.element_size() == 2,
+        IS_HALF_IO=cache.x_buf.element_size() == 2, **store_args(cache),
         **common.compile_options(c.warps, c.maxnreg),
     )
+    if cache.rounding is not None:
+        # a fold stores the checkpoint: one more store for every row's slot
+        cache.rounding.advance(slots, batch)
     cache.last_draft = T
     return y
 
