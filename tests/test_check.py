@@ -34,8 +34,10 @@ def test_check_cases_cover_every_kernel():
 def test_check_cases_round_every_stored_low_precision_state_when_asked():
     assert {s["rounding"] for s in check.cases()} == {"nearest"}
     specs = check.cases("mamba2", "stochastic")
-    assert {(s["state_dtype"], s["rounding"]) for s in specs} == {("fp32", "nearest"), ("bf16", "stochastic"), ("fp16", "stochastic")}
-    assert check.label(next(s for s in specs if s["state_dtype"] == "bf16")).endswith("bf16 SR io bf16")
+    assert {(s["state_dtype"], s["rounding"]) for s in specs} == {("fp32", "nearest"), ("bf16", "nearest"), ("bf16", "stochastic"),
+                                                                 ("fp16", "nearest"), ("fp16", "stochastic")}
+    assert len(specs) == len(check.GRID) + sum(1 for case in check.GRID if case[1] != "fp32")
+    assert check.label(next(s for s in specs if s["rounding"] == "stochastic")).endswith("bf16 SR io bf16")
 
 
 def test_check_compile_with_stochastic_rounding_is_one_line():

@@ -405,23 +405,24 @@ def test_profile_stochastic_rounding_and_eight_bit_rows(tmp_path, measured):
     assert res.exit_code == 0, res.output
     doc = json.loads(out.read_text())
     assert schema_errors(doc) == []
-    by = {(r["variant"], r["state_dtype"]): r for r in load(out).rows}
-    # fp32 stays exact (the fp32 baseline); the 16-bit and 8-bit states round stochastically
-    assert {k: r["rounding"] for k, r in by.items()} == {
-        ("conventional", "fp32"): "nearest", ("replay", "fp32"): "nearest",
-        ("conventional", "bf16"): "stochastic", ("replay", "bf16"): "stochastic",
-        ("conventional", "int8"): "stochastic", ("replay", "int8"): "stochastic"}
-    assert f"{SUPER} replay B64 W16 int8-SR" in runner.calls
-    rep, conv, fp32 = by["replay", "int8"], by["conventional", "int8"], by["conventional", "fp32"]
+    by = {(r["variant"], r["state_dtype"], r["rounding"]): r for r in load(out).rows}
+    # fp32 stays exact (the fp32 baseline); each 16-bit and 8-bit state rounds both ways
+    assert sorted(by) == sorted((v, d, r) for v in ("conventional", "replay") for d, r in (
+        ("fp32", "nearest"), ("bf16", "nearest"), ("bf16", "stochastic"), ("int8", "nearest"), ("int8", "stochastic")))
+    assert f"{SUPER} replay B64 W16 int8-SR" in runner.calls and f"{SUPER} replay B64 W16 int8" in runner.calls
+    rep, conv, fp32 = by["replay", "int8", "stochastic"], by["conventional", "int8", "stochastic"], by["conventional", "fp32", "nearest"]
+    # the cost of stochastic rounding: over the same configuration rounded to nearest, in the same file
+    assert rep["x_vs_nearest"] == pytest.approx(rep["us_per_token"] / by["replay", "int8", "nearest"]["us_per_token"])
+    assert by["replay", "int8", "nearest"].get("x_vs_nearest") is None
     # over the conventional step at the same precision and rounding, and over fp32 conventional beside it
     assert rep["speedup_over"] == "conventional"
     assert rep["speedup"] == pytest.approx(conv["us_per_token"] / rep["us_per_token"])
     assert rep["speedup_vs_fp32"] == pytest.approx(fp32["us_per_token"] / rep["us_per_token"])
     assert conv["speedup"] is None and conv["speedup_vs_fp32"] == pytest.approx(fp32["us_per_token"] / conv["us_per_token"])
-    assert by["replay", "fp32"]["speedup_vs_fp32"] is None
+    assert by["replay", "fp32", "nearest"]["speedup_vs_fp32"] is None
     # the cost model's 8-bit bytes (scales with the rows) and the random draws as integer ops
     shape = presets.resolve(SUPER).shape
-    assert conv["int_ops"] == 64 * shape.state_elems * 100 and by["conventional", "fp32"]["int_ops"] == 0
+    assert conv["int_ops"] == 64 * shape.state_elems * 100 and by["conventional", "int8", "nearest"]["int_ops"] == 0
     assert conv["x_mem_state"] == shape.state_elems + shape.state_rows * 4
     assert "int8 SR" in " ".join(res.stdout.split())
 

@@ -24,7 +24,7 @@ def check(
     update_baseline: Annotated[bool, typer.Option("--update-baseline", help="With --compile: record these spills as the baseline of this Triton release series.")] = False,
     jobs: Annotated[Optional[int], typer.Option("--jobs", min=1, help="With --compile: compiler processes.", show_default="CPU count")] = None,
     stochastic_rounding: Annotated[bool, options.stochastic_rounding(
-        "Check the 16-bit and 8-bit states' kernels with stochastic rounding instead of to nearest (the fp32 cases stay exact).")] = False,
+        "Also check the 16-bit and 8-bit states' kernels rounding stochastically (the fp32 cases are stored exactly).")] = False,
 ) -> None:
     """Run every kernel (decode, replay with flushes, split precision, verify + accept, decode_multi) against its reference on small random cases.
 

@@ -39,8 +39,8 @@ def profile(
     read_dtype: Annotated[Optional[list[str]], options.read_dtype("Split precision (adds split rows): read-copy dtypes")] = None,
     io_dtype: Annotated[str, options.io_dtype()] = "bf16",
     stochastic_rounding: Annotated[bool, options.stochastic_rounding(
-        "Store every 16-bit and 8-bit state with stochastic rounding (a per-slot Philox stream) instead of to nearest; "
-        "fp32 rows stay exact, as the baseline of speedup_vs_fp32.")] = False,
+        "Also time every 16-bit and 8-bit state stored with stochastic rounding (a per-slot Philox stream) beside "
+        "rounded to nearest (x_vs_nearest: what it costs); fp32 rows stay exact, the baseline of speedup_vs_fp32.")] = False,
     draft: Annotated[Optional[list[str]], options.draft()] = None,
     accept_rate: Annotated[float, options.accept_rate()] = 0.8,
     accept_dist: Annotated[Optional[str], options.accept_dist()] = None,

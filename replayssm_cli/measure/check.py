@@ -93,18 +93,19 @@ def shape_label(shape: dict[str, Any]) -> str:
 
 def cases(op: str | None = None, rounding: str = "nearest") -> list[dict[str, Any]]:
     """The check grid as bench case specs: every kernel, a few dtypes, shapes that are not powers of two, rows at staggered
-    fills; `rounding` for every 16-bit and 8-bit state (fp32 states are stored exactly)."""
-    from replayssm_cli.measure.grid import rounding_for
+    fills; with `rounding` stochastic, every 16-bit and 8-bit case also rounding stochastically (fp32 is stored exactly)."""
+    from replayssm_cli.measure.grid import roundings, rounding_for
 
     ops = [op] if op else list(SHAPES)
     out = []
     for o in ops:
-        for seed, (variant, sd, rd, io, draft) in enumerate(GRID):
+        grid = dict.fromkeys((case, rounding_for(case[1], r)) for case in GRID for r in roundings(rounding))
+        for seed, ((variant, sd, rd, io, draft), ro) in enumerate(grid):
             replay = variant in ("replay", "split", "spec-replay")
             accept = [1.0 / (draft + 1)] * (draft + 1) if draft else []
             out.append({
                 "shape": SHAPES[o], "variant": variant, "batch": BATCH, "window": WINDOW if replay else None,
-                "state_dtype": sd, "read_dtype": rd, "io_dtype": io, "rounding": rounding_for(sd, rounding), "draft": draft, "accept": accept,
+                "state_dtype": sd, "read_dtype": rd, "io_dtype": io, "rounding": ro, "draft": draft, "accept": accept,
                 "flush": "staggered", "layers": 1, "seed": seed,
             })
     return out

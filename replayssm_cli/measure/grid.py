@@ -60,7 +60,8 @@ class ProfileSpec:
     seed: int = 0
     baselines: tuple[str, ...] = ()
     energy: bool = False
-    # How every 16-bit or 8-bit state is stored: "nearest" or "stochastic" (fp32 states always exactly).
+    # "stochastic": every 16-bit and 8-bit state is timed rounded stochastically beside rounded to nearest (fp32
+    # states are stored exactly).
     rounding: str = "nearest"
 
     def validate(self) -> None:
@@ -124,6 +125,11 @@ def refuse_rounding(state_dtypes: tuple[str, ...], rounding: str) -> None:
     if rounding == Rounding.stochastic.value and all(d == StateDtype.fp32.value for d in state_dtypes):
         raise UserError(f"--stochastic-rounding with --state-dtype {','.join(state_dtypes)}: {precision_problem('fp32', None, rounding)}",
                         "add --state-dtype bf16, fp16, fp8 or int8 (fp32 rows stay exact), or drop --stochastic-rounding")
+
+
+def roundings(rounding: str) -> tuple[str, ...]:
+    """The roundings a run times: nearest, and stochastic too when asked."""
+    return (Rounding.nearest.value,) + ((Rounding.stochastic.value,) if rounding == Rounding.stochastic.value else ())
 
 
 def rounding_for(state_dtype: str, rounding: str) -> str:
@@ -212,8 +218,9 @@ class Point:
 def plan(spec: ProfileSpec, presets: list[Any], left_out: list[dict[str, str]] | None = None, baselines: list[Any] = ()) -> list[Point]:
     """The grid in run order: within a preset, state dtype and batch, the conventional kernel first (the speedup baseline).
 
-    A split read copy that is not narrower than the state is left out (appended to `left_out` with why). The run's
-    rounding applies to its 16-bit and 8-bit states; fp32 rows round to nearest (they are the fp32 baseline).
+    A split read copy that is not narrower than the state is left out (appended to `left_out` with why). A run
+    rounding stochastically times each 16-bit and 8-bit state both ways, rounded to nearest and stochastically (so the
+    file holds what stochastic rounding costs); fp32 rows round to nearest (they are the fp32 baseline).
     `baselines` (replayssm_cli.measure.baselines adapters, already found importable) add a point after ours for
     each configuration of their op and variant that they can run; the others go to `left_out`.
     """
@@ -222,9 +229,9 @@ def plan(spec: ProfileSpec, presets: list[Any], left_out: list[dict[str, str]] |
     for given, preset in zip(spec.presets, presets):
         state_dtypes = spec.state_dtypes or (preset.state_dtype,)
         refuse_rounding(state_dtypes, spec.rounding)
-        for sd in state_dtypes:
+        for sd, ro in dict.fromkeys((sd, rounding_for(sd, r)) for sd in state_dtypes for r in roundings(spec.rounding)):
             common = dict(preset=preset.name, source_name=given, op=preset.kind, io_dtype=spec.io_dtype, tp=spec.tp,
-                          layers_cap=spec.layers, rounding=rounding_for(sd, spec.rounding))
+                          layers_cap=spec.layers, rounding=ro)
             for b in spec.batches:
                 points.append(Point(**common, variant="conventional", batch=b, window=None, state_dtype=sd, read_dtype=None))
                 for w in spec.windows:

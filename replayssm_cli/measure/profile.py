@@ -218,6 +218,14 @@ def _baseline(row: dict[str, Any], rows: list[dict[str, Any]], variant: str, dra
     return None
 
 
+def _twin(row: dict[str, Any], rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The same configuration's row rounded to nearest (same variant, window, draft, dtypes and source)."""
+    from replayssm_cli.measure.grid import config_key
+
+    want = config_key({**row, "rounding": "nearest"})
+    return next((r for r in rows if r.get("status") == "ok" and config_key(r) == want), None)
+
+
 def attach_speedup(row: dict[str, Any], rows: list[dict[str, Any]]) -> None:
     """speedup (per token, with a range from the quartiles) over the row's own baseline, named in speedup_over.
 
@@ -227,8 +235,9 @@ def attach_speedup(row: dict[str, Any], rows: list[dict[str, Any]]) -> None:
     ("snapshots"). A row at the same rounding: a stochastically rounded step over the stochastically rounded
     conventional step. Speculative rows also get speedup_vs_decode, over plain conventional decode; every row of a
     16-bit or 8-bit state, or of stochastic rounding, gets speedup_vs_fp32, over the fp32 conventional step where the
-    run measured one (a conventional row too: what the precision alone gains); conventional and spec-conventional rows
-    are baselines (speedup None). A baseline row also gets x_vs_ours: its µs per token over
+    run measured one (a conventional row too: what the precision alone gains); a stochastically rounded row gets
+    x_vs_nearest, its µs per token over the same configuration's rounded to nearest (above 1: what the rounding
+    costs). Conventional and spec-conventional rows are baselines (speedup None). A baseline row also gets x_vs_ours: its µs per token over
     that of our kernel of the variant it competes with (same window), so above 1 ours is faster.
     """
     for key in ("speedup", "speedup_over", "speedup_lo", "speedup_hi", "speedup_vs_decode", "speedup_vs_fp32"):
@@ -239,6 +248,10 @@ def attach_speedup(row: dict[str, Any], rows: list[dict[str, Any]]) -> None:
         fp32 = _baseline(row, rows, "conventional", state_dtype="fp32")
         if fp32 is not None:
             row["speedup_vs_fp32"] = fp32["us_per_token"] / row["us_per_token"]
+    if rounding_of(row) == "stochastic":
+        nearest = _twin(row, rows)
+        if nearest is not None:
+            row["x_vs_nearest"] = row["us_per_token"] / nearest["us_per_token"]
     if row["variant"] == "conventional":
         return
     conv = _baseline(row, rows, "conventional")
