@@ -433,11 +433,19 @@ def test_memory_per_seq():
         memory_per_seq(M2, "spec-replay", window=W)
 
 
-@pytest.mark.parametrize("variant,state,read,draft", [
-    ("replay", "fp32", None, 0), ("replay", "bf16", None, 0), ("split", "fp32", "bf16", 0),
-    ("split", "fp32", "fp8", 0), ("spec-replay", "fp32", None, 2), ("split", "fp32", "fp16", 3),
+def _takes_new_precisions(kernels):
+    """Whether this op's ReplayCache takes 8-bit checkpoints and a rounding (each op's kernels gain them on their own)."""
+    import inspect
+
+    return "rounding" in inspect.signature(kernels.ReplayCache.create).parameters
+
+
+@pytest.mark.parametrize("variant,state,read,draft,rounding", [
+    ("replay", "fp32", None, 0, "nearest"), ("replay", "bf16", None, 0, "nearest"), ("split", "fp32", "bf16", 0, "nearest"),
+    ("split", "fp32", "fp8", 0, "nearest"), ("spec-replay", "fp32", None, 2, "nearest"), ("split", "fp32", "fp16", 3, "nearest"),
+    ("replay", "int8", None, 0, "nearest"), ("replay", "fp8", None, 2, "stochastic"), ("replay", "bf16", None, 0, "stochastic"),
 ])
-def test_memory_per_seq_is_what_a_cache_allocates(variant, state, read, draft):
+def test_memory_per_seq_is_what_a_cache_allocates(variant, state, read, draft, rounding):
     """The model's bytes per sequence against a real ReplayCache of each layer on the CPU: every tensor's bytes over
     its slots, less the flush list's header, which belongs to no slot."""
     import torch
@@ -446,11 +454,17 @@ def test_memory_per_seq_is_what_a_cache_allocates(variant, state, read, draft):
 
     nslots = 3
     for shape, kernels in ((M2, mamba2), (GDN, gdn)):
+        if (state in ("int8", "fp8") or rounding == "stochastic") and not _takes_new_precisions(kernels):
+            continue
         dims = (shape.H, shape.P, shape.N, shape.G) if shape.op == "mamba2" else (shape.H, shape.HV, shape.K, shape.V)
+        extra = {"rounding": rounding} if rounding != "nearest" else {}
         cache = kernels.ReplayCache.create(nslots, *dims, W, state_dtype=state, read_dtype=read, io_dtype="bf16",
-                                           max_draft=draft, device="cpu")
-        held = sum(t.numel() * t.element_size() for t in vars(cache).values() if isinstance(t, torch.Tensor))
-        want = memory_per_seq(shape, variant, window=W, state_dtype=state, read_dtype=read, draft=draft)["total"]
+                                           max_draft=draft, device="cpu", **extra)
+        tensors = [t for t in vars(cache).values() if isinstance(t, torch.Tensor)]
+        if cache_rounding := getattr(cache, "rounding", None):
+            tensors.append(cache_rounding.step)
+        held = sum(t.numel() * t.element_size() for t in tensors)
+        want = memory_per_seq(shape, variant, window=W, state_dtype=state, read_dtype=read, draft=draft, rounding=rounding)["total"]
         assert (held - 8 * 4) / nslots == want, (shape.op, held, want)
 
 

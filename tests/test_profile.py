@@ -451,3 +451,18 @@ def test_make_case_checks_a_conventional_step_at_the_new_precisions(device, stat
             assert layer.rounding.step.tolist() == [2, 2, 2], "the check's two steps advanced every slot's store count"
     finally:
         case.close()
+
+
+@pytest.mark.parametrize("state, rounding", [("int8", "nearest"), ("fp8", "stochastic"), ("bf16", "stochastic")],
+                         ids=["int8", "fp8-SR", "bf16-SR"])
+def test_make_case_checks_a_replay_cache_at_the_new_precisions(device, state, rounding):
+    """A ReplaySSM case loads its 8-bit checkpoints from full states and checks a whole window (every row flushes)."""
+    case = bench.make_case({"shape": {"op": "mamba2", "H": 2, "P": 12, "N": 8, "G": 1}, "variant": "replay", "batch": 3,
+                            "window": 3, "state_dtype": state, "rounding": rounding, "io_dtype": "bf16", "layers": 1,
+                            "seed": 3}, device)
+    try:
+        cache = case._layers[0].cache
+        assert (cache.checkpoint_scale is not None) == (state != "bf16") and (cache.rounding is not None) == (rounding == "stochastic")
+        assert case.check() <= case.tolerance()
+    finally:
+        case.close()
