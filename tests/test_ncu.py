@@ -537,7 +537,7 @@ def test_ncu_check_script_end_to_end_with_a_fake_ncu(tmp_path, capsys):
     assert rc == 0
     doc = json.loads(out.read_text())
     rows = doc["rows"]
-    assert [(r["variant"], r["phase"]) for r in rows] == [(v, p) for v, _, p in check.CONFIGS]
+    assert [(r["variant"], r["phase"]) for r in rows] == [(v, p) for _, v, _, p in check.CONFIGS]
     for r in rows:
         assert r["ok"] and r["ncu_bytes_read"] == 1_000_000 and r["ncu_bytes_written"] == 400_000
         assert r["diff_read_pct"] == pytest.approx(100 * (1_000_000 - r["model_bytes_read"]) / r["model_bytes_read"])
@@ -636,3 +636,28 @@ def test_ncu_check_remodel_keeps_the_measurements_and_recomputes_the_model(tmp_p
     bad.write_text("{}")
     assert check.main(["--remodel", str(bad)]) == 2
     assert "is not a stored ncu check" in capsys.readouterr().err
+
+
+def test_ncu_check_plans_eight_bit_states_and_stochastic_rounding(tmp_path, capsys):
+    """--state-dtype takes several dtypes and --rounding stochastic: each row's model counts the scales and draws."""
+    from replayssm_cli.model import cost
+
+    ncu._probe.cache_clear()
+    check = _load_ncu_check()
+    exe, _ = make_fake_ncu(tmp_path, {"layers": 1, "launches": [["mamba2_decode_kernel", LAUNCH],
+                                                                ["mamba2_replay_kernel", LAUNCH]]})
+    out = tmp_path / "check.json"
+    rc = check.main(["--preset", "nemotron-3-super-120b-a12b", "--batch", "8", "--state-dtype", "int8,bf16",
+                     "--rounding", "stochastic", "--configs", "conventional,flush,split-flush", "--ncu", exe, "--out", str(out)])
+    assert rc == 0
+    doc = json.loads(out.read_text())
+    got = [(r["state_dtype"], r["rounding"], r["variant"], r["phase"]) for r in doc["rows"]]
+    # no split row over an int8 checkpoint: no read copy is narrower
+    assert got == [("int8", "stochastic", "conventional", "avg"), ("int8", "stochastic", "replay", "flush"),
+                   ("bf16", "stochastic", "conventional", "avg"), ("bf16", "stochastic", "replay", "flush")]
+    p = presets.resolve("nemotron-3-super-120b-a12b")
+    want = cost.step_cost(p.shape, "conventional", batch=8, state_dtype="int8", rounding="stochastic", has_z=p.has_z)
+    assert doc["rows"][0]["model_bytes_read"] == want.bytes_read and doc["rows"][0]["model_int_ops"] == want.int_ops > 0
+    assert doc["settings"]["rounding"] == "stochastic" and doc["settings"]["configs"] == ["conventional", "flush", "split-flush"]
+    assert "int8 SR" in capsys.readouterr().out
+    assert check.main(["--configs", "nosuch", "--ncu", exe]) == 2
