@@ -525,13 +525,17 @@ def _load_ncu_check():
     return benchmark_scripts.load("ncu_check")
 
 
-def test_ncu_check_script_end_to_end_with_a_fake_ncu(tmp_path, capsys):
+def _check_with_a_fake_ncu(tmp_path):
+    """ncu_check.py and a fake ncu for the Mamba-2 kernels of a small grid: what a step launches, one kernel per variant
+    (each call's filter also names the large grids' heads and flush kernels, which this grid does not launch)."""
     ncu._probe.cache_clear()
-    check = _load_ncu_check()
-    # What a step launches at batch 64: one kernel per variant (each call's filter also names the large grids' heads
-    # and flush kernels, which this grid does not launch).
     exe, log = make_fake_ncu(tmp_path, {"layers": 1, "launches": [["mamba2_decode_kernel", LAUNCH],
                                                                   ["mamba2_replay_kernel", LAUNCH]]})
+    return _load_ncu_check(), exe, log
+
+
+def test_ncu_check_script_end_to_end_with_a_fake_ncu(tmp_path, capsys):
+    check, exe, log = _check_with_a_fake_ncu(tmp_path)
     out = tmp_path / "check.json"
     rc = check.main(["--preset", "nemotron-3-super-120b-a12b", "--batch", "64", "--ncu", exe, "--out", str(out)])
     assert rc == 0
@@ -642,10 +646,7 @@ def test_ncu_check_plans_eight_bit_states_and_stochastic_rounding(tmp_path, caps
     """--state-dtype takes several dtypes and --rounding stochastic: each row's model counts the scales and draws."""
     from replayssm_cli.model import cost
 
-    ncu._probe.cache_clear()
-    check = _load_ncu_check()
-    exe, _ = make_fake_ncu(tmp_path, {"layers": 1, "launches": [["mamba2_decode_kernel", LAUNCH],
-                                                                ["mamba2_replay_kernel", LAUNCH]]})
+    check, exe, _ = _check_with_a_fake_ncu(tmp_path)
     out = tmp_path / "check.json"
     rc = check.main(["--preset", "nemotron-3-super-120b-a12b", "--batch", "8", "--state-dtype", "int8,bf16",
                      "--rounding", "stochastic", "--configs", "conventional,flush,split-flush", "--ncu", exe, "--out", str(out)])
