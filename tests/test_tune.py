@@ -749,3 +749,93 @@ def test_tune_leaves_fp8_checkpoints_out_before_sm89():
     assert "fp8 checkpoints left out" in " ".join(res.stderr.split())
     states = {c["state_dtype"] for d in report["decisions"] for c in d["candidates"]}
     assert "fp8" not in states and "int8" in states
+
+
+def _energy_file_rows(preset: str, batch: int) -> dict:
+    from replayssm_cli.report.results import energy_reference_rows
+
+    rows = [r for r in energy_reference_rows("h200") if r["preset"] == preset and r["batch"] == batch
+            and r.get("phase", "avg") == "avg" and r["state_dtype"] == "fp32"]
+    return {r["variant"]: r for r in rows}
+
+
+def test_verdict_gains_tokens_per_joule_from_a_file_that_measured_energy(tmp_path):
+    """A results file measured with --energy: each batch's verdict says the recommendation's tokens per joule over
+    conventional decode, from the file, and the text names the file it came from."""
+    from replayssm_cli.report.results import reference_files
+
+    energy_file = next(f for f in reference_files()[0].parent.joinpath("energy").iterdir() if f.name == "h200-profile-energy.json")
+    args = ("--preset", SUPER, "--batch", "1,256", "--window", "16", "--state-dtype", "fp32", "--read-dtype", "none",
+            "--results", str(energy_file), "--measured-only")
+    report = run_json(*args)
+    for batch in (1, 256):
+        line = next(ln for ln in report["verdict"] if ln["batch"] == batch)
+        rows = _energy_file_rows(SUPER, batch)
+        assert line["label"] == "replay W16 fp32"
+        want = rows["conventional"]["x_energy"]["j_per_step"] / rows["replay"]["x_energy"]["j_per_step"]
+        assert line["tokens_per_j_gain"] == pytest.approx(want)
+        assert line["tokens_per_j"] == pytest.approx(rows["replay"]["x_energy"]["tokens_per_j"])
+        assert "h200-profile-energy.json (NVIDIA H200" in line["energy_origin"]
+    res = invoke(*args, *QUICK)
+    assert res.exit_code == 0, res.output
+    text = " ".join(res.stdout.split())
+    assert "tokens per joule over conventional fp32 (NVML's energy counter, idle draw subtracted): batch 1" in text
+    assert "energy: h200-profile-energy.json (NVIDIA H200, 2026-12-02" in text
+    assert all(len(ln) <= 100 for ln in res.stdout.splitlines())
+
+
+def test_verdict_without_energy_figures_says_nothing_of_energy(tmp_path):
+    """Without a GPU the shipped energy profiles count only for the configurations they measured: a recommendation
+    they lack gets no tokens per joule (none is made up from the time)."""
+    report = run_json("--preset", QWEN, "--batch", "256", "--window", "8", "--state-dtype", "fp32", "--read-dtype", "none")
+    line = report["verdict"][0]
+    assert line["label"] == "replay W8 fp32"
+    assert line["tokens_per_j_gain"] is None and line["energy_origin"] is None
+    res = invoke("--preset", QWEN, "--batch", "256", "--window", "8", "--state-dtype", "fp32", "--read-dtype", "none", *QUICK)
+    assert "tokens per joule" not in res.stdout
+
+
+def test_verdict_reads_the_shipped_energy_profile_without_a_gpu():
+    """No GPU, the H200: where the shipped energy profile measured the recommendation and its baseline, the verdict
+    carries their tokens per joule, labelled with that file (not the reference the times came from)."""
+    report = run_json("--preset", QWEN, "--batch", "256", "--window", "16", "--state-dtype", "fp32", "--read-dtype", "none")
+    line = report["verdict"][0]
+    rows = _energy_file_rows(QWEN, 256)
+    assert line["label"] == "replay W16 fp32"
+    assert line["tokens_per_j_gain"] == pytest.approx(rows["conventional"]["x_energy"]["j_per_step"]
+                                                      / rows["replay"]["x_energy"]["j_per_step"])
+    assert line["energy_origin"].startswith("h200-profile-energy.json")
+    assert "h200-profile-energy.json" not in line["origin"]
+
+
+def test_tune_energy_on_a_gpu_measures_it_and_the_verdict_reads_it(monkeypatch, tmp_path):
+    """--energy on a (faked) GPU: the profile spec asks for energy, and the verdict's tokens per joule are the ratio
+    of this run's joules per step, labelled measured here."""
+    from replayssm_cli.measure import quality
+    from replayssm_cli.advise import tuning
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(quality, "run_kernels", lambda inputs, configs, **kw: {c: {"1-128": 1e-7} for c in configs})
+    joules = {"conventional": 0.30, "replay": 0.15}
+    specs = []
+
+    def run_point(point, context):
+        us = {"conventional": 547.0, "replay": 285.0}[point.variant]
+        j = joules[point.variant]
+        return [{"phase": "avg", "ok": True, "layers": 4, "check_max_err": 1e-7, "tolerance": 1e-3,
+                 "samples_us": [us * (1 + k / 1000) for k in (-3, -1, 0, 1, 3)], "steps": 32, "repeats": 5,
+                 "energy": {"j_per_step": j, "j_per_layer_step": j, "tokens_per_j": 256 / (40 * j), "spread": 0.01}}]
+
+    monkeypatch.setattr(tuning, "_run_point", run_point)
+    _fake_profiler(monkeypatch, tmp_path)
+    from replayssm_cli.measure import profile as prof
+
+    faked = prof.run_profile
+    monkeypatch.setattr(prof, "run_profile", lambda spec, **kw: specs.append(spec) or faked(spec, **kw))
+    res = invoke("--preset", SUPER, "--batch", "256", "--window", "16", "--state-dtype", "fp32", "--read-dtype", "none",
+                 "--energy", *QUICK, "--json")
+    assert res.exit_code == 0, res.output
+    assert specs and all(s.energy for s in specs)
+    line = json.loads(res.stdout)["verdict"][0]
+    assert line["label"] == "replay W16 fp32"
+    assert line["tokens_per_j_gain"] == pytest.approx(2.0) and line["energy_origin"] == "measured here"

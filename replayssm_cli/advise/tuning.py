@@ -122,9 +122,11 @@ def _cuda_available() -> bool:
 
 
 def _timing_source(p, preset_arg: str, cands, batches, results: Path | None, gpu: str | None, io: str | None, accept_rate: float,
-                   measured_only: bool = False, allowed=None) -> dict[str, Any]:
+                   measured_only: bool = False, allowed=None, energy: bool = False) -> dict[str, Any]:
     """Where candidate times come from: a results file (predicting what it lacks unless measured_only), a measurement
-    here, the shipped H200 reference profile when there is no GPU and the GPU is the H200, or the cost model."""
+    here (with NVML's energy when `energy`), the shipped H200 reference profile when there is no GPU and the GPU is the
+    H200, or the cost model. "energy_rows" are the measured rows with energy figures the verdict reads: the file's,
+    this run's, or the shipped H200 energy profiles beside the reference."""
     from replayssm_cli.model import gpus
     from replayssm_cli.advise import tuner
     from replayssm_cli.report import results as results_mod
@@ -146,11 +148,12 @@ def _timing_source(p, preset_arg: str, cands, batches, results: Path | None, gpu
         found = _from_results(p, cands, res, rows, "results", f"times from {results}", str(results), gpu, io, measured_only,
                               cuda)
         found["e2e_rows"] = _annotated(res, [r for r in res.rows if r.get("kind") == "e2e"])
+        found["energy_rows"] = rows
         return found
     io_used = io or "bf16"
     if cuda:
         rows, gpu_name, mem, path = _measure(p, preset_arg, cands, batches, io_used, accept_rate,
-                                             allowed=allowed(io_used) if allowed else None)
+                                             allowed=allowed(io_used) if allowed else None, energy=energy)
         note(f"measured results: {path}")
 
         def timing(c, b):
@@ -158,7 +161,7 @@ def _timing_source(p, preset_arg: str, cands, batches, results: Path | None, gpu
 
         return {
             "mode": "measured", "describe": f"measured on this {gpu_name} (results in {path})", "results_file": str(path),
-            "gpu": gpu_name, "timing": timing, "io_dtype": io_used, "cuda": True, "memory_bytes": mem,
+            "gpu": gpu_name, "timing": timing, "io_dtype": io_used, "cuda": True, "memory_bytes": mem, "energy_rows": rows,
         }
     spec = gpus.load_gpu(gpu or "h200")
     if spec.key == "h200":
@@ -171,6 +174,7 @@ def _timing_source(p, preset_arg: str, cands, batches, results: Path | None, gpu
             found = _from_results(p, cands, ref, rows, "reference", f"times from the shipped {spec.name} reference profile",
                                   str(ref.path), None, io, False, cuda)
             found["e2e_rows"] = [r for r in merged if r.get("kind") == "e2e"]
+            found["energy_rows"] = results_mod.energy_reference_rows("h200")
             return found
     ceilings = gpus.ceilings_for(spec)
     note(f"no CUDA GPU here: predicting every time from the cost model and the {spec.name} {ceilings.source} figures (--gpu picks another)")
@@ -413,7 +417,8 @@ def _reach_model(p, cands, io: str):
     return (lambda c, b: _predict(p, c, b, ceilings, io)), f"the cost model over the {spec.name} datasheet"
 
 
-def _measure(p, preset_arg: str, cands, batches, io: str, accept_rate: float, *, allowed=None, out: Path | None = None):
+def _measure(p, preset_arg: str, cands, batches, io: str, accept_rate: float, *, allowed=None, out: Path | None = None,
+             energy: bool = False):
     """Time on this GPU, through the profiler, the candidates that `allowed` keeps and the model puts within reach
     of the best (tuner.within_reach); the rest are recorded as skipped with the reason. The results file is written
     as rows finish. Returns (rows, GPU name, memory, path)."""
@@ -472,6 +477,7 @@ def _measure(p, preset_arg: str, cands, batches, io: str, accept_rate: float, *,
             tp=p.tp,
             phases=False,
             rounding=rounding,
+            energy=energy,
         )
         with ticker:
             run = prof.run_profile(spec, require_gpu=True, progress=False, runner=runner, out=out if not rows else None)
@@ -710,6 +716,8 @@ class TuneSpec:
     state_dtypes_given: bool = False
     # "stochastic": each 16-bit and 8-bit state is a candidate rounded both ways (to nearest and stochastically).
     rounding: str = "nearest"
+    # Also measure energy per step (NVML) on a GPU, for the verdict's tokens per joule.
+    energy: bool = False
 
     def validate(self) -> None:
         """Raise UserError (one line) for a value out of range."""
@@ -835,7 +843,8 @@ def run(spec: TuneSpec) -> TuneRun:
         return ok
 
     io_used = io[0] if io else None
-    source = _timing_source(p, preset, cands, batches, results, gpu, io_used, accept_rate, measured_only, allowed=allowed)
+    source = _timing_source(p, preset, cands, batches, results, gpu, io_used, accept_rate, measured_only, allowed=allowed,
+                            energy=spec.energy)
     io_used = source["io_dtype"]
     quality = run_quality(io_used, False)
     budget, budget_note = _memory_budget(memory_budget, source)
@@ -860,6 +869,7 @@ def run(spec: TuneSpec) -> TuneRun:
     while source["cuda"] and check_kernels(io_used, {d.choice.candidate.quality_key() for d in decisions if d.choice}):
         decisions = decide()
     lines = verdict.lines_from(decisions, preset=p.name, error_budget=error_budget, e2e_rows=source.get("e2e_rows", ()),
+                               energy_rows=source.get("energy_rows", ()),
                                tp=p.tp, io_dtype=io_used, accept_rate=accept_rate if drafts else None)
     report = {
         "preset": {"name": p.name, "kind": p.kind, "shape": p.label(), "ssm_layers": p.ssm_layers, "state_dtype": p.state_dtype, "tp": p.tp},

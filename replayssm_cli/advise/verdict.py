@@ -43,6 +43,9 @@ class Line:
     e2e_speedup_lo: float | None = None
     e2e_speedup_hi: float | None = None
     e2e_origin: str | None = None
+    tokens_per_j_gain: float | None = None
+    tokens_per_j: float | None = None
+    energy_origin: str | None = None
     mem_per_seq_model: int | None = None
     largest_batch: int | None = None
     error: float | None = None
@@ -106,8 +109,32 @@ def e2e_speedup(rows: Iterable[dict[str, Any]], preset: str, candidate: Any, bat
     return s, lo, hi, str(mine.get("x_origin") or "measured")
 
 
+def energy_gain(rows: Iterable[dict[str, Any]], preset: str, candidate: Any, baseline: Any, batch: int
+                ) -> tuple[float, float, str] | None:
+    """(tokens per joule of the candidate, its gain over the baseline's, origin) from measured kernel rows with NVML
+    energy (x_energy, `--energy`) for both at this batch, whole-window averages; None where either lacks it. The
+    origin is the candidate row's: 'measured here' or the file it was measured in."""
+    from replayssm_cli.report import provenance
+
+    found = [r for r in rows if r.get("kind", "kernel") == "kernel" and r.get("preset") == preset and r.get("batch") == batch
+             and r.get("phase", "avg") == "avg" and r.get("source") == "measured" and r.get("status", "ok") == "ok"
+             and (r.get("x_energy") or {}).get("j_per_step")]
+
+    def find(c: Any) -> dict[str, Any] | None:
+        return next((r for r in found if r.get("variant") == c.variant and r.get("state_dtype") == c.state_dtype
+                     and r.get("window") == (c.window if c.is_replay else None) and r.get("read_dtype") == c.read_dtype
+                     and (r.get("draft") or 0) == c.draft and r.get("rounding", "nearest") == c.rounding), None)
+
+    mine, base = find(candidate), find(baseline)
+    if mine is None or base is None:
+        return None
+    gain = base["x_energy"]["j_per_step"] / mine["x_energy"]["j_per_step"]
+    return mine["x_energy"].get("tokens_per_j"), gain, provenance.row_label(mine)
+
+
 def lines_from(decisions: Sequence[Any], *, preset: str, error_budget: float | None, e2e_rows: Sequence[dict[str, Any]] = (),
-               tp: int = 1, io_dtype: str = "bf16", accept_rate: float | None = None) -> list[Line]:
+               energy_rows: Sequence[dict[str, Any]] = (), tp: int = 1, io_dtype: str = "bf16",
+               accept_rate: float | None = None) -> list[Line]:
     """One Line per tuner.Decision."""
     out = []
     for d in decisions:
@@ -127,6 +154,9 @@ def lines_from(decisions: Sequence[Any], *, preset: str, error_budget: float | N
         found = e2e_speedup(e2e_rows, preset, c, d.batch) if d.replay_pays else None
         if found is not None:
             line.e2e_speedup, line.e2e_speedup_lo, line.e2e_speedup_hi, line.e2e_origin = found
+        energy = energy_gain(energy_rows, preset, c, d.baseline.candidate, d.batch) if d.baseline is not None else None
+        if energy is not None:
+            line.tokens_per_j, line.tokens_per_j_gain, line.energy_origin = energy
         if d.predicted:
             line.confirm = confirm_command(preset, c, d.batch, tp=tp, io_dtype=io_dtype, accept_rate=accept_rate)
         out.append(line)
@@ -195,6 +225,14 @@ def render(lines: Sequence[Line], *, title: str, over: str, notes: Sequence[str]
             "-" if ln.margin is None else (f"{ln.margin:.0%}" if ln.margin >= 0.01 else "<1%"),
             f"{'meas' if ln.source == 'measured' else 'pred'} [{tag}]",
         ]))
+    energy = [ln for ln in lines if ln.tokens_per_j_gain is not None]
+    if energy:
+        cells = []
+        for ln in energy:
+            tag = sources.setdefault(f"energy: {ln.energy_origin}", len(sources) + 1)
+            cells.append(f"batch {ln.batch} {_x(ln.tokens_per_j_gain)} [{tag}]")
+        body += wrap(f"tokens per joule over {energy[0].speedup_over} (NVML's energy counter, idle "
+                     "draw subtracted): " + ", ".join(cells))
     out = wrap(title) + wrap(over) + [""] + body + [""]
     for label, n in sources.items():
         out += wrap(f"[{n}] {label}")

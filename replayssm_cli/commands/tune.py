@@ -71,6 +71,9 @@ def tune(
     stochastic_rounding: Annotated[bool, options.stochastic_rounding(
         "Also weigh every 16-bit and 8-bit state stored with stochastic rounding (a per-slot Philox stream), beside the "
         "same state rounded to nearest: the error by bucket shows which drifts and which holds.")] = False,
+    energy: Annotated[bool, typer.Option("--energy", help=(
+        "On a GPU, also measure joules per step from NVML's energy counter (about 3 s more per configuration) for the "
+        "verdict's tokens per joule; without one the verdict reads the shipped H200 energy profiles."))] = False,
     out: Annotated[Optional[Path], options.out("Also write the full report as JSON to this file.")] = None,
     json_: Annotated[bool, typer.Option("--json", help="Print the report as JSON on stdout instead of tables.")] = False,
     details: Annotated[bool, typer.Option("--details", help="After the verdict, every candidate's table and the error by bucket.")] = False,
@@ -112,6 +115,7 @@ def tune(
         accept_rate=accept_rate, error_budget=error_budget, memory_budget=memory_budget, results=results,
         measured_only=measured_only, gpu=gpu, tp=tp, steps=steps, heads=heads, trace=trace, seed=seed, out=out,
         state_dtypes_given=given is not None, rounding="stochastic" if stochastic_rounding else "nearest",
+        energy=energy,
     )
     done = tuning.run(spec)
     if json_:

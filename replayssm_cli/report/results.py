@@ -668,6 +668,25 @@ def reference_files() -> list[Path]:
     return sorted(Path(str(p)) for p in root.iterdir() if is_results_name(Path(str(p))))
 
 
+def energy_reference_rows(gpu_key: str = "h200") -> list[dict[str, Any]]:
+    """The rows with energy figures of the shipped energy profiles measured on `gpu_key`
+    (profiles/reference/energy/<gpu_key>-*.json, apart from the reference so that their times do not replace its),
+    each saying which file it came from (x_origin)."""
+    from importlib import resources
+
+    root = resources.files("replayssm_profiles") / "reference" / "energy"
+    try:
+        files = sorted(Path(str(f)) for f in root.iterdir() if f.name.startswith(f"{gpu_key}-") and is_results_name(Path(str(f))))
+    except (FileNotFoundError, ModuleNotFoundError):
+        return []
+    rows: list[dict[str, Any]] = []
+    for f in files:
+        res = load(f)
+        origin = origin_of(res)
+        rows += [{**r, "x_origin": origin} for r in res.rows if r.get("x_energy")]
+    return rows
+
+
 # The fields that name a configuration (a row's measurement aside).
 CONFIG_FIELDS = ("kind", "op", "preset", "variant", "phase", "batch", "window", "state_dtype", "read_dtype", "io_dtype",
                  "draft", "accepted", "tp", "flush", "source")
