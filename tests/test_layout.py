@@ -72,8 +72,8 @@ def test_layout_keeps_every_triton_kernel_in_the_kernel_package():
     assert not jitted, f"Triton kernels outside replayssm_kernels: {jitted}"
 
 
-# presets.py reads Hugging Face's model_type strings; tensor_parallel.py's sharded reference step still branches (issue 46).
-OP_NAME_ALLOWED = {"model/ops.py", "model/presets.py", "measure/tensor_parallel.py"}
+# presets.py reads Hugging Face's model_type strings.
+OP_NAME_ALLOWED = {"model/ops.py", "model/presets.py"}
 
 
 def test_layout_asks_the_op_adapter_instead_of_comparing_op_names():

@@ -56,8 +56,7 @@ def reduce_point(letter: str, i: int) -> str:
 def global_norm(inv: Inventory) -> bool:
     """Whether the SSM's gated norm spans the ranks: one Mamba-2 group split over them, whose sum of squares vLLM all-reduces."""
     p = inv.preset
-    full = p.full_shape or p.shape
-    return p.tp > 1 and p.kind == "mamba2" and not p.has_z and full.G == 1
+    return ops.named(p.kind).tp_norm_spans_ranks(p.full_shape or p.shape, p.has_z, p.tp)
 
 
 def collectives(inv: Inventory) -> list[Collective]:
@@ -120,18 +119,7 @@ def _take(t: torch.Tensor, dim: int, segments: list[tuple[int, Any]], rank: int,
 def _mixer_segments(full: Inventory, tp: int) -> dict[str, list[tuple[int, Any]]]:
     """The segments of the SSM mixer's in_proj outputs, conv channels and per-head vectors (full sizes) over tp ranks."""
     p = full.preset
-    s = p.shape
-    if p.kind == "mamba2":
-        inner, bc = s.H * s.P, s.G * s.N
-        # Groups split like heads; a single group goes whole to every rank (presets.with_tp refuses other splits).
-        group = "split" if s.G % tp == 0 else "whole"
-        conv = [(inner, "split"), (bc, group), (bc, group)]
-        proj = ([(inner, "split")] + conv if ops.named(p.kind).z_first else conv + [(inner, "split")]) + [(s.H, "split")]
-        return {"in_proj": proj, "conv": conv, "heads": [(s.H, "split")], "inner": [(inner, "split")]}
-    qk, inner = s.H * s.K, s.HV * s.V
-    conv = [(qk, "split"), (qk, "split"), (inner, "split")]
-    return {"in_proj": conv + [(inner, "split"), (s.HV, "split"), (s.HV, "split")], "conv": conv,
-            "heads": [(s.HV, "split")], "inner": [(inner, "split")]}
+    return ops.named(p.kind).tp_segments(p.shape, tp)
 
 
 def _segments(full: Inventory, tp: int) -> dict[tuple[str, str], tuple[int, list[tuple[int, Any]]]]:
@@ -268,7 +256,7 @@ def full_weights(full: Inventory, *, seed: int = 0, dtype: torch.dtype = torch.f
             block.update(conv_w=randn(sizes["conv_dim"], CONV_WIDTH, scale=0.5), conv_b=randn(sizes["conv_dim"], scale=0.1),
                          A_log=torch.log(lo + (hi - lo) * torch.rand(heads, generator=gen, device=device)).to(dtype),
                          dt_bias=randn(heads, scale=0.5), gnorm=ones(sizes["inner"]))
-            if p.kind == "mamba2":
+            if ops.named(p.kind).has_D:
                 block["D"] = ones(heads)
         elif kind == "attn":
             block["qk_norm"] = ones(2 * full.blocks["attn"].sizes["head_dim"]).view(2, -1)
@@ -309,43 +297,29 @@ def _ssm(inv: Inventory, w: dict[str, torch.Tensor], xn: torch.Tensor, cache: di
     p, s = inv.preset, inv.preset.shape
     sizes = inv.blocks["ssm"].sizes
     inner, conv_dim, batch = sizes["inner"], sizes["conv_dim"], xn.shape[0]
+    op = ops.named(p.kind)
     proj = xn @ w["in_proj"].t()
-    if ops.named(p.kind).z_first:
+    if op.z_first:
         z, xbc, rest = proj[:, :inner], proj[:, inner:inner + conv_dim], proj[:, inner + conv_dim:]
     else:
         xbc, z, rest = proj[:, :conv_dim], proj[:, conv_dim:conv_dim + inner], proj[:, conv_dim + inner:]
     xbc = _conv(xbc, cache["conv"][j], w)
-    state = cache["ssm"][j]
-    if p.kind == "mamba2":
-        from replayssm_kernels.mamba2.reference import decode_ref
-
-        bc = s.G * s.N
-        x, B, C = xbc[:, :inner], xbc[:, inner:inner + bc], xbc[:, inner + bc:]
-        y = decode_ref(state, x.reshape(batch, s.H, s.P), rest, -torch.exp(w["A_log"]), B.reshape(batch, s.G, s.N),
-                       C.reshape(batch, s.G, s.N), D=w["D"], z=z.reshape(batch, s.H, s.P) if p.has_z else None,
-                       dt_bias=w["dt_bias"], dt_softplus=p.dt_softplus).reshape(batch, inner)
-        if p.has_z:
-            return y @ w["out_proj"].t()
-        gated = y * F.silu(z)
-        if global_norm(inv):
-            sums = gated.pow(2).sum(-1, keepdim=True)
-            comm.all_reduce(sums, f"{tag}.gated_norm")
-            normed = gated * torch.rsqrt(sums / (inner * p.tp) + EPS)
-        else:
-            groups = gated.view(batch, -1, sizes["norm_group"])
-            normed = (groups * torch.rsqrt(groups.pow(2).mean(-1, keepdim=True) + EPS)).view(batch, inner)
-        return (normed * w["gnorm"]) @ w["out_proj"].t()
-    from replayssm_kernels.gdn.reference import decode_ref
-
-    qk = s.H * s.K
-    q, k, v = xbc[:, :qk], xbc[:, qk:2 * qk], xbc[:, 2 * qk:]
-    a, b = rest[:, :s.HV], rest[:, s.HV:]
-    g = -torch.exp(w["A_log"]) * F.softplus(a + w["dt_bias"])
-    o = decode_ref(state, q.reshape(batch, s.H, s.K), k.reshape(batch, s.H, s.K), v.reshape(batch, s.HV, s.V), g,
-                   torch.sigmoid(b), use_qk_l2norm_in_kernel=True)
-    heads = o.reshape(batch, s.HV, s.V)
-    normed = (heads * torch.rsqrt(heads.pow(2).mean(-1, keepdim=True) + EPS)).reshape(batch, inner)
-    return (normed * w["gnorm"] * F.silu(z)) @ w["out_proj"].t()
+    y = op.reference_mixer(s, cache["ssm"][j], xbc, rest, z, w, has_z=p.has_z, dt_softplus=p.dt_softplus)
+    if op.output_norm == "head":
+        heads = y.reshape(batch, -1, sizes["norm_group"])
+        normed = (heads * torch.rsqrt(heads.pow(2).mean(-1, keepdim=True) + EPS)).reshape(batch, inner)
+        return (normed * w["gnorm"] * F.silu(z)) @ w["out_proj"].t()
+    if p.has_z:
+        return y @ w["out_proj"].t()
+    gated = y * F.silu(z)
+    if global_norm(inv):
+        sums = gated.pow(2).sum(-1, keepdim=True)
+        comm.all_reduce(sums, f"{tag}.gated_norm")
+        normed = gated * torch.rsqrt(sums / (inner * p.tp) + EPS)
+    else:
+        groups = gated.view(batch, -1, sizes["norm_group"])
+        normed = (groups * torch.rsqrt(groups.pow(2).mean(-1, keepdim=True) + EPS)).view(batch, inner)
+    return (normed * w["gnorm"]) @ w["out_proj"].t()
 
 
 def _rope(x: torch.Tensor, pos: int, rot: int) -> torch.Tensor:

@@ -200,6 +200,39 @@ class Mamba2:
             })
         return params, inputs
 
+    # The mixer's output norm in the model: "group", an RMS norm over groups of the z-gated output (Mamba-2's gated
+    # norm), or "head", an RMS norm over each head's output, then the gate (GDN).
+    output_norm = "group"
+
+    def tp_norm_spans_ranks(self, full: Mamba2Shape, has_z: bool, tp: int) -> bool:
+        """Whether the gated norm's one group spans the ranks: one Mamba-2 group split over them, whose sum of squares
+        vLLM all-reduces."""
+        return tp > 1 and not has_z and full.G == 1
+
+    def tp_segments(self, s: Mamba2Shape, tp: int) -> dict[str, list[tuple[int, Any]]]:
+        """The segments (full size, rule) of the mixer's in_proj outputs, conv channels, per-head vectors and inner
+        features over tp ranks (replayssm_cli.measure.tensor_parallel's rules)."""
+        inner, bc = s.H * s.P, s.G * s.N
+        # Groups split like heads; a single group goes whole to every rank (presets.with_tp refuses other splits).
+        group = "split" if s.G % tp == 0 else "whole"
+        conv = [(inner, "split"), (bc, group), (bc, group)]
+        proj = ([(inner, "split")] + conv if self.z_first else conv + [(inner, "split")]) + [(s.H, "split")]
+        return {"in_proj": proj, "conv": conv, "heads": [(s.H, "split")], "inner": [(inner, "split")]}
+
+    def reference_mixer(self, s: Mamba2Shape, state: Any, xbc: Any, rest: Any, z: Any, w: dict[str, Any], *,
+                        has_z: bool, dt_softplus: bool) -> Any:
+        """One decode step of the plain-PyTorch reference from the conv's output `xbc` and in_proj's `rest` (dt):
+        the (batch, inner) output before the norm, the state updated in place."""
+        import torch
+
+        from replayssm_kernels.mamba2.reference import decode_ref
+
+        batch, inner, bc = xbc.shape[0], s.H * s.P, s.G * s.N
+        x, B, C = xbc[:, :inner], xbc[:, inner:inner + bc], xbc[:, inner + bc:]
+        return decode_ref(state, x.reshape(batch, s.H, s.P), rest, -torch.exp(w["A_log"]), B.reshape(batch, s.G, s.N),
+                          C.reshape(batch, s.G, s.N), D=w["D"], z=z.reshape(batch, s.H, s.P) if has_z else None,
+                          dt_bias=w["dt_bias"], dt_softplus=dt_softplus).reshape(batch, inner)
+
 
 class GDN:
     """Gated DeltaNet: state (HV, V, K) per sequence; inputs q, k (H key heads), v, g, beta (HV value heads)."""
@@ -301,6 +334,35 @@ class GDN:
                 "beta": torch.sigmoid(randn(*lead, s.HV)).to(io),
             })
         return {}, inputs
+
+    output_norm = "head"
+
+    def tp_norm_spans_ranks(self, full: GDNShape, has_z: bool, tp: int) -> bool:
+        """GDN's norm is per head, and heads stay whole on a rank."""
+        return False
+
+    def tp_segments(self, s: GDNShape, tp: int) -> dict[str, list[tuple[int, Any]]]:
+        qk, inner = s.H * s.K, s.HV * s.V
+        conv = [(qk, "split"), (qk, "split"), (inner, "split")]
+        return {"in_proj": conv + [(inner, "split"), (s.HV, "split"), (s.HV, "split")], "conv": conv,
+                "heads": [(s.HV, "split")], "inner": [(inner, "split")]}
+
+    def reference_mixer(self, s: GDNShape, state: Any, xbc: Any, rest: Any, z: Any, w: dict[str, Any], *,
+                        has_z: bool, dt_softplus: bool) -> Any:
+        """One decode step of the plain-PyTorch reference from the conv's output (q, k, v) and in_proj's `rest`
+        (a, b): the (batch, inner) output before the norm, the state updated in place."""
+        import torch
+        import torch.nn.functional as F
+
+        from replayssm_kernels.gdn.reference import decode_ref
+
+        batch, qk = xbc.shape[0], s.H * s.K
+        q, k, v = xbc[:, :qk], xbc[:, qk:2 * qk], xbc[:, 2 * qk:]
+        a, b = rest[:, :s.HV], rest[:, s.HV:]
+        g = -torch.exp(w["A_log"]) * F.softplus(a + w["dt_bias"])
+        o = decode_ref(state, q.reshape(batch, s.H, s.K), k.reshape(batch, s.H, s.K), v.reshape(batch, s.HV, s.V), g,
+                       torch.sigmoid(b), use_qk_l2norm_in_kernel=True)
+        return o.reshape(batch, s.HV * s.V)
 
 
 MAMBA2 = Mamba2()
