@@ -1,0 +1,149 @@
+#!/usr/bin/env bash
+# The state precisions of issue 43 on one GPU, both layers (Nemotron-3-Super's Mamba-2, Qwen3.5-122B's GDN), W = 16:
+# our conventional and ReplaySSM kernels at fp32, bf16, fp16 and 8-bit (int8, fp8 e4m3) states, every 16-bit and
+# 8-bit one rounded to nearest and stochastically, at batch 1, 8, 32, 64, 128, 256 and 512, through `replayssm profile`
+# (rows with their provenance, each ratio within one file); FlashInfer's checkpointing_ssu at batch 256 at the same
+# state dtypes where it stores them, through the profiler's baseline path (FlashInfer unpacked from
+# .fi/flashinfer.tar.xz when that is here, its modules compiled in the background from the start); Nsight Compute's
+# DRAM bytes of the 8-bit and stochastically rounded ReplaySSM steps at batch 256 against the cost model; then the
+# summary (benchmarks/precision_report.py).
+#
+# Everything goes under $OUT (default runs/precision): PART.json (results file) and PART.log per part, ncu-8bit.json
+# and ncu-sr.json, flashinfer-warm.log, steps.txt (each part's exit status and seconds), summary.md and summary.json.
+# Progress lines on stderr. Parts run in this order, the ones the targets rest on first, each within its share of
+# BUDGET_S (default 470 s, about 8 minutes): a part cut at its limit keeps the rows it finished (a results file marked
+# incomplete) and the next part starts.
+#   m2-256 gdn-256   both layers at batch 256, every precision
+#   ncu              Nsight Compute bytes at batch 256: 8-bit non-flush and flush steps, stochastic flushes
+#   fi-256           FlashInfer's checkpointing_ssu beside ours at batch 256 (Mamba-2 only: it has no GDN kernel)
+#   m2 gdn           the other batches (1, 8, 32, 64, 128, 512), every precision
+# Usage: OUT=/path bash benchmarks/precision_gpu.sh [PART ...]
+# DRY_RUN=1: on a machine without a GPU, each profile part predicted (--predict) instead of measured, the ncu and
+# FlashInfer parts only said, the summary from the predicted files; the whole run in a few seconds.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT="${OUT:-runs/precision}"
+BUDGET_S="${BUDGET_S:-470}"
+M=nemotron-3-super-120b-a12b
+Q=qwen3.5-122b-a10b
+R="${REPEATS:-5}"
+# fp32 first: the rows after it take their speedup_vs_fp32 from it
+STATES=fp32,int8,fp8,bf16,fp16
+ALL="m2-256 gdn-256 ncu fi-256 m2 gdn"
+declare -A SHARE=([m2-256]=55 [gdn-256]=65 [ncu]=90 [fi-256]=80 [m2]=90 [gdn]=90)
+PARTS="${*:-$ALL}"
+for p in $PARTS; do
+    case " $ALL " in
+    *" $p "*) ;;
+    *) echo "precision_gpu: unknown part $p (parts: $ALL)" >&2; exit 2 ;;
+    esac
+done
+mkdir -p "$OUT"
+: > "$OUT/steps.txt"
+DRY="${DRY_RUN:-0}"
+MODE=(--require-gpu)
+[ "$DRY" = 1 ] && MODE=(--predict)
+started=$SECONDS
+
+log() { echo "precision_gpu: $*" >&2; }
+
+# FlashInfer from the carried archive, where there is one: into a folder of its own, put on the path of every part.
+if [ -f .fi/flashinfer.tar.xz ] && [ "$DRY" != 1 ]; then
+    SITE="${TMPDIR:-/tmp}/precision-flashinfer"
+    mkdir -p "$SITE" && tar xJf .fi/flashinfer.tar.xz -C "$SITE" && export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
+    log "FlashInfer unpacked into $SITE"
+fi
+
+# FlashInfer compiles one module per state dtype and rounding with nvcc at first use (minutes each): each is built in
+# a background process from the start, by the same baseline path at batch 1, so that fi-256 finds them compiled.
+warm_flashinfer() {
+    python - "$M" <<'EOF'
+import subprocess, sys
+code = """
+import sys
+from replayssm_cli.measure import bench
+state, rounding = sys.argv[1], sys.argv[2]
+spec = {"preset": PRESET, "variant": "baseline:flashinfer-checkpointing", "batch": 1, "window": 16, "state_dtype": state,
+        "rounding": rounding, "io_dtype": "bf16", "layers": 1}
+case = bench.make_case(spec, "cuda")
+print(state, rounding, "compiled, check", case.check(), flush=True)
+""".replace("PRESET", repr(sys.argv[1]))
+pairs = [("int8", "nearest"), ("fp8", "nearest"), ("int8", "stochastic"), ("fp8", "stochastic"), ("fp16", "stochastic"),
+         ("fp16", "nearest"), ("bf16", "nearest"), ("fp32", "nearest")]
+procs = [subprocess.Popen([sys.executable, "-c", code, s, r]) for s, r in pairs]
+sys.exit(max(p.wait() for p in procs))
+EOF
+}
+WARM_PID=""
+if [ "$DRY" != 1 ] && [[ " $PARTS " == *" fi-256 "* ]]; then
+    if python -c 'import flashinfer.mamba' 2>/dev/null; then
+        warm_flashinfer > "$OUT/flashinfer-warm.log" 2>&1 &
+        WARM_PID=$!
+        log "compiling FlashInfer's checkpointing_ssu modules in the background (pid $WARM_PID)"
+    else
+        log "FlashInfer does not import here (no .fi/flashinfer.tar.xz?): fi-256 will say so and skip its baseline"
+    fi
+fi
+
+profile() {  # LIMIT PART PRESET BATCHES [EXTRA...]: every precision, both roundings, cut at LIMIT seconds
+    local limit=$1 part=$2 preset=$3 batches=$4
+    shift 4
+    timeout -s TERM "$limit" replayssm profile "${MODE[@]}" -p "$preset" --batch "$batches" --window 16 \
+        --state-dtype "$STATES" --stochastic-rounding --no-phases --repeats "$R" "$@" --out "$OUT/$part.json"
+}
+
+ncu_part() {  # LIMIT: the 8-bit steps, then the stochastic flushes, within LIMIT seconds together
+    local until=$((SECONDS + $1)) rc=0
+    if [ "$DRY" = 1 ]; then
+        echo "not run (DRY_RUN=1): ncu_check.py --batch 256 --state-dtype int8,fp8 --configs nonflush,flush;" \
+            "ncu_check.py --batch 256 --state-dtype bf16,int8 --rounding stochastic --configs flush"
+        return 0
+    fi
+    timeout -s TERM $((until - SECONDS)) python benchmarks/ncu_check.py --batch 256 --window 16 --state-dtype int8,fp8 \
+        --configs nonflush,flush --timeout 120 --out "$OUT/ncu-8bit.json" || rc=$?
+    timeout -s TERM $((until - SECONDS > 1 ? until - SECONDS : 1)) python benchmarks/ncu_check.py --batch 256 --window 16 \
+        --state-dtype bf16,int8 --rounding stochastic --configs flush --timeout 120 --out "$OUT/ncu-sr.json" || rc=$?
+    return $rc
+}
+
+fi_part() {  # LIMIT: wait for the background compiles, then FlashInfer beside ours, within LIMIT seconds together
+    local until=$((SECONDS + $1))
+    if [ "$DRY" = 1 ]; then
+        echo "not run (DRY_RUN=1): replayssm profile -p $M --batch 256 ... --baseline flashinfer-checkpointing"
+        return 0
+    fi
+    while [ -n "$WARM_PID" ] && kill -0 "$WARM_PID" 2>/dev/null && [ "$SECONDS" -lt $((until - 20)) ]; do sleep 2; done
+    [ -n "$WARM_PID" ] && kill -0 "$WARM_PID" 2>/dev/null && echo "FlashInfer still compiling; its rows take what is left"
+    profile $((until - SECONDS)) fi-256 "$M" 256 --baseline flashinfer-checkpointing
+}
+
+run_part() {
+    local part=$1 start=$SECONDS
+    local left=$((BUDGET_S - (SECONDS - started)))
+    local limit=${SHARE[$part]}
+    [ "$left" -lt "$limit" ] && limit=$left
+    if [ "$limit" -le 5 ]; then
+        echo "$part: not run, the budget of $BUDGET_S s is spent" | tee -a "$OUT/steps.txt" >&2
+        return
+    fi
+    log "$part: starting, at most $limit s ($((SECONDS - started)) s in)"
+    case $part in
+    m2-256) profile "$limit" m2-256 "$M" 256 ;;
+    gdn-256) profile "$limit" gdn-256 "$Q" 256 ;;
+    m2) profile "$limit" m2 "$M" 1,8,32,64,128,512 ;;
+    gdn) profile "$limit" gdn "$Q" 1,8,32,64,128,512 ;;
+    ncu) ncu_part "$limit" ;;
+    fi-256) fi_part "$limit" ;;
+    esac 2>&1 | tee "$OUT/$part.log" | grep --line-buffered -E '^(profile:|error|warning|wrote|results:|not run)' \
+        | sed -u "s/^/  $part: /" >&2
+    local rc=${PIPESTATUS[0]}
+    echo "$part: exit $rc, $((SECONDS - start)) s" | tee -a "$OUT/steps.txt" >&2
+}
+
+for part in $ALL; do
+    [[ " $PARTS " == *" $part "* ]] && run_part "$part"
+done
+[ -n "$WARM_PID" ] && kill "$WARM_PID" 2>/dev/null
+python benchmarks/precision_report.py "$OUT" --out "$OUT/summary.md" --json "$OUT/summary.json"
+log "done in $((SECONDS - started)) s; summary in $OUT/summary.md"
+cat "$OUT/steps.txt" >&2
