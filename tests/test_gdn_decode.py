@@ -157,7 +157,7 @@ BAD_DECODE = {
     "q-int": (lambda s, i: i.update(q=i["q"].int()), "q must be a floating-point tensor"),
     "q-fp64": (lambda s, i: i.update(q=i["q"].double(), k=i["k"].double()), "q must be fp32, bf16 or fp16"),
     "state-shape": (lambda s, i: i.update(state=torch.zeros(3, 4, 8, 8)), "state must have shape"),
-    "state-dtype": (lambda s, i: i.update(state=s.double()), "state must be fp32, bf16 or fp16"),
+    "state-dtype": (lambda s, i: i.update(state=s.double()), "state must be one of fp32, bf16, fp16, fp8, int8"),
     "slots-dtype": (lambda s, i: i.update(slots=torch.zeros(2)), "slots must be int32 or int64"),
     "slots-range": (lambda s, i: i.update(slots=torch.tensor([0, 3], dtype=torch.int32)), "slots must be in"),
     "slots-repeat": (lambda s, i: i.update(slots=torch.tensor([1, 1], dtype=torch.int32)), "must not repeat"),

@@ -7,9 +7,24 @@ from dataclasses import dataclass, fields, replace
 import torch
 
 from replayssm_kernels import families
+from replayssm_kernels import rounding as R
 from replayssm_kernels.common import flush_list, host_checks
-from replayssm_kernels.gdn.common import FP8_MAX, IO_DTYPES, READ_DTYPES, STATE_DTYPES, resolve_dtype
+from replayssm_kernels.gdn.common import (
+    EIGHT_BIT,
+    FP8_MAX,
+    IO_DTYPES,
+    READ_DTYPES,
+    STATE_DTYPES,
+    check_state_dtype,
+    draw_state_bits,
+    raw,
+    resolve_dtype,
+    resolve_rounding,
+    stored_state,
+)
 
+# The buffered updates' and keys' dtypes: fp32, or a 16-bit state's own.
+BUFFER_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 # A warp's lanes: a small grid's replay programs (one warp) may each count their arrival at a (slot, head) on a
 # counter of their own lane (a replay row's lane_count).
 ARRIVE_LANES = 32
@@ -33,7 +48,10 @@ def dequantize_read(copy: torch.Tensor, scale: torch.Tensor | None) -> torch.Ten
 class ReplayCache:
     """Per-slot ReplaySSM state of one Gated DeltaNet layer.
 
-    checkpoint (nslots, HV, V, K) in the state dtype; read_copy (nslots, HV, V, K) in the read dtype
+    checkpoint (nslots, HV, V, K) in the state dtype, and for an 8-bit one (fp8 e4m3 or int8) checkpoint_scale
+    (nslots, HV, V) fp32, the scale of each row over K (a row's values are checkpoint * scale); rounding: None
+    (every checkpoint store rounds to nearest) or a rounding.StateRounding whose per-slot store counts key the
+    stochastic rounding of every checkpoint store, advanced after each launch that may store; read_copy (nslots, HV, V, K) in the read dtype
     and read_scale (nslots, HV, V) fp32 (fp8 only), refreshed at every flush; buffers of capacity
     C = window + max_draft: buf_u (nslots, C, HV, V) corrected updates u and buf_k (nslots, C, H, K)
     L2-normalised unscaled keys, both in the buffer dtype (fp32 unless a 2-byte state asks for its own),
@@ -70,6 +88,8 @@ class ReplayCache:
     arrivals: torch.Tensor | None = None
     last_draft: int = 0
     work: torch.Tensor | None = None
+    checkpoint_scale: torch.Tensor | None = None
+    rounding: R.StateRounding | None = None
 
     def __post_init__(self):
         if self.work is None:
@@ -90,14 +110,19 @@ class ReplayCache:
         io_dtype,
         max_draft: int = 0,
         buffer_dtype="fp32",
+        rounding="nearest",
+        seed: int = 0,
         device,
     ) -> "ReplayCache":
         """An empty cache (zero checkpoints, empty buffers) for nslots sequences.
 
         H key heads, HV value heads (a multiple of H), K, V <= 256; window W in [1, 64]: a slot
-        flushes on the step that brings its buffer to W entries. state_dtype: fp32, bf16 or fp16 (a
-        torch dtype or a name such as "fp32"); read_dtype: None, or a narrower bf16, fp16 or fp8 (e4m3,
-        per-row scales) copy that non-flush steps read instead of the checkpoint; io_dtype: the dtype
+        flushes on the step that brings its buffer to W entries. state_dtype: fp32, bf16, fp16, or 8-bit fp8
+        (e4m3, sm_89 and newer) or int8 with an fp32 scale per (slot, value head, v) row over K (a torch dtype or a
+        name such as "fp32"); rounding: "nearest" or "stochastic" (a 16-bit or 8-bit checkpoint: every store rounds
+        stochastically, keyed by `seed`, slot, value head, element and the slot's store count, so a run is
+        reproducible); read_dtype: None, or a bf16, fp16 or fp8 (e4m3, per-row scales) copy narrower than a
+        16-bit or fp32 checkpoint that non-flush steps read instead of it; io_dtype: the dtype
         of q, k, v and the outputs; max_draft: the most drafts one `verify` takes, in [0, 8];
         buffer_dtype: the buffered updates' and keys' dtype: fp32 (the default), or a 2-byte state's own, which
         halves the buffers' memory and rounds each entry once, as the state is rounded at every flush (an fp32
@@ -117,16 +142,24 @@ class ReplayCache:
             raise ValueError(f"K and V must be at most 256; got K={K}, V={V}")
         state_dtype = resolve_dtype(state_dtype, "state_dtype", STATE_DTYPES)
         io_dtype = resolve_dtype(io_dtype, "io_dtype", IO_DTYPES)
+        rounding = resolve_rounding(rounding)
+        if rounding == "stochastic" and state_dtype == torch.float32:
+            raise ValueError("rounding 'stochastic' applies to a 16-bit or 8-bit checkpoint; an fp32 checkpoint is "
+                             "stored exactly: take rounding='nearest' or state_dtype='bf16'")
+        check_state_dtype(state_dtype, torch.device(device))
         read_copy = read_scale = None
         if read_dtype is not None:
             read_dtype = resolve_dtype(read_dtype, "read_dtype", READ_DTYPES)
+            if state_dtype in EIGHT_BIT:
+                raise ValueError(f"an {state_dtype} checkpoint takes no read copy (none is narrower): pass "
+                                 "read_dtype=None")
             if read_dtype.itemsize >= state_dtype.itemsize:
                 raise ValueError(f"read_dtype {read_dtype} must be narrower than state_dtype {state_dtype}")
             families.check_read_dtype(read_dtype, torch.device(device))
             read_copy = torch.zeros(nslots, HV, V, K, dtype=read_dtype, device=device)
             if read_dtype == torch.float8_e4m3fn:
                 read_scale = torch.ones(nslots, HV, V, dtype=torch.float32, device=device)
-        buffer_dtype = resolve_dtype(buffer_dtype or torch.float32, "buffer_dtype", STATE_DTYPES)
+        buffer_dtype = resolve_dtype(buffer_dtype or torch.float32, "buffer_dtype", BUFFER_DTYPES)
         if buffer_dtype not in (torch.float32, state_dtype):
             raise ValueError(f"buffer_dtype must be fp32 or the state dtype {state_dtype}; got {buffer_dtype}")
         C = window + max_draft
@@ -145,6 +178,9 @@ class ReplayCache:
             buf_beta=None if read_copy is None else torch.zeros(nslots, C, HV, dtype=torch.float32, device=device),
             buf_t=None if read_copy is None else torch.zeros(nslots, C, HV, C, dtype=torch.float32, device=device),
             arrivals=torch.zeros(nslots, H, dtype=torch.int32, device=device) if max_draft else None,
+            checkpoint_scale=(torch.zeros(nslots, HV, V, dtype=torch.float32, device=device)
+                              if state_dtype in EIGHT_BIT else None),
+            rounding=R.StateRounding.create(nslots, seed, device=device) if rounding == "stochastic" else None,
         )
 
     @property
@@ -206,8 +242,15 @@ class ReplayCache:
                 raise ValueError(f"{what} must be in [0, {self.nslots}); got {bad[0]}")
         return slots
 
+    def checkpoint_values(self, slots) -> torch.Tensor:
+        """The fp32 values of the checkpoints of `slots` (an index tensor): an 8-bit one's rows times their scales."""
+        if self.checkpoint_scale is None:
+            return self.checkpoint[slots].float()
+        return R.dequantized_rows(self.checkpoint[slots], self.checkpoint_scale[slots])
+
     def load(self, state: torch.Tensor, slots: torch.Tensor | None = None) -> None:
-        """Empty `slots` (default: all) and set their checkpoints (and read copies) from full states (n, HV, V, K)."""
+        """Empty `slots` (default: all) and set their checkpoints (and read copies) from full states (n, HV, V, K),
+        stored as a flush stores them (rounded by the cache's rounding; 8-bit rows over their scales)."""
         idx = self._index(slots, "slots")
         shape = (idx.shape[0], self.HV, self.V, self.K)
         if not isinstance(state, torch.Tensor) or tuple(state.shape) != shape:
@@ -216,20 +259,29 @@ class ReplayCache:
         if not state.is_floating_point():
             raise ValueError(f"state must be a floating-point tensor; got {state.dtype}")
         self.reset(idx)
-        self.checkpoint[idx] = state.to(device=self.device, dtype=self.state_dtype)
+        values, scales = stored_state(state.to(device=self.device, dtype=torch.float32), self.state_dtype,
+                                      draw_state_bits(self.rounding, idx, shape))
+        raw(self.checkpoint)[idx] = raw(values)
+        if scales is not None:
+            self.checkpoint_scale[idx] = scales
+        if self.rounding is not None:
+            self.rounding.advance(idx, idx.shape[0])
         if self.read_copy is not None:
             copy, scale = quantize_read(self.checkpoint[idx].float(), self.read_copy.dtype)
-            _raw(self.read_copy)[idx] = _raw(copy)
+            raw(self.read_copy)[idx] = raw(copy)
             if scale is not None:
                 self.read_scale[idx] = scale
 
     def reset(self, slots: torch.Tensor | None = None) -> None:
-        """Empty `slots` (default: all) for new requests: zero checkpoints, read copies, buffers and fills."""
+        """Empty `slots` (default: all) for new requests: zero checkpoints (and scales), read copies, buffers, fills
+        and rounding store counts."""
         idx = self._index(slots, "slots")
         for name, value in self.tensors().items():
-            _raw(value).index_fill_(0, idx, 0)
+            raw(value).index_fill_(0, idx, 0)
             if name == "read_scale":
                 value.index_fill_(0, idx, 1.0)
+        if self.rounding is not None:
+            self.rounding.reset(idx)
 
     def move(self, src: torch.Tensor, dst: torch.Tensor) -> None:
         """Move requests from slots `src` to slots `dst` (same length, disjoint) and empty `src`."""
@@ -239,13 +291,11 @@ class ReplayCache:
         if host_checks(True) and set(s.tolist()) & set(d.tolist()):
             raise ValueError("src and dst must not share a slot")
         for value in self.tensors().values():
-            _raw(value).index_copy_(0, d, _raw(value).index_select(0, s))
+            raw(value).index_copy_(0, d, raw(value).index_select(0, s))
+        if self.rounding is not None:
+            self.rounding.step.index_copy_(0, d, self.rounding.step.index_select(0, s))
         self.reset(s)
 
     def clone(self) -> "ReplayCache":
-        return replace(self, **{name: value.clone() for name, value in self.tensors().items()}, work=self.work.clone())
-
-
-def _raw(t: torch.Tensor) -> torch.Tensor:
-    # torch has no index_fill_/index_copy_ for fp8: move the bytes (zero bytes are 0.0)
-    return t.view(torch.uint8) if t.dtype == torch.float8_e4m3fn else t
+        return replace(self, **{name: value.clone() for name, value in self.tensors().items()}, work=self.work.clone(),
+                       rounding=None if self.rounding is None else self.rounding.clone())

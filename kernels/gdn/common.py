@@ -8,7 +8,8 @@ import torch
 import triton
 import triton.language as tl
 
-from replayssm_kernels import common
+from replayssm_kernels import common, families
+from replayssm_kernels import rounding as R
 
 FP8_MAX = 448.0
 L2NORM_EPS = 1e-6
@@ -18,8 +19,12 @@ DTYPES = {
     "bf16": torch.bfloat16,
     "fp16": torch.float16,
     "fp8": torch.float8_e4m3fn,
+    "int8": torch.int8,
 }
-STATE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+# States (conventional and checkpoints): fp32, 16-bit, or 8-bit rows over K with an fp32 scale each.
+STATE_DTYPES = common.STATE_DTYPES
+EIGHT_BIT = R.EIGHT_BIT
+ROUNDINGS = ("nearest", "stochastic")
 IO_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 READ_DTYPES = (torch.bfloat16, torch.float16, torch.float8_e4m3fn)
 
@@ -62,6 +67,41 @@ def quantize_e4m3(b_y):
     b_r = tl.where(b_a < 0.015625, _round_mantissa3(b_a + 0.015625) - 0.015625, _round_mantissa3(b_a))
     b_r = tl.minimum(b_r, 448.0)
     return tl.where(b_y < 0, -b_r, b_r).to(tl.float8e4nv)
+
+
+@triton.jit
+def stored(b_x, b_r, DTYPE: tl.constexpr, RANDOM: tl.constexpr):
+    """b_x (fp32) as the fp32 values a DTYPE (fp32, bf16, fp16) state holds: rounded to nearest even as `rounded`
+    does, or with RANDOM stochastically by the uint32 bits b_r (`rounding.rounded`)."""
+    if RANDOM:
+        b_x = R.rounded(b_x, b_r, DTYPE, True)
+    else:
+        b_x = rounded(b_x, DTYPE)
+    return b_x
+
+
+@triton.jit
+def state_bits(seed, steps, i_s, i_hv, o_v, o_k, K: tl.constexpr, RANDOM: tl.constexpr):
+    """The random bits of state rows o_v [R] and columns o_k [C] of (slot i_s, value head i_hv), [R, C]: element
+    v * K + k of the head's state at the slot's store count (zeros, unused, without RANDOM)."""
+    return R.slot_bits(seed, steps, i_s, i_hv, o_v[:, None] * K + o_k[None, :], RANDOM)
+
+
+@triton.jit
+def store_rows(ckpt, cscale, o_s, o_r, b_s, m_s, m_v, b_r, QUANT: tl.constexpr, RANDOM: tl.constexpr):
+    """Store fp32 state rows b_s [R, BK], whole rows over K, at ckpt + o_s in its dtype: rounded to nearest, or with
+    RANDOM stochastically by the bits b_r, or with QUANT as 8-bit rows (`rounding.quantized_rows`) with their scales
+    [R] at cscale + o_r. Returns the values a read gives back."""
+    DTYPE: tl.constexpr = ckpt.dtype.element_ty
+    if QUANT:
+        b_q, b_sc = R.quantized_rows(b_s, b_r, DTYPE, RANDOM)
+        tl.store(ckpt + o_s, b_q, mask=m_s)
+        tl.store(cscale + o_r, b_sc, mask=m_v)
+        b_s = b_q.to(tl.float32) * b_sc[:, None]
+    else:
+        b_s = stored(b_s, b_r, DTYPE, RANDOM)
+        tl.store(ckpt + o_s, b_s.to(DTYPE), mask=m_s)
+    return b_s
 
 
 @triton.jit
@@ -156,14 +196,71 @@ def check_out(out, shape, dtype, device):
     return out
 
 
-def check_state(state, name: str, HV: int, V: int, K: int, device) -> None:
+def check_state(state, name: str, HV: int, V: int, K: int, device, dtypes=STATE_DTYPES) -> None:
     if not isinstance(state, torch.Tensor) or state.dim() != 4 or tuple(state.shape[1:]) != (HV, V, K):
         got = tuple(state.shape) if isinstance(state, torch.Tensor) else type(state).__name__
         raise ValueError(f"{name} must have shape (nslots, {HV}, {V}, {K}); got {got}")
-    if state.dtype not in STATE_DTYPES:
-        raise ValueError(f"{name} must be fp32, bf16 or fp16; got {state.dtype}")
+    if state.dtype not in dtypes:
+        names = ", ".join(k for k, v in DTYPES.items() if v in dtypes)
+        raise ValueError(f"{name} must be one of {names}; got {state.dtype}")
     if state.device != device:
         raise ValueError(f"{name} must be on {device} like q; got {state.device}")
+    check_state_dtype(state.dtype, device)
+
+
+def check_state_dtype(dtype: torch.dtype, device) -> None:
+    """Refuse an fp8 state on a chip without e4m3 conversions (before sm_89), as fp8 read copies are refused."""
+    arch = families.capability(torch.device(device))
+    if arch is None or dtype != torch.float8_e4m3fn or families.family_of(arch).fp8:
+        return
+    raise families.UnsupportedOnChip(f"an fp8 state needs sm_89 or newer (float8 e4m3 conversions); this GPU is "
+                                     f"sm_{arch}: use state_dtype='int8' (int8 rows with scales) or 'bf16'")
+
+
+def resolve_rounding(rounding) -> str:
+    """One of ROUNDINGS from its name (or an Enum whose value is one)."""
+    name = getattr(rounding, "value", rounding)
+    if name not in ROUNDINGS:
+        raise ValueError(f"rounding must be 'nearest' or 'stochastic'; got {rounding!r}")
+    return name
+
+
+def rounding_args(rounding: R.StateRounding | None) -> dict:
+    """A launch's seed, step counts and RANDOM (`rounding.rounding_args`: None for the first two when rounding to
+    nearest, constants out of the kernel's signature, so that it compiles as without them)."""
+    seed, steps, random = R.rounding_args(rounding)
+    return {"seed": seed, "steps": steps, "RANDOM": random}
+
+
+def draw_state_bits(rounding, idx: torch.Tensor, shape: tuple, step: int = 0):
+    """The bits a kernel draws for slots idx's states of `shape` (n, HV, V, K), `step` stores past each slot's
+    count; None without rounding."""
+    if rounding is None:
+        return None
+    n, HV, V, K = shape
+    return R.draw_bits(rounding, idx, HV, V * K, ahead=step).view(n, HV, V, K)
+
+
+def stored_state(S: torch.Tensor, dtype: torch.dtype, bits) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """fp32 states S (..., V, K) as a state of `dtype` stores them: (values, None), or for an 8-bit state (values,
+    scales (..., V)); rounded to nearest without bits, else stochastically by them."""
+    if dtype in R.EIGHT_BIT:
+        return R.quantized_rows_reference(S, bits, dtype)
+    if bits is None:
+        return S.to(dtype), None
+    return R.rounded_reference(S.float(), bits, dtype).to(dtype), None
+
+
+def state_value(state: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
+    """A stored state's values in fp32 (fp64 kept): an 8-bit state's rows times their scales."""
+    if scale is not None:
+        return R.dequantized_rows(state, scale)
+    return state if state.dtype == torch.float64 else state.float()
+
+
+def raw(t: torch.Tensor) -> torch.Tensor:
+    """t, or an fp8 tensor's bytes: torch has no index_fill_/index_copy_/index_put_ for fp8 (zero bytes are 0.0)."""
+    return t.view(torch.uint8) if t.dtype == torch.float8_e4m3fn else t
 
 
 def next_pow2(n: int) -> int:

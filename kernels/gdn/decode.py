@@ -9,6 +9,7 @@ import triton
 import triton.language as tl
 
 from replayssm_kernels import common, families
+from replayssm_kernels import rounding as R
 from replayssm_kernels.common import default_slots, flat_program_ids, slot_of
 from replayssm_kernels.gdn.common import (
     cast,
@@ -19,7 +20,8 @@ from replayssm_kernels.gdn.common import (
     default_scale,
     next_pow2,
     qk_factors,
-    rounded,
+    rounding_args,
+    stored,
 )
 
 
@@ -51,6 +53,8 @@ DECODE_LAUNCH = {
     "decode-multi": DecodeConfig(rows=8),
     "accept-snapshot": DecodeConfig(rows=32, warps=4),
 }
+# The snapshot path's states: an 8-bit state's snapshots would each need scales of their own.
+SNAPSHOT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 # decode takes its small-grid rows under this many (row, value head) programs per SM; a row is reduced in pieces of
 # 128 of K, in one pipeline stage.
 SMALL_GRID, DECODE_PIECE, DECODE_STAGES = 2, 128, 1
@@ -78,8 +82,9 @@ def _head_inputs(q, k, g, beta, i_b, i_h, i_hv, o_k3, m_k3, s_qb, s_qh, s_qk, s_
 
 @triton.jit
 def _decode_kernel(
-    s, q, k, v, g, beta, o, slots,
+    s, q, k, v, g, beta, o, slots, sscale, seed, steps,
     s_sn, s_sh, s_sv, s_sk,
+    s_cn, s_ch, s_cv,
     s_qb, s_qh, s_qk,
     s_kb, s_kh, s_kk,
     s_vb, s_vh, s_vv,
@@ -90,7 +95,9 @@ def _decode_kernel(
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BK: tl.constexpr, VP: tl.constexpr, BV: tl.constexpr, VK: tl.constexpr, STAGES: tl.constexpr,
     SFIRST: tl.constexpr, CSTRIDES: tl.constexpr, USE_QK_L2NORM: tl.constexpr, HAS_SLOTS: tl.constexpr,
+    QUANT: tl.constexpr, RANDOM: tl.constexpr,
 ):
+    # QUANT: an 8-bit state, each row over K times its scale in sscale; RANDOM: stored with stochastic rounding.
     i_b, i_hv, i_p = flat_program_ids(HV, (V + VP - 1) // VP)
     i_s = slot_of(slots, i_b, HAS_SLOTS)
     if i_s < 0:
@@ -117,6 +124,9 @@ def _decode_kernel(
             p_s = s + i_s * s_sn + i_hv * s_sh + o_v[:, None, None] * s_sv + o_k3[None, :, :] * s_sk
         # [BV, NC, VK]
         b_s = tl.load(p_s, mask=m_s, other=0.0)
+        if QUANT:
+            p_c = sscale + i_s * s_cn + i_hv * s_ch + o_v * s_cv
+            b_s = b_s.to(tl.float32) * tl.load(p_c, mask=m_v, other=0.0)[:, None, None]
         if SFIRST:
             # Every load of the chunk in flight before the head inputs' (L2) loads and their reductions.
             tl.debug_barrier()
@@ -129,13 +139,24 @@ def _decode_kernel(
         b_u = b_beta * (b_v - b_rk * tl.sum(tl.sum(b_s * b_k[None, :, :], 1), 1))
         b_s += (b_rk * b_u)[:, None, None] * b_k[None, :, :]
         b_o = b_rq * tl.sum(tl.sum(b_s * b_q[None, :, :], 1), 1)
-        tl.store(p_s, cast(b_s, s.dtype.element_ty), mask=m_s)
+        # [BV, NC, VK] the bits of the chunk's elements v * K + k
+        b_r = R.slot_bits(seed, steps, i_s, i_hv, o_v[:, None, None] * K + o_k3[None, :, :], RANDOM)
+        if QUANT:
+            # whole rows over K, as [BV, BK]
+            b_q8, b_sc = R.quantized_rows(tl.reshape(b_s, [BV, BK]), tl.reshape(b_r, [BV, BK]), s.dtype.element_ty,
+                                          RANDOM)
+            tl.store(p_s, tl.reshape(b_q8, [BV, NC, VK]), mask=m_s)
+            tl.store(p_c, b_sc, mask=m_v)
+        elif RANDOM:
+            tl.store(p_s, stored(b_s, b_r, s.dtype.element_ty, True).to(s.dtype.element_ty), mask=m_s)
+        else:
+            tl.store(p_s, cast(b_s, s.dtype.element_ty), mask=m_s)
         tl.store(o + i_b * s_ob + i_hv * s_oh + o_v * s_ov, cast(b_o, o.dtype.element_ty), mask=m_v)
 
 
 @triton.jit
 def _decode_multi_kernel(
-    s, snap, q, k, v, g, beta, o, slots,
+    s, snap, q, k, v, g, beta, o, slots, seed, steps,
     s_sn, s_sh, s_sv, s_sk,
     s_pn, s_pt, s_ph, s_pv, s_pk,
     s_qb, s_qt, s_qh, s_qk,
@@ -147,7 +168,7 @@ def _decode_multi_kernel(
     scale,
     T: tl.constexpr, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, VK: tl.constexpr,
-    USE_QK_L2NORM: tl.constexpr,
+    USE_QK_L2NORM: tl.constexpr, RANDOM: tl.constexpr,
 ):
     i_b, i_hv, i_v = flat_program_ids(HV, (V + BV - 1) // BV)
     i_s = tl.load(slots + i_b).to(tl.int64)
@@ -165,6 +186,9 @@ def _decode_multi_kernel(
     p_s = s + i_s * s_sn + i_hv * s_sh + o_v[:, None, None] * s_sv + o_k3[None, :, :] * s_sk
     # [BV, NC, VK]
     b_s = tl.load(p_s, mask=m_s, other=0.0).to(tl.float32)
+    if RANDOM:
+        # draft t rounds with the bits of the slot's store count + t, as T conventional steps would
+        b_n = tl.load(steps + i_s)
     for i_t in range(T):
         # [NC, VK] q and k as given, their factors on the row sums
         b_q = tl.load(q + i_b * s_qb + i_t * s_qt + i_h * s_qh + o_k3 * s_qk, mask=m_k3, other=0.0).to(tl.float32)
@@ -178,7 +202,11 @@ def _decode_multi_kernel(
         b_s += (b_rk * b_u)[:, None, None] * b_k[None, :, :]
         b_o = b_rq * tl.sum(tl.sum(b_s * b_q[None, :, :], 1), 1)
         # Round as a stored state would be, so that drafts equal one conventional step at a time.
-        b_s = rounded(b_s, snap.dtype.element_ty)
+        if RANDOM:
+            b_r = R.random_bits(seed, b_n + i_t, i_s, i_hv, o_v[:, None, None] * K + o_k3[None, :, :])
+            b_s = stored(b_s, b_r, snap.dtype.element_ty, True)
+        else:
+            b_s = stored(b_s, b_s, snap.dtype.element_ty, False)
         p_p = snap + i_s * s_pn + i_t * s_pt + i_hv * s_ph + o_v[:, None, None] * s_pv + o_k3[None, :, :] * s_pk
         tl.store(p_p, b_s.to(snap.dtype.element_ty), mask=m_s)
         tl.store(o + i_b * s_ob + i_t * s_ot + i_hv * s_oh + o_v * s_ov, cast(b_o, o.dtype.element_ty), mask=m_v)
@@ -211,13 +239,16 @@ def _block_contiguous(state) -> bool:
     return state.stride(3) == 1 and state.stride(2) == K and state.stride(1) == V * K
 
 
-def _launch_decode(state, q, k, v, g, beta, out, slots, scale, l2norm, c: DecodeConfig):
+def _launch_decode(state, q, k, v, g, beta, out, slots, scale, l2norm, c: DecodeConfig, state_scale, rounding):
     batch, H, K = q.shape
     HV, V = v.shape[1], v.shape[2]
     VP = min(c.rows, next_pow2(V))
+    # without a scale its strides are None too: constants, out of the kernel's signature
+    scale_strides = (None,) * 3 if state_scale is None else state_scale.stride()
     _decode_kernel[(batch * HV * triton.cdiv(V, VP),)](
-        s=state, q=q, k=k, v=v, g=g, beta=beta, o=out, slots=slots,
+        s=state, q=q, k=k, v=v, g=g, beta=beta, o=out, slots=slots, sscale=state_scale,
         s_sn=state.stride(0), s_sh=state.stride(1), s_sv=state.stride(2), s_sk=state.stride(3),
+        s_cn=scale_strides[0], s_ch=scale_strides[1], s_cv=scale_strides[2],
         s_qb=q.stride(0), s_qh=q.stride(1), s_qk=q.stride(2),
         s_kb=k.stride(0), s_kh=k.stride(1), s_kk=k.stride(2),
         s_vb=v.stride(0), s_vh=v.stride(1), s_vv=v.stride(2),
@@ -228,12 +259,13 @@ def _launch_decode(state, q, k, v, g, beta, out, slots, scale, l2norm, c: Decode
         H=H, HV=HV, K=K, V=V, BK=next_pow2(K), VP=VP, BV=VP,
         VK=min(DECODE_PIECE, next_pow2(K)), STAGES=DECODE_STAGES, SFIRST=c.state_first,
         CSTRIDES=c.block_strides and _block_contiguous(state),
-        USE_QK_L2NORM=l2norm, HAS_SLOTS=slots is not None,
+        USE_QK_L2NORM=l2norm, HAS_SLOTS=slots is not None, QUANT=state_scale is not None,
+        **rounding_args(rounding),
         **common.compile_options(c.warps, c.maxnreg),
     )
 
 
-def _launch_decode_multi(state, snapshots, q, k, v, g, beta, out, slots, scale, l2norm, c: DecodeConfig):
+def _launch_decode_multi(state, snapshots, q, k, v, g, beta, out, slots, scale, l2norm, c: DecodeConfig, rounding):
     batch, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     BV = min(c.rows, next_pow2(V))
@@ -250,7 +282,7 @@ def _launch_decode_multi(state, snapshots, q, k, v, g, beta, out, slots, scale, 
         s_ob=out.stride(0), s_ot=out.stride(1), s_oh=out.stride(2), s_ov=out.stride(3),
         scale=scale,
         T=T, H=H, HV=HV, K=K, V=V, BK=next_pow2(K), BV=BV, VK=min(DECODE_PIECE, next_pow2(K)),
-        USE_QK_L2NORM=l2norm,
+        USE_QK_L2NORM=l2norm, **rounding_args(rounding),
         **common.compile_options(c.warps, c.maxnreg),
     )
 
@@ -284,22 +316,31 @@ def decode(
     out: torch.Tensor | None = None,
     config: DecodeConfig | None = None,
     check: bool = True,
+    state_scale: torch.Tensor | None = None,
+    rounding: R.StateRounding | None = None,
 ) -> torch.Tensor:
-    """One conventional Gated DeltaNet decode step; updates `state` in place.
+    """One conventional Gated DeltaNet decode step; updates `state` (and `state_scale`) in place.
 
-    state (nslots, HV, V, K) fp32, bf16 or fp16, any strides; q, k (batch, H, K) and v (batch, HV, V)
+    state (nslots, HV, V, K) fp32, bf16, fp16, or 8-bit (fp8 e4m3, sm_89 and newer, or int8) with state_scale
+    (nslots, HV, V) fp32 contiguous, the scale of each row over K (a row's values are state * scale; required for an
+    8-bit state, refused for any other), any strides; q, k (batch, H, K) and v (batch, HV, V)
     in fp32, bf16 or fp16; g (batch, HV) the log-decay (<= 0); beta (batch, HV) in (0, 1). HV is a
     multiple of H: the HV // H value heads of a key head share its q and k. q and k are L2-normalised
     in the kernel when use_qk_l2norm_in_kernel is set; q is scaled by `scale` (default K ** -0.5).
     slots (batch,) int32 maps rows to state slots (default: row i uses slot i, with no slot table read);
     rows with slot -1 are padding: neither their state nor their output is touched.
-    Per value head: S = e^g S; u = beta (v - S k); S += u kᵀ; o = S q.
+    Per value head: S = e^g S; u = beta (v - S k); S += u kᵀ; o = S q, from S in fp32; S is then stored rounded
+    to nearest, or with `rounding` (a rounding.StateRounding over the pool's slots; a 16-bit or 8-bit state)
+    stochastically by the bits of (slot, value head, element v * K + k) at the slot's store count, which the call
+    then advances. An 8-bit state's rows are stored over their new scales (`rounding.quantized_rows`).
     Returns o (batch, HV, V) in v's dtype (written into `out` when given; padding rows keep what it
     held). `config`: the launch settings (default: the DECODE_LAUNCH row `select` chooses); for benchmarks.
     `check` range-checks slots on the host (a device sync), skipped while a CUDA graph is captured.
     """
     batch, _, H, HV, K, V = check_step(q, k, v, g, beta, tokens=False)
     check_state(state, "state", HV, V, K, q.device)
+    common.check_state_scale(state_scale, state, (state.shape[0], HV, V), "(nslots, HV, V)")
+    R.check_rounding(rounding, state.dtype, state.shape[0], q.device)
     common.check_device(q.device, _decode_kernel)
     scale = default_scale(K, scale)
     # Without slots, row b updates slot b and the kernel reads no slot table.
@@ -307,7 +348,10 @@ def decode(
     out = check_out(out, v.shape, v.dtype, q.device)
     c = DECODE_LAUNCH[select(state, batch)] if config is None else config
     if batch:
-        _launch_decode(state, q, k, v, g, beta, out, slots, scale, bool(use_qk_l2norm_in_kernel), c)
+        _launch_decode(state, q, k, v, g, beta, out, slots, scale, bool(use_qk_l2norm_in_kernel), c, state_scale,
+                       rounding)
+        if rounding is not None:
+            rounding.advance(slots, batch)
     return out
 
 
@@ -327,17 +371,20 @@ def decode_multi(
     out: torch.Tensor | None = None,
     config: DecodeConfig | None = None,
     check: bool = True,
+    rounding: R.StateRounding | None = None,
 ) -> torch.Tensor:
     """T conventional steps of speculative drafts, writing the state after each draft to `snapshots`.
 
     Inputs as in `decode` with a token axis: q, k (batch, T, H, K), v (batch, T, HV, V), g, beta
     (batch, T, HV). `state` (nslots, HV, V, K) is read and left unchanged; snapshots (nslots, T', HV,
     V, K) with T' >= T and the state's dtype receives snapshots[slot, t] = the state after draft t,
-    rounded to the state dtype after every draft as `decode` would. Returns o (batch, T, HV, V).
-    slots, out, config, check: as in `decode`. Commit n drafts with `accept_snapshot`.
+    rounded to the state dtype after every draft as `decode` would: to nearest, or with `rounding` (a 16-bit state)
+    stochastically, draft t with the bits `decode` would take t steps on, the slot's store count then advanced by T.
+    Returns o (batch, T, HV, V). slots, out, config, check: as in `decode`. Commit n drafts with `accept_snapshot`.
     """
     batch, T, H, HV, K, V = check_step(q, k, v, g, beta, tokens=True)
-    check_state(state, "state", HV, V, K, q.device)
+    check_state(state, "state", HV, V, K, q.device, dtypes=SNAPSHOT_DTYPES)
+    R.check_rounding(rounding, state.dtype, state.shape[0], q.device)
     if (
         not isinstance(snapshots, torch.Tensor)
         or snapshots.dim() != 5
@@ -355,7 +402,10 @@ def decode_multi(
     out = check_out(out, v.shape, v.dtype, q.device)
     c = DECODE_LAUNCH["decode-multi"] if config is None else config
     if batch and T:
-        _launch_decode_multi(state, snapshots, q, k, v, g, beta, out, slots, scale, bool(use_qk_l2norm_in_kernel), c)
+        _launch_decode_multi(state, snapshots, q, k, v, g, beta, out, slots, scale, bool(use_qk_l2norm_in_kernel), c,
+                             rounding)
+        if rounding is not None:
+            rounding.advance(slots, batch, T)
     return out
 
 
@@ -377,7 +427,7 @@ def accept_snapshot(
     if not isinstance(state, torch.Tensor) or state.dim() != 4:
         raise ValueError("state must have shape (nslots, HV, V, K)")
     nslots, HV, V, K = state.shape
-    check_state(state, "state", HV, V, K, state.device)
+    check_state(state, "state", HV, V, K, state.device, dtypes=SNAPSHOT_DTYPES)
     if not isinstance(snapshots, torch.Tensor) or snapshots.dim() != 5 or snapshots.shape[0] != nslots:
         raise ValueError(f"snapshots must have shape ({nslots}, T, {HV}, {V}, {K})")
     if tuple(snapshots.shape[2:]) != (HV, V, K) or snapshots.dtype != state.dtype:

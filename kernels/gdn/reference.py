@@ -5,7 +5,14 @@ from __future__ import annotations
 import torch
 
 from replayssm_kernels.gdn.cache import ReplayCache, dequantize_read, quantize_read
-from replayssm_kernels.gdn.common import L2NORM_EPS, default_scale
+from replayssm_kernels.gdn.common import (
+    L2NORM_EPS,
+    default_scale,
+    draw_state_bits,
+    raw,
+    state_value,
+    stored_state,
+)
 
 
 def _acc(dtype: torch.dtype) -> torch.dtype:
@@ -40,21 +47,31 @@ def _step(S, q, k, v, g, beta):
     return S, u, torch.einsum("...vk,...k->...v", S, q)
 
 
-def decode_ref(state, q, k, v, g, beta, *, scale=None, use_qk_l2norm_in_kernel=False, slots=None):
-    """One conventional step; updates state (nslots, HV, V, K) in place and returns o (batch, HV, V)."""
+def decode_ref(state, q, k, v, g, beta, *, scale=None, use_qk_l2norm_in_kernel=False, slots=None, state_scale=None,
+               rounding=None):
+    """One conventional step; updates state (nslots, HV, V, K) (and an 8-bit state's state_scale) in place, rounded
+    as `decode` rounds it (stochastically with `rounding`, whose counts it then advances); returns o (batch, HV, V)."""
     HV, K = state.shape[1], state.shape[3]
     acc = _acc(state.dtype)
     rows, idx = _rows(slots, q.shape[0], q.device)
     _, _, qe, ke = _qk(q[rows], k[rows], HV, default_scale(K, scale), use_qk_l2norm_in_kernel, acc)
-    S, _, o = _step(state[idx].to(acc), qe, ke, v[rows].to(acc), g[rows].to(acc), beta[rows].to(acc))
-    state[idx] = S.to(state.dtype)
+    S0 = state_value(state[idx], None if state_scale is None else state_scale[idx]).to(acc)
+    S, _, o = _step(S0, qe, ke, v[rows].to(acc), g[rows].to(acc), beta[rows].to(acc))
+    values, scales = stored_state(S, state.dtype, draw_state_bits(rounding, idx, tuple(S.shape)))
+    raw(state)[idx] = raw(values)
+    if scales is not None:
+        state_scale[idx] = scales
+    if rounding is not None:
+        rounding.advance(slots, q.shape[0])
     out = torch.full(v.shape, float("nan"), dtype=v.dtype, device=v.device)
     out[rows] = o.to(v.dtype)
     return out
 
 
-def decode_multi_ref(state, snapshots, q, k, v, g, beta, *, scale=None, use_qk_l2norm_in_kernel=False, slots=None):
-    """T conventional steps from state (unchanged); the state after draft t goes to snapshots[slot, t]."""
+def decode_multi_ref(state, snapshots, q, k, v, g, beta, *, scale=None, use_qk_l2norm_in_kernel=False, slots=None,
+                     rounding=None):
+    """T conventional steps from state (unchanged); the state after draft t goes to snapshots[slot, t], rounded as
+    `decode` would store it t steps on (with `rounding`, whose counts then advance by T)."""
     HV, K = state.shape[1], state.shape[3]
     acc = _acc(state.dtype)
     rows, idx = _rows(slots, q.shape[0], q.device)
@@ -63,9 +80,11 @@ def decode_multi_ref(state, snapshots, q, k, v, g, beta, *, scale=None, use_qk_l
     out = torch.full(v.shape, float("nan"), dtype=v.dtype, device=v.device)
     for t in range(q.shape[1]):
         S, _, o = _step(S, qe[:, t], ke[:, t], v[rows, t].to(acc), g[rows, t].to(acc), beta[rows, t].to(acc))
-        S = S.to(state.dtype).to(acc)
+        S = stored_state(S, state.dtype, draw_state_bits(rounding, idx, tuple(S.shape), t))[0].to(acc)
         snapshots[idx, t] = S.to(snapshots.dtype)
         out[rows, t] = o.to(v.dtype)
+    if rounding is not None:
+        rounding.advance(slots, q.shape[0], q.shape[1])
     return out
 
 
@@ -89,7 +108,7 @@ def _exact_updates(cache: ReplayCache, slot: int) -> torch.Tensor:
         return u
     f = cache.fill[slot].long()
     keys = cache.buf_k[slot].float().repeat_interleave(cache.HV // cache.H, dim=1)
-    D = cache.checkpoint[slot].float() - _read_value(cache, slot)
+    D = cache.checkpoint_values(slot) - _read_value(cache, slot)
     G_prev = torch.zeros(cache.HV, device=u.device)
     for j in range(int(f.max().item()) if f.numel() else 0):
         used = j < f
@@ -119,11 +138,16 @@ def _committed(cache: ReplayCache, slot: int, S0: torch.Tensor, u: torch.Tensor)
 
 
 def _store_checkpoint(cache: ReplayCache, slot: int, heads: torch.Tensor, S: torch.Tensor) -> torch.Tensor:
-    """Store S (HV, V, K) fp32 as the checkpoint of `heads`; return the value non-flush steps read next."""
-    stored = S.to(cache.state_dtype)
-    cache.checkpoint[slot, heads] = stored[heads]
+    """Store S (HV, V, K) fp32 as the checkpoint of `heads`, rounded by the cache's rounding at the slot's store count
+    (8-bit rows over their scales); return the value non-flush steps read next."""
+    rounding = cache.rounding if heads.numel() else None
+    bits = draw_state_bits(rounding, torch.tensor([slot], device=S.device), (1, *S.shape))
+    stored, scales = stored_state(S, cache.state_dtype, None if bits is None else bits[0])
+    raw(cache.checkpoint)[slot, heads] = raw(stored)[heads]
+    if scales is not None:
+        cache.checkpoint_scale[slot, heads] = scales[heads]
     cache.fill[slot, heads] = 0
-    value = stored.float()
+    value = state_value(stored, scales)
     if cache.read_copy is not None:
         copy, scale = quantize_read(value, cache.read_copy.dtype)
         cache.read_copy[slot, heads] = copy[heads]
@@ -135,7 +159,7 @@ def _store_checkpoint(cache: ReplayCache, slot: int, heads: torch.Tensor, S: tor
 
 def _read_value(cache: ReplayCache, slot: int) -> torch.Tensor:
     if cache.read_copy is None:
-        return cache.checkpoint[slot].float()
+        return cache.checkpoint_values(slot)
     scale = None if cache.read_scale is None else cache.read_scale[slot]
     return dequantize_read(cache.read_copy[slot], scale)
 
@@ -180,7 +204,8 @@ def replay_ref(cache: ReplayCache, q, k, v, g, beta, *, scale=None, use_qk_l2nor
 
     A non-flush step runs the recurrence from the read copy (or checkpoint) plus the buffer and appends
     (u, k, G, beta); the step that fills the window runs it from the full checkpoint plus the corrected
-    buffer and stores the result as the new checkpoint.
+    buffer and stores the result as the new checkpoint (rounded as `replay` rounds it; the cache's rounding
+    counts then advance for every row's slot).
     """
     scale = default_scale(cache.K, scale)
     rows, idx = _rows(slots, q.shape[0], q.device)
@@ -190,7 +215,7 @@ def replay_ref(cache: ReplayCache, q, k, v, g, beta, *, scale=None, use_qk_l2nor
         flush = f + 1 >= cache.window
         S, G_last = _committed(cache, slot, _read_value(cache, slot), cache.buf_u[slot])
         if flush.any():
-            S_exact, _ = _committed(cache, slot, cache.checkpoint[slot].float(), _exact_updates(cache, slot))
+            S_exact, _ = _committed(cache, slot, cache.checkpoint_values(slot), _exact_updates(cache, slot))
             S = torch.where(flush[:, None, None], S_exact, S)
         _, kn, qe, ke = _qk(q[row], k[row], cache.HV, scale, use_qk_l2norm_in_kernel, torch.float32)
         gt, bt = g[row].float(), beta[row].float()
@@ -199,6 +224,8 @@ def replay_ref(cache: ReplayCache, q, k, v, g, beta, *, scale=None, use_qk_l2nor
         _append(cache, slot, f, u, kn, G_last + gt, bt, ~flush)
         cache.fill[slot] += 1
         _store_checkpoint(cache, slot, torch.nonzero(flush).flatten(), S)
+    if cache.rounding is not None:
+        cache.rounding.advance(slots, q.shape[0])
     return out
 
 
@@ -214,7 +241,7 @@ def verify_ref(cache: ReplayCache, q, k, v, g, beta, *, scale=None, use_qk_l2nor
         full = cache.fill[slot].long() >= cache.window
         S0 = _read_value(cache, slot)
         if full.any():
-            S_exact, _ = _committed(cache, slot, cache.checkpoint[slot].float(), _exact_updates(cache, slot))
+            S_exact, _ = _committed(cache, slot, cache.checkpoint_values(slot), _exact_updates(cache, slot))
             flushed = _store_checkpoint(cache, slot, torch.nonzero(full).flatten(), S_exact)
             S0 = torch.where(full[:, None, None], flushed, S0)
         S, G = _committed(cache, slot, S0, cache.buf_u[slot])
@@ -226,6 +253,8 @@ def verify_ref(cache: ReplayCache, q, k, v, g, beta, *, scale=None, use_qk_l2nor
             G = G + gt
             out[row, t] = o.to(v.dtype)
             _append(cache, slot, f + t, u, kn[t], G, bt, torch.ones_like(full))
+    if cache.rounding is not None:
+        cache.rounding.advance(slots, q.shape[0])
     return out
 
 
@@ -242,7 +271,7 @@ def materialize_ref(cache: ReplayCache, slots=None) -> torch.Tensor:
     group = cache.HV // cache.H
     states = []
     for slot in slots.tolist():
-        S = cache.checkpoint[slot].float().clone()
+        S = cache.checkpoint_values(slot).clone()
         u = _exact_updates(cache, slot)
         for h in range(cache.HV):
             G_prev = 0.0

@@ -11,9 +11,11 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from replayssm_kernels import common, families
+from replayssm_kernels import rounding as R
 from replayssm_kernels.common import default_slots, fills_read, flat_program_ids, list_done, list_flush, listed_flush
 from replayssm_kernels.gdn.cache import ReplayCache, dequantize_read
 from replayssm_kernels.gdn.common import (
+    EIGHT_BIT,
     cast,
     check_out,
     check_step,
@@ -22,6 +24,9 @@ from replayssm_kernels.gdn.common import (
     qk_factors,
     quantize_e4m3,
     rounded,
+    rounding_args,
+    state_bits,
+    store_rows,
 )
 
 # These kernels mutate the cache in place, so they are not autotuned (a trial launch would advance it): each read copy
@@ -138,18 +143,18 @@ def select(cache: ReplayCache, batch: int) -> str:
 
 
 @triton.jit
-def _read_copy(rcopy, rscale, o_s, o_r, m_s, m_v, IS_FP8: tl.constexpr):
+def _read_copy(rcopy, rscale, o_s, o_r, m_s, m_v, IS_SCALED: tl.constexpr):
     """Rows [BV, BK] of the read copy as fp32 values."""
     b_c = tl.load(rcopy + o_s, mask=m_s, other=0.0).to(tl.float32)
-    if IS_FP8:
+    if IS_SCALED:
         b_c *= tl.load(rscale + o_r, mask=m_v, other=0.0)[:, None]
     return b_c
 
 
 @triton.jit
-def _store_read_copy(rcopy, rscale, o_s, o_r, b_s, m_s, m_v, IS_FP8: tl.constexpr):
+def _store_read_copy(rcopy, rscale, o_s, o_r, b_s, m_s, m_v, IS_SCALED: tl.constexpr):
     """Store the read copy of checkpoint rows b_s [BV, BK]; return the values a read of the copy gives."""
-    if IS_FP8:
+    if IS_SCALED:
         b_amax = tl.max(tl.abs(b_s), 1)
         b_sc = tl.where(b_amax > 0, tl.math.div_rn(b_amax, tl.full(b_amax.shape, 448.0, tl.float32)), 1.0)
         b_c = quantize_e4m3(tl.math.div_rn(b_s, tl.broadcast_to(b_sc[:, None], b_s.shape)))
@@ -201,17 +206,21 @@ def _fold(
 
 @triton.jit
 def _folded_rows(
-    ckpt, rcopy, rscale, buf_u, i_s, i_hv, o_v, m_v, o_k, m_k, o_w, b_f, b_Gl, b_Gw, b_kw, b_wc,
+    ckpt, cscale, rcopy, rscale, buf_u, i_s, i_hv, o_v, m_v, o_k, m_k, o_w, b_f, b_Gl, b_Gw, b_kw, b_wc,
     C: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-    HAS_COPY: tl.constexpr, IS_FP8: tl.constexpr, PRECISION: tl.constexpr, CPRECISION: tl.constexpr,
+    HAS_COPY: tl.constexpr, IS_SCALED: tl.constexpr, PRECISION: tl.constexpr, CPRECISION: tl.constexpr,
+    QUANT: tl.constexpr,
 ):
-    """Checkpoint rows o_v with the f buffered entries folded in (corrected under a read copy), and their offsets."""
+    """Checkpoint rows o_v (an 8-bit one's times their scales, QUANT) with the f buffered entries folded in
+    (corrected under a read copy), and their offsets."""
     m_s = m_v[:, None] & m_k[None, :]
     o_s = ((i_s * HV + i_hv) * V + o_v[:, None]) * K + o_k[None, :]
     o_r = (i_s * HV + i_hv) * V + o_v
     b_s = tl.load(ckpt + o_s, mask=m_s, other=0.0).to(tl.float32)
+    if QUANT:
+        b_s *= tl.load(cscale + o_r, mask=m_v, other=0.0)[:, None]
     if HAS_COPY:
-        b_d = b_s - _read_copy(rcopy, rscale, o_s, o_r, m_s, m_v, IS_FP8)
+        b_d = b_s - _read_copy(rcopy, rscale, o_s, o_r, m_s, m_v, IS_SCALED)
         b_s = _fold(b_s * tl.exp(b_Gl), b_d, buf_u, i_s, i_hv, o_v, m_v, o_w, b_f, b_Gl, b_Gw, b_kw, b_wc,
                     C, HV, V, True, PRECISION, CPRECISION)
     else:
@@ -222,16 +231,16 @@ def _folded_rows(
 
 @triton.jit
 def _replay_flush(
-    ckpt, rcopy, rscale, buf_u, buf_t, v, o,
+    ckpt, cscale, rcopy, rscale, buf_u, buf_t, v, o, seed, steps,
     i_b, i_s, i_h, i_hv, v0, b_f, b_k, b_q, b_g, b_beta, b_Gl, b_Gw, b_kw, o_w,
     s_vb, s_vh, s_vv, s_ob, s_oh, s_ov,
     C: tl.constexpr, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BK: tl.constexpr, VP: tl.constexpr, BVF: tl.constexpr,
-    STAGES: tl.constexpr, HAS_COPY: tl.constexpr, IS_FP8: tl.constexpr, PRECISION: tl.constexpr,
-    CPRECISION: tl.constexpr,
+    STAGES: tl.constexpr, HAS_COPY: tl.constexpr, IS_SCALED: tl.constexpr, PRECISION: tl.constexpr,
+    CPRECISION: tl.constexpr, QUANT: tl.constexpr, RANDOM: tl.constexpr,
 ):
     """The step that fills the window for rows v0 .. v0 + VP: fold the buffer into the full checkpoint, take this
-    step from it, store it."""
+    step from it, store it (rounded, stochastically with RANDOM; as 8-bit rows with QUANT)."""
     o_k = tl.arange(0, BK)
     m_k = o_k < K
     b_wc = b_kw
@@ -245,8 +254,8 @@ def _replay_flush(
         m_v = (o_v < V) & (i_v + tl.arange(0, BVF) < VP)
         # [BVF, BK] the checkpoint, brought to the state after the buffered entries
         b_s, o_s, o_r, m_s = _folded_rows(
-            ckpt, rcopy, rscale, buf_u, i_s, i_hv, o_v, m_v, o_k, m_k, o_w, b_f, b_Gl, b_Gw, b_kw, b_wc,
-            C, HV, K, V, HAS_COPY, IS_FP8, PRECISION, CPRECISION,
+            ckpt, cscale, rcopy, rscale, buf_u, i_s, i_hv, o_v, m_v, o_k, m_k, o_w, b_f, b_Gl, b_Gw, b_kw, b_wc,
+            C, HV, K, V, HAS_COPY, IS_SCALED, PRECISION, CPRECISION, QUANT,
         )
         b_v = tl.load(v + i_b * s_vb + i_hv * s_vh + o_v * s_vv, mask=m_v, other=0.0).to(tl.float32)
         b_s *= tl.exp(b_g)
@@ -254,10 +263,15 @@ def _replay_flush(
         b_s += b_u[:, None] * b_k[None, :]
         b_o = tl.sum(b_s * b_q[None, :], 1)
         tl.store(o + i_b * s_ob + i_hv * s_oh + o_v * s_ov, cast(b_o, o.dtype.element_ty), mask=m_v)
-        b_s = rounded(b_s, ckpt.dtype.element_ty)
-        tl.store(ckpt + o_s, b_s.to(ckpt.dtype.element_ty), mask=m_s)
+        if QUANT or RANDOM:
+            b_r = state_bits(seed, steps, i_s, i_hv, o_v, o_k, K, RANDOM)
+            b_s = store_rows(ckpt, cscale, o_s, o_r, b_s, m_s, m_v, b_r, QUANT, RANDOM)
+        else:
+            # inline, as before stores were rounded: the nearest kernels compile to the code they always had
+            b_s = rounded(b_s, ckpt.dtype.element_ty)
+            tl.store(ckpt + o_s, b_s.to(ckpt.dtype.element_ty), mask=m_s)
         if HAS_COPY:
-            _store_read_copy(rcopy, rscale, o_s, o_r, b_s, m_s, m_v, IS_FP8)
+            _store_read_copy(rcopy, rscale, o_s, o_r, b_s, m_s, m_v, IS_SCALED)
 
 
 @triton.jit
@@ -280,14 +294,14 @@ def _tile(rcopy, o_h, o_v, m_v, o_k3, m_k3, K: tl.constexpr):
 @triton.jit
 def _nonflush_rows(
     o, buf_u, rscale, b_sk, b_sq, b_uw, b_v, b_wk, b_wq, b_beta, b_eG, b_kq, i_b, i_s, i_hv, b_f, o_h, o_v, m_v,
-    s_ob, s_oh, s_ov, C: tl.constexpr, HV: tl.constexpr, V: tl.constexpr, IS_FP8: tl.constexpr,
+    s_ob, s_oh, s_ov, C: tl.constexpr, HV: tl.constexpr, V: tl.constexpr, IS_SCALED: tl.constexpr,
 ):
     """A non-flush step's rows o_v: from the tile's row sums times k and q (b_sk, b_sq), the buffered updates b_uw
     [BW, BV] with their weights in S_{t-1} k_t and S_t q_t (b_wk, b_wq) and v, this token's update u, appended to
     the buffer, and its output o."""
     b_bk = tl.sum(b_wk[:, None] * b_uw, 0)
     b_bq = tl.sum(b_wq[:, None] * b_uw, 0)
-    if IS_FP8:
+    if IS_SCALED:
         b_sc = tl.load(rscale + o_h + o_v, mask=m_v, other=0.0)
         b_sk *= b_sc
         b_sq *= b_sc
@@ -321,7 +335,7 @@ def _step_inputs(q, k, g, beta, i_b, i_h, i_hv, o_k, m_k, o_k3, m_k3, s_qb, s_qh
 
 @triton.jit
 def _replay_kernel(
-    ckpt, rcopy, rscale, buf_u, buf_k, buf_g, buf_b, buf_t, fill, arrive, work,
+    ckpt, cscale, rcopy, rscale, buf_u, buf_k, buf_g, buf_b, buf_t, fill, arrive, work, seed, steps,
     q, k, v, g, beta, o, slots,
     s_qb, s_qh, s_qk,
     s_kb, s_kh, s_kk,
@@ -334,8 +348,9 @@ def _replay_kernel(
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BK: tl.constexpr, VP: tl.constexpr, BV: tl.constexpr, BVF: tl.constexpr, BW: tl.constexpr,
     VK: tl.constexpr, STAGES: tl.constexpr, USE_QK_L2NORM: tl.constexpr, HAS_COPY: tl.constexpr,
-    IS_FP8: tl.constexpr, EARLY: tl.constexpr, PRECISION: tl.constexpr, PHASE: tl.constexpr,
+    IS_SCALED: tl.constexpr, EARLY: tl.constexpr, PRECISION: tl.constexpr, PHASE: tl.constexpr,
     LCOUNT: tl.constexpr, LANES: tl.constexpr, CPRECISION: tl.constexpr, PDL: tl.constexpr,
+    QUANT: tl.constexpr, RANDOM: tl.constexpr,
 ):
     # PHASE 0 takes every row's step; 1 only the non-flush steps, and lists the (row, head, fill) of each head that
     # flushes in `work` for `_flush_kernel` (`replay` launches the two where a cache's row asks for two launches).
@@ -425,10 +440,10 @@ def _replay_kernel(
             b_kw = tl.load(buf_k + ((i_s * C + o_w[:, None]) * H + i_h) * K + o_k[None, :],
                            mask=m_w[:, None] & m_k[None, :], other=0.0).to(tl.float32)
             _replay_flush(
-                ckpt, rcopy, rscale, buf_u, buf_t, v, o,
+                ckpt, cscale, rcopy, rscale, buf_u, buf_t, v, o, seed, steps,
                 i_b, i_s, i_h, i_hv, v0, b_f, b_k, b_q, b_g, b_beta, b_Gl, b_Gw, b_kw, o_w,
                 s_vb, s_vh, s_vv, s_ob, s_oh, s_ov,
-                C, H, HV, K, V, BK, VP, BVF, STAGES, HAS_COPY, IS_FP8, PRECISION, CPRECISION,
+                C, H, HV, K, V, BK, VP, BVF, STAGES, HAS_COPY, IS_SCALED, PRECISION, CPRECISION, QUANT, RANDOM,
             )
     else:
         if not EARLY:
@@ -472,7 +487,7 @@ def _replay_kernel(
                                other=0.0).to(tl.float32)
                 b_v = tl.load(v + i_b * s_vb + i_hv * s_vh + o_v * s_vv, mask=m_v, other=0.0).to(tl.float32)
             _nonflush_rows(o, buf_u, rscale, b_sk, b_sq, b_uw, b_v, b_wk, b_wq, b_beta, b_eG, b_kq, i_b, i_s, i_hv,
-                           b_f, o_h, o_v, m_v, s_ob, s_oh, s_ov, C, HV, V, IS_FP8)
+                           b_f, o_h, o_v, m_v, s_ob, s_oh, s_ov, C, HV, V, IS_SCALED)
         if i_p == 0:
             if i_hv % (HV // H) == 0:
                 tl.store(buf_k + ((i_s * C + b_f) * H + i_h) * K + o_k, cast(b_k, buf_k.dtype.element_ty), mask=m_k)
@@ -510,7 +525,7 @@ def _replay_kernel(
 
 @triton.jit
 def _flush_kernel(
-    ckpt, rcopy, rscale, buf_u, buf_k, buf_g, buf_t, work,
+    ckpt, cscale, rcopy, rscale, buf_u, buf_k, buf_g, buf_t, work, seed, steps,
     q, k, v, g, beta, o, slots,
     s_qb, s_qh, s_qk,
     s_kb, s_kh, s_kk,
@@ -521,8 +536,8 @@ def _flush_kernel(
     scale,
     C: tl.constexpr, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BK: tl.constexpr, VP: tl.constexpr, BVF: tl.constexpr, BW: tl.constexpr, STAGES: tl.constexpr,
-    USE_QK_L2NORM: tl.constexpr, HAS_COPY: tl.constexpr, IS_FP8: tl.constexpr, PRECISION: tl.constexpr,
-    CPRECISION: tl.constexpr, PDL: tl.constexpr,
+    USE_QK_L2NORM: tl.constexpr, HAS_COPY: tl.constexpr, IS_SCALED: tl.constexpr, PRECISION: tl.constexpr,
+    CPRECISION: tl.constexpr, PDL: tl.constexpr, QUANT: tl.constexpr, RANDOM: tl.constexpr,
 ):
     """The flushes the non-flush launch listed in `work` (a count, a done counter, then (row, head, fill) per
     flushing head), VP rows of a head per item: each program loops over the items, so the launch's programs are a
@@ -553,20 +568,29 @@ def _flush_kernel(
         b_kw = tl.load(buf_k + ((i_s * C + o_w[:, None]) * H + i_h) * K + o_k[None, :],
                        mask=m_w[:, None] & m_k[None, :], other=0.0).to(tl.float32)
         _replay_flush(
-            ckpt, rcopy, rscale, buf_u, buf_t, v, o,
+            ckpt, cscale, rcopy, rscale, buf_u, buf_t, v, o, seed, steps,
             i_b, i_s, i_h, i_hv, (i_j % NPB) * VP, b_f, b_k * b_rk, b_q * b_rq, b_g, b_beta, b_Gl, b_Gw, b_kw, o_w,
             s_vb, s_vh, s_vv, s_ob, s_oh, s_ov,
-            C, H, HV, K, V, BK, VP, BVF, STAGES, HAS_COPY, IS_FP8, PRECISION, CPRECISION,
+            C, H, HV, K, V, BK, VP, BVF, STAGES, HAS_COPY, IS_SCALED, PRECISION, CPRECISION, QUANT, RANDOM,
         )
         i_j += n_programs
     list_done(work, tl.num_programs(0))
 
 
 def _cache_args(cache: ReplayCache) -> dict:
+    """The cache's tensors a launch takes: the tile non-flush steps read (rcopy: the read copy, else the checkpoint)
+    with its row scales (rscale: an fp8 copy's or an 8-bit checkpoint's; a stand-in otherwise), the checkpoint's
+    scales (cscale) and the rounding's seed and store counts (None when absent: constants, out of the signature)."""
+    if cache.read_scale is not None:
+        rscale = cache.read_scale
+    else:
+        rscale = cache.buf_g if cache.checkpoint_scale is None else cache.checkpoint_scale
     return {
         "ckpt": cache.checkpoint,
+        "cscale": cache.checkpoint_scale,
         "rcopy": cache.checkpoint if cache.read_copy is None else cache.read_copy,
-        "rscale": cache.buf_g if cache.read_scale is None else cache.read_scale,
+        "rscale": rscale,
+        **{key: value for key, value in rounding_args(cache.rounding).items() if key != "RANDOM"},
         "buf_u": cache.buf_u,
         "buf_k": cache.buf_k,
         "buf_g": cache.buf_g,
@@ -597,7 +621,10 @@ def _cache_constants(cache: ReplayCache) -> dict:
         "W": cache.window, "C": cache.capacity,
         "H": cache.H, "HV": cache.HV, "K": cache.K, "V": cache.V,
         "BK": max(16, next_pow2(cache.K)), "BW": max(16, next_pow2(cache.capacity)),
-        "HAS_COPY": cache.read_copy is not None, "IS_FP8": cache.read_scale is not None,
+        # the tile non-flush steps read carries row scales: an fp8 read copy, or an 8-bit checkpoint (QUANT)
+        "HAS_COPY": cache.read_copy is not None,
+        "IS_SCALED": cache.read_scale is not None or cache.checkpoint_scale is not None,
+        "QUANT": cache.checkpoint_scale is not None, "RANDOM": cache.rounding is not None,
     }
 
 
@@ -628,7 +655,8 @@ def _launch_flushes(cache, q, k, v, g, beta, out, slots, scale, l2norm, c: Flush
         q=q, k=k, v=v, g=g, beta=beta, o=out, slots=slots,
         **_step_strides(q, k, v, g, beta, out),
         scale=scale,
-        **{key: constants[key] for key in ("C", "H", "HV", "K", "V", "BK", "BW", "HAS_COPY", "IS_FP8")},
+        **{key: constants[key] for key in ("C", "H", "HV", "K", "V", "BK", "BW", "HAS_COPY", "IS_SCALED", "QUANT",
+                                           "RANDOM")},
         VP=VP,
         BVF=max(16, min(c.flush_chunk, VP)),
         STAGES=c.stages,
@@ -671,11 +699,17 @@ def _check_cache(cache, kernel) -> None:
         raise ValueError(f"cache must be a ReplayCache; got {type(cache).__name__}")
     common.check_device(cache.device, kernel)
     families.check_read_dtype(None if cache.read_copy is None else cache.read_copy.dtype, cache.device)
-    for name in ("checkpoint", "read_copy", "read_scale", "buf_u", "buf_k", "buf_g", "buf_beta", "buf_t", "fill",
-                 "arrive", "arrivals"):
+    for name in ("checkpoint", "checkpoint_scale", "read_copy", "read_scale", "buf_u", "buf_k", "buf_g", "buf_beta",
+                 "buf_t", "fill", "arrive", "arrivals"):
         value = getattr(cache, name)
         if value is not None and not value.is_contiguous():
             raise ValueError(f"cache.{name} must be contiguous, as ReplayCache.create makes it")
+    if (cache.checkpoint_scale is None) != (cache.state_dtype not in EIGHT_BIT):
+        raise ValueError("cache.checkpoint_scale must be (nslots, HV, V) fp32 for an 8-bit checkpoint and None "
+                         "otherwise, as ReplayCache.create makes it")
+    if cache.read_copy is not None and cache.state_dtype in EIGHT_BIT:
+        raise ValueError(f"an {cache.state_dtype} checkpoint takes no read copy (none is narrower)")
+    R.check_rounding(cache.rounding, cache.state_dtype, cache.nslots, cache.device)
 
 
 def _check_against_cache(cache: ReplayCache, kernel, q, k, v, g, beta, tokens: bool):
@@ -740,6 +774,9 @@ def replay(
         else:
             _launch_replay(*args, c, 1, pdl)
             _launch_flushes(*args, c.flush, pdl)
+        if cache.rounding is not None:
+            # any row may have flushed: every row's slot draws afresh at its next store
+            cache.rounding.advance(slots, batch)
     return out
 
 
@@ -761,7 +798,7 @@ def materialize(cache: ReplayCache, slots: torch.Tensor | None = None) -> torch.
     u = torch.where(used[..., None], cache.buf_u[idx].float(), 0.0)
     if cache.read_copy is not None:
         scale = None if cache.read_scale is None else cache.read_scale[idx]
-        D = cache.checkpoint[idx].float() - dequantize_read(cache.read_copy[idx], scale)
+        D = cache.checkpoint_values(idx) - dequantize_read(cache.read_copy[idx], scale)
         beta = torch.where(used, cache.buf_beta[idx], 0.0)
         G_prev = torch.zeros_like(G[:, 0])
         corrected = []
@@ -774,5 +811,5 @@ def materialize(cache: ReplayCache, slots: torch.Tensor | None = None) -> torch.
         u = torch.stack(corrected, dim=1)
     G_last = torch.where(f > 0, G.gather(1, (f - 1).clamp(min=0)[:, None, :]).squeeze(1), 0.0)
     w = torch.where(used, torch.exp(G_last[:, None, :] - G), 0.0)
-    S = torch.exp(G_last)[..., None, None] * cache.checkpoint[idx].float()
+    S = torch.exp(G_last)[..., None, None] * cache.checkpoint_values(idx)
     return S + torch.einsum("njhv,njhk->nhvk", w[..., None] * u, keys)

@@ -23,7 +23,16 @@ from replayssm_kernels.common import (
     scalar_mask,
 )
 from replayssm_kernels.gdn.cache import ReplayCache
-from replayssm_kernels.gdn.common import cast, check_accepted, check_out, default_scale, next_pow2, rounded
+from replayssm_kernels.gdn.common import (
+    cast,
+    check_accepted,
+    check_out,
+    default_scale,
+    next_pow2,
+    rounded,
+    state_bits,
+    store_rows,
+)
 from replayssm_kernels.gdn.replay import (
     _cache_args,
     _cache_constants,
@@ -129,10 +138,11 @@ def _columns4(b_x, N: tl.constexpr):
 
 @triton.jit
 def _fold_entries(
-    ckpt, rcopy, rscale, buf_u, buf_k, buf_g, buf_t, i_s, i_h, i_hv, b_f, b_Gl, v0,
+    ckpt, cscale, rcopy, rscale, buf_u, buf_k, buf_g, buf_t, seed, steps, i_s, i_h, i_hv, b_f, b_Gl, v0,
     C: tl.constexpr, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-    BK: tl.constexpr, BVF: tl.constexpr, HAS_COPY: tl.constexpr, IS_FP8: tl.constexpr, FKSPLIT: tl.constexpr,
+    BK: tl.constexpr, BVF: tl.constexpr, HAS_COPY: tl.constexpr, IS_SCALED: tl.constexpr, FKSPLIT: tl.constexpr,
     FSTAGES: tl.constexpr, VP: tl.constexpr, PRECISION: tl.constexpr, BWE: tl.constexpr, FXW: tl.constexpr,
+    QUANT: tl.constexpr, RANDOM: tl.constexpr,
 ):
     """`_verify_flush` with the buffer's first BWE entries in its product and, with FXW = 4, the four after them in
     FMAs of their own (zero past the fill)."""
@@ -163,8 +173,8 @@ def _fold_entries(
             o_v = v0 + i_v + tl.arange(0, BVF)
             m_v = (o_v < V) & (i_v + tl.arange(0, BVF) < VP)
             b_s, o_s, o_r, m_s = _folded_rows(
-                ckpt, rcopy, rscale, buf_u, i_s, i_hv, o_v, m_v, o_k, m_k, o_w, b_f, b_Gl, b_Gw, b_kw, b_wc,
-                C, HV, K, V, HAS_COPY, IS_FP8, PRECISION, PRECISION,
+                ckpt, cscale, rcopy, rscale, buf_u, i_s, i_hv, o_v, m_v, o_k, m_k, o_w, b_f, b_Gl, b_Gw, b_kw, b_wc,
+                C, HV, K, V, HAS_COPY, IS_SCALED, PRECISION, PRECISION, QUANT,
             )
             if FXW == 4:
                 # their weighted updates [BVF, 4] as four [BVF] vectors, one rank-1 update each
@@ -173,19 +183,24 @@ def _fold_entries(
                             mask=m_v[:, None] & m_x[None, :], other=0.0).to(tl.float32) * b_cx[None, :], BVF)
                 b_s += (b_u0[:, None] * b_k0[None, :] + b_u1[:, None] * b_k1[None, :]
                         + b_u2[:, None] * b_k2[None, :] + b_u3[:, None] * b_k3[None, :])
-            b_s = rounded(b_s, ckpt.dtype.element_ty)
-            tl.store(ckpt + o_s, b_s.to(ckpt.dtype.element_ty), mask=m_s)
+            if QUANT or RANDOM:
+                # an 8-bit checkpoint's rows are whole here (FKSPLIT = 1)
+                b_r = state_bits(seed, steps, i_s, i_hv, o_v, o_k, K, RANDOM)
+                b_s = store_rows(ckpt, cscale, o_s, o_r, b_s, m_s, m_v, b_r, QUANT, RANDOM)
+            else:
+                b_s = rounded(b_s, ckpt.dtype.element_ty)
+                tl.store(ckpt + o_s, b_s.to(ckpt.dtype.element_ty), mask=m_s)
             if HAS_COPY:
-                _store_read_copy(rcopy, rscale, o_s, o_r, b_s, m_s, m_v, IS_FP8)
+                _store_read_copy(rcopy, rscale, o_s, o_r, b_s, m_s, m_v, IS_SCALED)
 
 
 @triton.jit
 def _verify_flush(
-    ckpt, rcopy, rscale, buf_u, buf_k, buf_g, buf_t, i_s, i_h, i_hv, b_f, b_Gl, v0,
+    ckpt, cscale, rcopy, rscale, buf_u, buf_k, buf_g, buf_t, seed, steps, i_s, i_h, i_hv, b_f, b_Gl, v0,
     C: tl.constexpr, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-    BK: tl.constexpr, BVF: tl.constexpr, HAS_COPY: tl.constexpr, IS_FP8: tl.constexpr, FKSPLIT: tl.constexpr,
+    BK: tl.constexpr, BVF: tl.constexpr, HAS_COPY: tl.constexpr, IS_SCALED: tl.constexpr, FKSPLIT: tl.constexpr,
     FSTAGES: tl.constexpr, VP: tl.constexpr, PRECISION: tl.constexpr, FWM: tl.constexpr, BW: tl.constexpr,
-    FXW: tl.constexpr,
+    FXW: tl.constexpr, QUANT: tl.constexpr, RANDOM: tl.constexpr,
 ):
     """Fold the buffer into a new checkpoint (updates corrected under a read copy) and store it for rows v0 .. v0 +
     VP, BVF rows at a time through a loop pipelined FSTAGES deep, in FKSPLIT column pieces (the buffered keys of one
@@ -195,11 +210,11 @@ def _verify_flush(
     # past FWM: the product over FWM and the rest one by one, or over BW
     PAST: tl.constexpr = FWM if FXW > 0 else BW
     if FWM < BW and b_f <= FWM:
-        _fold_entries(ckpt, rcopy, rscale, buf_u, buf_k, buf_g, buf_t, i_s, i_h, i_hv, b_f, b_Gl, v0, C, H, HV, K, V,
-                      BK, BVF, HAS_COPY, IS_FP8, FKSPLIT, FSTAGES, VP, PRECISION, FWM, 0)
+        _fold_entries(ckpt, cscale, rcopy, rscale, buf_u, buf_k, buf_g, buf_t, seed, steps, i_s, i_h, i_hv, b_f, b_Gl,
+                      v0, C, H, HV, K, V, BK, BVF, HAS_COPY, IS_SCALED, FKSPLIT, FSTAGES, VP, PRECISION, FWM, 0, QUANT, RANDOM)
     else:
-        _fold_entries(ckpt, rcopy, rscale, buf_u, buf_k, buf_g, buf_t, i_s, i_h, i_hv, b_f, b_Gl, v0, C, H, HV, K, V,
-                      BK, BVF, HAS_COPY, IS_FP8, FKSPLIT, FSTAGES, VP, PRECISION, PAST, FXW)
+        _fold_entries(ckpt, cscale, rcopy, rscale, buf_u, buf_k, buf_g, buf_t, seed, steps, i_s, i_h, i_hv, b_f, b_Gl,
+                      v0, C, H, HV, K, V, BK, BVF, HAS_COPY, IS_SCALED, FKSPLIT, FSTAGES, VP, PRECISION, PAST, FXW, QUANT, RANDOM)
 
 
 @triton.jit
@@ -400,11 +415,12 @@ def _verify_list_kernel(fill, slots, work, W: tl.constexpr, HV: tl.constexpr, BH
 
 @triton.jit
 def _verify_fold_kernel(
-    ckpt, rcopy, rscale, buf_u, buf_k, buf_g, buf_t, slots, work,
+    ckpt, cscale, rcopy, rscale, buf_u, buf_k, buf_g, buf_t, seed, steps, slots, work,
     C: tl.constexpr, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BK: tl.constexpr, BVF: tl.constexpr, VP: tl.constexpr, HAS_COPY: tl.constexpr,
-    IS_FP8: tl.constexpr, FKSPLIT: tl.constexpr, FSTAGES: tl.constexpr, PRECISION: tl.constexpr,
-    FPREF: tl.constexpr, FWM: tl.constexpr, BW: tl.constexpr, FXW: tl.constexpr,
+    IS_SCALED: tl.constexpr, FKSPLIT: tl.constexpr, FSTAGES: tl.constexpr, PRECISION: tl.constexpr,
+    FPREF: tl.constexpr, FWM: tl.constexpr, BW: tl.constexpr, FXW: tl.constexpr, QUANT: tl.constexpr,
+    RANDOM: tl.constexpr,
 ):
     """The folds a verify's rows take first (FPASS), in a launch of their own between `_verify_list_kernel`, which
     listed the value heads whose buffers hold W entries or more in `work`, and the verify, which then skips its own
@@ -435,8 +451,9 @@ def _verify_fold_kernel(
         i_h = i_hv // (HV // H)
         b_Gl = tl.load(buf_g + (i_s * C + b_f - 1) * HV + i_hv)
         _verify_flush(
-            ckpt, rcopy, rscale, buf_u, buf_k, buf_g, buf_t, i_s, i_h, i_hv, b_f, b_Gl, (i_j % NPB) * VP,
-            C, H, HV, K, V, BK, BVF, HAS_COPY, IS_FP8, FKSPLIT, FSTAGES, VP, PRECISION, FWM, BW, FXW,
+            ckpt, cscale, rcopy, rscale, buf_u, buf_k, buf_g, buf_t, seed, steps, i_s, i_h, i_hv, b_f, b_Gl,
+            (i_j % NPB) * VP, C, H, HV, K, V, BK, BVF, HAS_COPY, IS_SCALED, FKSPLIT, FSTAGES, VP, PRECISION, FWM, BW, FXW,
+            QUANT, RANDOM,
         )
         i_j += n_programs
     list_done(work, n_programs)
@@ -500,7 +517,7 @@ def _weights_fill(p_w, BT: tl.constexpr, NW: tl.constexpr):
 
 @triton.jit
 def _verify_kernel(
-    ckpt, rcopy, rscale, buf_u, buf_k, buf_g, buf_b, buf_t, fill, arrivals, gram, wts,
+    ckpt, cscale, rcopy, rscale, buf_u, buf_k, buf_g, buf_b, buf_t, fill, arrivals, gram, wts, seed, steps,
     q, k, v, g, beta, o, slots,
     s_qb, s_qt, s_qh, s_qk,
     s_kb, s_kt, s_kh, s_kk,
@@ -513,10 +530,10 @@ def _verify_kernel(
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, BVF: tl.constexpr, BT: tl.constexpr, BW: tl.constexpr, BWC: tl.constexpr,
     VK: tl.constexpr, STAGES: tl.constexpr, USE_QK_L2NORM: tl.constexpr, HAS_COPY: tl.constexpr,
-    IS_FP8: tl.constexpr, GPASS: tl.constexpr, BE: tl.constexpr, BZ: tl.constexpr, MMA: tl.constexpr,
+    IS_SCALED: tl.constexpr, GPASS: tl.constexpr, BE: tl.constexpr, BZ: tl.constexpr, MMA: tl.constexpr,
     NATIVE: tl.constexpr, IS_TILE_EXACT: tl.constexpr, IS_HALF_IO: tl.constexpr, KSPLIT: tl.constexpr,
     FKSPLIT: tl.constexpr, FSTAGES: tl.constexpr, NW: tl.constexpr, FPASS: tl.constexpr, FWM: tl.constexpr,
-    FXW: tl.constexpr, ARRIVE: tl.constexpr, WFILL: tl.constexpr,
+    FXW: tl.constexpr, ARRIVE: tl.constexpr, WFILL: tl.constexpr, QUANT: tl.constexpr, RANDOM: tl.constexpr,
 ):
     i_b, i_hv = tl.program_id(0), tl.program_id(1)
     o_t = tl.arange(0, BT)
@@ -560,8 +577,9 @@ def _verify_kernel(
         if b_flush:
             # Into a new checkpoint first, as a flush step would; the drafts then read it with no entries left.
             _verify_flush(
-                ckpt, rcopy, rscale, buf_u, buf_k, buf_g, buf_t, i_s, i_h, i_hv, b_f, b_Gl, 0,
-                C, H, HV, K, V, BK, BVF, HAS_COPY, IS_FP8, FKSPLIT, FSTAGES, V, "tf32x3", FWM, BW, FXW,
+                ckpt, cscale, rcopy, rscale, buf_u, buf_k, buf_g, buf_t, seed, steps, i_s, i_h, i_hv, b_f, b_Gl, 0,
+                C, H, HV, K, V, BK, BVF, HAS_COPY, IS_SCALED, FKSPLIT, FSTAGES, V, "tf32x3", FWM, BW, FXW, QUANT,
+                RANDOM,
             )
             # The tile reads below see this program's stores, and the drafts' updates overwrite entries it folded.
             tl.debug_barrier()
@@ -653,7 +671,7 @@ def _verify_kernel(
             if KSPLIT == 2:
                 b_s = tl.load(p_s + BKS, mask=m_v[:, None] & (BKS + o_ka < K)[None, :], other=0.0)
                 b_P = _tile_product(b_s, b_KQb, b_P, NATIVE, IS_TILE_EXACT, IS_HALF_IO)
-            if IS_FP8:
+            if IS_SCALED:
                 b_P *= tl.load(rscale + o_h + o_v, mask=m_v, other=0.0)[:, None]
             b_P = dot_fp32(b_uw, b_Wcz, False, False, b_P * b_fz[None, :])
             b_R = b_Vd - tl.sum(tl.reshape(tl.where(o_z[None, :] < BT, b_P, 0.0), (BV, BZ // BT, BT)), 1)
@@ -670,7 +688,7 @@ def _verify_kernel(
                 b_ski, b_sqi = _row_sums(b_s, b_k3, b_q3, 1.0, 1.0)
                 b_SK = tl.where(o_t[None, :] == i, b_ski[:, None], b_SK)
                 b_SQ = tl.where(o_t[None, :] == i, b_sqi[:, None], b_SQ)
-            if IS_FP8:
+            if IS_SCALED:
                 b_sc = tl.load(rscale + o_h + o_v, mask=m_v, other=0.0)
                 b_SK *= b_sc[:, None]
                 b_SQ *= b_sc[:, None]
@@ -737,6 +755,8 @@ def _launch_verify(cache, q, k, v, g, beta, out, slots, scale, l2norm, c: Verify
     half_io = q.element_size() == 2 and k.element_size() == 2
     constants = _cache_constants(cache)
     BK = constants["BK"]
+    # a fold stores whole rows over K for a read copy's correction, which sums them, and an 8-bit checkpoint's scales
+    whole_rows = cache.read_copy is not None or cache.checkpoint_scale is not None
     # K pieces of the tile's product (and of a fold's, but for a read copy's: its correction sums whole rows)
     ksplit = c.ksplit if BK >= 32 else 1
     # with GPASS=2, per (row, value head): A and M [BT, BT], the column factors [BZ], the committed entries'
@@ -761,9 +781,10 @@ def _launch_verify(cache, q, k, v, g, beta, out, slots, scale, l2norm, c: Verify
             _verify_fold_kernel[common.flush_grid(items, f.programs_per_sm, cache.device)](
                 **{key: value for key, value in _cache_args(cache).items() if key not in ("buf_b", "fill")},
                 slots=slots, work=cache.work,
-                **{key: constants[key] for key in ("C", "H", "HV", "K", "V", "BK", "BW", "HAS_COPY", "IS_FP8")},
+                **{key: constants[key] for key in ("C", "H", "HV", "K", "V", "BK", "BW", "HAS_COPY", "IS_SCALED",
+                                                   "QUANT", "RANDOM")},
                 BVF=max(16, min(FOLD_ROWS, FVP)), VP=FVP,
-                FKSPLIT=1 if cache.read_copy is not None or BK < 32 else f.ksplit,
+                FKSPLIT=1 if whole_rows or BK < 32 else f.ksplit,
                 FSTAGES=c.fold_stages, PRECISION=f.precision,
                 FPREF=f.prefetch, **fold_widths,
                 **common.compile_options(f.warps, None),
@@ -808,7 +829,7 @@ def _launch_verify(cache, q, k, v, g, beta, out, slots, scale, l2norm, c: Verify
         VK=min(VERIFY_PIECE, BK),
         STAGES=VERIFY_STAGES,
         USE_QK_L2NORM=l2norm, GPASS=c.key_pass, BE=BE, BZ=BZ, MMA=c.mma,
-        **tile_product, KSPLIT=ksplit, FKSPLIT=1 if cache.read_copy is not None else ksplit,
+        **tile_product, KSPLIT=ksplit, FKSPLIT=1 if whole_rows else ksplit,
         FSTAGES=c.fold_stages, NW=NW, FPASS=c.fold is not None, **fold_widths,
         # a verify that folds its own rows counts its arrivals whatever `arrive` says; weights_fill needs the weights
         # launch
@@ -891,6 +912,9 @@ def verify(
     c = VERIFY_LAUNCH[select_verify(cache, batch)] if config is None else config
     if batch:
         _launch_verify(cache, q, k, v, g, beta, out, slots, scale, bool(use_qk_l2norm_in_kernel), c)
+        if cache.rounding is not None:
+            # a row may have folded: every row's slot draws afresh at its next store
+            cache.rounding.advance(slots, batch)
     cache.last_draft = T
     return out
 
