@@ -119,9 +119,10 @@ class SSMStack(bench.Case):
         layer = super()._build_layer()
         shared = getattr(self, "_initial", None)
         if shared is None:
-            self._initial = layer.state0
+            self._initial = (layer.state0, layer.scale0)
         else:
-            layer.state0 = shared
+            # an 8-bit state's row scales go with the rows they scale
+            layer.state0, layer.scale0 = shared
         return layer
 
     def run_layer(self, j: int) -> torch.Tensor:
