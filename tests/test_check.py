@@ -34,8 +34,8 @@ def test_check_cases_cover_every_kernel():
 def test_check_cases_round_every_stored_low_precision_state_when_asked():
     assert {s["rounding"] for s in check.cases()} == {"nearest"}
     specs = check.cases("mamba2", "stochastic")
-    assert {(s["state_dtype"], s["rounding"]) for s in specs} == {("fp32", "nearest"), ("bf16", "nearest"), ("bf16", "stochastic"),
-                                                                 ("fp16", "nearest"), ("fp16", "stochastic")}
+    assert {(s["state_dtype"], s["rounding"]) for s in specs} == {("fp32", "nearest"), *((d, r) for d in ("bf16", "fp16", "int8", "fp8")
+                                                                                       for r in ("nearest", "stochastic"))}
     assert len(specs) == len(check.GRID) + sum(1 for case in check.GRID if case[1] != "fp32")
     assert check.label(next(s for s in specs if s["rounding"] == "stochastic")).endswith("bf16 SR io bf16")
 

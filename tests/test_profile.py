@@ -436,16 +436,21 @@ def test_rows_written_before_rounding_pair_as_nearest():
     assert config_key(old) == config_key({**old, "rounding": "nearest"}) != config_key({**old, "rounding": "stochastic"})
 
 
-@pytest.mark.parametrize("state, rounding", [("int8", "nearest"), ("fp8", "nearest"), ("bf16", "stochastic"), ("int8", "stochastic")],
-                         ids=["int8", "fp8", "bf16-SR", "int8-SR"])
-def test_make_case_checks_a_conventional_step_at_the_new_precisions(device, state, rounding):
+SMALL = {"mamba2": {"op": "mamba2", "H": 2, "P": 12, "N": 8, "G": 1}, "gdn": {"op": "gdn", "H": 1, "HV": 2, "K": 12, "V": 10}}
+
+
+@pytest.mark.parametrize("op, state, rounding", [("mamba2", "int8", "nearest"), ("mamba2", "fp8", "nearest"),
+                                                 ("mamba2", "bf16", "stochastic"), ("mamba2", "int8", "stochastic"),
+                                                 ("gdn", "fp8", "nearest"), ("gdn", "int8", "stochastic")],
+                         ids=["mamba2-int8", "mamba2-fp8", "mamba2-bf16-SR", "mamba2-int8-SR", "gdn-fp8", "gdn-int8-SR"])
+def test_make_case_checks_a_conventional_step_at_the_new_precisions(device, op, state, rounding):
     """The instrumented loop hands the kernel and its reference the same row scales and rounding streams."""
-    case = bench.make_case({"shape": {"op": "mamba2", "H": 2, "P": 12, "N": 8, "G": 1}, "variant": "conventional", "batch": 3,
+    case = bench.make_case({"shape": SMALL[op], "variant": "conventional", "batch": 3,
                             "state_dtype": state, "rounding": rounding, "io_dtype": "bf16", "layers": 1, "seed": 2}, device)
     try:
         layer = case._layers[0]
         assert layer.state.dtype == {"int8": torch.int8, "fp8": torch.float8_e4m3fn, "bf16": torch.bfloat16}[state]
-        assert (layer.state_scale is not None) == (state != "bf16") and (layer.rounding is not None) == (rounding == "stochastic")
+        assert (layer.state_scale is not None) == (state in ("int8", "fp8")) and (layer.rounding is not None) == (rounding == "stochastic")
         assert case.check() <= case.tolerance()
         if layer.rounding is not None:
             assert layer.rounding.step.tolist() == [2, 2, 2], "the check's two steps advanced every slot's store count"
@@ -453,16 +458,18 @@ def test_make_case_checks_a_conventional_step_at_the_new_precisions(device, stat
         case.close()
 
 
-@pytest.mark.parametrize("state, rounding", [("int8", "nearest"), ("fp8", "stochastic"), ("bf16", "stochastic")],
-                         ids=["int8", "fp8-SR", "bf16-SR"])
-def test_make_case_checks_a_replay_cache_at_the_new_precisions(device, state, rounding):
+@pytest.mark.parametrize("op, state, rounding", [("mamba2", "int8", "nearest"), ("mamba2", "fp8", "stochastic"),
+                                                 ("mamba2", "bf16", "stochastic"), ("gdn", "int8", "nearest"),
+                                                 ("gdn", "fp16", "stochastic")],
+                         ids=["mamba2-int8", "mamba2-fp8-SR", "mamba2-bf16-SR", "gdn-int8", "gdn-fp16-SR"])
+def test_make_case_checks_a_replay_cache_at_the_new_precisions(device, op, state, rounding):
     """A ReplaySSM case loads its 8-bit checkpoints from full states and checks a whole window (every row flushes)."""
-    case = bench.make_case({"shape": {"op": "mamba2", "H": 2, "P": 12, "N": 8, "G": 1}, "variant": "replay", "batch": 3,
+    case = bench.make_case({"shape": SMALL[op], "variant": "replay", "batch": 3,
                             "window": 3, "state_dtype": state, "rounding": rounding, "io_dtype": "bf16", "layers": 1,
                             "seed": 3}, device)
     try:
         cache = case._layers[0].cache
-        assert (cache.checkpoint_scale is not None) == (state != "bf16") and (cache.rounding is not None) == (rounding == "stochastic")
+        assert (cache.checkpoint_scale is not None) == (state in ("int8", "fp8")) and (cache.rounding is not None) == (rounding == "stochastic")
         assert case.check() <= case.tolerance()
     finally:
         case.close()

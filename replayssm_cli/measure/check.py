@@ -33,6 +33,11 @@ GRID = (
     ("split", "fp32", "fp8", "bf16", 0),
     ("spec-replay", "fp32", None, "bf16", DRAFT),
     ("spec-conventional", "fp32", None, "bf16", DRAFT),
+    # 8-bit states, each row over its fp32 scale
+    ("conventional", "int8", None, "bf16", 0),
+    ("conventional", "fp8", None, "bf16", 0),
+    ("replay", "int8", None, "bf16", 0),
+    ("replay", "fp8", None, "bf16", 0),
 )
 
 
