@@ -23,6 +23,9 @@ CONFIGS = [
     Q.Config("split", "fp32", 4, "bf16"),
     Q.Config("split", "fp32", 6, "fp16"),
     Q.Config("split", "fp32", 4, "fp8"),
+    Q.Config("conventional", "int8"),
+    Q.Config("replay", "fp8", 4),
+    Q.Config("replay", "int8", 3),
 ]
 
 
@@ -67,8 +70,8 @@ def test_run_equals_the_kernel_references(shape):
 def test_run_kernels_match_the_harness(device):
     """The stepping path drives the real kernels (GPU, or Triton's interpreter) to the same outputs."""
     for shape, configs in (
-        (MAMBA2, [Q.Config("conventional", "fp16"), Q.Config("split", "fp32", 3, "fp16")]),
-        (GDN, [Q.Config("conventional", "bf16"), Q.Config("split", "fp32", 3, "bf16")]),
+        (MAMBA2, [Q.Config("conventional", "fp16"), Q.Config("split", "fp32", 3, "fp16"), Q.Config("replay", "int8", 3)]),
+        (GDN, [Q.Config("conventional", "bf16"), Q.Config("split", "fp32", 3, "bf16"), Q.Config("conventional", "fp8")]),
     ):
         inputs = _inputs(shape, steps=7, prompt=4, heads=2)
         report = Q.run(inputs, configs, keep_outputs=True)
