@@ -97,11 +97,26 @@ def rounding_args(rounding: StateRounding | None, state: torch.Tensor | None = N
 @triton.jit
 def random_bits(seed, step, i_s, i_h, o_e, N_ROUNDS: tl.constexpr = ROUNDS):
     """uint32 random bits for elements o_e (an int block: their places in the (slot i_s, head i_h) state) at the
-    slot's store `step`."""
+    slot's store `step`: element e takes word e % 4 of the Philox draw counted by e // 4 (so that four neighbours
+    share one draw, as `row_bits` computes them)."""
     b_0 = o_e.to(tl.int64) * 0
-    b_r, _, _, _ = tl.philox(seed, o_e.to(tl.uint32), (b_0 + i_s).to(tl.uint32), (b_0 + i_h).to(tl.uint32),
-                             (b_0 + step).to(tl.uint32), N_ROUNDS)
-    return b_r
+    b_r0, b_r1, b_r2, b_r3 = tl.philox(seed, (o_e >> 2).to(tl.uint32), (b_0 + i_s).to(tl.uint32),
+                                       (b_0 + i_h).to(tl.uint32), (b_0 + step).to(tl.uint32), N_ROUNDS)
+    b_j = o_e & 3
+    return tl.where(b_j == 0, b_r0, tl.where(b_j == 1, b_r1, tl.where(b_j == 2, b_r2, b_r3)))
+
+
+@triton.jit
+def row_bits(seed, step, i_s, i_h, o_r, N, BN: tl.constexpr, N_ROUNDS: tl.constexpr = ROUNDS):
+    """`random_bits` of the elements o_r[:, None] · N + [0, BN) of rows o_r [R] of N elements each (N a multiple of
+    4), as [R, BN]: one Philox draw per four elements instead of one per element."""
+    R: tl.constexpr = o_r.shape[0]
+    b_c = o_r[:, None] * (N // 4) + tl.arange(0, BN // 4)[None, :]
+    b_0 = b_c.to(tl.int64) * 0
+    b_r0, b_r1, b_r2, b_r3 = tl.philox(seed, b_c.to(tl.uint32), (b_0 + i_s).to(tl.uint32), (b_0 + i_h).to(tl.uint32),
+                                       (b_0 + step).to(tl.uint32), N_ROUNDS)
+    # [R, BN / 4, 2, 2] flattened: element 4k + 2a + b is word 2a + b of draw k
+    return tl.reshape(tl.join(tl.join(b_r0, b_r2), tl.join(b_r1, b_r3)), (R, BN))
 
 
 @triton.jit

@@ -34,6 +34,15 @@ def _rows_kernel(x, q, scale, steps, seed, C, DTYPE: tl.constexpr, RANDOM: tl.co
     tl.store(scale + i_r + tl.arange(0, 1), b_scale)
 
 
+@triton.jit
+def _row_bits_kernel(by_element, by_row, seed, steps, N, R_: tl.constexpr, BN: tl.constexpr):
+    o_r, o_n = tl.arange(0, R_), tl.arange(0, BN)
+    step = tl.load(steps + 1)
+    o_out = o_r[:, None] * BN + o_n[None, :]
+    tl.store(by_element + o_out, R.random_bits(seed, step, 1, 2, o_r[:, None] * N + o_n[None, :]).to(tl.int64))
+    tl.store(by_row + o_out, R.row_bits(seed, step, 1, 2, o_r, N, BN).to(tl.int64))
+
+
 def _store(x, dtype, rounding=None, slot=0, head=0):
     y = torch.full(x.shape, float("nan"), dtype=dtype, device=x.device)
     seed, steps, random = R.rounding_args(rounding, x)
@@ -137,6 +146,21 @@ def test_streams_are_per_slot_head_and_step(device):
     assert not torch.equal(R.draw_bits(other, torch.tensor([1]), 2, 64), R.draw_bits(rnd, torch.tensor([1]), 2, 64))
     rnd.reset(torch.tensor([1], device=device))
     assert torch.equal(R.draw_bits(rnd, torch.tensor([1]), 2, 64), b)
+
+
+@pytest.mark.parametrize("N,BN", [(16, 16), (20, 32), (64, 64)], ids=["N16", "N20-BN32", "N64"])
+def test_row_bits_are_the_elements_bits(device, N, BN):
+    """row_bits (one Philox draw per four elements of a row) gives each element the bits random_bits and draw_bits
+    give it, and the four words of a draw differ."""
+    rnd = R.StateRounding.create(3, seed=9, device=device)
+    rnd.step[1] = 4
+    by_element = torch.zeros(8, BN, dtype=torch.int64, device=device)
+    by_row = torch.zeros_like(by_element)
+    _row_bits_kernel[(1,)](by_element, by_row, rnd.seed, rnd.step, N, R_=8, BN=BN)
+    drawn = R.draw_bits(rnd, torch.tensor([1]), 3, 8 * N)[0, 2].view(8, N).cpu()
+    assert torch.equal(by_element[:, :N].cpu(), drawn) and torch.equal(by_row[:, :N].cpu(), drawn)
+    words = drawn.view(8, N // 4, 4)
+    assert bool((words[..., 0] != words[..., 1]).all() & (words[..., 2] != words[..., 3]).all())
 
 
 @pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.int8])

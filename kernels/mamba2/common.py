@@ -7,7 +7,7 @@ import triton
 import triton.language as tl
 
 from replayssm_kernels.common import scalar_mask
-from replayssm_kernels.rounding import quantized_rows, rounded, slot_bits
+from replayssm_kernels.rounding import quantized_rows, random_bits, rounded, row_bits
 
 FP8_MAX = tl.constexpr(448.0)
 
@@ -81,17 +81,34 @@ def load_rows(p_s, m_s, scale, o_r, m_r, IS_Q8: tl.constexpr):
 
 
 @triton.jit
-def store_rows(p_s, b_s, m_s, scale, o_r, m_r, seed, steps, i_s, i_h, o_e, IS_Q8: tl.constexpr,
-               RANDOM: tl.constexpr):
-    """fp32 rows b_s [R, BN] (whole rows over N; masked elements zero) stored in the state's dtype: a cast (to
-    nearest), with RANDOM rounded stochastically by the bits of elements o_e of the (slot i_s, head i_h) state, or
-    with IS_Q8 as 8-bit rows and their scales (scale + o_r, [R])."""
+def state_bits(seed, steps, i_s, i_h, o_p, N, BN: tl.constexpr, ROW4: tl.constexpr, AHEAD: tl.constexpr = 0):
+    """The random bits [BP, BN] of rows o_p of the (slot i_s, head i_h) state (element p·N + n) at the slot's store
+    count + AHEAD; with ROW4 (N a multiple of 4) one Philox draw per four elements."""
+    step = tl.load(steps + i_s) + AHEAD
+    if ROW4:
+        b_r = row_bits(seed, step, i_s, i_h, o_p, N, BN)
+    else:
+        b_r = random_bits(seed, step, i_s, i_h, o_p[:, None] * N + tl.arange(0, BN)[None, :])
+    return b_r
+
+
+@triton.jit
+def store_rows(p_s, b_s, m_s, scale, o_sc, m_r, seed, steps, i_s, i_h, o_p, N, IS_Q8: tl.constexpr,
+               RANDOM: tl.constexpr, ROW4: tl.constexpr):
+    """fp32 rows b_s [R, BN] (rows o_p of the (slot i_s, head i_h) state, whole over N; masked elements zero) stored
+    in the state's dtype: a cast (to nearest), with RANDOM rounded stochastically by `state_bits`, or with IS_Q8 as
+    8-bit rows and their scales (scale + o_sc, [R])."""
     DTYPE: tl.constexpr = p_s.dtype.element_ty
+    BN: tl.constexpr = b_s.shape[1]
+    if RANDOM:
+        b_r = state_bits(seed, steps, i_s, i_h, o_p, N, BN, ROW4)
+    else:
+        b_r = tl.zeros(b_s.shape, dtype=tl.uint32)
     if IS_Q8:
-        b_q, b_scale = quantized_rows(b_s, slot_bits(seed, steps, i_s, i_h, o_e, RANDOM), DTYPE, RANDOM)
+        b_q, b_scale = quantized_rows(b_s, b_r, DTYPE, RANDOM)
         tl.store(p_s, b_q, mask=m_s)
-        tl.store(scale + o_r, b_scale, mask=m_r)
+        tl.store(scale + o_sc, b_scale, mask=m_r)
     elif RANDOM:
-        tl.store(p_s, rounded(b_s, slot_bits(seed, steps, i_s, i_h, o_e, True), DTYPE, True).to(DTYPE), mask=m_s)
+        tl.store(p_s, rounded(b_s, b_r, DTYPE, True).to(DTYPE), mask=m_s)
     else:
         tl.store(p_s, b_s.to(DTYPE), mask=m_s)

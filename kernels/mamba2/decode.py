@@ -11,8 +11,8 @@ import triton.language as tl
 from replayssm_kernels import common, families, rounding as rnd
 from replayssm_kernels.common import flat_program_ids, slot_of
 from replayssm_kernels.mamba2 import args
-from replayssm_kernels.mamba2.common import finish_output, load_rows, step_delta, store_rows
-from replayssm_kernels.rounding import random_bits, rounded
+from replayssm_kernels.mamba2.common import finish_output, load_rows, state_bits, step_delta, store_rows
+from replayssm_kernels.rounding import rounded
 
 
 @triton.jit
@@ -28,9 +28,10 @@ def mamba2_decode_kernel(
     stride_y_b, stride_y_h,
     BP: tl.constexpr, BN: tl.constexpr,
     HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_DT_BIAS: tl.constexpr, USE_SOFTPLUS: tl.constexpr,
-    HAS_SLOTS: tl.constexpr, IS_Q8: tl.constexpr = False, RANDOM: tl.constexpr = False,
+    HAS_SLOTS: tl.constexpr, IS_Q8: tl.constexpr = False, RANDOM: tl.constexpr = False, ROW4: tl.constexpr = False,
 ):
-    # IS_Q8: 8-bit state rows with scales (state_scale, contiguous (nslots, H, P)); RANDOM: stochastic rounding
+    # IS_Q8: 8-bit state rows with scales (state_scale, contiguous (nslots, H, P)); RANDOM: stochastic rounding, with
+    # ROW4 (N a multiple of 4) one Philox draw per four elements
     i_b, i_h, i_p = flat_program_ids(H, tl.cdiv(P, BP))
     i_s = slot_of(slots, i_b, HAS_SLOTS)
     if i_s < 0:
@@ -57,8 +58,7 @@ def mamba2_decode_kernel(
     b_s = b_s * b_a + (b_dt * b_x)[:, None] * b_B[None, :]
     # the nearest path inline, not through store_rows, so that it compiles to the code it did
     if IS_Q8 or RANDOM:
-        store_rows(p_s, b_s, m_s, state_scale, o_sc, m_p, seed, steps, i_s, i_h, o_p[:, None] * N + o_n[None, :],
-                   IS_Q8, RANDOM)
+        store_rows(p_s, b_s, m_s, state_scale, o_sc, m_p, seed, steps, i_s, i_h, o_p, N, IS_Q8, RANDOM, ROW4)
     else:
         tl.store(p_s, b_s.to(p_s.dtype.element_ty), mask=m_s)
     b_y = tl.sum(b_s * b_C[None, :], axis=1)
@@ -81,10 +81,10 @@ def mamba2_decode_multi_kernel(
     stride_y_b, stride_y_t, stride_y_h,
     T: tl.constexpr, BP: tl.constexpr, BN: tl.constexpr,
     HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_DT_BIAS: tl.constexpr, USE_SOFTPLUS: tl.constexpr,
-    HAS_SLOTS: tl.constexpr, RANDOM: tl.constexpr = False,
+    HAS_SLOTS: tl.constexpr, RANDOM: tl.constexpr = False, ROW4: tl.constexpr = False,
 ):
     # RANDOM: each snapshot rounded stochastically (draft t at the slot's store count + t), and the next draft
-    # continues from the rounded state, as T conventional steps would
+    # continues from the rounded state, as T conventional steps would; ROW4 as in mamba2_decode_kernel
     i_b, i_h, i_p = flat_program_ids(H, tl.cdiv(P, BP))
     i_s = slot_of(slots, i_b, HAS_SLOTS)
     if i_s < 0:
@@ -108,7 +108,7 @@ def mamba2_decode_multi_kernel(
         b_dt = step_delta(b_dt, dt_bias, i_h, HAS_DT_BIAS, USE_SOFTPLUS)
         b_s = b_s * tl.exp(b_A * b_dt) + (b_dt * b_x)[:, None] * b_B.to(tl.float32)[None, :]
         if RANDOM:
-            b_r = random_bits(seed, tl.load(steps + i_s) + t, i_s, i_h, o_p[:, None] * N + o_n[None, :])
+            b_r = state_bits(seed, steps, i_s, i_h, o_p, N, BN, ROW4, t)
             b_sr = rounded(b_s, b_r, p_snap.dtype.element_ty, True)
             tl.store(p_snap + t * stride_snap_t, b_sr.to(p_snap.dtype.element_ty), mask=m_s)
         else:
@@ -215,6 +215,11 @@ def _check_rounding(rounding, state: torch.Tensor) -> None:
     rnd.check_rounding(rounding, state.dtype, state.shape[0], state.device)
 
 
+def _row4(random: bool, N: int) -> dict:
+    """ROW4 where a stochastic store may draw its bits four elements at a time (rows of N, a multiple of 4)."""
+    return {"ROW4": True} if random and N % 4 == 0 else {}
+
+
 @families.refuse_out_of_resources
 def decode(state, x, dt, A, B, C, *, D=None, z=None, dt_bias=None, dt_softplus=False, slots=None, out=None,
            state_scale=None, rounding: rnd.StateRounding | None = None, config: DecodeConfig | None = None,
@@ -267,7 +272,7 @@ def decode(state, x, dt, A, B, C, *, D=None, z=None, dt_bias=None, dt_softplus=F
         stride_y_b=y.stride(0), stride_y_h=y.stride(1),
         BP=BP, BN=common.block(N),
         HAS_D=D is not None, HAS_Z=z is not None, HAS_DT_BIAS=dt_bias is not None, USE_SOFTPLUS=bool(dt_softplus),
-        HAS_SLOTS=slots is not None, IS_Q8=state_scale is not None, RANDOM=random,
+        HAS_SLOTS=slots is not None, IS_Q8=state_scale is not None, RANDOM=random, **_row4(random, N),
         **options,
     )
     if rounding is not None:
@@ -333,7 +338,7 @@ def decode_multi(state, snapshots, x, dt, A, B, C, *, D=None, z=None, dt_bias=No
         stride_y_b=y.stride(0), stride_y_t=y.stride(1), stride_y_h=y.stride(2),
         T=T, BP=BP, BN=common.block(N),
         HAS_D=D is not None, HAS_Z=z is not None, HAS_DT_BIAS=dt_bias is not None, USE_SOFTPLUS=bool(dt_softplus),
-        HAS_SLOTS=slots is not None, RANDOM=random,
+        HAS_SLOTS=slots is not None, RANDOM=random, **_row4(random, N),
         **options,
     )
     if rounding is not None:
