@@ -779,3 +779,22 @@ def test_roofline_arrows_run_from_marker_edge_to_marker_edge():
 
 def describe_pair(pair) -> str:
     return rl.describe(pair.base.row) + " -> " + rl.describe(pair.point.row)
+
+
+def test_roofline_pairs_a_stochastically_rounded_step_with_its_own_conventional_step():
+    base = load(MEASURED)
+    roof = rl.roof_for(base)
+    avg = [dict(r) for r in base.rows if r["batch"] == 256 and r["phase"] == "avg" and r["variant"] in ("conventional", "replay")
+           and r["state_dtype"] == "fp32" and not r.get("read_dtype")][:2]
+    assert {r["variant"] for r in avg} == {"conventional", "replay"}
+    rows = []
+    for rounding, slower in (("nearest", 1.0), ("stochastic", 1.02)):
+        for r in avg:
+            over = "conventional" if r["variant"] == "replay" else None
+            rows.append({**r, "state_dtype": "bf16", "rounding": rounding, "us": r["us"] * slower,
+                         "us_per_token": r["us_per_token"] * slower, "speedup": None, "speedup_over": over})
+    placement = rl.place([("sr", load_rows(base, rows))], roof)
+    by = {p.point.row["rounding"]: p for p in placement.pairs}
+    assert set(by) == {"nearest", "stochastic"}
+    assert by["stochastic"].base.row["rounding"] == "stochastic" and by["nearest"].base.row["rounding"] == "nearest"
+    assert "bf16/SR" not in rl.describe(by["stochastic"].point.row) and "bf16 SR" in rl.describe(by["stochastic"].point.row)

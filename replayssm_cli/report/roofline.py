@@ -173,6 +173,7 @@ class Point:
             "state_dtype": r.get("state_dtype"),
             "read_dtype": r.get("read_dtype"),
             "io_dtype": r.get("io_dtype"),
+            "rounding": rounding_of(r),
             "draft": r.get("draft"),
             "source": r.get("source"),
             "level": self.level,

@@ -10,6 +10,8 @@ from typing import Any, Callable, Sequence
 
 from replayssm_cli.errors import UserError
 from replayssm_cli.report.provenance import row_label
+from replayssm_cli.model.dtypes import precision_label
+from replayssm_cli.report.results import rounding_of
 from replayssm_cli.report.roofline import OVER_WORDS, Pair, Placement, Point, Roof, _positive, before_after_pairs, describe
 
 IMAGE_SUFFIXES = (".png", ".svg")
@@ -569,7 +571,8 @@ def _speedup_panel(chart: "Chart", placement: Placement, pairs: Sequence[Pair], 
     for pair in pairs:
         r = pair.point.row
         key = (pair.point.file_index, str(r.get("preset")), _variant_order(pair.point.variant), pair.point.variant) + tuple(
-            str(r.get(k)) for k in ("window", "state_dtype", "read_dtype", "io_dtype", "draft", "tp", "flush")) + (pair.over,)
+            str(r.get(k)) for k in ("window", "state_dtype", "read_dtype", "io_dtype", "draft", "tp", "flush")) + (
+            rounding_of(r), pair.over)
         series.setdefault(key, []).append(pair)
     several = len(placement.files) > 1
     legend = f"legend{row}"
@@ -583,7 +586,8 @@ def _speedup_panel(chart: "Chart", placement: Placement, pairs: Sequence[Pair], 
         label, colour = variant_style(first.variant, others)
         r = first.row
         name = " ".join([label] + [x for x in (
-            f"W{r['window']}" if r.get("window") else "", "→".join(str(r[k]) for k in ("state_dtype", "read_dtype") if r.get(k)),
+            f"W{r['window']}" if r.get("window") else "",
+            precision_label(r["state_dtype"], r.get("read_dtype"), r.get("rounding")) if r.get("state_dtype") else "",
             f"T{r['draft']}" if r.get("draft") else "") if x])
         name += f" · {first.file}" if several else ""
         preset = str(r.get("preset"))
