@@ -28,7 +28,8 @@ _I32 = 4
 # A StateRounding's store count per slot (int64), read and advanced by every step that stores the state.
 _STEP_COUNT = 8
 # Integer operations of one Philox4x32-10 draw (triton.language.random.philox_impl): 10 rounds of 2 umulhi,
-# 2 multiplies, 4 xors and 2 adds. Stochastic rounding draws once per stored element.
+# 2 multiplies, 4 xors and 2 adds. Stochastic rounding draws once per stored element, or once per four where the op's
+# kernels share a draw's four words between neighbours (the op's `elements_per_draw`).
 PHILOX_ROUNDS = 10
 PHILOX_INT_OPS = PHILOX_ROUNDS * (2 + 2 + 4 + 2)
 
@@ -120,7 +121,7 @@ class _Sizes:
     flush_copy: int = 0
     # Whether the state itself is 8-bit: dequantised where it is read, quantised where it is stored.
     eight_bit: bool = False
-    # Per state store: the random draws of stochastic rounding (one per element) and the rounding's store count.
+    # Per state store: the Philox draws of stochastic rounding and the rounding's store count.
     draws: int = 0
     step_count: int = 0
 
@@ -146,7 +147,7 @@ def _sizes(shape: SSMShape, st: str, rd: str | None, io: str, has_z: bool, round
         fp8=rd == "fp8" or (rd is None and eight_bit),
         flush_copy=copy if op.split_flush_reads_copy else 0,
         eight_bit=eight_bit,
-        draws=shape.state_elems if stochastic else 0,
+        draws=-(-shape.state_elems // op.elements_per_draw(shape)) if stochastic else 0,
         step_count=_STEP_COUNT if stochastic else 0,
     )
 
@@ -404,9 +405,10 @@ def step_cost(
     fp8 copy does (a nonflush step 1 per row, a verify 1 per element; a conventional step, a flush or a fold reading
     the whole state 1 per element) and its stores quantise as an fp8 copy's (1 per element, 1 per row).
 
-    Stochastic rounding draws one Philox4x32-10 per stored element (`int_ops`: PHILOX_INT_OPS = 100 integer
-    operations per draw, not FLOPs) wherever the state is stored: every conventional step (T snapshots for
-    spec-conventional), a flush, a fold; and each such step reads and writes the slot's store count (int64).
+    Stochastic rounding draws Philox4x32-10 (`int_ops`: PHILOX_INT_OPS = 100 integer operations per draw, not FLOPs)
+    wherever the state is stored: every conventional step (T snapshots for spec-conventional), a flush, a fold; one
+    draw per stored element, or per four for Mamba-2 when N is a multiple of 4 (a draw's four words round four
+    neighbours of a row); and each such step reads and writes the slot's store count (int64).
     """
     variant = _choice(variant, VARIANTS, "variant")
     phase = _choice(phase, PHASES, "phase")

@@ -163,6 +163,11 @@ class Mamba2:
         """Arrival counters per sequence that `verify` keeps under drafts."""
         return 0
 
+    def elements_per_draw(self, s: Mamba2Shape) -> int:
+        """Stored elements one Philox4x32 draw rounds stochastically: its four words four neighbours of a row of N
+        (kernels/mamba2/common.py, ROW4), one element where N is not a multiple of 4."""
+        return 4 if s.N % 4 == 0 else 1
+
     def flops(self, s: Mamba2Shape, has_z: bool) -> Mamba2Flops:
         return Mamba2Flops(s, has_z)
 
@@ -305,6 +310,10 @@ class GDN:
     def verify_arrivals(self, s: GDNShape) -> int:
         """One per key head."""
         return s.H
+
+    def elements_per_draw(self, s: GDNShape) -> int:
+        """Stored elements one Philox4x32 draw rounds stochastically: one (each element draws its own and keeps one word)."""
+        return 1
 
     def flops(self, s: GDNShape, has_z: bool) -> GDNFlops:
         return GDNFlops(s)
