@@ -469,7 +469,7 @@ def build(
     if quality is None:
         notes.append("quality margins: no quality run (--steps 0)")
     conventional = [c for c in cands if not c.is_replay]
-    base_cand = next((c for c in conventional if c.state_dtype == preset.state_dtype), conventional[0])
+    base_cand = next((c for c in conventional if c.state_dtype == preset.state_dtype and c.rounding == "nearest"), conventional[0])
     baseline = base_cand.state_dtype
 
     memory = _memory(preset)

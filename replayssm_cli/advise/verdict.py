@@ -96,7 +96,8 @@ def e2e_speedup(rows: Iterable[dict[str, Any]], preset: str, candidate: Any, bat
 
     def find(variant: str, window: int | None, read: str | None) -> dict[str, Any] | None:
         return next((r for r in e2e if r.get("variant") == variant and r.get("window") == window
-                     and r.get("state_dtype") == c.state_dtype and r.get("read_dtype") == read and not r.get("draft")), None)
+                     and r.get("state_dtype") == c.state_dtype and r.get("read_dtype") == read and not r.get("draft")
+                     and (r.get("rounding") or "nearest") == c.rounding), None)
 
     if c.draft or not c.is_replay:
         return None
@@ -267,7 +268,8 @@ def profile_verdict(rows: Sequence[dict[str, Any]], preset_names: Sequence[str],
         mine = [r for r in rows if r.get("preset") == p.name and r.get("kind", "kernel") == "kernel" and r.get("phase", "avg") == "avg"]
         cands = list(dict.fromkeys(
             tuner.Candidate(r["variant"], r["state_dtype"], r.get("window") if r["variant"] in tuner.REPLAY else None,
-                            r.get("read_dtype"), r.get("draft") or 0, r.get("accepted") if r.get("draft") else None)
+                            r.get("read_dtype"), r.get("draft") or 0, r.get("accepted") if r.get("draft") else None,
+                            rounding=r.get("rounding") or "nearest")
             for r in mine if r["variant"] in tuner.CONVENTIONAL + tuner.REPLAY
             and r.get("state_dtype") == p.state_dtype and not r.get("read_dtype")
         ))
