@@ -473,3 +473,12 @@ def test_make_case_checks_a_replay_cache_at_the_new_precisions(device, op, state
         assert case.check() <= case.tolerance()
     finally:
         case.close()
+
+
+def test_profile_leaves_out_snapshots_of_an_eight_bit_state(tmp_path, no_cuda):
+    out = tmp_path / "d.json"
+    res = invoke("--preset", SUPER, "--batch", "16", "--state-dtype", "int8", "--draft", "2", "--no-phases", "--out", str(out), "--json")
+    assert res.exit_code == 0, res.output
+    rows = json.loads(res.stdout)
+    assert {r["variant"] for r in rows} == {"conventional", "replay", "spec-replay"}
+    assert load(out).skipped == [{"what": f"{SUPER} spec-conventional T2 int8", "why": "decode_multi writes fp32 or 16-bit snapshots, not 8-bit rows"}]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
-from replayssm_cli.model.dtypes import IODtype, ReadDtype, Rounding, StateDtype, precision_problem
+from replayssm_cli.model.dtypes import EIGHT_BIT, IODtype, ReadDtype, Rounding, StateDtype, precision_problem
 from replayssm_cli.errors import UserError
 
 
@@ -248,9 +248,14 @@ def plan(spec: ProfileSpec, presets: list[Any], left_out: list[dict[str, str]] |
                         )
                 for t in spec.drafts:
                     acc = tuple(accept_probs(t, spec.accept_rate, spec.accept_dist))
-                    points.append(
-                        Point(**common, variant="spec-conventional", batch=b, window=None, state_dtype=sd, read_dtype=None, draft=t, accept=acc)
-                    )
+                    if sd in EIGHT_BIT:
+                        if left_out is not None and b == spec.batches[0]:
+                            left_out.append({"what": f"{preset.name} spec-conventional T{t} {sd}",
+                                             "why": "decode_multi writes fp32 or 16-bit snapshots, not 8-bit rows"})
+                    else:
+                        points.append(
+                            Point(**common, variant="spec-conventional", batch=b, window=None, state_dtype=sd, read_dtype=None, draft=t, accept=acc)
+                        )
                     for w in spec.windows:
                         points.append(
                             Point(**common, variant="spec-replay", batch=b, window=w, state_dtype=sd, read_dtype=None, draft=t, accept=acc, flush=flush)
