@@ -512,3 +512,42 @@ def test_shipped_rows_round_as_the_reference_on_gpu(assert_close, batch, state, 
     # the update, so that some stores round the other way: within the quanta, not the same bits
     row = replay_mod.STEP_LAUNCH[replay_mod.select(cache, batch)]
     assert_caches(cache, ref, assert_close, exact=row.precision != "tf32")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("state", ["bf16", "int8"])
+def test_stochastic_replay_and_decode_in_cuda_graph(state):
+    """Two windows of stochastically rounded replay steps, and decode steps, captured once (the rounding counts
+    advance on the device) give the eager loop's bits."""
+    device = "cuda"
+    shape, W = (8, 8, 64, 128, 2), 4
+    eager = make_cache(shape, W, device, state=state, rounding_="stochastic")
+    graphed = eager.clone()
+    rows = torch.tensor([7, 0, -1, 3], dtype=torch.int32, device=device)
+    steps = [mamba2.random_inputs(4, 8, 64, 128, 2, device=device) for _ in range(2 * W)]
+    ys_eager = [mamba2.replay(eager, **inp, dt_softplus=True, slots=rows) for inp in steps]
+    st, scale = stored_state(8, 8, 64, 128, DT[state], device)
+    st_eager, scale_eager, rnd_eager = st.clone(), clone(scale), rounding(8, device, True)
+    for inp in steps:
+        mamba2.decode(st_eager, **inp, dt_softplus=True, slots=rows, state_scale=scale_eager, rounding=rnd_eager)
+    # warm the kernels up on copies, so that capture compiles nothing
+    mamba2.replay(graphed.clone(), **steps[0], dt_softplus=True, slots=rows, check=False)
+    st_graph, scale_graph, rnd_graph = st.clone(), clone(scale), rounding(8, device, True)
+    mamba2.decode(st.clone(), **steps[0], dt_softplus=True, slots=rows, state_scale=clone(scale),
+                  rounding=rounding(8, device, True), check=False)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        ys = [mamba2.replay(graphed, **inp, dt_softplus=True, slots=rows, check=False) for inp in steps]
+        for inp in steps:
+            mamba2.decode(st_graph, **inp, dt_softplus=True, slots=rows, state_scale=scale_graph, rounding=rnd_graph,
+                          check=False)
+    graph.replay()
+    torch.cuda.synchronize()
+    for a, b in zip(ys, ys_eager):
+        assert torch.equal(a[[0, 1, 3]], b[[0, 1, 3]])
+    assert torch.equal(graphed.checkpoint.view(torch.uint8), eager.checkpoint.view(torch.uint8))
+    assert torch.equal(graphed.rounding.step, eager.rounding.step)
+    assert torch.equal(st_graph.view(torch.uint8), st_eager.view(torch.uint8))
+    assert torch.equal(rnd_graph.step, rnd_eager.step)
+    if scale is not None:
+        assert torch.equal(graphed.checkpoint_scale, eager.checkpoint_scale) and torch.equal(scale_graph, scale_eager)
