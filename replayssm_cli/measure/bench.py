@@ -163,7 +163,7 @@ class Case:
 
         mem = cost.memory_per_seq(
             self.shape, self.kernel_variant, window=self.window, state_dtype=self.state_dtype,
-            read_dtype=self.read_dtype, io_dtype=self.io_dtype, draft=self.draft,
+            read_dtype=self.read_dtype, io_dtype=self.io_dtype, draft=self.draft, rounding=self.rounding,
         )
         return int(mem["total"]) * self.batch
 
