@@ -238,3 +238,14 @@ def test_eight_bit_checkpoints_and_stochastic_rounding_by_bucket():
     assert b[split]["129-1k"] < b[int8]["129-1k"] < b[fp8]["129-1k"]
     assert b[int8_sr]["129-1k"] > b[int8]["129-1k"]
     assert report.get(sr).to_dict()["rounding"] == "stochastic"
+
+
+@pytest.mark.parametrize("shape", [MAMBA2, GDN], ids=["mamba2", "gdn"])
+def test_stepwise_kernels_round_stochastically_as_their_references(shape, device):
+    """The kernel path of the harness hands each kernel its rounding stream and row scales: the same Philox bits
+    as the references draw, so the two agree step by step (the harness's own stream is another)."""
+    inputs = _inputs(shape, steps=6, prompt=2, heads=1)
+    for c in (Q.Config("conventional", "int8", rounding="stochastic"), Q.Config("replay", "bf16", 3, rounding="stochastic")):
+        want = Q.stepwise_outputs(inputs, c, backend="reference", device="cpu")
+        got = Q.stepwise_outputs(inputs, c, backend="kernels", device=device).cpu()
+        assert (got - want).norm().item() <= 1e-5 * want.norm().item(), c.label()
