@@ -56,7 +56,7 @@ def mamba2_decode_kernel(
     b_a = tl.exp(tl.load(A + i_h).to(tl.float32) * b_dt)
 
     b_s = b_s * b_a + (b_dt * b_x)[:, None] * b_B[None, :]
-    # the nearest path inline, not through store_rows, so that it compiles to the code it did
+    # rounding to nearest stays inline: through store_rows its PTX would gain the call's debug labels
     if IS_Q8 or RANDOM:
         store_rows(p_s, b_s, m_s, state_scale, o_sc, m_p, seed, steps, i_s, i_h, o_p, N, IS_Q8, RANDOM, ROW4)
     else:

@@ -122,7 +122,7 @@ def _flush_rows(
         b_xt = tl.load(x + i_b * stride_x_b + i_h * stride_x_h + o_c, mask=m_c, other=0.0).to(tl.float32)
         b_u = tl.dot(tl.trans(b_xc.to(tl.float32) * b_cw[:, None]), b_bwf, input_precision=PRECISION)
         b_s = b_s * b_decay + b_u + b_xt[:, None] * b_sB[None, :]
-        # the nearest path inline, not through store_rows, so that it compiles to the code it did
+        # rounding to nearest stays inline: through store_rows its PTX would gain the call's debug labels
         if CK_Q8 or RANDOM:
             store_rows(p_ckc, b_s, m_sc, ck_scale, i_sh * P + o_c, m_c, seed, steps, i_s, i_h, o_c, N, CK_Q8, RANDOM,
                        ROW4)

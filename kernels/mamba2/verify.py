@@ -193,7 +193,7 @@ def mamba2_verify_kernel(
                 b_s = b_s * tl.load(ck_scale + i_sh * P + o_c, mask=m_c, other=0.0)[:, None]
             b_s = b_s * tl.exp(b_lam0)
             b_s += dot_fp32(tl.trans(b_xf.to(tl.float32) * b_cf[:, None]), b_bf, False, IS_HALF_IO)
-            # the nearest path inline, not through store_rows, so that it compiles to the code it did
+            # rounding to nearest stays inline: through store_rows its PTX would gain the call's debug labels
             if CK_Q8 or RANDOM:
                 store_rows(p_cks, b_s, m_sc, ck_scale, i_sh * P + o_c, m_c, seed, steps, i_s, i_h, o_c, N, CK_Q8,
                            RANDOM, ROW4)
