@@ -230,9 +230,10 @@ def test_decode_bad_rounding_and_scales(device):
         (dict(state=q8, state_scale=scale.double()), "state_scale must be fp32"),
         (dict(state=q8, state_scale=torch.zeros(nslots, P, H, device=device).transpose(1, 2)),
          "state_scale must (have unit stride|be contiguous)"),
-        (dict(state=torch.zeros(nslots, H, P, N, device=device), rounding=R.StateRounding.create(nslots, device=device)),
-         "an fp32 state is stored exactly"),
-        (dict(state=bf, rounding=R.StateRounding.create(nslots + 1, device=device)), "counts 4 slots but the state has 3"),
+        (dict(state=torch.zeros(nslots, H, P, N, device=device),
+              rounding=R.StateRounding.create(nslots, device=device)), "an fp32 state is stored exactly"),
+        (dict(state=bf, rounding=R.StateRounding.create(nslots + 1, device=device)),
+         "counts 4 slots but the state has 3"),
         (dict(state=bf, rounding="stochastic"), "rounding must be a StateRounding"),
     ]
     for kwargs, message in cases:
@@ -334,7 +335,7 @@ def _variants():
 
     heads = StepConfig(rows=64, chunk=32, piece=32, stages=2, warps=2, maxnreg=None, heads=8)
     return [("small-early", STEP_LAUNCH["replay-bf16-small"]), ("heads-tail", STEP_LAUNCH["replay-bf16-large"]),
-            ("heads-flush-launch", heads)]
+            ("heads-flush-launch", heads), ("one-head-groups-flush-launch", heads)]
 
 
 @pytest.mark.parametrize("state", ["int8", "bf16"])
@@ -344,20 +345,23 @@ def test_replay_launch_variants_round_as_the_reference(device, assert_close, var
     one-warp programs, the heads launch with its flushes in its own programs, and with them in a launch of their
     own."""
     config = dict(_variants())[variant]
-    got = make_cache((5, 4, 16, 18, 1), 2, device, state=state, rounding_="stochastic")
+    # with one head per group the heads launch is lowered to the one-launch kernel's non-flush phase
+    G = 4 if variant.startswith("one-head") else 1
+    got = make_cache((5, 4, 16, 18, G), 2, device, state=state, rounding_="stochastic")
     want = got.clone()
     _replay_steps(got, want, 3, device, assert_close, config=config)
     assert_caches(got, want, assert_close)
 
 
-VERIFY_CASES = [("bf16", True), ("fp8", False), ("int8", True)]
+VERIFY_CASES = [("bf16", True, None), ("fp8", False, None), ("int8", True, None), ("int8", True, "verify-bf16-small")]
 
 
-@pytest.mark.parametrize("state,random", VERIFY_CASES, ids=[
-    f"B2-H2-P16-N12-G1-W2-T2-{s}-{'stochastic' if r else 'nearest'}" for s, r in VERIFY_CASES])
-def test_verify_accept_round_as_the_reference(device, assert_close, state, random):
+@pytest.mark.parametrize("state,random,row", VERIFY_CASES, ids=[
+    f"B2-H2-P16-N12-G1-W2-T2-{s}-{'stochastic' if r else 'nearest'}-{row or 'medium'}" for s, r, row in VERIFY_CASES])
+def test_verify_accept_round_as_the_reference(device, assert_close, state, random, row):
     """verify + accept twice: the second verify folds a full buffer first (a checkpoint store); outputs, then the
-    cache, against the reference."""
+    cache, against the reference (a small grid's row: B·C in the verify's own programs)."""
+    config = None if row is None else importlib.import_module("replayssm_kernels.mamba2.verify").VERIFY_LAUNCH[row]
     got = make_cache((4, 2, 16, 12, 1), 2, device, state=state, rounding_="stochastic" if random else "nearest",
                      max_draft=2)
     want = got.clone()
@@ -367,7 +371,7 @@ def test_verify_accept_round_as_the_reference(device, assert_close, state, rando
     before = got.checkpoint.clone()
     for round_, accepted in enumerate(([2, 0, 1], [1, 0, 2])):
         inp = mamba2.random_inputs(3, H, P, N, G, T=2, io_dtype=torch.bfloat16, device=device)
-        y = mamba2.verify(got, **inp, dt_softplus=True, slots=rows,
+        y = mamba2.verify(got, **inp, dt_softplus=True, slots=rows, config=config,
                           out=torch.full((3, 2, H, P), NAN, dtype=torch.bfloat16, device=device))
         y_ref = mamba2.verify_ref(want, **inp, dt_softplus=True, slots=rows)
         assert y[1].isnan().all()
