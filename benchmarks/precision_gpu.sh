@@ -56,9 +56,9 @@ fi
 
 # FlashInfer compiles one module per state dtype and rounding with nvcc at first use (minutes each): each is built in
 # a background process from the start, by the same baseline path at batch 1, so that fi-256 finds them compiled.
-warm_flashinfer() {
-    python - "$M" <<'EOF'
-import subprocess, sys
+warm_flashinfer() {  # run in the background: exec, so that its pid is the Python that stops the compiles
+    exec python - "$M" <<'EOF'
+import signal, subprocess, sys
 code = """
 import sys
 from replayssm_cli.measure import bench
@@ -71,6 +71,8 @@ print(state, rounding, "compiled, check", case.check(), flush=True)
 pairs = [("int8", "nearest"), ("fp8", "nearest"), ("int8", "stochastic"), ("fp8", "stochastic"), ("fp16", "stochastic"),
          ("fp16", "nearest"), ("bf16", "nearest"), ("fp32", "nearest")]
 procs = [subprocess.Popen([sys.executable, "-c", code, s, r]) for s, r in pairs]
+# stopped with the run: the compiles stop too
+signal.signal(signal.SIGTERM, lambda *_: sys.exit([p.kill() for p in procs] and 143))
 sys.exit(max(p.wait() for p in procs))
 EOF
 }
@@ -143,7 +145,10 @@ run_part() {
 for part in $ALL; do
     [[ " $PARTS " == *" $part "* ]] && run_part "$part"
 done
-[ -n "$WARM_PID" ] && kill "$WARM_PID" 2>/dev/null
+if [ -n "$WARM_PID" ]; then
+    kill "$WARM_PID" 2>/dev/null
+    wait "$WARM_PID" 2>/dev/null
+fi
 python benchmarks/precision_report.py "$OUT" --out "$OUT/summary.md" --json "$OUT/summary.json"
 log "done in $((SECONDS - started)) s; summary in $OUT/summary.md"
 cat "$OUT/steps.txt" >&2
