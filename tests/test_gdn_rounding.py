@@ -141,12 +141,16 @@ def assert_caches(got, want, assert_close, what):
 
 _FLUSHES = gdn_replay.FlushConfig(rows=256, flush_chunk=32, stages=2, warps=4, maxnreg=None, round_cap=None,
                                   precision="ieee", correction=None)
+# the selected rows (an 8-bit checkpoint's flushes in a launch of their own), and each store path besides: flushes in
+# the step's own launch, in a flush launch for a 16-bit checkpoint, and a small grid's one-warp programs
 REPLAY_CASES = [(s, r, None) for s, r in STORES] + [
-    ("int8", "stochastic", dataclasses.replace(gdn_replay.REPLAY_LAUNCH["replay"], flush=_FLUSHES)),
+    ("int8", "stochastic", gdn_replay.REPLAY_LAUNCH["replay"]),
+    ("bf16", "stochastic", dataclasses.replace(gdn_replay.REPLAY_LAUNCH["replay"], flush=_FLUSHES)),
     ("bf16", "stochastic", gdn_replay.REPLAY_LAUNCH["replay-small"]),
-    ("fp8", "stochastic", gdn_replay.REPLAY_LAUNCH["replay-small"]),
+    ("fp8", "stochastic", gdn_replay.REPLAY_LAUNCH["replay-fp8-small"]),
 ]
-REPLAY_IDS = [f"N4-H2-HV4-K16-V20-W3-{s}-{r}" + ("" if c is None else "-flush-launch" if c.flush else "-small")
+REPLAY_IDS = [f"N4-H2-HV4-K16-V20-W3-{s}-{r}" + ("" if c is None else "-flush-launch" if c.flush else
+                                                 "-small" if c.early else "-one-launch")
               for s, r, c in REPLAY_CASES]
 
 
@@ -173,7 +177,8 @@ def test_replay_matches_reference(device, assert_close, state, rnd, config):
 
 
 VERIFY_CASES = [("bf16", "stochastic", None), ("fp16", "stochastic", "verify-small"), ("fp8", "nearest", None),
-                ("fp8", "stochastic", "verify-small"), ("int8", "nearest", "verify-small"), ("int8", "stochastic", None)]
+                ("fp8", "stochastic", "verify-small"), ("int8", "nearest", "verify-small"),
+                ("int8", "stochastic", None)]
 
 
 @pytest.mark.parametrize("state,rnd,row", VERIFY_CASES,

@@ -51,12 +51,12 @@ class ReplayCache:
     checkpoint (nslots, HV, V, K) in the state dtype, and for an 8-bit one (fp8 e4m3 or int8) checkpoint_scale
     (nslots, HV, V) fp32, the scale of each row over K (a row's values are checkpoint * scale); rounding: None
     (every checkpoint store rounds to nearest) or a rounding.StateRounding whose per-slot store counts key the
-    stochastic rounding of every checkpoint store, advanced after each launch that may store; read_copy (nslots, HV, V, K) in the read dtype
-    and read_scale (nslots, HV, V) fp32 (fp8 only), refreshed at every flush; buffers of capacity
-    C = window + max_draft: buf_u (nslots, C, HV, V) corrected updates u and buf_k (nslots, C, H, K)
-    L2-normalised unscaled keys, both in the buffer dtype (fp32 unless a 2-byte state asks for its own),
-    buf_g (nslots, C, HV) fp32 log-decay summed since the checkpoint; fill (nslots, HV) int32, the
-    entries in use. Entries at or past fill are never read.
+    stochastic rounding of every checkpoint store, advanced after each launch that may store; read_copy
+    (nslots, HV, V, K) in the read dtype and read_scale (nslots, HV, V) fp32 (fp8 only), refreshed at every flush;
+    buffers of capacity C = window + max_draft: buf_u (nslots, C, HV, V) corrected updates u and buf_k
+    (nslots, C, H, K) L2-normalised unscaled keys, both in the buffer dtype (fp32 unless a 2-byte state asks for its
+    own), buf_g (nslots, C, HV) fp32 log-decay summed since the checkpoint; fill (nslots, HV) int32, the entries in
+    use. Entries at or past fill are never read.
     arrive (nslots, HV, ARRIVE_LANES) int32 counts the row-block programs of a step that are done with a
     (slot, head), zero between steps: in its first column, or with the replay's LCOUNT in each lane's own.
     With a read copy a flush corrects the buffered updates, computed from the copy, to those of the full

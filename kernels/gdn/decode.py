@@ -55,6 +55,8 @@ DECODE_LAUNCH = {
 }
 # The snapshot path's states: an 8-bit state's snapshots would each need scales of their own.
 SNAPSHOT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+# Elements per thread whose random bits a stochastically rounded store draws at once (more spill at 1 warp, K = 128).
+RANDOM_PER_THREAD = 16
 # decode takes its small-grid rows under this many (row, value head) programs per SM; a row is reduced in pieces of
 # 128 of K, in one pipeline stage.
 SMALL_GRID, DECODE_PIECE, DECODE_STAGES = 2, 128, 1
@@ -233,6 +235,12 @@ def _accept_snapshot_kernel(
     tl.store(p_s, tl.load(p_p, mask=m_s, other=0.0), mask=m_s)
 
 
+def random_rows(rows: int, K: int, warps: int) -> int:
+    """The rows a stochastically rounded store takes at a time, of `rows`: each thread draws Philox bits for at most
+    RANDOM_PER_THREAD elements at once (every element's draw holds its counter and key words in registers)."""
+    return max(1, min(rows, RANDOM_PER_THREAD * 32 * warps // next_pow2(K)))
+
+
 def _block_contiguous(state) -> bool:
     """Whether each slot's (HV, V, K) block of the state is contiguous (its slots may lie at any stride)."""
     _, HV, V, K = state.shape
@@ -256,7 +264,7 @@ def _launch_decode(state, q, k, v, g, beta, out, slots, scale, l2norm, c: Decode
         s_bb=beta.stride(0), s_bh=beta.stride(1),
         s_ob=out.stride(0), s_oh=out.stride(1), s_ov=out.stride(2),
         scale=scale,
-        H=H, HV=HV, K=K, V=V, BK=next_pow2(K), VP=VP, BV=VP,
+        H=H, HV=HV, K=K, V=V, BK=next_pow2(K), VP=VP, BV=VP if rounding is None else random_rows(VP, K, c.warps),
         VK=min(DECODE_PIECE, next_pow2(K)), STAGES=DECODE_STAGES, SFIRST=c.state_first,
         CSTRIDES=c.block_strides and _block_contiguous(state),
         USE_QK_L2NORM=l2norm, HAS_SLOTS=slots is not None, QUANT=state_scale is not None,
@@ -269,6 +277,8 @@ def _launch_decode_multi(state, snapshots, q, k, v, g, beta, out, slots, scale, 
     batch, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     BV = min(c.rows, next_pow2(V))
+    if rounding is not None:
+        BV = random_rows(BV, K, c.warps)
     _decode_multi_kernel[(batch * HV * triton.cdiv(V, BV),)](
         s=state, snap=snapshots, q=q, k=k, v=v, g=g, beta=beta, o=out, slots=slots,
         s_sn=state.stride(0), s_sh=state.stride(1), s_sv=state.stride(2), s_sk=state.stride(3),

@@ -137,9 +137,12 @@ def _copy(cache: ReplayCache) -> str:
 
 
 def select(cache: ReplayCache, batch: int) -> str:
-    """The REPLAY_LAUNCH row of a `replay` step of `batch` rows: by the cache's read copy and the grid's (row, value
-    head) programs per SM (medium on the CPU)."""
-    return _grid(cache, batch, REPLAY_LAUNCH, "replay" + _copy(cache))
+    """The REPLAY_LAUNCH row of a `replay` step of `batch` rows: by the cache's read copy (or 8-bit checkpoint) and
+    the grid's (row, value head) programs per SM (medium on the CPU)."""
+    # an 8-bit checkpoint's 1-byte tile takes an fp8 copy's rows (16-byte loads, its flushes in a launch of their own):
+    # under the base rows' register cap its steps spill more than twice the bytes
+    copy = "-fp8" if cache.checkpoint_scale is not None else _copy(cache)
+    return _grid(cache, batch, REPLAY_LAUNCH, "replay" + copy)
 
 
 @triton.jit

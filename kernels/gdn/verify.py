@@ -211,10 +211,12 @@ def _verify_flush(
     PAST: tl.constexpr = FWM if FXW > 0 else BW
     if FWM < BW and b_f <= FWM:
         _fold_entries(ckpt, cscale, rcopy, rscale, buf_u, buf_k, buf_g, buf_t, seed, steps, i_s, i_h, i_hv, b_f, b_Gl,
-                      v0, C, H, HV, K, V, BK, BVF, HAS_COPY, IS_SCALED, FKSPLIT, FSTAGES, VP, PRECISION, FWM, 0, QUANT, RANDOM)
+                      v0, C, H, HV, K, V, BK, BVF, HAS_COPY, IS_SCALED, FKSPLIT, FSTAGES, VP, PRECISION, FWM, 0, QUANT,
+                      RANDOM)
     else:
         _fold_entries(ckpt, cscale, rcopy, rscale, buf_u, buf_k, buf_g, buf_t, seed, steps, i_s, i_h, i_hv, b_f, b_Gl,
-                      v0, C, H, HV, K, V, BK, BVF, HAS_COPY, IS_SCALED, FKSPLIT, FSTAGES, VP, PRECISION, PAST, FXW, QUANT, RANDOM)
+                      v0, C, H, HV, K, V, BK, BVF, HAS_COPY, IS_SCALED, FKSPLIT, FSTAGES, VP, PRECISION, PAST, FXW,
+                      QUANT, RANDOM)
 
 
 @triton.jit
@@ -452,8 +454,8 @@ def _verify_fold_kernel(
         b_Gl = tl.load(buf_g + (i_s * C + b_f - 1) * HV + i_hv)
         _verify_flush(
             ckpt, cscale, rcopy, rscale, buf_u, buf_k, buf_g, buf_t, seed, steps, i_s, i_h, i_hv, b_f, b_Gl,
-            (i_j % NPB) * VP, C, H, HV, K, V, BK, BVF, HAS_COPY, IS_SCALED, FKSPLIT, FSTAGES, VP, PRECISION, FWM, BW, FXW,
-            QUANT, RANDOM,
+            (i_j % NPB) * VP, C, H, HV, K, V, BK, BVF, HAS_COPY, IS_SCALED, FKSPLIT, FSTAGES, VP, PRECISION, FWM, BW,
+            FXW, QUANT, RANDOM,
         )
         i_j += n_programs
     list_done(work, n_programs)
