@@ -21,6 +21,7 @@ from replayssm_kernels.gdn.common import (
     next_pow2,
     qk_factors,
     rounding_args,
+    row_bits,
     stored,
 )
 
@@ -141,8 +142,11 @@ def _decode_kernel(
         b_u = b_beta * (b_v - b_rk * tl.sum(tl.sum(b_s * b_k[None, :, :], 1), 1))
         b_s += (b_rk * b_u)[:, None, None] * b_k[None, :, :]
         b_o = b_rq * tl.sum(tl.sum(b_s * b_q[None, :, :], 1), 1)
-        # [BV, NC, VK] the bits of the chunk's elements v * K + k
-        b_r = R.slot_bits(seed, steps, i_s, i_hv, o_v[:, None, None] * K + o_k3[None, :, :], RANDOM)
+        if RANDOM:
+            # [BV, NC, VK] the bits of the chunk's elements v * K + k
+            b_r = tl.reshape(row_bits(seed, tl.load(steps + i_s), i_s, i_hv, o_v, K, BK), [BV, NC, VK])
+        else:
+            b_r = tl.zeros([BV, NC, VK], dtype=tl.uint32)
         if QUANT:
             # whole rows over K, as [BV, BK]
             b_q8, b_sc = R.quantized_rows(tl.reshape(b_s, [BV, BK]), tl.reshape(b_r, [BV, BK]), s.dtype.element_ty,
@@ -205,7 +209,7 @@ def _decode_multi_kernel(
         b_o = b_rq * tl.sum(tl.sum(b_s * b_q[None, :, :], 1), 1)
         # Round as a stored state would be, so that drafts equal one conventional step at a time.
         if RANDOM:
-            b_r = R.random_bits(seed, b_n + i_t, i_s, i_hv, o_v[:, None, None] * K + o_k3[None, :, :])
+            b_r = tl.reshape(row_bits(seed, b_n + i_t, i_s, i_hv, o_v, K, BK), [BV, NC, VK])
             b_s = stored(b_s, b_r, snap.dtype.element_ty, True)
         else:
             b_s = stored(b_s, b_s, snap.dtype.element_ty, False)
