@@ -383,3 +383,84 @@ def test_fp8_state_needs_sm89(monkeypatch):
     with pytest.raises(families.UnsupportedOnChip, match="fp8 state needs sm_89"):
         gdn.decode(state, **inp, state_scale=torch.ones(3, 4, 8))
     gdn.ReplayCache.create(2, 1, 2, 16, 8, 4, state_dtype="int8", io_dtype="bf16", device="cpu")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("batch", [2, 16, 64], ids=["small-grid", "medium-grid", "large-grid"])
+@pytest.mark.parametrize("state,rnd", [("bf16", "stochastic"), ("int8", "stochastic"), ("fp8", "nearest")])
+def test_shipped_rows_round_as_the_reference_on_gpu(assert_close, batch, state, rnd):
+    """The Qwen3.5-122B layer shape (H=16, HV=64, K=V=128) through the rows `select` gives on this GPU: decode, six
+    replay steps (W = 4, staggered so rows flush on different steps), verify + accept with a fold, each call against
+    the references from the same state."""
+    device, (H, HV, K, V) = "cuda", (16, 64, 128, 128)
+    dtype = DT[state]
+    slots = torch.randperm(batch, device=device).to(torch.int32)
+    st, scale = new_state((batch, HV, V, K), dtype, device)
+    rounding = R.StateRounding.create(batch, seed=5, device=device) if rnd == "stochastic" else None
+    want, want_scale, want_rounding = st.clone(), clone(scale), rounding and rounding.clone()
+    inp = gdn.random_inputs(batch, H, HV, K, V, device=device)
+    y = gdn.decode(st, **inp, use_qk_l2norm_in_kernel=True, slots=slots, state_scale=scale, rounding=rounding)
+    y_ref = gdn.decode_ref(want, **inp, use_qk_l2norm_in_kernel=True, slots=slots, state_scale=want_scale,
+                           rounding=want_rounding)
+    assert_close(y, y_ref, torch.bfloat16, torch.float32, what="decode o")
+    assert_stored(st, want, dtype, scale, want_scale, what="decode state")
+    cache = make_cache((batch, H, HV, K, V), 4, device, state, rnd, max_draft=2)
+    for step in range(6):
+        live = torch.where(torch.arange(batch, device=device) % 4 <= step, slots, -1)
+        ref = cache.clone()
+        inp = gdn.random_inputs(batch, H, HV, K, V, device=device)
+        y = gdn.replay(cache, **inp, use_qk_l2norm_in_kernel=True, slots=live)
+        y_ref = gdn.replay_ref(ref, **inp, use_qk_l2norm_in_kernel=True, slots=live)
+        rows_ = (live >= 0).nonzero().flatten()
+        assert_close(y[rows_], y_ref[rows_], torch.bfloat16, torch.float32, what=f"replay o at step {step}")
+        assert_caches(cache, ref, assert_close, f"replay step {step}")
+    for i, n in enumerate((2, 1)):
+        ref = cache.clone()
+        inp = gdn.random_inputs(batch, H, HV, K, V, T=2, device=device)
+        y = gdn.verify(cache, **inp, use_qk_l2norm_in_kernel=True, slots=slots)
+        y_ref = gdn.verify_ref(ref, **inp, use_qk_l2norm_in_kernel=True, slots=slots)
+        accepted = torch.full((batch,), n, dtype=torch.int32, device=device)
+        gdn.accept(cache, accepted, slots)
+        gdn.accept_ref(ref, accepted, slots)
+        assert_close(y, y_ref, torch.bfloat16, torch.float32, what=f"verify {i} o")
+        assert_caches(cache, ref, assert_close, f"verify {i}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("state", ["bf16", "int8"])
+def test_stochastic_steps_in_cuda_graph(state):
+    """Two windows of stochastically rounded replay steps, and decode steps, captured once (the store counts advance
+    on the device) give the eager loop's bits."""
+    device, (B, H, HV, K, V), W = "cuda", (4, 2, 8, 128, 128), 4
+    eager = make_cache((8, H, HV, K, V), W, device, state, "stochastic")
+    graphed = eager.clone()
+    slots = torch.tensor([7, 0, -1, 3], dtype=torch.int32, device=device)
+    steps = [gdn.random_inputs(B, H, HV, K, V, device=device) for _ in range(2 * W)]
+    ys_eager = [gdn.replay(eager, **inp, use_qk_l2norm_in_kernel=True, slots=slots) for inp in steps]
+    st, scale = new_state((8, HV, V, K), DT[state], device)
+    st_eager, scale_eager = st.clone(), clone(scale)
+    r_eager = R.StateRounding.create(8, seed=9, device=device)
+    for inp in steps:
+        gdn.decode(st_eager, **inp, use_qk_l2norm_in_kernel=True, slots=slots, state_scale=scale_eager,
+                   rounding=r_eager)
+    # compile on copies first, so that the capture compiles nothing
+    gdn.replay(graphed.clone(), **steps[0], use_qk_l2norm_in_kernel=True, slots=slots, check=False)
+    gdn.decode(st.clone(), **steps[0], use_qk_l2norm_in_kernel=True, slots=slots, state_scale=clone(scale),
+               rounding=R.StateRounding.create(8, seed=9, device=device), check=False)
+    st_graph, scale_graph = st.clone(), clone(scale)
+    r_graph = R.StateRounding.create(8, seed=9, device=device)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        ys = [gdn.replay(graphed, **inp, use_qk_l2norm_in_kernel=True, slots=slots, check=False) for inp in steps]
+        for inp in steps:
+            gdn.decode(st_graph, **inp, use_qk_l2norm_in_kernel=True, slots=slots, state_scale=scale_graph,
+                       rounding=r_graph, check=False)
+    graph.replay()
+    torch.cuda.synchronize()
+    for a, b in zip(ys, ys_eager):
+        assert torch.equal(a[[0, 1, 3]], b[[0, 1, 3]])
+    assert torch.equal(graphed.checkpoint.view(torch.uint8), eager.checkpoint.view(torch.uint8))
+    assert torch.equal(graphed.rounding.step, eager.rounding.step) and torch.equal(r_graph.step, r_eager.step)
+    assert torch.equal(st_graph.view(torch.uint8), st_eager.view(torch.uint8))
+    if scale is not None:
+        assert torch.equal(graphed.checkpoint_scale, eager.checkpoint_scale) and torch.equal(scale_graph, scale_eager)
