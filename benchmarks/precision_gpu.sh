@@ -17,6 +17,10 @@
 #   ncu              Nsight Compute bytes at batch 256: int8 and fp8 non-flush and flush steps, int8's stochastic flush
 #   fi-256           FlashInfer's checkpointing_ssu (a Mamba-2 kernel) beside ours at batch 256
 #   m2 gdn           the other batches (1, 8, 32, 64, 128, 512), every precision
+# Before the parts (and outside BUDGET_S), Triton's kernels are compiled: every part's configurations run once, one
+# process per layer and state dtype in parallel, their rows discarded (warm/ under $OUT), so that the timed parts
+# find each specialisation compiled instead of compiling it inside their share. WARM_S (default 120) bounds it; 0
+# skips it.
 # Usage: OUT=/path bash benchmarks/precision_gpu.sh [PART ...]
 # DRY_RUN=1: on a machine without a GPU, each profile part predicted (--predict) instead of measured, the ncu and
 # FlashInfer parts only said, the summary from the predicted files; the whole run in a few seconds.
@@ -77,6 +81,7 @@ sys.exit(max(p.wait() for p in procs))
 EOF
 }
 WARM_PID=""
+WARM_S="${WARM_S:-120}"
 if [ "$DRY" != 1 ] && [[ " $PARTS " == *" fi-256 "* ]]; then
     if python -c 'import flashinfer.mamba' 2>/dev/null; then
         warm_flashinfer > "$OUT/flashinfer-warm.log" 2>&1 &
@@ -141,6 +146,29 @@ run_part() {
     local rc=${PIPESTATUS[0]}
     echo "$part: exit $rc, $((SECONDS - start)) s" | tee -a "$OUT/steps.txt" >&2
 }
+
+warm_triton() {  # every batch of the parts, every precision, both roundings: one process per layer and state dtype
+    local pids=() preset state extra
+    mkdir -p "$OUT/warm"
+    for preset in "$M" "$Q"; do
+        for state in ${STATES//,/ }; do
+            extra=()
+            [ "$state" != fp32 ] && extra=(--stochastic-rounding)
+            timeout -s TERM "$WARM_S" replayssm profile --require-gpu -p "$preset" --batch 1,8,32,64,128,256,512 \
+                --window 16 --state-dtype "$state" "${extra[@]}" --no-phases --repeats 1 \
+                --out "$OUT/warm/$preset-$state.json" > "$OUT/warm/$preset-$state.log" 2>&1 &
+            pids+=($!)
+        done
+    done
+    wait "${pids[@]}"
+}
+if [ "$DRY" != 1 ] && [ "$WARM_S" -gt 0 ]; then
+    warm_start=$SECONDS
+    log "compiling every part's kernels first: $(( $(echo "$STATES" | tr ',' ' ' | wc -w) * 2 )) processes, at most $WARM_S s"
+    warm_triton
+    echo "warm: $((SECONDS - warm_start)) s" | tee -a "$OUT/steps.txt" >&2
+    started=$SECONDS
+fi
 
 for part in $ALL; do
     [[ " $PARTS " == *" $part "* ]] && run_part "$part"
