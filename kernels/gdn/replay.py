@@ -752,8 +752,10 @@ def replay(
     under split precision) and advances its fill counter; the step that fills the window (f + 1 >= W)
     instead folds the buffer into the full-precision checkpoint (correcting the updates the copy gave),
     takes this step from it, stores it, refreshes the read copy and empties the buffer. A row with a flush
-    launch (split precision on grids of two or more programs per SM) takes the flushes in a second launch,
-    over the heads the first listed in cache.work.
+    launch (split precision, or an 8-bit checkpoint, on grids of two or more programs per SM) takes the flushes in a
+    second launch, over the heads the first listed in cache.work. A flush stores the checkpoint rounded by
+    cache.rounding (to nearest without one; an 8-bit checkpoint as rows over new scales in cache.checkpoint_scale),
+    and the call then advances every row's store count.
     Mutates the cache; returns o (batch, HV, V) in v's dtype (written into `out` when given).
     `config`: the launch settings (default: the REPLAY_LAUNCH row `select` chooses); for benchmarks.
     `check` range-checks slots on the host, a device sync: pass check=False for a step with no host

@@ -895,7 +895,8 @@ def verify(
     """Outputs of T speculative drafts from one read of each checkpoint; commit them with `accept`.
 
     q, k (batch, T, H, K), v (batch, T, HV, V), g, beta (batch, T, HV), 1 <= T <= cache.max_draft.
-    Rows whose buffer holds W or more committed entries are flushed first (as a flush step would).
+    Rows whose buffer holds W or more committed entries are flushed first (as a flush step would, the checkpoint
+    stored rounded by cache.rounding; the call then advances every row's store count).
     Each (row, value head) reads its tile once (the read copy, or the new checkpoint after a flush)
     and takes S k_i and S q_i for every draft from that one read; the committed entries and the drafts
     enter through small [entries, T] and [T, T] weight matrices, so draft i's update is exact, from
