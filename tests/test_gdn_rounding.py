@@ -10,6 +10,7 @@ import pytest
 import torch
 from replayssm_kernels import families, gdn
 from replayssm_kernels import rounding as R
+from replayssm_kernels.gdn.cache import dequantize_read
 from replayssm_kernels.gdn.common import state_value
 from test_gdn_decode import one_thread, rows  # noqa: F401 (one_thread: an autouse fixture)
 
@@ -115,7 +116,8 @@ def test_decode_multi_matches_reference_and_steps(device, assert_close):
     r_ref, r_step = rounding.clone(), rounding.clone()
     slots = rows([2, 0], device)
     inp = gdn.random_inputs(B, H, HV, K, V, T=T, io_dtype=torch.float32, device=device)
-    y = gdn.decode_multi(got, snaps, **inp, use_qk_l2norm_in_kernel=True, slots=slots, rounding=rounding)
+    out = torch.full((B, T, HV, V), NAN, device=device)
+    y = gdn.decode_multi(got, snaps, **inp, use_qk_l2norm_in_kernel=True, slots=slots, out=out, rounding=rounding)
     y_ref = gdn.decode_multi_ref(want, snaps_ref, **inp, use_qk_l2norm_in_kernel=True, slots=slots, rounding=r_ref)
     assert torch.equal(got, start), "decode_multi changed the state"
     assert_close(y, y_ref, torch.float32, torch.bfloat16, what="o")
@@ -128,9 +130,11 @@ def test_decode_multi_matches_reference_and_steps(device, assert_close):
 
 
 def make_cache(shape, W, device, state, rnd, *, max_draft=0, seed=3):
+    """A loaded cache of `state` ("bf16/fp8": a bf16 checkpoint with an fp8 read copy)."""
     nslots, H, HV, K, V = shape
-    cache = gdn.ReplayCache.create(nslots, H, HV, K, V, W, state_dtype=state, io_dtype="bf16", max_draft=max_draft,
-                                   rounding=rnd, seed=seed, device=device)
+    state, _, read = state.partition("/")
+    cache = gdn.ReplayCache.create(nslots, H, HV, K, V, W, state_dtype=state, read_dtype=read or None, io_dtype="bf16",
+                                   max_draft=max_draft, rounding=rnd, seed=seed, device=device)
     cache.load(torch.randn(nslots, HV, V, K, device=device) * 0.5)
     return cache
 
@@ -139,8 +143,12 @@ def assert_caches(got, want, assert_close, what):
     assert torch.equal(got.fill, want.fill), f"{what}: fill counters differ"
     assert_stored(got.checkpoint, want.checkpoint, got.state_dtype, got.checkpoint_scale, want.checkpoint_scale,
                   what=f"{what}: checkpoint")
-    for name in ("buf_u", "buf_k", "buf_g"):
-        assert_close(getattr(got, name), getattr(want, name), torch.float32, what=f"{what}: {name}")
+    for name in ("buf_u", "buf_k", "buf_g", "buf_beta", "buf_t"):
+        if getattr(got, name) is not None:
+            assert_close(getattr(got, name), getattr(want, name), torch.float32, what=f"{what}: {name}")
+    if got.read_copy is not None:
+        assert_close(dequantize_read(got.read_copy, got.read_scale), dequantize_read(want.read_copy, want.read_scale),
+                     got.read_dtype, what=f"{what}: read copy")
     if got.rounding is not None:
         assert torch.equal(got.rounding.step, want.rounding.step), f"{what}: store counts differ"
 
@@ -154,10 +162,11 @@ REPLAY_CASES = [(s, r, None) for s, r in STORES] + [
     ("bf16", "stochastic", dataclasses.replace(gdn_replay.REPLAY_LAUNCH["replay"], flush=_FLUSHES)),
     ("bf16", "stochastic", gdn_replay.REPLAY_LAUNCH["replay-small"]),
     ("fp8", "stochastic", gdn_replay.REPLAY_LAUNCH["replay-fp8-small"]),
+    ("bf16/fp8", "stochastic", None),
 ]
 # K = 18 (not a multiple of 4) draws element by element, K = 16 once per four elements
 REPLAY_K = {("fp16", "stochastic"): 18, ("int8", "stochastic"): 18}
-REPLAY_IDS = [f"N4-H2-HV4-K{REPLAY_K.get((s, r), 16) if c is None else 16}-V20-W3-{s}-{r}"
+REPLAY_IDS = [f"N4-H2-HV4-K{REPLAY_K.get((s, r), 16) if c is None else 16}-V20-W3-{s.replace('/', '-copy-')}-{r}"
               + ("" if c is None else "-flush-launch" if c.flush else "-small" if c.early else "-one-launch")
               for s, r, c in REPLAY_CASES]
 
@@ -186,11 +195,12 @@ def test_replay_matches_reference(device, assert_close, state, rnd, config):
 
 VERIFY_CASES = [("bf16", "stochastic", None), ("fp16", "stochastic", "verify-small"), ("fp8", "nearest", None),
                 ("fp8", "stochastic", "verify-small"), ("int8", "nearest", "verify-small"),
-                ("int8", "stochastic", None)]
+                ("int8", "stochastic", None), ("bf16/fp8", "stochastic", None)]
 
 
 @pytest.mark.parametrize("state,rnd,row", VERIFY_CASES,
-                         ids=[f"N3-H2-HV4-K16-V20-W3-T2-{s}-{r}-{row or 'selected'}" for s, r, row in VERIFY_CASES])
+                         ids=[f"N3-H2-HV4-K16-V20-W3-T2-{s.replace('/', '-copy-')}-{r}-{row or 'selected'}"
+                              for s, r, row in VERIFY_CASES])
 def test_verify_accept_matches_reference(device, assert_close, state, rnd, row):
     """replay, verify (T = 2), accept 2 (the fill passes W), verify again (it folds first, storing the checkpoint),
     accept 1: each call from the same cache on both sides, against the references."""
