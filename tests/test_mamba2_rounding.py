@@ -113,33 +113,58 @@ def test_decode_rounds_as_its_reference(device, assert_close, state_dtype, rando
         assert got_rnd.step.tolist() == want_rnd.step.tolist() == [1, 3, 6, 10, 12]
 
 
-@pytest.mark.parametrize("state_dtype", ["bf16", "fp16"])
-def test_decode_multi_rounds_each_snapshot(device, assert_close, state_dtype):
-    """B2-H2-P12-N10-G1-T3: each snapshot is rounded at its own step (count + t) and the next draft continues from
-    it; the counts advance by T; accept_snapshot then copies a snapshot bit for bit."""
+MULTI_CASES = [("bf16", True), ("fp16", True), ("int8", False), ("int8", True), ("fp8", True)]
+
+
+@pytest.mark.parametrize("state_dtype,random", MULTI_CASES, ids=[
+    f"B2-H2-P12-N10-G1-T3-{s}-{'stochastic' if r else 'nearest'}" for s, r in MULTI_CASES])
+def test_decode_multi_rounds_each_snapshot(device, assert_close, state_dtype, random):
+    """B2-H2-P12-N10-G1-T3: each snapshot is stored as decode stores a state (stochastically at its own step,
+    count + t; 8-bit rows with their scales) and the next draft continues from it; the counts advance by T;
+    accept_snapshot then copies a snapshot (and its scales) bit for bit."""
     nslots, batch, H, P, N, G, T = 3, 2, 2, 12, 10, 1, 3
     sd = DT[state_dtype]
-    state, _ = stored_state(nslots, H, P, N, sd, device)
+    state, scale = stored_state(nslots, H, P, N, sd, device)
     inp = mamba2.random_inputs(batch, H, P, N, G, T=T, io_dtype=torch.bfloat16, device=device)
     slots = torch.tensor([2, 0], dtype=torch.int32, device=device)
-    rnd = rounding(nslots, device, True)
-    got_rnd, want_rnd = rnd.clone(), rnd.clone()
-    snaps = torch.full((nslots, T, H, P, N), NAN, dtype=sd, device=device)
-    want_snaps = snaps.clone()
-    y = mamba2.decode_multi(state, snaps, **inp, dt_softplus=True, slots=slots, rounding=got_rnd,
+    rnd = rounding(nslots, device, random)
+    got_rnd, want_rnd = (None, None) if rnd is None else (rnd.clone(), rnd.clone())
+    fill = 0 if sd in R.EIGHT_BIT else NAN
+    snaps = torch.full((nslots, T, H, P, N), fill, dtype=torch.float32, device=device).to(sd)
+    snap_scale = None if scale is None else torch.full((nslots, T, H, P), NAN, device=device)
+    want_snaps, want_scale = snaps.clone(), clone(snap_scale)
+    y = mamba2.decode_multi(state, snaps, **inp, dt_softplus=True, slots=slots, state_scale=scale,
+                            snapshot_scale=snap_scale, rounding=got_rnd,
                             out=torch.full((batch, T, H, P), NAN, dtype=torch.bfloat16, device=device))
-    y_want = mamba2.decode_multi_ref(state, want_snaps, **inp, dt_softplus=True, slots=slots, rounding=want_rnd)
-    assert_close(y, y_want, torch.bfloat16, sd, what="y")
+    y_want = mamba2.decode_multi_ref(state, want_snaps, **inp, dt_softplus=True, slots=slots, state_scale=scale,
+                                     snapshot_scale=want_scale, rounding=want_rnd)
+    coarse = torch.float8_e4m3fn if sd in R.EIGHT_BIT else sd
+    assert_close(y, y_want, torch.bfloat16, coarse, what="y")
     for s in (0, 2):
-        assert_stored(snaps[s], want_snaps[s], what=f"snapshots of slot {s}")
-    assert snaps[1].isnan().all()
-    assert got_rnd.step.tolist() == want_rnd.step.tolist() == [3, 3, 9]
-    nearest = torch.full_like(snaps, NAN)
-    mamba2.decode_multi(state, nearest, **inp, dt_softplus=True, slots=slots)
-    assert not torch.equal(nearest[0], snaps[0]), "stochastic snapshots equal the nearest ones"
-    got = state.clone()
-    mamba2.accept_snapshot(got, snaps, torch.tensor([2, 3], dtype=torch.int32, device=device), slots)
-    assert torch.equal(got[2], snaps[2, 1]) and torch.equal(got[0], snaps[0, 2])
+        assert_stored(snaps[s], want_snaps[s], None if scale is None else snap_scale[s],
+                      None if scale is None else want_scale[s], what=f"snapshots of slot {s}")
+    if scale is None:
+        assert snaps[1].isnan().all()
+    else:
+        assert snap_scale[1].isnan().all()
+    if random:
+        assert got_rnd.step.tolist() == want_rnd.step.tolist() == [3, 3, 9]
+        nearest = snaps.clone()
+        mamba2.decode_multi(state, nearest, **inp, dt_softplus=True, slots=slots, state_scale=scale,
+                            snapshot_scale=clone(snap_scale))
+        assert not torch.equal(nearest[0].view(torch.int8 if sd in R.EIGHT_BIT else torch.int16),
+                               snaps[0].view(torch.int8 if sd in R.EIGHT_BIT else torch.int16)), \
+            "stochastic snapshots equal the nearest ones"
+    got, got_scale = state.clone(), clone(scale)
+    n = torch.tensor([2, 3], dtype=torch.int32, device=device)
+    mamba2.accept_snapshot(got, snaps, n, slots, state_scale=got_scale, snapshot_scale=snap_scale)
+    want, want_state_scale = state.clone(), clone(scale)
+    mamba2.accept_snapshot_ref(want, snaps, n, slots, state_scale=want_state_scale, snapshot_scale=snap_scale)
+    bits = torch.int8 if sd in R.EIGHT_BIT else torch.int16
+    assert torch.equal(got[2].view(bits), snaps[2, 1].view(bits)) and torch.equal(got.view(bits), want.view(bits))
+    if scale is not None:
+        assert torch.equal(got_scale[2], snap_scale[2, 1]) and torch.equal(got_scale[0], snap_scale[0, 2])
+        assert torch.equal(got_scale, want_state_scale)
 
 
 def test_decode_is_reproducible_and_per_slot(device):
@@ -244,8 +269,13 @@ def test_decode_bad_rounding_and_scales(device):
         assert torch.equal(state, before)
     snaps = torch.zeros(nslots, 2, H, P, N, dtype=torch.int8, device=device)
     inp2 = mamba2.random_inputs(2, H, P, N, G, T=2, io_dtype=torch.float32, device=device)
-    with pytest.raises(ValueError, match="an int8 state has no snapshots"):
-        mamba2.decode_multi(q8, snaps, **inp2)
+    with pytest.raises(ValueError, match="an int8 state needs snapshot_scale"):
+        mamba2.decode_multi(q8, snaps, **inp2, state_scale=scale)
+    with pytest.raises(ValueError, match=r"snapshot_scale must have shape \(3, 2, 2, 4\)"):
+        mamba2.decode_multi(q8, snaps, **inp2, state_scale=scale, snapshot_scale=scale)
+    with pytest.raises(ValueError, match="snapshot_scale applies only to an 8-bit"):
+        mamba2.accept_snapshot(bf, snaps.to(torch.bfloat16), torch.ones(2, dtype=torch.int32, device=device),
+                               snapshot_scale=torch.zeros(nslots, 2, H, P, device=device))
 
 
 def test_fp8_state_is_refused_before_sm89(monkeypatch, device):

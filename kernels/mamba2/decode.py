@@ -12,7 +12,7 @@ from replayssm_kernels import common, families, rounding as rnd
 from replayssm_kernels.common import flat_program_ids, slot_of
 from replayssm_kernels.mamba2 import args
 from replayssm_kernels.mamba2.common import finish_output, load_rows, state_bits, step_delta, store_rows
-from replayssm_kernels.rounding import rounded
+from replayssm_kernels.rounding import quantized_rows, rounded
 
 
 @triton.jit
@@ -69,8 +69,8 @@ def mamba2_decode_kernel(
 
 @triton.jit
 def mamba2_decode_multi_kernel(
-    state, snapshots, x, dt, A, B, C, D, z, dt_bias, slots, y, seed, steps,
-    H, P, N, HPG,
+    state, snapshots, x, dt, A, B, C, D, z, dt_bias, slots, y, seed, steps, state_scale, snap_scale,
+    H, P, N, HPG, TMAX,
     stride_state_s, stride_state_h, stride_state_p,
     stride_snap_s, stride_snap_t, stride_snap_h, stride_snap_p,
     stride_x_b, stride_x_t, stride_x_h,
@@ -81,10 +81,12 @@ def mamba2_decode_multi_kernel(
     stride_y_b, stride_y_t, stride_y_h,
     T: tl.constexpr, BP: tl.constexpr, BN: tl.constexpr,
     HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_DT_BIAS: tl.constexpr, USE_SOFTPLUS: tl.constexpr,
-    HAS_SLOTS: tl.constexpr, RANDOM: tl.constexpr = False, ROW4: tl.constexpr = False,
+    HAS_SLOTS: tl.constexpr, RANDOM: tl.constexpr = False, ROW4: tl.constexpr = False, IS_Q8: tl.constexpr = False,
 ):
     # RANDOM: each snapshot rounded stochastically (draft t at the slot's store count + t), and the next draft
-    # continues from the rounded state, as T conventional steps would; ROW4 as in mamba2_decode_kernel
+    # continues from the rounded state, as T conventional steps would; ROW4 as in mamba2_decode_kernel; IS_Q8: an
+    # 8-bit state (scales state_scale (nslots, H, P)) and snapshots (scales snap_scale (nslots, TMAX, H, P)), the
+    # next draft continuing from the stored rows
     i_b, i_h, i_p = flat_program_ids(H, tl.cdiv(P, BP))
     i_s = slot_of(slots, i_b, HAS_SLOTS)
     if i_s < 0:
@@ -96,7 +98,10 @@ def mamba2_decode_multi_kernel(
     m_s = m_p[:, None] & m_n[None, :]
 
     p_s = state + i_s * stride_state_s + i_h * stride_state_h + o_p[:, None] * stride_state_p + o_n[None, :]
-    b_s = tl.load(p_s, mask=m_s, other=0.0).to(tl.float32)
+    if IS_Q8:
+        b_s = load_rows(p_s, m_s, state_scale, (i_s * H + i_h) * P + o_p, m_p, True)
+    else:
+        b_s = tl.load(p_s, mask=m_s, other=0.0).to(tl.float32)
     b_A = tl.load(A + i_h).to(tl.float32)
     p_snap = snapshots + i_s * stride_snap_s + i_h * stride_snap_h + o_p[:, None] * stride_snap_p + o_n[None, :]
     for t in tl.static_range(T):
@@ -107,14 +112,23 @@ def mamba2_decode_multi_kernel(
         b_dt = tl.load(dt + i_b * stride_dt_b + t * stride_dt_t + i_h * stride_dt_h)
         b_dt = step_delta(b_dt, dt_bias, i_h, HAS_DT_BIAS, USE_SOFTPLUS)
         b_s = b_s * tl.exp(b_A * b_dt) + (b_dt * b_x)[:, None] * b_B.to(tl.float32)[None, :]
-        if RANDOM:
+        if IS_Q8:
+            if RANDOM:
+                b_r = state_bits(seed, steps, i_s, i_h, o_p, N, BN, ROW4, t)
+            else:
+                b_r = tl.zeros([BP, BN], dtype=tl.uint32)
+            b_q, b_scale = quantized_rows(b_s, b_r, p_snap.dtype.element_ty, RANDOM)
+            tl.store(p_snap + t * stride_snap_t, b_q, mask=m_s)
+            tl.store(snap_scale + ((i_s * TMAX + t) * H + i_h) * P + o_p, b_scale, mask=m_p)
+            b_sr = b_q.to(tl.float32) * b_scale[:, None]
+        elif RANDOM:
             b_r = state_bits(seed, steps, i_s, i_h, o_p, N, BN, ROW4, t)
             b_sr = rounded(b_s, b_r, p_snap.dtype.element_ty, True)
             tl.store(p_snap + t * stride_snap_t, b_sr.to(p_snap.dtype.element_ty), mask=m_s)
         else:
             tl.store(p_snap + t * stride_snap_t, b_s.to(p_snap.dtype.element_ty), mask=m_s)
         b_y = tl.sum(b_s * b_C.to(tl.float32)[None, :], axis=1)
-        if RANDOM:
+        if RANDOM or IS_Q8:
             b_s = b_sr
         o_z = i_b * stride_z_b + t * stride_z_t + i_h * stride_z_h + o_p
         b_y = finish_output(b_y, b_x, D, z, o_z, m_p, i_h, HAS_D, HAS_Z)
@@ -124,12 +138,13 @@ def mamba2_decode_multi_kernel(
 
 @triton.jit
 def mamba2_accept_snapshot_kernel(
-    state, snapshots, n_accepted, slots,
-    P, N,
+    state, snapshots, n_accepted, slots, state_scale, snap_scale,
+    P, N, H, TMAX,
     stride_state_s, stride_state_h, stride_state_p,
     stride_snap_s, stride_snap_t, stride_snap_h, stride_snap_p,
-    BP: tl.constexpr, BN: tl.constexpr, HAS_SLOTS: tl.constexpr,
+    BP: tl.constexpr, BN: tl.constexpr, HAS_SLOTS: tl.constexpr, IS_Q8: tl.constexpr = False,
 ):
+    # IS_Q8: the rows' scales are copied too (snap_scale (nslots, TMAX, H, P) into state_scale (nslots, H, P))
     i_b, i_h, i_p = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_s = slot_of(slots, i_b, HAS_SLOTS)
     if i_s < 0:
@@ -145,6 +160,10 @@ def mamba2_accept_snapshot_kernel(
     p_s = state + i_s * stride_state_s + i_h * stride_state_h + o_p[:, None] * stride_state_p + o_n[None, :]
     b_s = tl.load(p_snap, mask=m_s, other=0.0)
     tl.store(p_s, b_s.to(p_s.dtype.element_ty), mask=m_s)
+    if IS_Q8:
+        m_p = o_p < P
+        b_sc = tl.load(snap_scale + ((i_s * TMAX + n - 1) * H + i_h) * P + o_p, mask=m_p, other=0.0)
+        tl.store(state_scale + (i_s * H + i_h) * P + o_p, b_sc, mask=m_p)
 
 
 # These kernels write state in place, so they are not autotuned (a trial launch would advance the state): each state
@@ -202,9 +221,6 @@ def _check_state(state, kernel, dtypes=common.FLOAT_DTYPES) -> tuple[int, int, i
         got = tuple(state.shape) if isinstance(state, torch.Tensor) else type(state).__name__
         raise ValueError(f"state must have shape (nslots, H, P, N), got {got}")
     common.check_device(state.device, kernel)
-    if state.dtype in common.STATE_DTYPES and state.dtype not in dtypes:
-        raise ValueError(f"an {common.dtype_name(state.dtype)} state has no snapshots (decode_multi, accept_snapshot "
-                         f"take fp32, bf16 or fp16): decode it one step at a time, or use a ReplayCache")
     common.check_tensor("state", state, tuple(state.shape), "(nslots, H, P, N)", dtypes, state.device)
     common.check_dims(tuple(state.shape), "state")
     families.check_state_dtype(state.dtype, state.device)
@@ -213,6 +229,12 @@ def _check_state(state, kernel, dtypes=common.FLOAT_DTYPES) -> tuple[int, int, i
 
 def _check_rounding(rounding, state: torch.Tensor) -> None:
     rnd.check_rounding(rounding, state.dtype, state.shape[0], state.device)
+
+
+def _q8(state_scale, snapshots) -> dict:
+    """IS_Q8 and the snapshots' positions per slot for a launch on an 8-bit state; else TMAX a compile-time None (so
+    that the other states' launches take no such parameter)."""
+    return {"IS_Q8": True, "TMAX": snapshots.shape[1]} if state_scale is not None else {"TMAX": None}
 
 
 def _row4(random: bool, N: int) -> dict:
@@ -291,31 +313,42 @@ def _check_snapshots(snapshots, state, T: int) -> None:
     common.check_tensor("snapshots", snapshots, shape, "(nslots, T, H, P, N)", (state.dtype,), state.device)
 
 
+def _check_scales(state, snapshots, state_scale, snapshot_scale) -> None:
+    """An 8-bit state's and its snapshots' row scales, required for and only for an 8-bit state."""
+    nslots, H, P, _ = state.shape
+    common.check_state_scale(state_scale, state, (nslots, H, P), "(nslots, H, P)")
+    common.check_state_scale(snapshot_scale, state, (nslots, snapshots.shape[1], H, P), "(nslots, T, H, P)",
+                             "snapshot_scale")
+
+
 @families.refuse_out_of_resources
 def decode_multi(state, snapshots, x, dt, A, B, C, *, D=None, z=None, dt_bias=None, dt_softplus=False, slots=None,
-                 out=None, rounding: rnd.StateRounding | None = None, config: DecodeConfig | None = None,
-                 check: bool = True) -> torch.Tensor:
+                 out=None, state_scale=None, snapshot_scale=None, rounding: rnd.StateRounding | None = None,
+                 config: DecodeConfig | None = None, check: bool = True) -> torch.Tensor:
     """T conventional decode steps from one state read, writing the state after each draft to a snapshot.
 
     The speculative path of vLLM: snapshots[slot, t] receives the state after draft t (state dtype); the
     state itself is not changed, so any prefix can be accepted later with `accept_snapshot`.
 
     Args:
-        state: (nslots, H, P, N) fp32, bf16 or fp16; read only.
+        state: (nslots, H, P, N) fp32, bf16, fp16, fp8 or int8 (as in `decode`); read only.
         snapshots: (nslots, T_max, H, P, N) in the state's dtype, T_max ≥ T; mutated.
+        state_scale, snapshot_scale: an 8-bit state's row scales (nslots, H, P), read, and its snapshots'
+            (nslots, T_max, H, P), written; fp32, contiguous, required for and only for an 8-bit state.
         x, z: (batch, T, H, P) with 1 ≤ T ≤ 8. dt: (batch, T, H). B, C: (batch, T, G, N). A, D, dt_bias: (H,).
         slots, out, config, check: as in `decode`; out is (batch, T, H, P).
-        rounding: None (round to nearest) or a `rounding.StateRounding` (bf16 and fp16 states): snapshot t is
+        rounding: None (round to nearest) or a `rounding.StateRounding` (16-bit and 8-bit states): snapshot t is
             rounded stochastically at its slot's step count + t, draft t + 1 continues from it, and the rows' slots'
             counts advance by T.
 
     Returns:
         y (batch, T, H, P) in x's dtype (or `out`).
     """
-    nslots, H, P, N = _check_state(state, mamba2_decode_multi_kernel)
+    nslots, H, P, N = _check_state(state, mamba2_decode_multi_kernel, common.STATE_DTYPES)
     batch, T, G = args.check_inputs(x, dt, A, B, C, D, z, dt_bias, H=H, P=P, N=N, device=state.device, tokens=True)
     common.check_draft(T, 8)
     _check_snapshots(snapshots, state, T)
+    _check_scales(state, snapshots, state_scale, snapshot_scale)
     _check_rounding(rounding, state)
     common.check_slots(slots, batch, nslots, state.device, check)
     args.check_out(out, (batch, T, H, P), "(batch, T, H, P)", state.device)
@@ -325,7 +358,7 @@ def decode_multi(state, snapshots, x, dt, A, B, C, *, D=None, z=None, dt_bias=No
     seed, steps, random = rnd.rounding_args(rounding)
     mamba2_decode_multi_kernel[(batch * H * triton.cdiv(P, BP),)](
         state=state, snapshots=snapshots, x=x, dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=dt_bias, slots=slots, y=y,
-        seed=seed, steps=steps,
+        seed=seed, steps=steps, state_scale=state_scale, snap_scale=snapshot_scale,
         H=H, P=P, N=N, HPG=H // G,
         stride_state_s=state.stride(0), stride_state_h=state.stride(1), stride_state_p=state.stride(2),
         stride_snap_s=snapshots.stride(0), stride_snap_t=snapshots.stride(1),
@@ -338,7 +371,7 @@ def decode_multi(state, snapshots, x, dt, A, B, C, *, D=None, z=None, dt_bias=No
         stride_y_b=y.stride(0), stride_y_t=y.stride(1), stride_y_h=y.stride(2),
         T=T, BP=BP, BN=common.block(N),
         HAS_D=D is not None, HAS_Z=z is not None, HAS_DT_BIAS=dt_bias is not None, USE_SOFTPLUS=bool(dt_softplus),
-        HAS_SLOTS=slots is not None, RANDOM=random, **_row4(random, N),
+        HAS_SLOTS=slots is not None, RANDOM=random, **_row4(random, N), **_q8(state_scale, snapshots),
         **options,
     )
     if rounding is not None:
@@ -347,17 +380,20 @@ def decode_multi(state, snapshots, x, dt, A, B, C, *, D=None, z=None, dt_bias=No
 
 
 @families.refuse_out_of_resources
-def accept_snapshot(state, snapshots, n_accepted, slots=None, *, config: DecodeConfig | None = None,
-                    check: bool = True) -> None:
+def accept_snapshot(state, snapshots, n_accepted, slots=None, *, state_scale=None, snapshot_scale=None,
+                    config: DecodeConfig | None = None, check: bool = True) -> None:
     """Copy snapshots[slot, n - 1] into state[slot] for each row with n ≥ 1; rows with n = 0 keep their state.
 
     Args:
         state: (nslots, H, P, N); mutated. snapshots: (nslots, T_max, H, P, N) as written by `decode_multi`.
+        state_scale, snapshot_scale: an 8-bit state's row scales, as in `decode_multi`; the chosen snapshot's
+            scales are copied into state_scale.
         n_accepted: (batch,) int32/int64 on the device, each in [0, T_max]; read on the device (no sync).
         slots, config, check: as in `decode`; `check` also range-checks n_accepted on the host.
     """
-    nslots, H, P, N = _check_state(state, mamba2_accept_snapshot_kernel)
+    nslots, H, P, N = _check_state(state, mamba2_accept_snapshot_kernel, common.STATE_DTYPES)
     _check_snapshots(snapshots, state, 1)
+    _check_scales(state, snapshots, state_scale, snapshot_scale)
     if not isinstance(n_accepted, torch.Tensor) or n_accepted.dim() != 1:
         raise ValueError("n_accepted must be a 1-D (batch,) integer tensor")
     batch = n_accepted.shape[0]
@@ -370,11 +406,11 @@ def accept_snapshot(state, snapshots, n_accepted, slots=None, *, config: DecodeC
             raise ValueError(f"n_accepted must be in [0, {T}], got {bad[0]}")
     BP, options = _config(state, config)
     mamba2_accept_snapshot_kernel[(batch, H, triton.cdiv(P, BP))](
-        state=state, snapshots=snapshots, n_accepted=n_accepted, slots=slots,
-        P=P, N=N,
+        state=state, snapshots=snapshots, n_accepted=n_accepted, slots=slots, state_scale=state_scale,
+        snap_scale=snapshot_scale, P=P, N=N, H=H if state_scale is not None else None,
         stride_state_s=state.stride(0), stride_state_h=state.stride(1), stride_state_p=state.stride(2),
         stride_snap_s=snapshots.stride(0), stride_snap_t=snapshots.stride(1),
         stride_snap_h=snapshots.stride(2), stride_snap_p=snapshots.stride(3),
-        BP=BP, BN=common.block(N), HAS_SLOTS=slots is not None,
+        BP=BP, BN=common.block(N), HAS_SLOTS=slots is not None, **_q8(state_scale, snapshots),
         **options,
     )

@@ -115,37 +115,42 @@ def decode_ref(state, x, dt, A, B, C, *, D=None, z=None, dt_bias=None, dt_softpl
 
 
 def decode_multi_ref(state, snapshots, x, dt, A, B, C, *, D=None, z=None, dt_bias=None, dt_softplus=False,
-                     slots=None, out=None, rounding=None):
+                     slots=None, out=None, state_scale=None, snapshot_scale=None, rounding=None):
     """T conventional steps from one state read: snapshots[slot, t] holds the state after draft t; state untouched.
 
     x, z (batch, T, H, P); dt (batch, T, H); B, C (batch, T, G, N). Returns y (batch, T, H, P). With `rounding`,
-    snapshot t is rounded stochastically at its slot's step count + t, and the counts advance by T.
+    snapshot t is rounded stochastically at its slot's step count + t, and the counts advance by T. An 8-bit state
+    reads its rows times state_scale, and snapshot t's scales go to snapshot_scale[slot, t].
     """
     batch, T, H, P = x.shape
     N = state.shape[-1]
     y = _output(out, (batch, T, H, P), x.dtype, x.device)
     for b, s in _rows(batch, slots):
-        work = state.clone()
+        work, work_scale = state.clone(), None if state_scale is None else state_scale.clone()
         row = torch.tensor([s], device=state.device)
         for t in range(T):
             # draft t's bits: its slot's, at the slot's count + t
             at = None if rounding is None else rnd.StateRounding(rounding.seed, rounding.step + t)
             yt = decode_ref(work, x[b : b + 1, t], dt[b : b + 1, t], A, B[b : b + 1, t], C[b : b + 1, t], D=D,
                             z=None if z is None else z[b : b + 1, t], dt_bias=dt_bias, dt_softplus=dt_softplus,
-                            slots=row, rounding=at)
+                            slots=row, state_scale=work_scale, rounding=at)
             snapshots[s, t] = work[s].to(snapshots.dtype)
+            if work_scale is not None:
+                snapshot_scale[s, t] = work_scale[s]
             y[b, t] = yt[0]
     if rounding is not None:
         rounding.advance(slots, batch, by=T)
     return y
 
 
-def accept_snapshot_ref(state, snapshots, n_accepted, slots=None):
-    """Copy snapshots[slot, n - 1] into state[slot] for the rows with n ≥ 1."""
+def accept_snapshot_ref(state, snapshots, n_accepted, slots=None, *, state_scale=None, snapshot_scale=None):
+    """Copy snapshots[slot, n - 1] into state[slot] (and an 8-bit state's scales) for the rows with n ≥ 1."""
     for b, s in _rows(n_accepted.shape[0], slots):
         n = int(n_accepted[b])
         if n >= 1:
             state[s] = snapshots[s, n - 1]
+            if state_scale is not None:
+                state_scale[s] = snapshot_scale[s, n - 1]
 
 
 def _checkpoint(cache, s: int, cd) -> torch.Tensor:
