@@ -482,3 +482,32 @@ def test_profile_leaves_out_snapshots_of_an_eight_bit_state(tmp_path, no_cuda):
     rows = json.loads(res.stdout)
     assert {r["variant"] for r in rows} == {"conventional", "replay", "spec-replay"}
     assert load(out).skipped == [{"what": f"{SUPER} spec-conventional T2 int8", "why": "decode_multi writes fp32 or 16-bit snapshots, not 8-bit rows"}]
+
+
+@pytest.mark.parametrize("variant, extra", [("conventional", {}), ("replay", {"window": 3}),
+                                            ("spec-replay", {"window": 3, "draft": 2})],
+                         ids=["conventional", "replay", "spec-replay"])
+def test_a_large_batch_is_checked_on_rows_spread_over_it(device, monkeypatch, variant, extra):
+    """Past CHECK_ROWS rows the references run on CHECK_ROWS rows from first to last (so over the staggered fills)
+    while the kernels run them all: the check passes, and a kernel wrong on one checked row fails it."""
+    monkeypatch.setattr(bench, "CHECK_ROWS", 4)
+    spec = {"shape": SMALL["mamba2"], "variant": variant, "batch": 10, "state_dtype": "fp32", "io_dtype": "bf16",
+            "layers": 1, "seed": 4, **extra}
+    case = bench.make_case(spec, device)
+    try:
+        rows = case.check_rows(case._layers[0])
+        assert rows.tolist() == [0, 3, 6, 9]
+        assert case.check() <= case.tolerance()
+        K = bench.kernels("mamba2")
+        entry = {"conventional": "decode", "replay": "replay", "spec-replay": "verify"}[variant]
+        real = getattr(K, entry)
+
+        def wrong(*args, **kwargs):
+            y = real(*args, **kwargs)
+            y[6] += 1.0
+            return y
+
+        monkeypatch.setattr(K, entry, wrong)
+        assert case.check() > case.tolerance()
+    finally:
+        case.close()

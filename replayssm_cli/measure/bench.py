@@ -26,6 +26,10 @@ ACCEPT_ROWS = 64
 MEMORY_SHARE = 0.8
 # A check before timing allocates about this many extra layers (the reference mirror and its temporaries).
 CHECK_LAYERS = 3
+# The check runs the references on this many rows, spread over the batch and so over its fills: rows are independent,
+# and the kernels still run every row, so the launch row the batch selects is the one checked (the references cost
+# as much as the whole batch's steps otherwise: seconds per configuration at batch 256 and W = 64).
+CHECK_ROWS = 8
 # Mamba-2's dt initialisation range (mamba_ssm's dt_min, dt_max): dt_bias is softplus⁻¹ of a draw from it.
 DT_RANGE = (1e-3, 1e-1)
 DEFAULT_A_RANGE = (1.0, 16.0)
@@ -272,11 +276,25 @@ class Case:
             store["rounding"] = rounding
         return store
 
-    def _args(self, layer: _Layer, i: int, store: dict[str, Any] | None = None) -> tuple[tuple, dict[str, Any]]:
-        return self.adapter.kernel_args(layer.params, layer.inputs[i % INPUT_SETS], layer.slots, store=store)
+    def _args(self, layer: _Layer, i: int, store: dict[str, Any] | None = None,
+              rows: torch.Tensor | None = None) -> tuple[tuple, dict[str, Any]]:
+        inputs, slots = layer.inputs[i % INPUT_SETS], layer.slots
+        if rows is not None:
+            inputs = {k: None if v is None else v[rows] for k, v in inputs.items()}
+            slots = slots[rows]
+        return self.adapter.kernel_args(layer.params, inputs, slots, store=store)
 
-    def _run(self, layer: _Layer, i: int, K: Any = None, *, ref: bool = False, target: Any = None) -> torch.Tensor:
-        """One step of one layer through the kernels (or the references on `target`); returns the outputs."""
+    def check_rows(self, layer: _Layer) -> torch.Tensor | None:
+        """The rows the check's references run on (CHECK_ROWS of them, evenly spread), or None for all."""
+        batch = layer.slots.shape[0]
+        if batch <= CHECK_ROWS:
+            return None
+        return torch.linspace(0, batch - 1, CHECK_ROWS, device=layer.slots.device).round().long().unique()
+
+    def _run(self, layer: _Layer, i: int, K: Any = None, *, ref: bool = False, target: Any = None,
+             rows: torch.Tensor | None = None) -> torch.Tensor:
+        """One step of one layer through the kernels (or the references on `target`, for `rows` of the batch: None for
+        all); returns the outputs."""
         if self.baseline is not None and not ref:
             return self.baseline.step(self, layer, layer.handle, i)
         K = K or kernels(self.op)
@@ -284,16 +302,19 @@ class Case:
         if self.variant in ("conventional", "spec-conventional"):
             # a conventional target is (state, snapshots, scales, rounding), the kernels' copies
             state, snaps, scale, rounding = target if ref else (layer.state, layer.snapshots, layer.state_scale, layer.rounding)
-            args, kwargs = self._args(layer, i, self._store(scale, rounding))
+            args, kwargs = self._args(layer, i, self._store(scale, rounding), rows if ref else None)
             if self.variant == "conventional":
                 return getattr(K, "decode" + sfx)(state, *args, **kwargs)
             return getattr(K, "decode_multi" + sfx)(state, snaps, *args, **kwargs)
-        args, kwargs = self._args(layer, i)
+        args, kwargs = self._args(layer, i, rows=rows if ref else None)
         if self.variant in ("replay", "split"):
             return getattr(K, "replay" + sfx)(target if ref else layer.cache, *args, **kwargs)
         cache = target if ref else layer.cache
         y = getattr(K, "verify" + sfx)(cache, *args, **kwargs)
-        getattr(K, "accept" + sfx)(cache, layer.accept[i % ACCEPT_ROWS], slots=layer.slots)
+        accept, slots = layer.accept[i % ACCEPT_ROWS], layer.slots
+        if ref and rows is not None:
+            accept, slots = accept[rows], slots[rows]
+        getattr(K, "accept" + sfx)(cache, accept, slots=slots)
         return y
 
     def step(self) -> None:
@@ -376,7 +397,8 @@ class Case:
         return 2
 
     def check(self) -> float:
-        """Run layer 0 through the kernels and, on copies, through the references; the max relative error of outputs and state."""
+        """Run layer 0 through the kernels and, on copies, through the references (on check_rows of the batch); the max
+        relative error of outputs and state over those rows."""
         K = kernels(self.op)
         layer = self._layers[0]
         if self.baseline is not None:
@@ -386,16 +408,19 @@ class Case:
         else:
             target = tuple(None if t is None else t.clone() for t in (layer.state, layer.snapshots, layer.state_scale, layer.rounding))
         worst = 0.0
+        rows = self.check_rows(layer)
         for i in range(self.check_steps()):
-            want = self._run(layer, i, K, ref=True, target=target)
+            want = self._run(layer, i, K, ref=True, target=target, rows=rows)
             got = self._run(layer, i, K)
-            worst = max(worst, rel_err(got, want))
+            worst = max(worst, rel_err(got if rows is None else got[rows], want))
+        slots = layer.slots if rows is None else layer.slots[rows]
         if layer.cache is not None:
-            worst = max(worst, rel_err(K.materialize(layer.cache, layer.slots), K.materialize_ref(target, layer.slots)))
+            worst = max(worst, rel_err(K.materialize(layer.cache, slots), K.materialize_ref(target, slots)))
         elif layer.snapshots is not None:
-            worst = max(worst, rel_err(layer.snapshots, target[1]))
+            worst = max(worst, rel_err(layer.snapshots[slots.long()], target[1][slots.long()]))
         else:
-            worst = max(worst, rel_err(_values(layer.state, layer.state_scale), _values(target[0], target[2])))
+            worst = max(worst, rel_err(_values(layer.state, layer.state_scale)[slots.long()],
+                                       _values(target[0], target[2])[slots.long()]))
         del target
         self.rewind()
         return worst
