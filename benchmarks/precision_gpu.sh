@@ -155,12 +155,14 @@ warm_triton() {  # every batch of the parts, every precision, both roundings: on
             extra=()
             [ "$state" != fp32 ] && extra=(--stochastic-rounding)
             timeout -s TERM "$WARM_S" replayssm profile --require-gpu -p "$preset" --batch 1,8,32,64,128,256,512 \
-                --window 16 --state-dtype "$state" "${extra[@]}" --no-phases --repeats 1 \
+                --window 16 --state-dtype "$state" "${extra[@]}" --no-phases --repeats 3 \
                 --out "$OUT/warm/$preset-$state.json" > "$OUT/warm/$preset-$state.log" 2>&1 &
             pids+=($!)
         done
     done
     wait "${pids[@]}"
+    # a warm-up that failed at once (a bad option, no GPU) says so instead of passing for a compile
+    grep -l "^error" "$OUT"/warm/*.log 2>/dev/null | sed 's/^/precision_gpu: warm-up failed, see /' >&2
 }
 if [ "$DRY" != 1 ] && [ "$WARM_S" -gt 0 ]; then
     warm_start=$SECONDS

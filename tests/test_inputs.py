@@ -109,10 +109,10 @@ def test_a_binary_preset_file_is_named_binary(tmp_path):
         ("qwen3_next_80b.json", {"layer_types": "linear"}, "layer_types must be a list of strings"),
         ("qwen3_next_80b.json", {"hidden_size": "big"}, "hidden_size must be an integer"),
         ("nemotron_h_super.json", {"hybrid_override_pattern": 5}, "hybrid_override_pattern must be a string"),
-        ("nemotron_h_super.json", {"mamba_ssm_cache_dtype": "int8"}, "mamba_ssm_cache_dtype 'int8' is not a state dtype"),
+        ("nemotron_h_super.json", {"mamba_ssm_cache_dtype": "int4"}, "mamba_ssm_cache_dtype 'int4' is not a state dtype"),
     ],
     ids=["expand-two", "groups-eight", "head-dim-0", "heads-80.7", "heads-auto", "heads-not-divisible", "layers-negative",
-         "float64", "interval-0", "layer-types-string", "hidden-string", "pattern-int", "cache-int8"],
+         "float64", "interval-0", "layer-types-string", "hidden-string", "pattern-int", "cache-int4"],
 )
 def test_config_json_fields_are_checked_by_type_and_range(tmp_path, name, edits, needle):
     path = write(tmp_path, "config.json", config(name, **edits))
