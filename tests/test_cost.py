@@ -365,6 +365,9 @@ def test_step_cost_stochastic_rounding_counts_philox_apart_from_flops():
     # Mamba-2 with N a multiple of 4 shares each draw between four neighbours of a row: 16 elements, 4 draws a store
     row4 = Mamba2Shape(H=1, P=2, N=8, G=1)
     assert step_cost(row4, "conventional", batch=B, state_dtype="bf16", rounding="stochastic").int_ops == B * 4 * PHILOX
+    # GDN likewise with K a multiple of 4 (rows over K): 16 elements, 4 draws
+    gdn4 = GDNShape(H=1, HV=1, K=8, V=2)
+    assert step_cost(gdn4, "conventional", batch=B, state_dtype="bf16", rounding="stochastic").int_ops == B * 4 * PHILOX
     replay = memory_per_seq(M2, "replay", window=W, state_dtype="bf16", rounding="stochastic")
     assert replay["counters"] == M2_HELD_COUNTERS + STEP_COUNT
 

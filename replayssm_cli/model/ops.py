@@ -312,8 +312,9 @@ class GDN:
         return s.H
 
     def elements_per_draw(self, s: GDNShape) -> int:
-        """Stored elements one Philox4x32 draw rounds stochastically: one (each element draws its own and keeps one word)."""
-        return 1
+        """Stored elements one Philox4x32 draw rounds stochastically: its four words four neighbours of a row of K
+        (rounding.row_bits), one element where K is not a multiple of 4."""
+        return 4 if s.K % 4 == 0 else 1
 
     def flops(self, s: GDNShape, has_z: bool) -> GDNFlops:
         return GDNFlops(s)
