@@ -359,11 +359,38 @@ def test_decode_bad_precision_input(device, case):
     assert torch.equal(state.view(torch.uint8), before.view(torch.uint8))
 
 
-def test_snapshot_path_refuses_an_8bit_state(device):
-    state = torch.zeros(3, 4, 8, 16, device=device, dtype=torch.int8)
-    inp = gdn.random_inputs(2, 2, 4, 16, 8, T=2, io_dtype=torch.float32, device=device)
-    with pytest.raises(ValueError, match="state must be one of fp32, bf16, fp16; got torch.int8"):
-        gdn.decode_multi(state, torch.zeros(3, 2, 4, 8, 16, device=device, dtype=torch.int8), **inp)
+@pytest.mark.parametrize("state,rnd", [("int8", "stochastic"), ("fp8", "nearest")], ids=["int8-stochastic", "fp8"])
+def test_decode_multi_and_accept_snapshot_of_8bit_state(device, assert_close, state, rnd):
+    """An 8-bit state's snapshots (rows and scales) and outputs against the reference, each draft continuing from the
+    rows it stored; accept_snapshot copies the chosen snapshot's rows and scales."""
+    B, H, HV, K, V, T = 2, 2, 4, 16, 20, 3
+    dtype = DT[state]
+    st, scale = new_state((3, HV, V, K), dtype, device)
+    want, want_scale = st.clone(), scale.clone()
+    snaps = torch.zeros(3, T, HV, V, K, device=device).to(dtype)
+    snap_scale = torch.full((3, T, HV, V), NAN, device=device)
+    snaps_ref, snap_scale_ref = snaps.clone(), snap_scale.clone()
+    rounding = R.StateRounding.create(3, seed=6, device=device) if rnd == "stochastic" else None
+    r_ref = rounding and rounding.clone()
+    slots = rows([2, 0], device)
+    inp = gdn.random_inputs(B, H, HV, K, V, T=T, io_dtype=torch.bfloat16, device=device)
+    out = torch.full((B, T, HV, V), NAN, dtype=torch.bfloat16, device=device)
+    y = gdn.decode_multi(st, snaps, **inp, use_qk_l2norm_in_kernel=True, slots=slots, out=out, rounding=rounding,
+                         state_scale=scale, snapshot_scale=snap_scale)
+    y_ref = gdn.decode_multi_ref(want, snaps_ref, **inp, use_qk_l2norm_in_kernel=True, slots=slots, rounding=r_ref,
+                                 state_scale=want_scale, snapshot_scale=snap_scale_ref)
+    assert_close(y, y_ref, torch.bfloat16, torch.float32, what="o")
+    for t in range(T):
+        assert_stored(snaps[[2, 0], t], snaps_ref[[2, 0], t], dtype, snap_scale[[2, 0], t], snap_scale_ref[[2, 0], t],
+                      what=f"snapshot {t}")
+    n = rows([T, 0], device)
+    gdn.accept_snapshot(st, snaps, n, slots, state_scale=scale, snapshot_scale=snap_scale)
+    gdn.accept_snapshot_ref(want, snaps_ref, n, slots, state_scale=want_scale, snapshot_scale=snap_scale_ref)
+    assert torch.equal(st[2].view(torch.uint8), snaps[2, T - 1].view(torch.uint8))
+    assert torch.equal(scale[2], snap_scale[2, T - 1])
+    assert_stored(st[[2, 0]], want[[2, 0]], dtype, scale[[2, 0]], want_scale[[2, 0]], what="state after accept")
+    with pytest.raises(ValueError, match="needs snapshot_scale"):
+        gdn.decode_multi(st, snaps, **inp, slots=slots, state_scale=scale)
 
 
 BAD_CACHE = {

@@ -54,8 +54,6 @@ DECODE_LAUNCH = {
     "decode-multi": DecodeConfig(rows=8),
     "accept-snapshot": DecodeConfig(rows=32, warps=4),
 }
-# The snapshot path's states: an 8-bit state's snapshots would each need scales of their own.
-SNAPSHOT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 # Elements per thread whose random bits a stochastically rounded store draws at once (more spill at 1 warp, K = 128).
 RANDOM_PER_THREAD = 16
 # decode takes its small-grid rows under this many (row, value head) programs per SM; a row is reduced in pieces of
@@ -162,7 +160,7 @@ def _decode_kernel(
 
 @triton.jit
 def _decode_multi_kernel(
-    s, snap, q, k, v, g, beta, o, slots, seed, steps,
+    s, snap, q, k, v, g, beta, o, slots, seed, steps, sscale, pscale, TMAX,
     s_sn, s_sh, s_sv, s_sk,
     s_pn, s_pt, s_ph, s_pv, s_pk,
     s_qb, s_qt, s_qh, s_qk,
@@ -174,8 +172,10 @@ def _decode_multi_kernel(
     scale,
     T: tl.constexpr, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, VK: tl.constexpr,
-    USE_QK_L2NORM: tl.constexpr, RANDOM: tl.constexpr,
+    USE_QK_L2NORM: tl.constexpr, RANDOM: tl.constexpr, QUANT: tl.constexpr = False,
 ):
+    # QUANT: an 8-bit state (row scales sscale (nslots, HV, V)) and snapshots (pscale (nslots, TMAX, HV, V)), each
+    # draft continuing from the rows it stored
     i_b, i_hv, i_v = flat_program_ids(HV, (V + BV - 1) // BV)
     i_s = tl.load(slots + i_b).to(tl.int64)
     if i_s < 0:
@@ -192,6 +192,8 @@ def _decode_multi_kernel(
     p_s = s + i_s * s_sn + i_hv * s_sh + o_v[:, None, None] * s_sv + o_k3[None, :, :] * s_sk
     # [BV, NC, VK]
     b_s = tl.load(p_s, mask=m_s, other=0.0).to(tl.float32)
+    if QUANT:
+        b_s *= tl.load(sscale + (i_s * HV + i_hv) * V + o_v, mask=m_v, other=0.0)[:, None, None]
     if RANDOM:
         # draft t rounds with the bits of the slot's store count + t, as T conventional steps would
         b_n = tl.load(steps + i_s)
@@ -208,24 +210,37 @@ def _decode_multi_kernel(
         b_s += (b_rk * b_u)[:, None, None] * b_k[None, :, :]
         b_o = b_rq * tl.sum(tl.sum(b_s * b_q[None, :, :], 1), 1)
         # Round as a stored state would be, so that drafts equal one conventional step at a time.
-        if RANDOM:
-            b_r = tl.reshape(row_bits(seed, b_n + i_t, i_s, i_hv, o_v, K, BK), [BV, NC, VK])
-            b_s = stored(b_s, b_r, snap.dtype.element_ty, True)
+        if QUANT:
+            if RANDOM:
+                b_r = tl.reshape(row_bits(seed, b_n + i_t, i_s, i_hv, o_v, K, BK), [BV, BK])
+            else:
+                b_r = tl.zeros([BV, BK], dtype=tl.uint32)
+            b_q8, b_sc = R.quantized_rows(tl.reshape(b_s, [BV, BK]), b_r, snap.dtype.element_ty, RANDOM)
+            b_q8 = tl.reshape(b_q8, [BV, NC, VK])
+            p_p = snap + i_s * s_pn + i_t * s_pt + i_hv * s_ph + o_v[:, None, None] * s_pv + o_k3[None, :, :] * s_pk
+            tl.store(p_p, b_q8, mask=m_s)
+            tl.store(pscale + ((i_s * TMAX + i_t) * HV + i_hv) * V + o_v, b_sc, mask=m_v)
+            b_s = b_q8.to(tl.float32) * b_sc[:, None, None]
         else:
-            b_s = stored(b_s, b_s, snap.dtype.element_ty, False)
-        p_p = snap + i_s * s_pn + i_t * s_pt + i_hv * s_ph + o_v[:, None, None] * s_pv + o_k3[None, :, :] * s_pk
-        tl.store(p_p, b_s.to(snap.dtype.element_ty), mask=m_s)
+            if RANDOM:
+                b_r = tl.reshape(row_bits(seed, b_n + i_t, i_s, i_hv, o_v, K, BK), [BV, NC, VK])
+                b_s = stored(b_s, b_r, snap.dtype.element_ty, True)
+            else:
+                b_s = stored(b_s, b_s, snap.dtype.element_ty, False)
+            p_p = snap + i_s * s_pn + i_t * s_pt + i_hv * s_ph + o_v[:, None, None] * s_pv + o_k3[None, :, :] * s_pk
+            tl.store(p_p, b_s.to(snap.dtype.element_ty), mask=m_s)
         tl.store(o + i_b * s_ob + i_t * s_ot + i_hv * s_oh + o_v * s_ov, cast(b_o, o.dtype.element_ty), mask=m_v)
 
 
 @triton.jit
 def _accept_snapshot_kernel(
-    s, snap, n, slots,
+    s, snap, n, slots, sscale, pscale, HV, TMAX,
     s_sn, s_sh, s_sv, s_sk,
     s_pn, s_pt, s_ph, s_pv, s_pk,
     K: tl.constexpr, V: tl.constexpr,
-    BK: tl.constexpr, BV: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr, QUANT: tl.constexpr = False,
 ):
+    # QUANT: the rows' scales are copied too, pscale (nslots, TMAX, HV, V) into sscale (nslots, HV, V)
     i_b, i_hv, i_v = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_s = tl.load(slots + i_b).to(tl.int64)
     i_n = tl.load(n + i_b).to(tl.int64)
@@ -237,6 +252,18 @@ def _accept_snapshot_kernel(
     p_p = snap + i_s * s_pn + (i_n - 1) * s_pt + i_hv * s_ph + o_v[:, None] * s_pv + o_k[None, :] * s_pk
     p_s = s + i_s * s_sn + i_hv * s_sh + o_v[:, None] * s_sv + o_k[None, :] * s_sk
     tl.store(p_s, tl.load(p_p, mask=m_s, other=0.0), mask=m_s)
+    if QUANT:
+        m_v = o_v < V
+        b_sc = tl.load(pscale + ((i_s * TMAX + i_n - 1) * HV + i_hv) * V + o_v, mask=m_v, other=0.0)
+        tl.store(sscale + (i_s * HV + i_hv) * V + o_v, b_sc, mask=m_v)
+
+
+def _check_scales(state, snapshots, state_scale, snapshot_scale) -> None:
+    """An 8-bit state's and its snapshots' row scales, required for and only for an 8-bit state."""
+    nslots, HV, V, _ = state.shape
+    common.check_state_scale(state_scale, state, (nslots, HV, V), "(nslots, HV, V)")
+    common.check_state_scale(snapshot_scale, state, (nslots, snapshots.shape[1], HV, V), "(nslots, T, HV, V)",
+                             "snapshot_scale")
 
 
 def random_rows(rows: int, K: int, warps: int) -> int:
@@ -277,14 +304,22 @@ def _launch_decode(state, q, k, v, g, beta, out, slots, scale, l2norm, c: Decode
     )
 
 
-def _launch_decode_multi(state, snapshots, q, k, v, g, beta, out, slots, scale, l2norm, c: DecodeConfig, rounding):
+def _quant(state_scale, snapshots) -> dict:
+    """An 8-bit launch's QUANT and snapshot positions per slot; else None for both scale tensors and TMAX (constants:
+    the other states' launches take no such parameters)."""
+    return {"QUANT": True, "TMAX": snapshots.shape[1]} if state_scale is not None else {"TMAX": None}
+
+
+def _launch_decode_multi(state, snapshots, q, k, v, g, beta, out, slots, scale, l2norm, c: DecodeConfig, rounding,
+                         state_scale, snapshot_scale):
     batch, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     BV = min(c.rows, next_pow2(V))
     if rounding is not None:
         BV = random_rows(BV, K, c.warps)
     _decode_multi_kernel[(batch * HV * triton.cdiv(V, BV),)](
-        s=state, snap=snapshots, q=q, k=k, v=v, g=g, beta=beta, o=out, slots=slots,
+        s=state, snap=snapshots, q=q, k=k, v=v, g=g, beta=beta, o=out, slots=slots, sscale=state_scale,
+        pscale=snapshot_scale, **_quant(state_scale, snapshots),
         s_sn=state.stride(0), s_sh=state.stride(1), s_sv=state.stride(2), s_sk=state.stride(3),
         s_pn=snapshots.stride(0), s_pt=snapshots.stride(1), s_ph=snapshots.stride(2),
         s_pv=snapshots.stride(3), s_pk=snapshots.stride(4),
@@ -301,12 +336,13 @@ def _launch_decode_multi(state, snapshots, q, k, v, g, beta, out, slots, scale, 
     )
 
 
-def _launch_accept_snapshot(state, snapshots, n_accepted, slots, c: DecodeConfig):
+def _launch_accept_snapshot(state, snapshots, n_accepted, slots, c: DecodeConfig, state_scale, snapshot_scale):
     batch = slots.shape[0]
     HV, V, K = state.shape[1:]
     BV = min(c.rows, next_pow2(V))
     _accept_snapshot_kernel[(batch, HV, triton.cdiv(V, BV))](
-        s=state, snap=snapshots, n=n_accepted, slots=slots,
+        s=state, snap=snapshots, n=n_accepted, slots=slots, sscale=state_scale, pscale=snapshot_scale,
+        HV=None if state_scale is None else HV, **_quant(state_scale, snapshots),
         s_sn=state.stride(0), s_sh=state.stride(1), s_sv=state.stride(2), s_sk=state.stride(3),
         s_pn=snapshots.stride(0), s_pt=snapshots.stride(1), s_ph=snapshots.stride(2),
         s_pv=snapshots.stride(3), s_pk=snapshots.stride(4),
@@ -386,18 +422,23 @@ def decode_multi(
     config: DecodeConfig | None = None,
     check: bool = True,
     rounding: R.StateRounding | None = None,
+    state_scale: torch.Tensor | None = None,
+    snapshot_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """T conventional steps of speculative drafts, writing the state after each draft to `snapshots`.
 
     Inputs as in `decode` with a token axis: q, k (batch, T, H, K), v (batch, T, HV, V), g, beta
     (batch, T, HV). `state` (nslots, HV, V, K) is read and left unchanged; snapshots (nslots, T', HV,
     V, K) with T' >= T and the state's dtype receives snapshots[slot, t] = the state after draft t,
-    rounded to the state dtype after every draft as `decode` would: to nearest, or with `rounding` (a 16-bit state)
-    stochastically, draft t with the bits `decode` would take t steps on, the slot's store count then advanced by T.
+    rounded to the state dtype after every draft as `decode` would: to nearest, or with `rounding` (a 16-bit or
+    8-bit state) stochastically, draft t with the bits `decode` would take t steps on, the slot's store count then
+    advanced by T. An 8-bit state (fp8 or int8, as in `decode`) reads its rows times state_scale (nslots, HV, V) and
+    stores each snapshot as 8-bit rows with their scales in snapshot_scale (nslots, T', HV, V), the next draft
+    continuing from the stored rows; both fp32, contiguous, required for and only for an 8-bit state.
     Returns o (batch, T, HV, V). slots, out, config, check: as in `decode`. Commit n drafts with `accept_snapshot`.
     """
     batch, T, H, HV, K, V = check_step(q, k, v, g, beta, tokens=True)
-    check_state(state, "state", HV, V, K, q.device, dtypes=SNAPSHOT_DTYPES)
+    check_state(state, "state", HV, V, K, q.device)
     R.check_rounding(rounding, state.dtype, state.shape[0], q.device)
     if (
         not isinstance(snapshots, torch.Tensor)
@@ -409,6 +450,7 @@ def decode_multi(
         raise ValueError(f"snapshots must have shape ({state.shape[0]}, >= {T}, {HV}, {V}, {K})")
     if snapshots.dtype != state.dtype or snapshots.device != state.device:
         raise ValueError("snapshots must have the dtype and device of state")
+    _check_scales(state, snapshots, state_scale, snapshot_scale)
     common.check_device(q.device, _decode_multi_kernel)
     scale = default_scale(K, scale)
     common.check_slots(slots, batch, state.shape[0], q.device, check)
@@ -417,7 +459,7 @@ def decode_multi(
     c = DECODE_LAUNCH["decode-multi"] if config is None else config
     if batch and T:
         _launch_decode_multi(state, snapshots, q, k, v, g, beta, out, slots, scale, bool(use_qk_l2norm_in_kernel), c,
-                             rounding)
+                             rounding, state_scale, snapshot_scale)
         if rounding is not None:
             rounding.advance(slots, batch, T)
     return out
@@ -432,20 +474,24 @@ def accept_snapshot(
     *,
     config: DecodeConfig | None = None,
     check: bool = True,
+    state_scale: torch.Tensor | None = None,
+    snapshot_scale: torch.Tensor | None = None,
 ) -> None:
     """Commit n accepted drafts of `decode_multi`: state[slot] = snapshots[slot, n - 1] for rows with n >= 1.
 
     n_accepted (batch,) int32 or int64 on the state's device, each in [0, T]; slots, config, check as
-    in `decode` (`check` also range-checks n_accepted on the host).
+    in `decode` (`check` also range-checks n_accepted on the host). An 8-bit state's chosen snapshot's scales are
+    copied with its rows (state_scale, snapshot_scale as in `decode_multi`).
     """
     if not isinstance(state, torch.Tensor) or state.dim() != 4:
         raise ValueError("state must have shape (nslots, HV, V, K)")
     nslots, HV, V, K = state.shape
-    check_state(state, "state", HV, V, K, state.device, dtypes=SNAPSHOT_DTYPES)
+    check_state(state, "state", HV, V, K, state.device)
     if not isinstance(snapshots, torch.Tensor) or snapshots.dim() != 5 or snapshots.shape[0] != nslots:
         raise ValueError(f"snapshots must have shape ({nslots}, T, {HV}, {V}, {K})")
     if tuple(snapshots.shape[2:]) != (HV, V, K) or snapshots.dtype != state.dtype:
         raise ValueError(f"snapshots must have shape ({nslots}, T, {HV}, {V}, {K}) and the state's dtype")
+    _check_scales(state, snapshots, state_scale, snapshot_scale)
     if not isinstance(n_accepted, torch.Tensor) or n_accepted.dim() != 1:
         raise ValueError("n_accepted must be a 1-D int32 or int64 tensor of shape (batch,)")
     common.check_device(state.device, _accept_snapshot_kernel)
@@ -454,4 +500,4 @@ def accept_snapshot(
     slots = default_slots(slots, n_accepted.shape[0], state.device)
     c = DECODE_LAUNCH["accept-snapshot"] if config is None else config
     if n_accepted.shape[0]:
-        _launch_accept_snapshot(state, snapshots, n_accepted, slots, c)
+        _launch_accept_snapshot(state, snapshots, n_accepted, slots, c, state_scale, snapshot_scale)

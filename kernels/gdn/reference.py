@@ -69,31 +69,37 @@ def decode_ref(state, q, k, v, g, beta, *, scale=None, use_qk_l2norm_in_kernel=F
 
 
 def decode_multi_ref(state, snapshots, q, k, v, g, beta, *, scale=None, use_qk_l2norm_in_kernel=False, slots=None,
-                     rounding=None):
+                     rounding=None, state_scale=None, snapshot_scale=None):
     """T conventional steps from state (unchanged); the state after draft t goes to snapshots[slot, t], rounded as
-    `decode` would store it t steps on (with `rounding`, whose counts then advance by T)."""
+    `decode` would store it t steps on (with `rounding`, whose counts then advance by T); an 8-bit state's rows
+    with their scales into snapshot_scale[slot, t], the next draft continuing from them."""
     HV, K = state.shape[1], state.shape[3]
     acc = _acc(state.dtype)
     rows, idx = _rows(slots, q.shape[0], q.device)
     _, _, qe, ke = _qk(q[rows], k[rows], HV, default_scale(K, scale), use_qk_l2norm_in_kernel, acc)
-    S = state[idx].to(acc)
+    S = state_value(state[idx], None if state_scale is None else state_scale[idx]).to(acc)
     out = torch.full(v.shape, float("nan"), dtype=v.dtype, device=v.device)
     for t in range(q.shape[1]):
         S, _, o = _step(S, qe[:, t], ke[:, t], v[rows, t].to(acc), g[rows, t].to(acc), beta[rows, t].to(acc))
-        S = stored_state(S, state.dtype, draw_state_bits(rounding, idx, tuple(S.shape), t))[0].to(acc)
-        snapshots[idx, t] = S.to(snapshots.dtype)
+        values, scales = stored_state(S, state.dtype, draw_state_bits(rounding, idx, tuple(S.shape), t))
+        raw(snapshots)[idx, t] = raw(values)
+        if scales is not None:
+            snapshot_scale[idx, t] = scales
+        S = state_value(values, scales).to(acc)
         out[rows, t] = o.to(v.dtype)
     if rounding is not None:
         rounding.advance(slots, q.shape[0], q.shape[1])
     return out
 
 
-def accept_snapshot_ref(state, snapshots, n_accepted, slots=None):
-    """state[slot] = snapshots[slot, n - 1] for the rows with n >= 1."""
+def accept_snapshot_ref(state, snapshots, n_accepted, slots=None, *, state_scale=None, snapshot_scale=None):
+    """state[slot] = snapshots[slot, n - 1] for the rows with n >= 1 (and an 8-bit state's scales likewise)."""
     rows, idx = _rows(slots, n_accepted.shape[0], n_accepted.device)
     n = n_accepted[rows].long()
     keep = n >= 1
-    state[idx[keep]] = snapshots[idx[keep], n[keep] - 1]
+    raw(state)[idx[keep]] = raw(snapshots)[idx[keep], n[keep] - 1]
+    if state_scale is not None:
+        state_scale[idx[keep]] = snapshot_scale[idx[keep], n[keep] - 1]
 
 
 def _exact_updates(cache: ReplayCache, slot: int) -> torch.Tensor:

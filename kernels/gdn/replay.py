@@ -18,6 +18,7 @@ from replayssm_kernels.gdn.common import (
     EIGHT_BIT,
     cast,
     check_out,
+    check_state_dtype,
     check_step,
     default_scale,
     next_pow2,
@@ -712,6 +713,7 @@ def _check_cache(cache, kernel) -> None:
                          "otherwise, as ReplayCache.create makes it")
     if cache.read_copy is not None and cache.state_dtype in EIGHT_BIT:
         raise ValueError(f"an {cache.state_dtype} checkpoint takes no read copy (none is narrower)")
+    check_state_dtype(cache.state_dtype, cache.device)
     R.check_rounding(cache.rounding, cache.state_dtype, cache.nslots, cache.device)
 
 
