@@ -25,6 +25,9 @@ STORE_IDS = [f"{s}-{r}" for s, r in STORES]
 # The share of stored elements whose code must equal the reference's where both draw the same bits: the two round
 # fp32 values that differ in their last bits, so a value on a rounding boundary may land on the other side.
 SAME_CODES = 0.97
+# The relative error of the fp32 values a store rounds, kernel against reference (sums in another order; on the GPU
+# approximate exponentials): it moves an 8-bit row's scale, and every value of the row with it.
+FP32_PATH = 2.0**-12
 
 
 def quantum(values: torch.Tensor, dtype: torch.dtype, scale: torch.Tensor | None = None) -> torch.Tensor:
@@ -41,16 +44,18 @@ def quantum(values: torch.Tensor, dtype: torch.dtype, scale: torch.Tensor | None
 
 
 def assert_stored(got, want, dtype, got_scale=None, want_scale=None, what="state"):
-    """A stored state against the reference's: scales equal to fp32 rounding, each value within one quantum of the
-    reference's, and nearly every code the same (the same bits give the same code unless the fp32 values before
-    rounding straddle a boundary)."""
+    """A stored state against the reference's: scales equal within the fp32 path's error, each value within one
+    quantum of the reference's (the larger of the two values' quanta, where they straddle a binade), and nearly every
+    code the same (the same bits give the same code unless the fp32 values before rounding straddle a boundary)."""
     if got_scale is not None:
-        torch.testing.assert_close(got_scale.cpu(), want_scale.cpu(), rtol=1e-5, atol=1e-30, msg=f"{what} scales")
+        torch.testing.assert_close(got_scale.cpu(), want_scale.cpu(), rtol=FP32_PATH, atol=1e-30,
+                                   msg=f"{what} scales")
     a, b = state_value(got, got_scale).cpu(), state_value(want, want_scale).cpu()
     assert not a.isnan().any(), f"{what}: NaN stored"
-    gap = quantum(b, dtype, want_scale)
+    gap = torch.maximum(quantum(b, dtype, want_scale), quantum(a, dtype, got_scale))
     err = (a - b).abs()
-    assert bool((err <= gap * 1.0001 + 1e-6 * b.abs() + 1e-30).all()), f"{what}: {(err / gap).max():.3g} quanta off"
+    bound = gap * 1.0001 + FP32_PATH * b.abs() + 1e-30
+    assert bool((err <= bound).all()), f"{what}: {(err / gap).max():.3g} quanta off"
     same = (got.view(torch.uint8 if got.element_size() == 1 else torch.int16)
             == want.view(torch.uint8 if got.element_size() == 1 else torch.int16)).float().mean().item()
     assert same >= SAME_CODES, f"{what}: only {same:.1%} of the codes equal the reference's"
