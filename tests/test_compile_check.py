@@ -97,3 +97,25 @@ def test_a_row_with_pdl_compiles_for_a_chip_without_it_as_select_gives_it():
     rows = json.loads(done.stdout)
     assert rows and all(r["status"] == "ok" for r in rows), rows
     assert {r["kernel"] for r in rows} == {"_replay_kernel", "_flush_kernel"}
+
+
+def test_the_stored_precisions_are_compiled_too():
+    """Every row of the functions that store a state comes with an int8 checkpoint rounded stochastically, the first
+    of each also with a bf16 state rounded stochastically and an fp8 one (sm_89 and newer); one such case compiles
+    on the CPU for sm_80 with its scales and random draws, and the fp8 one is not applicable there."""
+    every = cc.cases()
+    for op in ("mamba2", "gdn"):
+        for entry in cc.STORE_ENTRIES:
+            configs = {c.config for c in every if c.op == op and c.entry == entry}
+            assert {"int8+sr", "bf16+sr", "fp8"} <= configs, (op, entry, configs)
+    assert {c.min_arch for c in every if c.config == "fp8"} == {89}
+    index = next(i for i, c in enumerate(every) if (c.op, c.entry, c.config) == ("gdn", "decode", "int8+sr"))
+    fp8 = next(i for i, c in enumerate(every) if (c.op, c.entry, c.config) == ("gdn", "decode", "fp8"))
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    code = ("import json; from replayssm_cli.measure import compile_check as cc; "
+            f"print(json.dumps([cc.compile_case({index}, 80), cc.compile_case({fp8}, 80)]))")
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    rows, fp8_rows = json.loads(done.stdout)
+    assert rows and all(r["status"] == "ok" for r in rows), rows
+    assert [r["status"] for r in fp8_rows] == ["not applicable"] and "fp8 states need sm_89" in fp8_rows[0]["error"]

@@ -131,6 +131,25 @@ def cases() -> list[Case]:
         out += [Case("gdn", entry, name, c, 89 if c.endswith("fp8") else 80) for c in configs]
     out.append(Case("gdn", "accept", "accept", "fp32"))
     out.append(Case("gdn", "materialize", "-", "fp32"))
+    return out + _precision_cases(out)
+
+
+# How the stored-precision paths are compiled: every row of the functions that store a state, with an int8
+# checkpoint rounded stochastically (the 8-bit rows with their scales and the random draws together); the first row
+# of each with a bf16 state rounded stochastically and with an fp8 checkpoint (sm_89 and newer).
+STORE_ENTRIES = ("decode", "replay", "verify")
+
+
+def _precision_cases(cases: list[Case]) -> list[Case]:
+    out: list[Case] = []
+    for op in ("mamba2", "gdn"):
+        for entry in STORE_ENTRIES:
+            # rows of a read copy keep their checkpoint (a read copy over an 8-bit one is refused)
+            rows = list(dict.fromkeys(c.row for c in cases if c.op == op and c.entry == entry and "→" not in c.config
+                                      and "-split" not in c.row and "-fp8" not in c.row))
+            out += [Case(op, entry, row, "int8+sr") for row in rows]
+            if rows:
+                out += [Case(op, entry, rows[0], "bf16+sr"), Case(op, entry, rows[0], "fp8", 89)]
     return out
 
 
@@ -147,14 +166,40 @@ def select(op: str | None = None, function: str | None = None) -> list[int]:
 
 
 def _dtypes(config: str):
+    """(state dtype, read dtype or None) of a case's config: "fp32", "fp32→bf16", "int8+sr" (+sr: rounded
+    stochastically)."""
     import torch
 
-    names = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp8": torch.float8_e4m3fn}
-    state, _, read = config.partition("→")
+    names = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp8": torch.float8_e4m3fn, "int8": torch.int8}
+    state, _, read = config.removesuffix("+sr").partition("→")
     return names[state], (names[read] if read else None)
 
 
-def _drive_state(ops, entry: str, dims: tuple, dtype, inp: dict, tokens: dict, **options) -> None:
+def _fp8_what(config: str) -> str:
+    return "fp8 read copies" if "→" in config else "fp8 states"
+
+
+def _rounding(config: str) -> str:
+    return "stochastic" if config.endswith("+sr") else "nearest"
+
+
+def _store_options(config: str, shape: tuple) -> dict[str, Any]:
+    """A conventional step's state_scale (8-bit states: one per row of the pool's `shape` less its last axis) and
+    rounding for a case's config."""
+    import torch
+
+    from replayssm_kernels import rounding
+
+    state, _ = _dtypes(config)
+    out: dict[str, Any] = {}
+    if state in rounding.EIGHT_BIT:
+        out["state_scale"] = torch.ones(shape[:-1], dtype=torch.float32)
+    if _rounding(config) == "stochastic":
+        out["rounding"] = rounding.StateRounding.create(shape[0], device="cpu")
+    return out
+
+
+def _drive_state(ops, entry: str, dims: tuple, dtype, inp: dict, tokens: dict, precision: str, **options) -> None:
     """decode, decode_multi or accept_snapshot of op module `ops` on a state pool of per-slot `dims`."""
     import torch
 
@@ -162,7 +207,7 @@ def _drive_state(ops, entry: str, dims: tuple, dtype, inp: dict, tokens: dict, *
     state = torch.zeros(BATCH, *dims, dtype=dtype)
     snaps = torch.zeros(BATCH, DRAFT, *dims, dtype=dtype)
     if entry == "decode":
-        ops.decode(state, **inp, slots=slots, check=False, **options)
+        ops.decode(state, **inp, slots=slots, check=False, **options, **_store_options(precision, tuple(state.shape)))
     elif entry == "decode_multi":
         ops.decode_multi(state, snaps, **tokens, slots=slots, check=False, **options)
     else:
@@ -187,11 +232,11 @@ def _drive_mamba2(case: Case) -> None:
     inp = m.random_inputs(BATCH, H, P, N, G, io_dtype=torch.bfloat16)
     tokens = m.random_inputs(BATCH, H, P, N, G, T=DRAFT, io_dtype=torch.bfloat16)
     if case.entry in ("decode", "decode_multi", "accept_snapshot"):
-        _drive_state(m, case.entry, (H, P, N), state, inp, tokens, dt_softplus=True, config=config)
+        _drive_state(m, case.entry, (H, P, N), state, inp, tokens, case.config, dt_softplus=True, config=config)
         return
     cache = m.ReplayCache.create(BATCH, H, P, N, G, WINDOW, state_dtype=state, read_dtype=read,
                                  io_dtype="bf16", max_draft=DRAFT if case.entry in ("verify", "accept") else 0,
-                                 device="cpu")
+                                 rounding=_rounding(case.config), device="cpu")
     if case.entry == "replay":
         m.replay(cache, **inp, dt_softplus=True, slots=slots, check=False, config=config)
     elif case.entry == "materialize":
@@ -218,11 +263,12 @@ def _drive_gdn(case: Case) -> None:
     inp = g.random_inputs(BATCH, H, HV, K, V, io_dtype=torch.bfloat16)
     tokens = g.random_inputs(BATCH, H, HV, K, V, T=DRAFT, io_dtype=torch.bfloat16)
     if case.entry in ("decode", "decode_multi", "accept_snapshot"):
-        _drive_state(g, case.entry, (HV, V, K), state, inp, tokens, use_qk_l2norm_in_kernel=True, config=config)
+        _drive_state(g, case.entry, (HV, V, K), state, inp, tokens, case.config, use_qk_l2norm_in_kernel=True,
+                     config=config)
         return
     cache = g.ReplayCache.create(BATCH, H, HV, K, V, WINDOW, state_dtype=state, read_dtype=read,
                                  io_dtype="bf16", max_draft=DRAFT if case.entry in ("verify", "accept") else 0,
-                                 device="cpu")
+                                 rounding=_rounding(case.config), device="cpu")
     if case.entry == "replay":
         g.replay(cache, **inp, use_qk_l2norm_in_kernel=True, slots=slots, check=False, config=config)
     elif case.entry == "verify":
@@ -309,7 +355,7 @@ def compile_case(index: int, arch: int) -> list[dict[str, Any]]:
             "triton": triton.__version__, "tuned": family.tuned}
     if arch < case.min_arch:
         return [dict(base, kernel=None, status="not applicable",
-                     error=f"{case.config.split('→')[-1]} read copies need sm_{case.min_arch} or newer")]
+                     error=f"{_fp8_what(case.config)} need sm_{case.min_arch} or newer (float8 e4m3 conversions)")]
     try:
         kernels = compiled_kernels(lambda: drive(case), arch)
     except Exception as exc:
