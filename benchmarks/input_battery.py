@@ -1,4 +1,4 @@
-"""Issue 47's battery of bad inputs for options, presets, configs, traces and paths, run through the CLI on a
+"""A battery of bad inputs for options, presets, configs, traces and paths, run through the CLI on a
 machine without a GPU; prints how many meet the promise and writes every case with its outcome as JSON.
 
 A refused case meets it with exit code 2, one line on stderr that starts with "error:", no traceback, nothing on

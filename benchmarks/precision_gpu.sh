@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The state precisions of issue 43 on one GPU, both layers (Nemotron-3-Super's Mamba-2, Qwen3.5-122B's GDN), W = 16:
+# Every state precision on one GPU, both layers (Nemotron-3-Super's Mamba-2, Qwen3.5-122B's GDN), W = 16:
 # our conventional and ReplaySSM kernels at fp32, bf16, fp16 and 8-bit (int8, fp8 e4m3) states, every 16-bit and
 # 8-bit one rounded to nearest and stochastically, at batch 1, 8, 32, 64, 128, 256 and 512, through `replayssm profile`
 # (rows with their provenance, each ratio within one file); FlashInfer's checkpointing_ssu at batch 256 at the same

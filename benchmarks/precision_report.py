@@ -8,7 +8,7 @@ Reads the results files and Nsight Compute checks the script wrote into one fold
 - FlashInfer's checkpointing_ssu beside our ReplaySSM step at the same state dtype and rounding (x_vs_ours: its µs
   over ours, above 1 ours is faster);
 - Nsight Compute's DRAM bytes against the cost model's, and whether each is within 5%;
-- issue 43's targets at batch 256, each with the figure it rests on.
+- the state-precision targets at batch 256, each with the figure it rests on.
 
 Every figure names the file it came from (its GPU, date and commit), and a predicted file (DRY_RUN=1) says so.
 
@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-# Issue 43's targets at batch 256: an 8-bit checkpoint's ReplaySSM step over the conventional step at its precision
+# The state-precision targets at batch 256 (docs/design.md §9): an 8-bit checkpoint's ReplaySSM step over the conventional step at its precision
 # (Mamba-2), stochastic rounding's cost over rounding to nearest, and Nsight Compute's bytes against the model.
 TARGET_8BIT = 1.7
 TARGET_SR_COST = 1.03
@@ -150,7 +150,7 @@ def ncu_table(checks: list[dict[str, Any]]) -> list[str]:
 
 
 def targets(rows: list[dict[str, Any]], checks: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Issue 43's targets at batch 256, each with its figure, whether it is met, and the file it rests on (None:
+    """The state-precision targets at batch 256, each with its figure, whether it is met, and the file it rests on (None:
     not measured)."""
     out = []
     for state in ("int8", "fp8"):
@@ -203,7 +203,7 @@ def render(rows: list[dict[str, Any]], checks: list[dict[str, Any]], files: list
         lines += ["## Nsight Compute's DRAM bytes against the cost model, batch 256", "", *nc, "",
                   "L2 write Δ: the bytes the SMs wrote into L2 against the model's bytes written (DRAM writes still "
                   "dirty in L2 when a kernel ends are not in ncu's DRAM count).", ""]
-    lines += ["## Targets (issue 43)", "", "| target | figure | met | from |", "|---|---|---|---|"]
+    lines += ["## Targets", "", "| target | figure | met | from |", "|---|---|---|---|"]
     for t in targets(rows, checks):
         value = "not measured" if t["value"] is None else (_pct(t["value"]) if "Nsight" in t["target"] else
                                                            _cost(t["value"]) if "costs" in t["target"] else _x(t["value"]))

@@ -1,4 +1,4 @@
-"""Issue 47's bad inputs in presets, configs, traces, paths and recorded ceilings, each a named regression test:
+"""Bad inputs in presets, configs, traces, paths and recorded ceilings, each a named regression test:
 one line on stderr, exit code 2, no traceback, or (for unreadable recorded ceilings) one warning naming the
 figures used instead."""
 
