@@ -24,8 +24,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-# The state-precision targets at batch 256 (docs/design.md §9): an 8-bit checkpoint's ReplaySSM step over the conventional step at its precision
-# (Mamba-2), stochastic rounding's cost over rounding to nearest, and Nsight Compute's bytes against the model.
+# The state-precision targets at batch 256 (docs/design.md §9): an 8-bit checkpoint's ReplaySSM step over the
+# conventional step at its precision (Mamba-2), stochastic rounding's cost over rounding to nearest, and Nsight
+# Compute's bytes against the model.
 TARGET_8BIT = 1.7
 TARGET_SR_COST = 1.03
 TARGET_NCU = 5.0
