@@ -764,7 +764,7 @@ def test_verdict_gains_tokens_per_joule_from_a_file_that_measured_energy(tmp_pat
     conventional decode, from the file, and the text names the file it came from."""
     from replayssm_cli.report.results import reference_files
 
-    energy_file = next(f for f in reference_files()[0].parent.joinpath("energy").iterdir() if f.name == "h200-profile-energy.json")
+    energy_file = next(f for f in reference_files("energy") if f.name == "h200-profile-energy.json")
     args = ("--preset", SUPER, "--batch", "1,256", "--window", "16", "--state-dtype", "fp32", "--read-dtype", "none",
             "--results", str(energy_file), "--measured-only")
     report = run_json(*args)

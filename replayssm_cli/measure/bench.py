@@ -419,8 +419,8 @@ class Case:
         elif layer.snapshots is not None:
             worst = max(worst, rel_err(layer.snapshots[slots.long()], target[1][slots.long()]))
         else:
-            worst = max(worst, rel_err(_values(layer.state, layer.state_scale)[slots.long()],
-                                       _values(target[0], target[2])[slots.long()]))
+            # only the checked slots dequantised, not the whole pool
+            worst = max(worst, rel_err(_values(layer.state, layer.state_scale, slots), _values(target[0], target[2], slots)))
         del target
         self.rewind()
         return worst
@@ -462,9 +462,10 @@ class Case:
             torch.cuda.empty_cache()
 
 
-def _values(state: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
-    """A state's values: an 8-bit state's rows times their scales."""
-    return state.float() if scale is None else state.float() * scale[..., None]
+def _values(state: torch.Tensor, scale: torch.Tensor | None, slots: torch.Tensor) -> torch.Tensor:
+    """The values of a state pool's `slots`: an 8-bit state's rows times their scales."""
+    index = slots.long()
+    return state[index].float() if scale is None else state[index].float() * scale[index][..., None]
 
 
 def make_case(spec: dict[str, Any], device: torch.device | str) -> Case:

@@ -660,11 +660,13 @@ def newest(directory: str | Path = "runs") -> Path | None:
     return files[-1] if files else None
 
 
-def reference_files() -> list[Path]:
-    """The shipped reference profiles (profiles/reference/*.json)."""
+def reference_files(folder: str = "") -> list[Path]:
+    """The shipped reference profiles (profiles/reference/*.json), or those of one of its folders (`folder`)."""
     from importlib import resources
 
     root = resources.files("replayssm_profiles") / "reference"
+    if folder:
+        root = root / folder
     return sorted(Path(str(p)) for p in root.iterdir() if is_results_name(Path(str(p))))
 
 
@@ -672,11 +674,8 @@ def energy_reference_rows(gpu_key: str = "h200") -> list[dict[str, Any]]:
     """The rows with energy figures of the shipped energy profiles measured on `gpu_key`
     (profiles/reference/energy/<gpu_key>-*.json, apart from the reference so that their times do not replace its),
     each saying which file it came from (x_origin)."""
-    from importlib import resources
-
-    root = resources.files("replayssm_profiles") / "reference" / "energy"
     try:
-        files = sorted(Path(str(f)) for f in root.iterdir() if f.name.startswith(f"{gpu_key}-") and is_results_name(Path(str(f))))
+        files = [f for f in reference_files("energy") if f.name.startswith(f"{gpu_key}-")]
     except (FileNotFoundError, ModuleNotFoundError):
         return []
     rows: list[dict[str, Any]] = []
