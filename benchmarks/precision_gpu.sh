@@ -31,8 +31,10 @@ BUDGET_S="${BUDGET_S:-470}"
 M=nemotron-3-super-120b-a12b
 Q=qwen3.5-122b-a10b
 R="${REPEATS:-5}"
-# fp32 first: the rows after it take their speedup_vs_fp32 from it
-STATES=fp32,int8,fp8,bf16,fp16
+# fp32 first: the rows after it take their speedup_vs_fp32 from it. STATES and FI_STATES (FlashInfer's part, which
+# compiles one module per dtype and rounding) may be narrowed from the environment.
+STATES="${STATES:-fp32,int8,fp8,bf16,fp16}"
+FI_STATES="${FI_STATES:-$STATES}"
 ALL="m2-256 gdn-256 ncu fi-256 m2 gdn"
 declare -A SHARE=([m2-256]=55 [gdn-256]=65 [ncu]=100 [fi-256]=80 [m2]=85 [gdn]=85)
 PARTS="${*:-$ALL}"
@@ -61,7 +63,7 @@ fi
 # FlashInfer compiles one module per state dtype and rounding with nvcc at first use (minutes each): each is built in
 # a background process from the start, by the same baseline path at batch 1, so that fi-256 finds them compiled.
 warm_flashinfer() {  # run in the background: exec, so that its pid is the Python that stops the compiles
-    exec python - "$M" <<'EOF'
+    exec python - "$M" "$FI_STATES" <<'EOF'
 import signal, subprocess, sys
 code = """
 import sys
@@ -72,8 +74,8 @@ spec = {"preset": PRESET, "variant": "baseline:flashinfer-checkpointing", "batch
 case = bench.make_case(spec, "cuda")
 print(state, rounding, "compiled, check", case.check(), flush=True)
 """.replace("PRESET", repr(sys.argv[1]))
-pairs = [("int8", "nearest"), ("fp8", "nearest"), ("int8", "stochastic"), ("fp8", "stochastic"), ("fp16", "stochastic"),
-         ("fp16", "nearest"), ("bf16", "nearest"), ("fp32", "nearest")]
+states = sys.argv[2].split(",")
+pairs = [(s, r) for r in ("nearest", "stochastic") for s in states if not (s == "fp32" and r == "stochastic")]
 procs = [subprocess.Popen([sys.executable, "-c", code, s, r]) for s, r in pairs]
 # stopped with the run: the compiles stop too
 signal.signal(signal.SIGTERM, lambda *_: sys.exit([p.kill() for p in procs] and 143))
@@ -92,11 +94,12 @@ if [ "$DRY" != 1 ] && [[ " $PARTS " == *" fi-256 "* ]]; then
     fi
 fi
 
-profile() {  # LIMIT PART PRESET BATCHES [EXTRA...]: every precision, both roundings, cut at LIMIT seconds
+profile() {  # LIMIT PART PRESET BATCHES [EXTRA...]: every precision (PART_STATES, default STATES), both roundings,
+    # cut at LIMIT seconds
     local limit=$1 part=$2 preset=$3 batches=$4
     shift 4
     timeout -s TERM "$limit" replayssm profile "${MODE[@]}" -p "$preset" --batch "$batches" --window 16 \
-        --state-dtype "$STATES" --stochastic-rounding --no-phases --repeats "$R" "$@" --out "$OUT/$part.json"
+        --state-dtype "${PART_STATES:-$STATES}" --stochastic-rounding --no-phases --repeats "$R" "$@" --out "$OUT/$part.json"
 }
 
 ncu_part() {  # LIMIT: the 8-bit steps, then the stochastic flushes, within LIMIT seconds together
@@ -121,7 +124,7 @@ fi_part() {  # LIMIT: wait for the background compiles, then FlashInfer beside o
     fi
     while [ -n "$WARM_PID" ] && kill -0 "$WARM_PID" 2>/dev/null && [ "$SECONDS" -lt $((until - 20)) ]; do sleep 2; done
     [ -n "$WARM_PID" ] && kill -0 "$WARM_PID" 2>/dev/null && echo "FlashInfer still compiling; its rows take what is left"
-    profile $((until - SECONDS)) fi-256 "$M" 256 --baseline flashinfer-checkpointing
+    PART_STATES="$FI_STATES" profile $((until - SECONDS)) fi-256 "$M" 256 --baseline flashinfer-checkpointing
 }
 
 run_part() {

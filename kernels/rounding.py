@@ -58,12 +58,10 @@ class StateRounding:
 
     def advance(self, slots: torch.Tensor | None, batch: int, by: int = 1) -> None:
         """`by` more stores (default one) for each slot of a launch's rows (row b's slot without a slot table; -1 rows
-        skipped): a launch that stores T states per slot draws at steps step .. step + T - 1 and advances by T."""
-        if slots is None:
-            self.step[:batch] += by
-            return
-        index = slots.long()
-        self.step.index_add_(0, index.clamp_min(0), (index >= 0).long() * by)
+        skipped): a launch that stores T states per slot draws at steps step .. step + T - 1 and advances by T. One
+        small launch, so that a decode step that stores pays one launch for its counts, not a chain of torch ops."""
+        BB = min(1024, triton.next_power_of_2(max(batch, 1)))
+        _advance_kernel[(triton.cdiv(batch, BB),)](self.step, slots, batch, by, HAS_SLOTS=slots is not None, BB=BB)
 
     def reset(self, slots: torch.Tensor | None = None) -> None:
         if slots is None:
@@ -73,6 +71,19 @@ class StateRounding:
 
     def clone(self) -> "StateRounding":
         return StateRounding(self.seed, self.step.clone())
+
+
+@triton.jit
+def _advance_kernel(step, slots, batch, by, HAS_SLOTS: tl.constexpr, BB: tl.constexpr):
+    o_b = tl.program_id(0) * BB + tl.arange(0, BB)
+    m_b = o_b < batch
+    if HAS_SLOTS:
+        o_s = tl.load(slots + o_b, mask=m_b, other=-1).to(tl.int64)
+        m_b = m_b & (o_s >= 0)
+    else:
+        o_s = o_b.to(tl.int64)
+    # atomic: a slot listed twice in one launch counts twice, as two stores do
+    tl.atomic_add(step + o_s, (o_s * 0 + by).to(tl.int64), mask=m_b)
 
 
 def check_rounding(rounding, state_dtype: torch.dtype, nslots: int, device: torch.device) -> None:
@@ -96,27 +107,30 @@ def rounding_args(rounding: StateRounding | None, state: torch.Tensor | None = N
 
 @triton.jit
 def random_bits(seed, step, i_s, i_h, o_e, N_ROUNDS: tl.constexpr = ROUNDS):
-    """uint32 random bits for elements o_e (an int block: their places in the (slot i_s, head i_h) state) at the
-    slot's store `step`: element e takes word e % 4 of the Philox draw counted by e // 4 (so that four neighbours
-    share one draw, as `row_bits` computes them)."""
+    """16 random bits (as uint32) for elements o_e (an int block: their places in the (slot i_s, head i_h) state) at
+    the slot's store `step`: element e takes half e % 2 (the low 16 bits first) of word (e // 2) % 4 of the Philox
+    draw counted by e // 8 (so that eight neighbours share one draw, as `row_bits` computes them)."""
     b_0 = o_e.to(tl.int64) * 0
-    b_r0, b_r1, b_r2, b_r3 = tl.philox(seed, (o_e >> 2).to(tl.uint32), (b_0 + i_s).to(tl.uint32),
+    b_r0, b_r1, b_r2, b_r3 = tl.philox(seed, (o_e >> 3).to(tl.uint32), (b_0 + i_s).to(tl.uint32),
                                        (b_0 + i_h).to(tl.uint32), (b_0 + step).to(tl.uint32), N_ROUNDS)
-    b_j = o_e & 3
-    return tl.where(b_j == 0, b_r0, tl.where(b_j == 1, b_r1, tl.where(b_j == 2, b_r2, b_r3)))
+    b_j = (o_e >> 1) & 3
+    b_w = tl.where(b_j == 0, b_r0, tl.where(b_j == 1, b_r1, tl.where(b_j == 2, b_r2, b_r3)))
+    return tl.where((o_e & 1) == 0, b_w & 0xFFFF, b_w >> 16)
 
 
 @triton.jit
 def row_bits(seed, step, i_s, i_h, o_r, N, BN: tl.constexpr, N_ROUNDS: tl.constexpr = ROUNDS):
     """`random_bits` of the elements o_r[:, None] · N + [0, BN) of rows o_r [R] of N elements each (N a multiple of
-    4), as [R, BN]: one Philox draw per four elements instead of one per element."""
+    8), as [R, BN]: one Philox draw per eight elements instead of one per element."""
     R: tl.constexpr = o_r.shape[0]
-    b_c = o_r[:, None] * (N // 4) + tl.arange(0, BN // 4)[None, :]
+    b_c = o_r[:, None] * (N // 8) + tl.arange(0, BN // 8)[None, :]
     b_0 = b_c.to(tl.int64) * 0
     b_r0, b_r1, b_r2, b_r3 = tl.philox(seed, b_c.to(tl.uint32), (b_0 + i_s).to(tl.uint32), (b_0 + i_h).to(tl.uint32),
                                        (b_0 + step).to(tl.uint32), N_ROUNDS)
-    # [R, BN / 4, 2, 2] flattened: element 4k + 2a + b is word 2a + b of draw k
-    return tl.reshape(tl.join(tl.join(b_r0, b_r2), tl.join(b_r1, b_r3)), (R, BN))
+    # [R, BN / 8, 2, 2, 2] flattened: element 8k + 4a + 2b + c is half c of word 2a + b of draw k
+    b_lo = tl.join(tl.join(b_r0 & 0xFFFF, b_r2 & 0xFFFF), tl.join(b_r1 & 0xFFFF, b_r3 & 0xFFFF))
+    b_hi = tl.join(tl.join(b_r0 >> 16, b_r2 >> 16), tl.join(b_r1 >> 16, b_r3 >> 16))
+    return tl.reshape(tl.join(b_lo, b_hi), (R, BN))
 
 
 @triton.jit
@@ -140,7 +154,9 @@ def _drop_bits(b_a, b_add, DROP: tl.constexpr):
 @triton.jit
 def rounded(b_x, b_r, DTYPE: tl.constexpr, RANDOM: tl.constexpr):
     """fp32 b_x rounded to bf16, fp16 or fp8 e4m3 (DTYPE), still as fp32 values that DTYPE holds exactly: to nearest
-    even, or with RANDOM stochastically by the uint32 bits b_r. e4m3 saturates at 448; inf and NaN stay as they are.
+    even, or with RANDOM stochastically by the 16 random bits b_r (uint32), added to the dropped bits' top: bf16
+    drops 16 bits and fp16 13, so both round exactly; e4m3 drops 20 and rounds up with a probability within 2^-16 of
+    the exact one. e4m3 saturates at 448; inf and NaN stay as they are.
     Rounded by hand, so the CPU interpreter (which truncates bf16 and drops fp8's carries) rounds as the GPU does."""
     if DTYPE == tl.bfloat16:
         DROP: tl.constexpr = 16
@@ -156,7 +172,10 @@ def rounded(b_x, b_r, DTYPE: tl.constexpr, RANDOM: tl.constexpr):
         b_sub = b_a < TINY
         b_a = tl.where(b_sub, b_a + TINY, b_a)
     if RANDOM:
-        b_add = (b_r >> (32 - DROP)).to(tl.int32)
+        if DROP <= 16:
+            b_add = (b_r >> (16 - DROP)).to(tl.int32)
+        else:
+            b_add = (b_r << (DROP - 16)).to(tl.int32)
     else:
         b_add = (1 << (DROP - 1)) - 1 + ((b_a.to(tl.int32, bitcast=True) >> DROP) & 1)
     b_q = _drop_bits(b_a, b_add, DROP)
@@ -181,7 +200,8 @@ def stored(b_x, b_r, DTYPE: tl.constexpr, RANDOM: tl.constexpr):
 @triton.jit
 def quantized_rows(b_s, b_r, DTYPE: tl.constexpr, RANDOM: tl.constexpr):
     """Rows b_s [R, C] (fp32) as 8-bit DTYPE (fp8 e4m3 or int8) values and their scales [R]: each row over its
-    largest magnitude / QMAX, rounded to nearest (int8: ties away from zero) or with RANDOM stochastically."""
+    largest magnitude / QMAX, rounded to nearest (int8: ties away from zero) or with RANDOM stochastically by the 16
+    random bits b_r (int8 rounds up with a probability within 2^-16 of the exact one)."""
     if DTYPE == tl.int8:
         QMAX_: tl.constexpr = 127.0
     else:
@@ -192,7 +212,7 @@ def quantized_rows(b_s, b_r, DTYPE: tl.constexpr, RANDOM: tl.constexpr):
     b_q = tl.minimum(tl.maximum(b_s * b_inv[:, None], -QMAX_), QMAX_)
     if DTYPE == tl.int8:
         if RANDOM:
-            b_u = (b_r >> 8).to(tl.float32) * 5.9604644775390625e-08
+            b_u = b_r.to(tl.float32) * 1.52587890625e-05  # 2^-16: uniform on [0, 1) in steps of 2^-16
             b_q = tl.math.floor(b_q + b_u)
         else:
             b_q = tl.where(b_q < 0, -tl.math.floor(0.5 - b_q), tl.math.floor(b_q + 0.5))
@@ -213,7 +233,7 @@ def _drop_bits_reference(a: torch.Tensor, add: torch.Tensor, drop: int) -> torch
 
 def rounded_reference(x: torch.Tensor, bits: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
     """`rounded` in PyTorch: fp32 x to bf16, fp16 or fp8 e4m3 values (as fp32), to nearest even without bits, else
-    stochastically by the uint32 bits (held in an int64 tensor, as `draw_bits` gives them)."""
+    stochastically by the 16 random bits of each element (held in an int64 tensor, as `draw_bits` gives them)."""
     drop, tiny = _FORMATS[dtype]
     x = x.float()
     a = x.abs()
@@ -223,7 +243,7 @@ def rounded_reference(x: torch.Tensor, bits: torch.Tensor | None, dtype: torch.d
         raw = a.view(torch.int32).long() & 0xFFFFFFFF
         add = (1 << (drop - 1)) - 1 + ((raw >> drop) & 1)
     else:
-        add = bits.long() >> (32 - drop)
+        add = bits.long() >> (16 - drop) if drop <= 16 else bits.long() << (drop - 16)
     q = _drop_bits_reference(a, add, drop)
     q = torch.where(sub, q - tiny, q)
     if dtype == torch.float8_e4m3fn:
@@ -244,7 +264,7 @@ def quantized_rows_reference(s: torch.Tensor, bits: torch.Tensor | None, dtype: 
         if bits is None:
             q = torch.where(q < 0, -torch.floor(0.5 - q), torch.floor(q + 0.5))
         else:
-            q = torch.floor(q + (bits.long() >> 8).float() * 2.0**-24)
+            q = torch.floor(q + bits.long().float() * 2.0**-16)
         q = q.clamp(-qmax, qmax)
     else:
         q = rounded_reference(q, bits, dtype)
@@ -267,7 +287,7 @@ def _bits_kernel(out, seed, steps, slots, H, E, BE: tl.constexpr):
 
 def draw_bits(rounding: StateRounding, slots: torch.Tensor, heads: int, elements: int, ahead: int = 0) -> torch.Tensor:
     """The random bits a kernel draws at each slot's current step (plus `ahead`), (len(slots), heads, elements) int64
-    holding uint32 values: element e of a head's state gets bits [slot, head, e]. For references and tests."""
+    holding 16-bit values: element e of a head's state gets bits [slot, head, e]. For references and tests."""
     slots = slots.to(device=rounding.step.device, dtype=torch.int64)
     out = torch.empty(slots.shape[0], heads, elements, dtype=torch.int64, device=rounding.step.device)
     BE = min(1024, triton.next_power_of_2(elements))

@@ -362,12 +362,12 @@ def test_step_cost_stochastic_rounding_counts_philox_apart_from_flops():
     assert m2("spec-replay", "flush", draft=2, **kw).int_ops == B * 30 * PHILOX
     assert gdn("conventional", state_dtype="fp16", rounding="stochastic").int_ops == B * 30 * PHILOX
     assert memory_per_seq(M2, "conventional", state_dtype="bf16", rounding="stochastic")["counters"] == STEP_COUNT
-    # Mamba-2 with N a multiple of 4 shares each draw between four neighbours of a row: 16 elements, 4 draws a store
-    row4 = Mamba2Shape(H=1, P=2, N=8, G=1)
-    assert step_cost(row4, "conventional", batch=B, state_dtype="bf16", rounding="stochastic").int_ops == B * 4 * PHILOX
-    # GDN likewise with K a multiple of 4 (rows over K): 16 elements, 4 draws
-    gdn4 = GDNShape(H=1, HV=1, K=8, V=2)
-    assert step_cost(gdn4, "conventional", batch=B, state_dtype="bf16", rounding="stochastic").int_ops == B * 4 * PHILOX
+    # Mamba-2 with N a multiple of 8 shares each draw between eight neighbours of a row: 16 elements, 2 draws a store
+    row8 = Mamba2Shape(H=1, P=2, N=8, G=1)
+    assert step_cost(row8, "conventional", batch=B, state_dtype="bf16", rounding="stochastic").int_ops == B * 2 * PHILOX
+    # GDN likewise with K a multiple of 8 (rows over K): 16 elements, 2 draws
+    gdn8 = GDNShape(H=1, HV=1, K=8, V=2)
+    assert step_cost(gdn8, "conventional", batch=B, state_dtype="bf16", rounding="stochastic").int_ops == B * 2 * PHILOX
     replay = memory_per_seq(M2, "replay", window=W, state_dtype="bf16", rounding="stochastic")
     assert replay["counters"] == M2_HELD_COUNTERS + STEP_COUNT
 
@@ -638,8 +638,8 @@ def test_cost_cli_eight_bit_state_with_stochastic_rounding():
     assert {r["variant"] for r in rows} == {"conventional", "replay"}
     conv = next(r for r in rows if r["variant"] == "conventional")
     assert conv["state_dtype"] == "int8" and conv["rounding"] == "stochastic"
-    # N = 128: a Philox draw's four words round four neighbours of a row
-    assert conv["int_ops"] == 2 * shape.state_elems // 4 * 100
+    # N = 128: a Philox draw's four words, two halves each, round eight neighbours of a row
+    assert conv["int_ops"] == 2 * shape.state_elems // 8 * 100
     assert conv["memory"]["state"] == shape.state_elems + shape.state_rows * 4
     text = runner.invoke(app, ["cost", "-p", "nemotron-3-super-120b-a12b", "--state-dtype", "bf16", "--stochastic-rounding"])
     assert text.exit_code == 0 and "int ops" in text.stdout and "split fp8" in text.stdout

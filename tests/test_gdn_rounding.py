@@ -73,7 +73,7 @@ def clone(t):
     return None if t is None else t.clone()
 
 
-# K = 22 (not a multiple of 4) draws element by element, K = 24 once per four elements
+# K = 22 (not a multiple of 8) draws element by element, K = 24 once per eight elements
 DECODE_K = {("fp16", "stochastic"): 22, ("int8", "stochastic"): 22}
 
 
@@ -169,7 +169,7 @@ REPLAY_CASES = [(s, r, None) for s, r in STORES] + [
     ("fp8", "stochastic", gdn_replay.REPLAY_LAUNCH["replay-fp8-small"]),
     ("bf16/fp8", "stochastic", None),
 ]
-# K = 18 (not a multiple of 4) draws element by element, K = 16 once per four elements
+# K = 18 (not a multiple of 8) draws element by element, K = 16 once per eight elements
 REPLAY_K = {("fp16", "stochastic"): 18, ("int8", "stochastic"): 18}
 REPLAY_IDS = [f"N4-H2-HV4-K{REPLAY_K.get((s, r), 16) if c is None else 16}-V20-W3-{s.replace('/', '-copy-')}-{r}"
               + ("" if c is None else "-flush-launch" if c.flush else "-small" if c.early else "-one-launch")

@@ -192,6 +192,17 @@ def test_kernel_table_covers_every_triton_kernel():
             assert ncu.kernels_for(op, variant), f"no kernel listed for {op} {variant}"
 
 
+@pytest.mark.parametrize("op", ["mamba2", "gdn"])
+def test_a_replay_step_profiles_every_kernel_replay_launches(op):
+    """Every kernel that an op's replay.py launches (its flush launch too: an fp32 or 8-bit checkpoint's flush runs
+    in a launch of its own) is profiled for the replay variant, so a flush step's bytes are all counted."""
+    # materialize, beside the step in replay.py, is no part of a decode step (KERNELS lists it serving no variant)
+    off_step = {k.name for k in ncu.KERNELS if k.op == op and not k.variants}
+    launched = set(_launched_jit_functions([KERNEL_DIR / op / "replay.py"])) - off_step
+    profiled = {k.name for k in ncu.kernels_for(op, "replay")}
+    assert launched and launched <= profiled, f"{op} replay launches {sorted(launched - profiled)} unprofiled"
+
+
 @pytest.mark.parametrize(
     "spec, expected",
     [({"variant": "conventional"}, (2, 1)), ({"variant": "replay", "window": 16}, (16, 16)),

@@ -83,8 +83,8 @@ def stored(b_x, b_r, DTYPE: tl.constexpr, RANDOM: tl.constexpr):
 @triton.jit
 def row_bits(seed, step, i_s, i_hv, o_v, K: tl.constexpr, BK: tl.constexpr):
     """The random bits [R, BK] of rows o_v of (slot i_s, value head i_hv)'s state, elements v * K + k (k < BK) at
-    store count `step`: one Philox draw per four elements where K is a multiple of 4 (`rounding.row_bits`)."""
-    if K % 4 == 0:
+    store count `step`: one Philox draw per eight elements where K is a multiple of 8 (`rounding.row_bits`)."""
+    if K % 8 == 0:
         b_r = R.row_bits(seed, step, i_s, i_hv, o_v, K, BK)
     else:
         b_r = R.random_bits(seed, step, i_s, i_hv, o_v[:, None] * K + tl.arange(0, BK)[None, :])

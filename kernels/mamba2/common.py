@@ -81,11 +81,11 @@ def load_rows(p_s, m_s, scale, o_r, m_r, IS_Q8: tl.constexpr):
 
 
 @triton.jit
-def state_bits(seed, steps, i_s, i_h, o_p, N, BN: tl.constexpr, ROW4: tl.constexpr, AHEAD: tl.constexpr = 0):
+def state_bits(seed, steps, i_s, i_h, o_p, N, BN: tl.constexpr, ROW8: tl.constexpr, AHEAD: tl.constexpr = 0):
     """The random bits [BP, BN] of rows o_p of the (slot i_s, head i_h) state (element p·N + n) at the slot's store
-    count + AHEAD; with ROW4 (N a multiple of 4) one Philox draw per four elements."""
+    count + AHEAD; with ROW8 (N a multiple of 8) one Philox draw per eight elements."""
     step = tl.load(steps + i_s) + AHEAD
-    if ROW4:
+    if ROW8:
         b_r = row_bits(seed, step, i_s, i_h, o_p, N, BN)
     else:
         b_r = random_bits(seed, step, i_s, i_h, o_p[:, None] * N + tl.arange(0, BN)[None, :])
@@ -94,14 +94,14 @@ def state_bits(seed, steps, i_s, i_h, o_p, N, BN: tl.constexpr, ROW4: tl.constex
 
 @triton.jit
 def store_rows(p_s, b_s, m_s, scale, o_sc, m_r, seed, steps, i_s, i_h, o_p, N, IS_Q8: tl.constexpr,
-               RANDOM: tl.constexpr, ROW4: tl.constexpr):
+               RANDOM: tl.constexpr, ROW8: tl.constexpr):
     """fp32 rows b_s [R, BN] (rows o_p of the (slot i_s, head i_h) state, whole over N; masked elements zero) stored
     in the state's dtype: a cast (to nearest), with RANDOM rounded stochastically by `state_bits`, or with IS_Q8 as
     8-bit rows and their scales (scale + o_sc, [R])."""
     DTYPE: tl.constexpr = p_s.dtype.element_ty
     BN: tl.constexpr = b_s.shape[1]
     if RANDOM:
-        b_r = state_bits(seed, steps, i_s, i_h, o_p, N, BN, ROW4)
+        b_r = state_bits(seed, steps, i_s, i_h, o_p, N, BN, ROW8)
     else:
         b_r = tl.zeros(b_s.shape, dtype=tl.uint32)
     if IS_Q8:

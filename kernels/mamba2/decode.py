@@ -28,10 +28,10 @@ def mamba2_decode_kernel(
     stride_y_b, stride_y_h,
     BP: tl.constexpr, BN: tl.constexpr,
     HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_DT_BIAS: tl.constexpr, USE_SOFTPLUS: tl.constexpr,
-    HAS_SLOTS: tl.constexpr, IS_Q8: tl.constexpr = False, RANDOM: tl.constexpr = False, ROW4: tl.constexpr = False,
+    HAS_SLOTS: tl.constexpr, IS_Q8: tl.constexpr = False, RANDOM: tl.constexpr = False, ROW8: tl.constexpr = False,
 ):
     # IS_Q8: 8-bit state rows with scales (state_scale, contiguous (nslots, H, P)); RANDOM: stochastic rounding, with
-    # ROW4 (N a multiple of 4) one Philox draw per four elements
+    # ROW8 (N a multiple of 8) one Philox draw per eight elements
     i_b, i_h, i_p = flat_program_ids(H, tl.cdiv(P, BP))
     i_s = slot_of(slots, i_b, HAS_SLOTS)
     if i_s < 0:
@@ -58,7 +58,7 @@ def mamba2_decode_kernel(
     b_s = b_s * b_a + (b_dt * b_x)[:, None] * b_B[None, :]
     # rounding to nearest stays inline: through store_rows its PTX would gain the call's debug labels
     if IS_Q8 or RANDOM:
-        store_rows(p_s, b_s, m_s, state_scale, o_sc, m_p, seed, steps, i_s, i_h, o_p, N, IS_Q8, RANDOM, ROW4)
+        store_rows(p_s, b_s, m_s, state_scale, o_sc, m_p, seed, steps, i_s, i_h, o_p, N, IS_Q8, RANDOM, ROW8)
     else:
         tl.store(p_s, b_s.to(p_s.dtype.element_ty), mask=m_s)
     b_y = tl.sum(b_s * b_C[None, :], axis=1)
@@ -81,10 +81,10 @@ def mamba2_decode_multi_kernel(
     stride_y_b, stride_y_t, stride_y_h,
     T: tl.constexpr, BP: tl.constexpr, BN: tl.constexpr,
     HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_DT_BIAS: tl.constexpr, USE_SOFTPLUS: tl.constexpr,
-    HAS_SLOTS: tl.constexpr, RANDOM: tl.constexpr = False, ROW4: tl.constexpr = False, IS_Q8: tl.constexpr = False,
+    HAS_SLOTS: tl.constexpr, RANDOM: tl.constexpr = False, ROW8: tl.constexpr = False, IS_Q8: tl.constexpr = False,
 ):
     # RANDOM: each snapshot rounded stochastically (draft t at the slot's store count + t), and the next draft
-    # continues from the rounded state, as T conventional steps would; ROW4 as in mamba2_decode_kernel; IS_Q8: an
+    # continues from the rounded state, as T conventional steps would; ROW8 as in mamba2_decode_kernel; IS_Q8: an
     # 8-bit state (scales state_scale (nslots, H, P)) and snapshots (scales snap_scale (nslots, TMAX, H, P)), the
     # next draft continuing from the stored rows
     i_b, i_h, i_p = flat_program_ids(H, tl.cdiv(P, BP))
@@ -114,7 +114,7 @@ def mamba2_decode_multi_kernel(
         b_s = b_s * tl.exp(b_A * b_dt) + (b_dt * b_x)[:, None] * b_B.to(tl.float32)[None, :]
         if IS_Q8:
             if RANDOM:
-                b_r = state_bits(seed, steps, i_s, i_h, o_p, N, BN, ROW4, t)
+                b_r = state_bits(seed, steps, i_s, i_h, o_p, N, BN, ROW8, t)
             else:
                 b_r = tl.zeros([BP, BN], dtype=tl.uint32)
             b_q, b_scale = quantized_rows(b_s, b_r, p_snap.dtype.element_ty, RANDOM)
@@ -122,7 +122,7 @@ def mamba2_decode_multi_kernel(
             tl.store(snap_scale + ((i_s * TMAX + t) * H + i_h) * P + o_p, b_scale, mask=m_p)
             b_sr = b_q.to(tl.float32) * b_scale[:, None]
         elif RANDOM:
-            b_r = state_bits(seed, steps, i_s, i_h, o_p, N, BN, ROW4, t)
+            b_r = state_bits(seed, steps, i_s, i_h, o_p, N, BN, ROW8, t)
             b_sr = rounded(b_s, b_r, p_snap.dtype.element_ty, True)
             tl.store(p_snap + t * stride_snap_t, b_sr.to(p_snap.dtype.element_ty), mask=m_s)
         else:
@@ -237,9 +237,9 @@ def _q8(state_scale, snapshots) -> dict:
     return {"IS_Q8": True, "TMAX": snapshots.shape[1]} if state_scale is not None else {"TMAX": None}
 
 
-def _row4(random: bool, N: int) -> dict:
-    """ROW4 where a stochastic store may draw its bits four elements at a time (rows of N, a multiple of 4)."""
-    return {"ROW4": True} if random and N % 4 == 0 else {}
+def _row8(random: bool, N: int) -> dict:
+    """ROW8 where a stochastic store may draw its bits eight elements at a time (rows of N, a multiple of 8)."""
+    return {"ROW8": True} if random and N % 8 == 0 else {}
 
 
 @families.refuse_out_of_resources
@@ -294,7 +294,7 @@ def decode(state, x, dt, A, B, C, *, D=None, z=None, dt_bias=None, dt_softplus=F
         stride_y_b=y.stride(0), stride_y_h=y.stride(1),
         BP=BP, BN=common.block(N),
         HAS_D=D is not None, HAS_Z=z is not None, HAS_DT_BIAS=dt_bias is not None, USE_SOFTPLUS=bool(dt_softplus),
-        HAS_SLOTS=slots is not None, IS_Q8=state_scale is not None, RANDOM=random, **_row4(random, N),
+        HAS_SLOTS=slots is not None, IS_Q8=state_scale is not None, RANDOM=random, **_row8(random, N),
         **options,
     )
     if rounding is not None:
@@ -371,7 +371,7 @@ def decode_multi(state, snapshots, x, dt, A, B, C, *, D=None, z=None, dt_bias=No
         stride_y_b=y.stride(0), stride_y_t=y.stride(1), stride_y_h=y.stride(2),
         T=T, BP=BP, BN=common.block(N),
         HAS_D=D is not None, HAS_Z=z is not None, HAS_DT_BIAS=dt_bias is not None, USE_SOFTPLUS=bool(dt_softplus),
-        HAS_SLOTS=slots is not None, RANDOM=random, **_row4(random, N), **_q8(state_scale, snapshots),
+        HAS_SLOTS=slots is not None, RANDOM=random, **_row8(random, N), **_q8(state_scale, snapshots),
         **options,
     )
     if rounding is not None:

@@ -96,7 +96,7 @@ def _flush_rows(
     P, N, stride_x_b, stride_x_h, stride_ck_p, stride_rc_s, stride_rc_h, stride_rc_p,
     BP: tl.constexpr, BPF: tl.constexpr, STAGES: tl.constexpr, HAS_D: tl.constexpr, HAS_Z: tl.constexpr,
     USE_COPY: tl.constexpr, IS_FP8: tl.constexpr, PRECISION: tl.constexpr,
-    ck_scale, seed, steps, CK_Q8: tl.constexpr, RANDOM: tl.constexpr, ROW4: tl.constexpr,
+    ck_scale, seed, steps, CK_Q8: tl.constexpr, RANDOM: tl.constexpr, ROW8: tl.constexpr,
 ):
     """The step that fills the window for rows i_p·BP .. of a (slot, head): fold the f buffered entries (weights b_cw
     [BW]) and this token into a new checkpoint (and read copy), answer from it (from the fp32 values). With CK_Q8
@@ -125,7 +125,7 @@ def _flush_rows(
         # rounding to nearest stays inline: through store_rows its PTX would gain the call's debug labels
         if CK_Q8 or RANDOM:
             store_rows(p_ckc, b_s, m_sc, ck_scale, i_sh * P + o_c, m_c, seed, steps, i_s, i_h, o_c, N, CK_Q8, RANDOM,
-                       ROW4)
+                       ROW8)
         else:
             tl.store(p_ckc, b_s.to(p_ckc.dtype.element_ty), mask=m_sc)
         if USE_COPY:
@@ -153,7 +153,7 @@ def mamba2_replay_kernel(
     VN: tl.constexpr, RC: tl.constexpr, STAGES: tl.constexpr, NPB: tl.constexpr, HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_DT_BIAS: tl.constexpr, USE_SOFTPLUS: tl.constexpr,
     HAS_SLOTS: tl.constexpr, USE_COPY: tl.constexpr, IS_FP8: tl.constexpr, EARLY: tl.constexpr, PRECISION: tl.constexpr,
     PHASE: tl.constexpr, PREFETCH: tl.constexpr, CK_Q8: tl.constexpr = False, RANDOM: tl.constexpr = False,
-    ROW4: tl.constexpr = False,
+    ROW8: tl.constexpr = False,
 ):
     # PHASE 0 takes every row's step; 1 only the non-flush steps, and lists the (row, head, fill) of each head that
     # flushes in `work` for `mamba2_flush_kernel` (`replay` launches the two where the settings ask for two
@@ -290,7 +290,7 @@ def mamba2_replay_kernel(
                 i_b, i_h, i_p, i_s, i_sh, f, b_lam, b_cw, b_dt, b_B, b_C, o_s, o_z, o_n, m_n, o_w,
                 P, N, stride_x_b, stride_x_h, stride_ck_p, stride_rc_s, stride_rc_h, stride_rc_p,
                 BP, BPF, STAGES, HAS_D, HAS_Z, USE_COPY, IS_FP8, PRECISION, ck_scale, seed, steps, CK_Q8, RANDOM,
-                ROW4,
+                ROW8,
             )
         f_next = f * 0
 
@@ -417,7 +417,7 @@ def mamba2_heads_kernel(
     HAS_DT_BIAS: tl.constexpr, USE_SOFTPLUS: tl.constexpr, HAS_SLOTS: tl.constexpr, USE_COPY: tl.constexpr,
     IS_FP8: tl.constexpr, PREFETCH: tl.constexpr, TAIL: tl.constexpr, BPF: tl.constexpr,
     FSTAGES: tl.constexpr, PRECISION: tl.constexpr, CK_Q8: tl.constexpr = False, RANDOM: tl.constexpr = False,
-    ROW4: tl.constexpr = False,
+    ROW8: tl.constexpr = False,
 ):
     """A two-launch step's non-flush launch with HPP heads of one group per program (whole heads, BP ≥ P): the
     group's C·B of the buffered entries is summed once for all of them, and one pipelined loop streams their tiles
@@ -460,7 +460,7 @@ def mamba2_heads_kernel(
                 stride_x_h, stride_dt_b, stride_dt_h, stride_B_b, stride_B_g, stride_C_b, stride_C_g, stride_z_b,
                 stride_z_h, stride_y_b, stride_y_h,
                 CAP, BP, BPF, BN, BW, FSTAGES, HAS_D, HAS_Z, HAS_DT_BIAS, USE_SOFTPLUS, HAS_SLOTS, USE_COPY,
-                IS_FP8, PRECISION, ck_scale, seed, steps, CK_Q8, RANDOM, ROW4,
+                IS_FP8, PRECISION, ck_scale, seed, steps, CK_Q8, RANDOM, ROW8,
             )
             i_e = tail_claim(work)
             listed = tail_wait(work, i_e, NHP, NE)
@@ -483,7 +483,7 @@ def _flush_item(
     CAP: tl.constexpr, BP: tl.constexpr, BPF: tl.constexpr, BN: tl.constexpr, BW: tl.constexpr,
     STAGES: tl.constexpr, HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_DT_BIAS: tl.constexpr,
     USE_SOFTPLUS: tl.constexpr, HAS_SLOTS: tl.constexpr, USE_COPY: tl.constexpr, IS_FP8: tl.constexpr,
-    PRECISION: tl.constexpr, ck_scale, seed, steps, CK_Q8: tl.constexpr, RANDOM: tl.constexpr, ROW4: tl.constexpr,
+    PRECISION: tl.constexpr, ck_scale, seed, steps, CK_Q8: tl.constexpr, RANDOM: tl.constexpr, ROW8: tl.constexpr,
 ):
     """Rows i_p·BP .. of the flush the list's entry i_e names."""
     o_n, o_w = tl.arange(0, BN), tl.arange(0, BW)
@@ -507,7 +507,7 @@ def _flush_item(
         i_b, i_h, i_p, i_s, i_sh, f, b_lam, b_cw, b_dt, b_Br.to(tl.float32), b_C,
         i_s * stride_ck_s + i_h * stride_ck_h, i_b * stride_z_b + i_h * stride_z_h, o_n, m_n, o_w,
         P, N, stride_x_b, stride_x_h, stride_ck_p, stride_rc_s, stride_rc_h, stride_rc_p,
-        BP, BPF, STAGES, HAS_D, HAS_Z, USE_COPY, IS_FP8, PRECISION, ck_scale, seed, steps, CK_Q8, RANDOM, ROW4,
+        BP, BPF, STAGES, HAS_D, HAS_Z, USE_COPY, IS_FP8, PRECISION, ck_scale, seed, steps, CK_Q8, RANDOM, ROW8,
     )
 
 
@@ -528,7 +528,7 @@ def mamba2_flush_kernel(
     STAGES: tl.constexpr, NPB: tl.constexpr, HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_DT_BIAS: tl.constexpr,
     USE_SOFTPLUS: tl.constexpr, HAS_SLOTS: tl.constexpr, USE_COPY: tl.constexpr, IS_FP8: tl.constexpr,
     PRECISION: tl.constexpr, CK_Q8: tl.constexpr = False, RANDOM: tl.constexpr = False,
-    ROW4: tl.constexpr = False,
+    ROW8: tl.constexpr = False,
 ):
     """The flushes the non-flush launch listed in `work` (mamba2.common's list), BP rows of a head per item: each
     program loops over the items, so the launch's programs are a few per SM however few rows flush. The last program
@@ -546,7 +546,7 @@ def mamba2_flush_kernel(
             stride_dt_b, stride_dt_h, stride_B_b, stride_B_g, stride_C_b, stride_C_g, stride_z_b, stride_z_h,
             stride_y_b, stride_y_h,
             CAP, BP, BPF, BN, BW, STAGES, HAS_D, HAS_Z, HAS_DT_BIAS, USE_SOFTPLUS, HAS_SLOTS, USE_COPY, IS_FP8,
-            PRECISION, ck_scale, seed, steps, CK_Q8, RANDOM, ROW4,
+            PRECISION, ck_scale, seed, steps, CK_Q8, RANDOM, ROW8,
         )
         i_j += n_programs
     list_done(work, n_programs)
@@ -791,9 +791,9 @@ def store_args(cache: ReplayCache) -> dict:
     """How a launch stores the checkpoint: its 8-bit rows' scales and the stochastic rounding's seed and counts
     (compile-time Nones and False when the checkpoint is 16-bit or fp32 and rounded to nearest)."""
     seed, steps, random = rnd.rounding_args(cache.rounding)
-    row4 = {"ROW4": True} if random and cache.shape[3] % 4 == 0 else {}
+    row8 = {"ROW8": True} if random and cache.shape[3] % 8 == 0 else {}
     return dict(ck_scale=cache.checkpoint_scale, seed=seed, steps=steps, CK_Q8=cache.is_eight_bit, RANDOM=random,
-                **row4)
+                **row8)
 
 
 def _strides(cache: ReplayCache, step: dict) -> dict:

@@ -78,7 +78,7 @@ KERNELS: tuple[KernelKind, ...] = (
     KernelKind("mamba2_materialize_kernel", "mamba2", (), None),
     KernelKind("_decode_kernel", "gdn", ("conventional",), None),
     KernelKind("_replay_kernel", "gdn", ("replay", "split"), None),
-    KernelKind("_flush_kernel", "gdn", ("split",), None),
+    KernelKind("_flush_kernel", "gdn", ("replay", "split"), None),
     KernelKind("_decode_multi_kernel", "gdn", ("spec-conventional",), None),
     KernelKind("_verify_list_kernel", "gdn", ("spec-replay",), None),
     KernelKind("_verify_gram_kernel", "gdn", ("spec-replay",), None),

@@ -28,8 +28,8 @@ _I32 = 4
 # A StateRounding's store count per slot (int64), read and advanced by every step that stores the state.
 _STEP_COUNT = 8
 # Integer operations of one Philox4x32-10 draw (triton.language.random.philox_impl): 10 rounds of 2 umulhi,
-# 2 multiplies, 4 xors and 2 adds. Stochastic rounding draws once per stored element, or once per four where the op's
-# kernels share a draw's four words between neighbours (the op's `elements_per_draw`).
+# 2 multiplies, 4 xors and 2 adds. Stochastic rounding takes 16 bits per stored element: one draw per element, or one per
+# eight where the op's kernels share a draw's four words, two halves each, between neighbours (`elements_per_draw`).
 PHILOX_ROUNDS = 10
 PHILOX_INT_OPS = PHILOX_ROUNDS * (2 + 2 + 4 + 2)
 
@@ -407,8 +407,8 @@ def step_cost(
 
     Stochastic rounding draws Philox4x32-10 (`int_ops`: PHILOX_INT_OPS = 100 integer operations per draw, not FLOPs)
     wherever the state is stored: every conventional step (T snapshots for spec-conventional), a flush, a fold; one
-    draw per stored element, or per four for Mamba-2 when N is a multiple of 4 (a draw's four words round four
-    neighbours of a row); and each such step reads and writes the slot's store count (int64).
+    draw per stored element, or per eight where N (Mamba-2) or K (GDN) is a multiple of 8 (a draw's four words, two
+    16-bit halves each, round eight neighbours of a row); and each such step reads and writes the slot's store count (int64).
     """
     variant = _choice(variant, VARIANTS, "variant")
     phase = _choice(phase, PHASES, "phase")

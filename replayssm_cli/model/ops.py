@@ -164,9 +164,9 @@ class Mamba2:
         return 0
 
     def elements_per_draw(self, s: Mamba2Shape) -> int:
-        """Stored elements one Philox4x32 draw rounds stochastically: its four words four neighbours of a row of N
-        (kernels/mamba2/common.py, ROW4), one element where N is not a multiple of 4."""
-        return 4 if s.N % 4 == 0 else 1
+        """Stored elements one Philox4x32 draw rounds stochastically: the 16-bit halves of its four words eight
+        neighbours of a row of N (kernels/mamba2/common.py, ROW8), one element where N is not a multiple of 8."""
+        return 8 if s.N % 8 == 0 else 1
 
     def flops(self, s: Mamba2Shape, has_z: bool) -> Mamba2Flops:
         return Mamba2Flops(s, has_z)
@@ -312,9 +312,9 @@ class GDN:
         return s.H
 
     def elements_per_draw(self, s: GDNShape) -> int:
-        """Stored elements one Philox4x32 draw rounds stochastically: its four words four neighbours of a row of K
-        (rounding.row_bits), one element where K is not a multiple of 4."""
-        return 4 if s.K % 4 == 0 else 1
+        """Stored elements one Philox4x32 draw rounds stochastically: the 16-bit halves of its four words eight
+        neighbours of a row of K (rounding.row_bits), one element where K is not a multiple of 8."""
+        return 8 if s.K % 8 == 0 else 1
 
     def flops(self, s: GDNShape, has_z: bool) -> GDNFlops:
         return GDNFlops(s)
