@@ -10,9 +10,13 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 
+from replayssm_cli.model import cost
+from replayssm_cli.model.dtypes import itemsize
+
 BATCHES = (1, 16, 64, 256)
 QUICK_BATCHES = (1, 256)
-IO_BYTES = 2
+# The dtype of every kernel's inputs and outputs.
+IO_DTYPE = "bf16"
 L2_BYTES = 60 * 2**20
 L2_MULTIPLE = 4
 MAX_LAYERS = 128
@@ -22,6 +26,8 @@ KERNELS = ("decode", "replay", "replay-nonflush", "replay-flush", "split-bf16", 
 BASELINE = {"replay": "decode", "replay-nonflush": "decode", "replay-flush": "decode", "split-bf16": "decode",
             "split-bf16-nonflush": "decode", "split-bf16-flush": "decode", "split-fp8": "decode",
             "verify": "decode-multi", "fla": "decode", "fla-inplace": "decode", "decode-direct": "decode"}
+# The kernel of ours whose bytes an outside kernel (fla's decode) or a variant of ours moves: a conventional step's.
+COST_KERNEL = {"fla": "decode", "fla-inplace": "decode", "decode-direct": "decode"}
 
 
 @dataclass
@@ -112,34 +118,27 @@ def state_torch_dtype():
     return {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[STATE["dtype"]]
 
 
-def sizes(kernel: str) -> tuple[int, int | None]:
-    state_size = {"fp32": 4, "bf16": 2, "fp16": 2}[STATE["dtype"]]
-    read = read_dtype(kernel)
-    return state_size, ({"bf16": 2, "fp8": 1}[read] if read else None)
-
-
 def read_dtype(kernel: str) -> str | None:
     """The read copy's dtype of a split-precision kernel ("split-bf16-flush" -> "bf16"), None for the others."""
     return kernel.split("-")[1] if kernel.startswith("split-") else None
 
 
-def bytes_per_layer_step(kernel: str, batch: int, row_bytes, window: int, accepted: int) -> float:
-    """Mean bytes per layer-step over the graph's steps, rows at their starting fills (staggered by default).
-
-    `row_bytes(kernel, fill, state_size, read_size)` is the op's count for one row in one step.
-    """
-    state_size, read_size = sizes(kernel)
+def bytes_per_layer_step(kernel: str, batch: int, shape, window: int, draft: int, accepted: int) -> float:
+    """Mean bytes per layer-step over the graph's steps, rows at their starting fills (staggered by default), each
+    step's as the cost model counts it (`cost.kernel_step_bytes` of `shape`, a Mamba2Shape or GDNShape, at every row's
+    fill); ValueError where the cost model refuses the kernel at this state (or buffer) dtype."""
     steps = graph_steps(kernel, window)
-    total = 0.0
-    for start in start_fills(kernel, batch, window):
-        fills = fill_trajectory(kernel, start, steps, window, accepted)
-        total += sum(row_bytes(kernel, f, state_size, read_size) for f in fills)
+    rows = [fill_trajectory(kernel, start, steps, window, accepted) for start in start_fills(kernel, batch, window)]
+    total = sum(cost.kernel_step_bytes(shape, COST_KERNEL.get(kernel, kernel), [fills[i] for fills in rows],
+                                       state_dtype=STATE["dtype"], io_dtype=IO_DTYPE, window=window, draft=draft,
+                                       accepted=accepted, buffer_dtype=STATE.get("buffer"))
+                for i in range(steps))
     return total / steps
 
 
 def layer_count(kernel: str, batch: int, l2_bytes: int, state_elements: int) -> int:
     """Enough layers, each with its own state pool, that the pools together hold over 4x the L2."""
-    pool = batch * state_elements * sizes(kernel)[0]
+    pool = batch * state_elements * itemsize(STATE["dtype"])
     return max(1, min(MAX_LAYERS, L2_MULTIPLE * l2_bytes // pool + 1))
 
 
@@ -297,6 +296,12 @@ def main(op, argv: list[str] | None, reuse_checks: bool) -> int:
         reason = getattr(op, "unavailable", lambda k: None)(kernel)
         if reason:
             print(f"{name}: skipping {reason}", file=sys.stderr)
+            kernels.remove(kernel)
+            continue
+        try:
+            op.bytes_per_layer_step(kernel, 1)
+        except ValueError as exc:
+            print(f"{name}: skipping {kernel} at a {args.state_dtype} state: {exc}", file=sys.stderr)
             kernels.remove(kernel)
     batches = args.batch or list(QUICK_BATCHES if args.quick else BATCHES)
     if any(b < 1 for b in batches):

@@ -7,7 +7,9 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import sweep_common as common  # noqa: E402
-from sweep_common import IO_BYTES, KERNELS, Result, add_ratios  # noqa: E402, F401
+from sweep_common import KERNELS, Result, add_ratios  # noqa: E402, F401
+
+from replayssm_cli.model.shapes import GDNShape  # noqa: E402
 
 SHAPE = {"H": 16, "HV": 64, "K": 128, "V": 128}
 WINDOW = 16
@@ -95,37 +97,6 @@ def plan(kernels: list[str], quick: bool, overrides: list[tuple[str, dict]]) -> 
     return common.plan(kernels, QUICK_GRID if quick else GRID, overrides)
 
 
-def _row_bytes(kernel: str, fill: int, state_size: int, read_size: int | None) -> float:
-    """DRAM bytes one row moves in one step at this fill: state tiles, buffer entries, counters, inputs, outputs.
-
-    Keys are read by every value head of a key head but counted once; a buffered entry is u (HV·V) and
-    k (H·K) in the buffer dtype, G and, under split precision, beta (HV) and its row of T (HV·W: the split
-    caches here hold no drafts) in fp32.
-    """
-    H, HV, K, V = SHAPE["H"], SHAPE["HV"], SHAPE["K"], SHAPE["V"]
-    S = HV * V * K
-    inputs = 2 * H * K * IO_BYTES + HV * V * IO_BYTES + HV * 4 + HV * IO_BYTES
-    output = HV * V * IO_BYTES
-    entry = _buffer_size() * (HV * V + H * K) + 4 * (HV + (HV * (1 + WINDOW) if read_size else 0))
-    counters = 2 * HV * 4
-    if kernel in ("decode",) + EXTRA_KERNELS:
-        return 2 * S * state_size + inputs + output
-    if kernel == "decode-multi":
-        return S * state_size + DRAFT * (S * state_size + inputs + output)
-    tile = S * (read_size or state_size)
-    # A flush reads the full checkpoint (and, under split precision, the copy to correct the buffered
-    # updates) and writes both.
-    fold = S * state_size + (S * read_size if read_size else 0) + S * state_size + (S * read_size if read_size else 0)
-    if kernel == "verify":
-        folding = fill >= WINDOW
-        total = (fold + fill * entry) if folding else (tile + fill * entry)
-        total += DRAFT * (inputs + output + entry) + counters + 2 * H * 4
-        return total + counters
-    if fill + 1 < WINDOW:
-        return tile + fill * entry + entry + counters + inputs + output
-    return fill * entry + fold + counters + inputs + output
-
-
 def fill_trajectory(kernel: str, start: int, steps: int) -> list[int]:
     return common.fill_trajectory(kernel, start, steps, WINDOW, ACCEPTED)
 
@@ -139,16 +110,23 @@ def graph_steps(kernel: str) -> int:
 
 
 def bytes_per_layer_step(kernel: str, batch: int) -> float:
-    return common.bytes_per_layer_step(kernel, batch, _row_bytes, WINDOW, ACCEPTED)
+    return common.bytes_per_layer_step(kernel, batch, GDNShape(**SHAPE), WINDOW, DRAFT, ACCEPTED)
 
 
 def layer_count(kernel: str, batch: int, l2_bytes: int) -> int:
     return common.layer_count(kernel, batch, l2_bytes, SHAPE["HV"] * SHAPE["V"] * SHAPE["K"])
 
 
-def _buffer_size() -> int:
-    """Bytes per buffered u and k element: --buffer-dtype's (the caches' default, fp32, without it)."""
-    return {"fp32": 4, "bf16": 2, "fp16": 2}[common.STATE.get("buffer") or "fp32"]
+def random_inputs(batch: int, T: int | None, device: str) -> dict:
+    """One step's inputs (T drafts' with T) in bf16, g too, as `replayssm profile` draws them and the cost model
+    counts them."""
+    import torch
+
+    from replayssm_kernels import gdn
+
+    inp = gdn.random_inputs(batch, SHAPE["H"], SHAPE["HV"], SHAPE["K"], SHAPE["V"], T=T, io_dtype=torch.bfloat16,
+                            device=device)
+    return {**inp, "g": inp["g"].to(torch.bfloat16)}
 
 
 def _cache(gdn, kernel: str, batch: int, device: str):
@@ -197,9 +175,9 @@ class Stack:
 
         self.m, self.torch = gdn, torch
         self.kernel, self.batch, self.launch = kernel, batch, launch
-        H, HV, K, V = SHAPE["H"], SHAPE["HV"], SHAPE["K"], SHAPE["V"]
+        HV, K, V = SHAPE["HV"], SHAPE["K"], SHAPE["V"]
         T = DRAFT if kernel in ("decode-multi", "verify") else None
-        self.inp = gdn.random_inputs(batch, H, HV, K, V, T=T, io_dtype=torch.bfloat16, device=device)
+        self.inp = random_inputs(batch, T, device)
         self.slots = common.row_slots(batch, device)
         self.n = torch.full((batch,), ACCEPTED, dtype=torch.int32, device=device)
         self.layers = []
@@ -267,7 +245,7 @@ def check_config(kernel: str, launch: dict, device: str, slots: list[int] = (2, 
 
     from replayssm_kernels import gdn
 
-    H, HV, K, V = SHAPE["H"], SHAPE["HV"], SHAPE["K"], SHAPE["V"]
+    HV, K, V = SHAPE["HV"], SHAPE["K"], SHAPE["V"]
     rows = torch.tensor(list(slots), dtype=torch.int32, device=device)
     n = len(rows)
     live = rows >= 0
@@ -285,7 +263,7 @@ def check_config(kernel: str, launch: dict, device: str, slots: list[int] = (2, 
         want = (torch.randn(n, HV, V, K, device=device) * 0.5).to(common.state_torch_dtype() if direct else torch.float32)
         state = want.clone() if v_first else want.transpose(-1, -2).contiguous()
         for _ in range(3):
-            inp = gdn.random_inputs(n, H, HV, K, V, device=device)
+            inp = random_inputs(n, None, device)
             if direct:
                 y = gdn.decode(state, **inp, use_qk_l2norm_in_kernel=True, config=config_for(kernel, state, n, launch))
             else:
@@ -299,11 +277,11 @@ def check_config(kernel: str, launch: dict, device: str, slots: list[int] = (2, 
         want = state.clone()
         for _ in range(3):
             if kernel == "decode":
-                inp = gdn.random_inputs(n, H, HV, K, V, device=device)
+                inp = random_inputs(n, None, device)
                 y = gdn.decode(state, **inp, **kw, config=config_for(kernel, state, n, launch))
                 err = max(err, rel(y, gdn.decode_ref(want, **inp, **kw)), rel(state, want))
             else:
-                inp = gdn.random_inputs(n, H, HV, K, V, T=DRAFT, device=device)
+                inp = random_inputs(n, DRAFT, device)
                 snaps, want_snaps = (torch.zeros(n, DRAFT, HV, V, K, device=device) for _ in range(2))
                 y = gdn.decode_multi(state, snaps, **inp, **kw, config=config_for(kernel, state, n, launch))
                 y_ref = gdn.decode_multi_ref(state, want_snaps, **inp, **kw)
@@ -314,14 +292,14 @@ def check_config(kernel: str, launch: dict, device: str, slots: list[int] = (2, 
     want = cache.clone()
     for step in range(WINDOW + 2):
         if kernel == "verify":
-            inp = gdn.random_inputs(n, H, HV, K, V, T=DRAFT, device=device)
+            inp = random_inputs(n, DRAFT, device)
             y = gdn.verify(cache, **inp, **kw, config=config_for(kernel, cache, n, launch))
             err = max(err, rel(y, gdn.verify_ref(want, **inp, **kw)))
             n_acc = torch.randint(0, DRAFT + 1, (n,), dtype=torch.int32, device=device)
             gdn.accept(cache, n_acc, rows)
             gdn.accept_ref(want, n_acc, rows)
         else:
-            inp = gdn.random_inputs(n, H, HV, K, V, device=device)
+            inp = random_inputs(n, None, device)
             y = gdn.replay(cache, **inp, **kw, config=config_for(kernel, cache, n, launch))
             err = max(err, rel(y, gdn.replay_ref(want, **inp, **kw)))
     got, ref = gdn.materialize(cache), gdn.materialize_ref(want)

@@ -7,7 +7,9 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import sweep_common as common  # noqa: E402
-from sweep_common import IO_BYTES, KERNELS, Result, add_ratios  # noqa: E402, F401
+from sweep_common import KERNELS, Result, add_ratios  # noqa: E402, F401
+
+from replayssm_cli.model.shapes import Mamba2Shape  # noqa: E402
 
 SHAPE = {"H": 128, "P": 64, "N": 128, "G": 8}
 WINDOW = 16
@@ -62,38 +64,6 @@ def plan(kernels: list[str], quick: bool, overrides: list[tuple[str, dict]]) -> 
     return common.plan(kernels, QUICK_GRID if quick else GRID, overrides)
 
 
-def _row_bytes(kernel: str, fill: int, state_size: int, read_size: int | None) -> float:
-    """DRAM bytes one row moves in one step at this fill: state tiles, buffer entries, counters, inputs, outputs.
-
-    B entries are shared by the H/G heads of a group and counted once; A, D and dt_bias are ignored.
-    """
-    H, P, N, G = SHAPE["H"], SHAPE["P"], SHAPE["N"], SHAPE["G"]
-    S = H * P * N
-    inputs = 2 * H * P * IO_BYTES + 2 * G * N * IO_BYTES + H * 4
-    output = H * P * IO_BYTES
-    entry = H * P * IO_BYTES + G * N * IO_BYTES + 2 * H * 4
-    counters = 2 * H * 4
-    if kernel == "decode":
-        return 2 * S * state_size + inputs + output
-    if kernel == "decode-multi":
-        return S * state_size + DRAFT * (S * state_size + inputs + output)
-    tile = S * (read_size or state_size) + (H * P * 4 if read_size == 1 else 0)
-    copy_write = 0 if read_size is None else S * read_size + (H * P * 4 if read_size == 1 else 0)
-    # A fold reads the checkpoint (not the copy: Mamba-2's buffered updates need no correction) and writes it and
-    # the copy.
-    fold = S * state_size + S * state_size + copy_write
-    if kernel == "verify":
-        folding = fill >= WINDOW
-        committed = 0 if folding else fill
-        total = (0 if folding else tile) + committed * entry + DRAFT * (inputs + output + entry) + counters // 2
-        total += (fill * entry + fold + counters // 2) if folding else 0
-        # accept: the fill read and written, the accepted drafts' B copied into the buffer
-        return total + counters + ACCEPTED * G * N * IO_BYTES * 2
-    if fill + 1 < WINDOW:
-        return tile + fill * entry + entry + counters + inputs + output
-    return fill * entry + fold + counters + inputs + output
-
-
 def fill_trajectory(kernel: str, start: int, steps: int) -> list[int]:
     return common.fill_trajectory(kernel, start, steps, WINDOW, ACCEPTED)
 
@@ -107,7 +77,19 @@ def graph_steps(kernel: str) -> int:
 
 
 def bytes_per_layer_step(kernel: str, batch: int) -> float:
-    return common.bytes_per_layer_step(kernel, batch, _row_bytes, WINDOW, ACCEPTED)
+    return common.bytes_per_layer_step(kernel, batch, Mamba2Shape(**SHAPE), WINDOW, DRAFT, ACCEPTED)
+
+
+def random_inputs(batch: int, T: int | None, device: str) -> dict:
+    """One step's inputs (T drafts' with T) in bf16, dt too, as `replayssm profile` draws them and the cost model
+    counts them; A, D and dt_bias in fp32."""
+    import torch
+
+    from replayssm_kernels import mamba2
+
+    H, P, N, G = SHAPE["H"], SHAPE["P"], SHAPE["N"], SHAPE["G"]
+    inp = mamba2.random_inputs(batch, H, P, N, G, T=T, io_dtype=torch.bfloat16, device=device)
+    return {**inp, "dt": inp["dt"].to(torch.bfloat16)}
 
 
 def layer_count(kernel: str, batch: int, l2_bytes: int) -> int:
@@ -126,7 +108,7 @@ class Stack:
         self.kernel, self.batch, self.launch = kernel, batch, launch
         H, P, N, G = SHAPE["H"], SHAPE["P"], SHAPE["N"], SHAPE["G"]
         T = DRAFT if kernel in ("decode-multi", "verify") else None
-        self.inp = mamba2.random_inputs(batch, H, P, N, G, T=T, io_dtype=torch.bfloat16, device=device)
+        self.inp = random_inputs(batch, T, device)
         self.slots = common.row_slots(batch, device)
         self.n = torch.full((batch,), ACCEPTED, dtype=torch.int32, device=device)
         self.layers = []
@@ -193,11 +175,11 @@ def check_config(kernel: str, launch: dict, device: str, slots: list[int] = (2, 
         want = state.clone()
         for _ in range(3):
             if kernel == "decode":
-                inp = mamba2.random_inputs(n, H, P, N, G, device=device)
+                inp = random_inputs(n, None, device)
                 y = mamba2.decode(state, **inp, dt_softplus=True, slots=rows, config=config_for(kernel, state, n, launch))
                 err = max(err, rel(y, mamba2.decode_ref(want, **inp, dt_softplus=True, slots=rows)), rel(state, want))
             else:
-                inp = mamba2.random_inputs(n, H, P, N, G, T=DRAFT, device=device)
+                inp = random_inputs(n, DRAFT, device)
                 snaps, want_snaps = (torch.zeros(n, DRAFT, H, P, N, device=device) for _ in range(2))
                 y = mamba2.decode_multi(state, snaps, **inp, dt_softplus=True, slots=rows,
                                         config=config_for(kernel, state, n, launch))
@@ -211,14 +193,14 @@ def check_config(kernel: str, launch: dict, device: str, slots: list[int] = (2, 
     want = cache.clone()
     for step in range(WINDOW + 2):
         if kernel == "verify":
-            inp = mamba2.random_inputs(n, H, P, N, G, T=DRAFT, device=device)
+            inp = random_inputs(n, DRAFT, device)
             y = mamba2.verify(cache, **inp, dt_softplus=True, slots=rows, config=config_for(kernel, cache, n, launch))
             err = max(err, rel(y, mamba2.verify_ref(want, **inp, dt_softplus=True, slots=rows)))
             n_acc = torch.randint(0, DRAFT + 1, (n,), dtype=torch.int32, device=device)
             mamba2.accept(cache, n_acc, rows)
             mamba2.accept_ref(want, n_acc, rows)
         else:
-            inp = mamba2.random_inputs(n, H, P, N, G, device=device)
+            inp = random_inputs(n, None, device)
             y = mamba2.replay(cache, **inp, dt_softplus=True, slots=rows, config=config_for(kernel, cache, n, launch))
             err = max(err, rel(y, mamba2.replay_ref(want, **inp, dt_softplus=True, slots=rows)))
     got, ref = mamba2.materialize(cache), mamba2.materialize_ref(want)

@@ -601,6 +601,46 @@ def test_kernel_step_bytes_of_decode_and_verify(shape):
         kernel_step_bytes(shape, "replay2", 0)
 
 
+@pytest.mark.parametrize("shape", [Mamba2Shape(H=6, P=12, N=10, G=3), GDNShape(H=2, HV=6, K=12, V=10)], ids=["mamba2", "gdn"])
+def test_kernel_step_bytes_of_a_batch_read_the_parameters_once(shape):
+    """Rows at several fills add up, with the layer's parameters read once per step, not once per row."""
+    W = 4
+    # Mamba-2's A, D and dt_bias, fp32 per head; GDN takes none.
+    params = 3 * 6 * 4 if shape.op == "mamba2" else 0
+    fills = [0, 3, 1, 3]
+    alone = [kernel_step_bytes(shape, "split-fp8", f, window=W) for f in fills]
+    assert kernel_step_bytes(shape, "split-fp8", fills, window=W) == sum(alone) - 3 * params
+    assert kernel_step_bytes(shape, "replay", [3, 3], window=W) == step_cost(
+        shape, "replay", "flush", batch=2, window=W).total_bytes
+    with pytest.raises(ValueError, match="at least one row"):
+        kernel_step_bytes(shape, "replay", [], window=W)
+
+
+def test_gdn_buffer_dtype():
+    """A 2-byte state may buffer u and k in its own dtype: 2 bytes narrower per element; G (and beta, T) stay fp32;
+    the default (None) is the cache's, fp32."""
+    kw = dict(batch=B, window=W, state_dtype="bf16")
+    wide = gdn("replay", "nonflush", fill=1, state_dtype="bf16")
+    narrow = gdn("replay", "nonflush", fill=1, state_dtype="bf16", buffer_dtype="bf16")
+    # Fill 1 reads one entry and appends one: two entries' u (HV, V) and k (H, K) per row, 2 bytes each fewer.
+    assert wide.total_bytes - narrow.total_bytes == B * 2 * (2 * 5 + 1 * 3) * 2
+    assert narrow.flops == wide.flops
+    assert gdn("replay", buffer_dtype="fp32", state_dtype="bf16") == gdn("replay", state_dtype="bf16")
+    assert memory_per_seq(GDN, "replay", window=W, state_dtype="bf16", buffer_dtype="bf16")["buffers"] == (
+        W * ((2 * 5 + 1 * 3) * 2 + 2 * 4))
+    assert memory_per_seq(GDN, "replay", window=W, state_dtype="bf16")["buffers"] == W * GDN_ENTRY
+    assert kernel_step_bytes(GDN, "replay", 1, window=W, state_dtype="bf16", buffer_dtype="bf16") == (
+        narrow.total_bytes // B)
+    with pytest.raises(ValueError, match="Gated DeltaNet only"):
+        m2("replay", buffer_dtype="fp32")
+    with pytest.raises(ValueError, match=r"fp32 or the state dtype \(fp32\), got bf16"):
+        step_cost(GDN, "replay", batch=B, window=W, buffer_dtype="bf16")
+    with pytest.raises(ValueError, match=r"fp32 or the state dtype \(bf16\), got fp16"):
+        step_cost(GDN, "replay", buffer_dtype="fp16", **kw)
+    with pytest.raises(ValueError, match="buffer_dtype must be one of fp32, bf16, fp16"):
+        memory_per_seq(GDN, "replay", window=W, state_dtype="bf16", buffer_dtype="fp8")
+
+
 def test_kernels_readme_bytes_tables_are_the_cost_models(tmp_path):
     """kernels/README.md's bytes-per-step tables are benchmarks/cost_tables.py's output, which a stale table fails."""
     import benchmark_scripts

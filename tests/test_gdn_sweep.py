@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import benchmark_scripts
+import sweep_cost
 
 sweep = benchmark_scripts.fixture("sweep_gdn")
 
@@ -42,58 +43,55 @@ def test_sweep_parse_launch(sweep):
     assert plan["replay"] == [{"num_warps": 4}] and plan["decode"] == sweep.QUICK_GRID["decode"]
 
 
-def test_sweep_byte_model(sweep):
-    """The counts behind the GB/s column: about 2|S| per conventional step, |S|(1 + 1/W) + buffer per replay step."""
-    S = 64 * 128 * 128 * 4
-    decode = sweep.bytes_per_layer_step("decode", 256) / 256
-    replay = sweep.bytes_per_layer_step("replay", 256) / 256
-    split = sweep.bytes_per_layer_step("split-bf16", 256) / 256
-    multi = sweep.bytes_per_layer_step("decode-multi", 256) / 256
-    verify = sweep.bytes_per_layer_step("verify", 256) / 256
-    assert 2 * S < decode < 2.02 * S
-    assert S * (1 + 1 / 16) < replay < S * 1.2
-    # By hand: every row passes fills 0..15 once in the 16 steps; fill f < 15 reads the tile and f entries and
-    # appends one, fill 15 reads the checkpoint and 15 entries and writes the folded one (no tile read first).
-    io = (2 * 16 * 128 + 64 * 128 + 64) * 2 + 64 * 4 + 64 * 128 * 2
-    entry, counters = 4 * (64 * 128 + 16 * 128 + 64), 2 * 64 * 4
-    assert decode == 2 * S + io
-    assert replay == pytest.approx(io + counters + (15 * S + sum(range(1, 16)) * entry + 15 * entry + 2 * S) / 16,
-                                   rel=1e-12)
-    split_entry = entry + 4 * 64 * (1 + 16)  # and beta and a row of T per value head
-    split_io = io + counters
-    # split: the bf16 copy as the tile; the flush reads and writes the checkpoint and the copy
-    assert split == pytest.approx(split_io + (15 * S / 2 + sum(range(1, 16)) * split_entry + 15 * split_entry
-                                              + 2 * S + 2 * S / 2) / 16, rel=1e-12)
-    assert 2.6 < decode / split < 2.8
-    assert 5 * S < multi < 5.1 * S
-    assert multi / verify > 3
-    assert sweep.fill_trajectory("replay", 14, 4) == [14, 15, 0, 1]
-    assert sweep.fill_trajectory("verify", 15, 3) == [15, 18, 3]
-    assert sweep.layer_count("decode", 1, 60 * 2**20) == 61 and sweep.layer_count("decode", 256, 60 * 2**20) == 1
+def _cost_model_bytes(sweep, kernel: str, batch: int, state: str = "fp32", buffer: str | None = None) -> float:
+    from replayssm_cli.model.shapes import GDNShape
+
+    # GDN reads no parameters once per step: the rows add up.
+    return sweep_cost.graph_bytes(sweep, GDNShape(**sweep.SHAPE), kernel, batch, 0, state_dtype=state,
+                                  buffer_dtype=buffer)
 
 
-def test_sweep_byte_model_2_byte_state(sweep):
-    """A 2-byte state's caches buffer u and k in fp32 unless --buffer-dtype asks for the state's dtype."""
-    S, io, counters = 64 * 128 * 128 * 2, (2 * 16 * 128 + 64 * 128 + 64) * 2 + 64 * 4 + 64 * 128 * 2, 2 * 64 * 4
-    state = sweep.common.STATE
-    saved = dict(state)
-    try:
-        for buffer, size in ((None, 4), ("fp32", 4), ("bf16", 2)):
-            state.update(dtype="bf16", buffer=buffer)
-            entry = size * (64 * 128 + 16 * 128) + 4 * 64
-            replay = sweep.bytes_per_layer_step("replay", 256) / 256
-            assert replay == pytest.approx(io + counters + (15 * S + sum(range(1, 16)) * entry + 15 * entry + 2 * S)
-                                           / 16, rel=1e-12)
-    finally:
-        state.clear()
-        state.update(saved)
+@pytest.mark.parametrize("batch", [1, 3, 256])
+def test_sweep_bytes_are_the_cost_models(sweep, monkeypatch, batch):
+    """The bytes behind the GB/s column are the cost model's for every kernel's rows (fla's and the slot-less decode
+    a conventional step's), and the inputs the sweep draws are the ones it counts (g in bf16, as the others)."""
+    monkeypatch.setitem(sweep.common.STATE, "dtype", "fp32")
+    monkeypatch.setitem(sweep.common.STATE, "buffer", None)
+    for kernel in sweep.KERNELS + sweep.EXTRA_KERNELS:
+        assert sweep.bytes_per_layer_step(kernel, batch) == pytest.approx(_cost_model_bytes(sweep, kernel, batch),
+                                                                          abs=1), kernel
+    inp = sweep.random_inputs(2, None, "cpu")
+    assert {k: v.dtype for k, v in inp.items()} == dict.fromkeys(("q", "k", "v", "g", "beta"), torch.bfloat16)
+
+
+def test_sweep_bytes_with_2_byte_buffers(sweep, monkeypatch):
+    """--buffer-dtype bf16 at a bf16 state: the cost model's bytes, which are the fp32 buffers' less 2 bytes for
+    every element of u and k a row moves."""
+    (H, HV, K, V), W, batch = (sweep.SHAPE[d] for d in ("H", "HV", "K", "V")), sweep.WINDOW, 256
+    monkeypatch.setitem(sweep.common.STATE, "dtype", "bf16")
+    monkeypatch.setitem(sweep.common.STATE, "buffer", "fp32")
+    wide = sweep.bytes_per_layer_step("replay", batch)
+    monkeypatch.setitem(sweep.common.STATE, "buffer", "bf16")
+    narrow = sweep.bytes_per_layer_step("replay", batch)
+    assert narrow == pytest.approx(_cost_model_bytes(sweep, "replay", batch, "bf16", "bf16"), abs=1)
+    # In W steps a row reads f entries and appends one at each nonflush fill f = 0..W-2 and reads W-1 at its flush:
+    # W(W-1)/2 + W-1 entries, each u (HV, V) and k (H, K) in 2 bytes instead of 4.
+    entries_per_step = (W * (W - 1) / 2 + W - 1) / W
+    assert wide - narrow == pytest.approx(batch * entries_per_step * (HV * V + H * K) * 2, rel=1e-12)
+    for kernel in ("decode", "split-fp8", "verify"):
+        assert sweep.bytes_per_layer_step(kernel, batch) == pytest.approx(
+            _cost_model_bytes(sweep, kernel, batch, "bf16", "bf16"), abs=1), kernel
 
 
 def test_sweep_buffer_dtype_is_fp32_or_the_state_dtype():
     done = _run("--dry-run", "--buffer-dtype", "bf16")
     assert done.returncode == 2 and done.stdout == ""
     assert done.stderr.strip().count("\n") == 0 and "--buffer-dtype must be fp32 or the state dtype" in done.stderr
-    assert _run("--dry-run", "--state-dtype", "bf16", "--buffer-dtype", "fp32").returncode == 0
+    done = _run("--dry-run", "--state-dtype", "bf16", "--buffer-dtype", "fp32")
+    assert done.returncode == 0 and len(done.stdout.strip().splitlines()) == 7 * 4
+    # a bf16 copy is not narrower than a bf16 state: each split-bf16 kernel one line, not planned
+    skipped = done.stderr.strip().splitlines()
+    assert len(skipped) == 3 and all("skipping split-bf16" in line and "not narrower" in line for line in skipped)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal without a GPU")

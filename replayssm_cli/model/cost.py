@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Any
@@ -126,10 +128,11 @@ class _Sizes:
     step_count: int = 0
 
 
-def _sizes(shape: SSMShape, st: str, rd: str | None, io: str, has_z: bool, rounding: str = "nearest") -> _Sizes:
+def _sizes(shape: SSMShape, st: str, rd: str | None, io: str, has_z: bool, rounding: str = "nearest",
+           buffer: str | None = None) -> _Sizes:
     s, r = itemsize(st), itemsize(rd)
     op = _op(shape)
-    part = op.step_sizes(shape, itemsize(io), has_z)
+    part = op.step_sizes(shape, itemsize(io), has_z, itemsize(buffer or "fp32"))
     scales = part["rows"] * SCALE_BYTES if rd == "fp8" else 0
     copy = shape.state_elems * r + scales if rd else 0
     eight_bit = st in EIGHT_BIT
@@ -328,6 +331,7 @@ def step_cost(
     accepted: float | None = None,
     has_z: bool = True,
     rounding: str = "nearest",
+    buffer_dtype: str | None = None,
 ) -> Cost:
     """Modelled DRAM bytes read and written and FLOPs of one decode step of one layer, whole batch.
 
@@ -351,6 +355,8 @@ def step_cost(
         accepted: mean drafts committed per spec-replay step, in (0, T] (default T, the most flushes).
         has_z: Mamba-2 only: the kernel reads z and gates its output with it (a preset's has_z says).
         rounding: "nearest" or "stochastic" (a 16-bit or 8-bit state only): how every state store rounds.
+        buffer_dtype: GDN only: the dtype of the buffered u and k, "fp32" or a 2-byte state's own (None: fp32, the
+            ReplayCache's default); G, beta and T stay fp32.
 
     Bytes are unique DRAM bytes per step (io = io_dtype size, st = state, rd = read copy), what the kernels
     move; a tensor shared by several programs (B and C by the heads of a group, k by the value heads of a
@@ -358,8 +364,8 @@ def step_cost(
 
     - per row: inputs x, z (H, P), dt (H), B, C (G, N) in io (GDN: q, k (H, K), v (HV, V), g, beta (HV));
       output y (H, P) (GDN: o (HV, V)); Mamba-2's A, D, dt_bias (H) fp32 are read once per step.
-    - buffer entry per row: x (H, P) and B (G, N) in io, delta and lam (H) fp32 (GDN: u (HV, V), k (H, K),
-      G (HV) fp32); fill counters (H) int32 (GDN: (HV)).
+    - buffer entry per row: x (H, P) and B (G, N) in io, delta and lam (H) fp32 (GDN: u (HV, V), k (H, K) in
+      buffer_dtype, G (HV) fp32); fill counters (H) int32 (GDN: (HV)).
     - conventional: state read and written. Replay nonflush at fill f: the checkpoint (split: the read copy,
       plus (rows) fp32 scales for fp8) and f entries read, this token's entry written, no state write.
       Flush (f = W-1): the full-precision checkpoint and f entries read, the checkpoint (split: and the copy)
@@ -417,7 +423,7 @@ def step_cost(
     io = _choice(io_dtype, IO_DTYPES, "io_dtype")
     conventional = variant in ("conventional", "spec-conventional")
     rd = _read_dtype(variant, st, read_dtype, conventional)
-    s = _sizes(shape, st, rd, io, has_z, _rounding(st, rounding))
+    s = _sizes(shape, st, rd, io, has_z, _rounding(st, rounding), _buffer_dtype(shape, st, buffer_dtype))
     fl = _op(shape).flops(shape, has_z)
     if variant == "conventional":
         return _conventional(s, fl, b, 1).cost()
@@ -440,6 +446,20 @@ def _read_dtype(variant: str, st: str, read_dtype: str | Enum | None, convention
     if why:
         raise ValueError(why)
     return rd
+
+
+def _buffer_dtype(shape: SSMShape, st: str, buffer_dtype: str | Enum | None) -> str | None:
+    """The checked buffer dtype (None: the cache's default), as ReplayCache.create takes it."""
+    if buffer_dtype is None:
+        return None
+    allowed = _op(shape).buffer_dtypes
+    if not allowed:
+        raise ValueError(f"buffer_dtype applies to Gated DeltaNet only ({_op(shape).title} buffers its inputs in "
+                         f"io_dtype), got {_name(buffer_dtype)!r}")
+    name = _choice(buffer_dtype, allowed, "buffer_dtype")
+    if name not in ("fp32", st):
+        raise ValueError(f"buffer_dtype must be fp32 or the state dtype ({st}), got {name}")
+    return name
 
 
 def _rounding(st: str, rounding: str | Enum | None) -> str:
@@ -488,6 +508,7 @@ def memory_per_seq(
     io_dtype: str = "bf16",
     draft: int = 0,
     rounding: str = "nearest",
+    buffer_dtype: str | None = None,
 ) -> dict[str, int]:
     """Bytes one sequence holds in one layer, by part, for a variant.
 
@@ -497,13 +518,15 @@ def memory_per_seq(
     entries; with stochastic rounding also the store count), snapshots (T states for spec-conventional) and total:
     what a ReplayCache allocates per slot. draft is required (1 to 8) for the speculative variants and sizes the
     replay buffers when given for the others. An 8-bit state's row scales count with the state and each snapshot.
+    buffer_dtype is step_cost's.
     """
     variant = _choice(variant, VARIANTS, "variant")
     st = _choice(state_dtype, STATE_DTYPES, "state_dtype")
     io = _choice(io_dtype, IO_DTYPES, "io_dtype")
     conventional = variant in ("conventional", "spec-conventional")
     rd = _read_dtype(variant, st, read_dtype, conventional)
-    s = _sizes(shape, st, rd, io, has_z=True, rounding=_rounding(st, rounding))
+    s = _sizes(shape, st, rd, io, has_z=True, rounding=_rounding(st, rounding),
+               buffer=_buffer_dtype(shape, st, buffer_dtype))
     parts = {"state": s.state, "read_copy": 0, "buffers": 0, "counters": s.step_count, "snapshots": 0}
     if variant == "spec-conventional":
         parts["snapshots"] = _check_draft(draft) * s.state
@@ -622,27 +645,38 @@ def cost_table(
     return rows
 
 
-def kernel_step_bytes(shape: SSMShape, kernel: str, fill: int, *, state_dtype: str = "fp32", io_dtype: str = "bf16",
-                      window: int = 16, draft: int = 4, accepted: float = 3, has_z: bool = True) -> int:
-    """DRAM bytes one row moves in one step of one kernel at this fill (step_cost at batch 1): what a launch-settings
-    sweep divides its time by. kernel: "decode", "decode-multi" (T = draft snapshots), "verify" (with accept; fill >= W
-    folds first), "replay" or "split-<read dtype>" (optionally "-nonflush" or "-flush": the phase is the fill's, f + 1 = W
-    flushes)."""
-    common = dict(batch=1, window=window, state_dtype=state_dtype, io_dtype=io_dtype, has_z=has_z)
-    if kernel == "decode":
-        c = step_cost(shape, "conventional", **common)
-    elif kernel == "decode-multi":
-        c = step_cost(shape, "spec-conventional", draft=draft, **common)
-    elif kernel == "verify":
-        c = step_cost(shape, "spec-replay", "flush" if fill >= window else "nonflush", fill=fill, draft=draft,
-                      accepted=accepted, **common)
-    elif _phased(kernel):
-        read = kernel.split("-")[1] if kernel.startswith("split-") else None
-        c = step_cost(shape, "split" if read else "replay", "flush" if fill + 1 >= window else "nonflush", fill=fill,
-                      read_dtype=read, **common)
-    else:
-        raise ValueError(f"kernel must be decode, decode-multi, verify, replay[-phase] or split-<dtype>[-phase], got {kernel!r}")
-    return c.total_bytes
+def kernel_step_bytes(shape: SSMShape, kernel: str, fills: int | Iterable[int], *, state_dtype: str = "fp32",
+                      io_dtype: str = "bf16", window: int = 16, draft: int = 4, accepted: float = 3, has_z: bool = True,
+                      buffer_dtype: str | None = None) -> int:
+    """DRAM bytes one step of one kernel moves with its rows at these fills (one int: a single row): what a
+    launch-settings sweep divides its time by. Each row is step_cost's at batch 1 at its fill, and the layer's
+    parameters, which each such count holds, are read once per step. kernel: "decode", "decode-multi" (T = draft
+    snapshots), "verify" (with accept; fill >= W folds first), "replay" or "split-<read dtype>" (optionally "-nonflush"
+    or "-flush": the phase is the fill's, f + 1 = W flushes)."""
+    rows = Counter([fills] if isinstance(fills, int) else fills)
+    if not rows:
+        raise ValueError("kernel_step_bytes needs the fill of at least one row")
+    common = dict(batch=1, window=window, state_dtype=state_dtype, io_dtype=io_dtype, has_z=has_z,
+                  buffer_dtype=buffer_dtype)
+    total = 0
+    for fill, count in rows.items():
+        if kernel == "decode":
+            c = step_cost(shape, "conventional", **common)
+        elif kernel == "decode-multi":
+            c = step_cost(shape, "spec-conventional", draft=draft, **common)
+        elif kernel == "verify":
+            c = step_cost(shape, "spec-replay", "flush" if fill >= window else "nonflush", fill=fill, draft=draft,
+                          accepted=accepted, **common)
+        elif _phased(kernel):
+            read = kernel.split("-")[1] if kernel.startswith("split-") else None
+            c = step_cost(shape, "split" if read else "replay", "flush" if fill + 1 >= window else "nonflush",
+                          fill=fill, read_dtype=read, **common)
+        else:
+            raise ValueError(
+                f"kernel must be decode, decode-multi, verify, replay[-phase] or split-<dtype>[-phase], got {kernel!r}")
+        total += count * c.total_bytes
+    params = _op(shape).step_sizes(shape, itemsize(_name(io_dtype)), has_z)["params"]
+    return total - (rows.total() - 1) * params
 
 
 def _phased(kernel: str) -> bool:

@@ -100,6 +100,8 @@ class Mamba2:
     family = None
     # Arrival counters per (slot, head) of the programs that share a head.
     arrive_lanes = 1
+    # The dtypes a ReplayCache may buffer its entries in (`buffer_dtype`): none, Mamba-2 buffers its inputs as given.
+    buffer_dtypes: tuple[str, ...] = ()
 
     # A preset TOML's [ssm] keys, in the order of `dims`.
     toml_keys = ("heads", "head_dim", "state_dim", "groups")
@@ -141,9 +143,10 @@ class Mamba2:
         """Elements of one token's inputs per head in the quality harness (x, B, C, dt)."""
         return s.P + 2 * s.N + 1
 
-    def step_sizes(self, s: Mamba2Shape, io: int, has_z: bool) -> dict[str, int]:
-        """Bytes per sequence of one step's traffic, by part (io: the input and output itemsize): state rows and heads
-        counted, inputs, outputs, parameters, one buffer entry, a draft's extra B."""
+    def step_sizes(self, s: Mamba2Shape, io: int, has_z: bool, buffer: int = _F32) -> dict[str, int]:
+        """Bytes per sequence of one step's traffic, by part (io: the input and output itemsize; buffer: the itemsize of
+        the buffered elements that take `buffer_dtypes`): state rows and heads counted, inputs, outputs, parameters,
+        one buffer entry, a draft's extra B."""
         H, P, N, G = s.H, s.P, s.N, s.G
         return {
             "rows": H * P, "heads": H,
@@ -257,6 +260,8 @@ class GDN:
     family = "qwen3-next"
     # One per lane of a warp, for the replay's LCOUNT (kernels/gdn/cache.py ARRIVE_LANES).
     arrive_lanes = 32
+    # u and k: fp32 (the cache's default) or a 2-byte state's own dtype (kernels/gdn/cache.py BUFFER_DTYPES).
+    buffer_dtypes = ("fp32", "bf16", "fp16")
 
     toml_keys = ("key_heads", "value_heads", "key_dim", "value_dim")
 
@@ -290,14 +295,15 @@ class GDN:
         """Elements of one token's inputs per head in the quality harness (q, k, v, g, beta)."""
         return 2 * s.K + s.V + 2
 
-    def step_sizes(self, s: GDNShape, io: int, has_z: bool) -> dict[str, int]:
+    def step_sizes(self, s: GDNShape, io: int, has_z: bool, buffer: int = _F32) -> dict[str, int]:
         H, HV, K, V = s.H, s.HV, s.K, s.V
         return {
             "rows": HV * V, "heads": HV,
             "inputs": (2 * H * K + HV * V + 2 * HV) * io,
             "outputs": HV * V * io,
             "params": 0,
-            "entry": (HV * V + H * K + HV) * _F32,
+            # u and k in the cache's buffer dtype, G in fp32
+            "entry": (HV * V + H * K) * buffer + HV * _F32,
             "draft_b": 0,
         }
 
