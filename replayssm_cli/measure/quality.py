@@ -442,7 +442,7 @@ class _Rounder:
 
         bits = None
         if c.rounding == "stochastic":
-            bits = torch.randint(0, 2**32, S.shape, generator=self.gens[c], dtype=torch.int64)
+            bits = torch.randint(0, 2**16, S.shape, generator=self.gens[c], dtype=torch.int64)
         dtype = torch_dtype(c.state_dtype)
         if c.state_dtype in EIGHT_BIT:
             return rounding.dequantized_rows(*rounding.quantized_rows_reference(S, bits, dtype))
