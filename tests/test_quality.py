@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import math
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -249,3 +253,34 @@ def test_stepwise_kernels_round_stochastically_as_their_references(shape, device
         want = Q.stepwise_outputs(inputs, c, backend="reference", device="cpu")
         got = Q.stepwise_outputs(inputs, c, backend="kernels", device=device).cpu()
         assert (got - want).norm().item() <= 1e-5 * want.norm().item(), c.label()
+
+
+def test_fp8_nearest_equals_torchs_cast():
+    """The harness's fp8 e4m3 rounding is torch's cast to float8_e4m3fn and back, ties and subnormals included."""
+    codes = torch.arange(256, dtype=torch.int32).to(torch.uint8).view(torch.float8_e4m3fn).float()
+    grid = codes[codes.isfinite() & (codes.abs() <= 448)].unique()
+    ties = (grid[1:] + grid[:-1]) / 2
+    near = torch.cat([ties, torch.nextafter(ties, grid[1:]), torch.nextafter(ties, grid[:-1]), grid])
+    gen = torch.Generator().manual_seed(0)
+    spread = torch.exp(torch.empty(200_000).uniform_(math.log(1e-5), math.log(448.0), generator=gen))
+    q = torch.cat([near, -near, spread, -spread, torch.tensor([0.0, 448.0, -448.0])])
+    assert torch.equal(Q._fp8_nearest(q), q.to(torch.float8_e4m3fn).float())
+
+
+def test_run_keeps_the_stepwise_harness_errors():
+    """The windowed Mamba-2 run gives the errors the token-by-token harness gave on the same inputs (the fixture):
+    every figure within float rounding, 1e-4 of itself or 2^-24 (fp32's unit roundoff; an fp32 state's errors are
+    that rounding, and the windowed run sums each output's terms in another order)."""
+    want = json.loads((Path(__file__).parent / "fixtures" / "quality_mamba2_stepwise.json").read_text())
+    spec = want["inputs"]
+    inputs = Q.synthetic_inputs(Mamba2Shape(**spec["shape"]), steps=spec["steps"], prompt=spec["prompt"],
+                                heads=spec["heads"], seed=spec["seed"])
+    configs = [Q.Config(*c["key"]) for c in want["configs"]]
+    assert len({c.window for c in configs}) == len(spec["windows"]) + 1 and len(configs) == 57
+    report = Q.run(inputs, configs)
+    for c, w in zip(configs, want["configs"]):
+        got = report.get(c)
+        for name, figures in (("buckets", got.buckets), ("worst_token", got.worst)):
+            assert list(figures) == list(w[name])
+            for label, value in figures.items():
+                assert value == pytest.approx(w[name][label], rel=1e-4, abs=2**-24), (c.label(), name, label)

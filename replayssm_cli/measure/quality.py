@@ -125,11 +125,12 @@ class Inputs:
         return {"H": self.heads, **_harness(self.op).dims(self.tensors)}
 
 
-def bytes_per_token(shape: SSMShape, heads: int, configs: int) -> int:
+def bytes_per_token(shape: SSMShape, heads: int, configs: int, windows: int = 0) -> int:
     """Memory a quality run holds per token (prompt or generated): the inputs of `heads` heads in fp32 and their
-    fp32 and fp64 working copies, plus each config's squared error."""
+    fp32 and fp64 working copies, each config's squared error, the fp64 outputs and each window's buffer terms."""
     per_head = ops.of(shape).quality_elems_per_head(shape)
-    return 3 * 8 * heads * per_head + 8 * (configs + 1)
+    out = getattr(shape, _harness(shape.op).out_key)
+    return 3 * 8 * heads * per_head + 8 * (configs + 1) + heads * out * (8 + 4 * windows)
 
 
 def memory_here() -> int | None:
@@ -150,8 +151,8 @@ def check_size(p, trace, cands, steps: int, heads: int) -> None:
     if heads > layer_heads:
         where = "the trace's layer" if trace is not None else f"a layer of {p.name}" + (f" at tp {p.tp}" if p.tp != 1 else "")
         raise UserError(f"--heads {heads} is more than the {layer_heads} heads of {where}", f"pass --heads 1 to {layer_heads}")
-    configs = len({c.quality_key() for c in cands})
-    per_token = bytes_per_token(shape, heads, configs)
+    configs = {c.quality_key() for c in cands}
+    per_token = bytes_per_token(shape, heads, len(configs), len({k[2] for k in configs if k[2] is not None}))
     have = memory_here()
     tokens = DEFAULT_PROMPT + steps
     if have and tokens * per_token > have // 2:
@@ -448,11 +449,21 @@ class _Rounder:
             return rounding.dequantized_rows(*rounding.quantized_rows_reference(S, bits, dtype))
         return rounding.rounded_reference(S, bits, dtype)
 
+    def store_(self, S, c: Config) -> None:
+        """Round S (fp32, a view of a larger state is fine) in place as config c stores it."""
+        if c.state_dtype == "fp32":
+            return
+        if c.rounding == "nearest" and c.state_dtype in ("bf16", "fp16"):
+            from replayssm_cli.model.dtypes import torch_dtype
+
+            S.copy_(S.to(torch_dtype(c.state_dtype)))
+        else:
+            S.copy_(self.stored(S, c))
+
     def each(self, S, configs: list[Config]):
         """Round slice i of S in place as configs[i] stores it; returns S."""
         for i, c in enumerate(configs):
-            if c.state_dtype != "fp32":
-                S[i] = self.stored(S[i], c)
+            self.store_(S[i], c)
         return S
 
 
@@ -468,9 +479,23 @@ def _read_copy(S, dtype: str | None):
         scale = S.abs().amax(-1, keepdim=True).clamp_min(1e-30) / qmax
         q = S / scale
         if dtype == "fp8":
-            return q.to(torch.float8_e4m3fn).float() * scale
+            return _fp8_nearest(q) * scale
         return torch.copysign(torch.floor(q.abs() + 0.5).clamp_max(qmax), q) * scale
     return _stored(S, dtype)
+
+
+def _fp8_nearest(q):
+    """fp32 values |q| <= 448 rounded to the nearest fp8 e4m3 value (ties to even), as fp32: equal to
+    q.to(torch.float8_e4m3fn).float() and several times faster on the CPU.
+
+    Adding and subtracting M = ±2^(e+20), e the exponent of q (at least -6, fp8's smallest normal), leaves q rounded
+    by the fp32 adder to a multiple of 2^(e-3): three mantissa bits, or fp8's subnormal step 2^-9 below 2^-6.
+    """
+    import torch
+
+    raw = q.view(torch.int32)
+    magic = (((raw & 0x7F800000).clamp_min(121 << 23) + (20 << 23)) | (raw & -0x80000000)).view(torch.float32)
+    return (q + magic) - magic
 
 
 class _Windows:
@@ -640,52 +665,153 @@ def _record_step(y, y64, g: int, err2, kept, on_step) -> None:
 
 
 def _run_mamba2(inputs: Inputs, configs: list[Config], on_step, keep: bool):
+    """The fp64 run first, then token by token the conventional configs; the configs of each window advance a
+    window at a time (the outputs between flushes are one matrix product, the flush one state update)."""
     import torch
 
     x, B, C, D, delta, log_a = _mamba2_params(inputs, torch.float32)
-    x64, B64, C64, D64, delta64, log_a64 = _mamba2_params(inputs, torch.float64)
     H = x.shape[1]
     S64 = _prompt_state(inputs)
     rnd = _Rounder(configs)
-    conv, rep, windows, order, Sc, S0, Rd, win, cfg_w = _start_states(S64, configs, H, rnd)
+    conv, rep, windows, order, Sc, S0, _, _, cfg_w = _start_states(S64, configs, H, rnd)
+    y64, ref2 = _mamba2_reference_run(inputs, S64)
 
-    G = inputs.generated
+    G, p0 = inputs.generated, inputs.prompt
     err2 = torch.zeros(len(order), G, dtype=torch.float64)
-    ref2 = torch.zeros(G, dtype=torch.float64)
     kept = torch.empty(len(order), G, *_out_dims(inputs)) if keep else None
+    gen = {"x": x[p0:], "B": B[p0:], "C": C[p0:], "delta": delta[p0:], "log_a": log_a[p0:],
+           "skip": D[:, None] * x[p0:], "y64": y64}
+    groups = [_Mamba2Window(size, max(windows), [(rep[i], S0[i], len(conv) + i) for i in range(len(rep)) if cfg_w[i] == w],
+                            gen, rnd) for w, size in enumerate(windows)]
+    decay, dx = torch.exp(gen["log_a"]), gen["delta"][:, :, None] * gen["x"]
     for g in range(G):
-        s = inputs.prompt + g
-        S64 = _mamba2_update(S64, log_a64[s], delta64[s], x64[s], B64[s])
-        y64 = _mv(S64, C64[s]) + D64[:, None] * x64[s]
-        ref2[g] = (y64 * y64).sum()
-        skip = D[:, None] * x[s]
-        ys = []
         if conv:
-            Snew = _mamba2_update(Sc, log_a[s], delta[s], x[s], B[s])
-            ys.append(_mv(Snew, C[s]) + skip)
-            Sc = rnd.each(Snew, conv)
-        if rep:
-            win.append(g, log_a[s])
-            tok = win.token(g, inputs.prompt)
-            wts = win.weights(g)
-            # Buffer entry j contributes exp(Λ_t - Λ_j) Δ_j (B_j · C_t) x_j to the output (docs/design.md §2).
-            coef = wts * (delta[tok] * (B[tok] * C[s]).sum(-1))[None]
-            buf_y = torch.einsum("wjh,jhp->whp", coef, x[tok])
-            y_rep = torch.exp(win.lam[cfg_w])[:, :, None] * _mv(Rd, C[s]) + buf_y[cfg_w] + skip
-            for w in win.flushing():
-                fold = torch.einsum("jh,jhp,jhn->hpn", wts[w] * delta[tok], x[tok], B[tok])
-                decay = torch.exp(win.lam[w])[:, None, None]
-                for i, c in enumerate(rep):
-                    if cfg_w[i] != w:
-                        continue
-                    Snew = decay * S0[i] + fold
-                    y_rep[i] = _mv(Snew, C[s]) + skip
-                    S0[i] = rnd.stored(Snew, c)
-                    Rd[i] = _read_copy(S0[i], c.read_dtype)
-                win.reset(w)
-            ys.append(y_rep)
-        _record_step(torch.cat(ys).double(), y64, g, err2, kept, on_step)
+            Sc.mul_(decay[g][:, None, None]).add_(dx[g][:, :, None] * gen["B"][g][:, None, :])
+            y = _mv(Sc, gen["C"][g]) + gen["skip"][g]
+            err2[: len(conv), g] = ((y.double() - y64[g]) ** 2).sum((1, 2))
+            if kept is not None:
+                kept[: len(conv), g] = y
+            rnd.each(Sc, conv)
+        for grp in groups:
+            if g - grp.start + 1 == grp.size or g == G - 1:
+                grp.advance(g, err2, kept)
+        if on_step is not None:
+            on_step(g + 1)
     return _reorder(err2, order, configs), ref2, _reorder(kept, order, configs) if keep else None
+
+
+def _mamba2_reference_run(inputs: Inputs, S64):
+    """The fp64 outputs of the generated tokens (G, H, P) from the prompt state and their squared norms (G,)."""
+    import torch
+
+    x, B, C, D, delta, log_a = _mamba2_params(inputs, torch.float64)
+    p0 = inputs.prompt
+    x, B, C, delta, log_a = x[p0:], B[p0:], C[p0:], delta[p0:], log_a[p0:]
+    decay, dx, skip = torch.exp(log_a), delta[:, :, None] * x, D[:, None] * x
+    y64 = torch.empty_like(x)
+    S64 = S64.clone()
+    for g in range(inputs.generated):
+        S64.mul_(decay[g][:, None, None]).add_(dx[g][:, :, None] * B[g][:, None, :])
+        torch.add(_mv(S64, C[g]), skip[g], out=y64[g])
+    return y64, (y64 * y64).sum((1, 2))
+
+
+class _Mamba2Window:
+    """The replay and split configs of one window, stepped a window at a time.
+
+    Holds their checkpoints S (H, m, P, N) (replay configs first) and the split configs' read copies (H, m', P, N);
+    the window's cumulative log decay Λ at every generated token (G, H); and the buffer's part of every output
+    (H, P, G), the same for all configs of the window: entry k adds exp(Λ_i - Λ_k) Δ_k (B_k · C_i) x_k to token
+    i's output (docs/design.md §2). Between flushes a config's output is exp(Λ_i) R C_i plus that part; a flush
+    folds the buffer into each checkpoint (its ring slots in the kernels' order, token g in slot g % wmax) and
+    stores it as the config does.
+    """
+
+    def __init__(self, size: int, wmax: int, members: list, gen: dict[str, Any], rnd: _Rounder):
+        import torch
+
+        members = sorted(members, key=lambda m: m[0].read_dtype is not None)
+        self.size, self.wmax, self.gen, self.rnd, self.start = size, wmax, gen, rnd, 0
+        self.configs = [c for c, _, _ in members]
+        self.rows = [r for _, _, r in members]
+        self.replays = sum(c.read_dtype is None for c in self.configs)
+        self.S = torch.stack([s for _, s, _ in members], 1)
+        self.reads = torch.stack([_read_copy(s, c.read_dtype) for c, s, _ in members[self.replays:]], 1) \
+            if self.replays < len(members) else None
+        self.lam, buf = self._buffer_terms(gen)
+        self.base = buf + gen["skip"].permute(1, 2, 0)
+        self.y64 = gen["y64"].permute(1, 2, 0)
+
+    def _buffer_terms(self, gen: dict[str, Any]):
+        import torch
+
+        G, H = gen["log_a"].shape
+        w, chunks = self.size, -(-G // self.size)
+
+        def by_window(t):
+            padded = torch.zeros(chunks * w, *t.shape[1:], dtype=t.dtype)
+            padded[:G] = t
+            return padded.view(chunks, w, *t.shape[1:])
+
+        log_a, x, B, C, delta = (by_window(gen[k]) for k in ("log_a", "x", "B", "C", "delta"))
+        lam = torch.empty_like(log_a)
+        acc = torch.zeros(chunks, H)
+        # Added token by token in fp32 from 0 at each flush, as the kernels accumulate Λ.
+        for j in range(w):
+            acc = acc + log_a[:, j]
+            lam[:, j] = acc
+        lam_h = lam.transpose(1, 2)
+        causal = torch.ones(w, w, dtype=torch.bool).tril()
+        decay = torch.exp(torch.where(causal, lam_h[..., :, None] - lam_h[..., None, :], -math.inf))
+        coef = decay * torch.einsum("cihn,ckhn->chik", C, B) * delta.transpose(1, 2)[:, :, None, :]
+        buf = torch.einsum("chik,ckhp->hpci", coef, x).reshape(H, x.shape[-1], chunks * w)[..., :G]
+        return lam.view(-1, H)[:G], buf
+
+    def advance(self, g: int, err2, kept) -> None:
+        """Every token of the open window up to g: the outputs of its non-flush tokens, then, if the window is
+        full at g, the flush token's output from the folded state and the stored checkpoints."""
+        first, flush = self.start, g - self.start + 1 == self.size
+        last = g if flush else g + 1
+        if last > first:
+            self._between(first, last, err2, kept)
+        if flush:
+            self._flush(g, err2, kept)
+        self.start = g + 1
+
+    def _outputs_error(self, y, first: int, last: int, err2, kept) -> None:
+        """Record y (H, m, P, L), the outputs of tokens first..last-1."""
+        d = y.double() - self.y64[:, None, :, first:last]
+        err2[self.rows, first:last] = (d * d).sum((0, 2))
+        if kept is not None:
+            kept[self.rows, first:last] = y.permute(1, 3, 0, 2)
+
+    def _between(self, first: int, last: int, err2, kept) -> None:
+        import torch
+
+        H, m, P, N = self.S.shape
+        C = self.gen["C"][first:last].permute(1, 2, 0)
+        parts = [torch.matmul(self.S[:, : self.replays].reshape(H, -1, N), C)] if self.replays else []
+        if self.reads is not None:
+            parts.append(torch.matmul(self.reads.reshape(H, -1, N), C))
+        RC = torch.cat(parts, 1).view(H, m, P, last - first)
+        lam = self.lam[first:last].T
+        y = torch.exp(lam)[:, None, None, :] * RC + self.base[:, None, :, first:last]
+        self._outputs_error(y, first, last, err2, kept)
+
+    def _flush(self, g: int, err2, kept) -> None:
+        import torch
+
+        gen, age = self.gen, (g - torch.arange(self.wmax)) % self.wmax
+        tok = (g - age).clamp_min(0)
+        wts = torch.exp(torch.where((age < self.size)[:, None], self.lam[g][None] - self.lam[tok], -math.inf))
+        fold = torch.einsum("jh,jhp,jhn->hpn", wts * gen["delta"][tok], gen["x"][tok], gen["B"][tok])
+        S = self.S.mul_(torch.exp(self.lam[g])[:, None, None, None]).add_(fold[:, None])
+        y = (S * gen["C"][g][:, None, None, :]).sum(-1) + gen["skip"][g][:, None]
+        self._outputs_error(y[..., None], g, g + 1, err2, kept)
+        for j, c in enumerate(self.configs):
+            self.rnd.store_(S[:, j], c)
+            if j >= self.replays:
+                self.reads[:, j - self.replays] = _read_copy(S[:, j], c.read_dtype)
 
 
 def _gdn_params(inputs: Inputs, dtype):
