@@ -16,6 +16,7 @@ from replayssm_cli.measure import trace as trace_mod
 from replayssm_cli.advise import tuner, verdict
 from replayssm_cli.main import app
 from replayssm_cli.advise.tuner import Candidate, Timing
+from replayssm_cli.model.dtypes import precision_label
 from replayssm_cli.model.shapes import Mamba2Shape
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -840,3 +841,55 @@ def test_tune_energy_on_a_gpu_measures_it_and_the_verdict_reads_it(monkeypatch, 
     line = json.loads(res.stdout)["verdict"][0]
     assert line["label"] == "replay W16 fp32"
     assert line["tokens_per_j_gain"] == pytest.approx(2.0) and line["energy_origin"] == "measured here"
+
+
+DETAILS = ("--preset", SUPER, "--results", str(MAMBA2_RESULTS), "--batch", "1,256", "--window", "8,16",
+           "--state-dtype", "fp32,bf16", "--read-dtype", "bf16,fp8")
+
+
+def _on_terminal(width: int, *args: str) -> list[str]:
+    """tune's output lines from the detail tables on, as a terminal of `width` columns shows them."""
+    res = CliRunner().invoke(app, ["tune", *args, "--details", *QUICK],
+                             env={"COLUMNS": str(width), "TTY_COMPATIBLE": "1", "NO_COLOR": "1"})
+    assert res.exit_code == 0, res.output
+    lines = re.sub(r"\x1b\[[0-9;]*m", "", res.stdout).splitlines()
+    return lines[next(i for i, line in enumerate(lines) if line.startswith("Recommendation")):]
+
+
+def _headers(lines: list[str], title: str) -> str:
+    """The header lines of the table under `title` (those above its rule)."""
+    start = lines.index(next(line for line in lines if line.startswith(title)))
+    rule = next(i for i in range(start, len(lines)) if lines[i].strip().startswith("───"))
+    return " ".join(lines[start + 1:rule])
+
+
+@pytest.mark.parametrize("width", [80, 120])
+def test_tune_details_fit_the_terminal(width):
+    """At 80-120 columns the detail tables keep batch, variant, W, state→read and speedup, cut no number, and say
+    which secondary columns they left out; --wide shows every column."""
+    lines = _on_terminal(width, *DETAILS)
+    assert max(len(line) for line in lines) <= width, max(lines, key=len)
+    text = "\n".join(lines)
+    for title in ("Recommendation", "batch 1, decode: every candidate", "batch 256, decode: every candidate"):
+        headers = _headers(lines, title).split()
+        assert {"variant", "W", "state→read", "speedup"} <= set(headers), (title, headers)
+    assert "batch" in _headers(lines, "Recommendation").split()
+    flat = " ".join(text.split())
+    left_out = re.search(r"left out for the terminal's width: (.*?) \(--wide shows every column\)", flat)
+    assert left_out and "µs/token (model)" in left_out.group(1).split(", ")
+    report = run_json(*DETAILS)
+    for d in report["decisions"]:
+        title = f"batch {d['batch']}, decode: every candidate"
+        rows = lines[lines.index(next(line for line in lines if line.startswith(title))):]
+        for c in d["candidates"]:
+            start = rf"^ {c['variant']}\s+{c['window'] or '-'}\s+{precision_label(c['state_dtype'], c['read_dtype'])}\s"
+            row = next(line for line in rows if re.match(start, line))
+            assert c["speedup"] is None or f" {c['speedup']:.2f}x " in row, (c["label"], row)
+        rec = d["recommended"]
+        assert f" {rec['speedup']:.2f}x " in text and f" ({rec['speedup_lo']:.2f}-{rec['speedup_hi']:.2f}) " in text
+    wide = _on_terminal(width, *DETAILS, "--wide")
+    assert not any("left out" in line for line in wide)
+    every = _headers(wide, "Recommendation")
+    for name in ("µs/token/layer", "µs/token (model)", "seqs fit", "error", "time", "MiB/seq (state+copy+buffers)"):
+        assert name in every, name
+    assert {"µs/token", "MiB/seq", "error", "time", "verdict"} <= set(_headers(wide, "batch 1, decode: every candidate").split())

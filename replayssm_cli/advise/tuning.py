@@ -609,81 +609,107 @@ def _fmt(value: float | None, spec: str = ".3g") -> str:
     return format(value, spec)
 
 
-def _render(p, source, quality, decisions, error_budget, budget, budget_note, baseline) -> None:
-    from rich import box
-    from rich.table import Table
+# The detail tables' columns that go first when the terminal is narrow (first listed, first gone); the preset is in
+# the heading, and batch, variant, T, W, state→read and speedup always stay. A wrapped column breaks between words.
+MEMORY = "MiB/seq (state+copy+buffers)"
+RECOMMENDATION_DROP = ("µs/token (model)", "seqs fit", "time", MEMORY, "error", "µs/token/layer", "mode")
+CANDIDATES_DROP = ("time", "MiB/seq", "error", "µs/token")
+WRAPPED = ("variant", "speedup", MEMORY, "time", "verdict")
+# The verdict column is a sentence: narrower than this, secondary columns go first.
+VERDICT_WIDTH = 32
+LEFT = ("mode", "variant", "T", "W", "state→read", "time", "verdict", "config")
 
+
+def _run_cells(c) -> dict[str, str]:
+    """A candidate's identity, one column each: variant, draft width, window, state and read precision."""
+    from replayssm_cli.model.dtypes import precision_label
+
+    return {"variant": c.variant, "T": str(c.draft) if c.draft else "-", "W": str(c.window) if c.window else "-",
+            "state→read": precision_label(c.state_dtype, c.read_dtype, c.rounding)}
+
+
+def _recommendation_cells(p, d) -> dict[str, str]:
+    c = d.choice
+    if c is None:
+        return {"batch": str(d.batch), "mode": d.mode, "variant": "[red]nothing within the budgets[/]"}
+    m = c.memory or {}
+    parts = "+".join(f"{m.get(k, 0) * p.ssm_layers / 2**20:.3g}" for k in ("state", "read_copy", "buffers") if m.get(k)) or "-"
+    cells = {"batch": str(d.batch), "mode": d.mode, **_run_cells(c.candidate)}
+    if not (d.replay_pays or c.candidate.is_replay):
+        cells["variant"] += " [dim](ReplaySSM does not pay)[/]"
+    return cells | {
+        "µs/token/layer": _us(c.us_per_token),
+        "µs/token (model)": _us(c.us_per_token * p.ssm_layers if c.us_per_token else None),
+        "speedup": f"{_fmt(c.speedup, '.2f')}x ({_fmt(c.speedup_lo, '.2f')}-{_fmt(c.speedup_hi, '.2f')})" if c.speedup else "-",
+        MEMORY: f"{_fmt(c.mem_per_seq / 2**20 if c.mem_per_seq else None)} ({parts})",
+        "seqs fit": _fmt(c.seqs_fit, ","),
+        "error": _fmt(c.error, ".1e"),
+        "time": _source(c.timing),
+    }
+
+
+def _candidate_cells(a) -> dict[str, str]:
+    verdict = f"[green]recommended[/]: {a.reason}" if a.verdict == "recommended" else f"[dim]{a.rejected_for}[/]: {a.reason}"
+    return _run_cells(a.candidate) | {
+        "µs/token": _us(a.us_per_token),
+        "speedup": f"{_fmt(a.speedup, '.2f')}x" if a.speedup else "-",
+        "MiB/seq": _fmt(a.mem_per_seq / 2**20 if a.mem_per_seq else None),
+        "error": _fmt(a.error, ".1e"),
+        "time": _source(a.timing),
+        "verdict": verdict,
+    }
+
+
+def _render(p, source, quality, decisions, error_budget, budget, budget_note, baseline, *, wide: bool = False) -> None:
+    """The detail tables: the recommendation per batch size, every candidate of each, and the error by bucket; on a
+    narrow terminal (unless `wide`) their secondary columns are left out, and each caption says which."""
     from replayssm_cli.advise.tuner import fmt_bytes
     from replayssm_cli.console import out, sized
+    from replayssm_cli.report.columns import fitted_table
 
-    console = sized(out, WIDE)
+    console = sized(out, WIDE, wide=wide)
+    width = None if wide or not console.is_terminal else console.width
+    pieces = {name: str.split for name in WRAPPED}
     console.print(
         f"[bold]replayssm tune[/] · {p.display} ({p.label()}, {p.ssm_layers} SSM layers, tp {p.tp}) · {source['gpu']}\n"
         f"times: {source['describe']}\n"
         f"error budget {error_budget:.0e} (longest bucket) · memory budget {budget_note} · speedups over conventional {baseline}",
         highlight=False,
     )
-    table = Table(title="Recommendation", title_justify="left", box=box.SIMPLE_HEAD)
-    memory_column = "MiB/seq (state+copy+buffers)"
-    for name in ("batch", "mode", "run", "µs/token/layer", f"µs/token ({p.ssm_layers} layers)", "speedup", memory_column, "seqs fit", "error", "time"):
-        table.add_column(name, justify="left" if name in ("mode", "run", "time") else "right", no_wrap=name != memory_column)
+
+    def draft_columns(runs) -> list[str]:
+        return ["T"] if any(c.draft for c in runs) else []
+
+    chosen = [d.choice.candidate for d in decisions if d.choice is not None]
+    names = ["batch", "mode", "variant", *draft_columns(chosen), "W", "state→read", "µs/token/layer", "µs/token (model)",
+             "speedup", MEMORY, "seqs fit", "error", "time"]
+    console.print(fitted_table(names, [_recommendation_cells(p, d) for d in decisions], width=width, title="Recommendation",
+                               drop_order=RECOMMENDATION_DROP, pieces=pieces, left=LEFT,
+                               caption=[f"µs/token (model): over the {p.ssm_layers} SSM layers"]))
     for d in decisions:
-        c = d.choice
-        if c is None:
-            table.add_row(str(d.batch), d.mode, "[red]nothing within the budgets[/]", *["-"] * 7)
-            continue
-        m = c.memory or {}
-        parts = "+".join(f"{m.get(k, 0) * p.ssm_layers / 2**20:.3g}" for k in ("state", "read_copy", "buffers") if m.get(k)) or "-"
-        name = c.candidate.label() if d.replay_pays or c.candidate.is_replay else f"{c.candidate.label()} [dim](ReplaySSM does not pay)[/]"
-        table.add_row(
-            str(d.batch),
-            d.mode,
-            name,
-            _us(c.us_per_token),
-            _us(c.us_per_token * p.ssm_layers if c.us_per_token else None),
-            f"{_fmt(c.speedup, '.2f')}x ({_fmt(c.speedup_lo, '.2f')}-{_fmt(c.speedup_hi, '.2f')})" if c.speedup else "-",
-            f"{_fmt(c.mem_per_seq / 2**20 if c.mem_per_seq else None)} ({parts})",
-            _fmt(c.seqs_fit, ","),
-            _fmt(c.error, ".1e"),
-            _source(c.timing),
-        )
-    console.print(table)
-    for d in decisions:
-        t = Table(title=f"batch {d.batch}, {d.mode}: every candidate", title_justify="left", box=box.SIMPLE_HEAD)
-        for name in ("candidate", "µs/token", "speedup", "MiB/seq", "error", "time", "verdict"):
-            t.add_column(name, justify="left" if name in ("candidate", "time", "verdict") else "right", no_wrap=name != "verdict")
         order = sorted(d.assessments, key=lambda a: (a.verdict != "recommended", a.us_per_token is None, a.us_per_token or 0))
-        for a in order:
-            verdict = f"[green]recommended[/]: {a.reason}" if a.verdict == "recommended" else f"[dim]{a.rejected_for}[/]: {a.reason}"
-            t.add_row(
-                a.candidate.label(),
-                _us(a.us_per_token),
-                f"{_fmt(a.speedup, '.2f')}x" if a.speedup else "-",
-                _fmt(a.mem_per_seq / 2**20 if a.mem_per_seq else None),
-                _fmt(a.error, ".1e"),
-                _source(a.timing),
-                verdict,
-            )
-        console.print(t)
+        names = ["variant", *draft_columns(a.candidate for a in order), "W", "state→read", "µs/token", "speedup",
+                 "MiB/seq", "error", "time", "verdict"]
+        console.print(fitted_table(names, [_candidate_cells(a) for a in order], width=width, drop_order=CANDIDATES_DROP,
+                                   pieces=pieces, floors={"verdict": VERDICT_WIDTH}, left=LEFT,
+                                   title=f"batch {d.batch}, {d.mode}: every candidate"))
     dims = " ".join(f"{k}={v}" for k, v in quality.dims.items())
     console.print(
         f"output error by generated tokens: {quality.source}, {dims} (a head subset of one layer), "
         f"after {quality.prompt} prompt tokens run in fp64",
         highlight=False,
     )
-    q = Table(title="Output error vs fp64", title_justify="left", box=box.SIMPLE_HEAD)
-    q.add_column("config")
-    for label in quality.bucket_labels:
-        q.add_column(label, justify="right")
-    if quality.kernel_device:
-        q.add_column(f"kernels ({quality.kernel_device}), longest", justify="right")
+    kernels = f"kernels ({quality.kernel_device}), longest"
+    rows = []
     for e in quality.errors:
         over = e.longest > error_budget
-        cells = [("[red]" if over and label == e.longest_bucket else "") + f"{v:.1e}" for label, v in e.buckets.items()]
+        row = {"config": e.config.label()}
+        row |= {label: ("[red]" if over and label == e.longest_bucket else "") + f"{v:.1e}" for label, v in e.buckets.items()}
         if quality.kernel_device:
-            cells.append(_fmt((e.kernel or {}).get(e.longest_bucket), ".1e"))
-        q.add_row(e.config.label(), *cells)
-    console.print(q)
+            row[kernels] = _fmt((e.kernel or {}).get(e.longest_bucket), ".1e")
+        rows.append(row)
+    names = ["config", *quality.bucket_labels, *([kernels] if quality.kernel_device else [])]
+    console.print(fitted_table(names, rows, width=width, drop_order=(kernels,), left=LEFT, title="Output error vs fp64"))
     if budget:
         console.print(f"[dim]MiB/seq: bytes per sequence over all SSM layers; seqs fit: in {fmt_bytes(budget)}[/]", highlight=False)
 
@@ -888,9 +914,11 @@ def run(spec: TuneSpec) -> TuneRun:
     return TuneRun(p, source, lines, quality, decisions, budget, budget_note, baseline, drafts, error_budget, report)
 
 
-def print_run(run: TuneRun, *, details: bool = False) -> None:
-    """The verdict, the engines' settings and, with details, every candidate's table and the error by bucket."""
+def print_run(run: TuneRun, *, details: bool = False, wide: bool = False) -> None:
+    """The verdict, the engines' settings and, with details, every candidate's table and the error by bucket (every
+    column with `wide`, else those that fit the terminal)."""
     _print_verdict(run.preset, run.source, run.lines, run.error_budget, run.budget_note, run.baseline, run.drafts)
     _print_engines(run.preset, run.decisions)
     if details:
-        _render(run.preset, run.source, run.quality, run.decisions, run.error_budget, run.budget, run.budget_note, run.baseline)
+        _render(run.preset, run.source, run.quality, run.decisions, run.error_budget, run.budget, run.budget_note, run.baseline,
+                wide=wide)

@@ -77,6 +77,7 @@ def tune(
     out: Annotated[Optional[Path], options.out("Also write the full report as JSON to this file.")] = None,
     json_: Annotated[bool, typer.Option("--json", help="Print the report as JSON on stdout instead of tables.")] = False,
     details: Annotated[bool, typer.Option("--details", help="After the verdict, every candidate's table and the error by bucket.")] = False,
+    wide: Annotated[bool, typer.Option("--wide", help="Show every column of the --details tables, whatever the terminal's width.")] = False,
 ) -> None:
     """Recommend a variant, window and state precision per batch size, within an error and a memory budget.
 
@@ -90,9 +91,10 @@ def tune(
 
       replayssm tune --preset nemotron-3-super-120b-a12b --draft 4 --trace layer12.npz --json
 
-      replayssm tune -p nemotron-3-super-120b-a12b --state-dtype bf16,int8 --read-dtype bf16 --stochastic-rounding --details
+      replayssm tune -p nemotron-3-super-120b-a12b --state-dtype bf16,int8 --read-dtype bf16 --stochastic-rounding --details --wide
 
-    The verdict comes first, one line per batch size; --details adds every candidate and the error by bucket.
+    The verdict comes first, one line per batch size; --details adds every candidate and the error by bucket, their
+    secondary columns left out on a narrow terminal (--wide shows them).
     """
     from replayssm_cli.advise import tuner, tuning
 
@@ -123,4 +125,4 @@ def tune(
 
         print_json(done.report)
     else:
-        tuning.print_run(done, details=details)
+        tuning.print_run(done, details=details, wide=wide)

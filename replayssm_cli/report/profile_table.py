@@ -5,6 +5,7 @@ import math
 from typing import Any
 
 from replayssm_cli.model.dtypes import precision_label
+from replayssm_cli.report.columns import columns_to_drop, left_out
 
 
 NOISY_SPREAD = 0.10
@@ -70,12 +71,13 @@ def render_table(rows: list[dict[str, Any]], *, title: str, caption: str | None 
         if r["preset"] == previous:
             row_cells["preset"] = ""
         previous = r["preset"]
-    dropped, needed = _columns_to_drop(names, cells, width) if width else ([], {})
+    pieces = {"speedup": lambda t: t.split(SEGMENT), "from": str.split}
+    dropped, needed = columns_to_drop(names, cells, width, DROP_ORDER, pieces) if width else ([], {})
     if references and "measured" not in dropped:
         lines.append("measured: µs per token and speedup of the same configuration in the shipped reference, " + "; ".join(
             f"[{i}] {label}" for i, label in enumerate(references, 1)))
     if dropped:
-        lines.append(f"left out for the terminal's width: {', '.join(dropped)} (--wide shows every column)")
+        lines.append(left_out(dropped))
     table = Table(title=title, caption="\n".join(lines) or None, caption_justify="left", header_style="bold",
                   box=box.SIMPLE_HEAD, pad_edge=False)
     kept = [n for n in names if n not in dropped]
@@ -129,35 +131,6 @@ def _row_cells(r: dict[str, Any], label: str, has_draft: bool, references: list[
         "flush cost/share": _flush_cell(r),
     })
     return cells
-
-
-def _columns_to_drop(names: list[str], cells: list[dict[str, str]], width: int) -> tuple[list[str], dict[str, int]]:
-    """The secondary columns to leave out, in DROP_ORDER, so that the others fit `width` with no cell cut, and the
-    width each column needs.
-
-    A column needs its widest cell and its header; speedup breaks only between its ' · ' parts and `from` between
-    words. The table adds three columns of padding and rule per column, less one.
-    """
-    from rich.text import Text
-
-    def need(name: str) -> int:
-        texts = [Text.from_markup(c.get(name, "")).plain for c in cells]
-        if name == "speedup":
-            texts = [part for t in texts for part in t.split(SEGMENT)]
-        elif name in WRAPPED_COLUMNS:
-            texts = [word for t in texts for word in t.split()]
-        return max([len(name), *(len(t) for t in texts)])
-
-    widths = {name: need(name) for name in names}
-    kept = list(names)
-    dropped = []
-    for name in DROP_ORDER:
-        if sum(widths[n] for n in kept) + 3 * len(kept) - 1 <= width:
-            break
-        if name in kept:
-            kept.remove(name)
-            dropped.append(name)
-    return dropped, widths
 
 
 def _reference_cell(r: dict[str, Any], references: list[str]) -> str:
