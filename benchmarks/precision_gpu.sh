@@ -15,8 +15,9 @@
 # incomplete) and the next part starts.
 #   m2-256 gdn-256   both layers at batch 256, every precision
 #   ncu              Nsight Compute bytes at batch 256: int8 and fp8 non-flush and flush steps, int8's stochastic flush
-#   fi-256           FlashInfer's checkpointing_ssu (a Mamba-2 kernel) beside ours at batch 256
-#   m2 gdn           the other batches (1, 8, 32, 64, 128, 512), every precision
+#   m2 gdn           the other batches (M2_BATCHES, GDN_BATCHES: default 1, 8, 32, 64, 128, 512), every precision
+#   fi-256           FlashInfer's checkpointing_ssu (a Mamba-2 kernel) beside ours at batch 256, last: its modules
+#                    compile in the background meanwhile
 # Before the parts (and outside BUDGET_S), Triton's kernels are compiled: every part's configurations run once, one
 # process per layer and state dtype in parallel, their rows discarded (warm/ under $OUT), so that the timed parts
 # find each specialisation compiled instead of compiling it inside their share. WARM_S (default 120) bounds it; 0
@@ -35,8 +36,10 @@ R="${REPEATS:-5}"
 # compiles one module per dtype and rounding) may be narrowed from the environment.
 STATES="${STATES:-fp32,int8,fp8,bf16,fp16}"
 FI_STATES="${FI_STATES:-$STATES}"
-ALL="m2-256 gdn-256 ncu fi-256 m2 gdn"
-declare -A SHARE=([m2-256]=55 [gdn-256]=65 [ncu]=100 [fi-256]=80 [m2]=85 [gdn]=85)
+ALL="m2-256 gdn-256 ncu m2 gdn fi-256"
+declare -A SHARE=([m2-256]=55 [gdn-256]=65 [ncu]=100 [m2]=85 [gdn]=85 [fi-256]=150)
+M2_BATCHES="${M2_BATCHES:-1,8,32,64,128,512}"
+GDN_BATCHES="${GDN_BATCHES:-1,8,32,64,128,512}"
 PARTS="${*:-$ALL}"
 for p in $PARTS; do
     case " $ALL " in
@@ -140,8 +143,8 @@ run_part() {
     case $part in
     m2-256) profile "$limit" m2-256 "$M" 256 ;;
     gdn-256) profile "$limit" gdn-256 "$Q" 256 ;;
-    m2) profile "$limit" m2 "$M" 1,8,32,64,128,512 ;;
-    gdn) profile "$limit" gdn "$Q" 1,8,32,64,128,512 ;;
+    m2) profile "$limit" m2 "$M" "$M2_BATCHES" ;;
+    gdn) profile "$limit" gdn "$Q" "$GDN_BATCHES" ;;
     ncu) ncu_part "$limit" ;;
     fi-256) fi_part "$limit" ;;
     esac 2>&1 | tee "$OUT/$part.log" | grep --line-buffered -E '^(profile:|error|warning|wrote|results:|not run)' \

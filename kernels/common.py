@@ -305,10 +305,32 @@ def listed_ahead(work, i_e, m_e):
 
 
 @triton.jit
-def list_done(work, n_programs):
+def count_listed(work, slots, steps, HAS_SLOTS: tl.constexpr):
+    """Advance by one the store count of each slot the list flushed (once: at its head 0's entry)."""
+    n = tl.load(work, cache_modifier=".cg")
+    i_e = 0
+    while i_e < n:
+        o_e = i_e + tl.arange(0, 64)
+        m_e = o_e < n
+        p_e = work + LIST_HEADER + LIST_ENTRY * o_e
+        b_row = tl.load(p_e, mask=m_e, other=0, cache_modifier=".cg")
+        m_c = m_e & (tl.load(p_e + 1, mask=m_e, other=1, cache_modifier=".cg") == 0)
+        if HAS_SLOTS:
+            o_s = tl.load(slots + b_row, mask=m_c, other=0).to(tl.int64)
+        else:
+            o_s = b_row.to(tl.int64)
+        tl.atomic_add(steps + o_s, tl.full([64], 1, tl.int64), mask=m_c, sem="relaxed")
+        i_e += 64
+
+
+@triton.jit
+def list_done(work, n_programs, slots, steps, HAS_SLOTS: tl.constexpr, RANDOM: tl.constexpr):
     """Each of the n_programs that take the list's flushes calls this after its last entry; the last of them zeroes
-    the header for the next step."""
+    the header for the next step, and with RANDOM first advances the store counts of the slots that flushed (no
+    program of the launch reads them any more)."""
     if tl.atomic_add(work + 1, 1, sem="acq_rel") == n_programs - 1:
+        if RANDOM:
+            count_listed(work, slots, steps, HAS_SLOTS)
         for i in tl.static_range(5):
             if i != 1:
                 tl.store(work + i, 0)

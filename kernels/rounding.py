@@ -37,6 +37,12 @@ class StateRounding:
 
     seed: int
     step: torch.Tensor
+    # (nslots,) int32: the programs of a launch done with each slot's count, zero between launches (`count_stores`)
+    arrive: torch.Tensor | None = None
+
+    def __post_init__(self):
+        if self.arrive is None:
+            self.arrive = torch.zeros(self.step.shape[0], dtype=torch.int32, device=self.step.device)
 
     @classmethod
     def create(cls, nslots: int, seed: int = 0, *, device) -> "StateRounding":
@@ -103,6 +109,21 @@ def rounding_args(rounding: StateRounding | None, state: torch.Tensor | None = N
     if rounding is None:
         return None, None, False
     return rounding.seed, rounding.step, True
+
+
+def step_arrivals(rounding: StateRounding | None) -> torch.Tensor | None:
+    """The arrival counts a launch that advances its own store counts takes (`count_stores`); None without rounding."""
+    return None if rounding is None else rounding.arrive
+
+
+@triton.jit
+def count_stores(steps, step_arrive, i_s, n_programs, by):
+    """Called once by each of the n_programs of a launch that store slot i_s's state, after its last read of the
+    slot's store count: the last of them advances the count by `by` and clears the arrivals, so that the launch
+    advances its own counts and needs no launch after it."""
+    if tl.atomic_add(step_arrive + i_s, 1, sem="acq_rel") == n_programs - 1:
+        tl.store(step_arrive + i_s, 0)
+        tl.store(steps + i_s, tl.load(steps + i_s) + by)
 
 
 @triton.jit

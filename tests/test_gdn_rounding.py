@@ -322,6 +322,9 @@ def test_cache_slot_operations_carry_scales_and_counts(device, state):
     assert cache.rounding.step.tolist() == [1] * 4
     gdn.replay(cache, **gdn.random_inputs(2, 2, 4, 16, 20, io_dtype=torch.bfloat16, device=device),
                use_qk_l2norm_in_kernel=True, slots=rows([1, 3], device))
+    # a step that does not flush stores nothing and leaves the counts; counts of their own for `move` to carry
+    assert cache.rounding.step.tolist() == [1] * 4
+    cache.rounding.step.copy_(torch.tensor([1, 2, 1, 2]))
     before = cache.clone()
     cache.move(rows([1], device), rows([0], device))
     assert torch.equal(cache.checkpoint[0].view(torch.uint8), before.checkpoint[1].view(torch.uint8))

@@ -83,7 +83,7 @@ def _head_inputs(q, k, g, beta, i_b, i_h, i_hv, o_k3, m_k3, s_qb, s_qh, s_qk, s_
 
 @triton.jit
 def _decode_kernel(
-    s, q, k, v, g, beta, o, slots, sscale, seed, steps,
+    s, q, k, v, g, beta, o, slots, sscale, seed, steps, step_arrive,
     s_sn, s_sh, s_sv, s_sk,
     s_cn, s_ch, s_cv,
     s_qb, s_qh, s_qk,
@@ -98,7 +98,8 @@ def _decode_kernel(
     SFIRST: tl.constexpr, CSTRIDES: tl.constexpr, USE_QK_L2NORM: tl.constexpr, HAS_SLOTS: tl.constexpr,
     QUANT: tl.constexpr, RANDOM: tl.constexpr,
 ):
-    # QUANT: an 8-bit state, each row over K times its scale in sscale; RANDOM: stored with stochastic rounding.
+    # QUANT: an 8-bit state, each row over K times its scale in sscale; RANDOM: stored with stochastic rounding, the
+    # slot's store count advanced by the launch.
     i_b, i_hv, i_p = flat_program_ids(HV, (V + VP - 1) // VP)
     i_s = slot_of(slots, i_b, HAS_SLOTS)
     if i_s < 0:
@@ -156,11 +157,13 @@ def _decode_kernel(
         else:
             tl.store(p_s, cast(b_s, s.dtype.element_ty), mask=m_s)
         tl.store(o + i_b * s_ob + i_hv * s_oh + o_v * s_ov, cast(b_o, o.dtype.element_ty), mask=m_v)
+    if RANDOM:
+        R.count_stores(steps, step_arrive, i_s, HV * ((V + VP - 1) // VP), 1)
 
 
 @triton.jit
 def _decode_multi_kernel(
-    s, snap, q, k, v, g, beta, o, slots, seed, steps, sscale, pscale, TMAX,
+    s, snap, q, k, v, g, beta, o, slots, seed, steps, step_arrive, sscale, pscale, TMAX,
     s_sn, s_sh, s_sv, s_sk,
     s_pn, s_pt, s_ph, s_pv, s_pk,
     s_qb, s_qt, s_qh, s_qk,
@@ -230,6 +233,8 @@ def _decode_multi_kernel(
             p_p = snap + i_s * s_pn + i_t * s_pt + i_hv * s_ph + o_v[:, None, None] * s_pv + o_k3[None, :, :] * s_pk
             tl.store(p_p, b_s.to(snap.dtype.element_ty), mask=m_s)
         tl.store(o + i_b * s_ob + i_t * s_ot + i_hv * s_oh + o_v * s_ov, cast(b_o, o.dtype.element_ty), mask=m_v)
+    if RANDOM:
+        R.count_stores(steps, step_arrive, i_s, HV * ((V + BV - 1) // BV), T)
 
 
 @triton.jit
@@ -299,7 +304,7 @@ def _launch_decode(state, q, k, v, g, beta, out, slots, scale, l2norm, c: Decode
         VK=min(DECODE_PIECE, next_pow2(K)), STAGES=DECODE_STAGES, SFIRST=c.state_first,
         CSTRIDES=c.block_strides and _block_contiguous(state),
         USE_QK_L2NORM=l2norm, HAS_SLOTS=slots is not None, QUANT=state_scale is not None,
-        **rounding_args(rounding),
+        **rounding_args(rounding), step_arrive=R.step_arrivals(rounding),
         **common.compile_options(c.warps, c.maxnreg),
     )
 
@@ -331,7 +336,7 @@ def _launch_decode_multi(state, snapshots, q, k, v, g, beta, out, slots, scale, 
         s_ob=out.stride(0), s_ot=out.stride(1), s_oh=out.stride(2), s_ov=out.stride(3),
         scale=scale,
         T=T, H=H, HV=HV, K=K, V=V, BK=next_pow2(K), BV=BV, VK=min(DECODE_PIECE, next_pow2(K)),
-        USE_QK_L2NORM=l2norm, **rounding_args(rounding),
+        USE_QK_L2NORM=l2norm, **rounding_args(rounding), step_arrive=R.step_arrivals(rounding),
         **common.compile_options(c.warps, c.maxnreg),
     )
 
@@ -400,8 +405,6 @@ def decode(
     if batch:
         _launch_decode(state, q, k, v, g, beta, out, slots, scale, bool(use_qk_l2norm_in_kernel), c, state_scale,
                        rounding)
-        if rounding is not None:
-            rounding.advance(slots, batch)
     return out
 
 
@@ -460,8 +463,6 @@ def decode_multi(
     if batch and T:
         _launch_decode_multi(state, snapshots, q, k, v, g, beta, out, slots, scale, bool(use_qk_l2norm_in_kernel), c,
                              rounding, state_scale, snapshot_scale)
-        if rounding is not None:
-            rounding.advance(slots, batch, T)
     return out
 
 

@@ -210,8 +210,8 @@ def replay_ref(cache: ReplayCache, q, k, v, g, beta, *, scale=None, use_qk_l2nor
 
     A non-flush step runs the recurrence from the read copy (or checkpoint) plus the buffer and appends
     (u, k, G, beta); the step that fills the window runs it from the full checkpoint plus the corrected
-    buffer and stores the result as the new checkpoint (rounded as `replay` rounds it; the cache's rounding
-    counts then advance for every row's slot).
+    buffer and stores the result as the new checkpoint (rounded as `replay` rounds it; the slot's rounding count
+    then advances by one).
     """
     scale = default_scale(cache.K, scale)
     rows, idx = _rows(slots, q.shape[0], q.device)
@@ -230,8 +230,8 @@ def replay_ref(cache: ReplayCache, q, k, v, g, beta, *, scale=None, use_qk_l2nor
         _append(cache, slot, f, u, kn, G_last + gt, bt, ~flush)
         cache.fill[slot] += 1
         _store_checkpoint(cache, slot, torch.nonzero(flush).flatten(), S)
-    if cache.rounding is not None:
-        cache.rounding.advance(slots, q.shape[0])
+        if cache.rounding is not None and flush.any():
+            cache.rounding.step[slot] += 1
     return out
 
 

@@ -339,7 +339,7 @@ def _step_inputs(q, k, g, beta, i_b, i_h, i_hv, o_k, m_k, o_k3, m_k3, s_qb, s_qh
 
 @triton.jit
 def _replay_kernel(
-    ckpt, cscale, rcopy, rscale, buf_u, buf_k, buf_g, buf_b, buf_t, fill, arrive, work, seed, steps,
+    ckpt, cscale, rcopy, rscale, buf_u, buf_k, buf_g, buf_b, buf_t, fill, arrive, work, seed, steps, step_arrive,
     q, k, v, g, beta, o, slots,
     s_qb, s_qh, s_qk,
     s_kb, s_kh, s_kk,
@@ -449,6 +449,10 @@ def _replay_kernel(
                 s_vb, s_vh, s_vv, s_ob, s_oh, s_ov,
                 C, H, HV, K, V, BK, VP, BVF, STAGES, HAS_COPY, IS_SCALED, PRECISION, CPRECISION, QUANT, RANDOM,
             )
+            if RANDOM:
+                # every value head of a slot flushes on the same step (every call moves a slot's fills together):
+                # HV · NPB programs
+                R.count_stores(steps, step_arrive, i_s, HV * NPB, 1)
     else:
         if not EARLY:
             # [BW, NC, VK] the buffered keys
@@ -578,7 +582,7 @@ def _flush_kernel(
             C, H, HV, K, V, BK, VP, BVF, STAGES, HAS_COPY, IS_SCALED, PRECISION, CPRECISION, QUANT, RANDOM,
         )
         i_j += n_programs
-    list_done(work, tl.num_programs(0))
+    list_done(work, tl.num_programs(0), slots, steps, True, RANDOM)
 
 
 def _cache_args(cache: ReplayCache) -> dict:
@@ -676,7 +680,7 @@ def _launch_flushes(cache, q, k, v, g, beta, out, slots, scale, l2norm, c: Flush
 def _launch_replay(cache, q, k, v, g, beta, out, slots, scale, l2norm, c: ReplayConfig, phase, pdl=False):
     VP = min(c.rows, next_pow2(cache.V))
     _replay_kernel[(q.shape[0] * cache.HV * triton.cdiv(cache.V, VP),)](
-        **_cache_args(cache), arrive=cache.arrive, work=cache.work,
+        **_cache_args(cache), arrive=cache.arrive, work=cache.work, step_arrive=R.step_arrivals(cache.rounding),
         q=q, k=k, v=v, g=g, beta=beta, o=out, slots=slots,
         **_step_strides(q, k, v, g, beta, out),
         scale=scale,
@@ -781,9 +785,6 @@ def replay(
         else:
             _launch_replay(*args, c, 1, pdl)
             _launch_flushes(*args, c.flush, pdl)
-        if cache.rounding is not None:
-            # any row may have flushed: every row's slot draws afresh at its next store
-            cache.rounding.advance(slots, batch)
     return out
 
 

@@ -12,12 +12,12 @@ from replayssm_kernels import common, families, rounding as rnd
 from replayssm_kernels.common import flat_program_ids, slot_of
 from replayssm_kernels.mamba2 import args
 from replayssm_kernels.mamba2.common import finish_output, load_rows, state_bits, step_delta, store_rows
-from replayssm_kernels.rounding import quantized_rows, rounded
+from replayssm_kernels.rounding import count_stores, quantized_rows, rounded
 
 
 @triton.jit
 def mamba2_decode_kernel(
-    state, state_scale, x, dt, A, B, C, D, z, dt_bias, slots, y, seed, steps,
+    state, state_scale, x, dt, A, B, C, D, z, dt_bias, slots, y, seed, steps, step_arrive,
     H, P, N, HPG,
     stride_state_s, stride_state_h, stride_state_p,
     stride_x_b, stride_x_h,
@@ -31,7 +31,7 @@ def mamba2_decode_kernel(
     HAS_SLOTS: tl.constexpr, IS_Q8: tl.constexpr = False, RANDOM: tl.constexpr = False, ROW8: tl.constexpr = False,
 ):
     # IS_Q8: 8-bit state rows with scales (state_scale, contiguous (nslots, H, P)); RANDOM: stochastic rounding, with
-    # ROW8 (N a multiple of 8) one Philox draw per eight elements
+    # ROW8 (N a multiple of 8) one Philox draw per eight elements, the slot's store count advanced by the launch
     i_b, i_h, i_p = flat_program_ids(H, tl.cdiv(P, BP))
     i_s = slot_of(slots, i_b, HAS_SLOTS)
     if i_s < 0:
@@ -59,6 +59,8 @@ def mamba2_decode_kernel(
     # rounding to nearest stays inline: through store_rows its PTX would gain the call's debug labels
     if IS_Q8 or RANDOM:
         store_rows(p_s, b_s, m_s, state_scale, o_sc, m_p, seed, steps, i_s, i_h, o_p, N, IS_Q8, RANDOM, ROW8)
+        if RANDOM:
+            count_stores(steps, step_arrive, i_s, H * tl.cdiv(P, BP), 1)
     else:
         tl.store(p_s, b_s.to(p_s.dtype.element_ty), mask=m_s)
     b_y = tl.sum(b_s * b_C[None, :], axis=1)
@@ -69,7 +71,7 @@ def mamba2_decode_kernel(
 
 @triton.jit
 def mamba2_decode_multi_kernel(
-    state, snapshots, x, dt, A, B, C, D, z, dt_bias, slots, y, seed, steps, state_scale, snap_scale,
+    state, snapshots, x, dt, A, B, C, D, z, dt_bias, slots, y, seed, steps, step_arrive, state_scale, snap_scale,
     H, P, N, HPG, TMAX,
     stride_state_s, stride_state_h, stride_state_p,
     stride_snap_s, stride_snap_t, stride_snap_h, stride_snap_p,
@@ -134,6 +136,8 @@ def mamba2_decode_multi_kernel(
         b_y = finish_output(b_y, b_x, D, z, o_z, m_p, i_h, HAS_D, HAS_Z)
         p_y = y + i_b * stride_y_b + t * stride_y_t + i_h * stride_y_h + o_p
         tl.store(p_y, b_y.to(p_y.dtype.element_ty), mask=m_p)
+    if RANDOM:
+        count_stores(steps, step_arrive, i_s, H * tl.cdiv(P, BP), T)
 
 
 @triton.jit
@@ -283,7 +287,7 @@ def decode(state, x, dt, A, B, C, *, D=None, z=None, dt_bias=None, dt_softplus=F
     seed, steps, random = rnd.rounding_args(rounding)
     mamba2_decode_kernel[(batch * H * triton.cdiv(P, BP),)](
         state=state, state_scale=state_scale, x=x, dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=dt_bias, slots=slots, y=y,
-        seed=seed, steps=steps,
+        seed=seed, steps=steps, step_arrive=rnd.step_arrivals(rounding),
         H=H, P=P, N=N, HPG=H // G,
         stride_state_s=state.stride(0), stride_state_h=state.stride(1), stride_state_p=state.stride(2),
         stride_x_b=x.stride(0), stride_x_h=x.stride(1),
@@ -297,8 +301,6 @@ def decode(state, x, dt, A, B, C, *, D=None, z=None, dt_bias=None, dt_softplus=F
         HAS_SLOTS=slots is not None, IS_Q8=state_scale is not None, RANDOM=random, **_row8(random, N),
         **options,
     )
-    if rounding is not None:
-        rounding.advance(slots, batch)
     return y
 
 
@@ -358,7 +360,8 @@ def decode_multi(state, snapshots, x, dt, A, B, C, *, D=None, z=None, dt_bias=No
     seed, steps, random = rnd.rounding_args(rounding)
     mamba2_decode_multi_kernel[(batch * H * triton.cdiv(P, BP),)](
         state=state, snapshots=snapshots, x=x, dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=dt_bias, slots=slots, y=y,
-        seed=seed, steps=steps, state_scale=state_scale, snap_scale=snapshot_scale,
+        seed=seed, steps=steps, step_arrive=rnd.step_arrivals(rounding), state_scale=state_scale,
+        snap_scale=snapshot_scale,
         H=H, P=P, N=N, HPG=H // G,
         stride_state_s=state.stride(0), stride_state_h=state.stride(1), stride_state_p=state.stride(2),
         stride_snap_s=snapshots.stride(0), stride_snap_t=snapshots.stride(1),
@@ -374,8 +377,6 @@ def decode_multi(state, snapshots, x, dt, A, B, C, *, D=None, z=None, dt_bias=No
         HAS_SLOTS=slots is not None, RANDOM=random, **_row8(random, N), **_q8(state_scale, snapshots),
         **options,
     )
-    if rounding is not None:
-        rounding.advance(slots, batch, by=T)
     return y
 
 

@@ -200,8 +200,8 @@ def replay_ref(cache, x, dt, A, B, C, *, D=None, z=None, dt_bias=None, dt_softpl
     A row at fill f appends its entry and answers from the checkpoint (its read copy when there is one; 8-bit rows
     times their scales) plus the buffer while f + 1 < W; otherwise it folds the buffer and this token into a new
     checkpoint (stored as the cache rounds: to nearest or stochastically by `cache.rounding`, 8-bit rows with their
-    scales; read copy rewritten from the fp32 value), answers from the fp32 value and empties the buffer. Every
-    row's slot's rounding count then advances by one. Computes in fp32.
+    scales; read copy rewritten from the fp32 value), answers from the fp32 value and empties the buffer; the
+    slot's rounding count then advances by one. Computes in fp32.
     """
     cd = torch.float32
     batch, H, P = x.shape
@@ -230,11 +230,11 @@ def replay_ref(cache, x, dt, A, B, C, *, D=None, z=None, dt_bias=None, dt_softpl
         else:
             S = _fold(_checkpoint(cache, s, cd), xs, bs, ds, ls, lam)
             _store_checkpoint(cache, s, S)
+            if cache.rounding is not None:
+                cache.rounding.step[s] += 1
             yb = torch.einsum("hpn,hn->hp", S, Ch)
             cache.fill[s] = 0
         y[b] = _finish(yb, xb.to(cd), D, None if z is None else z[b], cd).to(y.dtype)
-    if cache.rounding is not None:
-        cache.rounding.advance(slots, batch)
     return y
 
 

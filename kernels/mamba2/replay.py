@@ -26,6 +26,7 @@ from replayssm_kernels.common import (
 from replayssm_kernels.mamba2 import args
 from replayssm_kernels.mamba2.cache import ReplayCache
 from replayssm_kernels.mamba2.common import finish_output, fold_entries, step_delta, store_read_copy, store_rows, z_gate
+from replayssm_kernels.rounding import count_stores
 
 
 @triton.jit
@@ -140,6 +141,7 @@ def _flush_rows(
 def mamba2_replay_kernel(
     x, dt, A, B, C, D, z, dt_bias, slots, y,
     checkpoint, read_copy, read_scale, x_buf, b_buf, dt_buf, lam_buf, fill, arrive, work, ck_scale, seed, steps,
+    step_arrive,
     H, G, P, N,
     stride_ck_s, stride_ck_h, stride_ck_p,
     stride_rc_s, stride_rc_h, stride_rc_p,
@@ -157,7 +159,8 @@ def mamba2_replay_kernel(
 ):
     # PHASE 0 takes every row's step; 1 only the non-flush steps, and lists the (row, head, fill) of each head that
     # flushes in `work` for `mamba2_flush_kernel` (`replay` launches the two where the settings ask for two
-    # launches, PHASES=2). Both advance every fill.
+    # launches, PHASES=2). Both advance every fill; with RANDOM a flushing slot's store count advances in the
+    # launch that flushes it.
     i_b, i_h, i_p = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     HPG = H // G
     i_g = i_h // HPG
@@ -292,6 +295,9 @@ def mamba2_replay_kernel(
                 BP, BPF, STAGES, HAS_D, HAS_Z, USE_COPY, IS_FP8, PRECISION, ck_scale, seed, steps, CK_Q8, RANDOM,
                 ROW8,
             )
+            if RANDOM:
+                # every head of a slot flushes on the same step: H · NPB programs
+                count_stores(steps, step_arrive, i_s, H * NPB, 1)
         f_next = f * 0
 
     if not (EARLY and NPB > 1):
@@ -464,7 +470,7 @@ def mamba2_heads_kernel(
             )
             i_e = tail_claim(work)
             listed = tail_wait(work, i_e, NHP, NE)
-        list_done(work, tl.num_programs(0) - NHP)
+        list_done(work, tl.num_programs(0) - NHP, slots, steps, HAS_SLOTS, RANDOM)
 
 
 @triton.jit
@@ -549,7 +555,7 @@ def mamba2_flush_kernel(
             PRECISION, ck_scale, seed, steps, CK_Q8, RANDOM, ROW8,
         )
         i_j += n_programs
-    list_done(work, n_programs)
+    list_done(work, n_programs, slots, steps, HAS_SLOTS, RANDOM)
 
 
 @triton.jit
@@ -752,9 +758,6 @@ def replay(cache: ReplayCache, x, dt, A, B, C, *, D=None, z=None, dt_bias=None, 
         else:
             _launch_replay(cache, step, batch, softplus, c, 1)
         _launch_flushes(cache, step, batch, softplus, c)
-    if cache.rounding is not None:
-        # one more store for every row's slot, flushed or not: a slot's counts stay its own
-        cache.rounding.advance(slots, batch)
     return y
 
 
@@ -854,6 +857,7 @@ def _launch_replay(cache: ReplayCache, step: dict, batch: int, softplus: bool, c
         USE_SOFTPLUS=softplus,
         HAS_SLOTS=step["slots"] is not None, USE_COPY=rc is not None, IS_FP8=cache.read_scale is not None,
         EARLY=c.early, PRECISION=c.precision, PHASE=phase, PREFETCH=c.prefetch, **store_args(cache),
+        step_arrive=rnd.step_arrivals(cache.rounding),
         **common.compile_options(c.warps, c.maxnreg),
     )
 
