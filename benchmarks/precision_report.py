@@ -159,13 +159,16 @@ def targets(rows: list[dict[str, Any]], checks: list[dict[str, Any]]) -> list[di
         out.append({"target": f"Mamba-2 {state} checkpoint, ReplaySSM over conventional {state} at 256 >= {TARGET_8BIT}x",
                     "value": r and r.get("speedup"), "met": None if r is None or r.get("speedup") is None else r["speedup"] >= TARGET_8BIT,
                     "from": r and r["x_from"], "row": r or {}})
-    sr = [r for r in rows if r.get("batch") == 256 and r.get("x_vs_nearest") is not None]
-    worst = max(sr, key=lambda r: r["x_vs_nearest"], default=None)
-    out.append({"target": "stochastic rounding costs under 3% over rounding to nearest (worst step at 256)",
-                "value": worst and worst["x_vs_nearest"],
-                "met": None if worst is None else worst["x_vs_nearest"] < TARGET_SR_COST,
-                "what": worst and f"{worst['op']} {worst['variant']} {_label(worst['state_dtype'], 'stochastic')}",
-                "from": worst and worst["x_from"], "row": worst or {}})
+    # our kernels' steps only: a baseline's own cost of rounding stochastically is shown in its table
+    sr = [r for r in rows if r.get("batch") == 256 and r.get("x_vs_nearest") is not None
+          and not str(r.get("variant", "")).startswith("baseline:")]
+    for which, of in (("worst step", sr), ("worst ReplaySSM step", [r for r in sr if r.get("variant") == "replay"])):
+        worst = max(of, key=lambda r: r["x_vs_nearest"], default=None)
+        out.append({"target": f"stochastic rounding costs under 3% over rounding to nearest ({which} at 256)",
+                    "value": worst and worst["x_vs_nearest"],
+                    "met": None if worst is None else worst["x_vs_nearest"] < TARGET_SR_COST,
+                    "what": worst and f"{worst['op']} {worst['variant']} {_label(worst['state_dtype'], 'stochastic')}",
+                    "from": worst and worst["x_from"], "row": worst or {}})
     for state, rounding in (("int8", "nearest"), ("fp8", "nearest"), ("int8", "stochastic"), ("fp8", "stochastic"), ("fp16", "stochastic")):
         r = _find(rows, variant="baseline:flashinfer-checkpointing", batch=256, state_dtype=state, rounding=rounding)
         out.append({"target": f"faster than FlashInfer's checkpointing_ssu at {_label(state, rounding)}, batch 256",
