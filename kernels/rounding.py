@@ -32,8 +32,9 @@ _FORMATS = {torch.bfloat16: (16, 0.0), torch.float16: (13, 2.0**-14), torch.floa
 @dataclass
 class StateRounding:
     """Stochastic rounding of the states a kernel stores: Philox keyed by `seed`, counted per element by
-    (element, slot, head, step[slot]); step (nslots,) int64 counts each slot's stores, advanced on the device after
-    every launch that stores (`advance`) and zeroed with the slot (`reset`)."""
+    (element, slot, head, step[slot]); step (nslots,) int64 counts each slot's stores, advanced on the device by
+    the launch that stores (`count_stores`, `count_listed`) or in one small launch after it (`advance`), and zeroed
+    with the slot (`reset`)."""
 
     seed: int
     step: torch.Tensor
@@ -66,7 +67,9 @@ class StateRounding:
         """`by` more stores (default one) for each slot of a launch's rows (row b's slot without a slot table; -1 rows
         skipped): a launch that stores T states per slot draws at steps step .. step + T - 1 and advances by T. One
         small launch, so that a decode step that stores pays one launch for its counts, not a chain of torch ops."""
-        BB = min(1024, triton.next_power_of_2(max(batch, 1)))
+        if batch <= 0:
+            return
+        BB = min(1024, triton.next_power_of_2(batch))
         _advance_kernel[(triton.cdiv(batch, BB),)](self.step, slots, batch, by, HAS_SLOTS=slots is not None, BB=BB)
 
     def reset(self, slots: torch.Tensor | None = None) -> None:
