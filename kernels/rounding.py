@@ -66,7 +66,7 @@ class StateRounding:
     def advance(self, slots: torch.Tensor | None, batch: int, by: int = 1) -> None:
         """`by` more stores (default one) for each slot of a launch's rows (row b's slot without a slot table; -1 rows
         skipped): a launch that stores T states per slot draws at steps step .. step + T - 1 and advances by T. One
-        small launch, so that a decode step that stores pays one launch for its counts, not a chain of torch ops."""
+        small launch, after a launch that does not advance its own counts (`verify`, `load`)."""
         if batch <= 0:
             return
         BB = min(1024, triton.next_power_of_2(batch))

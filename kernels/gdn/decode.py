@@ -22,6 +22,7 @@ from replayssm_kernels.gdn.common import (
     qk_factors,
     rounding_args,
     row_bits,
+    state_bits,
     stored,
 )
 
@@ -141,11 +142,8 @@ def _decode_kernel(
         b_u = b_beta * (b_v - b_rk * tl.sum(tl.sum(b_s * b_k[None, :, :], 1), 1))
         b_s += (b_rk * b_u)[:, None, None] * b_k[None, :, :]
         b_o = b_rq * tl.sum(tl.sum(b_s * b_q[None, :, :], 1), 1)
-        if RANDOM:
-            # [BV, NC, VK] the bits of the chunk's elements v * K + k
-            b_r = tl.reshape(row_bits(seed, tl.load(steps + i_s), i_s, i_hv, o_v, K, BK), [BV, NC, VK])
-        else:
-            b_r = tl.zeros([BV, NC, VK], dtype=tl.uint32)
+        # [BV, NC, VK] the bits of the chunk's elements v * K + k (zeros, unused, without RANDOM)
+        b_r = tl.reshape(state_bits(seed, steps, i_s, i_hv, o_v, tl.arange(0, BK), K, RANDOM, True), [BV, NC, VK])
         if QUANT:
             # whole rows over K, as [BV, BK]
             b_q8, b_sc = R.quantized_rows(tl.reshape(b_s, [BV, BK]), tl.reshape(b_r, [BV, BK]), s.dtype.element_ty,

@@ -80,6 +80,11 @@ def load_rows(p_s, m_s, scale, o_r, m_r, IS_Q8: tl.constexpr):
     return b_s
 
 
+def row8_args(random: bool, N: int) -> dict:
+    """ROW8 where a stochastic store may draw its bits eight elements at a time (rows of N, a multiple of 8)."""
+    return {"ROW8": True} if random and N % 8 == 0 else {}
+
+
 @triton.jit
 def state_bits(seed, steps, i_s, i_h, o_p, N, BN: tl.constexpr, ROW8: tl.constexpr, AHEAD: tl.constexpr = 0):
     """The random bits [BP, BN] of rows o_p of the (slot i_s, head i_h) state (element p·N + n) at the slot's store

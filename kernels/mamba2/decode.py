@@ -11,7 +11,7 @@ import triton.language as tl
 from replayssm_kernels import common, families, rounding as rnd
 from replayssm_kernels.common import flat_program_ids, slot_of
 from replayssm_kernels.mamba2 import args
-from replayssm_kernels.mamba2.common import finish_output, load_rows, state_bits, step_delta, store_rows
+from replayssm_kernels.mamba2.common import finish_output, load_rows, row8_args, state_bits, step_delta, store_rows
 from replayssm_kernels.rounding import count_stores, quantized_rows, rounded
 
 
@@ -241,11 +241,6 @@ def _q8(state_scale, snapshots) -> dict:
     return {"IS_Q8": True, "TMAX": snapshots.shape[1]} if state_scale is not None else {"TMAX": None}
 
 
-def _row8(random: bool, N: int) -> dict:
-    """ROW8 where a stochastic store may draw its bits eight elements at a time (rows of N, a multiple of 8)."""
-    return {"ROW8": True} if random and N % 8 == 0 else {}
-
-
 @families.refuse_out_of_resources
 def decode(state, x, dt, A, B, C, *, D=None, z=None, dt_bias=None, dt_softplus=False, slots=None, out=None,
            state_scale=None, rounding: rnd.StateRounding | None = None, config: DecodeConfig | None = None,
@@ -298,7 +293,7 @@ def decode(state, x, dt, A, B, C, *, D=None, z=None, dt_bias=None, dt_softplus=F
         stride_y_b=y.stride(0), stride_y_h=y.stride(1),
         BP=BP, BN=common.block(N),
         HAS_D=D is not None, HAS_Z=z is not None, HAS_DT_BIAS=dt_bias is not None, USE_SOFTPLUS=bool(dt_softplus),
-        HAS_SLOTS=slots is not None, IS_Q8=state_scale is not None, RANDOM=random, **_row8(random, N),
+        HAS_SLOTS=slots is not None, IS_Q8=state_scale is not None, RANDOM=random, **row8_args(random, N),
         **options,
     )
     return y
@@ -374,7 +369,7 @@ def decode_multi(state, snapshots, x, dt, A, B, C, *, D=None, z=None, dt_bias=No
         stride_y_b=y.stride(0), stride_y_t=y.stride(1), stride_y_h=y.stride(2),
         T=T, BP=BP, BN=common.block(N),
         HAS_D=D is not None, HAS_Z=z is not None, HAS_DT_BIAS=dt_bias is not None, USE_SOFTPLUS=bool(dt_softplus),
-        HAS_SLOTS=slots is not None, RANDOM=random, **_row8(random, N), **_q8(state_scale, snapshots),
+        HAS_SLOTS=slots is not None, RANDOM=random, **row8_args(random, N), **_q8(state_scale, snapshots),
         **options,
     )
     return y

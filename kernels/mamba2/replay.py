@@ -25,7 +25,9 @@ from replayssm_kernels.common import (
 )
 from replayssm_kernels.mamba2 import args
 from replayssm_kernels.mamba2.cache import ReplayCache
-from replayssm_kernels.mamba2.common import finish_output, fold_entries, step_delta, store_read_copy, store_rows, z_gate
+from replayssm_kernels.mamba2.common import (
+    finish_output, fold_entries, row8_args, step_delta, store_read_copy, store_rows, z_gate,
+)
 from replayssm_kernels.rounding import count_stores
 
 
@@ -794,9 +796,8 @@ def store_args(cache: ReplayCache) -> dict:
     """How a launch stores the checkpoint: its 8-bit rows' scales and the stochastic rounding's seed and counts
     (compile-time Nones and False when the checkpoint is 16-bit or fp32 and rounded to nearest)."""
     seed, steps, random = rnd.rounding_args(cache.rounding)
-    row8 = {"ROW8": True} if random and cache.shape[3] % 8 == 0 else {}
     return dict(ck_scale=cache.checkpoint_scale, seed=seed, steps=steps, CK_Q8=cache.is_eight_bit, RANDOM=random,
-                **row8)
+                **row8_args(random, cache.shape[3]))
 
 
 def _strides(cache: ReplayCache, step: dict) -> dict:
