@@ -5,7 +5,8 @@
 # Qwen3.5-122B). Each `replayssm e2e` run is stopped with Ctrl-C after RUN_LIMIT seconds (its finished rows stay in its
 # file). Writes under $OUT (default runs/e2e-fp8): gpu.json; gpu-tests.txt (small: the fp8 and FlashInfer GPU tests);
 # per preset and weight dtype <preset>-<dtype>.json (results), .log (stderr); summary.txt (every row, one line each).
-# Usage: OUT=dir [WEIGHT_DTYPES="bf16 fp8"] [RUN_LIMIT=140] benchmarks/e2e_fp8.sh small|large [BATCHES]
+# GPU_TESTS=0 skips the GPU tests.
+# Usage: OUT=dir [WEIGHT_DTYPES="bf16 fp8"] [RUN_LIMIT=140] [GPU_TESTS=1] benchmarks/e2e_fp8.sh small|large [BATCHES]
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=$(mkdir -p "${OUT:-runs/e2e-fp8}" && cd "${OUT:-runs/e2e-fp8}" && pwd)
@@ -18,7 +19,7 @@ case "$WHICH" in
     *) echo "e2e_fp8: the first argument is small or large, got '$WHICH'" >&2; exit 2 ;;
 esac
 replayssm gpu --json > "$OUT/gpu.json" 2> "$OUT/gpu.log"
-if [ "$WHICH" = small ]; then
+if [ "$WHICH" = small ] && [ "${GPU_TESTS:-1}" != 0 ]; then
     timeout -s INT 150 python -m pytest -q -p no:xdist -m gpu tests/test_e2e_fp8.py -rs > "$OUT/gpu-tests.txt" 2>&1
     echo "gpu tests: exit $?" >> "$OUT/gpu-tests.txt"
     tail -3 "$OUT/gpu-tests.txt" >&2
