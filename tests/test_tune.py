@@ -31,7 +31,10 @@ MIB = 2**20
 
 @pytest.fixture(autouse=True)
 def no_cuda(monkeypatch, tmp_path):
+    from replayssm_cli.measure import precompile
+
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(precompile, "wanted", lambda: False)
     monkeypatch.setenv("REPLAYSSM_CACHE_DIR", str(tmp_path / "cache"))
 
 
@@ -606,6 +609,50 @@ def test_tune_measures_only_what_the_model_puts_within_reach(monkeypatch, tmp_pa
     assert {s["what"].split(" ", 1)[1] for s in skipped} == {"replay B256 W16 fp32", "replay B256 W32 fp32"}
     assert all("out of reach of the best" in s["why"] for s in skipped)
     assert decision(report, 256)["recommended"]["label"] == "split W16 fp32+bf16"
+
+
+@pytest.mark.parametrize("flag", [None, "--no-precompile"])
+def test_tune_precompiles_exactly_the_configurations_it_times(monkeypatch, tmp_path, flag):
+    """On a GPU the points handed to the pre-compile are the points then timed: a candidate the model rules out is not
+    compiled, a kept one is; --no-precompile compiles nothing ahead."""
+    from concurrent.futures import Future
+    from replayssm_cli.measure import bench, precompile, quality
+    from replayssm_cli.advise import tuning
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(precompile, "wanted", lambda: True)
+    monkeypatch.setattr(quality, "run_kernels", lambda inputs, configs, **kw: {c: {"1-128": 1e-7} for c in configs})
+    compiled, timed, order = [], [], []
+
+    def submit(fn, *args):
+        future = Future()
+        future.set_result(fn(*args))
+        return future
+
+    monkeypatch.setattr(precompile, "_pool", lambda n: SimpleNamespace(submit=submit, shutdown=lambda **kw: None))
+    monkeypatch.setattr(bench, "compile_point", lambda point, context: compiled.append(point) or order.append("compile"))
+
+    def run_point(point, context):
+        timed.append(point)
+        order.append("time")
+        us = {"conventional": 547.0, "replay": 285.0, "split": 209.0}[point.variant]
+        return [{"phase": "avg", "ok": True, "layers": 4, "check_max_err": 1e-7, "tolerance": 1e-3,
+                 "samples_us": [us * (1 + k / 1000) for k in (-3, -1, 0, 1, 3)], "steps": 32, "repeats": 5}]
+
+    monkeypatch.setattr(tuning, "_run_point", run_point)
+    _fake_profiler(monkeypatch, tmp_path)
+    res = invoke("--preset", SUPER, "--batch", "256", "--window", "16,32", "--state-dtype", "fp32", "--read-dtype", "bf16",
+                 *QUICK, *([flag] if flag else []))
+    assert res.exit_code == 0, res.output
+    labels = sorted(p.label().split(" ", 1)[1] for p in timed)
+    assert labels == ["conventional B256 fp32", "split B256 W16 fp32-bf16", "split B256 W32 fp32-bf16"]
+    line = [ln for ln in res.stderr.splitlines() if ln.startswith("pre-compiled")]
+    if flag:
+        assert not compiled and not line
+        return
+    assert sorted(compiled, key=str) == sorted(timed, key=str) and order == ["compile"] * 3 + ["time"] * 3
+    (line,) = line
+    assert line.startswith("pre-compiled the kernels of 3 of 3 configurations in ") and line.endswith(", none failed")
 
 
 def test_within_reach_keeps_the_close_and_the_baseline():

@@ -122,11 +122,12 @@ def _cuda_available() -> bool:
 
 
 def _timing_source(p, preset_arg: str, cands, batches, results: Path | None, gpu: str | None, io: str | None, accept_rate: float,
-                   measured_only: bool = False, allowed=None, energy: bool = False) -> dict[str, Any]:
+                   measured_only: bool = False, allowed=None, energy: bool = False, precompile: bool = True) -> dict[str, Any]:
     """Where candidate times come from: a results file (predicting what it lacks unless measured_only), a measurement
-    here (with NVML's energy when `energy`), the shipped H200 reference profile when there is no GPU and the GPU is the
-    H200, or the cost model. "energy_rows" are the measured rows with energy figures the verdict reads: the file's,
-    this run's, or the shipped H200 energy profiles beside the reference."""
+    here (with NVML's energy when `energy`, its kernels compiled first in parallel with `precompile`), the shipped
+    H200 reference profile when there is no GPU and the GPU is the H200, or the cost model. "energy_rows" are the
+    measured rows with energy figures the verdict reads: the file's, this run's, or the shipped H200 energy profiles
+    beside the reference."""
     from replayssm_cli.model import gpus
     from replayssm_cli.advise import tuner
     from replayssm_cli.report import results as results_mod
@@ -153,7 +154,8 @@ def _timing_source(p, preset_arg: str, cands, batches, results: Path | None, gpu
     io_used = io or "bf16"
     if cuda:
         rows, gpu_name, mem, path = _measure(p, preset_arg, cands, batches, io_used, accept_rate,
-                                             allowed=allowed(io_used) if allowed else None, energy=energy)
+                                             allowed=allowed(io_used) if allowed else None, energy=energy,
+                                             precompile=precompile)
         note(f"measured results: {path}")
 
         def timing(c, b):
@@ -418,10 +420,11 @@ def _reach_model(p, cands, io: str):
 
 
 def _measure(p, preset_arg: str, cands, batches, io: str, accept_rate: float, *, allowed=None, out: Path | None = None,
-             energy: bool = False):
+             energy: bool = False, precompile: bool = True):
     """Time on this GPU, through the profiler, the candidates that `allowed` keeps and the model puts within reach
-    of the best (tuner.within_reach); the rest are recorded as skipped with the reason. The results file is written
-    as rows finish. Returns (rows, GPU name, memory, path)."""
+    of the best (tuner.within_reach); the rest are recorded as skipped with the reason. With `precompile`, the kernels
+    of the points to time are compiled first, in parallel. The results file is written as rows finish. Returns (rows,
+    GPU name, memory, path)."""
     from replayssm_cli.measure import grid
     from replayssm_cli.measure import profile as prof
     from replayssm_cli.advise import tuner
@@ -443,9 +446,12 @@ def _measure(p, preset_arg: str, cands, batches, io: str, accept_rate: float, *,
 
     best: dict[tuple[int, int], float] = {}
 
-    def runner(point, context):
+    def timed(point) -> bool:
         c = _point_candidate(point, by_key)
-        if c is None or c not in measure.get(point.batch, ()):
+        return c is not None and c in measure.get(point.batch, ())
+
+    def runner(point, context):
+        if not timed(point):
             raise NotInReach("not measured: the model puts it out of reach of the best, or over a budget")
         group = (point.batch, point.draft)
         found = _run_point(point, {**context, "repeats": QUICK_REPEATS})
@@ -458,27 +464,14 @@ def _measure(p, preset_arg: str, cands, batches, io: str, accept_rate: float, *,
         ticker.update(state["done"], point.label())
         return found
 
+    specs = [_profile_spec(preset_arg, p, [c for c in cands if c.rounding == rounding], batches, io, accept_rate, rounding,
+                           energy)
+             # One profile per rounding the candidates store with (a profile rounds all its 16-bit and 8-bit states one way).
+             for rounding in dict.fromkeys(c.rounding for c in cands)]
+    if precompile:
+        _precompile([pt for spec in specs for pt in grid.plan(spec, [p]) if timed(pt)], seed=specs[0].seed)
     rows: list[dict[str, Any]] = []
-    # One profile per rounding the candidates store with (a profile rounds all its 16-bit and 8-bit states one way).
-    for rounding in dict.fromkeys(c.rounding for c in cands):
-        group = [c for c in cands if c.rounding == rounding]
-        state_dtypes = {c.state_dtype for c in group}
-        spec = grid.ProfileSpec(
-            presets=(preset_arg,),
-            batches=tuple(batches),
-            windows=tuple(sorted({c.window for c in group if c.window})),
-            # Split candidates read a copy of an fp32 checkpoint, so fp32 is profiled whenever a read dtype is.
-            state_dtypes=tuple(d for d in STATE_DTYPES
-                               if d in state_dtypes or (d == "fp32" and any(c.read_dtype for c in group))),
-            read_dtypes=tuple(dict.fromkeys(c.read_dtype for c in group if c.read_dtype)),
-            io_dtype=io,
-            drafts=tuple(sorted({c.draft for c in group if c.draft})),
-            accept_rate=accept_rate,
-            tp=p.tp,
-            phases=False,
-            rounding=rounding,
-            energy=energy,
-        )
+    for spec in specs:
         with ticker:
             run = prof.run_profile(spec, require_gpu=True, progress=False, runner=runner, out=out if not rows else None)
         if run.interrupted:
@@ -486,6 +479,42 @@ def _measure(p, preset_arg: str, cands, batches, io: str, accept_rate: float, *,
         rows += run.results.rows
     gpu = run.results.environment.get("gpu") or {}
     return rows, run.gpu_name, gpu.get("memory_total"), run.path
+
+
+def _profile_spec(preset_arg: str, p, group, batches, io: str, accept_rate: float, rounding: str, energy: bool):
+    """The profile that times a group of candidates rounding one way: their windows, dtypes and drafts at every batch."""
+    from replayssm_cli.measure import grid
+
+    state_dtypes = {c.state_dtype for c in group}
+    return grid.ProfileSpec(
+        presets=(preset_arg,),
+        batches=tuple(batches),
+        windows=tuple(sorted({c.window for c in group if c.window})),
+        # Split candidates read a copy of an fp32 checkpoint, so fp32 is profiled whenever a read dtype is.
+        state_dtypes=tuple(d for d in STATE_DTYPES
+                           if d in state_dtypes or (d == "fp32" and any(c.read_dtype for c in group))),
+        read_dtypes=tuple(dict.fromkeys(c.read_dtype for c in group if c.read_dtype)),
+        io_dtype=io,
+        drafts=tuple(sorted({c.draft for c in group if c.draft})),
+        accept_rate=accept_rate,
+        tp=p.tp,
+        phases=False,
+        rounding=rounding,
+        energy=energy,
+    )
+
+
+def _precompile(points, *, seed: int) -> None:
+    """Compile the kernels of the points about to be timed in worker processes (nothing without a CUDA device or under
+    Triton's interpreter), so that each timed run loads its kernels from Triton's cache; one line says how it went."""
+    from replayssm_cli.measure import precompile
+    from replayssm_cli.console import err
+
+    if not points or not precompile.wanted():
+        return
+    with Ticker("pre-compile", len(points), "configurations") as tick:
+        done = precompile.run(points, seed=seed, on_done=tick.update)
+    err.print(done.line(), highlight=False, soft_wrap=True)
 
 
 def _load_trace(path: Path | None, p):
@@ -744,6 +773,8 @@ class TuneSpec:
     rounding: str = "nearest"
     # Also measure energy per step (NVML) on a GPU, for the verdict's tokens per joule.
     energy: bool = False
+    # On a GPU, compile the kernels of the candidates to measure in parallel worker processes before timing them.
+    precompile: bool = True
 
     def validate(self) -> None:
         """Raise UserError (one line) for a value out of range."""
@@ -870,7 +901,7 @@ def run(spec: TuneSpec) -> TuneRun:
 
     io_used = io[0] if io else None
     source = _timing_source(p, preset, cands, batches, results, gpu, io_used, accept_rate, measured_only, allowed=allowed,
-                            energy=spec.energy)
+                            energy=spec.energy, precompile=spec.precompile)
     io_used = source["io_dtype"]
     quality = run_quality(io_used, False)
     budget, budget_note = _memory_budget(memory_budget, source)

@@ -74,6 +74,9 @@ def tune(
     energy: Annotated[bool, typer.Option("--energy", help=(
         "On a GPU, also measure joules per step from NVML's energy counter (about 3 s more per configuration) for the "
         "verdict's tokens per joule; without one the verdict reads the shipped H200 energy profiles."))] = False,
+    precompile: Annotated[bool, typer.Option("--precompile/--no-precompile", help=(
+        "On a GPU, first compile the kernels of the configurations to measure in parallel worker processes (the cores "
+        "less one, at most 12), so that timing them loads each from Triton's cache instead of compiling it in turn."))] = True,
     out: Annotated[Optional[Path], options.out("Also write the full report as JSON to this file.")] = None,
     json_: Annotated[bool, typer.Option("--json", help="Print the report as JSON on stdout instead of tables.")] = False,
     details: Annotated[bool, typer.Option("--details", help="After the verdict, every candidate's table and the error by bucket.")] = False,
@@ -94,7 +97,8 @@ def tune(
       replayssm tune -p nemotron-3-super-120b-a12b --state-dtype bf16,int8 --read-dtype bf16 --stochastic-rounding --details --wide
 
     The verdict comes first, one line per batch size; --details adds every candidate and the error by bucket, their
-    secondary columns left out on a narrow terminal (--wide shows them).
+    secondary columns left out on a narrow terminal (--wide shows them). On a GPU the kernels of the configurations to
+    measure are compiled in parallel first (--no-precompile: each as it is first timed).
     """
     from replayssm_cli.advise import tuner, tuning
 
@@ -117,7 +121,7 @@ def tune(
         accept_rate=accept_rate, error_budget=error_budget, memory_budget=memory_budget, results=results,
         measured_only=measured_only, gpu=gpu, tp=tp, steps=steps, heads=heads, trace=trace, seed=seed, out=out,
         state_dtypes_given=given is not None, rounding="stochastic" if stochastic_rounding else "nearest",
-        energy=energy,
+        energy=energy, precompile=precompile,
     )
     done = tuning.run(spec)
     if json_:

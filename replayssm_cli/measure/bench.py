@@ -574,6 +574,22 @@ def run_point(point: Any, context: dict[str, Any]) -> list[dict[str, Any]]:
             case.close()
 
 
+def compile_point(point: Any, context: dict[str, Any]) -> None:
+    """Launch, untimed, every kernel `run_point` launches for a grid point, so that Triton compiles each (and caches it
+    on disk) at the arguments the timed run passes: the case built from the same spec and seed, positioned, checked
+    (both input sets, the check's materialize) and stepped once. One layer: the stack's layers share their shapes.
+    A CUDA graph captures the same launches, so none is needed. Errors propagate."""
+    device = torch.device(context.get("device", "cuda"))
+    case = make_case({**point.case_spec(seed=int(context.get("seed", 0))), "layers": 1}, device)
+    try:
+        case.check()
+        case.step()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+    finally:
+        case.close()
+
+
 def _run_baseline(case: Case, context: dict[str, Any]) -> list[dict[str, Any]]:
     """Each of a baseline's launch settings checked and timed like our kernels; the fastest that passes is the measurement.
 
