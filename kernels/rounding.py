@@ -2,10 +2,12 @@
 
 Stochastic rounding takes one of the two neighbours of a value in the stored dtype, the upper with probability equal
 to the value's distance from the lower over the gap between them, so the stored state is unbiased and its rounding
-errors average out over a long decode instead of drifting. Its random bits come from Philox4x32 (Triton's
-`tl.philox`) keyed by a seed and counted by (element, slot, head, step), where `step` is the slot's own count of
-stores: a run is reproducible, a slot's rounding does not depend on which rows share its batch, and nothing is read
-on the host (CUDA graphs capture it).
+errors average out over a long decode instead of drifting. Each store of a (slot, head) state takes one Philox4x32-10
+draw (Triton's `tl.philox`) keyed by a seed and counted by (slot, head, step), where `step` is the slot's own count
+of stores, and each element's 16 random bits are the top half of a 32-bit integer hash of its place in the state
+plus that draw: a run is reproducible, a slot's rounding does not depend on which rows share its batch, nothing is
+read on the host (CUDA graphs capture it), and each element's bits are its own, in whatever layout the kernel holds
+the state (no draw's words to share between threads).
 
 An 8-bit state row, fp8 e4m3 or int8, holds the row's values over its row's fp32 scale: Mamba-2's row is one
 (slot, head, p) over N, Gated DeltaNet's one (slot, head, v) over K. The scale is the row's largest magnitude over
@@ -31,8 +33,8 @@ _FORMATS = {torch.bfloat16: (16, 0.0), torch.float16: (13, 2.0**-14), torch.floa
 
 @dataclass
 class StateRounding:
-    """Stochastic rounding of the states a kernel stores: Philox keyed by `seed`, counted per element by
-    (element, slot, head, step[slot]); step (nslots,) int64 counts each slot's stores, advanced on the device by
+    """Stochastic rounding of the states a kernel stores: bits keyed by `seed` and drawn per (slot, head, step[slot])
+    and element (`random_bits`); step (nslots,) int64 counts each slot's stores, advanced on the device by
     the launch that stores (`count_stores`, `count_listed`) or in one small launch after it (`advance`), and zeroed
     with the slot (`reset`)."""
 
@@ -130,31 +132,37 @@ def count_stores(steps, step_arrive, i_s, n_programs, by):
 
 
 @triton.jit
+def slot_key(seed, step, i_s, i_h, N_ROUNDS: tl.constexpr = ROUNDS):
+    """The key of the (slot i_s, head i_h) state's store `step`: the first word of one Philox draw."""
+    b_s = tl.cast(i_s, tl.uint32)
+    b_k, _, _, _ = tl.philox(seed, b_s * 0, b_s, tl.cast(i_h, tl.uint32), tl.cast(step, tl.uint32),
+                             N_ROUNDS)
+    return b_k
+
+
+@triton.jit
+def mix(b_x):
+    """lowbias32 (C. Wellons' hash-prospector): a bijection of uint32 whose every output bit flips with about half of
+    the input bits."""
+    b_x ^= b_x >> 16
+    b_x = tl.mul(b_x, 0x7FEB352D, sanitize_overflow=False)
+    b_x ^= b_x >> 15
+    b_x = tl.mul(b_x, 0x846CA68B, sanitize_overflow=False)
+    return b_x ^ (b_x >> 16)
+
+
+@triton.jit
 def random_bits(seed, step, i_s, i_h, o_e, N_ROUNDS: tl.constexpr = ROUNDS):
     """16 random bits (as uint32) for elements o_e (an int block: their places in the (slot i_s, head i_h) state) at
-    the slot's store `step`: element e takes half e % 2 (the low 16 bits first) of word (e // 2) % 4 of the Philox
-    draw counted by e // 8 (so that eight neighbours share one draw, as `row_bits` computes them)."""
-    b_0 = o_e.to(tl.int64) * 0
-    b_r0, b_r1, b_r2, b_r3 = tl.philox(seed, (o_e >> 3).to(tl.uint32), (b_0 + i_s).to(tl.uint32),
-                                       (b_0 + i_h).to(tl.uint32), (b_0 + step).to(tl.uint32), N_ROUNDS)
-    b_j = (o_e >> 1) & 3
-    b_w = tl.where(b_j == 0, b_r0, tl.where(b_j == 1, b_r1, tl.where(b_j == 2, b_r2, b_r3)))
-    return tl.where((o_e & 1) == 0, b_w & 0xFFFF, b_w >> 16)
+    the slot's store `step`: the top half of `mix` of the element's place plus the store's key (`slot_key`)."""
+    b_k = slot_key(seed, step, i_s, i_h, N_ROUNDS)
+    return mix(tl.add(o_e.to(tl.uint32), b_k, sanitize_overflow=False)) >> 16
 
 
 @triton.jit
 def row_bits(seed, step, i_s, i_h, o_r, N, BN: tl.constexpr, N_ROUNDS: tl.constexpr = ROUNDS):
-    """`random_bits` of the elements o_r[:, None] · N + [0, BN) of rows o_r [R] of N elements each (N a multiple of
-    8), as [R, BN]: one Philox draw per eight elements instead of one per element."""
-    R: tl.constexpr = o_r.shape[0]
-    b_c = o_r[:, None] * (N // 8) + tl.arange(0, BN // 8)[None, :]
-    b_0 = b_c.to(tl.int64) * 0
-    b_r0, b_r1, b_r2, b_r3 = tl.philox(seed, b_c.to(tl.uint32), (b_0 + i_s).to(tl.uint32), (b_0 + i_h).to(tl.uint32),
-                                       (b_0 + step).to(tl.uint32), N_ROUNDS)
-    # [R, BN / 8, 2, 2, 2] flattened: element 8k + 4a + 2b + c is half c of word 2a + b of draw k
-    b_lo = tl.join(tl.join(b_r0 & 0xFFFF, b_r2 & 0xFFFF), tl.join(b_r1 & 0xFFFF, b_r3 & 0xFFFF))
-    b_hi = tl.join(tl.join(b_r0 >> 16, b_r2 >> 16), tl.join(b_r1 >> 16, b_r3 >> 16))
-    return tl.reshape(tl.join(b_lo, b_hi), (R, BN))
+    """`random_bits` of the elements o_r[:, None] · N + [0, BN) of rows o_r [R] of N elements each, as [R, BN]."""
+    return random_bits(seed, step, i_s, i_h, o_r[:, None] * N + tl.arange(0, BN)[None, :], N_ROUNDS)
 
 
 @triton.jit
@@ -182,6 +190,11 @@ def rounded(b_x, b_r, DTYPE: tl.constexpr, RANDOM: tl.constexpr):
     drops 16 bits and fp16 13, so both round exactly; e4m3 drops 20 and rounds up with a probability within 2^-16 of
     the exact one. e4m3 saturates at 448; inf and NaN stay as they are.
     Rounded by hand, so the CPU interpreter (which truncates bf16 and drops fp8's carries) rounds as the GPU does."""
+    if RANDOM and DTYPE == tl.bfloat16:
+        # bf16 keeps fp32's exponent: the bits added to the magnitude's dropped half carry away from zero for either
+        # sign, into inf past the largest value, as the general path below does; NaN stays as it is.
+        b_q = ((b_x.to(tl.int32, bitcast=True) + b_r.to(tl.int32)) & -0x10000).to(tl.float32, bitcast=True)
+        return tl.where(b_x == b_x, b_q, b_x)
     if DTYPE == tl.bfloat16:
         DROP: tl.constexpr = 16
         TINY: tl.constexpr = 0.0

@@ -43,6 +43,25 @@ def _row_bits_kernel(by_element, by_row, seed, steps, N, R_: tl.constexpr, BN: t
     tl.store(by_row + o_out, R.row_bits(seed, step, 1, 2, o_r, N, BN).to(tl.int64))
 
 
+@triton.jit
+def _hash_kernel(keys, bits, seed, steps, E, BE: tl.constexpr):
+    i_s = tl.program_id(0)
+    o_e = tl.arange(0, BE)
+    step = tl.load(steps + i_s)
+    tl.store(keys + i_s + o_e * 0, R.slot_key(seed, step, i_s, 3).to(tl.int64), mask=o_e == 0)
+    tl.store(bits + i_s * E + o_e, R.random_bits(seed, step, i_s, 3, o_e).to(tl.int64), mask=o_e < E)
+
+
+def _lowbias32(x: torch.Tensor) -> torch.Tensor:
+    """lowbias32 over int64 tensors holding uint32 values."""
+    m = 0xFFFFFFFF
+    x = x ^ (x >> 16)
+    x = (x * 0x7FEB352D) & m
+    x = x ^ (x >> 15)
+    x = (x * 0x846CA68B) & m
+    return x ^ (x >> 16)
+
+
 def _store(x, dtype, rounding=None, slot=0, head=0):
     y = torch.full(x.shape, float("nan"), dtype=dtype, device=x.device)
     seed, steps, random = R.rounding_args(rounding, x)
@@ -150,8 +169,7 @@ def test_streams_are_per_slot_head_and_step(device):
 
 @pytest.mark.parametrize("N,BN", [(16, 16), (24, 32), (64, 64)], ids=["N16", "N24-BN32", "N64"])
 def test_row_bits_are_the_elements_bits(device, N, BN):
-    """row_bits (one Philox draw per eight elements of a row) gives each element the bits random_bits and draw_bits
-    give it: 16 bits each, and the eight halves of a draw differ."""
+    """row_bits gives each element of a row the bits random_bits and draw_bits give it, 16 bits each."""
     rnd = R.StateRounding.create(3, seed=9, device=device)
     rnd.step[1] = 4
     by_element = torch.zeros(8, BN, dtype=torch.int64, device=device)
@@ -160,8 +178,29 @@ def test_row_bits_are_the_elements_bits(device, N, BN):
     drawn = R.draw_bits(rnd, torch.tensor([1]), 3, 8 * N)[0, 2].view(8, N).cpu()
     assert torch.equal(by_element[:, :N].cpu(), drawn) and torch.equal(by_row[:, :N].cpu(), drawn)
     assert int(drawn.max()) < 2**16 and int(drawn.min()) >= 0
-    halves = drawn.view(8, N // 8, 8)
-    assert bool((halves[..., 0] != halves[..., 1]).all() & (halves[..., 2] != halves[..., 7]).all())
+
+
+def test_bits_are_the_hash_of_place_and_key(device):
+    """Each element's bits are the top half of lowbias32(place + the store's key), the key one Philox draw per (slot,
+    head, step): keys differ between slots and steps, and the bits of 3 x 4096 places look uniform (each 16th of the
+    range within 5 sigma of its share) and neighbours uncorrelated."""
+    nslots, E = 3, 4096
+    rnd = R.StateRounding.create(nslots, seed=11, device=device)
+    rnd.step.copy_(torch.tensor([0, 0, 7]))
+    keys = torch.zeros(nslots, dtype=torch.int64, device=device)
+    bits = torch.zeros(nslots, E, dtype=torch.int64, device=device)
+    _hash_kernel[(nslots,)](keys, bits, rnd.seed, rnd.step, E, BE=E)
+    keys, bits = keys.cpu(), bits.cpu()
+    assert len(set(keys.tolist())) == nslots
+    want = _lowbias32((torch.arange(E)[None, :] + keys[:, None]) & 0xFFFFFFFF) >> 16
+    assert torch.equal(bits, want)
+    assert torch.equal(bits, R.draw_bits(rnd, torch.arange(nslots), 4, E)[:, 3].cpu())
+    counts = torch.bincount((bits >> 12).flatten(), minlength=16).float()
+    n = bits.numel() / 16
+    assert bool(((counts - n).abs() <= 5 * math.sqrt(n)).all()), counts
+    u = bits.float() / 2**16 - 0.5
+    r = (u[:, 1:] * u[:, :-1]).mean() / u.var()
+    assert abs(float(r)) < 5 / math.sqrt(u[:, 1:].numel())
 
 
 @pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.int8])

@@ -201,8 +201,8 @@ def _preset_rows(p: Any, st: str, read: str | None, io: Any, batch: int, window:
             "per model step). × conv: the conventional kernel's bytes over this row's (spec-replay: over "
             "spec-conventional's). mem/seq: one sequence's state or checkpoint, read copy, buffers, "
             "counters and snapshots in one layer."
-            + (" int ops: stochastic rounding's Philox4x32-10 draws (100 integer operations each; one per stored "
-               "element, or per eight where a draw's 16-bit halves round eight neighbours), counted apart from FLOPs."
+            + (" int ops: stochastic rounding's random bits (a Philox4x32-10 draw of 100 integer operations per "
+               "head and 10 per stored element), counted apart from FLOPs."
                if rounding == "stochastic" else "")
         )
         _print_table(title, caption, rows, int_ops=rounding == "stochastic")

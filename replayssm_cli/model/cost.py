@@ -29,17 +29,19 @@ _F32 = 4
 _I32 = 4
 # A StateRounding's store count per slot (int64), read and advanced by every step that stores the state.
 _STEP_COUNT = 8
-# Integer operations of one Philox4x32-10 draw (triton.language.random.philox_impl): 10 rounds of 2 umulhi,
-# 2 multiplies, 4 xors and 2 adds. Stochastic rounding takes 16 bits per stored element: one draw per element, or one per
-# eight where the op's kernels share a draw's four words, two halves each, between neighbours (`elements_per_draw`).
+# Stochastic rounding's random bits per state store (kernels/rounding.py): one Philox4x32-10 draw per (sequence, head)
+# keys the store (10 rounds of 2 umulhi, 2 multiplies, 4 xors and 2 adds: triton.language.random.philox_impl), and each
+# stored element takes the top 16 bits of lowbias32 of its place plus the key (an add, three xor-shifts of two
+# operations each, two multiplies and the last shift).
 PHILOX_ROUNDS = 10
 PHILOX_INT_OPS = PHILOX_ROUNDS * (2 + 2 + 4 + 2)
+HASH_INT_OPS = 1 + 3 * 2 + 2 + 1
 
 
 @dataclass(frozen=True)
 class Cost:
     """DRAM bytes read, bytes written and FLOPs of one decode step of one layer over the whole batch; int_ops counts
-    the integer operations of stochastic rounding's random draws, apart from the FLOPs."""
+    the integer operations of stochastic rounding's random bits, apart from the FLOPs."""
 
     bytes_read: int
     bytes_written: int
@@ -123,8 +125,8 @@ class _Sizes:
     flush_copy: int = 0
     # Whether the state itself is 8-bit: dequantised where it is read, quantised where it is stored.
     eight_bit: bool = False
-    # Per state store: the Philox draws of stochastic rounding and the rounding's store count.
-    draws: int = 0
+    # Per state store: the integer operations of stochastic rounding's random bits and the rounding's store count.
+    rng_ops: int = 0
     step_count: int = 0
 
 
@@ -150,7 +152,7 @@ def _sizes(shape: SSMShape, st: str, rd: str | None, io: str, has_z: bool, round
         fp8=rd == "fp8" or (rd is None and eight_bit),
         flush_copy=copy if op.split_flush_reads_copy else 0,
         eight_bit=eight_bit,
-        draws=-(-shape.state_elems // op.elements_per_draw(shape)) if stochastic else 0,
+        rng_ops=part["heads"] * PHILOX_INT_OPS + shape.state_elems * HASH_INT_OPS if stochastic else 0,
         step_count=_STEP_COUNT if stochastic else 0,
     )
 
@@ -237,7 +239,7 @@ def _conventional(s: _Sizes, fl: Any, b: int, T: int) -> _Count:
         s.state + T * s.inputs + s.step_count,
         T * s.state + T * s.outputs + s.step_count,
         fl.conventional(T) + (_dequant(s, fl) + T * fl.quant if s.eight_bit else 0),
-        T * s.draws * PHILOX_INT_OPS,
+        T * s.rng_ops,
     )
     return row * b + _Count(read=s.params)
 
@@ -267,7 +269,7 @@ def _flush(s: _Sizes, fl: Any, b: int, f: int) -> _Count:
         s.state + s.flush_copy + f * s.entry + s.inputs + s.counters + s.step_count,
         s.state + s.copy + s.outputs + s.counters + s.step_count,
         fl.flush(f, quantise=s.fp8) + (fl.correction(f, s.fp8) if s.flush_copy else 0) + _dequant(s, fl),
-        s.draws * PHILOX_INT_OPS,
+        s.rng_ops,
     )
     return row * b + _Count(read=s.params)
 
@@ -277,7 +279,7 @@ def _verify_after_fold(s: _Sizes, fl: Any, b: int, F: float, T: int) -> _Count:
         s.state + F * s.entry + T * s.inputs + s.counters + s.step_count,
         s.state + s.copy + T * s.entry + T * s.outputs + s.counters + s.step_count,
         fl.fold(F, quantise=s.fp8) + (fl.correction(F, s.fp8) if s.flush_copy else 0) + fl.verify(0, T) + _dequant(s, fl),
-        s.draws * PHILOX_INT_OPS,
+        s.rng_ops,
     )
     return row * b + _Count(read=s.params)
 
@@ -411,10 +413,10 @@ def step_cost(
     fp8 copy does (a nonflush step 1 per row, a verify 1 per element; a conventional step, a flush or a fold reading
     the whole state 1 per element) and its stores quantise as an fp8 copy's (1 per element, 1 per row).
 
-    Stochastic rounding draws Philox4x32-10 (`int_ops`: PHILOX_INT_OPS = 100 integer operations per draw, not FLOPs)
-    wherever the state is stored: every conventional step (T snapshots for spec-conventional), a flush, a fold; one
-    draw per stored element, or per eight where N (Mamba-2) or K (GDN) is a multiple of 8 (a draw's four words, two
-    16-bit halves each, round eight neighbours of a row); and each such step reads and writes the slot's store count (int64).
+    Stochastic rounding's random bits (`int_ops`, integer operations, not FLOPs) wherever the state is stored:
+    every conventional step (T snapshots for spec-conventional), a flush, a fold: one Philox4x32-10 draw per head
+    (PHILOX_INT_OPS = 100) and a hash per stored element (HASH_INT_OPS = 10); each such step reads and writes the
+    slot's store count (int64).
     """
     variant = _choice(variant, VARIANTS, "variant")
     phase = _choice(phase, PHASES, "phase")

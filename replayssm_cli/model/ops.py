@@ -166,11 +166,6 @@ class Mamba2:
         """Arrival counters per sequence that `verify` keeps under drafts."""
         return 0
 
-    def elements_per_draw(self, s: Mamba2Shape) -> int:
-        """Stored elements one Philox4x32 draw rounds stochastically: the 16-bit halves of its four words eight
-        neighbours of a row of N (kernels/mamba2/common.py, ROW8), one element where N is not a multiple of 8."""
-        return 8 if s.N % 8 == 0 else 1
-
     def flops(self, s: Mamba2Shape, has_z: bool) -> Mamba2Flops:
         return Mamba2Flops(s, has_z)
 
@@ -316,11 +311,6 @@ class GDN:
     def verify_arrivals(self, s: GDNShape) -> int:
         """One per key head."""
         return s.H
-
-    def elements_per_draw(self, s: GDNShape) -> int:
-        """Stored elements one Philox4x32 draw rounds stochastically: the 16-bit halves of its four words eight
-        neighbours of a row of K (rounding.row_bits), one element where K is not a multiple of 8."""
-        return 8 if s.K % 8 == 0 else 1
 
     def flops(self, s: GDNShape, has_z: bool) -> GDNFlops:
         return GDNFlops(s)
