@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Wall time of `replayssm tune` on this GPU for one preset and three batch sizes, with the default candidates: once
 # cold (the first run a user makes: an empty quality cache and an empty Triton cache, TRITON_CACHE_DIR a fresh folder
-# under $OUT, so every kernel is compiled, in the pre-compile's worker processes) and once warm (both caches filled by
+# under $OUT, so every kernel is compiled, in the pre-compile's workers beside the timed runs) and once warm (both caches filled by
 # the cold run, as for every later run). Each run measures on the GPU (the candidates within reach, written as they
 # finish under $OUT/runs/). Writes under $OUT (default runs/tune-gpu): gpu.json, cold.txt and warm.txt (the verdict),
 # cold.log and warm.log (stderr: progress, the pre-compile's line, what was measured, the results file), cold.json and

@@ -1,5 +1,7 @@
-"""precompile.run and bench.compile_point: the jobs a pool is given, what one line says, when it is skipped, and that a
-compile-only run launches every kernel specialization the timed run launches (under Triton's interpreter)."""
+"""precompile.Pool, Gate, deferred and bench.compile_point: the jobs a pool is given, waiting for one point's compile,
+the GPU kept from the workers while a run is timed, compiles deferred with the launch's own arguments, what one line
+says, when no pool starts, and that a compile-only run launches every kernel specialization the timed run launches
+(under Triton's interpreter)."""
 
 from __future__ import annotations
 
@@ -44,9 +46,9 @@ def _points(n: int = 3) -> list[grid.Point]:
     return grid.plan(spec, [presets.resolve(SUPER, 1)])[:n]
 
 
-def test_run_counts_a_failed_worker_in_its_line_and_does_not_raise(monkeypatch):
+def test_pool_counts_a_failed_worker_in_its_line_and_does_not_raise(monkeypatch):
     points = _points(3)
-    compiled, done = [], []
+    compiled = []
 
     def compile_point(point, context):
         if point == points[1]:
@@ -55,25 +57,168 @@ def test_run_counts_a_failed_worker_in_its_line_and_does_not_raise(monkeypatch):
 
     monkeypatch.setattr(bench, "compile_point", compile_point)
     pool = Serial()
-    result = precompile.run(points, seed=7, on_done=lambda i, label: done.append((i, label)), executor=pool)
-    assert [fn for fn, _ in pool.jobs] == [precompile.compile_one] * 3 and pool.closed
+    workers = precompile.Pool(2, executor=pool)
+    assert [fn for fn, _ in pool.jobs] == [precompile._ready] * 2 and workers.up()
+    workers.submit(points, seed=7)
+    assert [fn for fn, _ in pool.jobs[2:]] == [precompile.compile_one] * 3 and workers.compiled() == 3
+    assert all(workers.wait(p) for p in points)
+    result = workers.close()
+    assert pool.closed and workers.close() is None
     assert compiled == [(points[0], {"device": "cuda", "seed": 7}), (points[2], {"device": "cuda", "seed": 7})]
-    assert (result.done, result.failed) == (2, 1)
-    assert [i for i, _ in done] == [1, 2, 3] and {label for _, label in done} == {p.label() for p in points}
+    assert (result.done, result.failed, result.workers, result.early) == (2, 1, 2, 0)
     line = result.line()
-    assert "\n" not in line and "2 of 3 configurations" in line and "1 failed (the first: OutOfMemoryError: CUDA out of memory" in line
+    assert "\n" not in line and "2 of 3 configurations" in line and "on 2 workers beside the timed runs" in line
+    assert "1 failed (the first: OutOfMemoryError: CUDA out of memory" in line
+
+
+class Manual(Executor):
+    """Start-up jobs done at once; every other job left pending until the test runs it (`finish`)."""
+
+    def __init__(self, up: bool = True):
+        self.pending, self.up, self.shut = [], up, None
+
+    def submit(self, fn, *args):
+        future = Future()
+        if fn is precompile._ready:
+            if self.up:
+                future.set_result(fn())
+        else:
+            self.pending.append((future, fn, args))
+        return future
+
+    def finish(self, n: int = 1) -> None:
+        for future, fn, args in self.pending[:n]:
+            future.set_result(fn(*args))
+        del self.pending[:n]
+
+    def shutdown(self, wait=True, *, cancel_futures=False):
+        self.shut = {"wait": wait, "cancel_futures": cancel_futures}
+
+
+def test_pool_waits_for_a_points_own_compile_only(monkeypatch):
+    """wait(point) returns once that point's compile finished, while later points' compiles are still pending; a point
+    reached before any worker is up is not waited for (its timed run compiles its own kernels) and is counted."""
+    import threading
+
+    monkeypatch.setattr(precompile, "POLL_S", 0.01)
+    monkeypatch.setattr(bench, "compile_point", lambda point, context: None)
+    points = _points(3)
+    executor = Manual()
+    pool = precompile.Pool(2, executor=executor)
+    pool.submit(points)
+    polls = []
+    finisher = threading.Timer(0.1, executor.finish)
+    finisher.start()
+    assert pool.wait(points[0], on_wait=lambda: polls.append(1))
+    finisher.join()
+    assert polls and pool.waited > 0 and len(executor.pending) == 2 and pool.compiled() == 1
+    executor.finish(2)
+    assert pool.wait(points[1]) and pool.wait(points[2]) and not pool.wait(_points(4)[3])
+    done = pool.close()
+    assert (done.done, done.failed, done.early) == (3, 0, 0) and executor.shut == {"wait": False, "cancel_futures": False}
+
+    cold = precompile.Pool(2, executor=Manual(up=False))
+    cold.submit(points)
+    assert not cold.up() and not cold.wait(points[0]) and cold.early == 1 and cold.futures[points[0]].cancelled()
+    assert "1 timed before a worker was up compiled their own" in precompile.Compiled(2, 0, 1.0, 2, early=1).line()
+    assert cold.close(cancel=True).done == 0
+
+
+def test_gate_keeps_workers_off_the_gpu_while_a_run_is_timed(monkeypatch):
+    """alone() waits for the workers on the GPU to leave it, and a worker waits while a run is timed; a worker that died
+    holding the gate (the pool broken) does not hold the timed run forever."""
+    import multiprocessing
+    import threading
+
+    monkeypatch.setattr(precompile, "POLL_S", 0.01)
+    gate = precompile.Gate(multiprocessing.get_context("spawn"))
+    log, on_gpu, leave = [], threading.Event(), threading.Event()
+
+    def worker():
+        with gate.shared():
+            log.append("worker on")
+            on_gpu.set()
+            leave.wait(5)
+            log.append("worker off")
+
+    first = threading.Thread(target=worker)
+    first.start()
+    on_gpu.wait(5)
+    threading.Timer(0.05, leave.set).start()
+    with gate.alone():
+        log.append("timed")
+        second = threading.Thread(target=lambda: gate.shared().__enter__() or log.append("second on"))
+        second.start()
+        second.join(0.1)
+        log.append("timed end")
+    second.join(5)
+    first.join(5)
+    assert log == ["worker on", "worker off", "timed", "timed end", "second on"]
+    # The second worker never left: only a dead pool lets a timed run through.
+    with gate.alone(dead=lambda: True):
+        log.append("after a dead worker")
+    assert log[-1] == "after a dead worker"
+
+
+def test_deferred_launches_nothing_and_compiles_with_the_arguments_the_launch_gave(monkeypatch):
+    """Within deferred(), JITFunction.run is a warmup (no launch) and its _do_compile is kept, not run; the kept call is
+    _do_compile with the very arguments run passed, so Triton builds the same source and options (the cache key)."""
+    from triton.runtime.jit import JITFunction
+
+    calls = []
+
+    def run(self, *args, grid, warmup, **kwargs):
+        calls.append(("run", args, warmup))
+        kernel = self._do_compile("key", "signature", "device", {(0,): 16}, "options", {(1,): [["tt.divisibility", 16]]},
+                                  warmup)
+        if kernel is None:
+            return None
+        if not warmup:
+            calls.append(("launch",))
+        return kernel
+
+    monkeypatch.setattr(JITFunction, "run", run)
+    monkeypatch.setattr(JITFunction, "_do_compile", lambda self, *args: calls.append(("compile", args)) or "kernel")
+    fn = JITFunction.__new__(JITFunction)
+    with precompile.deferred() as pending:
+        assert fn.run(1, 2, grid=(4,), warmup=False) is None
+        fn.run(1, 2, grid=(4,), warmup=False)
+    assert calls == [("run", (1, 2), True)] * 2 and len(pending) == 1
+    assert JITFunction.run is run
+    (compile_kernel,) = pending.values()
+    assert compile_kernel() == "kernel"
+    assert calls[-1] == ("compile", ("key", "signature", "device", {(0,): 16}, "options", {(1,): [["tt.divisibility", 16]]}, True))
+    fn.run(3, grid=(1,), warmup=False)
+    assert calls[-1] == ("launch",)
+
+
+def test_triton_run_passes_do_compile_what_deferred_keeps():
+    """The installed Triton's JITFunction.run compiles through _do_compile(key, signature, device, constexprs, options,
+    attrs, warmup) and launches only after it returns a kernel and when not a warmup: what deferred() relies on."""
+    from triton.runtime.jit import JITFunction
+
+    assert list(inspect.signature(JITFunction._do_compile).parameters) == [
+        "self", "key", "signature", "device", "constexprs", "options", "attrs", "warmup"]
+    source = inspect.getsource(JITFunction.run)
+    compile_at = source.index("kernel = self._do_compile(key, signature, device, constexprs, options, attrs, warmup)")
+    returns_at = source.index("if kernel is None:\n                return None", compile_at)
+    assert compile_at < returns_at < source.index("if not warmup:") < source.index("kernel.run(")
+    assert "device_caches[device]" in inspect.getsource(JITFunction._do_compile)
 
 
 def test_workers_are_spawned_with_the_parents_triton_cache_and_gpu(monkeypatch, tmp_path):
+    import multiprocessing
+
     made = {}
     monkeypatch.setattr("concurrent.futures.ProcessPoolExecutor", lambda **kw: made.update(kw) or Serial())
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton"))
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")
-    precompile._pool(5)
+    gate = precompile.Gate(multiprocessing.get_context("spawn"))
+    precompile._pool(5, gate)
     assert made["max_workers"] == 5 and made["mp_context"].get_start_method() == "spawn"
     assert made["initializer"] is precompile._init
-    (env,) = made["initargs"]
-    assert env == {"TRITON_CACHE_DIR": str(tmp_path / "triton"), "CUDA_VISIBLE_DEVICES": "3"}
+    env, given = made["initargs"]
+    assert env == {"TRITON_CACHE_DIR": str(tmp_path / "triton"), "CUDA_VISIBLE_DEVICES": "3"} and given is gate
     # A worker started with another environment takes the parent's; a variable the parent lacks is dropped.
     monkeypatch.setenv("TRITON_CACHE_DIR", "/elsewhere")
     monkeypatch.setattr("signal.signal", lambda *a: None)
@@ -87,20 +232,21 @@ def test_workers_leave_a_core_and_stop_at_the_cap(monkeypatch, cpus, points, wan
     assert precompile.workers(points) == want
 
 
-@pytest.mark.parametrize("cuda, interpret, runs", [(False, None, False), (True, "1", False), (True, None, True)],
-                         ids=["no-cuda", "interpreter", "cuda"])
-def test_tune_precompiles_only_on_a_cuda_device(monkeypatch, capsys, cuda, interpret, runs):
-    calls = []
+@pytest.mark.parametrize("cuda, interpret, results, flag, starts", [
+    (False, None, False, True, False), (True, "1", False, True, False), (True, None, True, True, False),
+    (True, None, False, False, False), (True, None, False, True, True),
+], ids=["no-cuda", "interpreter", "results-file", "no-precompile", "cuda"])
+def test_tune_starts_the_pool_only_when_it_will_measure_on_a_cuda_device(monkeypatch, tmp_path, cuda, interpret, results,
+                                                                         flag, starts):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
     if interpret:
         monkeypatch.setenv("TRITON_INTERPRET", interpret)
     else:
         monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    monkeypatch.setattr(precompile, "run", lambda points, **kw: calls.append(points) or precompile.Compiled(2, 0, 1.5, 2))
-    tuning._precompile(_points(2), seed=0)
-    assert bool(calls) == runs
-    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("pre-compiled")]
-    assert lines == (["pre-compiled the kernels of 2 of 2 configurations in 1.5 s on 2 workers, none failed"] if runs else [])
+    monkeypatch.setattr(precompile, "Pool", lambda: "pool")
+    spec = tuning.TuneSpec(SUPER, (1,), (16,), ("fp32",), (), results=tmp_path / "r.json" if results else None,
+                           precompile=flag)
+    assert tuning._start_pool(spec) == ("pool" if starts else None)
 
 
 MAMBA2 = {"op": "mamba2", "H": 1, "P": 4, "N": 8, "G": 1}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 from pathlib import Path
@@ -611,30 +612,72 @@ def test_tune_measures_only_what_the_model_puts_within_reach(monkeypatch, tmp_pa
     assert decision(report, 256)["recommended"]["label"] == "split W16 fp32+bf16"
 
 
+class _Workers:
+    """A pool in this process: start-up jobs done at once; compiles run one by one, in submission order, on a thread,
+    the second and later only once the first point has been timed (so a wait for every compile would hang)."""
+
+    def __init__(self, log, first_timed):
+        import queue
+        import threading
+
+        self.log, self.first_timed, self.jobs, self.shut = log, first_timed, queue.Queue(), None
+        log.append(("pool",))
+        self.thread = threading.Thread(target=self._work, daemon=True)
+        self.thread.start()
+
+    def submit(self, fn, *args):
+        from concurrent.futures import Future
+
+        future = Future()
+        if fn.__name__ == "_ready":
+            future.set_result(fn())
+        else:
+            self.log.append(("submit", args[0].label()))
+            self.jobs.put((future, fn, args))
+        return future
+
+    def _work(self):
+        n = 0
+        while (job := self.jobs.get()) is not None:
+            future, fn, args = job
+            if n and not self.first_timed.wait(10):
+                future.set_exception(RuntimeError("the first point was never timed"))
+                continue
+            result = fn(*args)
+            self.log.append(("compiled", args[0].label()))
+            future.set_result(result)
+            n += 1
+
+    def shutdown(self, wait=True, *, cancel_futures=False):
+        self.jobs.put(None)
+        self.shut = {"wait": wait, "cancel_futures": cancel_futures}
+
+
 @pytest.mark.parametrize("flag", [None, "--no-precompile"])
-def test_tune_precompiles_exactly_the_configurations_it_times(monkeypatch, tmp_path, flag):
-    """On a GPU the points handed to the pre-compile are the points then timed: a candidate the model rules out is not
-    compiled, a kept one is; --no-precompile compiles nothing ahead."""
-    from concurrent.futures import Future
+def test_tune_times_each_configuration_once_its_own_compile_finished(monkeypatch, tmp_path, flag):
+    """On a GPU the pool starts before the quality harness; every point to time is queued to compile at once, in the
+    order it is timed; each is timed only once its own compile finished (the first before the others compiled), with
+    the GPU to the timed run alone; nothing is timed that was not compiled first, and a candidate the model rules out
+    is neither compiled nor timed. --no-precompile starts no pool."""
+    import threading
+
     from replayssm_cli.measure import bench, precompile, quality
     from replayssm_cli.advise import tuning
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(precompile, "wanted", lambda: True)
     monkeypatch.setattr(quality, "run_kernels", lambda inputs, configs, **kw: {c: {"1-128": 1e-7} for c in configs})
-    compiled, timed, order = [], [], []
-
-    def submit(fn, *args):
-        future = Future()
-        future.set_result(fn(*args))
-        return future
-
-    monkeypatch.setattr(precompile, "_pool", lambda n: SimpleNamespace(submit=submit, shutdown=lambda **kw: None))
-    monkeypatch.setattr(bench, "compile_point", lambda point, context: compiled.append(point) or order.append("compile"))
+    log, first_timed, pools = [], threading.Event(), []
+    monkeypatch.setattr(precompile, "_pool", lambda n, gate: pools.append(_Workers(log, first_timed)) or pools[-1])
+    monkeypatch.setattr(bench, "compile_point", lambda point, context: None)
+    real_quality = tuning._quality
+    monkeypatch.setattr(tuning, "_quality", lambda *a, **kw: log.append(("quality",)) or real_quality(*a, **kw))
 
     def run_point(point, context):
-        timed.append(point)
-        order.append("time")
+        assert ("alone" in context) == (flag is None)
+        with context["alone"]() if "alone" in context else contextlib.nullcontext():
+            log.append(("time", point.label()))
+        first_timed.set()
         us = {"conventional": 547.0, "replay": 285.0, "split": 209.0}[point.variant]
         return [{"phase": "avg", "ok": True, "layers": 4, "check_max_err": 1e-7, "tolerance": 1e-3,
                  "samples_us": [us * (1 + k / 1000) for k in (-3, -1, 0, 1, 3)], "steps": 32, "repeats": 5}]
@@ -644,15 +687,45 @@ def test_tune_precompiles_exactly_the_configurations_it_times(monkeypatch, tmp_p
     res = invoke("--preset", SUPER, "--batch", "256", "--window", "16,32", "--state-dtype", "fp32", "--read-dtype", "bf16",
                  *QUICK, *([flag] if flag else []))
     assert res.exit_code == 0, res.output
-    labels = sorted(p.label().split(" ", 1)[1] for p in timed)
-    assert labels == ["conventional B256 fp32", "split B256 W16 fp32-bf16", "split B256 W32 fp32-bf16"]
+    timed = [e[1] for e in log if e[0] == "time"]
+    assert sorted(label.split(" ", 1)[1] for label in timed) == ["conventional B256 fp32", "split B256 W16 fp32-bf16",
+                                                                  "split B256 W32 fp32-bf16"]
     line = [ln for ln in res.stderr.splitlines() if ln.startswith("pre-compiled")]
     if flag:
-        assert not compiled and not line
+        assert not pools and not line and not any(e[0] in ("submit", "compiled") for e in log)
         return
-    assert sorted(compiled, key=str) == sorted(timed, key=str) and order == ["compile"] * 3 + ["time"] * 3
+    (pool,) = pools
+    assert pool.shut == {"wait": False, "cancel_futures": False}
+    assert log.index(("pool",)) < log.index(("quality",))
+    submitted = [e[1] for e in log if e[0] == "submit"]
+    assert submitted == timed and log.index(("submit", timed[-1])) < log.index(("time", timed[0]))
+    for label in timed:
+        assert log.index(("compiled", label)) < log.index(("time", label))
+    assert log.index(("time", timed[0])) < log.index(("compiled", timed[1]))
     (line,) = line
     assert line.startswith("pre-compiled the kernels of 3 of 3 configurations in ") and line.endswith(", none failed")
+
+
+def test_tune_shuts_the_pool_down_when_it_measures_nothing(monkeypatch, tmp_path):
+    """A pool started for a measurement that ends in an error first is shut down, its queued compiles cancelled, and
+    says nothing."""
+    from replayssm_cli.errors import UserError
+    from replayssm_cli.measure import precompile
+    from replayssm_cli.advise import tuning
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(precompile, "wanted", lambda: True)
+    log, pools = [], []
+    monkeypatch.setattr(precompile, "_pool", lambda n, gate: pools.append(_Workers(log, None)) or pools[-1])
+
+    def no_gpu(*a, **kw):
+        raise UserError("no GPU to measure on", "pass --results")
+
+    monkeypatch.setattr(tuning, "_measure", no_gpu)
+    res = invoke("--preset", SUPER, "--batch", "256", "--state-dtype", "fp32", *QUICK)
+    assert res.exit_code == 2 and "no GPU to measure on" in res.stderr
+    (pool,) = pools
+    assert pool.shut == {"wait": False, "cancel_futures": True} and "pre-compiled" not in res.stderr
 
 
 def test_within_reach_keeps_the_close_and_the_baseline():

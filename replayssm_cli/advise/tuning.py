@@ -122,9 +122,9 @@ def _cuda_available() -> bool:
 
 
 def _timing_source(p, preset_arg: str, cands, batches, results: Path | None, gpu: str | None, io: str | None, accept_rate: float,
-                   measured_only: bool = False, allowed=None, energy: bool = False, precompile: bool = True) -> dict[str, Any]:
+                   measured_only: bool = False, allowed=None, energy: bool = False, pool=None) -> dict[str, Any]:
     """Where candidate times come from: a results file (predicting what it lacks unless measured_only), a measurement
-    here (with NVML's energy when `energy`, its kernels compiled first in parallel with `precompile`), the shipped
+    here (with NVML's energy when `energy`, its kernels compiled beside the timed runs by `pool`), the shipped
     H200 reference profile when there is no GPU and the GPU is the H200, or the cost model. "energy_rows" are the
     measured rows with energy figures the verdict reads: the file's, this run's, or the shipped H200 energy profiles
     beside the reference."""
@@ -155,7 +155,7 @@ def _timing_source(p, preset_arg: str, cands, batches, results: Path | None, gpu
     if cuda:
         rows, gpu_name, mem, path = _measure(p, preset_arg, cands, batches, io_used, accept_rate,
                                              allowed=allowed(io_used) if allowed else None, energy=energy,
-                                             precompile=precompile)
+                                             pool=pool)
         note(f"measured results: {path}")
 
         def timing(c, b):
@@ -420,11 +420,12 @@ def _reach_model(p, cands, io: str):
 
 
 def _measure(p, preset_arg: str, cands, batches, io: str, accept_rate: float, *, allowed=None, out: Path | None = None,
-             energy: bool = False, precompile: bool = True):
+             energy: bool = False, pool=None):
     """Time on this GPU, through the profiler, the candidates that `allowed` keeps and the model puts within reach
-    of the best (tuner.within_reach); the rest are recorded as skipped with the reason. With `precompile`, the kernels
-    of the points to time are compiled first, in parallel. The results file is written as rows finish. Returns (rows,
-    GPU name, memory, path)."""
+    of the best (tuner.within_reach); the rest are recorded as skipped with the reason. With `pool` (a
+    precompile.Pool), the kernels of every point to time are queued to compile in its workers, in the order the points
+    are timed; each point waits for its own compile and is timed with no worker on the GPU. The pool is closed here.
+    The results file is written as rows finish. Returns (rows, GPU name, memory, path)."""
     from replayssm_cli.measure import grid
     from replayssm_cli.measure import profile as prof
     from replayssm_cli.advise import tuner
@@ -454,6 +455,10 @@ def _measure(p, preset_arg: str, cands, batches, io: str, accept_rate: float, *,
         if not timed(point):
             raise NotInReach("not measured: the model puts it out of reach of the best, or over a budget")
         group = (point.batch, point.draft)
+        if pool is not None:
+            pool.wait(point, on_wait=lambda: ticker.update(state["done"], f"compiling {point.label()} "
+                                                                           f"({pool.compiled()}/{total} compiled)"))
+            context = {**context, "alone": pool.alone}
         found = _run_point(point, {**context, "repeats": QUICK_REPEATS})
         if _close_and_noisy(found, best.get(group)):
             found = _run_point(point, context)
@@ -468,15 +473,20 @@ def _measure(p, preset_arg: str, cands, batches, io: str, accept_rate: float, *,
                            energy)
              # One profile per rounding the candidates store with (a profile rounds all its 16-bit and 8-bit states one way).
              for rounding in dict.fromkeys(c.rounding for c in cands)]
-    if precompile:
-        _precompile([pt for spec in specs for pt in grid.plan(spec, [p]) if timed(pt)], seed=specs[0].seed)
+    if pool is not None:
+        pool.submit([pt for spec in specs for pt in grid.plan(spec, [p]) if timed(pt)], seed=specs[0].seed)
     rows: list[dict[str, Any]] = []
-    for spec in specs:
-        with ticker:
-            run = prof.run_profile(spec, require_gpu=True, progress=False, runner=runner, out=out if not rows else None)
-        if run.interrupted:
-            raise UserError("interrupted while measuring", f"the rows finished so far are in {run.path}; pass it with --results")
-        rows += run.results.rows
+    try:
+        for spec in specs:
+            with ticker:
+                run = prof.run_profile(spec, require_gpu=True, progress=False, runner=runner, out=out if not rows else None)
+            if run.interrupted:
+                raise UserError("interrupted while measuring", f"the rows finished so far are in {run.path}; pass it with --results")
+            rows += run.results.rows
+    except BaseException:
+        _close_pool(pool, cancel=True)
+        raise
+    _close_pool(pool)
     gpu = run.results.environment.get("gpu") or {}
     return rows, run.gpu_name, gpu.get("memory_total"), run.path
 
@@ -504,17 +514,25 @@ def _profile_spec(preset_arg: str, p, group, batches, io: str, accept_rate: floa
     )
 
 
-def _precompile(points, *, seed: int) -> None:
-    """Compile the kernels of the points about to be timed in worker processes (nothing without a CUDA device or under
-    Triton's interpreter), so that each timed run loads its kernels from Triton's cache; one line says how it went."""
+def _start_pool(spec: TuneSpec):
+    """The pre-compile's workers, started as soon as tune knows it will measure on this GPU (no --results, a CUDA device,
+    Triton compiling, not --no-precompile), so that their start-up overlaps the quality harness; else None."""
     from replayssm_cli.measure import precompile
+
+    if spec.results is not None or not spec.precompile or not precompile.wanted():
+        return None
+    return precompile.Pool()
+
+
+def _close_pool(pool, *, cancel: bool = False) -> None:
+    """Stop the pool's workers; one line says what they compiled (none when nothing was queued, or on an error)."""
     from replayssm_cli.console import err
 
-    if not points or not precompile.wanted():
+    if pool is None:
         return
-    with Ticker("pre-compile", len(points), "configurations") as tick:
-        done = precompile.run(points, seed=seed, on_done=tick.update)
-    err.print(done.line(), highlight=False, soft_wrap=True)
+    done = pool.close(cancel=cancel)
+    if done is not None and not cancel:
+        err.print(done.line(), highlight=False, soft_wrap=True)
 
 
 def _load_trace(path: Path | None, p):
@@ -900,8 +918,13 @@ def run(spec: TuneSpec) -> TuneRun:
         return ok
 
     io_used = io[0] if io else None
-    source = _timing_source(p, preset, cands, batches, results, gpu, io_used, accept_rate, measured_only, allowed=allowed,
-                            energy=spec.energy, precompile=spec.precompile)
+    pool = _start_pool(spec)
+    try:
+        source = _timing_source(p, preset, cands, batches, results, gpu, io_used, accept_rate, measured_only, allowed=allowed,
+                                energy=spec.energy, pool=pool)
+    finally:
+        # Closed by the measurement; here only when nothing was measured or an error came first.
+        _close_pool(pool, cancel=True)
     io_used = source["io_dtype"]
     quality = run_quality(io_used, False)
     budget, budget_note = _memory_budget(memory_budget, source)

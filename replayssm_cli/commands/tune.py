@@ -75,8 +75,9 @@ def tune(
         "On a GPU, also measure joules per step from NVML's energy counter (about 3 s more per configuration) for the "
         "verdict's tokens per joule; without one the verdict reads the shipped H200 energy profiles."))] = False,
     precompile: Annotated[bool, typer.Option("--precompile/--no-precompile", help=(
-        "On a GPU, first compile the kernels of the configurations to measure in parallel worker processes (the cores "
-        "less one, at most 12), so that timing them loads each from Triton's cache instead of compiling it in turn."))] = True,
+        "On a GPU, compile the kernels of the configurations to measure in worker processes (the cores less one, at "
+        "most 12; started before the quality run) while the ones already compiled are timed, so that each timed run "
+        "loads its kernels from Triton's cache instead of compiling them in turn."))] = True,
     out: Annotated[Optional[Path], options.out("Also write the full report as JSON to this file.")] = None,
     json_: Annotated[bool, typer.Option("--json", help="Print the report as JSON on stdout instead of tables.")] = False,
     details: Annotated[bool, typer.Option("--details", help="After the verdict, every candidate's table and the error by bucket.")] = False,
@@ -98,7 +99,8 @@ def tune(
 
     The verdict comes first, one line per batch size; --details adds every candidate and the error by bucket, their
     secondary columns left out on a narrow terminal (--wide shows them). On a GPU the kernels of the configurations to
-    measure are compiled in parallel first (--no-precompile: each as it is first timed).
+    measure are compiled in parallel worker processes while earlier ones are timed (--no-precompile: each as it is
+    first timed).
     """
     from replayssm_cli.advise import tuner, tuning
 

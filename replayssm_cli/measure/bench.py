@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
 from dataclasses import dataclass
@@ -396,13 +397,22 @@ class Case:
             return self.window if self.window > 1 else 2
         return 2
 
-    def check(self) -> float:
+    def check(self, *, references: bool = True) -> float:
         """Run layer 0 through the kernels and, on copies, through the references (on check_rows of the batch); the max
-        relative error of outputs and state over those rows."""
+        relative error of outputs and state over those rows. Without `references`, only the kernels' launches (for a
+        compile) and 0.0."""
         K = kernels(self.op)
         layer = self._layers[0]
         if self.baseline is not None:
             return self._check_baseline(K, layer)
+        if not references:
+            rows = self.check_rows(layer)
+            for i in range(self.check_steps()):
+                self._run(layer, i, K)
+            if layer.cache is not None:
+                K.materialize(layer.cache, layer.slots if rows is None else layer.slots[rows])
+            self.rewind()
+            return 0.0
         if layer.cache is not None:
             target: Any = copy.deepcopy(layer.cache)
         else:
@@ -517,6 +527,13 @@ def _first_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}"
 
 
+def _alone(context: dict[str, Any]):
+    """What a timed section runs inside: context["alone"]() (the GPU to this process alone, e.g. no pre-compile worker
+    on it), else nothing."""
+    alone = context.get("alone")
+    return alone() if alone is not None else contextlib.nullcontext()
+
+
 def run_point(point: Any, context: dict[str, Any]) -> list[dict[str, Any]]:
     """Build, check and time one grid point on CUDA; the measurements (one per phase) `profile.measured_rows` takes.
 
@@ -552,7 +569,7 @@ def run_point(point: Any, context: dict[str, Any]) -> list[dict[str, Any]]:
         steps = window * int(context.get("windows_per_graph", 2))
         repeats = int(context.get("repeats", 30))
         meter = GraphMeter.of(context.get("energy"), steps * case.layers)
-        with ClockSampler(required=False) as clocks:
+        with _alone(context), ClockSampler(required=False) as clocks:
             samples = time_graph(case, steps=steps, repeats=repeats, on_graph=meter)
         accepted = case.accepted(steps)
         energy = meter.fields(model_layers=case.ssm_layers, tokens_per_step=case.batch * (1 + (accepted or 0))) if meter else None
@@ -561,7 +578,8 @@ def run_point(point: Any, context: dict[str, Any]) -> list[dict[str, Any]]:
                 "repeats": repeats, "clocks": clocks.summary(), "energy": energy, **common}]
         phases = point_phases(point)
         if len(phases) > 1:
-            by_fill = time_phases(case, cycles=max(5, repeats // 2))
+            with _alone(context):
+                by_fill = time_phases(case, cycles=max(5, repeats // 2))
             medians = [sorted(v)[len(v) // 2] for _, v in sorted(by_fill.items())]
             if "nonflush" in phases:
                 out.append({"phase": "nonflush", "samples_us": by_fill[nonflush_fill(window)], "steps": 1,
@@ -576,17 +594,18 @@ def run_point(point: Any, context: dict[str, Any]) -> list[dict[str, Any]]:
 
 def compile_point(point: Any, context: dict[str, Any]) -> None:
     """Launch, untimed, every kernel `run_point` launches for a grid point, so that Triton compiles each (and caches it
-    on disk) at the arguments the timed run passes: the case built from the same spec and seed, positioned, checked
-    (both input sets, the check's materialize) and stepped once. One layer: the stack's layers share their shapes.
-    A CUDA graph captures the same launches, so none is needed. Errors propagate."""
+    on disk) at the arguments the timed run passes: the case built from the same spec and seed, positioned, the check's
+    kernel launches (both input sets, its materialize; not its references) and one step. One layer: the stack's layers
+    share their shapes. A CUDA graph captures the same launches, so none is needed. Returns with the GPU idle and the
+    case's memory given back; errors propagate."""
     device = torch.device(context.get("device", "cuda"))
     case = make_case({**point.case_spec(seed=int(context.get("seed", 0))), "layers": 1}, device)
     try:
-        case.check()
+        case.check(references=False)
         case.step()
+    finally:
         if device.type == "cuda":
             torch.cuda.synchronize(device)
-    finally:
         case.close()
 
 
@@ -617,7 +636,8 @@ def _run_baseline(case: Case, context: dict[str, Any]) -> list[dict[str, Any]]:
                 if not worst <= tol:
                     entry["error"] = f"max relative error {worst:.2e} over the tolerance {tol:.0e}"
                     continue
-                samples = time_graph(case, steps=steps, repeats=repeats)
+                with _alone(context):
+                    samples = time_graph(case, steps=steps, repeats=repeats)
             except torch.cuda.OutOfMemoryError:
                 raise
             except Exception as exc:
