@@ -172,6 +172,15 @@ def test_replay_rows_by_grid(monkeypatch):
     assert replay_mod.select(cache("fp32", True, "cpu"), 512) == "replay-fp32-split"
 
 
+def test_rows_per_program_take_whole_heads_they_do_not_divide():
+    """A row's rows of P per program where they divide P, else one program over a head of at most two of them (P up
+    to a power of two)."""
+    row = STEP_LAUNCH["replay-fp32-large"]
+    assert row.rows == 64
+    assert [replay_mod.rows_per_program(row, P) for P in (12, 64, 80, 128, 160)] == [16, 64, 128, 64, 64]
+    assert replay_mod.rows_per_program(STEP_LAUNCH["replay-fp32-small"], 80) == STEP_LAUNCH["replay-fp32-small"].rows
+
+
 @pytest.mark.parametrize("W", [1, 4, 7], ids=["B3-H2-P12-N12-G1-W1-fp32-fp32", "B3-H2-P12-N12-G1-W4-fp32-fp32",
                                               "B3-H2-P12-N12-G1-W7-fp32-fp32"])
 def test_replay_equals_conventional(device, assert_close, W):

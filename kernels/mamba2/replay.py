@@ -594,7 +594,8 @@ def mamba2_materialize_kernel(
 class StepConfig:
     """How one `replay` step is launched."""
 
-    # rows of P per program of the non-flush step: 16 (small grids) or 64
+    # rows of P per program of the non-flush step: 16 (small grids) or 64; a head whose P they do not divide takes one
+    # program (rows_per_program)
     rows: int
     # rows per streamed chunk of the tile, 16, 32 or 64; a chunk covering `rows` reads the tile whole
     chunk: int
@@ -817,11 +818,20 @@ def _strides(cache: ReplayCache, step: dict) -> dict:
     )
 
 
+def rows_per_program(c: StepConfig, P: int) -> int:
+    """Rows of P a program of the non-flush step and of the flushes' launch takes: the row's, or the whole head (P up
+    to a power of two) where the row's do not divide P and the head is at most two of them, whose second program
+    would otherwise hold only the remainder (Nemotron-3-Nano-4B's P = 80: 21-26% slower in 64-row programs than in
+    whole heads, benchmarks/notes/run-76.md)."""
+    whole = common.block(P)
+    return whole if P % c.rows and whole <= 2 * c.rows else c.rows
+
+
 def _launch_flushes(cache: ReplayCache, step: dict, batch: int, softplus: bool, c: StepConfig) -> None:
     """The flushes the non-flush launch listed: a few programs per SM (all of them on the CPU), each looping over
     the items."""
     _, H, P, N, G = cache.shape
-    BP = min(c.rows, common.block(P))
+    BP = rows_per_program(c, P)
     NPB = triton.cdiv(P, BP)
     items = batch * H * NPB
     mamba2_flush_kernel[common.flush_grid(items, FLUSH_PROGRAMS_PER_SM, cache.device)](
@@ -841,7 +851,7 @@ def _launch_flushes(cache: ReplayCache, step: dict, batch: int, softplus: bool, 
 
 def _launch_replay(cache: ReplayCache, step: dict, batch: int, softplus: bool, c: StepConfig, phase: int) -> None:
     _, H, P, N, G = cache.shape
-    BP = min(c.rows, common.block(P))
+    BP = rows_per_program(c, P)
     BN = max(16, common.block(N))
     rc = cache.read_copy
     mamba2_replay_kernel[(batch, H, triton.cdiv(P, BP))](
