@@ -303,3 +303,26 @@ def test_compile_point_launches_every_specialization_the_timed_run_launches(monk
     (found,) = bench.run_point(point, {"device": "cpu", "seed": 0, "repeats": 3})
     assert found["ok"] and found["layers"] == 2, found
     assert timed and timed <= compiled, sorted(timed - compiled)
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="records launches through Triton's interpreter")
+@pytest.mark.parametrize("config", [("conventional", "bf16", None, None), ("split", "fp32", 3, "bf16"), ("replay", "int8", 2, None)],
+                         ids=["conventional-bf16", "split-W3-fp32-bf16", "replay-W2-int8"])
+def test_short_quality_inputs_launch_every_specialization_of_the_whole_run(monkeypatch, config):
+    """The kernel quality run of a config on short_inputs (a one-token prompt, OFFSETS + 2W tokens) launches every
+    kernel specialization the run on the whole inputs launches (here 24 generated tokens after 5 prompt tokens, 3
+    heads: token rows of 12 bytes, so a token's slice starts at every 4-byte offset mod 16)."""
+    from replayssm_cli.measure import quality
+    from replayssm_cli.model.shapes import Mamba2Shape
+
+    inputs = quality.synthetic_inputs(Mamba2Shape(H=3, P=4, N=8, G=1), steps=24, prompt=5, heads=3, seed=1)
+    c = quality.Config(*config)
+    short = precompile.short_inputs(inputs, c)
+    assert (short.prompt, short.generated) == (1, precompile.OFFSETS + 2 * (c.window or 1))
+    assert short.tensors["A"].shape == inputs.tensors["A"].shape and short.tensors["x"].shape[1:] == inputs.tensors["x"].shape[1:]
+    record = _record_launches(monkeypatch)
+    compiled = record["into"]
+    quality.stepwise_outputs(short, c, device="cpu")
+    whole = record["into"] = set()
+    quality.stepwise_outputs(inputs, c, device="cpu")
+    assert whole and whole <= compiled, sorted(whole - compiled)

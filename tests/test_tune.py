@@ -632,7 +632,7 @@ class _Workers:
         if fn.__name__ == "_ready":
             future.set_result(fn())
         else:
-            self.log.append(("submit", args[0].label()))
+            self.log.append(("submit", self._label(fn, args)))
             self.jobs.put((future, fn, args))
         return future
 
@@ -643,10 +643,18 @@ class _Workers:
             if n and not self.first_timed.wait(10):
                 future.set_exception(RuntimeError("the first point was never timed"))
                 continue
-            result = fn(*args)
-            self.log.append(("compiled", args[0].label()))
+            try:
+                result = fn(*args)
+            except Exception as exc:
+                future.set_exception(exc)
+                continue
+            self.log.append(("compiled", self._label(fn, args)))
             future.set_result(result)
             n += 1
+
+    @staticmethod
+    def _label(fn, args):
+        return f"quality {args[1].label()}" if fn.__name__ == "compile_quality" else args[0].label()
 
     def shutdown(self, wait=True, *, cancel_futures=False):
         self.jobs.put(None)
@@ -658,7 +666,8 @@ def test_tune_times_each_configuration_once_its_own_compile_finished(monkeypatch
     """On a GPU the pool starts before the quality harness; every point to time is queued to compile at once, in the
     order it is timed; each is timed only once its own compile finished (the first before the others compiled), with
     the GPU to the timed run alone; nothing is timed that was not compiled first, and a candidate the model rules out
-    is neither compiled nor timed. --no-precompile starts no pool."""
+    is neither compiled nor timed. Then the kernel quality runs of the timed candidates are queued, and the kernels run
+    a recommendation's only once its compile finished. --no-precompile starts no pool."""
     import threading
 
     from replayssm_cli.measure import bench, precompile, quality
@@ -666,8 +675,18 @@ def test_tune_times_each_configuration_once_its_own_compile_finished(monkeypatch
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(precompile, "wanted", lambda: True)
-    monkeypatch.setattr(quality, "run_kernels", lambda inputs, configs, **kw: {c: {"1-128": 1e-7} for c in configs})
     log, first_timed, pools = [], threading.Event(), []
+
+    def run_kernels(inputs, configs, **kw):
+        log.extend(("kernels", f"quality {c.label()}") for c in configs)
+        return {c: {"1-128": 1e-7} for c in configs}
+
+    def stepwise_outputs(inputs, config, device):
+        assert device == "cuda" and inputs.generated == precompile.OFFSETS + 2 * (config.window or 1)
+
+    monkeypatch.setattr(quality, "run_kernels", run_kernels)
+    monkeypatch.setattr(quality, "stepwise_outputs", stepwise_outputs)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
     monkeypatch.setattr(precompile, "_pool", lambda n, gate: pools.append(_Workers(log, first_timed)) or pools[-1])
     monkeypatch.setattr(bench, "compile_point", lambda point, context: None)
     real_quality = tuning._quality
@@ -698,12 +717,17 @@ def test_tune_times_each_configuration_once_its_own_compile_finished(monkeypatch
     assert pool.shut == {"wait": False, "cancel_futures": False}
     assert log.index(("pool",)) < log.index(("quality",))
     submitted = [e[1] for e in log if e[0] == "submit"]
-    assert submitted == timed and log.index(("submit", timed[-1])) < log.index(("time", timed[0]))
+    assert submitted[:3] == timed and log.index(("submit", timed[-1])) < log.index(("time", timed[0]))
     for label in timed:
         assert log.index(("compiled", label)) < log.index(("time", label))
     assert log.index(("time", timed[0])) < log.index(("compiled", timed[1]))
+    runs = [e[1] for e in log if e[0] == "kernels"]
+    assert runs and set(runs) <= set(submitted[3:]) and all(label.startswith("quality ") for label in submitted[3:])
+    for label in runs:
+        assert log.index(("compiled", label)) < log.index(("kernels", label))
     (line,) = line
-    assert line.startswith("pre-compiled the kernels of 3 of 3 configurations in ") and line.endswith(", none failed")
+    assert line.startswith(f"pre-compiled the kernels of 3 of 3 configurations and {len(submitted) - 3} of "
+                           f"{len(submitted) - 3} kernel quality runs in ") and line.endswith(", none failed")
 
 
 def test_tune_shuts_the_pool_down_when_it_measures_nothing(monkeypatch, tmp_path):

@@ -3,6 +3,7 @@ measured profile), its quality and memory, the decisions and the report, and the
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -122,7 +123,8 @@ def _cuda_available() -> bool:
 
 
 def _timing_source(p, preset_arg: str, cands, batches, results: Path | None, gpu: str | None, io: str | None, accept_rate: float,
-                   measured_only: bool = False, allowed=None, energy: bool = False, pool=None) -> dict[str, Any]:
+                   measured_only: bool = False, allowed=None, energy: bool = False, pool=None,
+                   then_compile=None) -> dict[str, Any]:
     """Where candidate times come from: a results file (predicting what it lacks unless measured_only), a measurement
     here (with NVML's energy when `energy`, its kernels compiled beside the timed runs by `pool`), the shipped
     H200 reference profile when there is no GPU and the GPU is the H200, or the cost model. "energy_rows" are the
@@ -155,7 +157,7 @@ def _timing_source(p, preset_arg: str, cands, batches, results: Path | None, gpu
     if cuda:
         rows, gpu_name, mem, path = _measure(p, preset_arg, cands, batches, io_used, accept_rate,
                                              allowed=allowed(io_used) if allowed else None, energy=energy,
-                                             pool=pool)
+                                             pool=pool, then_compile=then_compile)
         note(f"measured results: {path}")
 
         def timing(c, b):
@@ -420,12 +422,13 @@ def _reach_model(p, cands, io: str):
 
 
 def _measure(p, preset_arg: str, cands, batches, io: str, accept_rate: float, *, allowed=None, out: Path | None = None,
-             energy: bool = False, pool=None):
+             energy: bool = False, pool=None, then_compile=None):
     """Time on this GPU, through the profiler, the candidates that `allowed` keeps and the model puts within reach
     of the best (tuner.within_reach); the rest are recorded as skipped with the reason. With `pool` (a
     precompile.Pool), the kernels of every point to time are queued to compile in its workers, in the order the points
-    are timed; each point waits for its own compile and is timed with no worker on the GPU. The pool is closed here.
-    The results file is written as rows finish. Returns (rows, GPU name, memory, path)."""
+    are timed, then `then_compile(io, candidates to time)` queues what follows; each point waits for its own compile and
+    is timed with no worker on the GPU. The results file is written as rows finish. Returns (rows, GPU name, memory,
+    path)."""
     from replayssm_cli.measure import grid
     from replayssm_cli.measure import profile as prof
     from replayssm_cli.advise import tuner
@@ -474,19 +477,20 @@ def _measure(p, preset_arg: str, cands, batches, io: str, accept_rate: float, *,
              # One profile per rounding the candidates store with (a profile rounds all its 16-bit and 8-bit states one way).
              for rounding in dict.fromkeys(c.rounding for c in cands)]
     if pool is not None:
-        pool.submit([pt for spec in specs for pt in grid.plan(spec, [p]) if timed(pt)], seed=specs[0].seed)
+        points = [pt for spec in specs for pt in grid.plan(spec, [p]) if timed(pt)]
+        if not points:
+            _close_pool(pool, cancel=True)
+        else:
+            pool.submit(points, seed=specs[0].seed)
+            if then_compile is not None:
+                then_compile(io, set().union(*measure.values()))
     rows: list[dict[str, Any]] = []
-    try:
-        for spec in specs:
-            with ticker:
-                run = prof.run_profile(spec, require_gpu=True, progress=False, runner=runner, out=out if not rows else None)
-            if run.interrupted:
-                raise UserError("interrupted while measuring", f"the rows finished so far are in {run.path}; pass it with --results")
-            rows += run.results.rows
-    except BaseException:
-        _close_pool(pool, cancel=True)
-        raise
-    _close_pool(pool)
+    for spec in specs:
+        with ticker:
+            run = prof.run_profile(spec, require_gpu=True, progress=False, runner=runner, out=out if not rows else None)
+        if run.interrupted:
+            raise UserError("interrupted while measuring", f"the rows finished so far are in {run.path}; pass it with --results")
+        rows += run.results.rows
     gpu = run.results.environment.get("gpu") or {}
     return rows, run.gpu_name, gpu.get("memory_total"), run.path
 
@@ -522,6 +526,19 @@ def _start_pool(spec: TuneSpec):
     if spec.results is not None or not spec.precompile or not precompile.wanted():
         return None
     return precompile.Pool()
+
+
+@contextlib.contextmanager
+def _precompile_pool(spec: TuneSpec):
+    """The pre-compile's pool (_start_pool) for a block: closed at its end with one line saying what it compiled, or at
+    once on an error, its queued compiles dropped."""
+    pool = _start_pool(spec)
+    try:
+        yield pool
+    except BaseException:
+        _close_pool(pool, cancel=True)
+        raise
+    _close_pool(pool)
 
 
 def _close_pool(pool, *, cancel: bool = False) -> None:
@@ -896,8 +913,18 @@ def run(spec: TuneSpec) -> TuneRun:
         report, inputs, configs, key = runs[io_dtype]
         todo = [c for c in configs if c.key() in keys and report.get(c).kernel is None]
         if todo:
+            if pool is not None:
+                pool.wait_quality(todo)
             _kernel_quality(report, inputs, todo, key)
         return bool(todo)
+
+    def queue_kernel_quality(io_dtype: str, timed) -> None:
+        """Queue the compiles of the kernel quality runs a recommendation among the candidates `timed` may need: those
+        within the error budget whose kernel errors are not on disk yet."""
+        report, inputs, configs, key = runs[io_dtype]
+        keys = {c.quality_key() for c in timed}
+        within = [c for c in configs if c.key() in keys and (report.error_of(c.key()) or 0.0) <= error_budget]
+        pool.submit_quality(inputs, quality_mod.kernels_uncached(inputs, within, device="cuda", key=key))
 
     def memory(c, io_dtype=None):
         try:
@@ -918,36 +945,32 @@ def run(spec: TuneSpec) -> TuneRun:
         return ok
 
     io_used = io[0] if io else None
-    pool = _start_pool(spec)
-    try:
+    with _precompile_pool(spec) as pool:
         source = _timing_source(p, preset, cands, batches, results, gpu, io_used, accept_rate, measured_only, allowed=allowed,
-                                energy=spec.energy, pool=pool)
-    finally:
-        # Closed by the measurement; here only when nothing was measured or an error came first.
-        _close_pool(pool, cancel=True)
-    io_used = source["io_dtype"]
-    quality = run_quality(io_used, False)
-    budget, budget_note = _memory_budget(memory_budget, source)
+                                energy=spec.energy, pool=pool, then_compile=queue_kernel_quality)
+        io_used = source["io_dtype"]
+        quality = run_quality(io_used, False)
+        budget, budget_note = _memory_budget(memory_budget, source)
 
-    baseline = p.state_dtype if p.state_dtype in state_dtypes else state_dtypes[0]
+        baseline = p.state_dtype if p.state_dtype in state_dtypes else state_dtypes[0]
 
-    def decide():
-        return tuner.tune(
-            batches,
-            cands,
-            timing=source["timing"],
-            error=lambda c: quality.error_of(c.quality_key()),
-            memory=memory,
-            layers=p.ssm_layers,
-            error_budget=error_budget,
-            memory_budget=budget,
-            baseline_dtype=baseline,
-        )
+        def decide():
+            return tuner.tune(
+                batches,
+                cands,
+                timing=source["timing"],
+                error=lambda c: quality.error_of(c.quality_key()),
+                memory=memory,
+                layers=p.ssm_layers,
+                error_budget=error_budget,
+                memory_budget=budget,
+                baseline_dtype=baseline,
+            )
 
-    decisions = decide()
-    # On a GPU the kernels rerun the quality inputs for each recommendation; one they push over the budget loses it.
-    while source["cuda"] and check_kernels(io_used, {d.choice.candidate.quality_key() for d in decisions if d.choice}):
         decisions = decide()
+        # On a GPU the kernels rerun the quality inputs for each recommendation; one they push over the budget loses it.
+        while source["cuda"] and check_kernels(io_used, {d.choice.candidate.quality_key() for d in decisions if d.choice}):
+            decisions = decide()
     lines = verdict.lines_from(decisions, preset=p.name, error_budget=error_budget, e2e_rows=source.get("e2e_rows", ()),
                                energy_rows=source.get("energy_rows", ()),
                                tp=p.tp, io_dtype=io_used, accept_rate=accept_rate if drafts else None)

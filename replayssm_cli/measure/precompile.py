@@ -33,12 +33,17 @@ class Compiled:
     waited: float = 0.0
     # Configurations timed before any worker was up, each compiling its own kernels.
     early: int = 0
+    # Kernel quality runs (quality.stepwise_outputs of one config) compiled, and failed; counted apart from the above.
+    quality_done: int = 0
+    quality_failed: int = 0
 
     def line(self) -> str:
-        failed = (f", {self.failed} failed (the first: {self.first_error}; a timed run that meets the error says it)"
-                  if self.failed else ", none failed")
+        failed = (f", {self.failed + self.quality_failed} failed (the first: {self.first_error}; a run that meets the "
+                  "error says it)" if self.failed + self.quality_failed else ", none failed")
         early = f"; {self.early} timed before a worker was up compiled their own" if self.early else ""
-        return (f"pre-compiled the kernels of {self.done} of {self.done + self.failed} configurations in "
+        runs = self.quality_done + self.quality_failed
+        runs = f" and {self.quality_done} of {runs} kernel quality runs" if runs else ""
+        return (f"pre-compiled the kernels of {self.done} of {self.done + self.failed} configurations{runs} in "
                 f"{self.seconds:.1f} s on {self.workers} worker{'s' if self.workers != 1 else ''} beside the timed runs, "
                 f"which waited {self.waited:.1f} s for them{failed}{early}")
 
@@ -186,6 +191,40 @@ def compile_one(point: Any, seed: int) -> int:
     return len(pending)
 
 
+# Generated tokens a compile-only quality run steps besides two windows: every 16-byte offset a token's slice of the
+# inputs can start at (rows of 4 bytes or more).
+OFFSETS = 16
+
+
+def short_inputs(inputs: Any, config: Any) -> Any:
+    """Quality inputs (quality.Inputs) cut to a one-token prompt and OFFSETS + 2W generated tokens, copied: the kernels
+    `config` steps through see the same shapes but the token count, and token slices at every offset the whole run's
+    take, so they launch at the same specializations."""
+    import dataclasses
+
+    steps = 1 + OFFSETS + 2 * (config.window or 1)
+    start = max(inputs.prompt - 1, 0)
+    tensors = {k: v[start:start + steps].clone() if v.dim() >= 2 and v.shape[0] == inputs.steps else v.clone()
+               for k, v in inputs.tensors.items()}
+    return dataclasses.replace(inputs, tensors=tensors, prompt=inputs.prompt - start)
+
+
+def compile_quality(inputs: Any, config: Any) -> int:
+    """In a worker: every kernel the kernel quality run of `config` launches (quality.stepwise_outputs on the GPU),
+    compiled into Triton's cache from a short run of `inputs` (short_inputs), its launches held back as compile_one's
+    are. The number of kernels compiled."""
+    import torch
+
+    from replayssm_cli.measure import quality
+
+    with _GATE.shared() if _GATE is not None else contextlib.nullcontext(), deferred() as pending:
+        quality.stepwise_outputs(inputs, config, device="cuda")
+        torch.cuda.synchronize()
+    for compile_kernel in pending.values():
+        compile_kernel()
+    return len(pending)
+
+
 def _error(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:160]
 
@@ -193,9 +232,10 @@ def _error(exc: BaseException) -> str:
 class Pool:
     """Workers that compile the kernels of grid points beside the parent's timed runs. Started before the quality
     harness (their start-up, importing torch and creating CUDA contexts, overlaps it); `submit` every point in the order
-    it will be timed; before timing one, `wait` for its own compile and time it inside `alone()`; `close` says what was
-    done. A point whose worker fails is counted, not raised: its timed run meets the error itself. `executor` replaces
-    the process pool (tests)."""
+    it will be timed; before timing one, `wait` for its own compile and time it inside `alone()`; then
+    `submit_quality` the configs whose kernel quality runs may follow, and `wait_quality` before running them; `close`
+    says what was done. A job whose worker fails is counted, not raised: its run meets the error itself. `executor`
+    replaces the process pool (tests)."""
 
     def __init__(self, size: int | None = None, *, executor: Executor | None = None):
         import multiprocessing
@@ -205,6 +245,7 @@ class Pool:
         self.started = time.monotonic()
         self.executor = executor if executor is not None else _pool(self.size, self.gate)
         self.futures: dict[Any, Future] = {}
+        self.quality: dict[Any, Future] = {}
         self.finished: dict[Any, float] = {}
         self.waited = 0.0
         self.early = 0
@@ -222,6 +263,20 @@ class Pool:
                 future = self.executor.submit(compile_one, point, seed)
                 future.add_done_callback(lambda _f, point=point: self.finished.setdefault(point, time.monotonic()))
                 self.futures[point] = future
+
+    def submit_quality(self, inputs: Any, configs: list[Any]) -> None:
+        """Queue, after the points, the compile of each config's kernel quality run on `inputs` (short_inputs of them)."""
+        for config in configs:
+            if config not in self.quality:
+                future = self.executor.submit(compile_quality, short_inputs(inputs, config), config)
+                future.add_done_callback(lambda _f, c=config: self.finished.setdefault(("quality", c), time.monotonic()))
+                self.quality[config] = future
+
+    def wait_quality(self, configs: list[Any]) -> None:
+        """Until the compiles of these configs' kernel quality runs finished (none while no worker is up)."""
+        futures = [self.quality[c] for c in configs if c in self.quality]
+        if futures and self.up():
+            wait_futures(futures)
 
     def compiled(self) -> int:
         """Points whose compile finished (or failed) so far."""
@@ -262,7 +317,7 @@ class Pool:
         from concurrent.futures.process import BrokenProcessPool
 
         return any(f.done() and not f.cancelled() and isinstance(f.exception(), BrokenProcessPool)
-                   for f in [*self.ready, *self.futures.values()])
+                   for f in [*self.ready, *self.futures.values(), *self.quality.values()])
 
     def close(self, *, cancel: bool = False) -> Compiled | None:
         """Stop the workers once every compile finished (with `cancel`: at once, those not started dropped), not
@@ -271,12 +326,18 @@ class Pool:
             return None
         self.closed = True
         if not cancel:
-            wait_futures(list(self.futures.values()))
+            wait_futures([*self.futures.values(), *self.quality.values()])
         self.executor.shutdown(wait=False, cancel_futures=cancel)
-        if not self.futures:
+        if not self.futures and not self.quality:
             return None
-        ended = [f for f in self.futures.values() if f.done() and not f.cancelled()]
-        errors = [_error(exc) for f in ended if (exc := f.exception()) is not None]
+
+        def ended(futures):
+            done = [f for f in futures if f.done() and not f.cancelled()]
+            return done, [_error(exc) for f in done if (exc := f.exception()) is not None]
+
+        points, errors = ended(self.futures.values())
+        runs, run_errors = ended(self.quality.values())
         last = max(self.finished.values(), default=self.started)
-        return Compiled(len(ended) - len(errors), len(errors), last - self.started, self.size,
-                        errors[0] if errors else None, self.waited, self.early)
+        first = (errors or run_errors or [None])[0]
+        return Compiled(len(points) - len(errors), len(errors), last - self.started, self.size, first, self.waited,
+                        self.early, len(runs) - len(run_errors), len(run_errors))

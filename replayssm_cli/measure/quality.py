@@ -1244,15 +1244,27 @@ def kernels_key(device: str) -> str:
     return h.hexdigest()[:32]
 
 
-def cached_kernels(inputs: Inputs, configs: Sequence[Config], *, device: str = "cuda", key: str | None = None,
-                   on_config: Callable[[int], None] | None = None) -> tuple[dict[Config, dict[str, float]], int]:
-    """`run_kernels`, keeping each config's bucketed errors on disk under the inputs' and the kernels' digests.
-    Returns the errors by config and how many came from the cache."""
+def _kernel_entries(inputs: Inputs, configs: Sequence[Config], device: str, key: str | None):
+    """The file of the kernels' errors on these inputs, its entries, and the errors of those of `configs` it holds."""
     key = f"{key or inputs_key(inputs)}-{kernels_key(device)}"
     path = cache_dir() / f"{inputs.op}-kernels-{key}.json"
     entries = _read_entries(path)
     good = {c: entries[c.label()] for c in configs
             if isinstance(entries.get(c.label()), dict) and all(isinstance(v, float) for v in entries[c.label()].values())}
+    return path, entries, good
+
+
+def kernels_uncached(inputs: Inputs, configs: Sequence[Config], *, device: str = "cuda", key: str | None = None) -> list[Config]:
+    """The configs whose kernel errors `cached_kernels` would compute: none kept on disk for these inputs and kernels."""
+    good = _kernel_entries(inputs, configs, device, key)[2]
+    return [c for c in configs if c not in good]
+
+
+def cached_kernels(inputs: Inputs, configs: Sequence[Config], *, device: str = "cuda", key: str | None = None,
+                   on_config: Callable[[int], None] | None = None) -> tuple[dict[Config, dict[str, float]], int]:
+    """`run_kernels`, keeping each config's bucketed errors on disk under the inputs' and the kernels' digests.
+    Returns the errors by config and how many came from the cache."""
+    path, entries, good = _kernel_entries(inputs, configs, device, key)
     missing = [c for c in configs if c not in good]
     if missing:
         done = len(good)
