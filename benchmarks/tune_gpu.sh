@@ -5,7 +5,9 @@
 # the cold run, as for every later run). Each run measures on the GPU (the candidates within reach, written as they
 # finish under $OUT/runs/). Writes under $OUT (default runs/tune-gpu): gpu.json, cold.txt and warm.txt (the verdict),
 # cold.log and warm.log (stderr: progress, the pre-compile's line, what was measured, the results file), cold.json and
-# warm.json (the report, --out), and wall.txt (seconds per run).
+# warm.json (the report, --out), and wall.txt (seconds per run and the pre-compile's line: how long the timed runs
+# waited for the workers, and how many kernels tune compiled itself, which the workers' compiles should leave at those
+# of configurations timed before a worker was up).
 # Usage: OUT=dir benchmarks/tune_gpu.sh [PRESET] [BATCHES]
 set -euo pipefail
 cd "$(dirname "$0")/.."

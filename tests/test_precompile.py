@@ -56,18 +56,28 @@ def test_pool_counts_a_failed_worker_in_its_line_and_does_not_raise(monkeypatch)
         compiled.append((point, context))
 
     monkeypatch.setattr(bench, "compile_point", compile_point)
+    from triton import knobs
+
+    heard = []
+    monkeypatch.setattr(knobs.compilation, "listener", lambda **kw: heard.append(kw["cache_hit"]))
+    original = knobs.compilation.listener
     pool = Serial()
     workers = precompile.Pool(2, executor=pool)
+    # The parent's own compiles are counted (a cache hit is not), and a listener already set still hears them.
+    for hit in (False, True, False):
+        knobs.compilation.listener(src=None, metadata={}, metadata_group={}, times=None, cache_hit=hit)
+    assert heard == [False, True, False]
     assert [fn for fn, _ in pool.jobs] == [precompile._ready] * 2 and workers.up()
     workers.submit(points, seed=7)
     assert [fn for fn, _ in pool.jobs[2:]] == [precompile.compile_one] * 3 and workers.compiled() == 3
     assert all(workers.wait(p) for p in points)
     result = workers.close()
-    assert pool.closed and workers.close() is None
+    assert pool.closed and workers.close() is None and knobs.compilation.listener is original and result.own == 2
     assert compiled == [(points[0], {"device": "cuda", "seed": 7}), (points[2], {"device": "cuda", "seed": 7})]
     assert (result.done, result.failed, result.workers, result.early) == (2, 1, 2, 0)
     line = result.line()
     assert "\n" not in line and "2 of 3 configurations" in line and "on 2 workers beside the timed runs" in line
+    assert "this process compiled 2 kernels itself" in line
     assert "1 failed (the first: OutOfMemoryError: CUDA out of memory" in line
 
 

@@ -36,6 +36,8 @@ class Compiled:
     # Kernel quality runs (quality.stepwise_outputs of one config) compiled, and failed; counted apart from the above.
     quality_done: int = 0
     quality_failed: int = 0
+    # Kernels this process compiled itself (not found in Triton's cache) while the pool was open.
+    own: int = 0
 
     def line(self) -> str:
         failed = (f", {self.failed + self.quality_failed} failed (the first: {self.first_error}; a run that meets the "
@@ -44,8 +46,9 @@ class Compiled:
         runs = self.quality_done + self.quality_failed
         runs = f" and {self.quality_done} of {runs} kernel quality runs" if runs else ""
         return (f"pre-compiled the kernels of {self.done} of {self.done + self.failed} configurations{runs} in "
-                f"{self.seconds:.1f} s on {self.workers} worker{'s' if self.workers != 1 else ''} beside the timed runs, "
-                f"which waited {self.waited:.1f} s for them{failed}{early}")
+                f"{self.seconds:.1f} s on {self.workers} worker{'s' if self.workers != 1 else ''} beside the timed runs "
+                f"(which waited {self.waited:.1f} s for them; this process compiled {self.own} "
+                f"kernel{'s' if self.own != 1 else ''} itself){failed}{early}")
 
 
 def wanted() -> bool:
@@ -250,11 +253,27 @@ class Pool:
         self.waited = 0.0
         self.early = 0
         self.closed = False
+        self.ready: list[Future] = []
+        self._count_own_compiles()
         try:
             self.ready = [self.executor.submit(_ready) for _ in range(self.size)]
         except BaseException:
-            self.executor.shutdown(wait=False, cancel_futures=True)
+            self.close(cancel=True)
             raise
+
+    def _count_own_compiles(self) -> None:
+        """Count the kernels this process compiles (Triton's compilation listener, chained to any already set)."""
+        from triton import knobs
+
+        self.own, self._listener = 0, knobs.compilation.listener
+
+        def count(**kwargs):
+            if not kwargs.get("cache_hit"):
+                self.own += 1
+            if self._listener is not None:
+                self._listener(**kwargs)
+
+        knobs.compilation.listener = count
 
     def submit(self, points: list[Any], *, seed: int = 0) -> None:
         """Queue the compile of each point, in this order (the order the points will be timed)."""
@@ -322,9 +341,12 @@ class Pool:
     def close(self, *, cancel: bool = False) -> Compiled | None:
         """Stop the workers once every compile finished (with `cancel`: at once, those not started dropped), not
         waiting for them to exit; what was compiled, None if nothing was submitted or the pool was closed before."""
+        from triton import knobs
+
         if self.closed:
             return None
         self.closed = True
+        knobs.compilation.listener = self._listener
         if not cancel:
             wait_futures([*self.futures.values(), *self.quality.values()])
         self.executor.shutdown(wait=False, cancel_futures=cancel)
@@ -340,4 +362,4 @@ class Pool:
         last = max(self.finished.values(), default=self.started)
         first = (errors or run_errors or [None])[0]
         return Compiled(len(points) - len(errors), len(errors), last - self.started, self.size, first, self.waited,
-                        self.early, len(runs) - len(run_errors), len(run_errors))
+                        self.early, len(runs) - len(run_errors), len(run_errors), self.own)
