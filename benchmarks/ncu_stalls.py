@@ -7,7 +7,7 @@ by a backward branch; a loop nested in another counts in both). Writes the repor
 summary as JSON under DIR, and prints the summary.
 
     python benchmarks/ncu_stalls.py --op gdn --kernel verify --batch 256 runs/stalls
-    python benchmarks/ncu_stalls.py --op mamba2 --kernel verify --batch 256 --launch verify:BP=64 runs/stalls
+    python benchmarks/ncu_stalls.py --op mamba2 --kernel verify --batch 256 --launch verify:rows=64 runs/stalls
     python benchmarks/ncu_stalls.py --op mamba2 --kernel verify --batch 256 --fill 16 runs/stalls  # every row folds
     python benchmarks/ncu_stalls.py --resummarize profiles/reference/ncu/stalls   # from stored CSVs, no GPU
 """

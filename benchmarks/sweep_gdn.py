@@ -88,7 +88,7 @@ def config_for(kernel: str, target, batch: int, fields: dict):
 
 
 def parse_launch(text: str) -> tuple[str, dict]:
-    """'replay:BV=64,num_warps=8' -> ('replay', {'BV': 64, 'num_warps': 8})."""
+    """'replay:chunk=64,warps=8' -> ('replay', {'chunk': 64, 'warps': 8})."""
     return common.parse_launch(text, KERNELS + EXTRA_KERNELS)
 
 

@@ -1,6 +1,6 @@
 """Where a speculative step spends its time on a GPU: each of its launches timed alone by the profiler's device
 clock (Mamba-2's B·C pass, verify and accept at the Nemotron-3-Super layer shape; GDN's list of the heads that
-fold and their folds (FPASS), key-product pass, weights, verify and accept at the Qwen3.5-122B one), and the whole
+fold and their folds (FOLD_PASS), key-product pass, weights, verify and accept at the Qwen3.5-122B one), and the whole
 step in a CUDA graph, with every row at one fill (a fill of W or more folds), T = 4, an fp32 checkpoint.
 
     python benchmarks/verify_phases.py --batch 64 --batch 256 [--launch rows=32,...] --out FILE.json

@@ -274,16 +274,16 @@ def list_heads(work, i_b, o_h, f, m_l):
 
 
 @triton.jit
-def advance_heads(p_fill, work, i_b, h0, f, W: tl.constexpr, HPP: tl.constexpr, TAIL: tl.constexpr):
-    """After a non-flush launch's step of heads h0 .. h0 + HPP of row i_b at fill f (p_fill: the slot's fills): their
+def advance_heads(p_fill, work, i_b, h0, f, W: tl.constexpr, HEADS: tl.constexpr, TAIL: tl.constexpr):
+    """After a non-flush launch's step of heads h0 .. h0 + HEADS of row i_b at fill f (p_fill: the slot's fills): their
     fills to f + 1, or, where the step fills the window, to 0 with each head listed for the flushes."""
-    o_hh = tl.arange(0, HPP)
+    o_hh = tl.arange(0, HEADS)
     fills_read()
     if f + 1 < W:
-        tl.store(p_fill + h0 + o_hh, tl.zeros([HPP], dtype=tl.int32) + f + 1)
+        tl.store(p_fill + h0 + o_hh, tl.zeros([HEADS], dtype=tl.int32) + f + 1)
     else:
-        tl.store(p_fill + h0 + o_hh, tl.zeros([HPP], dtype=tl.int32))
-        for hh in tl.static_range(HPP):
+        tl.store(p_fill + h0 + o_hh, tl.zeros([HEADS], dtype=tl.int32))
+        for hh in tl.static_range(HEADS):
             list_flush(work, i_b, h0 + hh, f, TAIL)
 
 

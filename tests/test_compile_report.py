@@ -52,7 +52,7 @@ def test_step_kernels_compile_for_sm90_with_the_state_dtype_asked_for(fp32):
 
 
 def test_bad_launch_is_one_line_and_a_nonzero_exit():
-    done = benchmark_scripts.run("compile_report", "--op", "gdn", "--launch", "flush:BV=16", interpret=False)
+    done = benchmark_scripts.run("compile_report", "--op", "gdn", "--launch", "flush:rows=16", interpret=False)
     assert done.returncode == 2 and "expected CASE:key=value" in done.stderr and "Traceback" not in done.stderr
     done = benchmark_scripts.run("compile_report", "--op", "gdn", "--launch", "replay:maxnreg=None", interpret=False)
     assert done.returncode == 2 and "'maxnreg=None' is not field=integer" in done.stderr

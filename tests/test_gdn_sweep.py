@@ -38,7 +38,7 @@ def test_sweep_bad_launch_is_one_line():
 def test_sweep_parse_launch(sweep):
     assert sweep.parse_launch("replay:chunk=64,warps=8") == ("replay", {"chunk": 64, "warps": 8})
     with pytest.raises(ValueError, match="KERNEL one of"):
-        sweep.parse_launch("conv:BV=4")
+        sweep.parse_launch("conv:chunk=4")
     plan = sweep.plan(["replay", "decode"], True, [("replay", {"num_warps": 4})])
     assert plan["replay"] == [{"num_warps": 4}] and plan["decode"] == sweep.QUICK_GRID["decode"]
 
@@ -184,5 +184,5 @@ def test_sweep_configs_are_the_chosen_rows_with_the_fields_put_in(sweep):
         for fields in settings:
             sweep.config_for(kernel, target, 2, fields)
     assert sweep.config_for("split-bf16", cache, 2, {"flush_rows": 64}).flush.rows == 64
-    with pytest.raises(ValueError, match="ReplayConfig has no field 'BV'"):
-        sweep.config_for("replay", plain, 2, {"BV": 16})
+    with pytest.raises(ValueError, match="ReplayConfig has no field 'CHUNK'"):
+        sweep.config_for("replay", plain, 2, {"CHUNK": 16})

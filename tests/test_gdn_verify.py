@@ -67,10 +67,10 @@ def assert_caches_close(got, want, assert_close):
             assert_close(getattr(got, name), getattr(want, name), *dtypes, what=name)
 
 
-# (state, read copy, io, W, T, GPASS: the key products from a launch of their own (2: each value head's weights too),
-# MMA: the tile's products on the tensor cores: fp32 tiles in two TF32 passes against 16-bit drafts or three against
-# fp32 ones, a 2-byte tile in its own dtype with drafts of the same, an fp8 tile in one; 2: also KSPLIT=2, the
-# products and a fold in K halves, and FSTAGES=2, the fold's loop pipelined)
+# (state, read copy, io, W, T, key_pass: the key products from a launch of their own (2: each value head's weights too),
+# mma: the tile's products on the tensor cores: fp32 tiles in two TF32 passes against 16-bit drafts or three against
+# fp32 ones, a 2-byte tile in its own dtype with drafts of the same, an fp8 tile in one; 2: also ksplit=2, the
+# products and a fold in K halves, and fold_stages=2, the fold's loop pipelined)
 VERIFY_CASES = [
     ("bf16", None, "fp32", 3, 2, 0, 0),
     ("fp32", "fp8", "fp16", 3, 4, 1, 0),
@@ -81,20 +81,20 @@ VERIFY_CASES = [
 ]
 
 
-@pytest.mark.parametrize("state,read,io,W,T,gpass,mma", VERIFY_CASES,
-                         ids=[f"B3-H2-HV6-K24-V20-W{w}-T{t}-{s}-{r or 'full'}-{i}{'-GPASS' * bool(p)}{'2' * (p == 2)}"
-                              f"{'-MMA' if m else ''}{'-KSPLIT2' if m == 2 else ''}"
+@pytest.mark.parametrize("state,read,io,W,T,key_pass,mma", VERIFY_CASES,
+                         ids=[f"B3-H2-HV6-K24-V20-W{w}-T{t}-{s}-{r or 'full'}-{i}{'-key-pass' * bool(p)}"
+                              f"{'2' * (p == 2)}{'-mma' if m else ''}{'-ksplit2' if m == 2 else ''}"
                               for s, r, i, w, t, p, m in VERIFY_CASES])
-def test_verify_accept_matches_reference(device, assert_close, state, read, io, W, T, gpass, mma):
+def test_verify_accept_matches_reference(device, assert_close, state, read, io, W, T, key_pass, mma):
     """Cycles of verify + accept with random acceptance, fills past W (flush-first verifies) and a replay step
     among them, unwritten entries NaN: outputs every call, then every cache tensor."""
-    _verify_cycles(device, assert_close, state, read, io, W, T, gpass, mma)
+    _verify_cycles(device, assert_close, state, read, io, W, T, key_pass, mma)
 
 
-@pytest.mark.parametrize("gpass,mma", [(0, 0), (2, 2)], ids=["GPASS0", "GPASS2-MMA-KSPLIT2"])
-def test_verify_accept_with_2_byte_buffers(device, assert_close, gpass, mma):
+@pytest.mark.parametrize("key_pass,mma", [(0, 0), (2, 2)], ids=["key-pass0", "key-pass2-mma-ksplit2"])
+def test_verify_accept_with_2_byte_buffers(device, assert_close, key_pass, mma):
     """A bf16 state's cache with its updates and keys buffered in bf16: the same cycles."""
-    _verify_cycles(device, assert_close, "bf16", None, "bf16", 4, 3, gpass, mma, buffer="bf16")
+    _verify_cycles(device, assert_close, "bf16", None, "bf16", 4, 3, key_pass, mma, buffer="bf16")
 
 
 # (state, read copy, io, key_pass, mma as above, the fold launch's fields): items of fewer rows and programs, fp32
@@ -110,14 +110,14 @@ FOLD_CASES = [
 ]
 
 
-@pytest.mark.parametrize("state,read,io,gpass,mma,fold,fields", FOLD_CASES,
+@pytest.mark.parametrize("state,read,io,key_pass,mma,fold,fields", FOLD_CASES,
                          ids=[f"{s}-{r or 'full'}-{i}-key-pass{p}-mma{m}" + "".join(f"-{k}{v}" for k, v in f.items())
                               + "".join(f"-{k}{v}" for k, v in x.items()) for s, r, i, p, m, f, x in FOLD_CASES])
-def test_verify_accept_folds_in_a_launch_of_their_own(device, assert_close, state, read, io, gpass, mma, fold,
+def test_verify_accept_folds_in_a_launch_of_their_own(device, assert_close, state, read, io, key_pass, mma, fold,
                                                      fields):
     """`_verify_list_kernel` lists the heads that fold and `_verify_fold_kernel` folds them before the verify; the
     same cycles, flush-first verifies among them."""
-    _verify_cycles(device, assert_close, state, read, io, 4, 3, gpass, mma, fold=fold, **fields)
+    _verify_cycles(device, assert_close, state, read, io, 4, 3, key_pass, mma, fold=fold, **fields)
 
 
 # (state, W, the fold launch's fields or None for folds in the verify, fold_window)
@@ -165,15 +165,15 @@ def test_fold_launch_takes_every_row_at_once(device, assert_close, state, W, fol
     assert_close(gdn.materialize(got), gdn.materialize_ref(want), DT[state], what="materialized state")
 
 
-@pytest.mark.parametrize("state,io,gpass,mma", [("fp32", "bf16", 2, 2), ("bf16", "fp32", 1, 1)],
+@pytest.mark.parametrize("state,io,key_pass,mma", [("fp32", "bf16", 2, 2), ("bf16", "fp32", 1, 1)],
                          ids=["fp32-bf16-key-pass2-mma-ksplit2", "bf16-fp32-key-pass1-mma"])
-def test_verify_accept_folds_in_the_verify(device, assert_close, state, io, gpass, mma):
+def test_verify_accept_folds_in_the_verify(device, assert_close, state, io, key_pass, mma):
     """No fold launch, with the key-product pass (the small grids' rows): each folding row's verify program folds
     first."""
-    _verify_cycles(device, assert_close, state, None, io, 4, 3, gpass, mma, own_folds=True)
+    _verify_cycles(device, assert_close, state, None, io, 4, 3, key_pass, mma, own_folds=True)
 
 
-def _verify_cycles(device, assert_close, state, read, io, W, T, gpass, mma, buffer="fp32", fold=None,
+def _verify_cycles(device, assert_close, state, read, io, W, T, key_pass, mma, buffer="fp32", fold=None,
                    own_folds=False, **fields):
     B, H, HV, K, V = 3, 2, 6, 24, 20
     got = make_cache((5, H, HV, K, V), W, device, state=state, read=read, io=io, max_draft=T, buffer=buffer)
@@ -192,7 +192,7 @@ def _verify_cycles(device, assert_close, state, read, io, W, T, gpass, mma, buff
         else:
             inp = gdn.random_inputs(B, H, HV, K, V, T=T, io_dtype=DT[io], device=device)
             out = torch.full((B, T, HV, V), NAN, dtype=DT[io], device=device)
-            cfg = config(got, B, fold=fold, **{"key_pass": gpass, "mma": bool(mma), "ksplit": max(mma, 1),
+            cfg = config(got, B, fold=fold, **{"key_pass": key_pass, "mma": bool(mma), "ksplit": max(mma, 1),
                                                "fold_stages": max(mma, 1), **fields})
             if own_folds:
                 cfg = dataclasses.replace(cfg, fold=None, arrive=True)

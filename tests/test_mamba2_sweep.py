@@ -59,8 +59,8 @@ def test_sweep_configs_are_the_chosen_rows_with_the_fields_put_in(sweep):
         target = torch.zeros(2, 4, 8, 8) if kernel.startswith("decode") else cache
         for fields in settings:
             sweep.config_for(kernel, target, 2, fields)
-    with pytest.raises(ValueError, match="StepConfig has no field 'RC'"):
-        sweep.config_for("replay", cache, 2, {"RC": 16})
+    with pytest.raises(ValueError, match="StepConfig has no field 'CHUNK'"):
+        sweep.config_for("replay", cache, 2, {"CHUNK": 16})
 
 
 @pytest.mark.parametrize("batch", [1, 3, 256])
@@ -118,8 +118,8 @@ def test_sweep_ratios_and_table(sweep):
 
     R = sweep.Result
     results = [
-        R("decode", 256, {"BP": 16}, 1, 16, 2e9, True, 1e-3, us_per_layer_step=600.0, gbps=3333.0),
-        R("decode", 256, {"BP": 32}, 1, 16, 2e9, True, 1e-3, us_per_layer_step=500.0, gbps=4000.0),
+        R("decode", 256, {"rows": 16}, 1, 16, 2e9, True, 1e-3, us_per_layer_step=600.0, gbps=3333.0),
+        R("decode", 256, {"rows": 32}, 1, 16, 2e9, True, 1e-3, us_per_layer_step=500.0, gbps=4000.0),
         R("replay", 256, {"num_warps": 8}, 1, 16, 1e9, True, 1e-3, us_per_layer_step=250.0, gbps=4000.0),
         R("replay", 256, {"num_warps": 4}, 1, 16, 1e9, False, 0.5),
     ]

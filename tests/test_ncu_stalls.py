@@ -56,9 +56,9 @@ def test_bad_input_is_one_line_and_a_nonzero_exit(tmp_path):
     (tmp_path / "x-source.csv").write_text("a,b\n1,2\n")
     done = _run("--resummarize", str(tmp_path))
     assert done.returncode == 2 and "not the source page" in done.stderr and "Traceback" not in done.stderr
-    done = _run("--op", "gdn", "--kernel", "verify", "--launch", "replay:BV=16", str(tmp_path))
+    done = _run("--op", "gdn", "--kernel", "verify", "--launch", "replay:chunk=16", str(tmp_path))
     assert done.returncode == 2 and "give settings for --kernel verify" in done.stderr
-    done = _run("--op", "gdn", "--kernel", "verify", "--launch", "verify:BV=x", str(tmp_path))
+    done = _run("--op", "gdn", "--kernel", "verify", "--launch", "verify:chunk=x", str(tmp_path))
     assert done.returncode == 2 and "is not field=integer" in done.stderr and "Traceback" not in done.stderr
     done = _run(str(tmp_path))
     assert done.returncode == 2 and "--op and --kernel are required" in done.stderr

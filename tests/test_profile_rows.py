@@ -45,7 +45,7 @@ def test_set_changes_the_named_row_only(script, replay_rows):
     ("mamba2.replay:STEP_LAUNCH:replay-bf16-huge:prefetch=1", "has no row 'replay-bf16-huge'"),
     ("mamba2.replay:STEP_LAUNCH:replay-bf16-large:prefech=1", "StepConfig has no field 'prefech'"),
     ("gdn.decode:DECODE_LAUNCH:decode-large:rows=4", "has no row 'decode-large'; its rows: decode, decode-small"),
-    ("gdn.decode:DECODE_LAUNCH:decode:VP=4", "DecodeConfig has no field 'VP'"),
+    ("gdn.decode:DECODE_LAUNCH:decode:ROWS=4", "DecodeConfig has no field 'ROWS'"),
 ])
 def test_bad_set_is_one_line_and_exit_2(script, replay_rows, capsys, text, message):
     before = replay_rows[0].STEP_LAUNCH["replay-bf16-large"]

@@ -24,8 +24,8 @@ def run(script, capsys):
 
 
 @pytest.mark.parametrize("op,launch,message", [("mamba2", "XX=1", "has no field 'XX'"),
-                                               ("mamba2", "BPF", "is not field=integer"),
-                                               ("gdn", "BPF=32", "VerifyConfig has no field 'BPF'"),
+                                               ("mamba2", "FOLD_CHUNK", "is not field=integer"),
+                                               ("gdn", "FOLD_CHUNK=32", "VerifyConfig has no field 'FOLD_CHUNK'"),
                                                ("gdn", "ksplit", "is not field=integer")])
 def test_bad_launch_is_one_line(run, tmp_path, op, launch, message):
     done = run("--op", op, "--launch", launch, "--out", str(tmp_path / "phases.json"))

@@ -58,7 +58,7 @@ class ReplayCache:
     own), buf_g (nslots, C, HV) fp32 log-decay summed since the checkpoint; fill (nslots, HV) int32, the entries in
     use. Entries at or past fill are never read.
     arrive (nslots, HV, ARRIVE_LANES) int32 counts the row-block programs of a step that are done with a
-    (slot, head), zero between steps: in its first column, or with the replay's LCOUNT in each lane's own.
+    (slot, head), zero between steps: in its first column, or with the replay's LANE_COUNT in each lane's own.
     With a read copy a flush corrects the buffered updates, computed from the copy, to those of the full
     checkpoint, so the copy's rounding does not reach the checkpoint: buf_t (nslots, C, HV, C) fp32 keeps row
     j of the lower-triangular T with t_j = beta_j (e_j - sum_{i<j} (k_i·k_j) t_i), entry j's correction key

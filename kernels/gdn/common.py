@@ -106,12 +106,12 @@ def state_bits(seed, steps, i_s, i_hv, o_v, o_k, K: tl.constexpr, RANDOM: tl.con
 
 
 @triton.jit
-def store_rows(ckpt, cscale, o_s, o_r, b_s, m_s, m_v, b_r, QUANT: tl.constexpr, RANDOM: tl.constexpr):
+def store_rows(ckpt, cscale, o_s, o_r, b_s, m_s, m_v, b_r, Q8: tl.constexpr, RANDOM: tl.constexpr):
     """Store fp32 state rows b_s [R, BK], whole rows over K, at ckpt + o_s in its dtype: rounded to nearest, or with
-    RANDOM stochastically by the bits b_r, or with QUANT as 8-bit rows (`rounding.quantized_rows`) with their scales
+    RANDOM stochastically by the bits b_r, or with Q8 as 8-bit rows (`rounding.quantized_rows`) with their scales
     [R] at cscale + o_r. Returns the values a read gives back."""
     DTYPE: tl.constexpr = ckpt.dtype.element_ty
-    if QUANT:
+    if Q8:
         b_q, b_sc = R.quantized_rows(b_s, b_r, DTYPE, RANDOM)
         tl.store(ckpt + o_s, b_q, mask=m_s)
         tl.store(cscale + o_r, b_sc, mask=m_v)

@@ -72,7 +72,7 @@ def select(state: torch.Tensor, batch: int) -> str:
 @triton.jit
 def _head_inputs(q, k, g, beta, i_b, i_h, i_hv, o_k3, m_k3, s_qb, s_qh, s_qk, s_kb, s_kh, s_kk, s_gb, s_gh, s_bb, s_bh,
                  scale, USE_QK_L2NORM: tl.constexpr):
-    """A row's head inputs for one step: [NC, VK] q and k as given (each thread holds many copies of them, so their
+    """A row's head inputs for one step: [NC, PIECE] q and k as given (each thread holds many copies of them, so their
     factors go on the row sums), q's and k's factors, the decay exp(g) and beta."""
     b_q = tl.load(q + i_b * s_qb + i_h * s_qh + o_k3 * s_qk, mask=m_k3, other=0.0).to(tl.float32)
     b_k = tl.load(k + i_b * s_kb + i_h * s_kh + o_k3 * s_kk, mask=m_k3, other=0.0).to(tl.float32)
@@ -95,42 +95,42 @@ def _decode_kernel(
     s_ob, s_oh, s_ov,
     scale,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-    BK: tl.constexpr, VP: tl.constexpr, BV: tl.constexpr, VK: tl.constexpr, STAGES: tl.constexpr,
-    SFIRST: tl.constexpr, CSTRIDES: tl.constexpr, USE_QK_L2NORM: tl.constexpr, HAS_SLOTS: tl.constexpr,
-    QUANT: tl.constexpr, RANDOM: tl.constexpr,
+    BK: tl.constexpr, ROWS: tl.constexpr, CHUNK: tl.constexpr, PIECE: tl.constexpr, STAGES: tl.constexpr,
+    STATE_FIRST: tl.constexpr, BLOCK_STRIDES: tl.constexpr, USE_QK_L2NORM: tl.constexpr, HAS_SLOTS: tl.constexpr,
+    Q8: tl.constexpr, RANDOM: tl.constexpr,
 ):
-    # QUANT: an 8-bit state, each row over K times its scale in sscale; RANDOM: stored with stochastic rounding, the
+    # Q8: an 8-bit state, each row over K times its scale in sscale; RANDOM: stored with stochastic rounding, the
     # slot's store count advanced by the launch.
-    i_b, i_hv, i_p = flat_program_ids(HV, (V + VP - 1) // VP)
+    i_b, i_hv, i_p = flat_program_ids(HV, (V + ROWS - 1) // ROWS)
     i_s = slot_of(slots, i_b, HAS_SLOTS)
     if i_s < 0:
         return
     i_h = i_hv // (HV // H)
-    # The tile is held as [BV, BK / VK, VK] so that each thread sums its VK-wide pieces of a row in registers
-    # and only the lanes that share a row meet in shuffles.
-    NC: tl.constexpr = BK // VK
-    o_k3 = tl.arange(0, NC)[:, None] * VK + tl.arange(0, VK)[None, :]
+    # The tile is held as [CHUNK, BK / PIECE, PIECE] so that each thread sums its PIECE-wide pieces of a row in
+    # registers and only the lanes that share a row meet in shuffles.
+    NC: tl.constexpr = BK // PIECE
+    o_k3 = tl.arange(0, NC)[:, None] * PIECE + tl.arange(0, PIECE)[None, :]
     m_k3 = o_k3 < K
-    if not SFIRST:
+    if not STATE_FIRST:
         b_q, b_k, b_rq, b_rk, b_eg, b_beta = _head_inputs(q, k, g, beta, i_b, i_h, i_hv, o_k3, m_k3, s_qb, s_qh, s_qk,
                                                           s_kb, s_kh, s_kk, s_gb, s_gh, s_bb, s_bh, scale,
                                                           USE_QK_L2NORM)
-    # The program's VP rows, BV at a time: rows are independent, and the loop's loads run STAGES chunks ahead.
-    for i_v in tl.range(0, VP, BV, num_stages=STAGES):
-        o_v = i_p * VP + i_v + tl.arange(0, BV)
+    # The program's ROWS rows, CHUNK at a time: rows are independent, and the loop's loads run STAGES chunks ahead.
+    for i_v in tl.range(0, ROWS, CHUNK, num_stages=STAGES):
+        o_v = i_p * ROWS + i_v + tl.arange(0, CHUNK)
         m_v = o_v < V
         m_s = m_v[:, None, None] & m_k3[None, :, :]
-        if CSTRIDES:
+        if BLOCK_STRIDES:
             # One base address and constant offsets: fewer registers than the rows' runtime strides take.
             p_s = s + i_s * s_sn + i_hv * (V * K) + o_v[:, None, None] * K + o_k3[None, :, :]
         else:
             p_s = s + i_s * s_sn + i_hv * s_sh + o_v[:, None, None] * s_sv + o_k3[None, :, :] * s_sk
-        # [BV, NC, VK]
+        # [CHUNK, NC, PIECE]
         b_s = tl.load(p_s, mask=m_s, other=0.0)
-        if QUANT:
+        if Q8:
             p_c = sscale + i_s * s_cn + i_hv * s_ch + o_v * s_cv
             b_s = b_s.to(tl.float32) * tl.load(p_c, mask=m_v, other=0.0)[:, None, None]
-        if SFIRST:
+        if STATE_FIRST:
             # Every load of the chunk in flight before the head inputs' (L2) loads and their reductions.
             tl.debug_barrier()
             b_q, b_k, b_rq, b_rk, b_eg, b_beta = _head_inputs(q, k, g, beta, i_b, i_h, i_hv, o_k3, m_k3, s_qb, s_qh,
@@ -138,17 +138,17 @@ def _decode_kernel(
                                                               USE_QK_L2NORM)
         b_s = b_s.to(tl.float32) * b_eg
         b_v = tl.load(v + i_b * s_vb + i_hv * s_vh + o_v * s_vv, mask=m_v, other=0.0).to(tl.float32)
-        # The chunk axis first: it lies within each thread, and only the VK axis's lanes then shuffle.
+        # The chunk axis first: it lies within each thread, and only the PIECE axis's lanes then shuffle.
         b_u = b_beta * (b_v - b_rk * tl.sum(tl.sum(b_s * b_k[None, :, :], 1), 1))
         b_s += (b_rk * b_u)[:, None, None] * b_k[None, :, :]
         b_o = b_rq * tl.sum(tl.sum(b_s * b_q[None, :, :], 1), 1)
-        # [BV, NC, VK] the bits of the chunk's elements v * K + k (zeros, unused, without RANDOM)
-        b_r = tl.reshape(state_bits(seed, steps, i_s, i_hv, o_v, tl.arange(0, BK), K, RANDOM, True), [BV, NC, VK])
-        if QUANT:
-            # whole rows over K, as [BV, BK]
-            b_q8, b_sc = R.quantized_rows(tl.reshape(b_s, [BV, BK]), tl.reshape(b_r, [BV, BK]), s.dtype.element_ty,
-                                          RANDOM)
-            tl.store(p_s, tl.reshape(b_q8, [BV, NC, VK]), mask=m_s)
+        # [CHUNK, NC, PIECE] the bits of the chunk's elements v * K + k (zeros, unused, without RANDOM)
+        b_r = tl.reshape(state_bits(seed, steps, i_s, i_hv, o_v, tl.arange(0, BK), K, RANDOM, True), [CHUNK, NC, PIECE])
+        if Q8:
+            # whole rows over K, as [CHUNK, BK]
+            b_q8, b_sc = R.quantized_rows(tl.reshape(b_s, [CHUNK, BK]), tl.reshape(b_r, [CHUNK, BK]),
+                                          s.dtype.element_ty, RANDOM)
+            tl.store(p_s, tl.reshape(b_q8, [CHUNK, NC, PIECE]), mask=m_s)
             tl.store(p_c, b_sc, mask=m_v)
         elif RANDOM:
             tl.store(p_s, stored(b_s, b_r, s.dtype.element_ty, True).to(s.dtype.element_ty), mask=m_s)
@@ -156,7 +156,7 @@ def _decode_kernel(
             tl.store(p_s, cast(b_s, s.dtype.element_ty), mask=m_s)
         tl.store(o + i_b * s_ob + i_hv * s_oh + o_v * s_ov, cast(b_o, o.dtype.element_ty), mask=m_v)
     if RANDOM:
-        R.count_stores(steps, step_arrive, i_s, HV * ((V + VP - 1) // VP), 1)
+        R.count_stores(steps, step_arrive, i_s, HV * ((V + ROWS - 1) // ROWS), 1)
 
 
 @triton.jit
@@ -172,34 +172,34 @@ def _decode_multi_kernel(
     s_ob, s_ot, s_oh, s_ov,
     scale,
     T: tl.constexpr, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-    BK: tl.constexpr, BV: tl.constexpr, VK: tl.constexpr,
-    USE_QK_L2NORM: tl.constexpr, RANDOM: tl.constexpr, QUANT: tl.constexpr = False,
+    BK: tl.constexpr, ROWS: tl.constexpr, PIECE: tl.constexpr,
+    USE_QK_L2NORM: tl.constexpr, RANDOM: tl.constexpr, Q8: tl.constexpr = False,
 ):
-    # QUANT: an 8-bit state (row scales sscale (nslots, HV, V)) and snapshots (pscale (nslots, TMAX, HV, V)), each
+    # Q8: an 8-bit state (row scales sscale (nslots, HV, V)) and snapshots (pscale (nslots, TMAX, HV, V)), each
     # draft continuing from the rows it stored
-    i_b, i_hv, i_v = flat_program_ids(HV, (V + BV - 1) // BV)
+    i_b, i_hv, i_v = flat_program_ids(HV, (V + ROWS - 1) // ROWS)
     i_s = tl.load(slots + i_b).to(tl.int64)
     if i_s < 0:
         return
     i_h = i_hv // (HV // H)
-    # The state is held as [BV, BK / VK, VK], as in _decode_kernel.
-    NC: tl.constexpr = BK // VK
-    o_k3 = tl.arange(0, NC)[:, None] * VK + tl.arange(0, VK)[None, :]
-    o_v = i_v * BV + tl.arange(0, BV)
+    # The state is held as [ROWS, BK / PIECE, PIECE], as in _decode_kernel.
+    NC: tl.constexpr = BK // PIECE
+    o_k3 = tl.arange(0, NC)[:, None] * PIECE + tl.arange(0, PIECE)[None, :]
+    o_v = i_v * ROWS + tl.arange(0, ROWS)
     m_k3 = o_k3 < K
     m_v = o_v < V
     m_s = m_v[:, None, None] & m_k3[None, :, :]
 
     p_s = s + i_s * s_sn + i_hv * s_sh + o_v[:, None, None] * s_sv + o_k3[None, :, :] * s_sk
-    # [BV, NC, VK]
+    # [ROWS, NC, PIECE]
     b_s = tl.load(p_s, mask=m_s, other=0.0).to(tl.float32)
-    if QUANT:
+    if Q8:
         b_s *= tl.load(sscale + (i_s * HV + i_hv) * V + o_v, mask=m_v, other=0.0)[:, None, None]
     if RANDOM:
         # draft t rounds with the bits of the slot's store count + t, as T conventional steps would
         b_n = tl.load(steps + i_s)
     for i_t in range(T):
-        # [NC, VK] q and k as given, their factors on the row sums
+        # [NC, PIECE] q and k as given, their factors on the row sums
         b_q = tl.load(q + i_b * s_qb + i_t * s_qt + i_h * s_qh + o_k3 * s_qk, mask=m_k3, other=0.0).to(tl.float32)
         b_k = tl.load(k + i_b * s_kb + i_t * s_kt + i_h * s_kh + o_k3 * s_kk, mask=m_k3, other=0.0).to(tl.float32)
         b_rq, b_rk = qk_factors(b_q, b_k, scale, USE_QK_L2NORM)
@@ -211,20 +211,20 @@ def _decode_multi_kernel(
         b_s += (b_rk * b_u)[:, None, None] * b_k[None, :, :]
         b_o = b_rq * tl.sum(tl.sum(b_s * b_q[None, :, :], 1), 1)
         # Round as a stored state would be, so that drafts equal one conventional step at a time.
-        if QUANT:
+        if Q8:
             if RANDOM:
-                b_r = tl.reshape(row_bits(seed, b_n + i_t, i_s, i_hv, o_v, K, BK), [BV, BK])
+                b_r = tl.reshape(row_bits(seed, b_n + i_t, i_s, i_hv, o_v, K, BK), [ROWS, BK])
             else:
-                b_r = tl.zeros([BV, BK], dtype=tl.uint32)
-            b_q8, b_sc = R.quantized_rows(tl.reshape(b_s, [BV, BK]), b_r, snap.dtype.element_ty, RANDOM)
-            b_q8 = tl.reshape(b_q8, [BV, NC, VK])
+                b_r = tl.zeros([ROWS, BK], dtype=tl.uint32)
+            b_q8, b_sc = R.quantized_rows(tl.reshape(b_s, [ROWS, BK]), b_r, snap.dtype.element_ty, RANDOM)
+            b_q8 = tl.reshape(b_q8, [ROWS, NC, PIECE])
             p_p = snap + i_s * s_pn + i_t * s_pt + i_hv * s_ph + o_v[:, None, None] * s_pv + o_k3[None, :, :] * s_pk
             tl.store(p_p, b_q8, mask=m_s)
             tl.store(pscale + ((i_s * TMAX + i_t) * HV + i_hv) * V + o_v, b_sc, mask=m_v)
             b_s = b_q8.to(tl.float32) * b_sc[:, None, None]
         else:
             if RANDOM:
-                b_r = tl.reshape(row_bits(seed, b_n + i_t, i_s, i_hv, o_v, K, BK), [BV, NC, VK])
+                b_r = tl.reshape(row_bits(seed, b_n + i_t, i_s, i_hv, o_v, K, BK), [ROWS, NC, PIECE])
                 b_s = stored(b_s, b_r, snap.dtype.element_ty, True)
             else:
                 b_s = stored(b_s, b_s, snap.dtype.element_ty, False)
@@ -232,7 +232,7 @@ def _decode_multi_kernel(
             tl.store(p_p, b_s.to(snap.dtype.element_ty), mask=m_s)
         tl.store(o + i_b * s_ob + i_t * s_ot + i_hv * s_oh + o_v * s_ov, cast(b_o, o.dtype.element_ty), mask=m_v)
     if RANDOM:
-        R.count_stores(steps, step_arrive, i_s, HV * ((V + BV - 1) // BV), T)
+        R.count_stores(steps, step_arrive, i_s, HV * ((V + ROWS - 1) // ROWS), T)
 
 
 @triton.jit
@@ -241,21 +241,21 @@ def _accept_snapshot_kernel(
     s_sn, s_sh, s_sv, s_sk,
     s_pn, s_pt, s_ph, s_pv, s_pk,
     K: tl.constexpr, V: tl.constexpr,
-    BK: tl.constexpr, BV: tl.constexpr, QUANT: tl.constexpr = False,
+    BK: tl.constexpr, ROWS: tl.constexpr, Q8: tl.constexpr = False,
 ):
-    # QUANT: the rows' scales are copied too, pscale (nslots, TMAX, HV, V) into sscale (nslots, HV, V)
+    # Q8: the rows' scales are copied too, pscale (nslots, TMAX, HV, V) into sscale (nslots, HV, V)
     i_b, i_hv, i_v = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_s = tl.load(slots + i_b).to(tl.int64)
     i_n = tl.load(n + i_b).to(tl.int64)
     if (i_s < 0) | (i_n < 1):
         return
     o_k = tl.arange(0, BK)
-    o_v = i_v * BV + tl.arange(0, BV)
+    o_v = i_v * ROWS + tl.arange(0, ROWS)
     m_s = (o_v < V)[:, None] & (o_k < K)[None, :]
     p_p = snap + i_s * s_pn + (i_n - 1) * s_pt + i_hv * s_ph + o_v[:, None] * s_pv + o_k[None, :] * s_pk
     p_s = s + i_s * s_sn + i_hv * s_sh + o_v[:, None] * s_sv + o_k[None, :] * s_sk
     tl.store(p_s, tl.load(p_p, mask=m_s, other=0.0), mask=m_s)
-    if QUANT:
+    if Q8:
         m_v = o_v < V
         b_sc = tl.load(pscale + ((i_s * TMAX + i_n - 1) * HV + i_hv) * V + o_v, mask=m_v, other=0.0)
         tl.store(sscale + (i_s * HV + i_hv) * V + o_v, b_sc, mask=m_v)
@@ -284,10 +284,10 @@ def _block_contiguous(state) -> bool:
 def _launch_decode(state, q, k, v, g, beta, out, slots, scale, l2norm, c: DecodeConfig, state_scale, rounding):
     batch, H, K = q.shape
     HV, V = v.shape[1], v.shape[2]
-    VP = min(c.rows, next_pow2(V))
+    ROWS = min(c.rows, next_pow2(V))
     # without a scale its strides are None too: constants, out of the kernel's signature
     scale_strides = (None,) * 3 if state_scale is None else state_scale.stride()
-    _decode_kernel[(batch * HV * triton.cdiv(V, VP),)](
+    _decode_kernel[(batch * HV * triton.cdiv(V, ROWS),)](
         s=state, q=q, k=k, v=v, g=g, beta=beta, o=out, slots=slots, sscale=state_scale,
         s_sn=state.stride(0), s_sh=state.stride(1), s_sv=state.stride(2), s_sk=state.stride(3),
         s_cn=scale_strides[0], s_ch=scale_strides[1], s_cv=scale_strides[2],
@@ -298,29 +298,30 @@ def _launch_decode(state, q, k, v, g, beta, out, slots, scale, l2norm, c: Decode
         s_bb=beta.stride(0), s_bh=beta.stride(1),
         s_ob=out.stride(0), s_oh=out.stride(1), s_ov=out.stride(2),
         scale=scale,
-        H=H, HV=HV, K=K, V=V, BK=next_pow2(K), VP=VP, BV=VP if rounding is None else random_rows(VP, K, c.warps),
-        VK=min(DECODE_PIECE, next_pow2(K)), STAGES=DECODE_STAGES, SFIRST=c.state_first,
-        CSTRIDES=c.block_strides and _block_contiguous(state),
-        USE_QK_L2NORM=l2norm, HAS_SLOTS=slots is not None, QUANT=state_scale is not None,
+        H=H, HV=HV, K=K, V=V, BK=next_pow2(K), ROWS=ROWS,
+        CHUNK=ROWS if rounding is None else random_rows(ROWS, K, c.warps),
+        PIECE=min(DECODE_PIECE, next_pow2(K)), STAGES=DECODE_STAGES, STATE_FIRST=c.state_first,
+        BLOCK_STRIDES=c.block_strides and _block_contiguous(state),
+        USE_QK_L2NORM=l2norm, HAS_SLOTS=slots is not None, Q8=state_scale is not None,
         **rounding_args(rounding), step_arrive=R.step_arrivals(rounding),
         **common.compile_options(c.warps, c.maxnreg),
     )
 
 
 def _quant(state_scale, snapshots) -> dict:
-    """An 8-bit launch's QUANT and snapshot positions per slot; else None for both scale tensors and TMAX (constants:
+    """An 8-bit launch's Q8 and snapshot positions per slot; else None for both scale tensors and TMAX (constants:
     the other states' launches take no such parameters)."""
-    return {"QUANT": True, "TMAX": snapshots.shape[1]} if state_scale is not None else {"TMAX": None}
+    return {"Q8": True, "TMAX": snapshots.shape[1]} if state_scale is not None else {"TMAX": None}
 
 
 def _launch_decode_multi(state, snapshots, q, k, v, g, beta, out, slots, scale, l2norm, c: DecodeConfig, rounding,
                          state_scale, snapshot_scale):
     batch, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
-    BV = min(c.rows, next_pow2(V))
+    ROWS = min(c.rows, next_pow2(V))
     if rounding is not None:
-        BV = random_rows(BV, K, c.warps)
-    _decode_multi_kernel[(batch * HV * triton.cdiv(V, BV),)](
+        ROWS = random_rows(ROWS, K, c.warps)
+    _decode_multi_kernel[(batch * HV * triton.cdiv(V, ROWS),)](
         s=state, snap=snapshots, q=q, k=k, v=v, g=g, beta=beta, o=out, slots=slots, sscale=state_scale,
         pscale=snapshot_scale, **_quant(state_scale, snapshots),
         s_sn=state.stride(0), s_sh=state.stride(1), s_sv=state.stride(2), s_sk=state.stride(3),
@@ -333,7 +334,7 @@ def _launch_decode_multi(state, snapshots, q, k, v, g, beta, out, slots, scale, 
         s_bb=beta.stride(0), s_bt=beta.stride(1), s_bh=beta.stride(2),
         s_ob=out.stride(0), s_ot=out.stride(1), s_oh=out.stride(2), s_ov=out.stride(3),
         scale=scale,
-        T=T, H=H, HV=HV, K=K, V=V, BK=next_pow2(K), BV=BV, VK=min(DECODE_PIECE, next_pow2(K)),
+        T=T, H=H, HV=HV, K=K, V=V, BK=next_pow2(K), ROWS=ROWS, PIECE=min(DECODE_PIECE, next_pow2(K)),
         USE_QK_L2NORM=l2norm, **rounding_args(rounding), step_arrive=R.step_arrivals(rounding),
         **common.compile_options(c.warps, c.maxnreg),
     )
@@ -342,14 +343,14 @@ def _launch_decode_multi(state, snapshots, q, k, v, g, beta, out, slots, scale, 
 def _launch_accept_snapshot(state, snapshots, n_accepted, slots, c: DecodeConfig, state_scale, snapshot_scale):
     batch = slots.shape[0]
     HV, V, K = state.shape[1:]
-    BV = min(c.rows, next_pow2(V))
-    _accept_snapshot_kernel[(batch, HV, triton.cdiv(V, BV))](
+    ROWS = min(c.rows, next_pow2(V))
+    _accept_snapshot_kernel[(batch, HV, triton.cdiv(V, ROWS))](
         s=state, snap=snapshots, n=n_accepted, slots=slots, sscale=state_scale, pscale=snapshot_scale,
         HV=None if state_scale is None else HV, **_quant(state_scale, snapshots),
         s_sn=state.stride(0), s_sh=state.stride(1), s_sv=state.stride(2), s_sk=state.stride(3),
         s_pn=snapshots.stride(0), s_pt=snapshots.stride(1), s_ph=snapshots.stride(2),
         s_pv=snapshots.stride(3), s_pk=snapshots.stride(4),
-        K=K, V=V, BK=next_pow2(K), BV=BV,
+        K=K, V=V, BK=next_pow2(K), ROWS=ROWS,
         **common.compile_options(c.warps, c.maxnreg),
     )
 

@@ -148,7 +148,7 @@ def select(cache: ReplayCache, batch: int) -> str:
 
 @triton.jit
 def _read_copy(rcopy, rscale, o_s, o_r, m_s, m_v, IS_SCALED: tl.constexpr):
-    """Rows [BV, BK] of the read copy as fp32 values."""
+    """Rows [R, BK] of the read copy as fp32 values."""
     b_c = tl.load(rcopy + o_s, mask=m_s, other=0.0).to(tl.float32)
     if IS_SCALED:
         b_c *= tl.load(rscale + o_r, mask=m_v, other=0.0)[:, None]
@@ -157,7 +157,7 @@ def _read_copy(rcopy, rscale, o_s, o_r, m_s, m_v, IS_SCALED: tl.constexpr):
 
 @triton.jit
 def _store_read_copy(rcopy, rscale, o_s, o_r, b_s, m_s, m_v, IS_SCALED: tl.constexpr):
-    """Store the read copy of checkpoint rows b_s [BV, BK]; return the values a read of the copy gives."""
+    """Store the read copy of checkpoint rows b_s [R, BK]; return the values a read of the copy gives."""
     if IS_SCALED:
         b_amax = tl.max(tl.abs(b_s), 1)
         b_sc = tl.where(b_amax > 0, tl.math.div_rn(b_amax, tl.full(b_amax.shape, 448.0, tl.float32)), 1.0)
@@ -173,63 +173,64 @@ def _store_read_copy(rcopy, rscale, o_s, o_r, b_s, m_s, m_v, IS_SCALED: tl.const
 
 
 @triton.jit
-def _correction_weights(buf_t, b_kw, b_Gw, i_s, i_hv, o_w, b_f, C: tl.constexpr, HV: tl.constexpr,
+def _correction_weights(buf_t, b_kw, b_Gw, i_s, i_hv, o_w, b_f, CAP: tl.constexpr, HV: tl.constexpr,
                         PRECISION: tl.constexpr):
     """[BW, BK] rows w_j = -e^{G_j} y_j with u_j - û_j = (checkpoint - copy) · w_j for every row of a head: y_j =
     sum_l t_jl k_l from the rows t_j of T the appends stored and the buffered keys b_kw [BW, BK] (zero past the
     fill)."""
     m_w = o_w < b_f
-    b_t = tl.load(buf_t + ((i_s * C + o_w[:, None]) * HV + i_hv) * C + o_w[None, :],
-                  mask=m_w[:, None] & (o_w < C)[None, :], other=0.0)
+    b_t = tl.load(buf_t + ((i_s * CAP + o_w[:, None]) * HV + i_hv) * CAP + o_w[None, :],
+                  mask=m_w[:, None] & (o_w < CAP)[None, :], other=0.0)
     return tl.where(m_w, -tl.exp(b_Gw), 0.0)[:, None] * tl.dot(b_t, b_kw, input_precision=PRECISION)
 
 
 @triton.jit
 def _fold(
     b_s, b_d, buf_u, i_s, i_hv, o_v, m_v, o_w, b_f, b_G, b_Gw, b_kw, b_wc,
-    C: tl.constexpr, HV: tl.constexpr, V: tl.constexpr, CORRECT: tl.constexpr, PRECISION: tl.constexpr,
-    CPRECISION: tl.constexpr,
+    CAP: tl.constexpr, HV: tl.constexpr, V: tl.constexpr, HAS_COPY: tl.constexpr, PRECISION: tl.constexpr,
+    CORRECTION: tl.constexpr,
 ):
-    """b_s [BV, BK] plus sum_{j<f} e^{G - G_j} u_j k_jᵀ; with CORRECT, u_j corrected by b_d · w_j, b_d =
-    checkpoint - copy [BV, BK] and b_wc [BW, BK] the rows w_j (`_correction_weights`), one product in CPRECISION.
+    """b_s [R, BK] plus sum_{j<f} e^{G - G_j} u_j k_jᵀ; with HAS_COPY, u_j corrected by b_d · w_j, b_d =
+    checkpoint - copy [R, BK] and b_wc [BW, BK] the rows w_j (`_correction_weights`), one product in CORRECTION.
 
     b_Gw [BW] and b_kw [BW, BK] are the buffered log-decays and keys, zero past the fill.
     """
     m_w = o_w < b_f
-    # [BW, BV]
+    # [BW, R]
     b_uw = tl.load(
-        buf_u + ((i_s * C + o_w[:, None]) * HV + i_hv) * V + o_v[None, :], mask=m_w[:, None] & m_v[None, :], other=0.0,
+        buf_u + ((i_s * CAP + o_w[:, None]) * HV + i_hv) * V + o_v[None, :], mask=m_w[:, None] & m_v[None, :],
+        other=0.0,
     ).to(tl.float32)
-    if CORRECT:
-        b_uw += tl.dot(b_wc, tl.trans(b_d), input_precision=CPRECISION)
+    if HAS_COPY:
+        b_uw += tl.dot(b_wc, tl.trans(b_d), input_precision=CORRECTION)
     b_cw = tl.where(m_w, tl.exp(b_G - b_Gw), 0.0)
-    # One product for the whole rank-f update: fp32 FMAs ("ieee") in a replay flush's small chunks unless its TF32
-    # setting asks for 3xTF32 on the tensor cores, which verify's larger ones always use (benchmarks/notes/).
+    # One product for the whole rank-f update: fp32 FMAs ("ieee") in a replay flush's small chunks unless its PRECISION
+    # asks for 3xTF32 on the tensor cores, which verify's larger ones always use (benchmarks/notes/).
     return b_s + tl.dot(tl.trans(b_uw * b_cw[:, None]), b_kw, input_precision=PRECISION)
 
 
 @triton.jit
 def _folded_rows(
     ckpt, cscale, rcopy, rscale, buf_u, i_s, i_hv, o_v, m_v, o_k, m_k, o_w, b_f, b_Gl, b_Gw, b_kw, b_wc,
-    C: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-    HAS_COPY: tl.constexpr, IS_SCALED: tl.constexpr, PRECISION: tl.constexpr, CPRECISION: tl.constexpr,
-    QUANT: tl.constexpr,
+    CAP: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    HAS_COPY: tl.constexpr, IS_SCALED: tl.constexpr, PRECISION: tl.constexpr, CORRECTION: tl.constexpr,
+    Q8: tl.constexpr,
 ):
-    """Checkpoint rows o_v (an 8-bit one's times their scales, QUANT) with the f buffered entries folded in
+    """Checkpoint rows o_v (an 8-bit one's times their scales, Q8) with the f buffered entries folded in
     (corrected under a read copy), and their offsets."""
     m_s = m_v[:, None] & m_k[None, :]
     o_s = ((i_s * HV + i_hv) * V + o_v[:, None]) * K + o_k[None, :]
     o_r = (i_s * HV + i_hv) * V + o_v
     b_s = tl.load(ckpt + o_s, mask=m_s, other=0.0).to(tl.float32)
-    if QUANT:
+    if Q8:
         b_s *= tl.load(cscale + o_r, mask=m_v, other=0.0)[:, None]
     if HAS_COPY:
         b_d = b_s - _read_copy(rcopy, rscale, o_s, o_r, m_s, m_v, IS_SCALED)
         b_s = _fold(b_s * tl.exp(b_Gl), b_d, buf_u, i_s, i_hv, o_v, m_v, o_w, b_f, b_Gl, b_Gw, b_kw, b_wc,
-                    C, HV, V, True, PRECISION, CPRECISION)
+                    CAP, HV, V, True, PRECISION, CORRECTION)
     else:
         b_s = _fold(b_s * tl.exp(b_Gl), b_s, buf_u, i_s, i_hv, o_v, m_v, o_w, b_f, b_Gl, b_Gw, b_kw, b_wc,
-                    C, HV, V, False, PRECISION, CPRECISION)
+                    CAP, HV, V, False, PRECISION, CORRECTION)
     return b_s, o_s, o_r, m_s
 
 
@@ -238,28 +239,28 @@ def _replay_flush(
     ckpt, cscale, rcopy, rscale, buf_u, buf_t, v, o, seed, steps,
     i_b, i_s, i_h, i_hv, v0, b_f, b_k, b_q, b_g, b_beta, b_Gl, b_Gw, b_kw, o_w,
     s_vb, s_vh, s_vv, s_ob, s_oh, s_ov,
-    C: tl.constexpr, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-    BK: tl.constexpr, VP: tl.constexpr, BVF: tl.constexpr,
+    CAP: tl.constexpr, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    BK: tl.constexpr, ROWS: tl.constexpr, FLUSH_CHUNK: tl.constexpr,
     STAGES: tl.constexpr, HAS_COPY: tl.constexpr, IS_SCALED: tl.constexpr, PRECISION: tl.constexpr,
-    CPRECISION: tl.constexpr, QUANT: tl.constexpr, RANDOM: tl.constexpr,
+    CORRECTION: tl.constexpr, Q8: tl.constexpr, RANDOM: tl.constexpr,
 ):
-    """The step that fills the window for rows v0 .. v0 + VP: fold the buffer into the full checkpoint, take this
-    step from it, store it (rounded, stochastically with RANDOM; as 8-bit rows with QUANT)."""
+    """The step that fills the window for rows v0 .. v0 + ROWS: fold the buffer into the full checkpoint, take this
+    step from it, store it (rounded, stochastically with RANDOM; as 8-bit rows with Q8)."""
     o_k = tl.arange(0, BK)
     m_k = o_k < K
     b_wc = b_kw
     if HAS_COPY:
-        b_wc = _correction_weights(buf_t, b_kw, b_Gw, i_s, i_hv, o_w, b_f, C, HV, PRECISION)
-    # BVF rows at a time (a pipelined loop), so that this rare branch does not raise the register count of the common
-    # one.
-    for i_v in tl.range(0, VP, BVF, num_stages=STAGES):
-        o_v = v0 + i_v + tl.arange(0, BVF)
-        # A chunk is at least 16 rows (the fold is one product); with VP < 16 it is masked to this program's rows.
-        m_v = (o_v < V) & (i_v + tl.arange(0, BVF) < VP)
-        # [BVF, BK] the checkpoint, brought to the state after the buffered entries
+        b_wc = _correction_weights(buf_t, b_kw, b_Gw, i_s, i_hv, o_w, b_f, CAP, HV, PRECISION)
+    # FLUSH_CHUNK rows at a time (a pipelined loop), so that this rare branch does not raise the register count of the
+    # common one.
+    for i_v in tl.range(0, ROWS, FLUSH_CHUNK, num_stages=STAGES):
+        o_v = v0 + i_v + tl.arange(0, FLUSH_CHUNK)
+        # A chunk is at least 16 rows (the fold is one product); with ROWS < 16 it is masked to this program's rows.
+        m_v = (o_v < V) & (i_v + tl.arange(0, FLUSH_CHUNK) < ROWS)
+        # [FLUSH_CHUNK, BK] the checkpoint, brought to the state after the buffered entries
         b_s, o_s, o_r, m_s = _folded_rows(
             ckpt, cscale, rcopy, rscale, buf_u, i_s, i_hv, o_v, m_v, o_k, m_k, o_w, b_f, b_Gl, b_Gw, b_kw, b_wc,
-            C, HV, K, V, HAS_COPY, IS_SCALED, PRECISION, CPRECISION, QUANT,
+            CAP, HV, K, V, HAS_COPY, IS_SCALED, PRECISION, CORRECTION, Q8,
         )
         b_v = tl.load(v + i_b * s_vb + i_hv * s_vh + o_v * s_vv, mask=m_v, other=0.0).to(tl.float32)
         b_s *= tl.exp(b_g)
@@ -267,9 +268,9 @@ def _replay_flush(
         b_s += b_u[:, None] * b_k[None, :]
         b_o = tl.sum(b_s * b_q[None, :], 1)
         tl.store(o + i_b * s_ob + i_hv * s_oh + o_v * s_ov, cast(b_o, o.dtype.element_ty), mask=m_v)
-        if QUANT or RANDOM:
+        if Q8 or RANDOM:
             b_r = state_bits(seed, steps, i_s, i_hv, o_v, o_k, K, RANDOM, True)
-            b_s = store_rows(ckpt, cscale, o_s, o_r, b_s, m_s, m_v, b_r, QUANT, RANDOM)
+            b_s = store_rows(ckpt, cscale, o_s, o_r, b_s, m_s, m_v, b_r, Q8, RANDOM)
         else:
             # inline, as before stores were rounded: the nearest kernels compile to the code they always had
             b_s = rounded(b_s, ckpt.dtype.element_ty)
@@ -280,9 +281,9 @@ def _replay_flush(
 
 @triton.jit
 def _row_sums(b_s, b_k3, b_q3, b_rk, b_rq):
-    """[BV] sums of the rows of b_s [BV, NC, VK] times k and q [NC, VK], scaled by b_rk and b_rq."""
+    """[CHUNK] sums of the rows of b_s [CHUNK, NC, PIECE] times k and q [NC, PIECE], scaled by b_rk and b_rq."""
     b_s = b_s.to(tl.float32)
-    # The chunk axis first: it lies within each thread, and only the VK axis's lanes then shuffle.
+    # The chunk axis first: it lies within each thread, and only the PIECE axis's lanes then shuffle.
     b_sk = tl.sum(tl.sum(b_s * b_k3[None, :, :], 1), 1)
     b_sq = tl.sum(tl.sum(b_s * b_q3[None, :, :], 1), 1)
     return b_sk * b_rk, b_sq * b_rq
@@ -290,7 +291,7 @@ def _row_sums(b_s, b_k3, b_q3, b_rk, b_rq):
 
 @triton.jit
 def _tile(rcopy, o_h, o_v, m_v, o_k3, m_k3, K: tl.constexpr):
-    """Rows o_v of the tile a non-flush step reads, [BV, NC, VK]."""
+    """Rows o_v of the tile a non-flush step reads, [CHUNK, NC, PIECE]."""
     return tl.load(rcopy + (o_h + o_v[:, None, None]) * K + o_k3[None, :, :],
                    mask=m_v[:, None, None] & m_k3[None, :, :], other=0.0)
 
@@ -298,10 +299,10 @@ def _tile(rcopy, o_h, o_v, m_v, o_k3, m_k3, K: tl.constexpr):
 @triton.jit
 def _nonflush_rows(
     o, buf_u, rscale, b_sk, b_sq, b_uw, b_v, b_wk, b_wq, b_beta, b_eG, b_kq, i_b, i_s, i_hv, b_f, o_h, o_v, m_v,
-    s_ob, s_oh, s_ov, C: tl.constexpr, HV: tl.constexpr, V: tl.constexpr, IS_SCALED: tl.constexpr,
+    s_ob, s_oh, s_ov, CAP: tl.constexpr, HV: tl.constexpr, V: tl.constexpr, IS_SCALED: tl.constexpr,
 ):
     """A non-flush step's rows o_v: from the tile's row sums times k and q (b_sk, b_sq), the buffered updates b_uw
-    [BW, BV] with their weights in S_{t-1} k_t and S_t q_t (b_wk, b_wq) and v, this token's update u, appended to
+    [BW, CHUNK] with their weights in S_{t-1} k_t and S_t q_t (b_wk, b_wq) and v, this token's update u, appended to
     the buffer, and its output o."""
     b_bk = tl.sum(b_wk[:, None] * b_uw, 0)
     b_bq = tl.sum(b_wq[:, None] * b_uw, 0)
@@ -312,7 +313,7 @@ def _nonflush_rows(
     b_u = b_beta * (b_v - b_eG * b_sk - b_bk)
     b_o = b_eG * b_sq + b_bq + b_kq * b_u
     tl.store(o + i_b * s_ob + i_hv * s_oh + o_v * s_ov, cast(b_o, o.dtype.element_ty), mask=m_v)
-    tl.store(buf_u + ((i_s * C + b_f) * HV + i_hv) * V + o_v, cast(b_u, buf_u.dtype.element_ty), mask=m_v)
+    tl.store(buf_u + ((i_s * CAP + b_f) * HV + i_hv) * V + o_v, cast(b_u, buf_u.dtype.element_ty), mask=m_v)
 
 
 @triton.jit
@@ -328,7 +329,7 @@ def _step_vectors(q, k, g, beta, i_b, i_h, i_hv, o_k, m_k, s_qb, s_qh, s_qk, s_k
 @triton.jit
 def _step_inputs(q, k, g, beta, i_b, i_h, i_hv, o_k, m_k, o_k3, m_k3, s_qb, s_qh, s_qk, s_kb, s_kh, s_kk, s_gb, s_gh,
                  s_bb, s_bh):
-    """The step's g, beta, q and k [BK], and q and k [NC, VK] as given, in the shape of the tiles (their factors go
+    """The step's g, beta, q and k [BK], and q and k [NC, PIECE] as given, in the shape of the tiles (their factors go
     on the row sums instead), all as fp32."""
     b_g, b_beta, b_q, b_k = _step_vectors(q, k, g, beta, i_b, i_h, i_hv, o_k, m_k, s_qb, s_qh, s_qk, s_kb, s_kh, s_kk,
                                           s_gb, s_gh, s_bb, s_bh)
@@ -348,30 +349,30 @@ def _replay_kernel(
     s_bb, s_bh,
     s_ob, s_oh, s_ov,
     scale,
-    W: tl.constexpr, C: tl.constexpr,
+    W: tl.constexpr, CAP: tl.constexpr,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-    BK: tl.constexpr, VP: tl.constexpr, BV: tl.constexpr, BVF: tl.constexpr, BW: tl.constexpr,
-    VK: tl.constexpr, STAGES: tl.constexpr, USE_QK_L2NORM: tl.constexpr, HAS_COPY: tl.constexpr,
+    BK: tl.constexpr, ROWS: tl.constexpr, CHUNK: tl.constexpr, FLUSH_CHUNK: tl.constexpr, BW: tl.constexpr,
+    PIECE: tl.constexpr, STAGES: tl.constexpr, USE_QK_L2NORM: tl.constexpr, HAS_COPY: tl.constexpr,
     IS_SCALED: tl.constexpr, EARLY: tl.constexpr, PRECISION: tl.constexpr, PHASE: tl.constexpr,
-    LCOUNT: tl.constexpr, LANES: tl.constexpr, CPRECISION: tl.constexpr, PDL: tl.constexpr,
-    QUANT: tl.constexpr, RANDOM: tl.constexpr,
+    LANE_COUNT: tl.constexpr, LANES: tl.constexpr, CORRECTION: tl.constexpr, PDL: tl.constexpr,
+    Q8: tl.constexpr, RANDOM: tl.constexpr,
 ):
     # PHASE 0 takes every row's step; 1 only the non-flush steps, and lists the (row, head, fill) of each head that
     # flushes in `work` for `_flush_kernel` (`replay` launches the two where a cache's row asks for two launches).
     # Both advance every fill. With PDL the flushes' launch may begin once every program here has begun.
     if PDL:
         gdc_launch_dependents()
-    # Each program takes VP rows of its (row, value head): NPB programs share the head's buffer and fill counter.
-    NPB: tl.constexpr = (V + VP - 1) // VP
+    # Each program takes ROWS rows of its (row, value head): NPB programs share the head's buffer and fill counter.
+    NPB: tl.constexpr = (V + ROWS - 1) // ROWS
     i_b, i_hv, i_p = flat_program_ids(HV, NPB)
     i_h = i_hv // (HV // H)
     o_k = tl.arange(0, BK)
     o_w = tl.arange(0, BW)
     m_k = o_k < K
-    # A non-flush step reduces its tiles over K. They are held as [BV, BK / VK, VK] so that each thread sums its
-    # VK-wide pieces of a row in registers and only the lanes that share a row meet in shuffles.
-    NC: tl.constexpr = BK // VK
-    o_k3 = tl.arange(0, NC)[:, None] * VK + tl.arange(0, VK)[None, :]
+    # A non-flush step reduces its tiles over K. They are held as [CHUNK, BK / PIECE, PIECE] so that each thread sums
+    # its PIECE-wide pieces of a row in registers and only the lanes that share a row meet in shuffles.
+    NC: tl.constexpr = BK // PIECE
+    o_k3 = tl.arange(0, NC)[:, None] * PIECE + tl.arange(0, PIECE)[None, :]
     m_k3 = o_k3 < K
     if EARLY:
         # The slot's load issued first (in flight while the layout changes of q and k wait on theirs), then the
@@ -384,28 +385,28 @@ def _replay_kernel(
     if i_s < 0:
         return
     o_h = (i_s * HV + i_hv) * V
-    v0 = i_p * VP
+    v0 = i_p * ROWS
     # The tile read bounds a non-flush step: when it is one chunk, it is issued before the fill it does not depend on.
-    if BV >= VP:
-        o_v = v0 + tl.arange(0, BV)
+    if CHUNK >= ROWS:
+        o_v = v0 + tl.arange(0, CHUNK)
         # rcopy is the checkpoint itself when the cache has no read copy (`_cache_args`).
         b_r = _tile(rcopy, o_h, o_v, o_v < V, o_k3, m_k3, K)
-    m_c = o_w < C
+    m_c = o_w < CAP
     if EARLY:
         # The buffer is read whole, before the fill it is masked by: the fill then leaves the chain of dependent
         # loads (slot, fill, buffer) that bounds a small grid. Entries past the fill are weighted by zero below.
-        b_Gw = tl.load(buf_g + (i_s * C + o_w) * HV + i_hv, mask=m_c, other=0.0)
-        # [BW, NC, VK] the buffered keys
-        b_kw3 = tl.load(buf_k + ((i_s * C + o_w[:, None, None]) * H + i_h) * K + o_k3[None, :, :],
+        b_Gw = tl.load(buf_g + (i_s * CAP + o_w) * HV + i_hv, mask=m_c, other=0.0)
+        # [BW, NC, PIECE] the buffered keys
+        b_kw3 = tl.load(buf_k + ((i_s * CAP + o_w[:, None, None]) * H + i_h) * K + o_k3[None, :, :],
                         mask=m_c[:, None, None] & m_k3[None, :, :], other=0.0).to(tl.float32)
-        if BV >= VP:
-            # [BW, BV] the buffered updates of this program's rows, and the rows' v: with one chunk they are read
+        if CHUNK >= ROWS:
+            # [BW, CHUNK] the buffered updates of this program's rows, and the rows' v: with one chunk they are read
             # here rather than after the tile's row sums, which they do not depend on.
-            b_uw1 = tl.load(buf_u + ((i_s * C + o_w[:, None]) * HV + i_hv) * V + o_v[None, :],
+            b_uw1 = tl.load(buf_u + ((i_s * CAP + o_w[:, None]) * HV + i_hv) * V + o_v[None, :],
                             mask=m_c[:, None] & (o_v < V)[None, :], other=0.0).to(tl.float32)
             b_v1 = tl.load(v + i_b * s_vb + i_hv * s_vh + o_v * s_vv, mask=o_v < V, other=0.0)
     p_f = fill + i_s * HV + i_hv
-    # a (slot, head)'s LANES arrival counts; without LCOUNT only the first
+    # a (slot, head)'s LANES arrival counts; without LANE_COUNT only the first
     o_a = tl.arange(0, LANES)
     p_a = arrive + (i_s * HV + i_hv) * LANES
     b_f = tl.load(p_f)
@@ -415,7 +416,7 @@ def _replay_kernel(
         if NPB > 1:
             # Arrive as soon as every thread has read the fill.
             fills_read()
-            if LCOUNT:
+            if LANE_COUNT:
                 # each lane counts on its own counter: no lane waits for another's count (a scalar atomic's result
                 # is broadcast to the warp where it is issued), so the round trip is waited on only at the end
                 b_arrived = tl.atomic_add(p_a + o_a, tl.where(b_f >= 0, 1, 0) + o_a * 0, sem="relaxed")
@@ -425,8 +426,8 @@ def _replay_kernel(
         b_Gw = tl.where(m_w, b_Gw, 0.0)
     else:
         # The f buffered entries' log-decays [BW], and the log-decay since the checkpoint after the last of them.
-        b_Gw = tl.load(buf_g + (i_s * C + o_w) * HV + i_hv, mask=m_w, other=0.0)
-        b_Gl = tl.load(buf_g + (i_s * C + tl.maximum(b_f - 1, 0)) * HV + i_hv, mask=b_f > 0, other=0.0)
+        b_Gw = tl.load(buf_g + (i_s * CAP + o_w) * HV + i_hv, mask=m_w, other=0.0)
+        b_Gl = tl.load(buf_g + (i_s * CAP + tl.maximum(b_f - 1, 0)) * HV + i_hv, mask=b_f > 0, other=0.0)
 
     if not EARLY:
         b_g, b_beta, b_q, b_k, b_q3, b_k3 = _step_inputs(q, k, g, beta, i_b, i_h, i_hv, o_k, m_k, o_k3, m_k3,
@@ -434,20 +435,20 @@ def _replay_kernel(
     b_rq, b_rk = qk_factors(b_q, b_k, scale, USE_QK_L2NORM)
     b_k = b_k * b_rk
     b_q = b_q * b_rq
-    if BV >= VP:
+    if CHUNK >= ROWS:
         # Reduced before the branch, so that the tile is not held through the buffer's reads.
         b_sk, b_sq = _row_sums(b_r, b_k3, b_q3, b_rk, b_rq)
 
     if b_f + 1 >= W:
         if PHASE == 0:
             # [BW, BK] the buffered keys
-            b_kw = tl.load(buf_k + ((i_s * C + o_w[:, None]) * H + i_h) * K + o_k[None, :],
+            b_kw = tl.load(buf_k + ((i_s * CAP + o_w[:, None]) * H + i_h) * K + o_k[None, :],
                            mask=m_w[:, None] & m_k[None, :], other=0.0).to(tl.float32)
             _replay_flush(
                 ckpt, cscale, rcopy, rscale, buf_u, buf_t, v, o, seed, steps,
                 i_b, i_s, i_h, i_hv, v0, b_f, b_k, b_q, b_g, b_beta, b_Gl, b_Gw, b_kw, o_w,
                 s_vb, s_vh, s_vv, s_ob, s_oh, s_ov,
-                C, H, HV, K, V, BK, VP, BVF, STAGES, HAS_COPY, IS_SCALED, PRECISION, CPRECISION, QUANT, RANDOM,
+                CAP, H, HV, K, V, BK, ROWS, FLUSH_CHUNK, STAGES, HAS_COPY, IS_SCALED, PRECISION, CORRECTION, Q8, RANDOM,
             )
             if RANDOM:
                 # every value head of a slot flushes on the same step (every call moves a slot's fills together):
@@ -455,8 +456,8 @@ def _replay_kernel(
                 R.count_stores(steps, step_arrive, i_s, HV * NPB, 1)
     else:
         if not EARLY:
-            # [BW, NC, VK] the buffered keys
-            b_kw3 = tl.load(buf_k + ((i_s * C + o_w[:, None, None]) * H + i_h) * K + o_k3[None, :, :],
+            # [BW, NC, PIECE] the buffered keys
+            b_kw3 = tl.load(buf_k + ((i_s * CAP + o_w[:, None, None]) * H + i_h) * K + o_k3[None, :, :],
                             mask=m_w[:, None, None] & m_k3[None, :, :], other=0.0).to(tl.float32)
         b_Gt = b_Gl + b_g
         # [BW] weights of the committed updates in S_{t-1} k_t and S_t q_t
@@ -465,25 +466,25 @@ def _replay_kernel(
         if HAS_COPY:
             # This entry's row t of T (its correction key y = sum_l t_l k_l, for the flush's one product):
             # t = beta (e_f - sum_{j<f} (k_j·k) t_j).
-            b_tw = tl.load(buf_t + ((i_s * C + o_w[:, None]) * HV + i_hv) * C + o_w[None, :],
+            b_tw = tl.load(buf_t + ((i_s * CAP + o_w[:, None]) * HV + i_hv) * CAP + o_w[None, :],
                            mask=m_w[:, None] & m_c[None, :], other=0.0)
             b_t = b_beta * (tl.where(o_w == b_f, 1.0, 0.0) - tl.sum(tl.where(m_w, b_wk, 0.0)[:, None] * b_tw, 0))
         b_wk = tl.where(m_w, b_wk * b_decay, 0.0)
         b_wq = tl.where(m_w, b_wq * b_decay, 0.0)
         b_kq = tl.sum(b_k * b_q)
         b_eG = tl.exp(b_Gt)
-        o_u = ((i_s * C + o_w) * HV + i_hv) * V
-        # With BV < V the tile streams BV rows at a time through a pipelined loop (cp.async into shared memory).
-        for i_v in tl.range(0, VP, BV, num_stages=STAGES):
-            o_v = v0 + i_v + tl.arange(0, BV)
+        o_u = ((i_s * CAP + o_w) * HV + i_hv) * V
+        # With CHUNK < V the tile streams CHUNK rows at a time through a pipelined loop (cp.async into shared memory).
+        for i_v in tl.range(0, ROWS, CHUNK, num_stages=STAGES):
+            o_v = v0 + i_v + tl.arange(0, CHUNK)
             m_v = o_v < V
-            if BV < VP:
+            if CHUNK < ROWS:
                 # the read copy, or the checkpoint without one
                 b_s = _tile(rcopy, o_h, o_v, m_v, o_k3, m_k3, K)
                 b_sk, b_sq = _row_sums(b_s, b_k3, b_q3, b_rk, b_rq)
-            # [BW, BV]
+            # [BW, CHUNK]
             if EARLY:
-                if BV >= VP:
+                if CHUNK >= ROWS:
                     b_uw, b_v = b_uw1, b_v1.to(tl.float32)
                 else:
                     b_uw = tl.load(buf_u + o_u[:, None] + o_v[None, :], mask=m_c[:, None] & m_v[None, :],
@@ -495,14 +496,14 @@ def _replay_kernel(
                                other=0.0).to(tl.float32)
                 b_v = tl.load(v + i_b * s_vb + i_hv * s_vh + o_v * s_vv, mask=m_v, other=0.0).to(tl.float32)
             _nonflush_rows(o, buf_u, rscale, b_sk, b_sq, b_uw, b_v, b_wk, b_wq, b_beta, b_eG, b_kq, i_b, i_s, i_hv,
-                           b_f, o_h, o_v, m_v, s_ob, s_oh, s_ov, C, HV, V, IS_SCALED)
+                           b_f, o_h, o_v, m_v, s_ob, s_oh, s_ov, CAP, HV, V, IS_SCALED)
         if i_p == 0:
             if i_hv % (HV // H) == 0:
-                tl.store(buf_k + ((i_s * C + b_f) * H + i_h) * K + o_k, cast(b_k, buf_k.dtype.element_ty), mask=m_k)
-            tl.store(buf_g + (i_s * C + b_f) * HV + i_hv, b_Gt)
+                tl.store(buf_k + ((i_s * CAP + b_f) * H + i_h) * K + o_k, cast(b_k, buf_k.dtype.element_ty), mask=m_k)
+            tl.store(buf_g + (i_s * CAP + b_f) * HV + i_hv, b_Gt)
             if HAS_COPY:
-                tl.store(buf_b + (i_s * C + b_f) * HV + i_hv, b_beta)
-                tl.store(buf_t + ((i_s * C + b_f) * HV + i_hv) * C + o_w, b_t, mask=m_c)
+                tl.store(buf_b + (i_s * CAP + b_f) * HV + i_hv, b_beta)
+                tl.store(buf_t + ((i_s * CAP + b_f) * HV + i_hv) * CAP + o_w, b_t, mask=m_c)
 
     if not (EARLY and NPB > 1):
         fills_read()
@@ -514,7 +515,7 @@ def _replay_kernel(
         # suffices: every program has consumed the fill it read before it arrives.
         if not EARLY:
             b_arrived = tl.atomic_add(p_a, 1, sem="relaxed")
-        if EARLY and LCOUNT:
+        if EARLY and LANE_COUNT:
             # Every lane's counter saw each program once: the program last on a lane's resets it, the one last on
             # the first lane's advances the fill.
             tl.store(p_a + o_a, 0, mask=b_arrived == NPB - 1)
@@ -542,19 +543,19 @@ def _flush_kernel(
     s_bb, s_bh,
     s_ob, s_oh, s_ov,
     scale,
-    C: tl.constexpr, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-    BK: tl.constexpr, VP: tl.constexpr, BVF: tl.constexpr, BW: tl.constexpr, STAGES: tl.constexpr,
+    CAP: tl.constexpr, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    BK: tl.constexpr, ROWS: tl.constexpr, FLUSH_CHUNK: tl.constexpr, BW: tl.constexpr, STAGES: tl.constexpr,
     USE_QK_L2NORM: tl.constexpr, HAS_COPY: tl.constexpr, IS_SCALED: tl.constexpr, PRECISION: tl.constexpr,
-    CPRECISION: tl.constexpr, PDL: tl.constexpr, QUANT: tl.constexpr, RANDOM: tl.constexpr,
+    CORRECTION: tl.constexpr, PDL: tl.constexpr, Q8: tl.constexpr, RANDOM: tl.constexpr,
 ):
     """The flushes the non-flush launch listed in `work` (a count, a done counter, then (row, head, fill) per
-    flushing head), VP rows of a head per item: each program loops over the items, so the launch's programs are a
+    flushing head), ROWS rows of a head per item: each program loops over the items, so the launch's programs are a
     few per SM however few rows flush. The last program to finish zeroes the counters for the next step. With PDL
     (a programmatic dependent launch) its programs may begin while the non-flush launch's last ones run, and wait
     for that launch's end, its writes visible, before they read anything."""
     if PDL:
         gdc_wait()
-    NPB: tl.constexpr = (V + VP - 1) // VP
+    NPB: tl.constexpr = (V + ROWS - 1) // ROWS
     n_items = tl.load(work) * NPB
     n_programs = tl.num_programs(0)
     o_k = tl.arange(0, BK)
@@ -570,16 +571,16 @@ def _flush_kernel(
         b_g, b_beta, b_q, b_k = _step_vectors(q, k, g, beta, i_b, i_h, i_hv, o_k, m_k, s_qb, s_qh, s_qk, s_kb, s_kh,
                                               s_kk, s_gb, s_gh, s_bb, s_bh)
         b_rq, b_rk = qk_factors(b_q, b_k, scale, USE_QK_L2NORM)
-        b_Gw = tl.load(buf_g + (i_s * C + o_w) * HV + i_hv, mask=m_w, other=0.0)
-        b_Gl = tl.load(buf_g + (i_s * C + tl.maximum(b_f - 1, 0)) * HV + i_hv, mask=b_f > 0, other=0.0)
+        b_Gw = tl.load(buf_g + (i_s * CAP + o_w) * HV + i_hv, mask=m_w, other=0.0)
+        b_Gl = tl.load(buf_g + (i_s * CAP + tl.maximum(b_f - 1, 0)) * HV + i_hv, mask=b_f > 0, other=0.0)
         # [BW, BK] the buffered keys
-        b_kw = tl.load(buf_k + ((i_s * C + o_w[:, None]) * H + i_h) * K + o_k[None, :],
+        b_kw = tl.load(buf_k + ((i_s * CAP + o_w[:, None]) * H + i_h) * K + o_k[None, :],
                        mask=m_w[:, None] & m_k[None, :], other=0.0).to(tl.float32)
         _replay_flush(
             ckpt, cscale, rcopy, rscale, buf_u, buf_t, v, o, seed, steps,
-            i_b, i_s, i_h, i_hv, (i_j % NPB) * VP, b_f, b_k * b_rk, b_q * b_rq, b_g, b_beta, b_Gl, b_Gw, b_kw, o_w,
+            i_b, i_s, i_h, i_hv, (i_j % NPB) * ROWS, b_f, b_k * b_rk, b_q * b_rq, b_g, b_beta, b_Gl, b_Gw, b_kw, o_w,
             s_vb, s_vh, s_vv, s_ob, s_oh, s_ov,
-            C, H, HV, K, V, BK, VP, BVF, STAGES, HAS_COPY, IS_SCALED, PRECISION, CPRECISION, QUANT, RANDOM,
+            CAP, H, HV, K, V, BK, ROWS, FLUSH_CHUNK, STAGES, HAS_COPY, IS_SCALED, PRECISION, CORRECTION, Q8, RANDOM,
         )
         i_j += n_programs
     list_done(work, tl.num_programs(0), slots, steps, True, RANDOM)
@@ -626,13 +627,13 @@ def _correction_precision(cache: ReplayCache, precision: str, correction: str | 
 
 def _cache_constants(cache: ReplayCache) -> dict:
     return {
-        "W": cache.window, "C": cache.capacity,
+        "W": cache.window, "CAP": cache.capacity,
         "H": cache.H, "HV": cache.HV, "K": cache.K, "V": cache.V,
         "BK": max(16, next_pow2(cache.K)), "BW": max(16, next_pow2(cache.capacity)),
-        # the tile non-flush steps read carries row scales: an fp8 read copy, or an 8-bit checkpoint (QUANT)
+        # the tile non-flush steps read carries row scales: an fp8 read copy, or an 8-bit checkpoint (Q8)
         "HAS_COPY": cache.read_copy is not None,
         "IS_SCALED": cache.read_scale is not None or cache.checkpoint_scale is not None,
-        "QUANT": cache.checkpoint_scale is not None, "RANDOM": cache.rounding is not None,
+        "Q8": cache.checkpoint_scale is not None, "RANDOM": cache.rounding is not None,
     }
 
 
@@ -651,8 +652,8 @@ def _launch_flushes(cache, q, k, v, g, beta, out, slots, scale, l2norm, c: Flush
     """The flushes a PHASE 1 launch listed: a few programs per SM (all of them on the CPU), each looping over the
     items; their register cap `round_cap` where a step with the rows' fills staggered (batch / W rows flushing) takes
     no more rounds of resident programs at it than at `maxnreg` (`flush_cap`)."""
-    VP = min(c.rows, next_pow2(cache.V))
-    per_row = cache.HV * triton.cdiv(cache.V, VP)
+    ROWS = min(c.rows, next_pow2(cache.V))
+    per_row = cache.HV * triton.cdiv(cache.V, ROWS)
     items = q.shape[0] * per_row
     staggered = triton.cdiv(q.shape[0], cache.window) * per_row
     maxnreg = common.flush_cap(c.maxnreg, c.round_cap, staggered, c.warps, FLUSH_PROGRAMS_PER_SM,
@@ -663,14 +664,14 @@ def _launch_flushes(cache, q, k, v, g, beta, out, slots, scale, l2norm, c: Flush
         q=q, k=k, v=v, g=g, beta=beta, o=out, slots=slots,
         **_step_strides(q, k, v, g, beta, out),
         scale=scale,
-        **{key: constants[key] for key in ("C", "H", "HV", "K", "V", "BK", "BW", "HAS_COPY", "IS_SCALED", "QUANT",
+        **{key: constants[key] for key in ("CAP", "H", "HV", "K", "V", "BK", "BW", "HAS_COPY", "IS_SCALED", "Q8",
                                            "RANDOM")},
-        VP=VP,
-        BVF=max(16, min(c.flush_chunk, VP)),
+        ROWS=ROWS,
+        FLUSH_CHUNK=max(16, min(c.flush_chunk, ROWS)),
         STAGES=c.stages,
         USE_QK_L2NORM=l2norm,
         PRECISION=c.precision,
-        CPRECISION=_correction_precision(cache, c.precision, c.correction),
+        CORRECTION=_correction_precision(cache, c.precision, c.correction),
         PDL=pdl,
         **common.compile_options(c.warps, maxnreg),
         **({"launch_pdl": True} if pdl else {}),
@@ -678,24 +679,24 @@ def _launch_flushes(cache, q, k, v, g, beta, out, slots, scale, l2norm, c: Flush
 
 
 def _launch_replay(cache, q, k, v, g, beta, out, slots, scale, l2norm, c: ReplayConfig, phase, pdl=False):
-    VP = min(c.rows, next_pow2(cache.V))
-    _replay_kernel[(q.shape[0] * cache.HV * triton.cdiv(cache.V, VP),)](
+    ROWS = min(c.rows, next_pow2(cache.V))
+    _replay_kernel[(q.shape[0] * cache.HV * triton.cdiv(cache.V, ROWS),)](
         **_cache_args(cache), arrive=cache.arrive, work=cache.work, step_arrive=R.step_arrivals(cache.rounding),
         q=q, k=k, v=v, g=g, beta=beta, o=out, slots=slots,
         **_step_strides(q, k, v, g, beta, out),
         scale=scale,
         **_cache_constants(cache),
-        VP=VP,
-        BV=min(c.chunk, VP),
-        BVF=max(16, min(c.flush_chunk, VP)),
-        VK=min(c.piece, max(16, next_pow2(cache.K))),
+        ROWS=ROWS,
+        CHUNK=min(c.chunk, ROWS),
+        FLUSH_CHUNK=max(16, min(c.flush_chunk, ROWS)),
+        PIECE=min(c.piece, max(16, next_pow2(cache.K))),
         STAGES=c.stages,
         USE_QK_L2NORM=l2norm,
         EARLY=c.early,
-        LCOUNT=c.lane_count,
+        LANE_COUNT=c.lane_count,
         LANES=cache.arrive.shape[-1],
         PRECISION=c.precision,
-        CPRECISION=_correction_precision(cache, c.precision, c.correction),
+        CORRECTION=_correction_precision(cache, c.precision, c.correction),
         PHASE=phase,
         PDL=pdl,
         **common.compile_options(c.warps, c.maxnreg),

@@ -117,7 +117,7 @@ VERIFY_LAUNCH = {
 }
 # Each verify's chunks pipelined two deep, 16 rows per chunk of a fold, in pieces of 32 of K; the key-product and
 # weights launches' warps.
-VERIFY_STAGES, FOLD_ROWS, VERIFY_PIECE, GRAM_WARPS, WEIGHTS_WARPS = 2, 16, 32, 2, 1
+VERIFY_STAGES, FOLD_CHUNK, VERIFY_PIECE, GRAM_WARPS, WEIGHTS_WARPS = 2, 16, 32, 2, 1
 
 
 def select_verify(cache: ReplayCache, batch: int) -> str:
@@ -139,54 +139,54 @@ def _columns4(b_x, N: tl.constexpr):
 @triton.jit
 def _fold_entries(
     ckpt, cscale, rcopy, rscale, buf_u, buf_k, buf_g, buf_t, seed, steps, i_s, i_h, i_hv, b_f, b_Gl, v0,
-    C: tl.constexpr, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-    BK: tl.constexpr, BVF: tl.constexpr, HAS_COPY: tl.constexpr, IS_SCALED: tl.constexpr, FKSPLIT: tl.constexpr,
-    FSTAGES: tl.constexpr, VP: tl.constexpr, PRECISION: tl.constexpr, BWE: tl.constexpr, FXW: tl.constexpr,
-    QUANT: tl.constexpr, RANDOM: tl.constexpr,
+    CAP: tl.constexpr, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    BK: tl.constexpr, FOLD_CHUNK: tl.constexpr, HAS_COPY: tl.constexpr, IS_SCALED: tl.constexpr,
+    FOLD_KSPLIT: tl.constexpr, FOLD_STAGES: tl.constexpr, ROWS: tl.constexpr, PRECISION: tl.constexpr,
+    BWE: tl.constexpr, FOLD_EXTRA: tl.constexpr, Q8: tl.constexpr, RANDOM: tl.constexpr,
 ):
-    """`_verify_flush` with the buffer's first BWE entries in its product and, with FXW = 4, the four after them in
-    FMAs of their own (zero past the fill)."""
-    BKF: tl.constexpr = BK // FKSPLIT
+    """`_verify_flush` with the buffer's first BWE entries in its product and, with FOLD_EXTRA = 4, the four after them
+    in FMAs of their own (zero past the fill)."""
+    BKF: tl.constexpr = BK // FOLD_KSPLIT
     o_w = tl.arange(0, BWE)
     m_w = o_w < b_f
     # The committed entries' log-decays [BWE]
-    b_Gw = tl.load(buf_g + (i_s * C + o_w) * HV + i_hv, mask=m_w, other=0.0)
-    for i_k in tl.static_range(FKSPLIT):
+    b_Gw = tl.load(buf_g + (i_s * CAP + o_w) * HV + i_hv, mask=m_w, other=0.0)
+    for i_k in tl.static_range(FOLD_KSPLIT):
         o_k = i_k * BKF + tl.arange(0, BKF)
         m_k = o_k < K
         # The committed entries' keys [BWE, BKF], zero past the fill
-        b_kw = tl.load(buf_k + ((i_s * C + o_w[:, None]) * H + i_h) * K + o_k[None, :],
+        b_kw = tl.load(buf_k + ((i_s * CAP + o_w[:, None]) * H + i_h) * K + o_k[None, :],
                        mask=m_w[:, None] & m_k[None, :], other=0.0).to(tl.float32)
         b_wc = b_kw
         if HAS_COPY:
-            b_wc = _correction_weights(buf_t, b_kw, b_Gw, i_s, i_hv, o_w, b_f, C, HV, PRECISION)
-        if FXW == 4:
+            b_wc = _correction_weights(buf_t, b_kw, b_Gw, i_s, i_hv, o_w, b_f, CAP, HV, PRECISION)
+        if FOLD_EXTRA == 4:
             # The entries past the product: their weights e^{G - G_j} [4] and keys, a [BKF] vector each
-            o_x = BWE + tl.arange(0, FXW)
+            o_x = BWE + tl.arange(0, FOLD_EXTRA)
             m_x = o_x < b_f
-            b_cx = tl.where(m_x, tl.exp(b_Gl - tl.load(buf_g + (i_s * C + o_x) * HV + i_hv, mask=m_x, other=0.0)),
+            b_cx = tl.where(m_x, tl.exp(b_Gl - tl.load(buf_g + (i_s * CAP + o_x) * HV + i_hv, mask=m_x, other=0.0)),
                             0.0)
             b_k0, b_k1, b_k2, b_k3 = _columns4(
-                tl.load(buf_k + ((i_s * C + o_x[None, :]) * H + i_h) * K + o_k[:, None],
+                tl.load(buf_k + ((i_s * CAP + o_x[None, :]) * H + i_h) * K + o_k[:, None],
                         mask=m_x[None, :] & m_k[:, None], other=0.0).to(tl.float32), BKF)
-        for i_v in tl.range(0, VP, BVF, num_stages=FSTAGES):
-            o_v = v0 + i_v + tl.arange(0, BVF)
-            m_v = (o_v < V) & (i_v + tl.arange(0, BVF) < VP)
+        for i_v in tl.range(0, ROWS, FOLD_CHUNK, num_stages=FOLD_STAGES):
+            o_v = v0 + i_v + tl.arange(0, FOLD_CHUNK)
+            m_v = (o_v < V) & (i_v + tl.arange(0, FOLD_CHUNK) < ROWS)
             b_s, o_s, o_r, m_s = _folded_rows(
                 ckpt, cscale, rcopy, rscale, buf_u, i_s, i_hv, o_v, m_v, o_k, m_k, o_w, b_f, b_Gl, b_Gw, b_kw, b_wc,
-                C, HV, K, V, HAS_COPY, IS_SCALED, PRECISION, PRECISION, QUANT,
+                CAP, HV, K, V, HAS_COPY, IS_SCALED, PRECISION, PRECISION, Q8,
             )
-            if FXW == 4:
-                # their weighted updates [BVF, 4] as four [BVF] vectors, one rank-1 update each
+            if FOLD_EXTRA == 4:
+                # their weighted updates [FOLD_CHUNK, 4] as four [FOLD_CHUNK] vectors, one rank-1 update each
                 b_u0, b_u1, b_u2, b_u3 = _columns4(
-                    tl.load(buf_u + ((i_s * C + o_x[None, :]) * HV + i_hv) * V + o_v[:, None],
-                            mask=m_v[:, None] & m_x[None, :], other=0.0).to(tl.float32) * b_cx[None, :], BVF)
+                    tl.load(buf_u + ((i_s * CAP + o_x[None, :]) * HV + i_hv) * V + o_v[:, None],
+                            mask=m_v[:, None] & m_x[None, :], other=0.0).to(tl.float32) * b_cx[None, :], FOLD_CHUNK)
                 b_s += (b_u0[:, None] * b_k0[None, :] + b_u1[:, None] * b_k1[None, :]
                         + b_u2[:, None] * b_k2[None, :] + b_u3[:, None] * b_k3[None, :])
-            if QUANT or RANDOM:
-                # an 8-bit checkpoint's rows are whole here (FKSPLIT = 1)
-                b_r = state_bits(seed, steps, i_s, i_hv, o_v, o_k, K, RANDOM, FKSPLIT == 1)
-                b_s = store_rows(ckpt, cscale, o_s, o_r, b_s, m_s, m_v, b_r, QUANT, RANDOM)
+            if Q8 or RANDOM:
+                # an 8-bit checkpoint's rows are whole here (FOLD_KSPLIT = 1)
+                b_r = state_bits(seed, steps, i_s, i_hv, o_v, o_k, K, RANDOM, FOLD_KSPLIT == 1)
+                b_s = store_rows(ckpt, cscale, o_s, o_r, b_s, m_s, m_v, b_r, Q8, RANDOM)
             else:
                 b_s = rounded(b_s, ckpt.dtype.element_ty)
                 tl.store(ckpt + o_s, b_s.to(ckpt.dtype.element_ty), mask=m_s)
@@ -197,37 +197,38 @@ def _fold_entries(
 @triton.jit
 def _verify_flush(
     ckpt, cscale, rcopy, rscale, buf_u, buf_k, buf_g, buf_t, seed, steps, i_s, i_h, i_hv, b_f, b_Gl, v0,
-    C: tl.constexpr, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-    BK: tl.constexpr, BVF: tl.constexpr, HAS_COPY: tl.constexpr, IS_SCALED: tl.constexpr, FKSPLIT: tl.constexpr,
-    FSTAGES: tl.constexpr, VP: tl.constexpr, PRECISION: tl.constexpr, FWM: tl.constexpr, BW: tl.constexpr,
-    FXW: tl.constexpr, QUANT: tl.constexpr, RANDOM: tl.constexpr,
+    CAP: tl.constexpr, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    BK: tl.constexpr, FOLD_CHUNK: tl.constexpr, HAS_COPY: tl.constexpr, IS_SCALED: tl.constexpr,
+    FOLD_KSPLIT: tl.constexpr, FOLD_STAGES: tl.constexpr, ROWS: tl.constexpr, PRECISION: tl.constexpr,
+    FOLD_ENTRIES: tl.constexpr, BW: tl.constexpr, FOLD_EXTRA: tl.constexpr, Q8: tl.constexpr, RANDOM: tl.constexpr,
 ):
     """Fold the buffer into a new checkpoint (updates corrected under a read copy) and store it for rows v0 .. v0 +
-    VP, BVF rows at a time through a loop pipelined FSTAGES deep, in FKSPLIT column pieces (the buffered keys of one
-    piece at a time; a read copy's correction sums whole rows, so 1 under one), the f buffered entries in one
-    product: over FWM entries where f <= FWM < BW; past FWM, with FXW = 4, the same product and the rest one by one
-    (at most 4), else one over BW (the padding's products cost as much as the entries')."""
-    # past FWM: the product over FWM and the rest one by one, or over BW
-    PAST: tl.constexpr = FWM if FXW > 0 else BW
-    if FWM < BW and b_f <= FWM:
+    ROWS, FOLD_CHUNK rows at a time through a loop pipelined FOLD_STAGES deep, in FOLD_KSPLIT column pieces (the
+    buffered keys of one piece at a time; a read copy's correction sums whole rows, so 1 under one), the f buffered
+    entries in one product: over FOLD_ENTRIES entries where f <= FOLD_ENTRIES < BW; past FOLD_ENTRIES, with
+    FOLD_EXTRA = 4, the same product and the rest one by one (at most 4), else one over BW (the padding's products cost
+    as much as the entries')."""
+    # past FOLD_ENTRIES: the product over FOLD_ENTRIES and the rest one by one, or over BW
+    PAST: tl.constexpr = FOLD_ENTRIES if FOLD_EXTRA > 0 else BW
+    if FOLD_ENTRIES < BW and b_f <= FOLD_ENTRIES:
         _fold_entries(ckpt, cscale, rcopy, rscale, buf_u, buf_k, buf_g, buf_t, seed, steps, i_s, i_h, i_hv, b_f, b_Gl,
-                      v0, C, H, HV, K, V, BK, BVF, HAS_COPY, IS_SCALED, FKSPLIT, FSTAGES, VP, PRECISION, FWM, 0, QUANT,
-                      RANDOM)
+                      v0, CAP, H, HV, K, V, BK, FOLD_CHUNK, HAS_COPY, IS_SCALED, FOLD_KSPLIT, FOLD_STAGES, ROWS,
+                      PRECISION, FOLD_ENTRIES, 0, Q8, RANDOM)
     else:
         _fold_entries(ckpt, cscale, rcopy, rscale, buf_u, buf_k, buf_g, buf_t, seed, steps, i_s, i_h, i_hv, b_f, b_Gl,
-                      v0, C, H, HV, K, V, BK, BVF, HAS_COPY, IS_SCALED, FKSPLIT, FSTAGES, VP, PRECISION, PAST, FXW,
-                      QUANT, RANDOM)
+                      v0, CAP, H, HV, K, V, BK, FOLD_CHUNK, HAS_COPY, IS_SCALED, FOLD_KSPLIT, FOLD_STAGES, ROWS,
+                      PRECISION, PAST, FOLD_EXTRA, Q8, RANDOM)
 
 
 @triton.jit
 def _store_draft_rows(buf_t, b_KK, b_Wck, b_rk, b_bd, i_s, i_hv, b_fe, o_t, o_w, o_wc, m_t, m_wc,
-                      T: tl.constexpr, C: tl.constexpr, HV: tl.constexpr):
+                      T: tl.constexpr, CAP: tl.constexpr, HV: tl.constexpr):
     """Store the drafts' rows of T, t_i = beta_i (e_i - sum_j (k_j·k_i) t_j), j over the committed entries and the
     drafts before i; b_KK [BT, BT] and b_Wck [BWC, BT] are the drafts' and committed keys' products with the
     drafts' keys as given (b_rk their normalising factors)."""
-    m_c = o_w < C
+    m_c = o_w < CAP
     # [BWC, BW] the committed entries' rows
-    b_tc = tl.load(buf_t + ((i_s * C + o_wc[:, None]) * HV + i_hv) * C + o_w[None, :],
+    b_tc = tl.load(buf_t + ((i_s * CAP + o_wc[:, None]) * HV + i_hv) * CAP + o_w[None, :],
                    mask=m_wc[:, None] & m_c[None, :], other=0.0)
     # [BT, BW]
     b_r = tl.where(o_w[None, :] == b_fe + o_t[:, None], 1.0, 0.0)
@@ -239,13 +240,13 @@ def _store_draft_rows(buf_t, b_KK, b_Wck, b_rk, b_bd, i_s, i_hv, b_fe, o_t, o_w,
         b_ri = tl.sum(tl.where(o_t[:, None] == i, b_r, 0.0), 0)
         b_bi = tl.sum(tl.where(o_t == i, b_bd, 0.0))
         b_t = tl.where(o_t[:, None] == i, (b_bi * (b_ri - tl.sum(b_kki[:, None] * b_t, 0)))[None, :], b_t)
-    tl.store(buf_t + ((i_s * C + b_fe + o_t[:, None]) * HV + i_hv) * C + o_w[None, :], b_t,
+    tl.store(buf_t + ((i_s * CAP + b_fe + o_t[:, None]) * HV + i_hv) * CAP + o_w[None, :], b_t,
              mask=m_t[:, None] & m_c[None, :])
 
 
 @triton.jit
 def _draft_kq(q, k, i_b, i, i_h, o_k3, m_k3, s_qb, s_qt, s_qh, s_qk, s_kb, s_kt, s_kh, s_kk):
-    """Draft i's key and query as given, [NC, VK] in fp32."""
+    """Draft i's key and query as given, [NC, PIECE] in fp32."""
     b_k3 = tl.load(k + i_b * s_kb + i * s_kt + i_h * s_kh + o_k3 * s_kk, mask=m_k3, other=0.0).to(tl.float32)
     b_q3 = tl.load(q + i_b * s_qb + i * s_qt + i_h * s_qh + o_k3 * s_qk, mask=m_k3, other=0.0).to(tl.float32)
     return b_k3, b_q3
@@ -262,7 +263,7 @@ def _draft_gates(g, beta, i_b, i_hv, o_t, m_t, m_upto, s_gb, s_gt, s_gh, s_bb, s
 
 @triton.jit
 def _chunk_inputs(buf_u, v, o_u, o_v, m_v, m_wc, m_vt, o_t, i_b, i_hv, s_vb, s_vt, s_vh, s_vv):
-    """A verify chunk's committed updates [BV, BWC] and the drafts' v [BV, BT] as fp32."""
+    """A verify chunk's committed updates [CHUNK, BWC] and the drafts' v [CHUNK, BT] as fp32."""
     b_uw = tl.load(buf_u + o_u[None, :] + o_v[:, None], mask=m_wc[None, :] & m_v[:, None], other=0.0).to(tl.float32)
     b_Vd = tl.load(v + i_b * s_vb + o_t[None, :] * s_vt + i_hv * s_vh + o_v[:, None] * s_vv, mask=m_vt, other=0.0)
     return b_uw, b_Vd.to(tl.float32)
@@ -270,8 +271,8 @@ def _chunk_inputs(buf_u, v, o_u, o_v, m_v, m_wc, m_vt, o_t, i_b, i_hv, s_vb, s_v
 
 @triton.jit
 def _tile_product(b_s, b_KQ, acc, NATIVE: tl.constexpr, IS_TILE_EXACT: tl.constexpr, IS_HALF_IO: tl.constexpr):
-    """acc + the tile's rows [BV, BK] times the drafts' columns [BK, BZ] on the tensor cores: a 2-byte tile in its own
-    dtype with drafts of the same (exact products), else in TF32 passes (`dot_fp32`)."""
+    """acc + the tile's rows [CHUNK, BK] times the drafts' columns [BK, BZ] on the tensor cores: a 2-byte tile in its
+    own dtype with drafts of the same (exact products), else in TF32 passes (`dot_fp32`)."""
     if NATIVE:
         return tl.dot(b_s, b_KQ, acc)
     return dot_fp32(b_s.to(tl.float32), b_KQ.to(tl.float32), IS_TILE_EXACT, IS_HALF_IO, acc)
@@ -358,13 +359,13 @@ def _verify_gram_kernel(
     buf_k, fill, q, k, slots, gram,
     s_qb, s_qt, s_qh, s_qk,
     s_kb, s_kt, s_kh, s_kk,
-    T: tl.constexpr, W: tl.constexpr, C: tl.constexpr, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr,
+    T: tl.constexpr, W: tl.constexpr, CAP: tl.constexpr, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr,
     BK: tl.constexpr, BT: tl.constexpr, BWC: tl.constexpr, BE: tl.constexpr, BZ: tl.constexpr,
-    IS_HALF_IO: tl.constexpr, GKSPLIT: tl.constexpr,
+    IS_HALF_IO: tl.constexpr, KEY_SPLIT: tl.constexpr,
 ):
     """The key products a verify's value heads share, once per (row, key head): [BE, BZ] fp32 into gram, row e
     a key or query (the committed entries' keys e < BWC, then the drafts' keys as given, then their queries), column
-    z a draft's key (z < BT) or query (BT <= z < 2 BT), as given. One [BE, K] x [K, BZ] product in GKSPLIT column
+    z a draft's key (z < BT) or query (BT <= z < 2 BT), as given. One [BE, K] x [K, BZ] product in KEY_SPLIT column
     pieces; the drafts' 16-bit keys and queries are exact in TF32. A key head's value heads share its fill: its first
     one's."""
     i_b, i_h = tl.program_id(0), tl.program_id(1)
@@ -372,19 +373,19 @@ def _verify_gram_kernel(
     if i_s < 0:
         return
     b_f = tl.load(fill + i_s * HV + i_h * (HV // H))
-    BKG: tl.constexpr = BK // GKSPLIT
+    BKG: tl.constexpr = BK // KEY_SPLIT
     o_e, o_z = tl.arange(0, BE), tl.arange(0, BZ)
     # the entries still committed on top of the tile a verify reads (none once W are buffered: those fold first)
     m_wc = (o_e < BWC) & (o_e < b_f) & scalar_mask(b_f < W)
     m_kd = (o_e >= BWC) & (o_e < BWC + T)
     m_qd = (o_e >= BWC + BT) & (o_e < BWC + BT + T)
     b_g = tl.zeros([BE, BZ], dtype=tl.float32)
-    for i_k in tl.static_range(GKSPLIT):
+    for i_k in tl.static_range(KEY_SPLIT):
         o_k = i_k * BKG + tl.arange(0, BKG)
         m_k = o_k < K
         p_kb = k + i_b * s_kb + i_h * s_kh + o_k[None, :] * s_kk
         p_qb = q + i_b * s_qb + i_h * s_qh + o_k[None, :] * s_qk
-        b_e = tl.load(buf_k + ((i_s * C + o_e[:, None]) * H + i_h) * K + o_k[None, :],
+        b_e = tl.load(buf_k + ((i_s * CAP + o_e[:, None]) * H + i_h) * K + o_k[None, :],
                       mask=m_wc[:, None] & m_k[None, :], other=0.0).to(tl.float32)
         b_e += tl.load(p_kb + (o_e - BWC)[:, None] * s_kt, mask=m_kd[:, None] & m_k[None, :],
                        other=0.0).to(tl.float32)
@@ -404,7 +405,7 @@ def _row_fills(fill, i_s, HV: tl.constexpr, BHV: tl.constexpr):
 
 @triton.jit
 def _verify_list_kernel(fill, slots, work, W: tl.constexpr, HV: tl.constexpr, BHV: tl.constexpr):
-    """A row's value heads whose buffers hold W entries or more, listed in `work` for `_verify_fold_kernel` (FPASS),
+    """A row's value heads whose buffers hold W entries or more, listed in `work` for `_verify_fold_kernel` (FOLD_PASS),
     with their fills."""
     i_b = tl.program_id(0)
     i_s = tl.load(slots + i_b).to(tl.int64)
@@ -418,30 +419,30 @@ def _verify_list_kernel(fill, slots, work, W: tl.constexpr, HV: tl.constexpr, BH
 @triton.jit
 def _verify_fold_kernel(
     ckpt, cscale, rcopy, rscale, buf_u, buf_k, buf_g, buf_t, seed, steps, slots, work,
-    C: tl.constexpr, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-    BK: tl.constexpr, BVF: tl.constexpr, VP: tl.constexpr, HAS_COPY: tl.constexpr,
-    IS_SCALED: tl.constexpr, FKSPLIT: tl.constexpr, FSTAGES: tl.constexpr, PRECISION: tl.constexpr,
-    FPREF: tl.constexpr, FWM: tl.constexpr, BW: tl.constexpr, FXW: tl.constexpr, QUANT: tl.constexpr,
+    CAP: tl.constexpr, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    BK: tl.constexpr, FOLD_CHUNK: tl.constexpr, ROWS: tl.constexpr, HAS_COPY: tl.constexpr,
+    IS_SCALED: tl.constexpr, FOLD_KSPLIT: tl.constexpr, FOLD_STAGES: tl.constexpr, PRECISION: tl.constexpr,
+    PREFETCH: tl.constexpr, FOLD_ENTRIES: tl.constexpr, BW: tl.constexpr, FOLD_EXTRA: tl.constexpr, Q8: tl.constexpr,
     RANDOM: tl.constexpr,
 ):
-    """The folds a verify's rows take first (FPASS), in a launch of their own between `_verify_list_kernel`, which
+    """The folds a verify's rows take first (FOLD_PASS), in a launch of their own between `_verify_list_kernel`, which
     listed the value heads whose buffers hold W entries or more in `work`, and the verify, which then skips its own
-    fold (their fills, read again there, still say W or more: the drafts go to position 0 and the fill to 0): VP
+    fold (their fills, read again there, still say W or more: the drafts go to position 0 and the fill to 0): ROWS
     rows of a head per item, each program looping over the items (a few programs per SM however few rows fold). With
-    FPREF a program loads its next item's list entry and slot while it folds the one before (the entry two items
+    PREFETCH a program loads its next item's list entry and slot while it folds the one before (the entry two items
     ahead, the slot one), so that an item begins with the loads of its rows. The last program to finish zeroes the
     list's counters for the next step."""
-    NPB: tl.constexpr = (V + VP - 1) // VP
+    NPB: tl.constexpr = (V + ROWS - 1) // ROWS
     n_items = tl.load(work) * NPB
     n_programs = tl.num_programs(0)
     # A while loop: its bounds are device values (the interpreter's range takes only Python integers).
     i_j = tl.program_id(0)
-    if FPREF:
+    if PREFETCH:
         e_b, e_hv, e_f = listed_ahead(work, i_j // NPB, i_j < n_items)
         e_s = tl.load(slots + e_b, mask=i_j < n_items, other=0).to(tl.int64)
         n_b, n_hv, n_f = listed_ahead(work, (i_j + n_programs) // NPB, i_j + n_programs < n_items)
     while i_j < n_items:
-        if FPREF:
+        if PREFETCH:
             i_b, i_hv, b_f, i_s = e_b, e_hv, e_f, e_s
             e_b, e_hv, e_f = n_b, n_hv, n_f
             e_s = tl.load(slots + e_b, mask=i_j + n_programs < n_items, other=0).to(tl.int64)
@@ -451,11 +452,11 @@ def _verify_fold_kernel(
             i_b, i_hv, b_f = listed_flush(work, i_j // NPB)
             i_s = tl.load(slots + i_b).to(tl.int64)
         i_h = i_hv // (HV // H)
-        b_Gl = tl.load(buf_g + (i_s * C + b_f - 1) * HV + i_hv)
+        b_Gl = tl.load(buf_g + (i_s * CAP + b_f - 1) * HV + i_hv)
         _verify_flush(
             ckpt, cscale, rcopy, rscale, buf_u, buf_k, buf_g, buf_t, seed, steps, i_s, i_h, i_hv, b_f, b_Gl,
-            (i_j % NPB) * VP, C, H, HV, K, V, BK, BVF, HAS_COPY, IS_SCALED, FKSPLIT, FSTAGES, VP, PRECISION, FWM, BW,
-            FXW, QUANT, RANDOM,
+            (i_j % NPB) * ROWS, CAP, H, HV, K, V, BK, FOLD_CHUNK, HAS_COPY, IS_SCALED, FOLD_KSPLIT, FOLD_STAGES, ROWS,
+            PRECISION, FOLD_ENTRIES, BW, FOLD_EXTRA, Q8, RANDOM,
         )
         i_j += n_programs
     # a verify's rounding counts advance after it (`verify`), not here
@@ -468,7 +469,7 @@ def _verify_weights_kernel(
     s_gb, s_gt, s_gh,
     s_bb, s_bt, s_bh,
     scale,
-    T: tl.constexpr, W: tl.constexpr, C: tl.constexpr, H: tl.constexpr, HV: tl.constexpr,
+    T: tl.constexpr, W: tl.constexpr, CAP: tl.constexpr, H: tl.constexpr, HV: tl.constexpr,
     BT: tl.constexpr, BWC: tl.constexpr, BE: tl.constexpr, BZ: tl.constexpr, NW: tl.constexpr,
     USE_QK_L2NORM: tl.constexpr,
 ):
@@ -486,9 +487,9 @@ def _verify_weights_kernel(
     b_f = tl.load(fill + i_s * HV + i_hv)
     b_flush = b_f >= W
     m_wc = (o_wc < b_f) & scalar_mask(b_f < W)
-    b_Gl = tl.load(buf_g + (i_s * C + tl.maximum(b_f - 1, 0)) * HV + i_hv, mask=b_f > 0, other=0.0)
+    b_Gl = tl.load(buf_g + (i_s * CAP + tl.maximum(b_f - 1, 0)) * HV + i_hv, mask=b_f > 0, other=0.0)
     b_G0 = tl.where(b_flush, 0.0, b_Gl)
-    b_Gwc = tl.load(buf_g + (i_s * C + o_wc) * HV + i_hv, mask=m_wc, other=0.0)
+    b_Gwc = tl.load(buf_g + (i_s * CAP + o_wc) * HV + i_hv, mask=m_wc, other=0.0)
     b_gd, b_bd, b_cum, b_ec = _draft_gates(g, beta, i_b, i_hv, o_t, m_t, m_upto, s_gb, s_gt, s_gh, s_bb, s_bt, s_bh)
     b_Wck, b_Wcq, b_KK, b_QK, b_rk, b_rq = _gram_products(gram + (i_b * H + i_hv // (HV // H)) * BE * BZ, o_wc, m_wc,
                                                           o_t, scale, BT, BZ, BWC, USE_QK_L2NORM)
@@ -529,23 +530,24 @@ def _verify_kernel(
     s_bb, s_bt, s_bh,
     s_ob, s_ot, s_oh, s_ov,
     scale,
-    T: tl.constexpr, W: tl.constexpr, C: tl.constexpr,
+    T: tl.constexpr, W: tl.constexpr, CAP: tl.constexpr,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-    BK: tl.constexpr, BV: tl.constexpr, BVF: tl.constexpr, BT: tl.constexpr, BW: tl.constexpr, BWC: tl.constexpr,
-    VK: tl.constexpr, STAGES: tl.constexpr, USE_QK_L2NORM: tl.constexpr, HAS_COPY: tl.constexpr,
-    IS_SCALED: tl.constexpr, GPASS: tl.constexpr, BE: tl.constexpr, BZ: tl.constexpr, MMA: tl.constexpr,
+    BK: tl.constexpr, CHUNK: tl.constexpr, FOLD_CHUNK: tl.constexpr, BT: tl.constexpr, BW: tl.constexpr,
+    BWC: tl.constexpr, PIECE: tl.constexpr, STAGES: tl.constexpr, USE_QK_L2NORM: tl.constexpr, HAS_COPY: tl.constexpr,
+    IS_SCALED: tl.constexpr, KEY_PASS: tl.constexpr, BE: tl.constexpr, BZ: tl.constexpr, MMA: tl.constexpr,
     NATIVE: tl.constexpr, IS_TILE_EXACT: tl.constexpr, IS_HALF_IO: tl.constexpr, KSPLIT: tl.constexpr,
-    FKSPLIT: tl.constexpr, FSTAGES: tl.constexpr, NW: tl.constexpr, FPASS: tl.constexpr, FWM: tl.constexpr,
-    FXW: tl.constexpr, ARRIVE: tl.constexpr, WFILL: tl.constexpr, QUANT: tl.constexpr, RANDOM: tl.constexpr,
+    FOLD_KSPLIT: tl.constexpr, FOLD_STAGES: tl.constexpr, NW: tl.constexpr, FOLD_PASS: tl.constexpr,
+    FOLD_ENTRIES: tl.constexpr, FOLD_EXTRA: tl.constexpr, ARRIVE: tl.constexpr, WEIGHTS_FILL: tl.constexpr,
+    Q8: tl.constexpr, RANDOM: tl.constexpr,
 ):
     i_b, i_hv = tl.program_id(0), tl.program_id(1)
     o_t = tl.arange(0, BT)
-    # With GPASS=2 A, M and the drafts' log-decays come from `_verify_weights_kernel`, which took this value head's
-    # prologue; with WFILL its fill too, all read beside the slot rather than after it (the weights of a row without
-    # a slot are never used).
-    if GPASS == 2:
+    # With KEY_PASS=2 A, M and the drafts' log-decays come from `_verify_weights_kernel`, which took this value head's
+    # prologue; with WEIGHTS_FILL its fill too, all read beside the slot rather than after it (the weights of a row
+    # without a slot are never used).
+    if KEY_PASS == 2:
         p_w = wts + (i_b * HV + i_hv) * NW
-    if WFILL:
+    if WEIGHTS_FILL:
         b_A, b_M, b_Gs = _weights(p_w, o_t, BT, NW)
         b_fw = _weights_fill(p_w, BT, NW)
     i_s = tl.load(slots + i_b).to(tl.int64)
@@ -558,31 +560,32 @@ def _verify_kernel(
     m_k = o_k < K
     m_tk = m_t[:, None] & m_k[None, :]
     m_upto = o_t[None, :] <= o_t[:, None]
-    # The tile is held as [BV, BK / VK, VK] so that each thread sums its VK-wide pieces of a row in registers and
-    # only the lanes that share a row meet in shuffles; the drafts' and the committed entries' keys likewise.
-    NC: tl.constexpr = BK // VK
-    o_k3 = tl.arange(0, NC)[:, None] * VK + tl.arange(0, VK)[None, :]
+    # The tile is held as [CHUNK, BK / PIECE, PIECE] so that each thread sums its PIECE-wide pieces of a row in
+    # registers and only the lanes that share a row meet in shuffles; the drafts' and the committed entries' keys
+    # likewise.
+    NC: tl.constexpr = BK // PIECE
+    o_k3 = tl.arange(0, NC)[:, None] * PIECE + tl.arange(0, PIECE)[None, :]
     m_k3 = o_k3 < K
     o_h = (i_s * HV + i_hv) * V
     p_f = fill + i_s * HV + i_hv
-    if WFILL:
+    if WEIGHTS_FILL:
         b_f = b_fw
     else:
         b_f = tl.load(p_f)
     b_flush = b_f >= W
     # Position of the first draft: after the committed entries, or at 0 when they are folded first.
     b_fe = tl.where(b_flush, 0, b_f)
-    b_Gl = tl.load(buf_g + (i_s * C + tl.maximum(b_f - 1, 0)) * HV + i_hv, mask=b_f > 0, other=0.0)
-    # Every committed entry is read before any draft's key is written (the arrivals below; with FPASS the fold
+    b_Gl = tl.load(buf_g + (i_s * CAP + tl.maximum(b_f - 1, 0)) * HV + i_hv, mask=b_f > 0, other=0.0)
+    # Every committed entry is read before any draft's key is written (the arrivals below; with FOLD_PASS the fold
     # launch, before this one, has read the entries the drafts' keys overwrite).
-    # With FPASS `_verify_fold_kernel` has folded the rows with W entries or more.
-    if not FPASS:
+    # With FOLD_PASS `_verify_fold_kernel` has folded the rows with W entries or more.
+    if not FOLD_PASS:
         if b_flush:
             # Into a new checkpoint first, as a flush step would; the drafts then read it with no entries left.
             _verify_flush(
                 ckpt, cscale, rcopy, rscale, buf_u, buf_k, buf_g, buf_t, seed, steps, i_s, i_h, i_hv, b_f, b_Gl, 0,
-                C, H, HV, K, V, BK, BVF, HAS_COPY, IS_SCALED, FKSPLIT, FSTAGES, V, "tf32x3", FWM, BW, FXW, QUANT,
-                RANDOM,
+                CAP, H, HV, K, V, BK, FOLD_CHUNK, HAS_COPY, IS_SCALED, FOLD_KSPLIT, FOLD_STAGES, V, "tf32x3",
+                FOLD_ENTRIES, BW, FOLD_EXTRA, Q8, RANDOM,
             )
             # The tile reads below see this program's stores, and the drafts' updates overwrite entries it folded.
             tl.debug_barrier()
@@ -590,23 +593,23 @@ def _verify_kernel(
     # `_verify_weights_kernel` took it) their log-decay since it.
     o_wc = tl.arange(0, BWC)
     m_wc = (o_wc < b_f) & scalar_mask(b_f < W)
-    if GPASS < 2:
+    if KEY_PASS < 2:
         b_G0 = tl.where(b_flush, 0.0, b_Gl)
-        b_Gwc = tl.load(buf_g + (i_s * C + o_wc) * HV + i_hv, mask=m_wc, other=0.0)
+        b_Gwc = tl.load(buf_g + (i_s * CAP + o_wc) * HV + i_hv, mask=m_wc, other=0.0)
     # [BT, BT] row i, column i': k_i'·k_i and k_i'·q_i; [BWC, BT] k_j·k_i and k_j·q_i of committed entry j; the
     # drafts' q and k as given, their factors (l2-norm, scale) going on the products. b_gd and b_bd: the drafts'
     # log-decays and betas, b_cum [BT] the log-decay after each since the committed state.
-    if GPASS == 2:
-        if not WFILL:
+    if KEY_PASS == 2:
+        if not WEIGHTS_FILL:
             b_A, b_M, b_Gs = _weights(p_w, o_t, BT, NW)
-    elif GPASS == 1:
+    elif KEY_PASS == 1:
         b_gd, b_bd, b_cum, b_ec = _draft_gates(g, beta, i_b, i_hv, o_t, m_t, m_upto, s_gb, s_gt, s_gh, s_bb, s_bt,
                                                s_bh)
         b_Wck, b_Wcq, b_KK, b_QK, b_rk, b_rq = _gram_products(gram + (i_b * H + i_h) * BE * BZ, o_wc, m_wc, o_t,
                                                               scale, BT, BZ, BWC, USE_QK_L2NORM)
-    elif GPASS == 0:
-        # [BWC, NC, VK] the committed entries' keys, [BT, NC, VK] the drafts' keys as given
-        b_kw3 = tl.load(buf_k + ((i_s * C + o_wc[:, None, None]) * H + i_h) * K + o_k3[None, :, :],
+    elif KEY_PASS == 0:
+        # [BWC, NC, PIECE] the committed entries' keys, [BT, NC, PIECE] the drafts' keys as given
+        b_kw3 = tl.load(buf_k + ((i_s * CAP + o_wc[:, None, None]) * H + i_h) * K + o_k3[None, :, :],
                         mask=m_wc[:, None, None] & m_k3[None, :, :], other=0.0).to(tl.float32)
         b_K3 = tl.load(k + i_b * s_kb + o_t[:, None, None] * s_kt + i_h * s_kh + o_k3[None, :, :] * s_kk,
                        mask=m_t[:, None, None] & m_k3[None, :, :], other=0.0).to(tl.float32)
@@ -632,14 +635,14 @@ def _verify_kernel(
             b_wki, b_wqi = _row_sums(b_kw3, b_k3, b_q3, 1.0, 1.0)
             b_Wck = tl.where(o_t[None, :] == i, b_wki[:, None], b_Wck)
             b_Wcq = tl.where(o_t[None, :] == i, b_wqi[:, None], b_Wcq)
-    if GPASS < 2:
+    if KEY_PASS < 2:
         if HAS_COPY:
-            _store_draft_rows(buf_t, b_KK, b_Wck, b_rk, b_bd, i_s, i_hv, b_fe, o_t, o_w, o_wc, m_t, m_wc, T, C, HV)
+            _store_draft_rows(buf_t, b_KK, b_Wck, b_rk, b_bd, i_s, i_hv, b_fe, o_t, o_w, o_wc, m_t, m_wc, T, CAP, HV)
         b_A, b_M, b_Wck, b_Wcq, b_fk, b_fq = _draft_solve(b_KK, b_QK, b_Wck, b_Wcq, b_rk, b_rq, b_bd, b_cum, b_ec,
                                                           b_G0, b_Gwc, m_wc, o_t, m_upto, T, BT)
         b_Gs = b_G0 + b_cum
 
-    o_u = ((i_s * C + o_wc) * HV + i_hv) * V
+    o_u = ((i_s * CAP + o_wc) * HV + i_hv) * V
     if MMA:
         # [BK, BZ] the drafts' keys, then their queries, as columns, read once for every chunk's product; [BZ] each
         # column's factor, and [BWC, BZ] the committed entries' weights in the same columns
@@ -652,21 +655,21 @@ def _verify_kernel(
             b_KQb = _draft_columns(q, k, i_b, i_h, BKS + o_ka, BKS + o_ka < K, s_qb, s_qt, s_qh, s_qk, s_kb, s_kt,
                                    s_kh, s_kk, T, BT, BZ)
         o_z = tl.arange(0, BZ)
-        if GPASS == 2:
+        if KEY_PASS == 2:
             b_fz = tl.load(p_w + 2 * BT * BT + o_z)
             b_Wcz = tl.load(p_w + 2 * BT * BT + BZ + o_wc[:, None] * BZ + o_z[None, :])
         else:
             b_fz, b_Wcz = _column_weights(b_fk, b_fq, b_Wck, b_Wcq, o_t, BT, BZ)
-    for i_v in tl.range(0, V, BV, num_stages=STAGES):
-        o_v = i_v + tl.arange(0, BV)
+    for i_v in tl.range(0, V, CHUNK, num_stages=STAGES):
+        o_v = i_v + tl.arange(0, CHUNK)
         m_v = o_v < V
         m_vt = m_v[:, None] & m_t[None, :]
-        # [BV, BT] R = V - S K (draft i's v less the committed state's S k_i), and the committed state's S Q: from
+        # [CHUNK, BT] R = V - S K (draft i's v less the committed state's S k_i), and the committed state's S Q: from
         # one read of the tile (the read copy, refreshed by a flush above, or the checkpoint without one) for every
         # draft's k and q as given, and the committed entries' terms
         if MMA:
-            # one [BV, BK] x [BK, BZ] tensor-core product, and the entries' [BV, BWC] x [BWC, BZ] into its columns,
-            # folded onto the drafts' (the rest are zero)
+            # one [CHUNK, BK] x [BK, BZ] tensor-core product, and the entries' [CHUNK, BWC] x [BWC, BZ] into its
+            # columns, folded onto the drafts' (the rest are zero)
             p_s = rcopy + (o_h + o_v[:, None]) * K + o_ka[None, :]
             b_s = tl.load(p_s, mask=m_v[:, None] & (o_ka < K)[None, :], other=0.0)
             b_uw, b_Vd = _chunk_inputs(buf_u, v, o_u, o_v, m_v, m_wc, m_vt, o_t, i_b, i_hv, s_vb, s_vt, s_vh, s_vv)
@@ -677,14 +680,14 @@ def _verify_kernel(
             if IS_SCALED:
                 b_P *= tl.load(rscale + o_h + o_v, mask=m_v, other=0.0)[:, None]
             b_P = dot_fp32(b_uw, b_Wcz, False, False, b_P * b_fz[None, :])
-            b_R = b_Vd - tl.sum(tl.reshape(tl.where(o_z[None, :] < BT, b_P, 0.0), (BV, BZ // BT, BT)), 1)
-            b_O = tl.sum(tl.reshape(tl.where(o_z[None, :] >= BT, b_P, 0.0), (BV, BZ // BT, BT)), 1)
+            b_R = b_Vd - tl.sum(tl.reshape(tl.where(o_z[None, :] < BT, b_P, 0.0), (CHUNK, BZ // BT, BT)), 1)
+            b_O = tl.sum(tl.reshape(tl.where(o_z[None, :] >= BT, b_P, 0.0), (CHUNK, BZ // BT, BT)), 1)
         else:
-            # [BV, NC, VK] the tile, its row sums draft by draft
+            # [CHUNK, NC, PIECE] the tile, its row sums draft by draft
             b_s = tl.load(rcopy + (o_h + o_v[:, None, None]) * K + o_k3[None, :, :],
                           mask=m_v[:, None, None] & m_k3[None, :, :], other=0.0)
-            b_SK = tl.zeros([BV, BT], dtype=tl.float32)
-            b_SQ = tl.zeros([BV, BT], dtype=tl.float32)
+            b_SK = tl.zeros([CHUNK, BT], dtype=tl.float32)
+            b_SQ = tl.zeros([CHUNK, BT], dtype=tl.float32)
             for i in tl.static_range(T):
                 b_k3, b_q3 = _draft_kq(q, k, i_b, i, i_h, o_k3, m_k3, s_qb, s_qt, s_qh, s_qk, s_kb, s_kt, s_kh,
                                        s_kk)
@@ -704,16 +707,16 @@ def _verify_kernel(
         b_O += tl.sum(b_R[:, :, None] * tl.trans(b_M)[None, :, :], 1)
         p_o = o + i_b * s_ob + o_t[None, :] * s_ot + i_hv * s_oh + o_v[:, None] * s_ov
         tl.store(p_o, cast(b_O, o.dtype.element_ty), mask=m_vt)
-        tl.store(buf_u + ((i_s * C + b_fe + o_t[None, :]) * HV + i_hv) * V + o_v[:, None],
+        tl.store(buf_u + ((i_s * CAP + b_fe + o_t[None, :]) * HV + i_hv) * V + o_v[:, None],
                  cast(b_U, buf_u.dtype.element_ty), mask=m_vt)
-    tl.store(buf_g + (i_s * C + b_fe + o_t) * HV + i_hv, b_Gs, mask=m_t)
+    tl.store(buf_g + (i_s * CAP + b_fe + o_t) * HV + i_hv, b_Gs, mask=m_t)
     if HAS_COPY:
-        tl.store(buf_b + (i_s * C + b_fe + o_t) * HV + i_hv, b_bd, mask=m_t)
+        tl.store(buf_b + (i_s * CAP + b_fe + o_t) * HV + i_hv, b_bd, mask=m_t)
     if b_flush:
         fills_read()
         tl.store(p_f, 0)
     # The drafts' keys overwrite entries that every value head of this key head may still be folding: with ARRIVE
-    # the last of them to arrive writes the keys. Without it (FPASS: no fold here, the fold launch has finished,
+    # the last of them to arrive writes the keys. Without it (FOLD_PASS: no fold here, the fold launch has finished,
     # and the committed entries read above lie before the drafts' places) the key head's first value head does.
     if ARRIVE:
         tl.debug_barrier()
@@ -729,7 +732,7 @@ def _verify_kernel(
         b_K = b_K.to(tl.float32)
         if USE_QK_L2NORM:
             b_K = b_K / tl.sqrt(tl.sum(b_K * b_K, 1) + 1e-6)[:, None]
-        tl.store(buf_k + ((i_s * C + b_fe + o_t[:, None]) * H + i_h) * K + o_k[None, :],
+        tl.store(buf_k + ((i_s * CAP + b_fe + o_t[:, None]) * H + i_h) * K + o_k[None, :],
                  cast(b_K, buf_k.dtype.element_ty), mask=m_tk)
 
 
@@ -762,20 +765,20 @@ def _launch_verify(cache, q, k, v, g, beta, out, slots, scale, l2norm, c: Verify
     whole_rows = cache.read_copy is not None or cache.checkpoint_scale is not None
     # K pieces of the tile's product (and of a fold's, but for a read copy's: its correction sums whole rows)
     ksplit = c.ksplit if BK >= 32 else 1
-    # with GPASS=2, per (row, value head): A and M [BT, BT], the column factors [BZ], the committed entries'
+    # with KEY_PASS=2, per (row, value head): A and M [BT, BT], the column factors [BZ], the committed entries'
     # weights [BWC, BZ], the fill (in a block of BT, the rows 16-byte aligned), the drafts' log-decays [BT]
     NW = 2 * BT * BT + BZ + BWC * BZ + 2 * BT
     gram = wts = None
-    # With FSTREAM the folds run on a stream of their own beside the key products and the weights (neither reads what
-    # a fold writes), and the verify waits for both.
+    # With the fold's `stream` the folds run on a stream of their own beside the key products and the weights (neither
+    # reads what a fold writes), and the verify waits for both.
     side = _side_stream(cache.device) if c.fold is not None and c.fold.stream else None
     fold_widths = _fold_widths(cache, c.fold_window, constants["BW"])
     if c.fold is not None:
         f = c.fold
         _verify_list_kernel[(batch,)](cache.fill, slots, cache.work, W=cache.window, HV=cache.HV,
                                       BHV=next_pow2(cache.HV), num_warps=1)
-        FVP = min(f.rows, next_pow2(cache.V))
-        items = batch * cache.HV * triton.cdiv(cache.V, FVP)
+        ROWS = min(f.rows, next_pow2(cache.V))
+        items = batch * cache.HV * triton.cdiv(cache.V, ROWS)
         main = None
         if side is not None:
             main = torch.cuda.current_stream(cache.device)
@@ -784,12 +787,12 @@ def _launch_verify(cache, q, k, v, g, beta, out, slots, scale, l2norm, c: Verify
             _verify_fold_kernel[common.flush_grid(items, f.programs_per_sm, cache.device)](
                 **{key: value for key, value in _cache_args(cache).items() if key not in ("buf_b", "fill")},
                 slots=slots, work=cache.work,
-                **{key: constants[key] for key in ("C", "H", "HV", "K", "V", "BK", "BW", "HAS_COPY", "IS_SCALED",
-                                                   "QUANT", "RANDOM")},
-                BVF=max(16, min(FOLD_ROWS, FVP)), VP=FVP,
-                FKSPLIT=1 if whole_rows or BK < 32 else f.ksplit,
-                FSTAGES=c.fold_stages, PRECISION=f.precision,
-                FPREF=f.prefetch, **fold_widths,
+                **{key: constants[key] for key in ("CAP", "H", "HV", "K", "V", "BK", "BW", "HAS_COPY", "IS_SCALED",
+                                                   "Q8", "RANDOM")},
+                FOLD_CHUNK=max(16, min(FOLD_CHUNK, ROWS)), ROWS=ROWS,
+                FOLD_KSPLIT=1 if whole_rows or BK < 32 else f.ksplit,
+                FOLD_STAGES=c.fold_stages, PRECISION=f.precision,
+                PREFETCH=f.prefetch, **fold_widths,
                 **common.compile_options(f.warps, None),
             )
     qk_strides = dict(s_qb=q.stride(0), s_qt=q.stride(1), s_qh=q.stride(2), s_qk=q.stride(3),
@@ -799,15 +802,15 @@ def _launch_verify(cache, q, k, v, g, beta, out, slots, scale, l2norm, c: Verify
     gate_strides = dict(s_gb=g.stride(0), s_gt=g.stride(1), s_gh=g.stride(2),
                         s_bb=beta.stride(0), s_bt=beta.stride(1), s_bh=beta.stride(2))
     # the verify's rows per chunk, and how its tile's product is taken
-    BV = max(16, min(c.chunk, next_pow2(cache.V)))
+    CHUNK = max(16, min(c.chunk, next_pow2(cache.V)))
     tile_product = dict(NATIVE=tile.itemsize == 2 and q.dtype == k.dtype == tile, IS_TILE_EXACT=tile != torch.float32,
                         IS_HALF_IO=half_io)
     if c.key_pass:
         gram = torch.empty(batch, cache.H, BE, BZ, dtype=torch.float32, device=cache.device)
         _verify_gram_kernel[(batch, cache.H)](
             buf_k=cache.buf_k, fill=cache.fill, q=q, k=k, slots=slots, gram=gram, **qk_strides,
-            T=T, W=cache.window, C=cache.capacity, H=cache.H, HV=cache.HV, K=cache.K, BK=BK,
-            BT=BT, BWC=BWC, BE=BE, BZ=BZ, IS_HALF_IO=half_io, GKSPLIT=min(c.key_split, BK // 16),
+            T=T, W=cache.window, CAP=cache.capacity, H=cache.H, HV=cache.HV, K=cache.K, BK=BK,
+            BT=BT, BWC=BWC, BE=BE, BZ=BZ, IS_HALF_IO=half_io, KEY_SPLIT=min(c.key_split, BK // 16),
             num_warps=GRAM_WARPS,
         )
     if c.key_pass == 2:
@@ -815,7 +818,7 @@ def _launch_verify(cache, q, k, v, g, beta, out, slots, scale, l2norm, c: Verify
         _verify_weights_kernel[(batch, cache.HV)](
             buf_g=cache.buf_g, fill=cache.fill, g=g, beta=beta, slots=slots, gram=gram, wts=wts, **gate_strides,
             scale=scale,
-            T=T, W=cache.window, C=cache.capacity, H=cache.H, HV=cache.HV,
+            T=T, W=cache.window, CAP=cache.capacity, H=cache.H, HV=cache.HV,
             BT=BT, BWC=BWC, BE=BE, BZ=BZ, NW=NW, USE_QK_L2NORM=l2norm,
             num_warps=WEIGHTS_WARPS,
         )
@@ -827,32 +830,32 @@ def _launch_verify(cache, q, k, v, g, beta, out, slots, scale, l2norm, c: Verify
         scale=scale,
         T=T, BT=BT, BWC=BWC,
         **constants,
-        BV=BV,
-        BVF=max(16, min(FOLD_ROWS, next_pow2(cache.V))),
-        VK=min(VERIFY_PIECE, BK),
+        CHUNK=CHUNK,
+        FOLD_CHUNK=max(16, min(FOLD_CHUNK, next_pow2(cache.V))),
+        PIECE=min(VERIFY_PIECE, BK),
         STAGES=VERIFY_STAGES,
-        USE_QK_L2NORM=l2norm, GPASS=c.key_pass, BE=BE, BZ=BZ, MMA=c.mma,
-        **tile_product, KSPLIT=ksplit, FKSPLIT=1 if whole_rows else ksplit,
-        FSTAGES=c.fold_stages, NW=NW, FPASS=c.fold is not None, **fold_widths,
+        USE_QK_L2NORM=l2norm, KEY_PASS=c.key_pass, BE=BE, BZ=BZ, MMA=c.mma,
+        **tile_product, KSPLIT=ksplit, FOLD_KSPLIT=1 if whole_rows else ksplit,
+        FOLD_STAGES=c.fold_stages, NW=NW, FOLD_PASS=c.fold is not None, **fold_widths,
         # a verify that folds its own rows counts its arrivals whatever `arrive` says; weights_fill needs the weights
         # launch
         ARRIVE=c.arrive or c.fold is None,
-        WFILL=c.weights_fill and c.key_pass == 2, **common.compile_options(c.warps, c.maxnreg),
+        WEIGHTS_FILL=c.weights_fill and c.key_pass == 2, **common.compile_options(c.warps, c.maxnreg),
     )
 
 
 def _fold_widths(cache: ReplayCache, fold_window: int, BW: int) -> dict:
-    """The entries of a verify's fold product where a fill does not pass them (FWM), and how many after them a fold
-    takes one by one past it (FXW). With fold_window FWM is the window's (a power of two, at least 16), so that a
-    fold at a fill of W = 16 takes a product over 16 entries, not over 32 (the buffer's capacity W + max_draft to a
-    power of two, which a fill past W needs; 1 takes that product past it); 2 takes the same 16 past it and the rest
-    (a folding fill is at most W - 1 + max_draft: up to 4 more) one by one. Without it, or under a read copy (whose
-    correction weights are computed for every entry), the capacity's (BW)."""
+    """The entries of a verify's fold product where a fill does not pass them (FOLD_ENTRIES), and how many after them a
+    fold takes one by one past it (FOLD_EXTRA). With fold_window FOLD_ENTRIES is the window's (a power of two, at least
+    16), so that a fold at a fill of W = 16 takes a product over 16 entries, not over 32 (the buffer's capacity W +
+    max_draft to a power of two, which a fill past W needs; 1 takes that product past it); 2 takes the same 16 past it
+    and the rest (a folding fill is at most W - 1 + max_draft: up to 4 more) one by one. Without it, or under a read
+    copy (whose correction weights are computed for every entry), the capacity's (BW)."""
     if not fold_window or cache.read_copy is not None:
-        return {"FWM": BW, "FXW": 0}
+        return {"FOLD_ENTRIES": BW, "FOLD_EXTRA": 0}
     fwm = min(BW, max(16, next_pow2(cache.window)))
     past = cache.capacity - 1 - fwm
-    return {"FWM": fwm, "FXW": 4 if fold_window == 2 and 0 < past <= 4 else 0}
+    return {"FOLD_ENTRIES": fwm, "FOLD_EXTRA": 4 if fold_window == 2 and 0 < past <= 4 else 0}
 
 
 _SIDE_STREAMS: dict[torch.device, torch.cuda.Stream] = {}

@@ -41,7 +41,7 @@ def z_gate(b_y, b_z):
 @triton.jit
 def fold_entries(b_s, b_lam, p_x, p_b, p_dt, p_lam, n, o_p, o_n, m_p, m_n, P, N,
                  CAP: tl.constexpr, JB: tl.constexpr):
-    # b_s [BP, BN] -> exp(lam) b_s + sum_{j<n} exp(lam - lam_j) dt_j x_j B_j^T, as rank-1 updates JB at a time
+    # b_s [ROWS, BN] -> exp(lam) b_s + sum_{j<n} exp(lam - lam_j) dt_j x_j B_j^T, as rank-1 updates JB at a time
     b_s = b_s * tl.exp(b_lam)
     for j0 in range(0, CAP, JB):
         if j0 < n:
@@ -72,10 +72,10 @@ def store_read_copy(b_s, p_copy, read_scale, o_scale, m_s, m_p, IS_FP8: tl.const
 
 
 @triton.jit
-def load_rows(p_s, m_s, scale, o_r, m_r, IS_Q8: tl.constexpr):
-    """State rows [R, BN] as fp32: as stored, or with IS_Q8 8-bit rows times their scales (scale + o_r, [R])."""
+def load_rows(p_s, m_s, scale, o_r, m_r, Q8: tl.constexpr):
+    """State rows [R, BN] as fp32: as stored, or with Q8 8-bit rows times their scales (scale + o_r, [R])."""
     b_s = tl.load(p_s, mask=m_s, other=0.0).to(tl.float32)
-    if IS_Q8:
+    if Q8:
         b_s = b_s * tl.load(scale + o_r, mask=m_r, other=0.0)[:, None]
     return b_s
 
@@ -87,7 +87,7 @@ def row8_args(random: bool, N: int) -> dict:
 
 @triton.jit
 def state_bits(seed, steps, i_s, i_h, o_p, N, BN: tl.constexpr, ROW8: tl.constexpr, AHEAD: tl.constexpr = 0):
-    """The random bits [BP, BN] of rows o_p of the (slot i_s, head i_h) state (element p·N + n) at the slot's store
+    """The random bits [ROWS, BN] of rows o_p of the (slot i_s, head i_h) state (element p·N + n) at the slot's store
     count + AHEAD; with ROW8 (N a multiple of 8) one Philox draw per eight elements."""
     step = tl.load(steps + i_s) + AHEAD
     if ROW8:
@@ -98,10 +98,10 @@ def state_bits(seed, steps, i_s, i_h, o_p, N, BN: tl.constexpr, ROW8: tl.constex
 
 
 @triton.jit
-def store_rows(p_s, b_s, m_s, scale, o_sc, m_r, seed, steps, i_s, i_h, o_p, N, IS_Q8: tl.constexpr,
+def store_rows(p_s, b_s, m_s, scale, o_sc, m_r, seed, steps, i_s, i_h, o_p, N, Q8: tl.constexpr,
                RANDOM: tl.constexpr, ROW8: tl.constexpr):
     """fp32 rows b_s [R, BN] (rows o_p of the (slot i_s, head i_h) state, whole over N; masked elements zero) stored
-    in the state's dtype: a cast (to nearest), with RANDOM rounded stochastically by `state_bits`, or with IS_Q8 as
+    in the state's dtype: a cast (to nearest), with RANDOM rounded stochastically by `state_bits`, or with Q8 as
     8-bit rows and their scales (scale + o_sc, [R])."""
     DTYPE: tl.constexpr = p_s.dtype.element_ty
     BN: tl.constexpr = b_s.shape[1]
@@ -109,7 +109,7 @@ def store_rows(p_s, b_s, m_s, scale, o_sc, m_r, seed, steps, i_s, i_h, o_p, N, I
         b_r = state_bits(seed, steps, i_s, i_h, o_p, N, BN, ROW8)
     else:
         b_r = tl.zeros(b_s.shape, dtype=tl.uint32)
-    if IS_Q8:
+    if Q8:
         b_q, b_scale = quantized_rows(b_s, b_r, DTYPE, RANDOM)
         tl.store(p_s, b_q, mask=m_s)
         tl.store(scale + o_sc, b_scale, mask=m_r)

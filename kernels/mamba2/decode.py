@@ -26,26 +26,26 @@ def mamba2_decode_kernel(
     stride_C_b, stride_C_g,
     stride_z_b, stride_z_h,
     stride_y_b, stride_y_h,
-    BP: tl.constexpr, BN: tl.constexpr,
+    ROWS: tl.constexpr, BN: tl.constexpr,
     HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_DT_BIAS: tl.constexpr, USE_SOFTPLUS: tl.constexpr,
-    HAS_SLOTS: tl.constexpr, IS_Q8: tl.constexpr = False, RANDOM: tl.constexpr = False, ROW8: tl.constexpr = False,
+    HAS_SLOTS: tl.constexpr, Q8: tl.constexpr = False, RANDOM: tl.constexpr = False, ROW8: tl.constexpr = False,
 ):
-    # IS_Q8: 8-bit state rows with scales (state_scale, contiguous (nslots, H, P)); RANDOM: stochastic rounding, with
+    # Q8: 8-bit state rows with scales (state_scale, contiguous (nslots, H, P)); RANDOM: stochastic rounding, with
     # ROW8 (N a multiple of 8) one Philox draw per eight elements, the slot's store count advanced by the launch
-    i_b, i_h, i_p = flat_program_ids(H, tl.cdiv(P, BP))
+    i_b, i_h, i_p = flat_program_ids(H, tl.cdiv(P, ROWS))
     i_s = slot_of(slots, i_b, HAS_SLOTS)
     if i_s < 0:
         return
     i_g = i_h // HPG
-    o_p = i_p * BP + tl.arange(0, BP)
+    o_p = i_p * ROWS + tl.arange(0, ROWS)
     o_n = tl.arange(0, BN)
     m_p, m_n = o_p < P, o_n < N
     m_s = m_p[:, None] & m_n[None, :]
 
     p_s = state + i_s * stride_state_s + i_h * stride_state_h + o_p[:, None] * stride_state_p + o_n[None, :]
     o_sc = (i_s * H + i_h) * P + o_p
-    # [BP, BN]
-    if IS_Q8:
+    # [ROWS, BN]
+    if Q8:
         b_s = load_rows(p_s, m_s, state_scale, o_sc, m_p, True)
     else:
         b_s = tl.load(p_s, mask=m_s, other=0.0).to(tl.float32)
@@ -57,10 +57,10 @@ def mamba2_decode_kernel(
 
     b_s = b_s * b_a + (b_dt * b_x)[:, None] * b_B[None, :]
     # rounding to nearest stays inline: through store_rows its PTX would gain the call's debug labels
-    if IS_Q8 or RANDOM:
-        store_rows(p_s, b_s, m_s, state_scale, o_sc, m_p, seed, steps, i_s, i_h, o_p, N, IS_Q8, RANDOM, ROW8)
+    if Q8 or RANDOM:
+        store_rows(p_s, b_s, m_s, state_scale, o_sc, m_p, seed, steps, i_s, i_h, o_p, N, Q8, RANDOM, ROW8)
         if RANDOM:
-            count_stores(steps, step_arrive, i_s, H * tl.cdiv(P, BP), 1)
+            count_stores(steps, step_arrive, i_s, H * tl.cdiv(P, ROWS), 1)
     else:
         tl.store(p_s, b_s.to(p_s.dtype.element_ty), mask=m_s)
     b_y = tl.sum(b_s * b_C[None, :], axis=1)
@@ -81,26 +81,26 @@ def mamba2_decode_multi_kernel(
     stride_C_b, stride_C_t, stride_C_g,
     stride_z_b, stride_z_t, stride_z_h,
     stride_y_b, stride_y_t, stride_y_h,
-    T: tl.constexpr, BP: tl.constexpr, BN: tl.constexpr,
+    T: tl.constexpr, ROWS: tl.constexpr, BN: tl.constexpr,
     HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_DT_BIAS: tl.constexpr, USE_SOFTPLUS: tl.constexpr,
-    HAS_SLOTS: tl.constexpr, RANDOM: tl.constexpr = False, ROW8: tl.constexpr = False, IS_Q8: tl.constexpr = False,
+    HAS_SLOTS: tl.constexpr, RANDOM: tl.constexpr = False, ROW8: tl.constexpr = False, Q8: tl.constexpr = False,
 ):
     # RANDOM: each snapshot rounded stochastically (draft t at the slot's store count + t), and the next draft
-    # continues from the rounded state, as T conventional steps would; ROW8 as in mamba2_decode_kernel; IS_Q8: an
+    # continues from the rounded state, as T conventional steps would; ROW8 as in mamba2_decode_kernel; Q8: an
     # 8-bit state (scales state_scale (nslots, H, P)) and snapshots (scales snap_scale (nslots, TMAX, H, P)), the
     # next draft continuing from the stored rows
-    i_b, i_h, i_p = flat_program_ids(H, tl.cdiv(P, BP))
+    i_b, i_h, i_p = flat_program_ids(H, tl.cdiv(P, ROWS))
     i_s = slot_of(slots, i_b, HAS_SLOTS)
     if i_s < 0:
         return
     i_g = i_h // HPG
-    o_p = i_p * BP + tl.arange(0, BP)
+    o_p = i_p * ROWS + tl.arange(0, ROWS)
     o_n = tl.arange(0, BN)
     m_p, m_n = o_p < P, o_n < N
     m_s = m_p[:, None] & m_n[None, :]
 
     p_s = state + i_s * stride_state_s + i_h * stride_state_h + o_p[:, None] * stride_state_p + o_n[None, :]
-    if IS_Q8:
+    if Q8:
         b_s = load_rows(p_s, m_s, state_scale, (i_s * H + i_h) * P + o_p, m_p, True)
     else:
         b_s = tl.load(p_s, mask=m_s, other=0.0).to(tl.float32)
@@ -114,11 +114,11 @@ def mamba2_decode_multi_kernel(
         b_dt = tl.load(dt + i_b * stride_dt_b + t * stride_dt_t + i_h * stride_dt_h)
         b_dt = step_delta(b_dt, dt_bias, i_h, HAS_DT_BIAS, USE_SOFTPLUS)
         b_s = b_s * tl.exp(b_A * b_dt) + (b_dt * b_x)[:, None] * b_B.to(tl.float32)[None, :]
-        if IS_Q8:
+        if Q8:
             if RANDOM:
                 b_r = state_bits(seed, steps, i_s, i_h, o_p, N, BN, ROW8, t)
             else:
-                b_r = tl.zeros([BP, BN], dtype=tl.uint32)
+                b_r = tl.zeros([ROWS, BN], dtype=tl.uint32)
             b_q, b_scale = quantized_rows(b_s, b_r, p_snap.dtype.element_ty, RANDOM)
             tl.store(p_snap + t * stride_snap_t, b_q, mask=m_s)
             tl.store(snap_scale + ((i_s * TMAX + t) * H + i_h) * P + o_p, b_scale, mask=m_p)
@@ -130,14 +130,14 @@ def mamba2_decode_multi_kernel(
         else:
             tl.store(p_snap + t * stride_snap_t, b_s.to(p_snap.dtype.element_ty), mask=m_s)
         b_y = tl.sum(b_s * b_C.to(tl.float32)[None, :], axis=1)
-        if RANDOM or IS_Q8:
+        if RANDOM or Q8:
             b_s = b_sr
         o_z = i_b * stride_z_b + t * stride_z_t + i_h * stride_z_h + o_p
         b_y = finish_output(b_y, b_x, D, z, o_z, m_p, i_h, HAS_D, HAS_Z)
         p_y = y + i_b * stride_y_b + t * stride_y_t + i_h * stride_y_h + o_p
         tl.store(p_y, b_y.to(p_y.dtype.element_ty), mask=m_p)
     if RANDOM:
-        count_stores(steps, step_arrive, i_s, H * tl.cdiv(P, BP), T)
+        count_stores(steps, step_arrive, i_s, H * tl.cdiv(P, ROWS), T)
 
 
 @triton.jit
@@ -146,9 +146,9 @@ def mamba2_accept_snapshot_kernel(
     P, N, H, TMAX,
     stride_state_s, stride_state_h, stride_state_p,
     stride_snap_s, stride_snap_t, stride_snap_h, stride_snap_p,
-    BP: tl.constexpr, BN: tl.constexpr, HAS_SLOTS: tl.constexpr, IS_Q8: tl.constexpr = False,
+    ROWS: tl.constexpr, BN: tl.constexpr, HAS_SLOTS: tl.constexpr, Q8: tl.constexpr = False,
 ):
-    # IS_Q8: the rows' scales are copied too (snap_scale (nslots, TMAX, H, P) into state_scale (nslots, H, P))
+    # Q8: the rows' scales are copied too (snap_scale (nslots, TMAX, H, P) into state_scale (nslots, H, P))
     i_b, i_h, i_p = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_s = slot_of(slots, i_b, HAS_SLOTS)
     if i_s < 0:
@@ -156,7 +156,7 @@ def mamba2_accept_snapshot_kernel(
     n = tl.load(n_accepted + i_b).to(tl.int64)
     if n < 1:
         return
-    o_p = i_p * BP + tl.arange(0, BP)
+    o_p = i_p * ROWS + tl.arange(0, ROWS)
     o_n = tl.arange(0, BN)
     m_s = (o_p < P)[:, None] & (o_n < N)[None, :]
     p_snap = (snapshots + i_s * stride_snap_s + (n - 1) * stride_snap_t + i_h * stride_snap_h
@@ -164,7 +164,7 @@ def mamba2_accept_snapshot_kernel(
     p_s = state + i_s * stride_state_s + i_h * stride_state_h + o_p[:, None] * stride_state_p + o_n[None, :]
     b_s = tl.load(p_snap, mask=m_s, other=0.0)
     tl.store(p_s, b_s.to(p_s.dtype.element_ty), mask=m_s)
-    if IS_Q8:
+    if Q8:
         m_p = o_p < P
         b_sc = tl.load(snap_scale + ((i_s * TMAX + n - 1) * H + i_h) * P + o_p, mask=m_p, other=0.0)
         tl.store(state_scale + (i_s * H + i_h) * P + o_p, b_sc, mask=m_p)
@@ -236,9 +236,9 @@ def _check_rounding(rounding, state: torch.Tensor) -> None:
 
 
 def _q8(state_scale, snapshots) -> dict:
-    """IS_Q8 and the snapshots' positions per slot for a launch on an 8-bit state; else TMAX a compile-time None (so
+    """Q8 and the snapshots' positions per slot for a launch on an 8-bit state; else TMAX a compile-time None (so
     that the other states' launches take no such parameter)."""
-    return {"IS_Q8": True, "TMAX": snapshots.shape[1]} if state_scale is not None else {"TMAX": None}
+    return {"Q8": True, "TMAX": snapshots.shape[1]} if state_scale is not None else {"TMAX": None}
 
 
 @families.refuse_out_of_resources
@@ -276,11 +276,11 @@ def decode(state, x, dt, A, B, C, *, D=None, z=None, dt_bias=None, dt_softplus=F
     batch, _, G = args.check_inputs(x, dt, A, B, C, D, z, dt_bias, H=H, P=P, N=N, device=state.device, tokens=False)
     common.check_slots(slots, batch, nslots, state.device, check)
     args.check_out(out, (batch, H, P), "(batch, H, P)", state.device)
-    BP, options = _config(state, config, batch)
+    ROWS, options = _config(state, config, batch)
     y = torch.empty_like(x) if out is None else out
     zs = z.stride() if z is not None else (0, 0, 0)
     seed, steps, random = rnd.rounding_args(rounding)
-    mamba2_decode_kernel[(batch * H * triton.cdiv(P, BP),)](
+    mamba2_decode_kernel[(batch * H * triton.cdiv(P, ROWS),)](
         state=state, state_scale=state_scale, x=x, dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=dt_bias, slots=slots, y=y,
         seed=seed, steps=steps, step_arrive=rnd.step_arrivals(rounding),
         H=H, P=P, N=N, HPG=H // G,
@@ -291,9 +291,9 @@ def decode(state, x, dt, A, B, C, *, D=None, z=None, dt_bias=None, dt_softplus=F
         stride_C_b=C.stride(0), stride_C_g=C.stride(1),
         stride_z_b=zs[0], stride_z_h=zs[1],
         stride_y_b=y.stride(0), stride_y_h=y.stride(1),
-        BP=BP, BN=common.block(N),
+        ROWS=ROWS, BN=common.block(N),
         HAS_D=D is not None, HAS_Z=z is not None, HAS_DT_BIAS=dt_bias is not None, USE_SOFTPLUS=bool(dt_softplus),
-        HAS_SLOTS=slots is not None, IS_Q8=state_scale is not None, RANDOM=random, **row8_args(random, N),
+        HAS_SLOTS=slots is not None, Q8=state_scale is not None, RANDOM=random, **row8_args(random, N),
         **options,
     )
     return y
@@ -349,11 +349,11 @@ def decode_multi(state, snapshots, x, dt, A, B, C, *, D=None, z=None, dt_bias=No
     _check_rounding(rounding, state)
     common.check_slots(slots, batch, nslots, state.device, check)
     args.check_out(out, (batch, T, H, P), "(batch, T, H, P)", state.device)
-    BP, options = _config(state, config)
+    ROWS, options = _config(state, config)
     y = torch.empty_like(x) if out is None else out
     zs = z.stride() if z is not None else (0, 0, 0, 0)
     seed, steps, random = rnd.rounding_args(rounding)
-    mamba2_decode_multi_kernel[(batch * H * triton.cdiv(P, BP),)](
+    mamba2_decode_multi_kernel[(batch * H * triton.cdiv(P, ROWS),)](
         state=state, snapshots=snapshots, x=x, dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=dt_bias, slots=slots, y=y,
         seed=seed, steps=steps, step_arrive=rnd.step_arrivals(rounding), state_scale=state_scale,
         snap_scale=snapshot_scale,
@@ -367,7 +367,7 @@ def decode_multi(state, snapshots, x, dt, A, B, C, *, D=None, z=None, dt_bias=No
         stride_C_b=C.stride(0), stride_C_t=C.stride(1), stride_C_g=C.stride(2),
         stride_z_b=zs[0], stride_z_t=zs[1], stride_z_h=zs[2],
         stride_y_b=y.stride(0), stride_y_t=y.stride(1), stride_y_h=y.stride(2),
-        T=T, BP=BP, BN=common.block(N),
+        T=T, ROWS=ROWS, BN=common.block(N),
         HAS_D=D is not None, HAS_Z=z is not None, HAS_DT_BIAS=dt_bias is not None, USE_SOFTPLUS=bool(dt_softplus),
         HAS_SLOTS=slots is not None, RANDOM=random, **row8_args(random, N), **_q8(state_scale, snapshots),
         **options,
@@ -400,13 +400,13 @@ def accept_snapshot(state, snapshots, n_accepted, slots=None, *, state_scale=Non
         bad = [n for n in n_accepted.tolist() if not 0 <= n <= T]
         if bad:
             raise ValueError(f"n_accepted must be in [0, {T}], got {bad[0]}")
-    BP, options = _config(state, config)
-    mamba2_accept_snapshot_kernel[(batch, H, triton.cdiv(P, BP))](
+    ROWS, options = _config(state, config)
+    mamba2_accept_snapshot_kernel[(batch, H, triton.cdiv(P, ROWS))](
         state=state, snapshots=snapshots, n_accepted=n_accepted, slots=slots, state_scale=state_scale,
         snap_scale=snapshot_scale, P=P, N=N, H=H if state_scale is not None else None,
         stride_state_s=state.stride(0), stride_state_h=state.stride(1), stride_state_p=state.stride(2),
         stride_snap_s=snapshots.stride(0), stride_snap_t=snapshots.stride(1),
         stride_snap_h=snapshots.stride(2), stride_snap_p=snapshots.stride(3),
-        BP=BP, BN=common.block(N), HAS_SLOTS=slots is not None, **_q8(state_scale, snapshots),
+        ROWS=ROWS, BN=common.block(N), HAS_SLOTS=slots is not None, **_q8(state_scale, snapshots),
         **options,
     )

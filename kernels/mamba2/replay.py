@@ -35,7 +35,7 @@ from replayssm_kernels.rounding import count_stores
 def _step_inputs(x, dt, B, C, dt_bias, i_b, i_h, i_g, o_p, m_p, o_n, m_n, stride_x_b, stride_x_h, stride_dt_b,
                  stride_dt_h, stride_B_b, stride_B_g, stride_C_b, stride_C_g, HAS_DT_BIAS: tl.constexpr,
                  USE_SOFTPLUS: tl.constexpr):
-    """The step's x [BP] and B [BN] as given (they are buffered as they come), and C [BN] and Δ as fp32."""
+    """The step's x [ROWS] and B [BN] as given (they are buffered as they come), and C [BN] and Δ as fp32."""
     b_xr = tl.load(x + i_b * stride_x_b + i_h * stride_x_h + o_p, mask=m_p, other=0.0)
     b_Br = tl.load(B + i_b * stride_B_b + i_g * stride_B_g + o_n, mask=m_n, other=0.0)
     b_C = tl.load(C + i_b * stride_C_b + i_g * stride_C_g + o_n, mask=m_n, other=0.0).to(tl.float32)
@@ -45,7 +45,7 @@ def _step_inputs(x, dt, B, C, dt_bias, i_b, i_h, i_g, o_p, m_p, o_n, m_n, stride
 
 @triton.jit
 def _chunk_inputs(p_xb, p_x, z, o_z, o_r, m_r, o_w, m_w, P, HAS_Z: tl.constexpr):
-    """A chunk's buffered x [BW, RC] (the f entries of rows o_r), this token's x [RC] and z [RC] as given (z is
+    """A chunk's buffered x [BW, CHUNK] (the f entries of rows o_r), this token's x [CHUNK] and z [CHUNK] as given (z is
     x without HAS_Z)."""
     b_xw = tl.load(p_xb + o_w[:, None] * P + o_r[None, :], mask=m_w[:, None] & m_r[None, :], other=0.0)
     b_xc = tl.load(p_x + o_r, mask=m_r, other=0.0)
@@ -59,15 +59,15 @@ def _chunk_inputs(p_xb, p_x, z, o_z, o_r, m_r, o_w, m_w, P, HAS_Z: tl.constexpr)
 def _chunk_output(
     checkpoint, read_copy, read_scale, D, p_y, p_xb, p_x, z, o_z, i_h, i_s, i_sh, o_r, b_C3, b_kw, b_decay, b_bc,
     o_n3, m_n3, o_w, m_w, P, stride_ck_s, stride_ck_h, stride_ck_p, stride_rc_s, stride_rc_h, stride_rc_p,
-    HAS_D: tl.constexpr, HAS_Z: tl.constexpr, USE_COPY: tl.constexpr, IS_FP8: tl.constexpr,
-    b_xw, b_xc, b_z, PREFETCH: tl.constexpr, ck_scale, CK_Q8: tl.constexpr,
+    HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_COPY: tl.constexpr, IS_FP8: tl.constexpr,
+    b_xw, b_xc, b_z, PREFETCH: tl.constexpr, ck_scale, Q8: tl.constexpr,
 ):
     """A non-flush step's outputs for rows o_r of a head: y = e^{Λ_t}(S₀C) + Σ_j w_j x_j + ΔB·C x from the tile (the
-    read copy, else the checkpoint; with CK_Q8 8-bit rows, times their scales ck_scale) [RC, NC, VN], the buffered x
-    [BW, RC] with weights b_kw, and this token's x, which it returns as given. With PREFETCH the caller has read the
+    read copy, else the checkpoint; with Q8 8-bit rows, times their scales ck_scale) [CHUNK, NC, PIECE], the buffered x
+    [BW, CHUNK] with weights b_kw, and this token's x, which it returns as given. With PREFETCH the caller has read the
     buffered x, x and z (b_xw, b_xc, b_z, from `_chunk_inputs`); else they are read here, after the tile."""
     m_r = o_r < P
-    if USE_COPY:
+    if HAS_COPY:
         p_t = read_copy + i_s * stride_rc_s + i_h * stride_rc_h + o_r * stride_rc_p
     else:
         p_t = checkpoint + i_s * stride_ck_s + i_h * stride_ck_h + o_r * stride_ck_p
@@ -78,7 +78,7 @@ def _chunk_output(
         b_xw, b_xc, _ = _chunk_inputs(p_xb, p_x, z, o_z, o_r, m_r, o_w, m_w, P, False)
     if IS_FP8:
         b_yc = b_yc * tl.load(read_scale + i_sh * P + o_r, mask=m_r, other=0.0)
-    if CK_Q8:
+    if Q8:
         b_yc = b_yc * tl.load(ck_scale + i_sh * P + o_r, mask=m_r, other=0.0)
     b_yc = b_decay * b_yc + tl.sum(b_kw[:, None] * b_xw.to(tl.float32), axis=0)
     b_yc += b_bc * b_xc.to(tl.float32)
@@ -97,41 +97,41 @@ def _flush_rows(
     checkpoint, read_copy, read_scale, x, D, z, p_y, p_xb, p_bb,
     i_b, i_h, i_p, i_s, i_sh, f, b_lam, b_cw, b_dt, b_B, b_C, o_s, o_z, o_n, m_n, o_w,
     P, N, stride_x_b, stride_x_h, stride_ck_p, stride_rc_s, stride_rc_h, stride_rc_p,
-    BP: tl.constexpr, BPF: tl.constexpr, STAGES: tl.constexpr, HAS_D: tl.constexpr, HAS_Z: tl.constexpr,
-    USE_COPY: tl.constexpr, IS_FP8: tl.constexpr, PRECISION: tl.constexpr,
-    ck_scale, seed, steps, CK_Q8: tl.constexpr, RANDOM: tl.constexpr, ROW8: tl.constexpr,
+    ROWS: tl.constexpr, FLUSH_CHUNK: tl.constexpr, STAGES: tl.constexpr, HAS_D: tl.constexpr, HAS_Z: tl.constexpr,
+    HAS_COPY: tl.constexpr, IS_FP8: tl.constexpr, PRECISION: tl.constexpr,
+    ck_scale, seed, steps, Q8: tl.constexpr, RANDOM: tl.constexpr, ROW8: tl.constexpr,
 ):
-    """The step that fills the window for rows i_p·BP .. of a (slot, head): fold the f buffered entries (weights b_cw
-    [BW]) and this token into a new checkpoint (and read copy), answer from it (from the fp32 values). With CK_Q8
+    """The step that fills the window for rows i_p·ROWS .. of a (slot, head): fold the f buffered entries (weights b_cw
+    [BW]) and this token into a new checkpoint (and read copy), answer from it (from the fp32 values). With Q8
     the checkpoint is 8-bit rows with scales ck_scale, read and stored as such; with RANDOM it is stored rounded
     stochastically."""
     m_w = o_w < f
-    # The flush walks its rows BPF at a time (a pipelined loop) so that this rare branch does not raise the
-    # register count of the common one; each chunk's rank-f update is one [BPF, BW] x [BW, BN] fp32 product.
+    # The flush walks its rows FLUSH_CHUNK at a time (a pipelined loop) so that this rare branch does not raise the
+    # register count of the common one; each chunk's rank-f update is one [FLUSH_CHUNK, BW] x [BW, BN] fp32 product.
     b_bwf = tl.load(p_bb + o_w[:, None] * N + o_n[None, :], mask=m_w[:, None] & m_n[None, :], other=0.0)
     b_bwf = b_bwf.to(tl.float32)
     b_decay = tl.exp(b_lam)
     b_sB = b_dt * b_B
-    for i_c in tl.range(0, BP, BPF, num_stages=STAGES):
-        o_c = i_p * BP + i_c + tl.arange(0, BPF)
-        # A chunk is at least 16 rows (the fold is one product); with BP < 16 it is masked to this program's rows.
-        m_c = (o_c < P) & (i_c + tl.arange(0, BPF) < BP)
+    for i_c in tl.range(0, ROWS, FLUSH_CHUNK, num_stages=STAGES):
+        o_c = i_p * ROWS + i_c + tl.arange(0, FLUSH_CHUNK)
+        # A chunk is at least 16 rows (the fold is one product); with ROWS < 16 it is masked to this program's rows.
+        m_c = (o_c < P) & (i_c + tl.arange(0, FLUSH_CHUNK) < ROWS)
         m_sc = m_c[:, None] & m_n[None, :]
         p_ckc = checkpoint + o_s + o_c[:, None] * stride_ck_p + o_n[None, :]
         b_s = tl.load(p_ckc, mask=m_sc, other=0.0).to(tl.float32)
-        if CK_Q8:
+        if Q8:
             b_s = b_s * tl.load(ck_scale + i_sh * P + o_c, mask=m_c, other=0.0)[:, None]
         b_xc = tl.load(p_xb + o_w[:, None] * P + o_c[None, :], mask=m_w[:, None] & m_c[None, :], other=0.0)
         b_xt = tl.load(x + i_b * stride_x_b + i_h * stride_x_h + o_c, mask=m_c, other=0.0).to(tl.float32)
         b_u = tl.dot(tl.trans(b_xc.to(tl.float32) * b_cw[:, None]), b_bwf, input_precision=PRECISION)
         b_s = b_s * b_decay + b_u + b_xt[:, None] * b_sB[None, :]
         # rounding to nearest stays inline: through store_rows its PTX would gain the call's debug labels
-        if CK_Q8 or RANDOM:
-            store_rows(p_ckc, b_s, m_sc, ck_scale, i_sh * P + o_c, m_c, seed, steps, i_s, i_h, o_c, N, CK_Q8, RANDOM,
+        if Q8 or RANDOM:
+            store_rows(p_ckc, b_s, m_sc, ck_scale, i_sh * P + o_c, m_c, seed, steps, i_s, i_h, o_c, N, Q8, RANDOM,
                        ROW8)
         else:
             tl.store(p_ckc, b_s.to(p_ckc.dtype.element_ty), mask=m_sc)
-        if USE_COPY:
+        if HAS_COPY:
             p_rcc = read_copy + i_s * stride_rc_s + i_h * stride_rc_h + o_c[:, None] * stride_rc_p + o_n[None, :]
             store_read_copy(b_s, p_rcc, read_scale, i_sh * P + o_c, m_sc, m_c, IS_FP8)
         b_yc = tl.sum(b_s * b_C[None, :], axis=1)
@@ -153,25 +153,26 @@ def mamba2_replay_kernel(
     stride_C_b, stride_C_g,
     stride_z_b, stride_z_h,
     stride_y_b, stride_y_h,
-    W: tl.constexpr, CAP: tl.constexpr, BP: tl.constexpr, BPF: tl.constexpr, BN: tl.constexpr, BW: tl.constexpr,
-    VN: tl.constexpr, RC: tl.constexpr, STAGES: tl.constexpr, NPB: tl.constexpr, HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_DT_BIAS: tl.constexpr, USE_SOFTPLUS: tl.constexpr,
-    HAS_SLOTS: tl.constexpr, USE_COPY: tl.constexpr, IS_FP8: tl.constexpr, EARLY: tl.constexpr, PRECISION: tl.constexpr,
-    PHASE: tl.constexpr, PREFETCH: tl.constexpr, CK_Q8: tl.constexpr = False, RANDOM: tl.constexpr = False,
+    W: tl.constexpr, CAP: tl.constexpr, ROWS: tl.constexpr, FLUSH_CHUNK: tl.constexpr, BN: tl.constexpr,
+    BW: tl.constexpr, PIECE: tl.constexpr, CHUNK: tl.constexpr, STAGES: tl.constexpr, NPB: tl.constexpr,
+    HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_DT_BIAS: tl.constexpr, USE_SOFTPLUS: tl.constexpr,
+    HAS_SLOTS: tl.constexpr, HAS_COPY: tl.constexpr, IS_FP8: tl.constexpr, EARLY: tl.constexpr, PRECISION: tl.constexpr,
+    PHASE: tl.constexpr, PREFETCH: tl.constexpr, Q8: tl.constexpr = False, RANDOM: tl.constexpr = False,
     ROW8: tl.constexpr = False,
 ):
     # PHASE 0 takes every row's step; 1 only the non-flush steps, and lists the (row, head, fill) of each head that
-    # flushes in `work` for `mamba2_flush_kernel` (`replay` launches the two where the settings ask for two
-    # launches, PHASES=2). Both advance every fill; with RANDOM a flushing slot's store count advances in the
-    # launch that flushes it.
+    # flushes in `work` for `mamba2_flush_kernel` (`replay` launches the two for a heads row lowered to one head per
+    # program). Both advance every fill; with RANDOM a flushing slot's store count advances in the launch that
+    # flushes it.
     i_b, i_h, i_p = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     HPG = H // G
     i_g = i_h // HPG
-    o_p, o_n, o_w = i_p * BP + tl.arange(0, BP), tl.arange(0, BN), tl.arange(0, BW)
+    o_p, o_n, o_w = i_p * ROWS + tl.arange(0, ROWS), tl.arange(0, BN), tl.arange(0, BW)
     m_p, m_n = o_p < P, o_n < N
-    # The non-flush step reduces the tile over N. It is held as [BP, BN / VN, VN] so that each thread sums its
-    # VN-wide pieces of a row in registers and only the VN lanes of a row meet in shuffles.
-    NC: tl.constexpr = BN // VN
-    o_n3 = tl.arange(0, NC)[:, None] * VN + tl.arange(0, VN)[None, :]
+    # The non-flush step reduces the tile over N. It is held as [ROWS, BN / PIECE, PIECE] so that each thread sums its
+    # PIECE-wide pieces of a row in registers and only the PIECE lanes of a row meet in shuffles.
+    NC: tl.constexpr = BN // PIECE
+    o_n3 = tl.arange(0, NC)[:, None] * PIECE + tl.arange(0, PIECE)[None, :]
     m_n3 = o_n3 < N
     if EARLY:
         # The slot's load issued first (in flight while the inputs' layouts wait), then the step's own inputs: they
@@ -189,9 +190,9 @@ def mamba2_replay_kernel(
     m_s3 = m_p[:, None, None] & m_n3[None, :, :]
     o_s = i_s * stride_ck_s + i_h * stride_ck_h
     # The tile read bounds the step, so it is issued before anything it does not depend on, unless the
-    # non-flush step streams the tile RC rows at a time through shared memory (a pipelined loop, few registers).
-    if RC >= BP:
-        if USE_COPY:
+    # non-flush step streams the tile CHUNK rows at a time through shared memory (a pipelined loop, few registers).
+    if CHUNK >= ROWS:
+        if HAS_COPY:
             p_rc = read_copy + i_s * stride_rc_s + i_h * stride_rc_h + o_p[:, None, None] * stride_rc_p + o_n3[None, :, :]
             b_r = tl.load(p_rc, mask=m_s3, other=0.0)
         else:
@@ -206,10 +207,10 @@ def mamba2_replay_kernel(
         m_cap = o_w < CAP
         b_lw = tl.load(p_lb + o_w, mask=m_cap, other=0.0)
         b_dw = tl.load(p_db + o_w, mask=m_cap, other=0.0)
-        # [BW, NC, VN] and [BW, BP]
+        # [BW, NC, PIECE] and [BW, ROWS]
         b_bw = tl.load(p_bb + o_w[:, None, None] * N + o_n3[None, :, :],
                        mask=m_cap[:, None, None] & m_n3[None, :, :], other=0.0)
-        if RC >= BP:
+        if CHUNK >= ROWS:
             b_xw = tl.load(p_xb + o_w[:, None] * P + o_p[None, :], mask=m_cap[:, None] & m_p[None, :], other=0.0)
     f = tl.load(fill + i_sh)
     m_w = o_w < f
@@ -238,20 +239,20 @@ def mamba2_replay_kernel(
     if f + 1 < W:
         if not EARLY:
             b_C3 = tl.load(C + i_b * stride_C_b + i_g * stride_C_g + o_n3, mask=m_n3, other=0.0).to(tl.float32)
-            # [BW, NC, VN]
+            # [BW, NC, PIECE]
             b_bw = tl.load(p_bb + o_w[:, None, None] * N + o_n3[None, :, :],
                            mask=m_w[:, None, None] & m_n3[None, :, :], other=0.0)
         b_kw = tl.where(m_w, b_cw * tl.sum(tl.sum(b_bw.to(tl.float32) * b_C3[None, :, :], axis=1), axis=1), 0.0)
-        if RC >= BP:
+        if CHUNK >= ROWS:
             if EARLY:
                 b_xw = tl.where(m_w[:, None], b_xw, 0.0)
             else:
-                # [BW, BP]
+                # [BW, ROWS]
                 b_xw = tl.load(p_xb + o_w[:, None] * P + o_p[None, :], mask=m_w[:, None] & m_p[None, :], other=0.0)
             b_y = tl.sum(tl.sum(b_r.to(tl.float32) * b_C3[None, :, :], axis=1), axis=1)
             if IS_FP8:
                 b_y = b_y * tl.load(read_scale + i_sh * P + o_p, mask=m_p, other=0.0)
-            if CK_Q8:
+            if Q8:
                 b_y = b_y * tl.load(ck_scale + i_sh * P + o_p, mask=m_p, other=0.0)
             b_y = tl.exp(b_lam) * b_y + tl.sum(b_kw[:, None] * b_xw.to(tl.float32), axis=0)
             b_y += (b_dt * tl.sum(b_B * b_C, axis=0)) * b_x
@@ -262,24 +263,24 @@ def mamba2_replay_kernel(
             b_bc = b_dt * tl.sum(b_B * b_C, axis=0)
             p_x = x + i_b * stride_x_b + i_h * stride_x_h
             if PREFETCH:
-                o_r = i_p * BP + tl.arange(0, RC)
+                o_r = i_p * ROWS + tl.arange(0, CHUNK)
                 b_xw_n, b_xc_n, b_z_n = _chunk_inputs(p_xb, p_x, z, o_z, o_r, o_r < P, o_w, m_w, P, HAS_Z)
-            for i_r in tl.range(0, BP, RC, num_stages=STAGES):
-                o_r = i_p * BP + i_r + tl.arange(0, RC)
+            for i_r in tl.range(0, ROWS, CHUNK, num_stages=STAGES):
+                o_r = i_p * ROWS + i_r + tl.arange(0, CHUNK)
                 if PREFETCH:
                     # This chunk's buffered x, x and z were read a chunk ahead, and the next chunk's are read now:
                     # the pipelined loop does not prefetch these 2-byte loads, which the compiler otherwise issues
                     # just before their use.
                     b_xw, b_xc, b_z = b_xw_n, b_xc_n, b_z_n
-                    b_xw_n, b_xc_n, b_z_n = _chunk_inputs(p_xb, p_x, z, o_z, o_r + RC,
-                                                          (o_r + RC < P) & (i_r + RC < BP), o_w, m_w, P, HAS_Z)
+                    b_xw_n, b_xc_n, b_z_n = _chunk_inputs(p_xb, p_x, z, o_z, o_r + CHUNK,
+                                                          (o_r + CHUNK < P) & (i_r + CHUNK < ROWS), o_w, m_w, P, HAS_Z)
                 else:
                     b_xw, b_xc, b_z = None, None, None
                 _chunk_output(
                     checkpoint, read_copy, read_scale, D, p_y, p_xb, p_x, z, o_z, i_h, i_s, i_sh, o_r, b_C3, b_kw,
                     b_decay, b_bc, o_n3, m_n3, o_w, m_w, P, stride_ck_s, stride_ck_h, stride_ck_p, stride_rc_s,
-                    stride_rc_h, stride_rc_p, HAS_D, HAS_Z, USE_COPY, IS_FP8, b_xw, b_xc, b_z, PREFETCH, ck_scale,
-                    CK_Q8,
+                    stride_rc_h, stride_rc_p, HAS_D, HAS_Z, HAS_COPY, IS_FP8, b_xw, b_xc, b_z, PREFETCH, ck_scale,
+                    Q8,
                 )
         tl.store(p_xb + f * P + o_p, b_xr, mask=m_p)
         if i_p == 0:
@@ -294,7 +295,7 @@ def mamba2_replay_kernel(
                 checkpoint, read_copy, read_scale, x, D, z, p_y, p_xb, p_bb,
                 i_b, i_h, i_p, i_s, i_sh, f, b_lam, b_cw, b_dt, b_B, b_C, o_s, o_z, o_n, m_n, o_w,
                 P, N, stride_x_b, stride_x_h, stride_ck_p, stride_rc_s, stride_rc_h, stride_rc_p,
-                BP, BPF, STAGES, HAS_D, HAS_Z, USE_COPY, IS_FP8, PRECISION, ck_scale, seed, steps, CK_Q8, RANDOM,
+                ROWS, FLUSH_CHUNK, STAGES, HAS_D, HAS_Z, HAS_COPY, IS_FP8, PRECISION, ck_scale, seed, steps, Q8, RANDOM,
                 ROW8,
             )
             if RANDOM:
@@ -336,18 +337,18 @@ def _heads_step(
     stride_z_b, stride_z_h,
     stride_y_b, stride_y_h,
     i_b, h0,
-    W: tl.constexpr, CAP: tl.constexpr, BP: tl.constexpr, BN: tl.constexpr, BW: tl.constexpr, VN: tl.constexpr,
-    RC: tl.constexpr, STAGES: tl.constexpr, HPP: tl.constexpr, HAS_D: tl.constexpr, HAS_Z: tl.constexpr,
-    HAS_DT_BIAS: tl.constexpr, USE_SOFTPLUS: tl.constexpr, HAS_SLOTS: tl.constexpr, USE_COPY: tl.constexpr,
-    IS_FP8: tl.constexpr, PREFETCH: tl.constexpr, TAIL: tl.constexpr, CK_Q8: tl.constexpr,
+    W: tl.constexpr, CAP: tl.constexpr, ROWS: tl.constexpr, BN: tl.constexpr, BW: tl.constexpr, PIECE: tl.constexpr,
+    CHUNK: tl.constexpr, STAGES: tl.constexpr, HEADS: tl.constexpr, HAS_D: tl.constexpr, HAS_Z: tl.constexpr,
+    HAS_DT_BIAS: tl.constexpr, USE_SOFTPLUS: tl.constexpr, HAS_SLOTS: tl.constexpr, HAS_COPY: tl.constexpr,
+    IS_FP8: tl.constexpr, PREFETCH: tl.constexpr, TAIL: tl.constexpr, Q8: tl.constexpr,
 ):
-    """Heads h0 .. h0 + HPP of row i_b (mamba2_heads_kernel)."""
+    """Heads h0 .. h0 + HEADS of row i_b (mamba2_heads_kernel)."""
     HPG = H // G
     i_g = h0 // HPG
     o_n, o_w = tl.arange(0, BN), tl.arange(0, BW)
     m_n = o_n < N
-    NC: tl.constexpr = BN // VN
-    o_n3 = tl.arange(0, NC)[:, None] * VN + tl.arange(0, VN)[None, :]
+    NC: tl.constexpr = BN // PIECE
+    o_n3 = tl.arange(0, NC)[:, None] * PIECE + tl.arange(0, PIECE)[None, :]
     m_n3 = o_n3 < N
     i_s = slot_of(slots, i_b, HAS_SLOTS)
     if i_s < 0:
@@ -360,29 +361,29 @@ def _heads_step(
         b_Br = tl.load(B + i_b * stride_B_b + i_g * stride_B_g + o_n, mask=m_n, other=0.0)
         b_C = tl.load(C + i_b * stride_C_b + i_g * stride_C_g + o_n, mask=m_n, other=0.0).to(tl.float32)
         b_C3 = tl.load(C + i_b * stride_C_b + i_g * stride_C_g + o_n3, mask=m_n3, other=0.0).to(tl.float32)
-        # [BW, NC, VN]: the group's buffered B, against this token's C once for every head of the program.
+        # [BW, NC, PIECE]: the group's buffered B, against this token's C once for every head of the program.
         b_bw = tl.load(p_bb + o_w[:, None, None] * N + o_n3[None, :, :],
                        mask=m_w[:, None, None] & m_n3[None, :, :], other=0.0)
         b_cbw = tl.sum(tl.sum(b_bw.to(tl.float32) * b_C3[None, :, :], axis=1), axis=1)
         b_cb = tl.sum(b_Br.to(tl.float32) * b_C, axis=0)
         p_x, o_z = x + i_b * stride_x_b, i_b * stride_z_b
         if PREFETCH:
-            o_r = tl.arange(0, RC)
+            o_r = tl.arange(0, CHUNK)
             b_xw_n, b_xc_n, b_z_n = _chunk_inputs(x_buf + (i_s * H + h0) * CAP * P, p_x + h0 * stride_x_h, z,
                                                   o_z + h0 * stride_z_h, o_r, o_r < P, o_w, m_w, P, HAS_Z)
-        for i_t in tl.range(0, HPP * BP, RC, num_stages=STAGES):
-            i_h = h0 + i_t // BP
+        for i_t in tl.range(0, HEADS * ROWS, CHUNK, num_stages=STAGES):
+            i_h = h0 + i_t // ROWS
             i_sh = i_s * H + i_h
-            o_r = i_t % BP + tl.arange(0, RC)
+            o_r = i_t % ROWS + tl.arange(0, CHUNK)
             if PREFETCH:
                 # As in mamba2_replay_kernel: this chunk's x, buffered x and z read a chunk ahead, the next
                 # chunk's (of this head or the next) now.
                 b_xw, b_xc, b_z = b_xw_n, b_xc_n, b_z_n
-                i_hn = h0 + (i_t + RC) // BP
-                o_rn = (i_t + RC) % BP + tl.arange(0, RC)
+                i_hn = h0 + (i_t + CHUNK) // ROWS
+                o_rn = (i_t + CHUNK) % ROWS + tl.arange(0, CHUNK)
                 b_xw_n, b_xc_n, b_z_n = _chunk_inputs(x_buf + (i_s * H + i_hn) * CAP * P, p_x + i_hn * stride_x_h, z,
                                                       o_z + i_hn * stride_z_h, o_rn,
-                                                      (o_rn < P) & (i_t + RC < HPP * BP), o_w, m_w, P, HAS_Z)
+                                                      (o_rn < P) & (i_t + CHUNK < HEADS * ROWS), o_w, m_w, P, HAS_Z)
             else:
                 b_xw, b_xc, b_z = None, None, None
             b_dt = step_delta(tl.load(dt + i_b * stride_dt_b + i_h * stride_dt_h), dt_bias, i_h, HAS_DT_BIAS,
@@ -395,15 +396,15 @@ def _heads_step(
                 checkpoint, read_copy, read_scale, D, y + i_b * stride_y_b + i_h * stride_y_h, p_xb,
                 p_x + i_h * stride_x_h, z, o_z + i_h * stride_z_h, i_h, i_s, i_sh, o_r, b_C3, b_kw, tl.exp(b_lam),
                 b_dt * b_cb, o_n3, m_n3, o_w, m_w, P, stride_ck_s, stride_ck_h, stride_ck_p, stride_rc_s, stride_rc_h,
-                stride_rc_p, HAS_D, HAS_Z, USE_COPY, IS_FP8, b_xw, b_xc, b_z, PREFETCH, ck_scale, CK_Q8,
+                stride_rc_p, HAS_D, HAS_Z, HAS_COPY, IS_FP8, b_xw, b_xc, b_z, PREFETCH, ck_scale, Q8,
             )
             # This token's entry: x's rows with each chunk, Δ and lam with each head's first.
             tl.store(p_xb + f * P + o_r, b_xc, mask=o_r < P)
-            tl.store(p_db + f, b_dt, mask=i_t % BP == 0)
-            tl.store(p_lb + f, b_lam, mask=i_t % BP == 0)
+            tl.store(p_db + f, b_dt, mask=i_t % ROWS == 0)
+            tl.store(p_lb + f, b_lam, mask=i_t % ROWS == 0)
         if h0 % HPG == 0:
             tl.store(p_bb + f * N + o_n, b_Br, mask=m_n)
-    advance_heads(fill + i_s * H, work, i_b, h0, f, W, HPP, TAIL)
+    advance_heads(fill + i_s * H, work, i_b, h0, f, W, HEADS, TAIL)
 
 
 @triton.jit
@@ -420,29 +421,29 @@ def mamba2_heads_kernel(
     stride_z_b, stride_z_h,
     stride_y_b, stride_y_h,
     NHP, NE,
-    W: tl.constexpr, CAP: tl.constexpr, BP: tl.constexpr, BN: tl.constexpr, BW: tl.constexpr, VN: tl.constexpr,
-    RC: tl.constexpr, STAGES: tl.constexpr, HPP: tl.constexpr, HAS_D: tl.constexpr, HAS_Z: tl.constexpr,
-    HAS_DT_BIAS: tl.constexpr, USE_SOFTPLUS: tl.constexpr, HAS_SLOTS: tl.constexpr, USE_COPY: tl.constexpr,
-    IS_FP8: tl.constexpr, PREFETCH: tl.constexpr, TAIL: tl.constexpr, BPF: tl.constexpr,
-    FSTAGES: tl.constexpr, PRECISION: tl.constexpr, CK_Q8: tl.constexpr = False, RANDOM: tl.constexpr = False,
+    W: tl.constexpr, CAP: tl.constexpr, ROWS: tl.constexpr, BN: tl.constexpr, BW: tl.constexpr, PIECE: tl.constexpr,
+    CHUNK: tl.constexpr, STAGES: tl.constexpr, HEADS: tl.constexpr, HAS_D: tl.constexpr, HAS_Z: tl.constexpr,
+    HAS_DT_BIAS: tl.constexpr, USE_SOFTPLUS: tl.constexpr, HAS_SLOTS: tl.constexpr, HAS_COPY: tl.constexpr,
+    IS_FP8: tl.constexpr, PREFETCH: tl.constexpr, TAIL: tl.constexpr, FLUSH_CHUNK: tl.constexpr,
+    FLUSH_STAGES: tl.constexpr, PRECISION: tl.constexpr, Q8: tl.constexpr = False, RANDOM: tl.constexpr = False,
     ROW8: tl.constexpr = False,
 ):
-    """A two-launch step's non-flush launch with HPP heads of one group per program (whole heads, BP ≥ P): the
+    """A two-launch step's non-flush launch with HEADS heads of one group per program (whole heads, ROWS ≥ P): the
     group's C·B of the buffered entries is summed once for all of them, and one pipelined loop streams their tiles
-    RC rows at a time, head after head. Heads that flush are
+    CHUNK rows at a time, head after head. Heads that flush are
     listed in `work` for `mamba2_flush_kernel`.
 
     With TAIL the flushes run in this launch instead: a flat grid of NHP heads programs and then flushing programs,
     in the order they start (`tail_ticket`), so that the flushing programs take the heads' places as those finish
-    and flush each listed head (of at most NE) as soon as it is published (in BPF-row chunks, FSTAGES deep,
+    and flush each listed head (of at most NE) as soon as it is published (in FLUSH_CHUNK-row chunks, FLUSH_STAGES deep,
     products at PRECISION)."""
     if TAIL:
         i_t = tail_ticket(work)
         heads = i_t < NHP
-        i_b, h0 = i_t % (NHP // (H // HPP)), (i_t // (NHP // (H // HPP))) * HPP
+        i_b, h0 = i_t % (NHP // (H // HEADS)), (i_t // (NHP // (H // HEADS))) * HEADS
     else:
         heads = True
-        i_b, h0 = tl.program_id(0), tl.program_id(1) * HPP
+        i_b, h0 = tl.program_id(0), tl.program_id(1) * HEADS
     if heads:
         _heads_step(
             x, dt, A, B, C, D, z, dt_bias, slots, y,
@@ -451,8 +452,8 @@ def mamba2_heads_kernel(
             stride_ck_s, stride_ck_h, stride_ck_p, stride_rc_s, stride_rc_h, stride_rc_p, stride_x_b, stride_x_h,
             stride_dt_b, stride_dt_h, stride_B_b, stride_B_g, stride_C_b, stride_C_g, stride_z_b, stride_z_h,
             stride_y_b, stride_y_h, i_b, h0,
-            W, CAP, BP, BN, BW, VN, RC, STAGES, HPP, HAS_D, HAS_Z, HAS_DT_BIAS, USE_SOFTPLUS, HAS_SLOTS,
-            USE_COPY, IS_FP8, PREFETCH, TAIL, CK_Q8,
+            W, CAP, ROWS, BN, BW, PIECE, CHUNK, STAGES, HEADS, HAS_D, HAS_Z, HAS_DT_BIAS, USE_SOFTPLUS, HAS_SLOTS,
+            HAS_COPY, IS_FP8, PREFETCH, TAIL, Q8,
         )
         if TAIL:
             tail_heads_done(work)
@@ -467,8 +468,8 @@ def mamba2_heads_kernel(
                 stride_ck_s, stride_ck_h, stride_ck_p, stride_rc_s, stride_rc_h, stride_rc_p, stride_x_b,
                 stride_x_h, stride_dt_b, stride_dt_h, stride_B_b, stride_B_g, stride_C_b, stride_C_g, stride_z_b,
                 stride_z_h, stride_y_b, stride_y_h,
-                CAP, BP, BPF, BN, BW, FSTAGES, HAS_D, HAS_Z, HAS_DT_BIAS, USE_SOFTPLUS, HAS_SLOTS, USE_COPY,
-                IS_FP8, PRECISION, ck_scale, seed, steps, CK_Q8, RANDOM, ROW8,
+                CAP, ROWS, FLUSH_CHUNK, BN, BW, FLUSH_STAGES, HAS_D, HAS_Z, HAS_DT_BIAS, USE_SOFTPLUS, HAS_SLOTS,
+                HAS_COPY, IS_FP8, PRECISION, ck_scale, seed, steps, Q8, RANDOM, ROW8,
             )
             i_e = tail_claim(work)
             listed = tail_wait(work, i_e, NHP, NE)
@@ -488,19 +489,19 @@ def _flush_item(
     stride_C_b, stride_C_g,
     stride_z_b, stride_z_h,
     stride_y_b, stride_y_h,
-    CAP: tl.constexpr, BP: tl.constexpr, BPF: tl.constexpr, BN: tl.constexpr, BW: tl.constexpr,
+    CAP: tl.constexpr, ROWS: tl.constexpr, FLUSH_CHUNK: tl.constexpr, BN: tl.constexpr, BW: tl.constexpr,
     STAGES: tl.constexpr, HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_DT_BIAS: tl.constexpr,
-    USE_SOFTPLUS: tl.constexpr, HAS_SLOTS: tl.constexpr, USE_COPY: tl.constexpr, IS_FP8: tl.constexpr,
-    PRECISION: tl.constexpr, ck_scale, seed, steps, CK_Q8: tl.constexpr, RANDOM: tl.constexpr, ROW8: tl.constexpr,
+    USE_SOFTPLUS: tl.constexpr, HAS_SLOTS: tl.constexpr, HAS_COPY: tl.constexpr, IS_FP8: tl.constexpr,
+    PRECISION: tl.constexpr, ck_scale, seed, steps, Q8: tl.constexpr, RANDOM: tl.constexpr, ROW8: tl.constexpr,
 ):
-    """Rows i_p·BP .. of the flush the list's entry i_e names."""
+    """Rows i_p·ROWS .. of the flush the list's entry i_e names."""
     o_n, o_w = tl.arange(0, BN), tl.arange(0, BW)
     m_n = o_n < N
     i_b, i_h, f = listed_flush(work, i_e)
     i_g = i_h // (H // G)
     i_s = slot_of(slots, i_b, HAS_SLOTS)
     i_sh = i_s * H + i_h
-    o_p = i_p * BP + tl.arange(0, BP)
+    o_p = i_p * ROWS + tl.arange(0, ROWS)
     b_xr, b_Br, b_C, b_dt = _step_inputs(
         x, dt, B, C, dt_bias, i_b, i_h, i_g, o_p, o_p < P, o_n, m_n, stride_x_b, stride_x_h, stride_dt_b,
         stride_dt_h, stride_B_b, stride_B_g, stride_C_b, stride_C_g, HAS_DT_BIAS, USE_SOFTPLUS)
@@ -515,7 +516,7 @@ def _flush_item(
         i_b, i_h, i_p, i_s, i_sh, f, b_lam, b_cw, b_dt, b_Br.to(tl.float32), b_C,
         i_s * stride_ck_s + i_h * stride_ck_h, i_b * stride_z_b + i_h * stride_z_h, o_n, m_n, o_w,
         P, N, stride_x_b, stride_x_h, stride_ck_p, stride_rc_s, stride_rc_h, stride_rc_p,
-        BP, BPF, STAGES, HAS_D, HAS_Z, USE_COPY, IS_FP8, PRECISION, ck_scale, seed, steps, CK_Q8, RANDOM, ROW8,
+        ROWS, FLUSH_CHUNK, STAGES, HAS_D, HAS_Z, HAS_COPY, IS_FP8, PRECISION, ck_scale, seed, steps, Q8, RANDOM, ROW8,
     )
 
 
@@ -532,13 +533,13 @@ def mamba2_flush_kernel(
     stride_C_b, stride_C_g,
     stride_z_b, stride_z_h,
     stride_y_b, stride_y_h,
-    CAP: tl.constexpr, BP: tl.constexpr, BPF: tl.constexpr, BN: tl.constexpr, BW: tl.constexpr,
+    CAP: tl.constexpr, ROWS: tl.constexpr, FLUSH_CHUNK: tl.constexpr, BN: tl.constexpr, BW: tl.constexpr,
     STAGES: tl.constexpr, NPB: tl.constexpr, HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_DT_BIAS: tl.constexpr,
-    USE_SOFTPLUS: tl.constexpr, HAS_SLOTS: tl.constexpr, USE_COPY: tl.constexpr, IS_FP8: tl.constexpr,
-    PRECISION: tl.constexpr, CK_Q8: tl.constexpr = False, RANDOM: tl.constexpr = False,
+    USE_SOFTPLUS: tl.constexpr, HAS_SLOTS: tl.constexpr, HAS_COPY: tl.constexpr, IS_FP8: tl.constexpr,
+    PRECISION: tl.constexpr, Q8: tl.constexpr = False, RANDOM: tl.constexpr = False,
     ROW8: tl.constexpr = False,
 ):
-    """The flushes the non-flush launch listed in `work` (mamba2.common's list), BP rows of a head per item: each
+    """The flushes the non-flush launch listed in `work` (mamba2.common's list), ROWS rows of a head per item: each
     program loops over the items, so the launch's programs are a few per SM however few rows flush. The last program
     to finish zeroes the list's header for the next step."""
     n_items = tl.load(work) * NPB
@@ -553,8 +554,8 @@ def mamba2_flush_kernel(
             stride_ck_s, stride_ck_h, stride_ck_p, stride_rc_s, stride_rc_h, stride_rc_p, stride_x_b, stride_x_h,
             stride_dt_b, stride_dt_h, stride_B_b, stride_B_g, stride_C_b, stride_C_g, stride_z_b, stride_z_h,
             stride_y_b, stride_y_h,
-            CAP, BP, BPF, BN, BW, STAGES, HAS_D, HAS_Z, HAS_DT_BIAS, USE_SOFTPLUS, HAS_SLOTS, USE_COPY, IS_FP8,
-            PRECISION, ck_scale, seed, steps, CK_Q8, RANDOM, ROW8,
+            CAP, ROWS, FLUSH_CHUNK, BN, BW, STAGES, HAS_D, HAS_Z, HAS_DT_BIAS, USE_SOFTPLUS, HAS_SLOTS, HAS_COPY,
+            IS_FP8, PRECISION, ck_scale, seed, steps, Q8, RANDOM, ROW8,
         )
         i_j += n_programs
     list_done(work, n_programs, slots, steps, HAS_SLOTS, RANDOM)
@@ -566,18 +567,18 @@ def mamba2_materialize_kernel(
     H, G, P, N,
     stride_ck_s, stride_ck_h, stride_ck_p,
     stride_out_s, stride_out_h, stride_out_p,
-    CAP: tl.constexpr, BP: tl.constexpr, BN: tl.constexpr, JB: tl.constexpr, CK_Q8: tl.constexpr = False,
+    CAP: tl.constexpr, ROWS: tl.constexpr, BN: tl.constexpr, JB: tl.constexpr, Q8: tl.constexpr = False,
 ):
     i_r, i_h = tl.program_id(0), tl.program_id(1)
     i_s = tl.load(slots + i_r).to(tl.int64)
     i_g = i_h // (H // G)
     i_sh = i_s * H + i_h
-    o_p, o_n = tl.arange(0, BP), tl.arange(0, BN)
+    o_p, o_n = tl.arange(0, ROWS), tl.arange(0, BN)
     m_p, m_n = o_p < P, o_n < N
     m_s = m_p[:, None] & m_n[None, :]
     p_ck = checkpoint + i_s * stride_ck_s + i_h * stride_ck_h + o_p[:, None] * stride_ck_p + o_n[None, :]
     b_s = tl.load(p_ck, mask=m_s, other=0.0).to(tl.float32)
-    if CK_Q8:
+    if Q8:
         b_s = b_s * tl.load(ck_scale + i_sh * P + o_p, mask=m_p, other=0.0)[:, None]
     f = tl.load(fill + i_sh)
     p_lb = lam_buf + i_sh * CAP
@@ -665,7 +666,7 @@ STEP_LAUNCH = {
 SMALL_GRID, LARGE_GRID = 2, 80
 # A flush walks its rows 16 at a time (the fold is one [16, BW] x [BW, BN] product); a flush launch has 6 programs per
 # SM.
-FLUSH_ROWS, FLUSH_PROGRAMS_PER_SM = 16, 6
+FLUSH_CHUNK, FLUSH_PROGRAMS_PER_SM = 16, 6
 
 
 def _width(cache: ReplayCache) -> str:
@@ -773,9 +774,9 @@ def _launch_heads(cache: ReplayCache, step: dict, batch: int, softplus: bool, c:
     nhp = batch * (H // hpp)
     if tail:
         grid = (nhp + common.flush_grid(batch * H, FLUSH_PROGRAMS_PER_SM, cache.device)[0],)
-        flush = {"FSTAGES": c.stages, "PRECISION": c.precision}
+        flush = {"FLUSH_STAGES": c.stages, "PRECISION": c.precision}
     else:
-        grid, flush = (batch, H // hpp), {"FSTAGES": 1, "PRECISION": "ieee"}
+        grid, flush = (batch, H // hpp), {"FLUSH_STAGES": 1, "PRECISION": "ieee"}
     mamba2_heads_kernel[grid](
         **step,
         checkpoint=cache.checkpoint, read_copy=rc, read_scale=cache.read_scale, x_buf=cache.x_buf,
@@ -783,11 +784,11 @@ def _launch_heads(cache: ReplayCache, step: dict, batch: int, softplus: bool, c:
         H=H, G=G, P=P, N=N,
         **_strides(cache, step),
         NHP=nhp, NE=(cache.work.numel() - LIST_HEADER.value) // LIST_ENTRY.value,
-        W=cache.window, CAP=cache.capacity, BP=common.block(P), BN=BN, BW=max(16, common.block(cache.capacity)),
-        VN=min(c.piece, BN), RC=min(c.chunk, common.block(P)), STAGES=c.stages, HPP=hpp,
+        W=cache.window, CAP=cache.capacity, ROWS=common.block(P), BN=BN, BW=max(16, common.block(cache.capacity)),
+        PIECE=min(c.piece, BN), CHUNK=min(c.chunk, common.block(P)), STAGES=c.stages, HEADS=hpp,
         HAS_D=step["D"] is not None, HAS_Z=step["z"] is not None, HAS_DT_BIAS=step["dt_bias"] is not None,
-        USE_SOFTPLUS=softplus, HAS_SLOTS=step["slots"] is not None, USE_COPY=rc is not None,
-        IS_FP8=cache.read_scale is not None, PREFETCH=c.prefetch, TAIL=tail, BPF=FLUSH_ROWS, **flush,
+        USE_SOFTPLUS=softplus, HAS_SLOTS=step["slots"] is not None, HAS_COPY=rc is not None,
+        IS_FP8=cache.read_scale is not None, PREFETCH=c.prefetch, TAIL=tail, FLUSH_CHUNK=FLUSH_CHUNK, **flush,
         **store_args(cache),
         **common.compile_options(c.warps, c.maxnreg),
     )
@@ -797,7 +798,7 @@ def store_args(cache: ReplayCache) -> dict:
     """How a launch stores the checkpoint: its 8-bit rows' scales and the stochastic rounding's seed and counts
     (compile-time Nones and False when the checkpoint is 16-bit or fp32 and rounded to nearest)."""
     seed, steps, random = rnd.rounding_args(cache.rounding)
-    return dict(ck_scale=cache.checkpoint_scale, seed=seed, steps=steps, CK_Q8=cache.is_eight_bit, RANDOM=random,
+    return dict(ck_scale=cache.checkpoint_scale, seed=seed, steps=steps, Q8=cache.is_eight_bit, RANDOM=random,
                 **row8_args(random, cache.shape[3]))
 
 
@@ -831,8 +832,8 @@ def _launch_flushes(cache: ReplayCache, step: dict, batch: int, softplus: bool, 
     """The flushes the non-flush launch listed: a few programs per SM (all of them on the CPU), each looping over
     the items."""
     _, H, P, N, G = cache.shape
-    BP = rows_per_program(c, P)
-    NPB = triton.cdiv(P, BP)
+    ROWS = rows_per_program(c, P)
+    NPB = triton.cdiv(P, ROWS)
     items = batch * H * NPB
     mamba2_flush_kernel[common.flush_grid(items, FLUSH_PROGRAMS_PER_SM, cache.device)](
         **step,
@@ -840,10 +841,10 @@ def _launch_flushes(cache: ReplayCache, step: dict, batch: int, softplus: bool, 
         b_buf=cache.b_buf, dt_buf=cache.dt_buf, lam_buf=cache.lam_buf, work=cache.work,
         H=H, G=G, P=P, N=N,
         **_strides(cache, step),
-        CAP=cache.capacity, BP=BP, BPF=FLUSH_ROWS, BN=max(16, common.block(N)),
+        CAP=cache.capacity, ROWS=ROWS, FLUSH_CHUNK=FLUSH_CHUNK, BN=max(16, common.block(N)),
         BW=max(16, common.block(cache.capacity)), STAGES=c.stages, NPB=NPB,
         HAS_D=step["D"] is not None, HAS_Z=step["z"] is not None, HAS_DT_BIAS=step["dt_bias"] is not None,
-        USE_SOFTPLUS=softplus, HAS_SLOTS=step["slots"] is not None, USE_COPY=cache.read_copy is not None,
+        USE_SOFTPLUS=softplus, HAS_SLOTS=step["slots"] is not None, HAS_COPY=cache.read_copy is not None,
         IS_FP8=cache.read_scale is not None, PRECISION=c.precision, **store_args(cache),
         **common.compile_options(c.warps, c.maxnreg if c.flush_maxnreg is None else c.flush_maxnreg),
     )
@@ -851,22 +852,22 @@ def _launch_flushes(cache: ReplayCache, step: dict, batch: int, softplus: bool, 
 
 def _launch_replay(cache: ReplayCache, step: dict, batch: int, softplus: bool, c: StepConfig, phase: int) -> None:
     _, H, P, N, G = cache.shape
-    BP = rows_per_program(c, P)
+    ROWS = rows_per_program(c, P)
     BN = max(16, common.block(N))
     rc = cache.read_copy
-    mamba2_replay_kernel[(batch, H, triton.cdiv(P, BP))](
+    mamba2_replay_kernel[(batch, H, triton.cdiv(P, ROWS))](
         **step,
         checkpoint=cache.checkpoint, read_copy=rc, read_scale=cache.read_scale, x_buf=cache.x_buf,
         b_buf=cache.b_buf, dt_buf=cache.dt_buf, lam_buf=cache.lam_buf, fill=cache.fill, arrive=cache.arrive,
         work=cache.work,
         H=H, G=G, P=P, N=N,
         **_strides(cache, step),
-        W=cache.window, CAP=cache.capacity, BP=BP, BPF=FLUSH_ROWS, BN=BN,
-        BW=max(16, common.block(cache.capacity)), VN=min(c.piece, BN), RC=min(c.chunk, BP), STAGES=c.stages,
-        NPB=triton.cdiv(P, BP),
+        W=cache.window, CAP=cache.capacity, ROWS=ROWS, FLUSH_CHUNK=FLUSH_CHUNK, BN=BN,
+        BW=max(16, common.block(cache.capacity)), PIECE=min(c.piece, BN), CHUNK=min(c.chunk, ROWS), STAGES=c.stages,
+        NPB=triton.cdiv(P, ROWS),
         HAS_D=step["D"] is not None, HAS_Z=step["z"] is not None, HAS_DT_BIAS=step["dt_bias"] is not None,
         USE_SOFTPLUS=softplus,
-        HAS_SLOTS=step["slots"] is not None, USE_COPY=rc is not None, IS_FP8=cache.read_scale is not None,
+        HAS_SLOTS=step["slots"] is not None, HAS_COPY=rc is not None, IS_FP8=cache.read_scale is not None,
         EARLY=c.early, PRECISION=c.precision, PHASE=phase, PREFETCH=c.prefetch, **store_args(cache),
         step_arrive=rnd.step_arrivals(cache.rounding),
         **common.compile_options(c.warps, c.maxnreg),
@@ -926,8 +927,8 @@ def materialize(cache: ReplayCache, slots=None, *, config: MaterializeConfig | N
         H=H, G=G, P=P, N=N,
         stride_ck_s=ck.stride(0), stride_ck_h=ck.stride(1), stride_ck_p=ck.stride(2),
         stride_out_s=out.stride(0), stride_out_h=out.stride(1), stride_out_p=out.stride(2),
-        CAP=cache.capacity, BP=common.block(P), BN=common.block(N), JB=MATERIALIZE_ENTRIES,
-        CK_Q8=cache.is_eight_bit,
+        CAP=cache.capacity, ROWS=common.block(P), BN=common.block(N), JB=MATERIALIZE_ENTRIES,
+        Q8=cache.is_eight_bit,
         **common.compile_options(c.warps, None),
     )
     return out

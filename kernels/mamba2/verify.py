@@ -60,14 +60,15 @@ def mamba2_verify_kernel(
     stride_C_b, stride_C_t, stride_C_g,
     stride_z_b, stride_z_t, stride_z_h,
     stride_y_b, stride_y_t, stride_y_h,
-    HPG: tl.constexpr, T: tl.constexpr, MAXT: tl.constexpr, W: tl.constexpr, CAP: tl.constexpr,
-    BP: tl.constexpr, BPF: tl.constexpr, BN: tl.constexpr, BJ: tl.constexpr, BT: tl.constexpr, BTD: tl.constexpr,
-    VN: tl.constexpr, VEC: tl.constexpr, NPB: tl.constexpr, BCPASS: tl.constexpr,
+    HPG: tl.constexpr, T: tl.constexpr, TMAX: tl.constexpr, W: tl.constexpr, CAP: tl.constexpr,
+    ROWS: tl.constexpr, FOLD_CHUNK: tl.constexpr, BN: tl.constexpr, BJ: tl.constexpr, BT: tl.constexpr,
+    BTD: tl.constexpr,
+    PIECE: tl.constexpr, VEC: tl.constexpr, NPB: tl.constexpr, BC_PASS: tl.constexpr,
     HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_DT_BIAS: tl.constexpr, USE_SOFTPLUS: tl.constexpr,
-    HAS_SLOTS: tl.constexpr, USE_COPY: tl.constexpr, IS_FP8: tl.constexpr, IS_HALF_IO: tl.constexpr,
-    CK_Q8: tl.constexpr = False, RANDOM: tl.constexpr = False, ROW8: tl.constexpr = False,
+    HAS_SLOTS: tl.constexpr, HAS_COPY: tl.constexpr, IS_FP8: tl.constexpr, IS_HALF_IO: tl.constexpr,
+    Q8: tl.constexpr = False, RANDOM: tl.constexpr = False, ROW8: tl.constexpr = False,
 ):
-    # CK_Q8: the checkpoint is 8-bit rows with scales ck_scale (nslots, H, P); RANDOM: a fold stores it rounded
+    # Q8: the checkpoint is 8-bit rows with scales ck_scale (nslots, H, P); RANDOM: a fold stores it rounded
     # stochastically
     i_b, i_h, i_p = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_s = slot_of(slots, i_b, HAS_SLOTS)
@@ -75,19 +76,19 @@ def mamba2_verify_kernel(
         return
     i_g = i_h // HPG
     i_sh = i_s * H + i_h
-    o_p, o_n, o_j, o_t = i_p * BP + tl.arange(0, BP), tl.arange(0, BN), tl.arange(0, BJ), tl.arange(0, BT)
+    o_p, o_n, o_j, o_t = i_p * ROWS + tl.arange(0, ROWS), tl.arange(0, BN), tl.arange(0, BJ), tl.arange(0, BT)
     m_p, m_n, m_t = o_p < P, o_n < N, o_t < T
 
-    # The tile and the entries' B are held as [rows, BN / VN, VN] so that each thread sums its VN-wide pieces of
-    # a row in registers and only the VN lanes of a row meet in shuffles. Both are read VEC elements at a time,
+    # The tile and the entries' B are held as [rows, BN / PIECE, PIECE] so that each thread sums its PIECE-wide pieces
+    # of a row in registers and only the PIECE lanes of a row meet in shuffles. Both are read VEC elements at a time,
     # whatever their dtypes, so that they share one layout and each draft's C is laid out once for both.
-    NC: tl.constexpr = BN // VN
-    o_n3 = tl.max_contiguous(tl.arange(0, NC)[:, None] * VN + tl.arange(0, VN)[None, :], [1, VEC])
+    NC: tl.constexpr = BN // PIECE
+    o_n3 = tl.max_contiguous(tl.arange(0, NC)[:, None] * PIECE + tl.arange(0, PIECE)[None, :], [1, VEC])
     m_n3 = o_n3 < N
     m_s3 = m_p[:, None, None] & m_n3[None, :, :]
     p_ck = checkpoint + i_s * stride_ck_s + i_h * stride_ck_h
     # The tile read bounds the step, so it is issued before anything it does not depend on.
-    if USE_COPY:
+    if HAS_COPY:
         p_rc = read_copy + i_s * stride_rc_s + i_h * stride_rc_h
         b_r = tl.load(p_rc + o_p[:, None, None] * stride_rc_p + o_n3[None, :, :], mask=m_s3, other=0.0)
     else:
@@ -105,12 +106,12 @@ def mamba2_verify_kernel(
     # A row that folds first answers the same way, from the checkpoint it folds; that equals the folded state.
     m_jc = o_j < f
     m_jd = (o_j >= f) & (o_j < f + T)
-    # x and B of the entries, [BJ, BP] and [BJ, NC, VN]: one load each, a row from the buffer or the drafts
+    # x and B of the entries, [BJ, ROWS] and [BJ, NC, PIECE]: one load each, a row from the buffer or the drafts
     p_xj = tl.where(m_jc, p_xb + o_j * P, p_x + (o_j - f) * stride_x_t)
     b_xj = tl.load(p_xj[:, None] + o_p[None, :], mask=(m_jc | m_jd)[:, None] & m_p[None, :], other=0.0)
     p_bj = tl.where(m_jc, p_bb + o_j * N, p_B + (o_j - f) * stride_B_t)
     o_td = tl.arange(0, BTD)
-    if BCPASS:
+    if BC_PASS:
         # the entries' B·C_t, [BJ, BTD] (columns t >= T zero), summed once per group by `mamba2_verify_bc_kernel`
         b_bc = tl.load(bc + (i_b * G + i_g) * BJ * BT + o_j[:, None] * BT + o_td[None, :], mask=o_td[None, :] < T,
                        other=0.0)
@@ -124,21 +125,22 @@ def mamba2_verify_kernel(
     b_s3 = b_r.to(tl.float32)
     if IS_FP8:
         b_s3 = b_s3 * tl.load(read_scale + i_sh * P + o_p, mask=m_p, other=0.0)[:, None, None]
-    if CK_Q8:
+    if Q8:
         b_s3 = b_s3 * tl.load(ck_scale + i_sh * P + o_p, mask=m_p, other=0.0)[:, None, None]
-    if USE_COPY:
+    if HAS_COPY:
         # a fold answers from the full-precision checkpoint, not its read copy
         if f >= W:
             b_s3 = tl.load(p_ck + o_p[:, None, None] * stride_ck_p + o_n3[None, :, :], mask=m_s3, other=0.0)
             b_s3 = b_s3.to(tl.float32)
 
     # y[p, t] = exp(lam_t) S[p, :]·C_t + sum_j x_j[p] k[j, t], with k[j, t] = exp(lam_t - lam_j) dt_j B_j·C_t for
-    # j <= f + t. Per draft the tile and B take one reduction each; the sum over j is one [BP, BJ] x [BJ, BTD] product.
+    # j <= f + t. Per draft the tile and B take one reduction each; the sum over j is one [ROWS, BJ] x [BJ, BTD]
+    # product.
     b_A = tl.load(A + i_h).to(tl.float32)
     b_c = 0.0
     b_dtd = tl.zeros([BT], dtype=tl.float32)
     b_cd = tl.zeros([BT], dtype=tl.float32)
-    b_y = tl.zeros([BP, BT], dtype=tl.float32)
+    b_y = tl.zeros([ROWS, BT], dtype=tl.float32)
     b_k = tl.zeros([BJ, BTD], dtype=tl.float32)
     b_cdd = tl.zeros([BTD], dtype=tl.float32)
     for t in tl.static_range(T):
@@ -150,7 +152,7 @@ def mamba2_verify_kernel(
         b_lamj = tl.where(o_j == f + t, b_lt, b_lamj)
         b_dtj = tl.where(o_j == f + t, b_dt, b_dtj)
         b_C3 = tl.load(p_C + t * stride_C_t + o_n3, mask=m_n3, other=0.0).to(tl.float32)
-        if BCPASS:
+        if BC_PASS:
             b_cdd = tl.where(o_td == t, b_c, b_cdd)
         else:
             b_kt = tl.sum(tl.sum(b_bj * b_C3[None, :, :], axis=1), axis=1)
@@ -160,13 +162,13 @@ def mamba2_verify_kernel(
         b_y = tl.where(o_t[None, :] == t, b_yt[:, None], b_y)
         b_dtd = tl.where(o_t == t, b_dt, b_dtd)
         b_cd = tl.where(o_t == t, b_c, b_cd)
-    if BCPASS:
+    if BC_PASS:
         # entry j's weight for draft t, j <= f + t: the drafts' lam and Δ are all in b_lamj and b_dtj by now
         m_k = (o_j[:, None] <= f + o_td[None, :]) & (o_td[None, :] < T)
         b_k = tl.where(m_k, tl.exp(b_lam0 + b_cdd[None, :] - b_lamj[:, None]) * b_dtj[:, None] * b_bc, 0.0)
     b_xk = dot_fp32(tl.trans(b_xj.to(tl.float32)), b_k, IS_HALF_IO, False)
     # columns t >= T of k are zero, so folding BTD columns onto BT keeps those of the drafts
-    b_y += tl.sum(tl.reshape(b_xk, (BP, BTD // BT, BT)), axis=1)
+    b_y += tl.sum(tl.reshape(b_xk, (ROWS, BTD // BT, BT)), axis=1)
     m_pt = m_p[:, None] & m_t[None, :]
     b_xt = tl.load(p_x + o_t[None, :] * stride_x_t + o_p[:, None], mask=m_pt, other=0.0).to(tl.float32)
     o_z = i_b * stride_z_b + i_h * stride_z_h + o_t[None, :] * stride_z_t + o_p[:, None]
@@ -175,31 +177,31 @@ def mamba2_verify_kernel(
     tl.store(p_y, b_y.to(p_y.dtype.element_ty), mask=m_pt)
 
     if f >= W:
-        # Fold the f committed entries into the checkpoint, BPF rows at a time, each a [BPF, BJ] x [BJ, BN] product;
-        # the drafts' rows of B meet zero coefficients.
+        # Fold the f committed entries into the checkpoint, FOLD_CHUNK rows at a time, each a [FOLD_CHUNK, BJ] x
+        # [BJ, BN] product; the drafts' rows of B meet zero coefficients.
         b_cf = tl.where(m_jc, tl.exp(b_lam0 - b_lamj) * b_dtj, 0.0)
-        if BCPASS:
+        if BC_PASS:
             b_bf = tl.load(p_bj[:, None] + o_n[None, :], mask=m_jc[:, None] & m_n[None, :], other=0.0).to(tl.float32)
         else:
             b_bf = tl.reshape(b_bj, (BJ, BN))
-        for i_c in range(0, BP, BPF):
-            o_c = i_p * BP + i_c + tl.arange(0, BPF)
+        for i_c in range(0, ROWS, FOLD_CHUNK):
+            o_c = i_p * ROWS + i_c + tl.arange(0, FOLD_CHUNK)
             m_c = o_c < P
             m_sc = m_c[:, None] & m_n[None, :]
             b_xf = tl.load(p_xb + o_j[:, None] * P + o_c[None, :], mask=m_jc[:, None] & m_c[None, :], other=0.0)
             p_cks = p_ck + o_c[:, None] * stride_ck_p + o_n[None, :]
             b_s = tl.load(p_cks, mask=m_sc, other=0.0).to(tl.float32)
-            if CK_Q8:
+            if Q8:
                 b_s = b_s * tl.load(ck_scale + i_sh * P + o_c, mask=m_c, other=0.0)[:, None]
             b_s = b_s * tl.exp(b_lam0)
             b_s += dot_fp32(tl.trans(b_xf.to(tl.float32) * b_cf[:, None]), b_bf, False, IS_HALF_IO)
             # rounding to nearest stays inline: through store_rows its PTX would gain the call's debug labels
-            if CK_Q8 or RANDOM:
-                store_rows(p_cks, b_s, m_sc, ck_scale, i_sh * P + o_c, m_c, seed, steps, i_s, i_h, o_c, N, CK_Q8,
+            if Q8 or RANDOM:
+                store_rows(p_cks, b_s, m_sc, ck_scale, i_sh * P + o_c, m_c, seed, steps, i_s, i_h, o_c, N, Q8,
                            RANDOM, ROW8)
             else:
                 tl.store(p_cks, b_s.to(p_cks.dtype.element_ty), mask=m_sc)
-            if USE_COPY:
+            if HAS_COPY:
                 p_rcs = read_copy + i_s * stride_rc_s + i_h * stride_rc_h + o_c[:, None] * stride_rc_p + o_n[None, :]
                 store_read_copy(b_s, p_rcs, read_scale, i_sh * P + o_c, m_sc, m_c, IS_FP8)
         # the fold read the entries this program's drafts are about to overwrite
@@ -212,7 +214,7 @@ def mamba2_verify_kernel(
     if i_h % HPG == 0 and i_p == 0:
         m_tn = m_t[:, None] & m_n[None, :]
         b_Bd = tl.load(p_B + o_t[:, None] * stride_B_t + o_n[None, :], mask=m_tn, other=0.0)
-        tl.store(b_draft + (i_s * G + i_g) * MAXT * N + o_t[:, None] * N + o_n[None, :], b_Bd, mask=m_tn)
+        tl.store(b_draft + (i_s * G + i_g) * TMAX * N + o_t[:, None] * N + o_n[None, :], b_Bd, mask=m_tn)
     # Every P-block reads this head's Δ and lam entries; the last one done writes the drafts' and the fill.
     # Relaxed order suffices: every program has consumed what it read of them before it arrives.
     fills_read()
@@ -233,7 +235,7 @@ def mamba2_verify_kernel(
 def mamba2_accept_kernel(
     n_accepted, slots, fill, b_buf, b_draft,
     H, G, N,
-    HPG: tl.constexpr, BH: tl.constexpr, MAXT: tl.constexpr, CAP: tl.constexpr, BN: tl.constexpr,
+    HPG: tl.constexpr, BH: tl.constexpr, TMAX: tl.constexpr, CAP: tl.constexpr, BN: tl.constexpr,
     BT: tl.constexpr, HAS_SLOTS: tl.constexpr,
 ):
     """A program per (row, group): its heads' fills advance by n, and the group's first n drafts' B go into the
@@ -251,7 +253,7 @@ def mamba2_accept_kernel(
     i_sg = i_s * G + i_g
     o_t, o_n = tl.arange(0, BT), tl.arange(0, BN)
     m = (o_t < n)[:, None] & (o_n < N)[None, :]
-    b_B = tl.load(b_draft + i_sg * MAXT * N + o_t[:, None] * N + o_n[None, :], mask=m, other=0.0)
+    b_B = tl.load(b_draft + i_sg * TMAX * N + o_t[:, None] * N + o_n[None, :], mask=m, other=0.0)
     tl.store(b_buf + i_sg * CAP * N + (f + o_t)[:, None] * N + o_n[None, :], b_B, mask=m)
     fills_read()
     tl.store(p_f, b_f + n, mask=m_h)
@@ -285,7 +287,7 @@ VERIFY_LAUNCH = {
 # verify takes its small-grid rows under this many (row, head) programs per SM.
 SMALL_GRID = 12
 # A fold walks its rows 16 at a time (one product).
-FOLD_ROWS = 16
+FOLD_CHUNK = 16
 
 
 def select(cache: ReplayCache, batch: int) -> str:
@@ -327,10 +329,10 @@ def verify(cache: ReplayCache, x, dt, A, B, C, *, D=None, z=None, dt_bias=None, 
     args.check_out(out, (batch, T, H, P), "(batch, T, H, P)", cache.device)
     c = VERIFY_LAUNCH[select(cache, batch)] if config is None else config
     # tl.dot needs every dimension of its products to be at least 16.
-    BP = max(16, min(c.rows, common.block(P)))
-    NPB = triton.cdiv(P, BP)
+    ROWS = max(16, min(c.rows, common.block(P)))
+    NPB = triton.cdiv(P, ROWS)
     BN = max(16, common.block(N))
-    VN = min(c.piece, BN)
+    PIECE = min(c.piece, BN)
     y = torch.empty_like(x) if out is None else out
     BJ, BT = max(16, common.block(cache.capacity + T)), common.block(T)
     bcpass = c.bc_pass
@@ -360,11 +362,11 @@ def verify(cache: ReplayCache, x, dt, A, B, C, *, D=None, z=None, dt_bias=None, 
         stride_C_b=C.stride(0), stride_C_t=C.stride(1), stride_C_g=C.stride(2),
         stride_z_b=zs[0], stride_z_t=zs[1], stride_z_h=zs[2],
         stride_y_b=y.stride(0), stride_y_t=y.stride(1), stride_y_h=y.stride(2),
-        HPG=H // G, T=T, MAXT=cache.b_draft.shape[2], W=cache.window, CAP=cache.capacity,
-        BP=BP, BPF=FOLD_ROWS, BN=BN, BJ=BJ, BT=BT, BTD=16,
-        VN=VN, VEC=min(VN, 4), NPB=NPB, BCPASS=bcpass,
+        HPG=H // G, T=T, TMAX=cache.b_draft.shape[2], W=cache.window, CAP=cache.capacity,
+        ROWS=ROWS, FOLD_CHUNK=FOLD_CHUNK, BN=BN, BJ=BJ, BT=BT, BTD=16,
+        PIECE=PIECE, VEC=min(PIECE, 4), NPB=NPB, BC_PASS=bcpass,
         HAS_D=D is not None, HAS_Z=z is not None, HAS_DT_BIAS=dt_bias is not None, USE_SOFTPLUS=bool(dt_softplus),
-        HAS_SLOTS=slots is not None, USE_COPY=rc is not None, IS_FP8=cache.read_scale is not None,
+        HAS_SLOTS=slots is not None, HAS_COPY=rc is not None, IS_FP8=cache.read_scale is not None,
         IS_HALF_IO=cache.x_buf.element_size() == 2, **store_args(cache),
         **common.compile_options(c.warps, c.maxnreg),
     )
@@ -401,7 +403,7 @@ def accept(cache: ReplayCache, n_accepted, slots=None, *, check: bool = True) ->
     mamba2_accept_kernel[(batch, G)](
         n_accepted=n_accepted, slots=slots, fill=cache.fill, b_buf=cache.b_buf, b_draft=cache.b_draft,
         H=H, G=G, N=N,
-        HPG=H // G, BH=common.block(H // G), MAXT=cache.b_draft.shape[2], CAP=cache.capacity, BN=common.block(N),
+        HPG=H // G, BH=common.block(H // G), TMAX=cache.b_draft.shape[2], CAP=cache.capacity, BN=common.block(N),
         BT=common.block(T),
         HAS_SLOTS=slots is not None,
         **common.compile_options(1, None),

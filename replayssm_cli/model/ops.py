@@ -253,7 +253,7 @@ class GDN:
     split_flush_reads_copy = True
     z_first = False
     family = "qwen3-next"
-    # One per lane of a warp, for the replay's LCOUNT (kernels/gdn/cache.py ARRIVE_LANES).
+    # One per lane of a warp, for the replay's LANE_COUNT (kernels/gdn/cache.py ARRIVE_LANES).
     arrive_lanes = 32
     # u and k: fp32 (the cache's default) or a 2-byte state's own dtype (kernels/gdn/cache.py BUFFER_DTYPES).
     buffer_dtypes = ("fp32", "bf16", "fp16")
