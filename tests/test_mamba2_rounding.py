@@ -405,7 +405,7 @@ def _variants():
 @pytest.mark.parametrize("state", ["int8", "bf16"])
 @pytest.mark.parametrize("variant", [v[0] for v in _variants()])
 def test_replay_launch_variants_round_as_the_reference(device, assert_close, variant, state):
-    """B3-H4-P16-N18-G1-W2, stochastic (N not a multiple of 8: bits drawn element by element): a small grid's early
+    """B3-H4-P16-N18-G1-W2, stochastic (N not a power of two: masked columns): a small grid's early
     one-warp programs, the heads launch with its flushes in its own programs, and with them in a launch of their
     own."""
     config = dict(_variants())[variant]

@@ -81,25 +81,11 @@ def stored(b_x, b_r, DTYPE: tl.constexpr, RANDOM: tl.constexpr):
 
 
 @triton.jit
-def row_bits(seed, step, i_s, i_hv, o_v, K: tl.constexpr, BK: tl.constexpr):
-    """The random bits [R, BK] of rows o_v of (slot i_s, value head i_hv)'s state, elements v * K + k (k < BK) at
-    store count `step`: one Philox draw per eight elements where K is a multiple of 8 (`rounding.row_bits`)."""
-    if K % 8 == 0:
-        b_r = R.row_bits(seed, step, i_s, i_hv, o_v, K, BK)
-    else:
-        b_r = R.random_bits(seed, step, i_s, i_hv, o_v[:, None] * K + tl.arange(0, BK)[None, :])
-    return b_r
-
-
-@triton.jit
-def state_bits(seed, steps, i_s, i_hv, o_v, o_k, K: tl.constexpr, RANDOM: tl.constexpr, WHOLE: tl.constexpr):
-    """The random bits [R, C] of rows o_v and columns o_k of (slot i_s, value head i_hv)'s state at the slot's store
-    count, WHOLE where o_k is [0, C) (`row_bits`); zeros (unused) without RANDOM."""
+def state_bits(seed, steps, i_s, i_hv, o_v, o_k, K: tl.constexpr, RANDOM: tl.constexpr):
+    """The random bits [R, C] of rows o_v and columns o_k of (slot i_s, value head i_hv)'s state (element v·K + k) at
+    the slot's store count; zeros (unused) without RANDOM."""
     if RANDOM:
-        if WHOLE:
-            b_r = row_bits(seed, tl.load(steps + i_s), i_s, i_hv, o_v, K, o_k.shape[0])
-        else:
-            b_r = R.random_bits(seed, tl.load(steps + i_s), i_s, i_hv, o_v[:, None] * K + o_k[None, :])
+        b_r = R.random_bits(seed, tl.load(steps + i_s), i_s, i_hv, o_v[:, None] * K + o_k[None, :])
     else:
         b_r = (o_v[:, None] * 0 + o_k[None, :] * 0).to(tl.uint32)
     return b_r

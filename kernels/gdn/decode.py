@@ -21,7 +21,6 @@ from replayssm_kernels.gdn.common import (
     next_pow2,
     qk_factors,
     rounding_args,
-    row_bits,
     state_bits,
     stored,
 )
@@ -143,7 +142,7 @@ def _decode_kernel(
         b_s += (b_rk * b_u)[:, None, None] * b_k[None, :, :]
         b_o = b_rq * tl.sum(tl.sum(b_s * b_q[None, :, :], 1), 1)
         # [CHUNK, NC, PIECE] the bits of the chunk's elements v * K + k (zeros, unused, without RANDOM)
-        b_r = tl.reshape(state_bits(seed, steps, i_s, i_hv, o_v, tl.arange(0, BK), K, RANDOM, True), [CHUNK, NC, PIECE])
+        b_r = tl.reshape(state_bits(seed, steps, i_s, i_hv, o_v, tl.arange(0, BK), K, RANDOM), [CHUNK, NC, PIECE])
         if Q8:
             # whole rows over K, as [CHUNK, BK]
             b_q8, b_sc = R.quantized_rows(tl.reshape(b_s, [CHUNK, BK]), tl.reshape(b_r, [CHUNK, BK]),
@@ -213,7 +212,7 @@ def _decode_multi_kernel(
         # Round as a stored state would be, so that drafts equal one conventional step at a time.
         if Q8:
             if RANDOM:
-                b_r = tl.reshape(row_bits(seed, b_n + i_t, i_s, i_hv, o_v, K, BK), [ROWS, BK])
+                b_r = tl.reshape(R.row_bits(seed, b_n + i_t, i_s, i_hv, o_v, K, BK), [ROWS, BK])
             else:
                 b_r = tl.zeros([ROWS, BK], dtype=tl.uint32)
             b_q8, b_sc = R.quantized_rows(tl.reshape(b_s, [ROWS, BK]), b_r, snap.dtype.element_ty, RANDOM)
@@ -224,7 +223,7 @@ def _decode_multi_kernel(
             b_s = b_q8.to(tl.float32) * b_sc[:, None, None]
         else:
             if RANDOM:
-                b_r = tl.reshape(row_bits(seed, b_n + i_t, i_s, i_hv, o_v, K, BK), [ROWS, NC, PIECE])
+                b_r = tl.reshape(R.row_bits(seed, b_n + i_t, i_s, i_hv, o_v, K, BK), [ROWS, NC, PIECE])
                 b_s = stored(b_s, b_r, snap.dtype.element_ty, True)
             else:
                 b_s = stored(b_s, b_s, snap.dtype.element_ty, False)

@@ -269,7 +269,7 @@ def _replay_flush(
         b_o = tl.sum(b_s * b_q[None, :], 1)
         tl.store(o + i_b * s_ob + i_hv * s_oh + o_v * s_ov, cast(b_o, o.dtype.element_ty), mask=m_v)
         if Q8 or RANDOM:
-            b_r = state_bits(seed, steps, i_s, i_hv, o_v, o_k, K, RANDOM, True)
+            b_r = state_bits(seed, steps, i_s, i_hv, o_v, o_k, K, RANDOM)
             b_s = store_rows(ckpt, cscale, o_s, o_r, b_s, m_s, m_v, b_r, Q8, RANDOM)
         else:
             # inline, as before stores were rounded: the nearest kernels compile to the code they always had

@@ -7,7 +7,7 @@ import triton
 import triton.language as tl
 
 from replayssm_kernels.common import scalar_mask
-from replayssm_kernels.rounding import quantized_rows, random_bits, rounded, row_bits
+from replayssm_kernels.rounding import quantized_rows, rounded, row_bits
 
 FP8_MAX = tl.constexpr(448.0)
 
@@ -80,33 +80,23 @@ def load_rows(p_s, m_s, scale, o_r, m_r, Q8: tl.constexpr):
     return b_s
 
 
-def row8_args(random: bool, N: int) -> dict:
-    """ROW8 where a stochastic store may draw its bits eight elements at a time (rows of N, a multiple of 8)."""
-    return {"ROW8": True} if random and N % 8 == 0 else {}
-
-
 @triton.jit
-def state_bits(seed, steps, i_s, i_h, o_p, N, BN: tl.constexpr, ROW8: tl.constexpr, AHEAD: tl.constexpr = 0):
+def state_bits(seed, steps, i_s, i_h, o_p, N, BN: tl.constexpr, AHEAD: tl.constexpr = 0):
     """The random bits [ROWS, BN] of rows o_p of the (slot i_s, head i_h) state (element p·N + n) at the slot's store
-    count + AHEAD; with ROW8 (N a multiple of 8) one Philox draw per eight elements."""
-    step = tl.load(steps + i_s) + AHEAD
-    if ROW8:
-        b_r = row_bits(seed, step, i_s, i_h, o_p, N, BN)
-    else:
-        b_r = random_bits(seed, step, i_s, i_h, o_p[:, None] * N + tl.arange(0, BN)[None, :])
-    return b_r
+    count + AHEAD."""
+    return row_bits(seed, tl.load(steps + i_s) + AHEAD, i_s, i_h, o_p, N, BN)
 
 
 @triton.jit
 def store_rows(p_s, b_s, m_s, scale, o_sc, m_r, seed, steps, i_s, i_h, o_p, N, Q8: tl.constexpr,
-               RANDOM: tl.constexpr, ROW8: tl.constexpr):
+               RANDOM: tl.constexpr):
     """fp32 rows b_s [R, BN] (rows o_p of the (slot i_s, head i_h) state, whole over N; masked elements zero) stored
     in the state's dtype: a cast (to nearest), with RANDOM rounded stochastically by `state_bits`, or with Q8 as
     8-bit rows and their scales (scale + o_sc, [R])."""
     DTYPE: tl.constexpr = p_s.dtype.element_ty
     BN: tl.constexpr = b_s.shape[1]
     if RANDOM:
-        b_r = state_bits(seed, steps, i_s, i_h, o_p, N, BN, ROW8)
+        b_r = state_bits(seed, steps, i_s, i_h, o_p, N, BN)
     else:
         b_r = tl.zeros(b_s.shape, dtype=tl.uint32)
     if Q8:

@@ -11,7 +11,7 @@ import triton.language as tl
 from replayssm_kernels import common, families, rounding as rnd
 from replayssm_kernels.common import flat_program_ids, slot_of
 from replayssm_kernels.mamba2 import args
-from replayssm_kernels.mamba2.common import finish_output, load_rows, row8_args, state_bits, step_delta, store_rows
+from replayssm_kernels.mamba2.common import finish_output, load_rows, state_bits, step_delta, store_rows
 from replayssm_kernels.rounding import count_stores, quantized_rows, rounded
 
 
@@ -28,10 +28,10 @@ def mamba2_decode_kernel(
     stride_y_b, stride_y_h,
     ROWS: tl.constexpr, BN: tl.constexpr,
     HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_DT_BIAS: tl.constexpr, USE_SOFTPLUS: tl.constexpr,
-    HAS_SLOTS: tl.constexpr, Q8: tl.constexpr = False, RANDOM: tl.constexpr = False, ROW8: tl.constexpr = False,
+    HAS_SLOTS: tl.constexpr, Q8: tl.constexpr = False, RANDOM: tl.constexpr = False,
 ):
-    # Q8: 8-bit state rows with scales (state_scale, contiguous (nslots, H, P)); RANDOM: stochastic rounding, with
-    # ROW8 (N a multiple of 8) one Philox draw per eight elements, the slot's store count advanced by the launch
+    # Q8: 8-bit state rows with scales (state_scale, contiguous (nslots, H, P)); RANDOM: stochastic rounding, the
+    # slot's store count advanced by the launch
     i_b, i_h, i_p = flat_program_ids(H, tl.cdiv(P, ROWS))
     i_s = slot_of(slots, i_b, HAS_SLOTS)
     if i_s < 0:
@@ -58,7 +58,7 @@ def mamba2_decode_kernel(
     b_s = b_s * b_a + (b_dt * b_x)[:, None] * b_B[None, :]
     # rounding to nearest stays inline: through store_rows its PTX would gain the call's debug labels
     if Q8 or RANDOM:
-        store_rows(p_s, b_s, m_s, state_scale, o_sc, m_p, seed, steps, i_s, i_h, o_p, N, Q8, RANDOM, ROW8)
+        store_rows(p_s, b_s, m_s, state_scale, o_sc, m_p, seed, steps, i_s, i_h, o_p, N, Q8, RANDOM)
         if RANDOM:
             count_stores(steps, step_arrive, i_s, H * tl.cdiv(P, ROWS), 1)
     else:
@@ -83,12 +83,12 @@ def mamba2_decode_multi_kernel(
     stride_y_b, stride_y_t, stride_y_h,
     T: tl.constexpr, ROWS: tl.constexpr, BN: tl.constexpr,
     HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_DT_BIAS: tl.constexpr, USE_SOFTPLUS: tl.constexpr,
-    HAS_SLOTS: tl.constexpr, RANDOM: tl.constexpr = False, ROW8: tl.constexpr = False, Q8: tl.constexpr = False,
+    HAS_SLOTS: tl.constexpr, RANDOM: tl.constexpr = False, Q8: tl.constexpr = False,
 ):
     # RANDOM: each snapshot rounded stochastically (draft t at the slot's store count + t), and the next draft
-    # continues from the rounded state, as T conventional steps would; ROW8 as in mamba2_decode_kernel; Q8: an
-    # 8-bit state (scales state_scale (nslots, H, P)) and snapshots (scales snap_scale (nslots, TMAX, H, P)), the
-    # next draft continuing from the stored rows
+    # continues from the rounded state, as T conventional steps would; Q8: an 8-bit state (scales state_scale
+    # (nslots, H, P)) and snapshots (scales snap_scale (nslots, TMAX, H, P)), the next draft continuing from the
+    # stored rows
     i_b, i_h, i_p = flat_program_ids(H, tl.cdiv(P, ROWS))
     i_s = slot_of(slots, i_b, HAS_SLOTS)
     if i_s < 0:
@@ -116,7 +116,7 @@ def mamba2_decode_multi_kernel(
         b_s = b_s * tl.exp(b_A * b_dt) + (b_dt * b_x)[:, None] * b_B.to(tl.float32)[None, :]
         if Q8:
             if RANDOM:
-                b_r = state_bits(seed, steps, i_s, i_h, o_p, N, BN, ROW8, t)
+                b_r = state_bits(seed, steps, i_s, i_h, o_p, N, BN, t)
             else:
                 b_r = tl.zeros([ROWS, BN], dtype=tl.uint32)
             b_q, b_scale = quantized_rows(b_s, b_r, p_snap.dtype.element_ty, RANDOM)
@@ -124,7 +124,7 @@ def mamba2_decode_multi_kernel(
             tl.store(snap_scale + ((i_s * TMAX + t) * H + i_h) * P + o_p, b_scale, mask=m_p)
             b_sr = b_q.to(tl.float32) * b_scale[:, None]
         elif RANDOM:
-            b_r = state_bits(seed, steps, i_s, i_h, o_p, N, BN, ROW8, t)
+            b_r = state_bits(seed, steps, i_s, i_h, o_p, N, BN, t)
             b_sr = rounded(b_s, b_r, p_snap.dtype.element_ty, True)
             tl.store(p_snap + t * stride_snap_t, b_sr.to(p_snap.dtype.element_ty), mask=m_s)
         else:
@@ -293,7 +293,7 @@ def decode(state, x, dt, A, B, C, *, D=None, z=None, dt_bias=None, dt_softplus=F
         stride_y_b=y.stride(0), stride_y_h=y.stride(1),
         ROWS=ROWS, BN=common.block(N),
         HAS_D=D is not None, HAS_Z=z is not None, HAS_DT_BIAS=dt_bias is not None, USE_SOFTPLUS=bool(dt_softplus),
-        HAS_SLOTS=slots is not None, Q8=state_scale is not None, RANDOM=random, **row8_args(random, N),
+        HAS_SLOTS=slots is not None, Q8=state_scale is not None, RANDOM=random,
         **options,
     )
     return y
@@ -369,7 +369,7 @@ def decode_multi(state, snapshots, x, dt, A, B, C, *, D=None, z=None, dt_bias=No
         stride_y_b=y.stride(0), stride_y_t=y.stride(1), stride_y_h=y.stride(2),
         T=T, ROWS=ROWS, BN=common.block(N),
         HAS_D=D is not None, HAS_Z=z is not None, HAS_DT_BIAS=dt_bias is not None, USE_SOFTPLUS=bool(dt_softplus),
-        HAS_SLOTS=slots is not None, RANDOM=random, **row8_args(random, N), **_q8(state_scale, snapshots),
+        HAS_SLOTS=slots is not None, RANDOM=random, **_q8(state_scale, snapshots),
         **options,
     )
     return y

@@ -26,7 +26,7 @@ from replayssm_kernels.common import (
 from replayssm_kernels.mamba2 import args
 from replayssm_kernels.mamba2.cache import ReplayCache
 from replayssm_kernels.mamba2.common import (
-    finish_output, fold_entries, row8_args, step_delta, store_read_copy, store_rows, z_gate,
+    finish_output, fold_entries, step_delta, store_read_copy, store_rows, z_gate,
 )
 from replayssm_kernels.rounding import count_stores
 
@@ -99,7 +99,7 @@ def _flush_rows(
     P, N, stride_x_b, stride_x_h, stride_ck_p, stride_rc_s, stride_rc_h, stride_rc_p,
     ROWS: tl.constexpr, FLUSH_CHUNK: tl.constexpr, STAGES: tl.constexpr, HAS_D: tl.constexpr, HAS_Z: tl.constexpr,
     HAS_COPY: tl.constexpr, IS_FP8: tl.constexpr, PRECISION: tl.constexpr,
-    ck_scale, seed, steps, Q8: tl.constexpr, RANDOM: tl.constexpr, ROW8: tl.constexpr,
+    ck_scale, seed, steps, Q8: tl.constexpr, RANDOM: tl.constexpr,
 ):
     """The step that fills the window for rows i_p·ROWS .. of a (slot, head): fold the f buffered entries (weights b_cw
     [BW]) and this token into a new checkpoint (and read copy), answer from it (from the fp32 values). With Q8
@@ -127,8 +127,7 @@ def _flush_rows(
         b_s = b_s * b_decay + b_u + b_xt[:, None] * b_sB[None, :]
         # rounding to nearest stays inline: through store_rows its PTX would gain the call's debug labels
         if Q8 or RANDOM:
-            store_rows(p_ckc, b_s, m_sc, ck_scale, i_sh * P + o_c, m_c, seed, steps, i_s, i_h, o_c, N, Q8, RANDOM,
-                       ROW8)
+            store_rows(p_ckc, b_s, m_sc, ck_scale, i_sh * P + o_c, m_c, seed, steps, i_s, i_h, o_c, N, Q8, RANDOM)
         else:
             tl.store(p_ckc, b_s.to(p_ckc.dtype.element_ty), mask=m_sc)
         if HAS_COPY:
@@ -158,7 +157,6 @@ def mamba2_replay_kernel(
     HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_DT_BIAS: tl.constexpr, USE_SOFTPLUS: tl.constexpr,
     HAS_SLOTS: tl.constexpr, HAS_COPY: tl.constexpr, IS_FP8: tl.constexpr, EARLY: tl.constexpr, PRECISION: tl.constexpr,
     PHASE: tl.constexpr, PREFETCH: tl.constexpr, Q8: tl.constexpr = False, RANDOM: tl.constexpr = False,
-    ROW8: tl.constexpr = False,
 ):
     # PHASE 0 takes every row's step; 1 only the non-flush steps, and lists the (row, head, fill) of each head that
     # flushes in `work` for `mamba2_flush_kernel` (`replay` launches the two for a heads row lowered to one head per
@@ -296,7 +294,6 @@ def mamba2_replay_kernel(
                 i_b, i_h, i_p, i_s, i_sh, f, b_lam, b_cw, b_dt, b_B, b_C, o_s, o_z, o_n, m_n, o_w,
                 P, N, stride_x_b, stride_x_h, stride_ck_p, stride_rc_s, stride_rc_h, stride_rc_p,
                 ROWS, FLUSH_CHUNK, STAGES, HAS_D, HAS_Z, HAS_COPY, IS_FP8, PRECISION, ck_scale, seed, steps, Q8, RANDOM,
-                ROW8,
             )
             if RANDOM:
                 # every head of a slot flushes on the same step: H · NPB programs
@@ -426,7 +423,6 @@ def mamba2_heads_kernel(
     HAS_DT_BIAS: tl.constexpr, USE_SOFTPLUS: tl.constexpr, HAS_SLOTS: tl.constexpr, HAS_COPY: tl.constexpr,
     IS_FP8: tl.constexpr, PREFETCH: tl.constexpr, TAIL: tl.constexpr, FLUSH_CHUNK: tl.constexpr,
     FLUSH_STAGES: tl.constexpr, PRECISION: tl.constexpr, Q8: tl.constexpr = False, RANDOM: tl.constexpr = False,
-    ROW8: tl.constexpr = False,
 ):
     """A two-launch step's non-flush launch with HEADS heads of one group per program (whole heads, ROWS ≥ P): the
     group's C·B of the buffered entries is summed once for all of them, and one pipelined loop streams their tiles
@@ -469,7 +465,7 @@ def mamba2_heads_kernel(
                 stride_x_h, stride_dt_b, stride_dt_h, stride_B_b, stride_B_g, stride_C_b, stride_C_g, stride_z_b,
                 stride_z_h, stride_y_b, stride_y_h,
                 CAP, ROWS, FLUSH_CHUNK, BN, BW, FLUSH_STAGES, HAS_D, HAS_Z, HAS_DT_BIAS, USE_SOFTPLUS, HAS_SLOTS,
-                HAS_COPY, IS_FP8, PRECISION, ck_scale, seed, steps, Q8, RANDOM, ROW8,
+                HAS_COPY, IS_FP8, PRECISION, ck_scale, seed, steps, Q8, RANDOM,
             )
             i_e = tail_claim(work)
             listed = tail_wait(work, i_e, NHP, NE)
@@ -492,7 +488,7 @@ def _flush_item(
     CAP: tl.constexpr, ROWS: tl.constexpr, FLUSH_CHUNK: tl.constexpr, BN: tl.constexpr, BW: tl.constexpr,
     STAGES: tl.constexpr, HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_DT_BIAS: tl.constexpr,
     USE_SOFTPLUS: tl.constexpr, HAS_SLOTS: tl.constexpr, HAS_COPY: tl.constexpr, IS_FP8: tl.constexpr,
-    PRECISION: tl.constexpr, ck_scale, seed, steps, Q8: tl.constexpr, RANDOM: tl.constexpr, ROW8: tl.constexpr,
+    PRECISION: tl.constexpr, ck_scale, seed, steps, Q8: tl.constexpr, RANDOM: tl.constexpr,
 ):
     """Rows i_p·ROWS .. of the flush the list's entry i_e names."""
     o_n, o_w = tl.arange(0, BN), tl.arange(0, BW)
@@ -516,7 +512,7 @@ def _flush_item(
         i_b, i_h, i_p, i_s, i_sh, f, b_lam, b_cw, b_dt, b_Br.to(tl.float32), b_C,
         i_s * stride_ck_s + i_h * stride_ck_h, i_b * stride_z_b + i_h * stride_z_h, o_n, m_n, o_w,
         P, N, stride_x_b, stride_x_h, stride_ck_p, stride_rc_s, stride_rc_h, stride_rc_p,
-        ROWS, FLUSH_CHUNK, STAGES, HAS_D, HAS_Z, HAS_COPY, IS_FP8, PRECISION, ck_scale, seed, steps, Q8, RANDOM, ROW8,
+        ROWS, FLUSH_CHUNK, STAGES, HAS_D, HAS_Z, HAS_COPY, IS_FP8, PRECISION, ck_scale, seed, steps, Q8, RANDOM,
     )
 
 
@@ -537,7 +533,6 @@ def mamba2_flush_kernel(
     STAGES: tl.constexpr, NPB: tl.constexpr, HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_DT_BIAS: tl.constexpr,
     USE_SOFTPLUS: tl.constexpr, HAS_SLOTS: tl.constexpr, HAS_COPY: tl.constexpr, IS_FP8: tl.constexpr,
     PRECISION: tl.constexpr, Q8: tl.constexpr = False, RANDOM: tl.constexpr = False,
-    ROW8: tl.constexpr = False,
 ):
     """The flushes the non-flush launch listed in `work` (mamba2.common's list), ROWS rows of a head per item: each
     program loops over the items, so the launch's programs are a few per SM however few rows flush. The last program
@@ -555,7 +550,7 @@ def mamba2_flush_kernel(
             stride_dt_b, stride_dt_h, stride_B_b, stride_B_g, stride_C_b, stride_C_g, stride_z_b, stride_z_h,
             stride_y_b, stride_y_h,
             CAP, ROWS, FLUSH_CHUNK, BN, BW, STAGES, HAS_D, HAS_Z, HAS_DT_BIAS, USE_SOFTPLUS, HAS_SLOTS, HAS_COPY,
-            IS_FP8, PRECISION, ck_scale, seed, steps, Q8, RANDOM, ROW8,
+            IS_FP8, PRECISION, ck_scale, seed, steps, Q8, RANDOM,
         )
         i_j += n_programs
     list_done(work, n_programs, slots, steps, HAS_SLOTS, RANDOM)
@@ -798,8 +793,7 @@ def store_args(cache: ReplayCache) -> dict:
     """How a launch stores the checkpoint: its 8-bit rows' scales and the stochastic rounding's seed and counts
     (compile-time Nones and False when the checkpoint is 16-bit or fp32 and rounded to nearest)."""
     seed, steps, random = rnd.rounding_args(cache.rounding)
-    return dict(ck_scale=cache.checkpoint_scale, seed=seed, steps=steps, Q8=cache.is_eight_bit, RANDOM=random,
-                **row8_args(random, cache.shape[3]))
+    return dict(ck_scale=cache.checkpoint_scale, seed=seed, steps=steps, Q8=cache.is_eight_bit, RANDOM=random)
 
 
 def _strides(cache: ReplayCache, step: dict) -> dict:

@@ -66,7 +66,7 @@ def mamba2_verify_kernel(
     PIECE: tl.constexpr, VEC: tl.constexpr, NPB: tl.constexpr, BC_PASS: tl.constexpr,
     HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_DT_BIAS: tl.constexpr, USE_SOFTPLUS: tl.constexpr,
     HAS_SLOTS: tl.constexpr, HAS_COPY: tl.constexpr, IS_FP8: tl.constexpr, IS_HALF_IO: tl.constexpr,
-    Q8: tl.constexpr = False, RANDOM: tl.constexpr = False, ROW8: tl.constexpr = False,
+    Q8: tl.constexpr = False, RANDOM: tl.constexpr = False,
 ):
     # Q8: the checkpoint is 8-bit rows with scales ck_scale (nslots, H, P); RANDOM: a fold stores it rounded
     # stochastically
@@ -198,7 +198,7 @@ def mamba2_verify_kernel(
             # rounding to nearest stays inline: through store_rows its PTX would gain the call's debug labels
             if Q8 or RANDOM:
                 store_rows(p_cks, b_s, m_sc, ck_scale, i_sh * P + o_c, m_c, seed, steps, i_s, i_h, o_c, N, Q8,
-                           RANDOM, ROW8)
+                           RANDOM)
             else:
                 tl.store(p_cks, b_s.to(p_cks.dtype.element_ty), mask=m_sc)
             if HAS_COPY:
