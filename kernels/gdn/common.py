@@ -83,12 +83,8 @@ def stored(b_x, b_r, DTYPE: tl.constexpr, RANDOM: tl.constexpr):
 @triton.jit
 def state_bits(seed, steps, i_s, i_hv, o_v, o_k, K: tl.constexpr, RANDOM: tl.constexpr):
     """The random bits [R, C] of rows o_v and columns o_k of (slot i_s, value head i_hv)'s state (element v·K + k) at
-    the slot's store count; zeros (unused) without RANDOM."""
-    if RANDOM:
-        b_r = R.random_bits(seed, tl.load(steps + i_s), i_s, i_hv, o_v[:, None] * K + o_k[None, :])
-    else:
-        b_r = (o_v[:, None] * 0 + o_k[None, :] * 0).to(tl.uint32)
-    return b_r
+    the slot's store count (`rounding.slot_bits`); zeros (unused) without RANDOM."""
+    return R.slot_bits(seed, steps, i_s, i_hv, o_v[:, None] * K + o_k[None, :], RANDOM)
 
 
 @triton.jit

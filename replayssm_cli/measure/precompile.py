@@ -187,8 +187,14 @@ def compile_one(point: Any, seed: int) -> int:
     kernels they would have compiled are compiled, on the CPU alone. The number of kernels compiled."""
     from replayssm_cli.measure import bench
 
+    return _compile_deferred(lambda: bench.compile_point(point, {"device": "cuda", "seed": seed}))
+
+
+def _compile_deferred(launch: Callable[[], Any]) -> int:
+    """Run `launch` on the GPU while no run is timed, its Triton launches held back (`deferred`), then compile what
+    they would have compiled, on the CPU alone. The number of kernels compiled."""
     with _GATE.shared() if _GATE is not None else contextlib.nullcontext(), deferred() as pending:
-        bench.compile_point(point, {"device": "cuda", "seed": seed})
+        launch()
     for compile_kernel in pending.values():
         compile_kernel()
     return len(pending)
@@ -220,12 +226,11 @@ def compile_quality(inputs: Any, config: Any) -> int:
 
     from replayssm_cli.measure import quality
 
-    with _GATE.shared() if _GATE is not None else contextlib.nullcontext(), deferred() as pending:
+    def launch() -> None:
         quality.stepwise_outputs(inputs, config, device="cuda")
         torch.cuda.synchronize()
-    for compile_kernel in pending.values():
-        compile_kernel()
-    return len(pending)
+
+    return _compile_deferred(launch)
 
 
 def _error(exc: BaseException) -> str:
