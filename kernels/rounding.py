@@ -34,7 +34,7 @@ _FORMATS = {torch.bfloat16: (16, 0.0), torch.float16: (13, 2.0**-14), torch.floa
 @dataclass
 class StateRounding:
     """Stochastic rounding of the states a kernel stores: bits keyed by `seed` and drawn per (slot, head, step[slot])
-    and element (`random_bits`); step (nslots,) int64 counts each slot's stores, advanced on the device by
+    and element (`store_key`, `key_bits`); step (nslots,) int64 counts each slot's stores, advanced on the device by
     the launch that stores (`count_stores`, `count_listed`) or in one small launch after it (`advance`), and zeroed
     with the slot (`reset`)."""
 
@@ -152,24 +152,35 @@ def mix(b_x):
 
 
 @triton.jit
-def random_bits(seed, step, i_s, i_h, o_e, N_ROUNDS: tl.constexpr = ROUNDS):
-    """16 random bits (as uint32) for elements o_e (an int block: their places in the (slot i_s, head i_h) state) at
-    the slot's store `step`: the top half of `mix` of the element's place plus the store's key (`slot_key`)."""
-    b_k = slot_key(seed, step, i_s, i_h, N_ROUNDS)
+def store_key(seed, steps, i_s, i_h, RANDOM: tl.constexpr):
+    """The key (`slot_key`) of the (slot i_s, head i_h) state's store at the slot's store count: drawn once
+    for the whole store, before any loop over its rows (a count loaded inside a loop that stores cannot be hoisted
+    by the compiler); 0 (unused) without RANDOM."""
+    if RANDOM:
+        b_k = slot_key(seed, tl.load(steps + i_s), i_s, i_h)
+    else:
+        b_k = tl.full([], 0, tl.uint32)
+    return b_k
+
+
+@triton.jit
+def key_bits(b_k, o_e):
+    """16 random bits (as uint32) for elements o_e (an int block: their places in a (slot, head) state) of the store
+    keyed b_k: the top half of `mix` of the element's place plus the key."""
     return mix(tl.add(o_e.to(tl.uint32), b_k, sanitize_overflow=False)) >> 16
 
 
 @triton.jit
-def row_bits(seed, step, i_s, i_h, o_r, N, BN: tl.constexpr, N_ROUNDS: tl.constexpr = ROUNDS):
-    """`random_bits` of the elements o_r[:, None] · N + [0, BN) of rows o_r [R] of N elements each, as [R, BN]."""
-    return random_bits(seed, step, i_s, i_h, o_r[:, None] * N + tl.arange(0, BN)[None, :], N_ROUNDS)
+def row_bits(b_k, o_r, N, BN: tl.constexpr):
+    """`key_bits` of the elements o_r[:, None] · N + [0, BN) of rows o_r [R] of N elements each, as [R, BN]."""
+    return key_bits(b_k, o_r[:, None] * N + tl.arange(0, BN)[None, :])
 
 
 @triton.jit
-def slot_bits(seed, steps, i_s, i_h, o_e, RANDOM: tl.constexpr):
-    """random_bits at slot i_s's current store count; zeros (unused) when RANDOM is off."""
+def store_bits(b_k, o_e, RANDOM: tl.constexpr):
+    """`key_bits` of elements o_e under the store's key b_k (`store_key`); zeros (unused) when RANDOM is off."""
     if RANDOM:
-        b_r = random_bits(seed, tl.load(steps + i_s), i_s, i_h, o_e)
+        b_r = key_bits(b_k, o_e)
     else:
         b_r = o_e.to(tl.uint32) * 0
     return b_r
@@ -318,7 +329,7 @@ def _bits_kernel(out, seed, steps, slots, H, E, BE: tl.constexpr):
     i_b, i_h, i_e = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_s = tl.load(slots + i_b).to(tl.int64)
     o_e = i_e * BE + tl.arange(0, BE)
-    b_r = random_bits(seed, tl.load(steps + i_s), i_s, i_h, o_e)
+    b_r = key_bits(store_key(seed, steps, i_s, i_h, True), o_e)
     tl.store(out + (i_b * H + i_h) * E + o_e, b_r.to(tl.int64), mask=o_e < E)
 
 

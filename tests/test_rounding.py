@@ -18,7 +18,7 @@ TL = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float8_e4m3f
 def _store_kernel(x, y, steps, seed, i_s, i_h, E, DTYPE: tl.constexpr, RANDOM: tl.constexpr, BE: tl.constexpr):
     o_e = tl.program_id(0) * BE + tl.arange(0, BE)
     m_e = o_e < E
-    b_r = R.slot_bits(seed, steps, i_s, i_h, o_e, RANDOM)
+    b_r = R.store_bits(R.store_key(seed, steps, i_s, i_h, RANDOM), o_e, RANDOM)
     tl.store(y + o_e, R.stored(tl.load(x + o_e, mask=m_e), b_r, DTYPE, RANDOM), mask=m_e)
 
 
@@ -28,7 +28,7 @@ def _rows_kernel(x, q, scale, steps, seed, C, DTYPE: tl.constexpr, RANDOM: tl.co
     o_c = tl.arange(0, BC)
     m_c = o_c < C
     b_s = tl.load(x + i_r * C + o_c[None, :], mask=m_c[None, :], other=0.0)
-    b_r = R.slot_bits(seed, steps, 0, i_r, o_c[None, :], RANDOM)
+    b_r = R.store_bits(R.store_key(seed, steps, 0, i_r, RANDOM), o_c[None, :], RANDOM)
     b_q, b_scale = R.quantized_rows(b_s, b_r, DTYPE, RANDOM)
     tl.store(q + i_r * C + o_c[None, :], b_q, mask=m_c[None, :])
     tl.store(scale + i_r + tl.arange(0, 1), b_scale)
@@ -39,8 +39,9 @@ def _row_bits_kernel(by_element, by_row, seed, steps, N, R_: tl.constexpr, BN: t
     o_r, o_n = tl.arange(0, R_), tl.arange(0, BN)
     step = tl.load(steps + 1)
     o_out = o_r[:, None] * BN + o_n[None, :]
-    tl.store(by_element + o_out, R.random_bits(seed, step, 1, 2, o_r[:, None] * N + o_n[None, :]).to(tl.int64))
-    tl.store(by_row + o_out, R.row_bits(seed, step, 1, 2, o_r, N, BN).to(tl.int64))
+    b_k = R.slot_key(seed, step, 1, 2)
+    tl.store(by_element + o_out, R.key_bits(b_k, o_r[:, None] * N + o_n[None, :]).to(tl.int64))
+    tl.store(by_row + o_out, R.row_bits(b_k, o_r, N, BN).to(tl.int64))
 
 
 @triton.jit
@@ -49,7 +50,7 @@ def _hash_kernel(keys, bits, seed, steps, E, BE: tl.constexpr):
     o_e = tl.arange(0, BE)
     step = tl.load(steps + i_s)
     tl.store(keys + i_s + o_e * 0, R.slot_key(seed, step, i_s, 3).to(tl.int64), mask=o_e == 0)
-    tl.store(bits + i_s * E + o_e, R.random_bits(seed, step, i_s, 3, o_e).to(tl.int64), mask=o_e < E)
+    tl.store(bits + i_s * E + o_e, R.key_bits(R.slot_key(seed, step, i_s, 3), o_e).to(tl.int64), mask=o_e < E)
 
 
 def _lowbias32(x: torch.Tensor) -> torch.Tensor:
@@ -169,7 +170,7 @@ def test_streams_are_per_slot_head_and_step(device):
 
 @pytest.mark.parametrize("N,BN", [(16, 16), (24, 32), (64, 64)], ids=["N16", "N24-BN32", "N64"])
 def test_row_bits_are_the_elements_bits(device, N, BN):
-    """row_bits gives each element of a row the bits random_bits and draw_bits give it, 16 bits each."""
+    """row_bits gives each element of a row the bits key_bits and draw_bits give it, 16 bits each."""
     rnd = R.StateRounding.create(3, seed=9, device=device)
     rnd.step[1] = 4
     by_element = torch.zeros(8, BN, dtype=torch.int64, device=device)

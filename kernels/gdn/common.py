@@ -81,10 +81,10 @@ def stored(b_x, b_r, DTYPE: tl.constexpr, RANDOM: tl.constexpr):
 
 
 @triton.jit
-def state_bits(seed, steps, i_s, i_hv, o_v, o_k, K: tl.constexpr, RANDOM: tl.constexpr):
-    """The random bits [R, C] of rows o_v and columns o_k of (slot i_s, value head i_hv)'s state (element v·K + k) at
-    the slot's store count (`rounding.slot_bits`); zeros (unused) without RANDOM."""
-    return R.slot_bits(seed, steps, i_s, i_hv, o_v[:, None] * K + o_k[None, :], RANDOM)
+def state_bits(b_key, o_v, o_k, K: tl.constexpr, RANDOM: tl.constexpr):
+    """The random bits [R, C] of rows o_v and columns o_k of a (slot, value head) state (element v·K + k) under its
+    store's key b_key (`rounding.store_key`, `rounding.store_bits`); zeros (unused) without RANDOM."""
+    return R.store_bits(b_key, o_v[:, None] * K + o_k[None, :], RANDOM)
 
 
 @triton.jit

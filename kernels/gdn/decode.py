@@ -114,6 +114,7 @@ def _decode_kernel(
         b_q, b_k, b_rq, b_rk, b_eg, b_beta = _head_inputs(q, k, g, beta, i_b, i_h, i_hv, o_k3, m_k3, s_qb, s_qh, s_qk,
                                                           s_kb, s_kh, s_kk, s_gb, s_gh, s_bb, s_bh, scale,
                                                           USE_QK_L2NORM)
+    b_key = R.store_key(seed, steps, i_s, i_hv, RANDOM)
     # The program's ROWS rows, CHUNK at a time: rows are independent, and the loop's loads run STAGES chunks ahead.
     for i_v in tl.range(0, ROWS, CHUNK, num_stages=STAGES):
         o_v = i_p * ROWS + i_v + tl.arange(0, CHUNK)
@@ -142,7 +143,7 @@ def _decode_kernel(
         b_s += (b_rk * b_u)[:, None, None] * b_k[None, :, :]
         b_o = b_rq * tl.sum(tl.sum(b_s * b_q[None, :, :], 1), 1)
         # [CHUNK, NC, PIECE] the bits of the chunk's elements v * K + k (zeros, unused, without RANDOM)
-        b_r = tl.reshape(state_bits(seed, steps, i_s, i_hv, o_v, tl.arange(0, BK), K, RANDOM), [CHUNK, NC, PIECE])
+        b_r = tl.reshape(state_bits(b_key, o_v, tl.arange(0, BK), K, RANDOM), [CHUNK, NC, PIECE])
         if Q8:
             # whole rows over K, as [CHUNK, BK]
             b_q8, b_sc = R.quantized_rows(tl.reshape(b_s, [CHUNK, BK]), tl.reshape(b_r, [CHUNK, BK]),
@@ -212,7 +213,7 @@ def _decode_multi_kernel(
         # Round as a stored state would be, so that drafts equal one conventional step at a time.
         if Q8:
             if RANDOM:
-                b_r = tl.reshape(R.row_bits(seed, b_n + i_t, i_s, i_hv, o_v, K, BK), [ROWS, BK])
+                b_r = tl.reshape(R.row_bits(R.slot_key(seed, b_n + i_t, i_s, i_hv), o_v, K, BK), [ROWS, BK])
             else:
                 b_r = tl.zeros([ROWS, BK], dtype=tl.uint32)
             b_q8, b_sc = R.quantized_rows(tl.reshape(b_s, [ROWS, BK]), b_r, snap.dtype.element_ty, RANDOM)
@@ -223,7 +224,7 @@ def _decode_multi_kernel(
             b_s = b_q8.to(tl.float32) * b_sc[:, None, None]
         else:
             if RANDOM:
-                b_r = tl.reshape(R.row_bits(seed, b_n + i_t, i_s, i_hv, o_v, K, BK), [ROWS, NC, PIECE])
+                b_r = tl.reshape(R.row_bits(R.slot_key(seed, b_n + i_t, i_s, i_hv), o_v, K, BK), [ROWS, NC, PIECE])
                 b_s = stored(b_s, b_r, snap.dtype.element_ty, True)
             else:
                 b_s = stored(b_s, b_s, snap.dtype.element_ty, False)

@@ -253,6 +253,7 @@ def _replay_flush(
         b_wc = _correction_weights(buf_t, b_kw, b_Gw, i_s, i_hv, o_w, b_f, CAP, HV, PRECISION)
     # FLUSH_CHUNK rows at a time (a pipelined loop), so that this rare branch does not raise the register count of the
     # common one.
+    b_key = R.store_key(seed, steps, i_s, i_hv, RANDOM)
     for i_v in tl.range(0, ROWS, FLUSH_CHUNK, num_stages=STAGES):
         o_v = v0 + i_v + tl.arange(0, FLUSH_CHUNK)
         # A chunk is at least 16 rows (the fold is one product); with ROWS < 16 it is masked to this program's rows.
@@ -269,7 +270,7 @@ def _replay_flush(
         b_o = tl.sum(b_s * b_q[None, :], 1)
         tl.store(o + i_b * s_ob + i_hv * s_oh + o_v * s_ov, cast(b_o, o.dtype.element_ty), mask=m_v)
         if Q8 or RANDOM:
-            b_r = state_bits(seed, steps, i_s, i_hv, o_v, o_k, K, RANDOM)
+            b_r = state_bits(b_key, o_v, o_k, K, RANDOM)
             b_s = store_rows(ckpt, cscale, o_s, o_r, b_s, m_s, m_v, b_r, Q8, RANDOM)
         else:
             # inline, as before stores were rounded: the nearest kernels compile to the code they always had

@@ -12,6 +12,7 @@ import triton
 import triton.language as tl
 
 from replayssm_kernels import common, families
+from replayssm_kernels import rounding as R
 from replayssm_kernels.common import (
     default_slots,
     dot_fp32,
@@ -151,6 +152,7 @@ def _fold_entries(
     m_w = o_w < b_f
     # The committed entries' log-decays [BWE]
     b_Gw = tl.load(buf_g + (i_s * CAP + o_w) * HV + i_hv, mask=m_w, other=0.0)
+    b_key = R.store_key(seed, steps, i_s, i_hv, RANDOM)
     for i_k in tl.static_range(FOLD_KSPLIT):
         o_k = i_k * BKF + tl.arange(0, BKF)
         m_k = o_k < K
@@ -185,7 +187,7 @@ def _fold_entries(
                         + b_u2[:, None] * b_k2[None, :] + b_u3[:, None] * b_k3[None, :])
             if Q8 or RANDOM:
                 # an 8-bit checkpoint's rows are whole here (FOLD_KSPLIT = 1)
-                b_r = state_bits(seed, steps, i_s, i_hv, o_v, o_k, K, RANDOM)
+                b_r = state_bits(b_key, o_v, o_k, K, RANDOM)
                 b_s = store_rows(ckpt, cscale, o_s, o_r, b_s, m_s, m_v, b_r, Q8, RANDOM)
             else:
                 b_s = rounded(b_s, ckpt.dtype.element_ty)

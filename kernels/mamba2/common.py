@@ -81,22 +81,14 @@ def load_rows(p_s, m_s, scale, o_r, m_r, Q8: tl.constexpr):
 
 
 @triton.jit
-def state_bits(seed, steps, i_s, i_h, o_p, N, BN: tl.constexpr, AHEAD: tl.constexpr = 0):
-    """The random bits [ROWS, BN] of rows o_p of the (slot i_s, head i_h) state (element p·N + n) at the slot's store
-    count + AHEAD."""
-    return row_bits(seed, tl.load(steps + i_s) + AHEAD, i_s, i_h, o_p, N, BN)
-
-
-@triton.jit
-def store_rows(p_s, b_s, m_s, scale, o_sc, m_r, seed, steps, i_s, i_h, o_p, N, Q8: tl.constexpr,
-               RANDOM: tl.constexpr):
-    """fp32 rows b_s [R, BN] (rows o_p of the (slot i_s, head i_h) state, whole over N; masked elements zero) stored
-    in the state's dtype: a cast (to nearest), with RANDOM rounded stochastically by `state_bits`, or with Q8 as
-    8-bit rows and their scales (scale + o_sc, [R])."""
+def store_rows(p_s, b_s, m_s, scale, o_sc, m_r, b_key, o_p, N, Q8: tl.constexpr, RANDOM: tl.constexpr):
+    """fp32 rows b_s [R, BN] (rows o_p of a (slot, head) state, element p·N + n, whole over N; masked elements zero)
+    stored in the state's dtype: a cast (to nearest), with RANDOM rounded stochastically by the bits of the store's
+    key b_key (`rounding.store_key`), or with Q8 as 8-bit rows and their scales (scale + o_sc, [R])."""
     DTYPE: tl.constexpr = p_s.dtype.element_ty
     BN: tl.constexpr = b_s.shape[1]
     if RANDOM:
-        b_r = state_bits(seed, steps, i_s, i_h, o_p, N, BN)
+        b_r = row_bits(b_key, o_p, N, BN)
     else:
         b_r = tl.zeros(b_s.shape, dtype=tl.uint32)
     if Q8:

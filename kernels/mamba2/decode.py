@@ -11,8 +11,8 @@ import triton.language as tl
 from replayssm_kernels import common, families, rounding as rnd
 from replayssm_kernels.common import flat_program_ids, slot_of
 from replayssm_kernels.mamba2 import args
-from replayssm_kernels.mamba2.common import finish_output, load_rows, state_bits, step_delta, store_rows
-from replayssm_kernels.rounding import count_stores, quantized_rows, rounded
+from replayssm_kernels.mamba2.common import finish_output, load_rows, step_delta, store_rows
+from replayssm_kernels.rounding import count_stores, quantized_rows, rounded, row_bits, slot_key, store_key
 
 
 @triton.jit
@@ -58,7 +58,8 @@ def mamba2_decode_kernel(
     b_s = b_s * b_a + (b_dt * b_x)[:, None] * b_B[None, :]
     # rounding to nearest stays inline: through store_rows its PTX would gain the call's debug labels
     if Q8 or RANDOM:
-        store_rows(p_s, b_s, m_s, state_scale, o_sc, m_p, seed, steps, i_s, i_h, o_p, N, Q8, RANDOM)
+        store_rows(p_s, b_s, m_s, state_scale, o_sc, m_p, store_key(seed, steps, i_s, i_h, RANDOM), o_p, N, Q8,
+                   RANDOM)
         if RANDOM:
             count_stores(steps, step_arrive, i_s, H * tl.cdiv(P, ROWS), 1)
     else:
@@ -106,6 +107,8 @@ def mamba2_decode_multi_kernel(
         b_s = tl.load(p_s, mask=m_s, other=0.0).to(tl.float32)
     b_A = tl.load(A + i_h).to(tl.float32)
     p_snap = snapshots + i_s * stride_snap_s + i_h * stride_snap_h + o_p[:, None] * stride_snap_p + o_n[None, :]
+    if RANDOM:
+        b_n = tl.load(steps + i_s)
     for t in tl.static_range(T):
         b_x = tl.load(x + i_b * stride_x_b + t * stride_x_t + i_h * stride_x_h + o_p, mask=m_p, other=0.0)
         b_x = b_x.to(tl.float32)
@@ -116,7 +119,7 @@ def mamba2_decode_multi_kernel(
         b_s = b_s * tl.exp(b_A * b_dt) + (b_dt * b_x)[:, None] * b_B.to(tl.float32)[None, :]
         if Q8:
             if RANDOM:
-                b_r = state_bits(seed, steps, i_s, i_h, o_p, N, BN, t)
+                b_r = row_bits(slot_key(seed, b_n + t, i_s, i_h), o_p, N, BN)
             else:
                 b_r = tl.zeros([ROWS, BN], dtype=tl.uint32)
             b_q, b_scale = quantized_rows(b_s, b_r, p_snap.dtype.element_ty, RANDOM)
@@ -124,7 +127,7 @@ def mamba2_decode_multi_kernel(
             tl.store(snap_scale + ((i_s * TMAX + t) * H + i_h) * P + o_p, b_scale, mask=m_p)
             b_sr = b_q.to(tl.float32) * b_scale[:, None]
         elif RANDOM:
-            b_r = state_bits(seed, steps, i_s, i_h, o_p, N, BN, t)
+            b_r = row_bits(slot_key(seed, b_n + t, i_s, i_h), o_p, N, BN)
             b_sr = rounded(b_s, b_r, p_snap.dtype.element_ty, True)
             tl.store(p_snap + t * stride_snap_t, b_sr.to(p_snap.dtype.element_ty), mask=m_s)
         else:

@@ -28,7 +28,7 @@ from replayssm_kernels.mamba2.cache import ReplayCache
 from replayssm_kernels.mamba2.common import (
     finish_output, fold_entries, step_delta, store_read_copy, store_rows, z_gate,
 )
-from replayssm_kernels.rounding import count_stores
+from replayssm_kernels.rounding import count_stores, store_key
 
 
 @triton.jit
@@ -112,6 +112,7 @@ def _flush_rows(
     b_bwf = b_bwf.to(tl.float32)
     b_decay = tl.exp(b_lam)
     b_sB = b_dt * b_B
+    b_key = store_key(seed, steps, i_s, i_h, RANDOM)
     for i_c in tl.range(0, ROWS, FLUSH_CHUNK, num_stages=STAGES):
         o_c = i_p * ROWS + i_c + tl.arange(0, FLUSH_CHUNK)
         # A chunk is at least 16 rows (the fold is one product); with ROWS < 16 it is masked to this program's rows.
@@ -127,7 +128,7 @@ def _flush_rows(
         b_s = b_s * b_decay + b_u + b_xt[:, None] * b_sB[None, :]
         # rounding to nearest stays inline: through store_rows its PTX would gain the call's debug labels
         if Q8 or RANDOM:
-            store_rows(p_ckc, b_s, m_sc, ck_scale, i_sh * P + o_c, m_c, seed, steps, i_s, i_h, o_c, N, Q8, RANDOM)
+            store_rows(p_ckc, b_s, m_sc, ck_scale, i_sh * P + o_c, m_c, b_key, o_c, N, Q8, RANDOM)
         else:
             tl.store(p_ckc, b_s.to(p_ckc.dtype.element_ty), mask=m_sc)
         if HAS_COPY:

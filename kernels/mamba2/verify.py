@@ -14,6 +14,7 @@ from replayssm_kernels.mamba2 import args
 from replayssm_kernels.mamba2.cache import ReplayCache
 from replayssm_kernels.mamba2.common import finish_output, step_delta, store_read_copy, store_rows
 from replayssm_kernels.mamba2.replay import store_args, check_cache
+from replayssm_kernels.rounding import store_key
 
 
 @triton.jit
@@ -184,6 +185,7 @@ def mamba2_verify_kernel(
             b_bf = tl.load(p_bj[:, None] + o_n[None, :], mask=m_jc[:, None] & m_n[None, :], other=0.0).to(tl.float32)
         else:
             b_bf = tl.reshape(b_bj, (BJ, BN))
+        b_key = store_key(seed, steps, i_s, i_h, RANDOM)
         for i_c in range(0, ROWS, FOLD_CHUNK):
             o_c = i_p * ROWS + i_c + tl.arange(0, FOLD_CHUNK)
             m_c = o_c < P
@@ -197,8 +199,7 @@ def mamba2_verify_kernel(
             b_s += dot_fp32(tl.trans(b_xf.to(tl.float32) * b_cf[:, None]), b_bf, False, IS_HALF_IO)
             # rounding to nearest stays inline: through store_rows its PTX would gain the call's debug labels
             if Q8 or RANDOM:
-                store_rows(p_cks, b_s, m_sc, ck_scale, i_sh * P + o_c, m_c, seed, steps, i_s, i_h, o_c, N, Q8,
-                           RANDOM)
+                store_rows(p_cks, b_s, m_sc, ck_scale, i_sh * P + o_c, m_c, b_key, o_c, N, Q8, RANDOM)
             else:
                 tl.store(p_cks, b_s.to(p_cks.dtype.element_ty), mask=m_sc)
             if HAS_COPY:
