@@ -142,11 +142,12 @@ def main(argv: list[str] | None = None) -> int:
     kernels = sorted({k for per in found.values() for k in per})
     for kernel in kernels:
         print(f"\n{args.op} {args.phase} B{args.batch}: {kernel}")
-        print(f"{'':28}" + "".join(f"{c:>18}" for c in found))
-        for lab in labels:
-            cells = [found[c].get(kernel, {}).get(lab, "–") for c in found]
+        table = [[found[c].get(kernel, {}).get(lab, "–") for c in found] for lab in labels]
+        width = 2 + max(len(v) for row in table + [list(found)] for v in row)
+        print(f"{'':28}" + "".join(f"{c:>{width}}" for c in found))
+        for lab, cells in zip(labels, table):
             if any(v not in ("–", "0") for v in cells):
-                print(f"{lab:28}" + "".join(f"{v:>18}" for v in cells))
+                print(f"{lab:28}" + "".join(f"{v:>{width}}" for v in cells))
     return 0
 
 

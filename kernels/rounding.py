@@ -97,14 +97,18 @@ def _advance_kernel(step, slots, batch, by, HAS_SLOTS: tl.constexpr, BB: tl.cons
     tl.atomic_add(step + o_s, (o_s * 0 + by).to(tl.int64), mask=m_b)
 
 
-def check_rounding(rounding, state_dtype: torch.dtype, nslots: int, device: torch.device) -> None:
-    """A StateRounding (or None) fit for a state of `state_dtype` with `nslots` slots on `device`."""
+def check_rounding(rounding, state_dtype: torch.dtype, nslots: int, device: torch.device, row: int) -> None:
+    """A StateRounding (or None) fit for a state of `state_dtype` with `nslots` slots on `device` and rows of `row`
+    elements (a row's neighbours share a hash, so rows are of even length)."""
     if rounding is None:
         return
     if not isinstance(rounding, StateRounding):
         raise ValueError(f"rounding must be a StateRounding or None, got {type(rounding).__name__}")
     if state_dtype == torch.float32:
         raise ValueError("stochastic rounding applies to a 16-bit or 8-bit state; an fp32 state is stored exactly")
+    if row % 2:
+        raise ValueError(f"stochastic rounding takes states whose rows have an even number of elements (neighbours "
+                         f"share one hash), got rows of {row}")
     rounding.check(nslots, device)
 
 
@@ -166,24 +170,25 @@ def store_key(seed, steps, i_s, i_h, RANDOM: tl.constexpr):
 @triton.jit
 def key_bits(b_k, o_e):
     """16 random bits (as uint32) for elements o_e (an int block: their places in a (slot, head) state) of the store
-    keyed b_k: the top half of `mix` of the element's place plus the key."""
-    return mix(tl.add(o_e.to(tl.uint32), b_k, sanitize_overflow=False)) >> 16
+    keyed b_k: elements 2i and 2i + 1 take the low and the high half of `mix`(i + key)."""
+    b_e = o_e.to(tl.uint32)
+    b_h = mix(tl.add(b_e >> 1, b_k, sanitize_overflow=False))
+    return (b_h >> ((b_e & 1) << 4)) & 0xFFFF
 
 
 @triton.jit
-def row_bits(b_k, o_r, N, BN: tl.constexpr):
-    """`key_bits` of the elements o_r[:, None] · N + [0, BN) of rows o_r [R] of N elements each, as [R, BN]."""
-    return key_bits(b_k, o_r[:, None] * N + tl.arange(0, BN)[None, :])
+def pair_bits(b_k, o_even):
+    """`key_bits` of the places o_even (even, [..., C]) and o_even + 1, interleaved along the last axis as [..., 2C]:
+    one hash for each pair, its halves joined in registers (no layout change)."""
+    b_h = mix(tl.add(o_even.to(tl.uint32) >> 1, b_k, sanitize_overflow=False))
+    return tl.interleave(b_h & 0xFFFF, b_h >> 16)
 
 
 @triton.jit
-def store_bits(b_k, o_e, RANDOM: tl.constexpr):
-    """`key_bits` of elements o_e under the store's key b_k (`store_key`); zeros (unused) when RANDOM is off."""
-    if RANDOM:
-        b_r = key_bits(b_k, o_e)
-    else:
-        b_r = o_e.to(tl.uint32) * 0
-    return b_r
+def row_bits(b_k, o_r, N, C0, BC: tl.constexpr):
+    """`key_bits` of the elements o_r[:, None] · N + C0 + [0, BC) (columns C0 .. of rows o_r [R] of N elements, N
+    and C0 even) as [R, BC]."""
+    return pair_bits(b_k, o_r[:, None] * N + C0 + 2 * tl.arange(0, BC // 2)[None, :])
 
 
 @triton.jit

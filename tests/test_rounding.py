@@ -18,7 +18,7 @@ TL = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float8_e4m3f
 def _store_kernel(x, y, steps, seed, i_s, i_h, E, DTYPE: tl.constexpr, RANDOM: tl.constexpr, BE: tl.constexpr):
     o_e = tl.program_id(0) * BE + tl.arange(0, BE)
     m_e = o_e < E
-    b_r = R.store_bits(R.store_key(seed, steps, i_s, i_h, RANDOM), o_e, RANDOM)
+    b_r = R.key_bits(R.store_key(seed, steps, i_s, i_h, RANDOM), o_e)
     tl.store(y + o_e, R.stored(tl.load(x + o_e, mask=m_e), b_r, DTYPE, RANDOM), mask=m_e)
 
 
@@ -28,20 +28,20 @@ def _rows_kernel(x, q, scale, steps, seed, C, DTYPE: tl.constexpr, RANDOM: tl.co
     o_c = tl.arange(0, BC)
     m_c = o_c < C
     b_s = tl.load(x + i_r * C + o_c[None, :], mask=m_c[None, :], other=0.0)
-    b_r = R.store_bits(R.store_key(seed, steps, 0, i_r, RANDOM), o_c[None, :], RANDOM)
+    b_r = R.key_bits(R.store_key(seed, steps, 0, i_r, RANDOM), o_c[None, :])
     b_q, b_scale = R.quantized_rows(b_s, b_r, DTYPE, RANDOM)
     tl.store(q + i_r * C + o_c[None, :], b_q, mask=m_c[None, :])
     tl.store(scale + i_r + tl.arange(0, 1), b_scale)
 
 
 @triton.jit
-def _row_bits_kernel(by_element, by_row, seed, steps, N, R_: tl.constexpr, BN: tl.constexpr):
+def _row_bits_kernel(by_element, by_row, seed, steps, N, C0: tl.constexpr, R_: tl.constexpr, BN: tl.constexpr):
     o_r, o_n = tl.arange(0, R_), tl.arange(0, BN)
     step = tl.load(steps + 1)
     o_out = o_r[:, None] * BN + o_n[None, :]
     b_k = R.slot_key(seed, step, 1, 2)
-    tl.store(by_element + o_out, R.key_bits(b_k, o_r[:, None] * N + o_n[None, :]).to(tl.int64))
-    tl.store(by_row + o_out, R.row_bits(b_k, o_r, N, BN).to(tl.int64))
+    tl.store(by_element + o_out, R.key_bits(b_k, o_r[:, None] * N + C0 + o_n[None, :]).to(tl.int64))
+    tl.store(by_row + o_out, R.row_bits(b_k, o_r, N, C0, BN).to(tl.int64))
 
 
 @triton.jit
@@ -168,23 +168,27 @@ def test_streams_are_per_slot_head_and_step(device):
     assert torch.equal(R.draw_bits(rnd, torch.tensor([1]), 2, 64), b)
 
 
-@pytest.mark.parametrize("N,BN", [(16, 16), (24, 32), (64, 64)], ids=["N16", "N24-BN32", "N64"])
-def test_row_bits_are_the_elements_bits(device, N, BN):
-    """row_bits gives each element of a row the bits key_bits and draw_bits give it, 16 bits each."""
+@pytest.mark.parametrize("N,C0,BN", [(16, 0, 16), (24, 0, 32), (64, 0, 64), (128, 64, 64)],
+                         ids=["N16", "N24-BN32", "N64", "N128-columns64"])
+def test_row_bits_are_the_elements_bits(device, N, C0, BN):
+    """row_bits (one hash per pair of neighbours) gives each element of columns C0 .. of a row the bits key_bits and
+    draw_bits give it, 16 bits each."""
     rnd = R.StateRounding.create(3, seed=9, device=device)
     rnd.step[1] = 4
     by_element = torch.zeros(8, BN, dtype=torch.int64, device=device)
     by_row = torch.zeros_like(by_element)
-    _row_bits_kernel[(1,)](by_element, by_row, rnd.seed, rnd.step, N, R_=8, BN=BN)
-    drawn = R.draw_bits(rnd, torch.tensor([1]), 3, 8 * N)[0, 2].view(8, N).cpu()
-    assert torch.equal(by_element[:, :N].cpu(), drawn) and torch.equal(by_row[:, :N].cpu(), drawn)
+    _row_bits_kernel[(1,)](by_element, by_row, rnd.seed, rnd.step, N, C0=C0, R_=8, BN=BN)
+    drawn = R.draw_bits(rnd, torch.tensor([1]), 3, 8 * N)[0, 2].view(8, N)[:, C0:].cpu()
+    width = min(BN, N - C0)
+    assert torch.equal(by_element[:, :width].cpu(), drawn[:, :width])
+    assert torch.equal(by_row[:, :width].cpu(), drawn[:, :width])
     assert int(drawn.max()) < 2**16 and int(drawn.min()) >= 0
 
 
 def test_bits_are_the_hash_of_place_and_key(device):
-    """Each element's bits are the top half of lowbias32(place + the store's key), the key one Philox draw per (slot,
-    head, step): keys differ between slots and steps, and the bits of 3 x 4096 places look uniform (each 16th of the
-    range within 5 sigma of its share) and neighbours uncorrelated."""
+    """Elements 2i and 2i + 1 take the low and the high half of lowbias32(i + the store's key), the key one Philox
+    draw per (slot, head, step): keys differ between slots and steps, and the bits of 3 x 4096 places look uniform
+    (each 16th of the range within 5 sigma of its share) and neighbours uncorrelated, within a pair and across."""
     nslots, E = 3, 4096
     rnd = R.StateRounding.create(nslots, seed=11, device=device)
     rnd.step.copy_(torch.tensor([0, 0, 7]))
@@ -193,15 +197,17 @@ def test_bits_are_the_hash_of_place_and_key(device):
     _hash_kernel[(nslots,)](keys, bits, rnd.seed, rnd.step, E, BE=E)
     keys, bits = keys.cpu(), bits.cpu()
     assert len(set(keys.tolist())) == nslots
-    want = _lowbias32((torch.arange(E)[None, :] + keys[:, None]) & 0xFFFFFFFF) >> 16
+    e = torch.arange(E)[None, :]
+    want = (_lowbias32(((e >> 1) + keys[:, None]) & 0xFFFFFFFF) >> (16 * (e & 1))) & 0xFFFF
     assert torch.equal(bits, want)
     assert torch.equal(bits, R.draw_bits(rnd, torch.arange(nslots), 4, E)[:, 3].cpu())
     counts = torch.bincount((bits >> 12).flatten(), minlength=16).float()
     n = bits.numel() / 16
     assert bool(((counts - n).abs() <= 5 * math.sqrt(n)).all()), counts
     u = bits.float() / 2**16 - 0.5
-    r = (u[:, 1:] * u[:, :-1]).mean() / u.var()
-    assert abs(float(r)) < 5 / math.sqrt(u[:, 1:].numel())
+    for a, b in ((u[:, 0::2], u[:, 1::2]), (u[:, 1:-1:2], u[:, 2::2])):
+        r = (a * b).mean() / u.var()
+        assert abs(float(r)) < 5 / math.sqrt(a.numel())
 
 
 @pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.int8])
@@ -243,8 +249,10 @@ def test_bad_rounding_is_one_line():
         R.StateRounding.create(2, seed=-1, device="cpu")
     rnd = R.StateRounding.create(2, device="cpu")
     with pytest.raises(ValueError, match="fp32 state is stored exactly"):
-        R.check_rounding(rnd, torch.float32, 2, torch.device("cpu"))
+        R.check_rounding(rnd, torch.float32, 2, torch.device("cpu"), 64)
     with pytest.raises(ValueError, match="counts 2 slots but the state has 3"):
-        R.check_rounding(rnd, torch.bfloat16, 3, torch.device("cpu"))
+        R.check_rounding(rnd, torch.bfloat16, 3, torch.device("cpu"), 64)
     with pytest.raises(ValueError, match="must be a StateRounding"):
-        R.check_rounding(7, torch.bfloat16, 2, torch.device("cpu"))
+        R.check_rounding(7, torch.bfloat16, 2, torch.device("cpu"), 64)
+    with pytest.raises(ValueError, match="even number of elements"):
+        R.check_rounding(rnd, torch.bfloat16, 2, torch.device("cpu"), 17)

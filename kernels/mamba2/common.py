@@ -88,7 +88,7 @@ def store_rows(p_s, b_s, m_s, scale, o_sc, m_r, b_key, o_p, N, Q8: tl.constexpr,
     DTYPE: tl.constexpr = p_s.dtype.element_ty
     BN: tl.constexpr = b_s.shape[1]
     if RANDOM:
-        b_r = row_bits(b_key, o_p, N, BN)
+        b_r = row_bits(b_key, o_p, N, 0, BN)
     else:
         b_r = tl.zeros(b_s.shape, dtype=tl.uint32)
     if Q8:

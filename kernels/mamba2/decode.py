@@ -119,7 +119,7 @@ def mamba2_decode_multi_kernel(
         b_s = b_s * tl.exp(b_A * b_dt) + (b_dt * b_x)[:, None] * b_B.to(tl.float32)[None, :]
         if Q8:
             if RANDOM:
-                b_r = row_bits(slot_key(seed, b_n + t, i_s, i_h), o_p, N, BN)
+                b_r = row_bits(slot_key(seed, b_n + t, i_s, i_h), o_p, N, 0, BN)
             else:
                 b_r = tl.zeros([ROWS, BN], dtype=tl.uint32)
             b_q, b_scale = quantized_rows(b_s, b_r, p_snap.dtype.element_ty, RANDOM)
@@ -127,7 +127,7 @@ def mamba2_decode_multi_kernel(
             tl.store(snap_scale + ((i_s * TMAX + t) * H + i_h) * P + o_p, b_scale, mask=m_p)
             b_sr = b_q.to(tl.float32) * b_scale[:, None]
         elif RANDOM:
-            b_r = row_bits(slot_key(seed, b_n + t, i_s, i_h), o_p, N, BN)
+            b_r = row_bits(slot_key(seed, b_n + t, i_s, i_h), o_p, N, 0, BN)
             b_sr = rounded(b_s, b_r, p_snap.dtype.element_ty, True)
             tl.store(p_snap + t * stride_snap_t, b_sr.to(p_snap.dtype.element_ty), mask=m_s)
         else:
@@ -235,7 +235,7 @@ def _check_state(state, kernel, dtypes=common.FLOAT_DTYPES) -> tuple[int, int, i
 
 
 def _check_rounding(rounding, state: torch.Tensor) -> None:
-    rnd.check_rounding(rounding, state.dtype, state.shape[0], state.device)
+    rnd.check_rounding(rounding, state.dtype, state.shape[0], state.device, state.shape[-1])
 
 
 def _q8(state_scale, snapshots) -> dict:

@@ -696,7 +696,7 @@ def check_cache(cache, kernel) -> tuple[int, int, int, int, int]:
                              "cache.checkpoint_scale")
     if cache.is_eight_bit and cache.read_copy is not None:
         raise ValueError("an 8-bit checkpoint takes no read copy (it is as narrow as one)")
-    rnd.check_rounding(cache.rounding, cache.state_dtype, nslots, cache.device)
+    rnd.check_rounding(cache.rounding, cache.state_dtype, nslots, cache.device, cache.checkpoint.shape[-1])
     for name in ("x_buf", "b_buf", "dt_buf", "lam_buf", "b_draft", "fill", "arrive", "read_scale"):
         t = getattr(cache, name)
         if t is not None and not t.is_contiguous():
