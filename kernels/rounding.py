@@ -4,10 +4,10 @@ Stochastic rounding takes one of the two neighbours of a value in the stored dty
 to the value's distance from the lower over the gap between them, so the stored state is unbiased and its rounding
 errors average out over a long decode instead of drifting. Each store of a (slot, head) state takes one Philox4x32-10
 draw (Triton's `tl.philox`) keyed by a seed and counted by (slot, head, step), where `step` is the slot's own count
-of stores, and each element's 16 random bits are the top half of a 32-bit integer hash of its place in the state
-plus that draw: a run is reproducible, a slot's rounding does not depend on which rows share its batch, nothing is
-read on the host (CUDA graphs capture it), and each element's bits are its own, in whatever layout the kernel holds
-the state (no draw's words to share between threads).
+of stores, and the elements at places 2i and 2i + 1 of the state take the low and the high 16 bits of a 32-bit
+integer hash of i plus that draw: a run is reproducible, a slot's rounding does not depend on which rows share its
+batch, nothing is read on the host (CUDA graphs capture it), and a pair's bits are computed where the kernel holds
+the pair (neighbours along a row lie in one thread's registers; no draw's words to share between threads).
 
 An 8-bit state row, fp8 e4m3 or int8, holds the row's values over its row's fp32 scale: Mamba-2's row is one
 (slot, head, p) over N, Gated DeltaNet's one (slot, head, v) over K. The scale is the row's largest magnitude over

@@ -308,11 +308,12 @@ def test_step_cost_nemotron_super_split_bf16_ratio():
 # An 8-bit state of M2: 30 one-byte elements and one fp32 scale per row (H, P); of GDN: 30 elements, rows (HV, V).
 M2_INT8_STATE = 2 * 3 * 5 * 1 + 2 * 3 * 4
 GDN_INT8_STATE = 2 * 5 * 3 * 1 + 2 * 5 * 4
-# Stochastic rounding per store: Philox4x32-10 per head (10 rounds of 2 umulhi, 2 mul, 4 xor, 2 add) and a hash of
-# 10 integer operations per stored element: M2 and GDN have 2 (value) heads of 30 elements in all.
+# Stochastic rounding per store: Philox4x32-10 per head (10 rounds of 2 umulhi, 2 mul, 4 xor, 2 add), a hash of 10
+# integer operations per pair of stored elements and 1 per element: M2 and GDN have 2 (value) heads of 30 elements in
+# all.
 PHILOX = 10 * (2 + 2 + 4 + 2)
-M2_RNG = 2 * PHILOX + 30 * 10
-GDN_RNG = 2 * PHILOX + 30 * 10
+M2_RNG = 2 * PHILOX + 15 * 10 + 30
+GDN_RNG = 2 * PHILOX + 15 * 10 + 30
 STEP_COUNT = 8  # the slot's int64 store count, read and written by a step that stores
 
 
@@ -348,10 +349,10 @@ def test_step_cost_eight_bit_state(state):
 def test_step_cost_stochastic_rounding_counts_philox_apart_from_flops():
     nearest = m2("conventional", state_dtype="bf16")
     sr = m2("conventional", state_dtype="bf16", rounding="stochastic")
-    # A draw per head and a hash per stored element, and the store count read and written.
+    # A draw per head, a hash per pair of stored elements, a half per element, and the store count read and written.
     assert sr == Cost(nearest.bytes_read + B * STEP_COUNT, nearest.bytes_written + B * STEP_COUNT, nearest.flops,
                       B * M2_RNG)
-    assert sr.int_ops == 1000 and sr.as_dict()["int_ops"] == 1000
+    assert sr.int_ops == 760 and sr.as_dict()["int_ops"] == 760
     # A nonflush step stores nothing: no draws; the flush stores the checkpoint once.
     kw = dict(state_dtype="int8", rounding="stochastic")
     assert m2("replay", "nonflush", fill=1, **kw) == m2("replay", "nonflush", fill=1, state_dtype="int8")
@@ -365,13 +366,13 @@ def test_step_cost_stochastic_rounding_counts_philox_apart_from_flops():
     assert m2("spec-replay", "flush", draft=2, **kw).int_ops == B * M2_RNG
     assert gdn("conventional", state_dtype="fp16", rounding="stochastic").int_ops == B * GDN_RNG
     assert memory_per_seq(M2, "conventional", state_dtype="bf16", rounding="stochastic")["counters"] == STEP_COUNT
-    # One head of 16 elements: one draw, 16 hashes
+    # One head of 16 elements: one draw, 8 hashes, 16 halves
     one = Mamba2Shape(H=1, P=2, N=8, G=1)
     assert step_cost(one, "conventional", batch=B, state_dtype="bf16", rounding="stochastic").int_ops == B * (
-        PHILOX + 16 * 10)
+        PHILOX + 8 * 10 + 16)
     gdn1 = GDNShape(H=1, HV=1, K=8, V=2)
     assert step_cost(gdn1, "conventional", batch=B, state_dtype="bf16", rounding="stochastic").int_ops == B * (
-        PHILOX + 16 * 10)
+        PHILOX + 8 * 10 + 16)
     replay = memory_per_seq(M2, "replay", window=W, state_dtype="bf16", rounding="stochastic")
     assert replay["counters"] == M2_HELD_COUNTERS + STEP_COUNT
 
@@ -683,7 +684,7 @@ def test_cost_cli_eight_bit_state_with_stochastic_rounding():
     conv = next(r for r in rows if r["variant"] == "conventional")
     assert conv["state_dtype"] == "int8" and conv["rounding"] == "stochastic"
     # a draw per head, a hash per element
-    assert conv["int_ops"] == 2 * (shape.H * 100 + shape.state_elems * 10)
+    assert conv["int_ops"] == 2 * (shape.H * 100 + shape.state_elems // 2 * 10 + shape.state_elems)
     assert conv["memory"]["state"] == shape.state_elems + shape.state_rows * 4
     text = runner.invoke(app, ["cost", "-p", "nemotron-3-super-120b-a12b", "--state-dtype", "bf16", "--stochastic-rounding"])
     assert text.exit_code == 0 and "int ops" in text.stdout and "split fp8" in text.stdout
