@@ -306,6 +306,9 @@ def test_verify_and_replay_take_their_small_grid_rows_under_two_programs_per_sm(
     # a copy's staggered flushes on medium grids take items of fewer rows than a head's
     assert [select(split, b) for b in (4, 5, 33)] == ["replay-split-small", "replay-split-medium", "replay-split"]
     assert [select(fp8, b) for b in (4, 5, 33)] == ["replay-fp8-small", "replay-fp8-medium", "replay-fp8"]
+    # an 8-bit checkpoint takes the fp8 copy's rows, on a large grid at its own register cap
+    int8 = gdn.ReplayCache.create(64, 1, 64, 8, 8, 4, state_dtype="int8", io_dtype="bf16", device="cpu")
+    assert [select(int8, b) for b in (4, 5, 33)] == ["replay-fp8-small", "replay-fp8-medium", "replay-q8"]
     monkeypatch.undo()
     assert select_verify(cache, 1) == "verify" and select(split, 1) == "replay-split"
 

@@ -116,6 +116,9 @@ REPLAY_LAUNCH = {
     "replay-fp8": _FP8,
     "replay-fp8-medium": dataclasses.replace(_FP8, flush=dataclasses.replace(_COPY_FLUSH, rows=64)),
     "replay-fp8-small": dataclasses.replace(_SMALL, precision="tf32x3"),
+    # an 8-bit checkpoint's large grid: the fp8 copy's rows at 160 registers, as its non-flush programs also scale
+    # their rows (at 128 they spill 128 bytes a thread, and the spills' traffic runs through L2)
+    "replay-q8": dataclasses.replace(_FP8, maxnreg=160),
 }
 # Grid classes in (row, value head) programs per SM: under 2 a small grid (latency-bound), under 16 a medium one.
 SMALL_GRID, MEDIUM_GRID = 2, 16
@@ -141,9 +144,10 @@ def select(cache: ReplayCache, batch: int) -> str:
     """The REPLAY_LAUNCH row of a `replay` step of `batch` rows: by the cache's read copy (or 8-bit checkpoint) and
     the grid's (row, value head) programs per SM (medium on the CPU)."""
     # an 8-bit checkpoint's 1-byte tile takes an fp8 copy's rows (16-byte loads, its flushes in a launch of their own):
-    # under the base rows' register cap its steps spill more than twice the bytes
-    copy = "-fp8" if cache.checkpoint_scale is not None else _copy(cache)
-    return _grid(cache, batch, REPLAY_LAUNCH, "replay" + copy)
+    # under the base rows' register cap its steps spill more than twice the bytes; on a large grid its own row
+    eight_bit = cache.checkpoint_scale is not None
+    name = _grid(cache, batch, REPLAY_LAUNCH, "replay" + ("-fp8" if eight_bit else _copy(cache)))
+    return "replay-q8" if eight_bit and name == "replay-fp8" else name
 
 
 @triton.jit

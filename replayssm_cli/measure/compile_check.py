@@ -120,7 +120,9 @@ def cases() -> list[Case]:
     out.append(Case("gdn", "accept_snapshot", "accept-snapshot", "fp32"))
     for name in [*gr.REPLAY_LAUNCH, *gv.VERIFY_LAUNCH]:
         entry = name.split("-")[0]
-        if "-fp8" in name:
+        if "-q8" in name:
+            configs = ["int8", "int8+sr", "fp8"]
+        elif "-fp8" in name:
             configs = ["fp32→fp8"]
         elif "-split" in name:
             configs = ["fp32→bf16"]
@@ -146,7 +148,7 @@ def _precision_cases(cases: list[Case]) -> list[Case]:
         for entry in STORE_ENTRIES:
             # rows of a read copy keep their checkpoint (a read copy over an 8-bit one is refused)
             rows = list(dict.fromkeys(c.row for c in cases if c.op == op and c.entry == entry and "→" not in c.config
-                                      and "-split" not in c.row and "-fp8" not in c.row))
+                                      and "-split" not in c.row and "-fp8" not in c.row and "-q8" not in c.row))
             out += [Case(op, entry, row, "int8+sr") for row in rows]
             if rows:
                 out += [Case(op, entry, rows[0], "bf16+sr"), Case(op, entry, rows[0], "fp8", 89)]
