@@ -4,10 +4,11 @@ Stochastic rounding takes one of the two neighbours of a value in the stored dty
 to the value's distance from the lower over the gap between them, so the stored state is unbiased and its rounding
 errors average out over a long decode instead of drifting. Each store of a (slot, head) state takes one Philox4x32-10
 draw (Triton's `tl.philox`) keyed by a seed and counted by (slot, head, step), where `step` is the slot's own count
-of stores, and the elements at places 2i and 2i + 1 of the state take the low and the high 16 bits of a 32-bit
-integer hash of i plus that draw: a run is reproducible, a slot's rounding does not depend on which rows share its
-batch, nothing is read on the host (CUDA graphs capture it), and a pair's bits are computed where the kernel holds
-the pair (neighbours along a row lie in one thread's registers; no draw's words to share between threads).
+of stores, and each element's 16 random bits come from a 32-bit integer hash of its place in the state plus that
+draw (Mamba-2's neighbours 2i and 2i + 1 taking the two halves of one hash of i, GDN's elements a hash each): a run is
+reproducible, a slot's rounding does not depend on which rows share its batch, nothing is read on the host (CUDA
+graphs capture it), and the bits are computed where the kernel holds the elements (neighbours along a row lie in one
+thread's registers; no draw's words to share between threads).
 
 An 8-bit state row, fp8 e4m3 or int8, holds the row's values over its row's fp32 scale: Mamba-2's row is one
 (slot, head, p) over N, Gated DeltaNet's one (slot, head, v) over K. The scale is the row's largest magnitude over
@@ -34,7 +35,7 @@ _FORMATS = {torch.bfloat16: (16, 0.0), torch.float16: (13, 2.0**-14), torch.floa
 @dataclass
 class StateRounding:
     """Stochastic rounding of the states a kernel stores: bits keyed by `seed` and drawn per (slot, head, step[slot])
-    and element (`store_key`, `key_bits`); step (nslots,) int64 counts each slot's stores, advanced on the device by
+    and element (`store_key`, `paired_bits`, `element_bits`); step (nslots,) int64 counts each slot's stores, advanced on the device by
     the launch that stores (`count_stores`, `count_listed`) or in one small launch after it (`advance`), and zeroed
     with the slot (`reset`)."""
 
@@ -97,16 +98,17 @@ def _advance_kernel(step, slots, batch, by, HAS_SLOTS: tl.constexpr, BB: tl.cons
     tl.atomic_add(step + o_s, (o_s * 0 + by).to(tl.int64), mask=m_b)
 
 
-def check_rounding(rounding, state_dtype: torch.dtype, nslots: int, device: torch.device, row: int) -> None:
-    """A StateRounding (or None) fit for a state of `state_dtype` with `nslots` slots on `device` and rows of `row`
-    elements (a row's neighbours share a hash, so rows are of even length)."""
+def check_rounding(rounding, state_dtype: torch.dtype, nslots: int, device: torch.device,
+                   row: int | None = None) -> None:
+    """A StateRounding (or None) fit for a state of `state_dtype` with `nslots` slots on `device`; with `row`, one
+    whose rows of that many elements pair their neighbours (`paired_bits`), so rows are of even length."""
     if rounding is None:
         return
     if not isinstance(rounding, StateRounding):
         raise ValueError(f"rounding must be a StateRounding or None, got {type(rounding).__name__}")
     if state_dtype == torch.float32:
         raise ValueError("stochastic rounding applies to a 16-bit or 8-bit state; an fp32 state is stored exactly")
-    if row % 2:
+    if row is not None and row % 2:
         raise ValueError(f"stochastic rounding takes states whose rows have an even number of elements (neighbours "
                          f"share one hash), got rows of {row}")
     rounding.check(nslots, device)
@@ -167,10 +169,33 @@ def store_key(seed, steps, i_s, i_h, RANDOM: tl.constexpr):
     return b_k
 
 
+# Two rules give a store's elements their 16 bits from its key, each op's kernels and reference keeping to one, the
+# one measured faster for how its kernels hold a state (benchmarks/notes/run-77.md): Mamba-2's stores pair
+# neighbours (`paired_bits`: one hash per pair of a row), GDN's hash each element (`element_bits`: in its 16-bit
+# decode tile a pair's hash made the conventional step 13% slower).
+
+
 @triton.jit
-def key_bits(b_k, o_e):
+def element_bits(b_k, o_e):
     """16 random bits (as uint32) for elements o_e (an int block: their places in a (slot, head) state) of the store
-    keyed b_k: elements 2i and 2i + 1 take the low and the high half of `mix`(i + key)."""
+    keyed b_k: the top half of `mix` of each element's place plus the key."""
+    return mix(tl.add(o_e.to(tl.uint32), b_k, sanitize_overflow=False)) >> 16
+
+
+@triton.jit
+def store_bits(b_k, o_e, RANDOM: tl.constexpr):
+    """`element_bits` of elements o_e under the store's key b_k (`store_key`); zeros (unused) when RANDOM is off."""
+    if RANDOM:
+        b_r = element_bits(b_k, o_e)
+    else:
+        b_r = o_e.to(tl.uint32) * 0
+    return b_r
+
+
+@triton.jit
+def paired_bits(b_k, o_e):
+    """16 random bits (as uint32) for elements o_e of the store keyed b_k, by pairs: elements 2i and 2i + 1 take the
+    low and the high half of `mix`(i + key). For any places; `pair_bits` and `row_bits` compute it a pair at once."""
     b_e = o_e.to(tl.uint32)
     b_h = mix(tl.add(b_e >> 1, b_k, sanitize_overflow=False))
     return (b_h >> ((b_e & 1) << 4)) & 0xFFFF
@@ -178,15 +203,15 @@ def key_bits(b_k, o_e):
 
 @triton.jit
 def pair_bits(b_k, o_even):
-    """`key_bits` of the places o_even (even, [..., C]) and o_even + 1, interleaved along the last axis as [..., 2C]:
-    one hash for each pair, its halves joined in registers (no layout change)."""
+    """`paired_bits` of the places o_even (even, [..., C]) and o_even + 1, interleaved along the last axis as
+    [..., 2C]: one hash for each pair, its halves joined in registers (no layout change)."""
     b_h = mix(tl.add(o_even.to(tl.uint32) >> 1, b_k, sanitize_overflow=False))
     return tl.interleave(b_h & 0xFFFF, b_h >> 16)
 
 
 @triton.jit
 def row_bits(b_k, o_r, N, C0, BC: tl.constexpr):
-    """`key_bits` of the elements o_r[:, None] · N + C0 + [0, BC) (columns C0 .. of rows o_r [R] of N elements, N
+    """`paired_bits` of the elements o_r[:, None] · N + C0 + [0, BC) (columns C0 .. of rows o_r [R] of N elements, N
     and C0 even) as [R, BC]."""
     return pair_bits(b_k, o_r[:, None] * N + C0 + 2 * tl.arange(0, BC // 2)[None, :])
 
@@ -330,20 +355,26 @@ def dequantized_rows(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
 
 
 @triton.jit
-def _bits_kernel(out, seed, steps, slots, H, E, BE: tl.constexpr):
+def _bits_kernel(out, seed, steps, slots, H, E, BE: tl.constexpr, PAIRED: tl.constexpr):
     i_b, i_h, i_e = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_s = tl.load(slots + i_b).to(tl.int64)
     o_e = i_e * BE + tl.arange(0, BE)
-    b_r = key_bits(store_key(seed, steps, i_s, i_h, True), o_e)
+    b_k = store_key(seed, steps, i_s, i_h, True)
+    if PAIRED:
+        b_r = paired_bits(b_k, o_e)
+    else:
+        b_r = element_bits(b_k, o_e)
     tl.store(out + (i_b * H + i_h) * E + o_e, b_r.to(tl.int64), mask=o_e < E)
 
 
-def draw_bits(rounding: StateRounding, slots: torch.Tensor, heads: int, elements: int, ahead: int = 0) -> torch.Tensor:
+def draw_bits(rounding: StateRounding, slots: torch.Tensor, heads: int, elements: int, ahead: int = 0, *,
+              paired: bool) -> torch.Tensor:
     """The random bits a kernel draws at each slot's current step (plus `ahead`), (len(slots), heads, elements) int64
-    holding 16-bit values: element e of a head's state gets bits [slot, head, e]. For references and tests."""
+    holding 16-bit values: element e of a head's state gets bits [slot, head, e], by pairs (`paired_bits`, Mamba-2)
+    or each element's own (`element_bits`, GDN). For references and tests."""
     slots = slots.to(device=rounding.step.device, dtype=torch.int64)
     out = torch.empty(slots.shape[0], heads, elements, dtype=torch.int64, device=rounding.step.device)
     BE = min(1024, triton.next_power_of_2(elements))
     grid = (slots.shape[0], heads, triton.cdiv(elements, BE))
-    _bits_kernel[grid](out, rounding.seed, rounding.step + ahead, slots, heads, elements, BE=BE)
+    _bits_kernel[grid](out, rounding.seed, rounding.step + ahead, slots, heads, elements, BE=BE, PAIRED=paired)
     return out

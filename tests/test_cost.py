@@ -308,12 +308,12 @@ def test_step_cost_nemotron_super_split_bf16_ratio():
 # An 8-bit state of M2: 30 one-byte elements and one fp32 scale per row (H, P); of GDN: 30 elements, rows (HV, V).
 M2_INT8_STATE = 2 * 3 * 5 * 1 + 2 * 3 * 4
 GDN_INT8_STATE = 2 * 5 * 3 * 1 + 2 * 5 * 4
-# Stochastic rounding per store: Philox4x32-10 per head (10 rounds of 2 umulhi, 2 mul, 4 xor, 2 add), a hash of 10
-# integer operations per pair of stored elements and 1 per element: M2 and GDN have 2 (value) heads of 30 elements in
-# all.
+# Stochastic rounding per store: Philox4x32-10 per head (10 rounds of 2 umulhi, 2 mul, 4 xor, 2 add); in M2 a hash of
+# 10 integer operations per pair of stored elements and 1 per element, in GDN a hash of 10 per element: M2 and GDN
+# have 2 (value) heads of 30 elements in all.
 PHILOX = 10 * (2 + 2 + 4 + 2)
 M2_RNG = 2 * PHILOX + 15 * 10 + 30
-GDN_RNG = 2 * PHILOX + 15 * 10 + 30
+GDN_RNG = 2 * PHILOX + 30 * 10
 STEP_COUNT = 8  # the slot's int64 store count, read and written by a step that stores
 
 
@@ -366,13 +366,13 @@ def test_step_cost_stochastic_rounding_counts_philox_apart_from_flops():
     assert m2("spec-replay", "flush", draft=2, **kw).int_ops == B * M2_RNG
     assert gdn("conventional", state_dtype="fp16", rounding="stochastic").int_ops == B * GDN_RNG
     assert memory_per_seq(M2, "conventional", state_dtype="bf16", rounding="stochastic")["counters"] == STEP_COUNT
-    # One head of 16 elements: one draw, 8 hashes, 16 halves
+    # One head of 16 elements: one draw; M2 8 hashes and 16 halves, GDN 16 hashes
     one = Mamba2Shape(H=1, P=2, N=8, G=1)
     assert step_cost(one, "conventional", batch=B, state_dtype="bf16", rounding="stochastic").int_ops == B * (
         PHILOX + 8 * 10 + 16)
     gdn1 = GDNShape(H=1, HV=1, K=8, V=2)
     assert step_cost(gdn1, "conventional", batch=B, state_dtype="bf16", rounding="stochastic").int_ops == B * (
-        PHILOX + 8 * 10 + 16)
+        PHILOX + 16 * 10)
     replay = memory_per_seq(M2, "replay", window=W, state_dtype="bf16", rounding="stochastic")
     assert replay["counters"] == M2_HELD_COUNTERS + STEP_COUNT
 

@@ -18,7 +18,7 @@ TL = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float8_e4m3f
 def _store_kernel(x, y, steps, seed, i_s, i_h, E, DTYPE: tl.constexpr, RANDOM: tl.constexpr, BE: tl.constexpr):
     o_e = tl.program_id(0) * BE + tl.arange(0, BE)
     m_e = o_e < E
-    b_r = R.key_bits(R.store_key(seed, steps, i_s, i_h, RANDOM), o_e)
+    b_r = R.store_bits(R.store_key(seed, steps, i_s, i_h, RANDOM), o_e, RANDOM)
     tl.store(y + o_e, R.stored(tl.load(x + o_e, mask=m_e), b_r, DTYPE, RANDOM), mask=m_e)
 
 
@@ -28,7 +28,7 @@ def _rows_kernel(x, q, scale, steps, seed, C, DTYPE: tl.constexpr, RANDOM: tl.co
     o_c = tl.arange(0, BC)
     m_c = o_c < C
     b_s = tl.load(x + i_r * C + o_c[None, :], mask=m_c[None, :], other=0.0)
-    b_r = R.key_bits(R.store_key(seed, steps, 0, i_r, RANDOM), o_c[None, :])
+    b_r = R.store_bits(R.store_key(seed, steps, 0, i_r, RANDOM), o_c[None, :], RANDOM)
     b_q, b_scale = R.quantized_rows(b_s, b_r, DTYPE, RANDOM)
     tl.store(q + i_r * C + o_c[None, :], b_q, mask=m_c[None, :])
     tl.store(scale + i_r + tl.arange(0, 1), b_scale)
@@ -40,17 +40,22 @@ def _row_bits_kernel(by_element, by_row, seed, steps, N, C0: tl.constexpr, R_: t
     step = tl.load(steps + 1)
     o_out = o_r[:, None] * BN + o_n[None, :]
     b_k = R.slot_key(seed, step, 1, 2)
-    tl.store(by_element + o_out, R.key_bits(b_k, o_r[:, None] * N + C0 + o_n[None, :]).to(tl.int64))
+    tl.store(by_element + o_out, R.paired_bits(b_k, o_r[:, None] * N + C0 + o_n[None, :]).to(tl.int64))
     tl.store(by_row + o_out, R.row_bits(b_k, o_r, N, C0, BN).to(tl.int64))
 
 
 @triton.jit
-def _hash_kernel(keys, bits, seed, steps, E, BE: tl.constexpr):
+def _hash_kernel(keys, bits, seed, steps, E, BE: tl.constexpr, PAIRED: tl.constexpr):
     i_s = tl.program_id(0)
     o_e = tl.arange(0, BE)
     step = tl.load(steps + i_s)
-    tl.store(keys + i_s + o_e * 0, R.slot_key(seed, step, i_s, 3).to(tl.int64), mask=o_e == 0)
-    tl.store(bits + i_s * E + o_e, R.key_bits(R.slot_key(seed, step, i_s, 3), o_e).to(tl.int64), mask=o_e < E)
+    b_k = R.slot_key(seed, step, i_s, 3)
+    tl.store(keys + i_s + o_e * 0, b_k.to(tl.int64), mask=o_e == 0)
+    if PAIRED:
+        b_r = R.paired_bits(b_k, o_e)
+    else:
+        b_r = R.element_bits(b_k, o_e)
+    tl.store(bits + i_s * E + o_e, b_r.to(tl.int64), mask=o_e < E)
 
 
 def _lowbias32(x: torch.Tensor) -> torch.Tensor:
@@ -107,7 +112,7 @@ def test_stochastic_matches_its_reference(device, dtype):
     rnd = R.StateRounding.create(4, seed=7, device=device)
     rnd.step[2] = 5
     got = _store(x, dtype, rnd, slot=2, head=3)
-    bits = R.draw_bits(rnd, torch.tensor([2]), 4, x.numel())[0, 3]
+    bits = R.draw_bits(rnd, torch.tensor([2]), 4, x.numel(), paired=False)[0, 3]
     assert _same_bits(got, R.rounded_reference(x, bits, dtype).to(dtype))
     lo = x.to(dtype, copy=True).float()
     assert not _same_bits(got, lo), "stochastic rounding gave the nearest value everywhere"
@@ -155,52 +160,58 @@ def test_streams_are_per_slot_head_and_step(device):
     """Bits depend on (seed, slot, head, step) and nothing else: a slot's draw is the same whichever rows it shares a
     launch with, and advance counts only the launch's slots (padding rows skipped)."""
     rnd = R.StateRounding.create(6, seed=5, device=device)
-    a = R.draw_bits(rnd, torch.tensor([4, 1]), 2, 64)
-    b = R.draw_bits(rnd, torch.tensor([1]), 2, 64)
+    a = R.draw_bits(rnd, torch.tensor([4, 1]), 2, 64, paired=True)
+    b = R.draw_bits(rnd, torch.tensor([1]), 2, 64, paired=True)
     assert torch.equal(a[1], b[0])
     assert not torch.equal(a[0, 0], a[0, 1]) and not torch.equal(a[0], a[1])
     rnd.advance(torch.tensor([4, -1, 1], dtype=torch.int32, device=device), 3)
     assert rnd.step.tolist() == [0, 1, 0, 0, 1, 0]
-    assert not torch.equal(R.draw_bits(rnd, torch.tensor([1]), 2, 64), b)
+    assert not torch.equal(R.draw_bits(rnd, torch.tensor([1]), 2, 64, paired=True), b)
     other = R.StateRounding(6, rnd.step.clone())
-    assert not torch.equal(R.draw_bits(other, torch.tensor([1]), 2, 64), R.draw_bits(rnd, torch.tensor([1]), 2, 64))
+    assert not torch.equal(R.draw_bits(other, torch.tensor([1]), 2, 64, paired=True),
+                           R.draw_bits(rnd, torch.tensor([1]), 2, 64, paired=True))
     rnd.reset(torch.tensor([1], device=device))
-    assert torch.equal(R.draw_bits(rnd, torch.tensor([1]), 2, 64), b)
+    assert torch.equal(R.draw_bits(rnd, torch.tensor([1]), 2, 64, paired=True), b)
 
 
 @pytest.mark.parametrize("N,C0,BN", [(16, 0, 16), (24, 0, 32), (64, 0, 64), (128, 64, 64)],
                          ids=["N16", "N24-BN32", "N64", "N128-columns64"])
 def test_row_bits_are_the_elements_bits(device, N, C0, BN):
-    """row_bits (one hash per pair of neighbours) gives each element of columns C0 .. of a row the bits key_bits and
+    """row_bits (one hash per pair of neighbours) gives each element of columns C0 .. of a row the bits paired_bits and
     draw_bits give it, 16 bits each."""
     rnd = R.StateRounding.create(3, seed=9, device=device)
     rnd.step[1] = 4
     by_element = torch.zeros(8, BN, dtype=torch.int64, device=device)
     by_row = torch.zeros_like(by_element)
     _row_bits_kernel[(1,)](by_element, by_row, rnd.seed, rnd.step, N, C0=C0, R_=8, BN=BN)
-    drawn = R.draw_bits(rnd, torch.tensor([1]), 3, 8 * N)[0, 2].view(8, N)[:, C0:].cpu()
+    drawn = R.draw_bits(rnd, torch.tensor([1]), 3, 8 * N, paired=True)[0, 2].view(8, N)[:, C0:].cpu()
     width = min(BN, N - C0)
     assert torch.equal(by_element[:, :width].cpu(), drawn[:, :width])
     assert torch.equal(by_row[:, :width].cpu(), drawn[:, :width])
     assert int(drawn.max()) < 2**16 and int(drawn.min()) >= 0
 
 
-def test_bits_are_the_hash_of_place_and_key(device):
-    """Elements 2i and 2i + 1 take the low and the high half of lowbias32(i + the store's key), the key one Philox
-    draw per (slot, head, step): keys differ between slots and steps, and the bits of 3 x 4096 places look uniform
-    (each 16th of the range within 5 sigma of its share) and neighbours uncorrelated, within a pair and across."""
+@pytest.mark.parametrize("paired", [True, False], ids=["paired", "element"])
+def test_bits_are_the_hash_of_place_and_key(device, paired):
+    """Paired: elements 2i and 2i + 1 take the low and the high half of lowbias32(i + the store's key); by element:
+    element e the top half of lowbias32(e + key). The key is one Philox draw per (slot, head, step): keys differ
+    between slots and steps, and the bits of 3 x 4096 places look uniform (each 16th of the range within 5 sigma of
+    its share) and neighbours uncorrelated, within a pair and across."""
     nslots, E = 3, 4096
     rnd = R.StateRounding.create(nslots, seed=11, device=device)
     rnd.step.copy_(torch.tensor([0, 0, 7]))
     keys = torch.zeros(nslots, dtype=torch.int64, device=device)
     bits = torch.zeros(nslots, E, dtype=torch.int64, device=device)
-    _hash_kernel[(nslots,)](keys, bits, rnd.seed, rnd.step, E, BE=E)
+    _hash_kernel[(nslots,)](keys, bits, rnd.seed, rnd.step, E, BE=E, PAIRED=paired)
     keys, bits = keys.cpu(), bits.cpu()
     assert len(set(keys.tolist())) == nslots
     e = torch.arange(E)[None, :]
-    want = (_lowbias32(((e >> 1) + keys[:, None]) & 0xFFFFFFFF) >> (16 * (e & 1))) & 0xFFFF
+    if paired:
+        want = (_lowbias32(((e >> 1) + keys[:, None]) & 0xFFFFFFFF) >> (16 * (e & 1))) & 0xFFFF
+    else:
+        want = _lowbias32((e + keys[:, None]) & 0xFFFFFFFF) >> 16
     assert torch.equal(bits, want)
-    assert torch.equal(bits, R.draw_bits(rnd, torch.arange(nslots), 4, E)[:, 3].cpu())
+    assert torch.equal(bits, R.draw_bits(rnd, torch.arange(nslots), 4, E, paired=paired)[:, 3].cpu())
     counts = torch.bincount((bits >> 12).flatten(), minlength=16).float()
     n = bits.numel() / 16
     assert bool(((counts - n).abs() <= 5 * math.sqrt(n)).all()), counts
@@ -221,7 +232,7 @@ def test_rows_match_their_reference(device, dtype, random):
     x = x.to(device)
     rnd = R.StateRounding.create(1, seed=9, device=device) if random else None
     q, scale = _rows(x, dtype, rnd)
-    bits = R.draw_bits(rnd, torch.tensor([0]), rows, C)[0] if random else None
+    bits = R.draw_bits(rnd, torch.tensor([0]), rows, C, paired=False)[0] if random else None
     want_q, want_scale = R.quantized_rows_reference(x, bits, dtype)
     assert torch.equal(scale.cpu(), want_scale.cpu())
     assert torch.equal(q.cpu().view(torch.int8), want_q.cpu().view(torch.int8))

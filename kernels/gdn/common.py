@@ -81,15 +81,10 @@ def stored(b_x, b_r, DTYPE: tl.constexpr, RANDOM: tl.constexpr):
 
 
 @triton.jit
-def state_bits(b_key, o_v, K0, BC: tl.constexpr, K: tl.constexpr, RANDOM: tl.constexpr):
-    """The random bits [R, BC] of rows o_v and columns K0 .. K0 + BC - 1 (K0 even) of a (slot, value head) state
-    (element v·K + k) under its store's key b_key (`rounding.store_key`, `rounding.row_bits`); zeros (unused) without
-    RANDOM."""
-    if RANDOM:
-        b_r = R.row_bits(b_key, o_v, K, K0, BC)
-    else:
-        b_r = tl.zeros([o_v.shape[0], BC], dtype=tl.uint32)
-    return b_r
+def state_bits(b_key, o_v, o_k, K: tl.constexpr, RANDOM: tl.constexpr):
+    """The random bits [R, C] of rows o_v and columns o_k of a (slot, value head) state (element v·K + k) under its
+    store's key b_key (`rounding.store_key`, `rounding.store_bits`); zeros (unused) without RANDOM."""
+    return R.store_bits(b_key, o_v[:, None] * K + o_k[None, :], RANDOM)
 
 
 @triton.jit
@@ -243,7 +238,7 @@ def draw_state_bits(rounding, idx: torch.Tensor, shape: tuple, step: int = 0):
     if rounding is None:
         return None
     n, HV, V, K = shape
-    return R.draw_bits(rounding, idx, HV, V * K, ahead=step).view(n, HV, V, K)
+    return R.draw_bits(rounding, idx, HV, V * K, ahead=step, paired=False).view(n, HV, V, K)
 
 
 def stored_state(S: torch.Tensor, dtype: torch.dtype, bits) -> tuple[torch.Tensor, torch.Tensor | None]:

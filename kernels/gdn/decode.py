@@ -143,7 +143,7 @@ def _decode_kernel(
         b_s += (b_rk * b_u)[:, None, None] * b_k[None, :, :]
         b_o = b_rq * tl.sum(tl.sum(b_s * b_q[None, :, :], 1), 1)
         # [CHUNK, NC, PIECE] the bits of the chunk's elements v * K + k (zeros, unused, without RANDOM)
-        b_r = tl.reshape(state_bits(b_key, o_v, 0, BK, K, RANDOM), [CHUNK, NC, PIECE])
+        b_r = tl.reshape(state_bits(b_key, o_v, tl.arange(0, BK), K, RANDOM), [CHUNK, NC, PIECE])
         if Q8:
             # whole rows over K, as [CHUNK, BK]
             b_q8, b_sc = R.quantized_rows(tl.reshape(b_s, [CHUNK, BK]), tl.reshape(b_r, [CHUNK, BK]),
@@ -213,7 +213,8 @@ def _decode_multi_kernel(
         # Round as a stored state would be, so that drafts equal one conventional step at a time.
         if Q8:
             if RANDOM:
-                b_r = tl.reshape(R.row_bits(R.slot_key(seed, b_n + i_t, i_s, i_hv), o_v, K, 0, BK), [ROWS, BK])
+                b_r = R.element_bits(R.slot_key(seed, b_n + i_t, i_s, i_hv),
+                                     o_v[:, None] * K + tl.arange(0, BK)[None, :])
             else:
                 b_r = tl.zeros([ROWS, BK], dtype=tl.uint32)
             b_q8, b_sc = R.quantized_rows(tl.reshape(b_s, [ROWS, BK]), b_r, snap.dtype.element_ty, RANDOM)
@@ -224,7 +225,8 @@ def _decode_multi_kernel(
             b_s = b_q8.to(tl.float32) * b_sc[:, None, None]
         else:
             if RANDOM:
-                b_r = tl.reshape(R.row_bits(R.slot_key(seed, b_n + i_t, i_s, i_hv), o_v, K, 0, BK), [ROWS, NC, PIECE])
+                b_r = tl.reshape(R.element_bits(R.slot_key(seed, b_n + i_t, i_s, i_hv),
+                                                o_v[:, None] * K + tl.arange(0, BK)[None, :]), [ROWS, NC, PIECE])
                 b_s = stored(b_s, b_r, snap.dtype.element_ty, True)
             else:
                 b_s = stored(b_s, b_s, snap.dtype.element_ty, False)
@@ -394,7 +396,7 @@ def decode(
     batch, _, H, HV, K, V = check_step(q, k, v, g, beta, tokens=False)
     check_state(state, "state", HV, V, K, q.device)
     common.check_state_scale(state_scale, state, (state.shape[0], HV, V), "(nslots, HV, V)")
-    R.check_rounding(rounding, state.dtype, state.shape[0], q.device, K)
+    R.check_rounding(rounding, state.dtype, state.shape[0], q.device)
     common.check_device(q.device, _decode_kernel)
     scale = default_scale(K, scale)
     # Without slots, row b updates slot b and the kernel reads no slot table.
@@ -441,7 +443,7 @@ def decode_multi(
     """
     batch, T, H, HV, K, V = check_step(q, k, v, g, beta, tokens=True)
     check_state(state, "state", HV, V, K, q.device)
-    R.check_rounding(rounding, state.dtype, state.shape[0], q.device, K)
+    R.check_rounding(rounding, state.dtype, state.shape[0], q.device)
     if (
         not isinstance(snapshots, torch.Tensor)
         or snapshots.dim() != 5

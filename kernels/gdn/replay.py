@@ -274,7 +274,7 @@ def _replay_flush(
         b_o = tl.sum(b_s * b_q[None, :], 1)
         tl.store(o + i_b * s_ob + i_hv * s_oh + o_v * s_ov, cast(b_o, o.dtype.element_ty), mask=m_v)
         if Q8 or RANDOM:
-            b_r = state_bits(b_key, o_v, 0, BK, K, RANDOM)
+            b_r = state_bits(b_key, o_v, o_k, K, RANDOM)
             b_s = store_rows(ckpt, cscale, o_s, o_r, b_s, m_s, m_v, b_r, Q8, RANDOM)
         else:
             # inline, as before stores were rounded: the nearest kernels compile to the code they always had
@@ -724,7 +724,7 @@ def _check_cache(cache, kernel) -> None:
     if cache.read_copy is not None and cache.state_dtype in EIGHT_BIT:
         raise ValueError(f"an {cache.state_dtype} checkpoint takes no read copy (none is narrower)")
     check_state_dtype(cache.state_dtype, cache.device)
-    R.check_rounding(cache.rounding, cache.state_dtype, cache.nslots, cache.device, cache.checkpoint.shape[-1])
+    R.check_rounding(cache.rounding, cache.state_dtype, cache.nslots, cache.device)
 
 
 def _check_against_cache(cache: ReplayCache, kernel, q, k, v, g, beta, tokens: bool):

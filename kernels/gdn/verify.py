@@ -187,7 +187,7 @@ def _fold_entries(
                         + b_u2[:, None] * b_k2[None, :] + b_u3[:, None] * b_k3[None, :])
             if Q8 or RANDOM:
                 # an 8-bit checkpoint's rows are whole here (FOLD_KSPLIT = 1)
-                b_r = state_bits(b_key, o_v, i_k * BKF, BKF, K, RANDOM)
+                b_r = state_bits(b_key, o_v, o_k, K, RANDOM)
                 b_s = store_rows(ckpt, cscale, o_s, o_r, b_s, m_s, m_v, b_r, Q8, RANDOM)
             else:
                 b_s = rounded(b_s, ckpt.dtype.element_ty)

@@ -83,7 +83,7 @@ def store_state(state: torch.Tensor, scale: torch.Tensor | None, s: int, S: torc
 def _slot_bits(rounding, s: int, H: int, elements: int, ahead: int = 0) -> torch.Tensor | None:
     if rounding is None:
         return None
-    return rnd.draw_bits(rounding, torch.tensor([s]), H, elements, ahead)[0]
+    return rnd.draw_bits(rounding, torch.tensor([s]), H, elements, ahead, paired=True)[0]
 
 
 def decode_ref(state, x, dt, A, B, C, *, D=None, z=None, dt_bias=None, dt_softplus=False, slots=None, out=None,

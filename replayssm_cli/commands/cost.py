@@ -202,7 +202,7 @@ def _preset_rows(p: Any, st: str, read: str | None, io: Any, batch: int, window:
             "spec-conventional's). mem/seq: one sequence's state or checkpoint, read copy, buffers, "
             "counters and snapshots in one layer."
             + (" int ops: stochastic rounding's random bits (a Philox4x32-10 draw of 100 integer operations per "
-               "head, 10 per pair of stored elements and 1 per element), counted apart from FLOPs."
+               "head, and per stored element 6 in Mamba-2 (a hash of 10 per pair) and 10 in GDN), counted apart from FLOPs."
                if rounding == "stochastic" else "")
         )
         _print_table(title, caption, rows, int_ops=rounding == "stochastic")

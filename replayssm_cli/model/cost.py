@@ -30,13 +30,23 @@ _I32 = 4
 # A StateRounding's store count per slot (int64), read and advanced by every step that stores the state.
 _STEP_COUNT = 8
 # Stochastic rounding's random bits per state store (kernels/rounding.py): one Philox4x32-10 draw per (sequence, head)
-# keys the store (10 rounds of 2 umulhi, 2 multiplies, 4 xors and 2 adds: triton.language.random.philox_impl), and each
-# pair of stored neighbours takes the two halves of lowbias32 of its index plus the key (the halving shift, an add,
-# three xor-shifts of two operations each and two multiplies), each element its half (a mask or a shift).
+# keys the store (10 rounds of 2 umulhi, 2 multiplies, 4 xors and 2 adds: triton.language.random.philox_impl). In
+# Mamba-2 each pair of stored neighbours takes the two halves of lowbias32 of its index plus the key (the halving
+# shift, an add, three xor-shifts of two operations each and two multiplies), each element its half (a mask or a
+# shift); in GDN each element takes the top half of lowbias32 of its place plus the key (an add, the xor-shifts, the
+# multiplies and the last shift).
 PHILOX_ROUNDS = 10
 PHILOX_INT_OPS = PHILOX_ROUNDS * (2 + 2 + 4 + 2)
 PAIR_INT_OPS = 1 + 1 + 3 * 2 + 2
 HALF_INT_OPS = 1
+HASH_INT_OPS = 1 + 3 * 2 + 2 + 1
+
+
+def _bits_ops(op, elements: int) -> int:
+    """The integer operations of one store's random bits for `elements` elements, by the op's rule."""
+    if op.paired_bits:
+        return elements // 2 * PAIR_INT_OPS + elements * HALF_INT_OPS
+    return elements * HASH_INT_OPS
 
 
 @dataclass(frozen=True)
@@ -153,8 +163,7 @@ def _sizes(shape: SSMShape, st: str, rd: str | None, io: str, has_z: bool, round
         fp8=rd == "fp8" or (rd is None and eight_bit),
         flush_copy=copy if op.split_flush_reads_copy else 0,
         eight_bit=eight_bit,
-        rng_ops=part["heads"] * PHILOX_INT_OPS + shape.state_elems // 2 * PAIR_INT_OPS
-        + shape.state_elems * HALF_INT_OPS if stochastic else 0,
+        rng_ops=part["heads"] * PHILOX_INT_OPS + _bits_ops(op, shape.state_elems) if stochastic else 0,
         step_count=_STEP_COUNT if stochastic else 0,
     )
 
@@ -417,8 +426,9 @@ def step_cost(
 
     Stochastic rounding's random bits (`int_ops`, integer operations, not FLOPs) wherever the state is stored:
     every conventional step (T snapshots for spec-conventional), a flush, a fold: one Philox4x32-10 draw per head
-    (PHILOX_INT_OPS = 100), a hash per pair of stored elements (PAIR_INT_OPS = 10) and each element's half of it
-    (HALF_INT_OPS = 1); each such step reads and writes the
+    (PHILOX_INT_OPS = 100) and the bits of the stored elements: in Mamba-2 a hash per pair (PAIR_INT_OPS = 10) and
+    each element's half of it (HALF_INT_OPS = 1), in GDN a hash per element (HASH_INT_OPS = 10); each such step reads
+    and writes the
     slot's store count (int64).
     """
     variant = _choice(variant, VARIANTS, "variant")

@@ -102,6 +102,9 @@ class Mamba2:
     arrive_lanes = 1
     # The dtypes a ReplayCache may buffer its entries in (`buffer_dtype`): none, Mamba-2 buffers its inputs as given.
     buffer_dtypes: tuple[str, ...] = ()
+    # Whether a stochastically rounded store hashes pairs of neighbours (kernels/rounding.py `paired_bits`) or each
+    # element (`element_bits`).
+    paired_bits = True
 
     # A preset TOML's [ssm] keys, in the order of `dims`.
     toml_keys = ("heads", "head_dim", "state_dim", "groups")
@@ -257,6 +260,7 @@ class GDN:
     arrive_lanes = 32
     # u and k: fp32 (the cache's default) or a 2-byte state's own dtype (kernels/gdn/cache.py BUFFER_DTYPES).
     buffer_dtypes = ("fp32", "bf16", "fp16")
+    paired_bits = False
 
     toml_keys = ("key_heads", "value_heads", "key_dim", "value_dim")
 
