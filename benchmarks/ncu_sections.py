@@ -81,10 +81,16 @@ def profile(label: str, spec: dict, out: Path, ncu: str, timeout: float) -> list
     safe = label.replace(" ", "-")
     (out / f"{spec['op']}-{safe}.csv").write_text(done.stdout)
     (out / f"{spec['op']}-{safe}.log").write_text(done.stderr)
-    start = done.stdout.find('"ID"')
-    if done.returncode != 0 or start < 0:
+    rows = page_rows(done.stdout)
+    if done.returncode != 0 or not rows:
         raise RuntimeError(f"ncu exit {done.returncode} for {label}: {done.stderr.strip().splitlines()[-1:]}")
-    return list(csv.DictReader(io.StringIO(done.stdout[start:])))
+    return rows
+
+
+def page_rows(text: str) -> list[dict]:
+    """The rows of a details page ncu printed as CSV (after any lines of its own before the header)."""
+    start = text.find('"ID"')
+    return [] if start < 0 else list(csv.DictReader(io.StringIO(text[start:])))
 
 
 def summary(rows: list[dict]) -> dict[str, dict[str, str]]:
@@ -122,15 +128,16 @@ def main(argv: list[str] | None = None) -> int:
 
     from replayssm_cli.measure import ncu as ncu_mod
 
+    dtypes = [d.strip() for d in args.state_dtype.split(",") if d.strip()]
+    bad = [d for d in dtypes if d not in ("bf16", "fp16", "int8", "fp8")]
+    if bad or not dtypes:
+        given = ",".join(bad) if bad else repr(args.state_dtype)
+        print(f"error: --state-dtype {given}: stochastic rounding needs a 16-bit or 8-bit state (bf16, fp16, int8, "
+              "fp8)", file=sys.stderr)
+        return 2
     ok, reason = ncu_mod.ncu_available()
     if not ok:
         print(f"error: {reason}", file=sys.stderr)
-        return 2
-    dtypes = [d.strip() for d in args.state_dtype.split(",") if d.strip()]
-    bad = [d for d in dtypes if d not in ("bf16", "fp16", "int8", "fp8")]
-    if bad:
-        print(f"error: --state-dtype {','.join(bad)}: stochastic rounding needs a 16-bit or 8-bit state "
-              "(bf16, fp16, int8, fp8)", file=sys.stderr)
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
     found: dict[str, dict[str, dict[str, str]]] = {}

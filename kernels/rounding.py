@@ -35,9 +35,9 @@ _FORMATS = {torch.bfloat16: (16, 0.0), torch.float16: (13, 2.0**-14), torch.floa
 @dataclass
 class StateRounding:
     """Stochastic rounding of the states a kernel stores: bits keyed by `seed` and drawn per (slot, head, step[slot])
-    and element (`store_key`, `paired_bits`, `element_bits`); step (nslots,) int64 counts each slot's stores, advanced on the device by
-    the launch that stores (`count_stores`, `count_listed`) or in one small launch after it (`advance`), and zeroed
-    with the slot (`reset`)."""
+    and element (`store_key`, `paired_bits`, `element_bits`); step (nslots,) int64 counts each slot's stores,
+    advanced on the device by the launch that stores (`count_stores`, `count_listed`) or in one small launch after it
+    (`advance`), and zeroed with the slot (`reset`)."""
 
     seed: int
     step: torch.Tensor
