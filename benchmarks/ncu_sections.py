@@ -32,7 +32,7 @@ STALLS = ("long_scoreboard", "short_scoreboard", "wait", "math_pipe_throttle", "
 PIPES = ("alu", "fma", "fmaheavy", "fp16", "lsu", "tensor_op_hmma")
 EXTRA = ([f"smsp__average_warps_issue_stalled_{s}_per_issue_active.ratio" for s in STALLS]
          + [f"sm__inst_executed_pipe_{p}.avg.pct_of_peak_sustained_active" for p in PIPES])
-# (label, section or None for the extra metrics, metric name) shown in the table
+# (label, section, metric name) shown in the table
 SHOWN = (
     ("duration", "GPU Speed Of Light Throughput", "Duration"),
     ("DRAM %", "GPU Speed Of Light Throughput", "DRAM Throughput"),
@@ -70,13 +70,10 @@ def profile(label: str, spec: dict, out: Path, ncu: str, timeout: float) -> list
     kinds = ncu_mod.kernels_for(spec["op"], spec.get("variant", "conventional"))
     with tempfile.TemporaryDirectory(prefix="replayssm-sections-") as tmp:
         job = Path(tmp) / "spec.json"
-        warmup, steps = ncu_mod.profiled_steps(spec)
+        warmup, _ = ncu_mod.profiled_steps(spec)
         job.write_text(json.dumps({"case": spec, "warmup": warmup, "steps": 1, "info": str(Path(tmp) / "info.json")},
                                   default=str))
-        cmd = [ncu, "--clock-control", "none", "--cache-control", "all", "--profile-from-start", "off",
-               "--target-processes", "all", "--print-units", "base", "--csv", "--page", "details",
-               *(a for s in SECTIONS for a in ("--section", s)), "--metrics", ",".join(EXTRA),
-               "-k", ncu_mod.kernel_regex(kinds), sys.executable, "-m", "replayssm_cli.measure.ncu_child", str(job)]
+        cmd = ncu_mod.ncu_command(ncu, job, ncu_mod.kernel_regex(kinds), EXTRA, page="details", sections=SECTIONS)
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     safe = label.replace(" ", "-")
     (out / f"{spec['op']}-{safe}.csv").write_text(done.stdout)

@@ -405,10 +405,11 @@ def profiled_steps(spec: dict[str, Any]) -> tuple[int, int]:
 
 def ncu_command(
     ncu: str, spec_path: str | Path, regex: str, metrics: Sequence[str], python: str | None = None,
-    report: str | Path | None = None,
+    report: str | Path | None = None, *, page: str = "raw", sections: Sequence[str] = (),
 ) -> list[str]:
-    """The ncu command line that profiles one child run (clocks left alone, L2 flushed before each kernel); with
-    `report`, ncu also keeps its .ncu-rep there for Nsight Compute's UI."""
+    """The ncu command line that profiles one child run (clocks left alone, L2 flushed before each kernel), its CSV
+    `page` (raw metrics, or details for `sections`' tables); with `report`, ncu also keeps its .ncu-rep there for
+    Nsight Compute's UI."""
     return [
         ncu,
         *(["--export", str(report), "--force-overwrite"] if report is not None else []),
@@ -417,7 +418,8 @@ def ncu_command(
         "--profile-from-start", "off",
         "--target-processes", "all",
         "--print-units", "base",
-        "--csv", "--page", "raw",
+        "--csv", "--page", page,
+        *(arg for section in sections for arg in ("--section", section)),
         "--metrics", ",".join(metrics),
         "-k", regex,
         python or sys.executable, "-m", "replayssm_cli.measure.ncu_child", str(spec_path),

@@ -428,8 +428,7 @@ def step_cost(
     every conventional step (T snapshots for spec-conventional), a flush, a fold: one Philox4x32-10 draw per head
     (PHILOX_INT_OPS = 100) and the bits of the stored elements: in Mamba-2 a hash per pair (PAIR_INT_OPS = 10) and
     each element's half of it (HALF_INT_OPS = 1), in GDN a hash per element (HASH_INT_OPS = 10); each such step reads
-    and writes the
-    slot's store count (int64).
+    and writes the slot's store count (int64).
     """
     variant = _choice(variant, VARIANTS, "variant")
     phase = _choice(phase, PHASES, "phase")
