@@ -9,15 +9,22 @@ that every row flushes at least twice. Nothing is timed or checked here: the san
     python benchmarks/sanitize.py --list
     python benchmarks/sanitize.py                       # every case, in one process
     python benchmarks/sanitize.py --case mamba2-replay-replay-fp32-split-large --steps 20
+    python benchmarks/sanitize.py --case replay-bf16-large --set mamba2.replay:STEP_LAUNCH:replay-bf16-large:steal=1
+
+--set puts settings into a launch row before the cases are built, as benchmarks/profile_rows.py does.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 
 import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import profile_rows  # noqa: E402
 
 MAMBA2 = {"H": 128, "P": 64, "N": 128, "G": 8}
 GDN = {"H": 16, "HV": 64, "K": 128, "V": 128}
@@ -89,25 +96,35 @@ def _chooses(op: str, entry: str, row: str, state: str, read, batch: int) -> boo
     return replay.select(cache, batch) == row
 
 
-def _cache(op: str, nslots: int, state: str, read, max_draft: int):
+def _cache(op: str, nslots: int, state: str, read, max_draft: int, rounding: str | None = None):
     from replayssm_kernels import gdn, mamba2
 
     m, dims = (mamba2, tuple(MAMBA2[k] for k in "HPNG")) if op == "mamba2" else (gdn, tuple(GDN[k] for k in
                                                                                           ("H", "HV", "K", "V")))
     return m.ReplayCache.create(nslots, *dims, W, state_dtype=state, read_dtype=read, io_dtype="bf16",
-                                max_draft=max_draft, device="cuda")
+                                max_draft=max_draft, rounding=rounding or "nearest", device="cuda")
+
+
+# Each replay row that stores a 2-byte checkpoint also runs it rounded stochastically, and an int8 checkpoint so
+# (its rows and scales, on the same rows): the stores' random draws and the store counts the launches advance.
+STOCHASTIC_STATES = ("bf16", "int8")
 
 
 def cases() -> list[dict]:
-    """Every shipped launch row of both ops, each at the largest batch that selects it (or passed at FORCED)."""
+    """Every shipped launch row of both ops, each at the largest batch that selects it (or passed at FORCED); the
+    replay rows of a bf16 checkpoint also with bf16 and int8 checkpoints rounded stochastically (names ending -sr)."""
     out = []
     for op in ("mamba2", "gdn"):
         for entry, row, table, state, read in _entries(op):
-            batch = max((b for b in BATCHES if _chooses(op, entry, row, state, read, b)), default=None)
-            name = f"{op}-{entry}-{row}-{state}" + (f"-{read}" if read else "")
-            out.append({"name": name, "op": op, "kind": entry, "state": state, "read": read,
-                        "batch": batch or FORCED, "config": None if table is None else table[row],
-                        "forced": batch is None})
+            variants = [(state, None)]
+            if entry == "replay" and state == "bf16" and read is None:
+                variants += [(s, "stochastic") for s in STOCHASTIC_STATES]
+            for st, rounding in variants:
+                batch = max((b for b in BATCHES if _chooses(op, entry, row, st, read, b)), default=None)
+                name = f"{op}-{entry}-{row}-{st}" + (f"-{read}" if read else "") + ("-sr" if rounding else "")
+                out.append({"name": name, "op": op, "kind": entry, "state": st, "read": read, "rounding": rounding,
+                            "batch": batch or FORCED, "config": None if table is None else table[row],
+                            "forced": batch is None})
     return out
 
 
@@ -161,7 +178,7 @@ def run(case: dict, steps: int) -> None:
                 n = torch.randint(0, T + 1, (batch,), generator=gen).to(torch.int32).cuda()
                 m.accept_snapshot(state, snaps, n, slots=slots, check=False, config=accept)
         return
-    cache = _cache(op, nslots, case["state"], case["read"], T if kind == "verify" else 0)
+    cache = _cache(op, nslots, case["state"], case["read"], T if kind == "verify" else 0, case.get("rounding"))
     cache.load(torch.randn(state_shape, generator=gen).cuda())
     _stagger(cache, slots)
     for _ in range(steps):
@@ -184,7 +201,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--list", action="store_true", help="print the cases and exit")
     parser.add_argument("--case", action="append", default=[], help="run only the cases whose name contains this")
     parser.add_argument("--steps", type=int, default=2 * W + 1, help="steps per case (default two windows and one)")
+    parser.add_argument("--set", action="append", default=[], metavar="MODULE:TABLE:ROW:key=value,...",
+                        help="settings to put in a launch row first (repeatable; see benchmarks/profile_rows.py)")
     opts = parser.parse_args(argv)
+    try:
+        for text in opts.set:
+            print(f"{text.rsplit(':', 1)[0]}: {profile_rows.apply_set(*profile_rows.parse_set(text))}", flush=True)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     if not torch.cuda.is_available():
         print("error: sanitize.py runs the kernels on a CUDA GPU; none is visible", file=sys.stderr)
         return 2
