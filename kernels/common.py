@@ -360,20 +360,16 @@ def tail_claim(work):
 
 @triton.jit
 def tail_steal(work):
-    """A tail launch's heads program after its heads: claim a listed entry that no program has claimed yet and return
-    it once it is published (its flag then cleared, as `tail_wait` clears it), or -1 where the claims have caught up
-    with the list. It waits only on an entry already counted, whose heads program is running and publishes it next,
-    so a heads program takes a flush while the list grows, beside the heads programs still streaming."""
+    """A tail launch's heads program after its heads: claim the next listed entry if no program has claimed it yet and
+    return it once it is published (its flag then cleared, as `tail_wait` clears it), else -1. One attempt: a
+    program that loses the entry to another goes on (retrying, every heads program finishing at once would contend for
+    the same counter). It waits only on an entry already counted, whose heads program is running and publishes it
+    next, so a heads program takes a flush while the list grows, beside the heads programs still streaming."""
     c = tl.atomic_add(work + 4, 0, sem="relaxed")
-    n = tl.atomic_add(work, 0, sem="relaxed")
     i_e = c * 0 - 1
-    while c < n:
-        seen = tl.atomic_cas(work + 4, c, c + 1, sem="relaxed")
-        if seen == c:
+    if c < tl.atomic_add(work, 0, sem="relaxed"):
+        if tl.atomic_cas(work + 4, c, c + 1, sem="relaxed") == c:
             i_e = c
-            n = c
-        else:
-            c = seen
     if i_e >= 0:
         p_flag = work + LIST_HEADER + LIST_ENTRY * i_e + 3
         flag = tl.atomic_add(p_flag, 0, sem="acquire")

@@ -415,7 +415,8 @@ def test_replay_launch_variants_round_as_the_reference(device, assert_close, var
     # with one head per group the heads launch is lowered to the one-launch kernel's non-flush phase
     G = 4 if variant.startswith("one-head") else 1
     got = make_cache((5, 4, 16, 18, G), 2, device, state=state, rounding_="stochastic")
-    _replay_steps(got, 3, device, assert_close, config=config)
+    # a flush in one TF32 product rounds some stores the other way on the GPU (the interpreter's product is fp32)
+    _replay_steps(got, 3, device, assert_close, config=config, exact=config.precision != "tf32" or device == "cpu")
     # slot 3 flushed at step 1, slot 0 at step 2
     assert got.rounding.step.tolist() == [1, 3, 6, 10, 12]
 
@@ -600,7 +601,7 @@ def test_shipped_rows_round_as_the_reference_on_gpu(assert_close, batch, state, 
 @pytest.mark.gpu
 @pytest.mark.parametrize("steal", [0, 1, 2])
 @pytest.mark.parametrize("state", ["bf16", "int8"])
-def test_heads_programs_taking_flushes_round_as_the_reference_on_gpu(assert_close, state, steal):
+def test_tail_steal_rounds_as_the_reference_on_gpu(assert_close, state, steal):
     """The large grid's heads launch with its flushes in its own programs, each heads program then taking up to
     `steal` of them beside the heads still streaming (H128-P64-N128-G8-W4, batch 90, stochastic): 2W + 2 steps of
     staggered rows with padding, outputs pre-filled with NaN, each against the reference from the kernel's own cache;
