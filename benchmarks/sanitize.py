@@ -9,7 +9,7 @@ that every row flushes at least twice. Nothing is timed or checked here: the san
     python benchmarks/sanitize.py --list
     python benchmarks/sanitize.py                       # every case, in one process
     python benchmarks/sanitize.py --case mamba2-replay-replay-fp32-split-large --steps 20
-    python benchmarks/sanitize.py --case replay-bf16-large --set mamba2.replay:STEP_LAUNCH:replay-bf16-large:steal=1
+    python benchmarks/sanitize.py --case replay-bf16-large --set mamba2.replay:STEP_LAUNCH:replay-bf16-large:prefetch=0
 
 --set puts settings into a launch row before the cases are built, as benchmarks/profile_rows.py does.
 """

@@ -239,9 +239,7 @@ def fills_read():
 # A replay in two launches passes the heads that flush from its first launch to its second in `work`, int32: a header
 # of LIST_HEADER words, all zero between steps ([0] the count, [1] the programs done with the list, and for a tail
 # (TAIL): [2] the tickets taken, [3] the heads programs done, [4] the entries claimed), then LIST_ENTRY words per
-# listed head: (row, head, fill, and with TAIL a flag set once the other three are written). With TAIL the entries are
-# claimed ([4]) by the flushing programs (`tail_claim`) and, with STEAL, by heads programs done with their heads
-# (`tail_steal`).
+# listed head: (row, head, fill, and with TAIL a flag set once the other three are written).
 LIST_HEADER = tl.constexpr(8)
 
 
@@ -356,27 +354,6 @@ def tail_heads_done(work):
 def tail_claim(work):
     """The next list entry for a tail launch's flushing program."""
     return tl.atomic_add(work + 4, 1, sem="relaxed")
-
-
-@triton.jit
-def tail_steal(work):
-    """A tail launch's heads program after its heads: claim the next listed entry if no program has claimed it yet and
-    return it once it is published (its flag then cleared, as `tail_wait` clears it), else -1. One attempt: a
-    program that loses the entry to another goes on (retrying, every heads program finishing at once would contend for
-    the same counter). It waits only on an entry already counted, whose heads program is running and publishes it
-    next, so a heads program takes a flush while the list grows, beside the heads programs still streaming."""
-    c = tl.atomic_add(work + 4, 0, sem="relaxed")
-    i_e = c * 0 - 1
-    if c < tl.atomic_add(work, 0, sem="relaxed"):
-        if tl.atomic_cas(work + 4, c, c + 1, sem="relaxed") == c:
-            i_e = c
-    if i_e >= 0:
-        p_flag = work + LIST_HEADER + LIST_ENTRY * i_e + 3
-        flag = tl.atomic_add(p_flag, 0, sem="acquire")
-        while flag == 0:
-            flag = tl.atomic_add(p_flag, 0, sem="acquire")
-        tl.store(p_flag, 0)
-    return i_e
 
 
 @triton.jit

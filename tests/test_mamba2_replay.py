@@ -99,8 +99,6 @@ VARIANTS = [
     ("rows8-early", _row("replay-fp32-small", rows=8, chunk=8), "fp32", "bf16", 1),
     ("heads-one-per-group", STEP_LAUNCH["replay-fp32-split-large"], "fp32", "fp8", 2),
     ("heads-one-per-group-tail", STEP_LAUNCH["replay-bf16-large"], "bf16", None, 2),
-    ("heads-tail-steal", _row("replay-bf16-large", steal=1), "bf16", None, 1),
-    ("heads-tail-steal2", _row("replay-bf16-large", steal=2, precision="tf32x3"), "fp32", None, 1),
 ]
 
 
@@ -337,10 +335,6 @@ def test_step_config_refuses_settings_that_do_not_combine():
         _row("replay-fp32", tail=True)
     with pytest.raises(ValueError, match="early must be False"):
         _row("replay-bf16-large", early=True)
-    with pytest.raises(ValueError, match="steal must be 0, 1 or 2 flushes a heads program takes, got 3"):
-        _row("replay-bf16-large", steal=3)
-    with pytest.raises(ValueError, match="steal applies to a tail launch"):
-        _row("replay-fp32-split-large", steal=1)
 
 
 BAD_CREATE = {

@@ -20,7 +20,6 @@ from replayssm_kernels.common import (
     slot_of,
     tail_claim,
     tail_heads_done,
-    tail_steal,
     tail_ticket,
     tail_wait,
 )
@@ -425,7 +424,6 @@ def mamba2_heads_kernel(
     HAS_DT_BIAS: tl.constexpr, USE_SOFTPLUS: tl.constexpr, HAS_SLOTS: tl.constexpr, HAS_COPY: tl.constexpr,
     IS_FP8: tl.constexpr, PREFETCH: tl.constexpr, TAIL: tl.constexpr, FLUSH_CHUNK: tl.constexpr,
     FLUSH_STAGES: tl.constexpr, PRECISION: tl.constexpr, Q8: tl.constexpr = False, RANDOM: tl.constexpr = False,
-    STEAL: tl.constexpr = 0,
 ):
     """A two-launch step's non-flush launch with HEADS heads of one group per program (whole heads, ROWS ≥ P): the
     group's C·B of the buffered entries is summed once for all of them, and one pipelined loop streams their tiles
@@ -435,8 +433,7 @@ def mamba2_heads_kernel(
     With TAIL the flushes run in this launch instead: a flat grid of NHP heads programs and then flushing programs,
     in the order they start (`tail_ticket`), so that the flushing programs take the heads' places as those finish
     and flush each listed head (of at most NE) as soon as it is published (in FLUSH_CHUNK-row chunks, FLUSH_STAGES deep,
-    products at PRECISION). With STEAL each heads program then flushes up to STEAL listed heads that no program has
-    claimed (`tail_steal`), so that flushes run beside the heads still streaming instead of after them."""
+    products at PRECISION)."""
     if TAIL:
         i_t = tail_ticket(work)
         heads = i_t < NHP
@@ -456,21 +453,6 @@ def mamba2_heads_kernel(
             HAS_COPY, IS_FP8, PREFETCH, TAIL, Q8,
         )
         if TAIL:
-            for _ in tl.static_range(STEAL):
-                i_e = tail_steal(work)
-                if i_e >= 0:
-                    _flush_item(
-                        x, dt, A, B, C, D, z, dt_bias, slots, y,
-                        checkpoint, read_copy, read_scale, x_buf, b_buf, dt_buf, lam_buf, work, i_e, 0,
-                        H, G, P, N,
-                        stride_ck_s, stride_ck_h, stride_ck_p, stride_rc_s, stride_rc_h, stride_rc_p, stride_x_b,
-                        stride_x_h, stride_dt_b, stride_dt_h, stride_B_b, stride_B_g, stride_C_b, stride_C_g,
-                        stride_z_b, stride_z_h, stride_y_b, stride_y_h,
-                        CAP, ROWS, FLUSH_CHUNK, BN, BW, FLUSH_STAGES, HAS_D, HAS_Z, HAS_DT_BIAS, USE_SOFTPLUS,
-                        HAS_SLOTS, HAS_COPY, IS_FP8, PRECISION, ck_scale, seed, steps, Q8, RANDOM,
-                    )
-            # after its stolen flushes: the flushing programs end, and the last advances the slots' store counts,
-            # only once every heads program is done
             tail_heads_done(work)
     else:
         i_e = tail_claim(work)
@@ -636,8 +618,6 @@ class StepConfig:
     tail: bool = False
     # with heads > 1 and no tail: the flushes' launch's register cap (None: `maxnreg`)
     flush_maxnreg: int | None = None
-    # with tail: listed flushes each heads program takes after its heads (`tail_steal`), 0 to 2
-    steal: int = 0
 
     def __post_init__(self):
         _powers_of_two(self, "rows", "chunk", "piece", "warps", "heads")
@@ -649,10 +629,6 @@ class StepConfig:
             raise ValueError("the heads launch reads the buffer after the fill: early must be False")
         if self.tail and self.flush_maxnreg is not None:
             raise ValueError("with tail the flushes run in the heads launch's programs: flush_maxnreg does not apply")
-        if isinstance(self.steal, bool) or not isinstance(self.steal, int) or not 0 <= self.steal <= 2:
-            raise ValueError(f"steal must be 0, 1 or 2 flushes a heads program takes, got {self.steal!r}")
-        if self.steal and not self.tail:
-            raise ValueError("steal applies to a tail launch (tail=True): its heads programs take its listed flushes")
 
 
 def _powers_of_two(config, *fields: str) -> None:
@@ -794,7 +770,7 @@ def _launch_heads(cache: ReplayCache, step: dict, batch: int, softplus: bool, c:
     nhp = batch * (H // hpp)
     if tail:
         grid = (nhp + common.flush_grid(batch * H, FLUSH_PROGRAMS_PER_SM, cache.device)[0],)
-        flush = {"FLUSH_STAGES": c.stages, "PRECISION": c.precision, "STEAL": c.steal}
+        flush = {"FLUSH_STAGES": c.stages, "PRECISION": c.precision}
     else:
         grid, flush = (batch, H // hpp), {"FLUSH_STAGES": 1, "PRECISION": "ieee"}
     mamba2_heads_kernel[grid](
