@@ -57,6 +57,22 @@ def test_calibration_prediction_names_its_basis_and_error():
     assert calibration.predict_step(qwen, "replay", batch=256, window=16, gpu="b200").us < measured.us
 
 
+def test_stochastic_rounding_is_predicted_with_the_error_its_cost_allows():
+    """No shipped measurement calibrates stochastic rounding: a stochastically rounded step takes its curve rounded to
+    nearest, says so, and claims no less than STOCHASTIC_ERROR (its measured cost reaches +44%); a bad rounding is
+    refused."""
+    sup = presets.resolve(SUPER)
+    for variant, window in (("replay", 16), ("conventional", None)):
+        nearest = calibration.predict_step(sup, variant, batch=256, window=window, state_dtype="bf16")
+        sr = calibration.predict_step(sup, variant, batch=256, window=window, state_dtype="bf16", rounding="stochastic")
+        assert sr.us == nearest.us and nearest.error < 0.05
+        assert sr.error >= calibration.STOCHASTIC_ERROR >= 0.44
+        assert "stochastic rounding's integer work not calibrated" in sr.basis
+        assert sr.x_prediction()["fit_error"] == sr.error
+    with pytest.raises(ValueError, match="rounding must be 'nearest' or 'stochastic', got 'up'"):
+        calibration.predict_step(sup, "replay", batch=256, window=16, rounding="up")
+
+
 def test_calibration_other_gpu_rows_say_calibrated_on_h200():
     qwen = presets.resolve(QWEN)
     rows = prof.predicted_rows(_point(qwen, "replay", 64), qwen, None, None, gpu="b200")

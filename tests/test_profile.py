@@ -329,6 +329,18 @@ def test_run_profile_library_predicts_on_request(tmp_path):
         "conventional", "replay", "replay", "replay", "spec-conventional", "spec-replay"]
 
 
+def test_profile_of_a_preset_file_ends_with_its_verdict(tmp_path, no_cuda):
+    """A preset given as a model's config.json: the rows and the verdict name the preset the file defines (the verdict
+    looked it up by that name among the shipped presets, and the run ended in 'unknown preset', exit 2)."""
+    config = presets.resolve("tests/fixtures/configs/nemotron_h_super.json")
+    res = invoke("--preset-file", "tests/fixtures/configs/nemotron_h_super.json", "--batch", "256", "--no-phases",
+                 "--out", str(tmp_path / "f.json"))
+    assert res.exit_code == 0, res.output
+    assert {r["preset"] for r in load(tmp_path / "f.json").rows} == {config.name}
+    assert f"replayssm profile: {config.name} on NVIDIA H200: does ReplaySSM pay?" in res.stdout
+    assert "`replayssm tune` on the same preset file" in " ".join(res.stdout.split())
+
+
 def test_profile_table_shows_speculative_speedup_over_snapshots_first(tmp_path, no_cuda):
     res = CliRunner().invoke(app, ["profile", "--preset", SUPER, "--batch", "256", "--draft", "4", "--no-phases",
                                    "--out", str(tmp_path / "s.json")], terminal_width=240)

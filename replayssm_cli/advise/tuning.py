@@ -289,7 +289,8 @@ def _calibrated_prediction(p, c, b, gpu_key: str, io: str, unmeasured: str | Non
     try:
         pred = calibration.predict_step(p, c.variant, batch=b, window=c.window if c.is_replay else None,
                                         state_dtype=c.state_dtype, read_dtype=c.read_dtype, io_dtype=io, draft=c.draft,
-                                        accepted=c.accepted if c.draft else None, gpu=gpu_key)
+                                        accepted=c.accepted if c.draft else None, gpu=gpu_key,
+                                        rounding=c.rounding)
     except (ValueError, KeyError):
         return None
     if pred.method != "calibrated" or pred.error is None:

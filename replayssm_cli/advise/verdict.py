@@ -256,15 +256,17 @@ def column_notes(error_budget: float, layers: int, budget_note: str) -> list[str
     ]
 
 
-def profile_verdict(rows: Sequence[dict[str, Any]], preset_names: Sequence[str], *, gpu: str, tp: int = 1) -> str:
-    """The verdict over a profile's rows, for `replayssm profile` to print last: per preset and batch, whether the
-    ReplaySSM step it timed pays over conventional decode at the preset's own state dtype, on speed alone (profile
-    runs no quality check: `replayssm tune` adds the error budget and the other precisions)."""
-    from replayssm_cli.model import presets as presets_mod
+def profile_verdict(rows: Sequence[dict[str, Any]], presets: Sequence[Any], *, gpu: str) -> str:
+    """The verdict over a profile's rows, for `replayssm profile` to print last: per preset (as the run resolved it,
+    from a name or a file) and batch, whether the ReplaySSM step it timed pays over conventional decode at the
+    preset's own state dtype, on speed alone (profile runs no quality check: `replayssm tune` adds the error budget
+    and the other precisions)."""
     from replayssm_cli.advise import tuner
+    from replayssm_cli.model.presets import preset_names
 
+    shipped = set(preset_names())
     out = []
-    for p in (presets_mod.resolve(name, tp) for name in preset_names):
+    for p in presets:
         mine = [r for r in rows if r.get("preset") == p.name and r.get("kind", "kernel") == "kernel" and r.get("phase", "avg") == "avg"]
         cands = list(dict.fromkeys(
             tuner.Candidate(r["variant"], r["state_dtype"], r.get("window") if r["variant"] in tuner.REPLAY else None,
@@ -294,7 +296,8 @@ def profile_verdict(rows: Sequence[dict[str, Any]], preset_names: Sequence[str],
                 ln.confirm = None
         title = f"replayssm profile: {p.name} on {gpu}: does ReplaySSM pay? (speed alone)"
         spec = "; verify rows over the snapshot-writing verify" if any(c.draft for c in cands) else ""
+        tune = f"`replayssm tune -p {p.name}`" if p.name in shipped else "`replayssm tune` on the same preset file"
         over = (f"Kernel speedup over conventional {p.state_dtype} at the same batch, with its interval{spec}. Precision "
-                f"is not checked here: `replayssm tune -p {p.name}` adds the error budget and the other precisions.")
+                f"is not checked here: {tune} adds the error budget and the other precisions.")
         out.append(render(lines, title=title, over=over, notes=notes))
     return "\n\n".join(out)

@@ -174,7 +174,7 @@ def profile(
             sized(stdout, WIDE, wide=wide).print(ncu_table)
         # A run cut short gets no verdict: its rows are a part of the grid, and Ctrl-C or SIGTERM must end it at once.
         if not run.interrupted:
-            stdout.print("\n" + verdict.profile_verdict(rows, list(run.layers_of), gpu=run.gpu_name, tp=tp), highlight=False, markup=False, soft_wrap=True)
+            stdout.print("\n" + verdict.profile_verdict(rows, run.presets, gpu=run.gpu_name), highlight=False, markup=False, soft_wrap=True)
     note(f"results: {run.path} ({len(rows)} rows{'' if run.results.complete else ', incomplete'})")
     not_run = [s for s in run.skipped if s["why"] == prof.INTERRUPTED]
     for s in run.skipped:

@@ -131,7 +131,7 @@ def predicted_rows(point: Point, preset: Any, ceilings: Any, free_bytes: int | N
         pred = calibration.predict_step(
             preset, point.cost_variant, batch=point.batch, phase=phase, window=point.window, state_dtype=point.state_dtype,
             read_dtype=point.read_dtype, io_dtype=point.io_dtype, draft=point.draft, accepted=accepted, fill=row["x_fill"],
-            gpu=gpu,
+            gpu=gpu, rounding=point.rounding,
         )
         timing_fields(row, point, preset, pred.us, accepted, ceilings, phase)
         row.update(us_p50=pred.us, us_p95=pred.us, us_p99=pred.us, spread=None, check_max_err=None)
@@ -303,6 +303,8 @@ class ProfileRun:
     gpu_name: str = ""
     ceilings: Any = None
     layers_of: dict[str, int] = field(default_factory=dict)
+    # the presets the run resolved (from names or files), as the rows name them
+    presets: list[Any] = field(default_factory=list)
 
 
 Runner = Callable[[Point, dict[str, Any]], list[dict[str, Any]]]
@@ -521,6 +523,7 @@ def run_profile(
         writer.release()
     run.mode, run.gpu_name, run.ceilings = mode, setup["gpu_name"], setup["ceilings"]
     run.layers_of = {p.name: p.ssm_layers for p in resolved}
+    run.presets = resolved
     return run
 
 

@@ -340,6 +340,7 @@ def _finish(run: prof.ProfileRun, ready: dict[int, dict[str, Any]], resolved: li
     run.gpu_name = f"{len(ready)} x " + " + ".join(names) if ready else "no GPU started"
     run.ceilings = first["ceilings"] if first else None
     run.layers_of = {p.name: p.ssm_layers for p in resolved}
+    run.presets = resolved
     for row in run.results.rows:
         if row.get("status") == "ok":
             key = f"{row['preset']} {row['variant']}"

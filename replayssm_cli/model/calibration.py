@@ -11,6 +11,7 @@ candidate's µs and its error.
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import functools
 import json
 from dataclasses import dataclass
@@ -28,6 +29,11 @@ SAME_X = 0.01
 # this (relative, ±): no measurement says how far that configuration's efficiency is from the borrowed one.
 BORROWED_ERROR = 0.10
 _DIGITS = 6
+# A stochastically rounded step is predicted from its configuration's curve rounded to nearest (no shipped
+# measurement calibrates stochastic rounding's integer work), and its error is at least this: measured at batch 256 on
+# H200s, stochastic rounding cost a ReplaySSM step +3% to +11% and a conventional step +19% to +44% over the same step
+# rounded to nearest (benchmarks/notes/run-77.md, run-78.md).
+STOCHASTIC_ERROR = 0.45
 
 
 @dataclass(frozen=True)
@@ -227,7 +233,22 @@ def _curve(doc: dict[str, Any], op: str, variant: str, phase: str, state: str, r
     return best, f"efficiency of {best['key']}"
 
 
-def predict_step(
+def predict_step(preset: Any, variant: str, *, rounding: str = "nearest", **kw: Any) -> Prediction:
+    """`_predict_step` (its arguments in `kw`) for a step whose 16-bit or 8-bit state is stored with `rounding`:
+    "nearest" as calibrated, "stochastic" from the same curve with an error of at least STOCHASTIC_ERROR and a basis
+    saying so."""
+    if rounding not in ("nearest", "stochastic"):
+        raise ValueError(f"rounding must be 'nearest' or 'stochastic', got {rounding!r}")
+    pred = _predict_step(preset, variant, **kw)
+    if rounding == "nearest" or pred.method != "calibrated":
+        return pred
+    return dataclasses.replace(
+        pred, error=max(pred.error or 0.0, STOCHASTIC_ERROR),
+        basis=", ".join(filter(None, [pred.basis, "rounding to nearest's efficiency (stochastic rounding's integer "
+                                                  "work not calibrated)"])))
+
+
+def _predict_step(
     preset: Any,
     variant: str,
     *,
