@@ -6,6 +6,7 @@ import json
 import math
 import random
 import re
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -23,6 +24,7 @@ from replayssm_cli.main import app
 from replayssm_cli.report.results import load, schema_errors
 
 SUPER, QWEN = "nemotron-3-super-120b-a12b", "qwen3.5-122b-a10b"
+FIXTURES = Path(__file__).parent / "fixtures"
 CEILINGS = SimpleNamespace(copy_gbs=4250.0, read_gbs=4130.0, fp32_tflops=65.6, bf16_tflops=700.0, tf32_tflops=None,
                            l2_gbs=None, source="measured", measured_at=None, driver="570", gpu_name="NVIDIA H200")
 
@@ -332,13 +334,27 @@ def test_run_profile_library_predicts_on_request(tmp_path):
 def test_profile_of_a_preset_file_ends_with_its_verdict(tmp_path, no_cuda):
     """A preset given as a model's config.json: the rows and the verdict name the preset the file defines (the verdict
     looked it up by that name among the shipped presets, and the run ended in 'unknown preset', exit 2)."""
-    config = presets.resolve("tests/fixtures/configs/nemotron_h_super.json")
-    res = invoke("--preset-file", "tests/fixtures/configs/nemotron_h_super.json", "--batch", "256", "--no-phases",
+    config = presets.resolve(str(FIXTURES / "configs" / "nemotron_h_super.json"))
+    res = invoke("--preset-file", str(FIXTURES / "configs" / "nemotron_h_super.json"), "--batch", "256", "--no-phases",
                  "--out", str(tmp_path / "f.json"))
     assert res.exit_code == 0, res.output
     assert {r["preset"] for r in load(tmp_path / "f.json").rows} == {config.name}
     assert f"replayssm profile: {config.name} on NVIDIA H200: does ReplaySSM pay?" in res.stdout
     assert "`replayssm tune` on the same preset file" in " ".join(res.stdout.split())
+
+
+def test_profile_skips_stochastic_rounding_of_odd_mamba2_rows(tmp_path, no_cuda):
+    """A Mamba-2 preset of odd N: its stochastically rounded rows are skipped with why (the stores pair a row's
+    neighbours), its rows rounded to nearest still run."""
+    config = json.loads((FIXTURES / "configs" / "nemotron_h_super.json").read_text())
+    config["ssm_state_size"] = 127
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    res = invoke("--preset-file", str(tmp_path / "config.json"), "--batch", "64", "--state-dtype", "bf16",
+                 "--stochastic-rounding", "--no-phases", "--out", str(tmp_path / "o.json"))
+    assert res.exit_code == 0, res.output
+    assert {r["rounding"] for r in load(tmp_path / "o.json").rows} == {"nearest"}
+    assert "bf16 stochastic rounding: stochastic rounding pairs a state row's neighbours: the rows of N = 127" in \
+        " ".join(res.stderr.split())
 
 
 def test_profile_table_shows_speculative_speedup_over_snapshots_first(tmp_path, no_cuda):

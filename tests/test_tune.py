@@ -376,6 +376,18 @@ def test_tune_bad_options_exit_with_one_line(args, message, tmp_path, monkeypatc
     assert (tmp_path / "notes.txt").read_text() == "my notes"
 
 
+def test_tune_refuses_stochastic_rounding_of_odd_mamba2_rows(tmp_path):
+    """Mamba-2's stores pair a row's neighbours: a preset of odd N asked for stochastic rounding is one line, exit 2."""
+    config = json.loads((FIXTURES / "configs" / "nemotron_h_super.json").read_text())
+    config["ssm_state_size"] = 127
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    res = invoke("--preset-file", str(tmp_path / "config.json"), "--batch", "64", "--state-dtype", "bf16",
+                 "--stochastic-rounding")
+    assert res.exit_code == 2, res.output
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and "the rows of N = 127 have an odd length" in lines[0], res.stderr
+
+
 def test_tune_trace_of_the_wrong_op(tmp_path):
     rng = np.random.default_rng(0)
     q = rng.standard_normal((20, 1, 8))

@@ -879,7 +879,7 @@ def run(spec: TuneSpec) -> TuneRun:
     """Time, check and decide every candidate at every batch of `spec` (written to spec.out when given)."""
     from replayssm_cli.advise import engine_flags, tuner, verdict
     from replayssm_cli.measure import quality as quality_mod
-    from replayssm_cli.model import presets as presets_mod
+    from replayssm_cli.model import ops, presets as presets_mod
 
     spec.validate()
     preset, batches, windows, drafts, tp = spec.preset, spec.batches, spec.windows, spec.drafts, spec.tp
@@ -888,6 +888,8 @@ def run(spec: TuneSpec) -> TuneRun:
     steps, heads, seed, trace = spec.steps, spec.heads, spec.seed, spec.trace
     io = (spec.io_dtype,) if spec.io_dtype else None
     p = presets_mod.resolve(preset, tp)
+    if "stochastic" in spec.roundings and (why := ops.of(p.shape).rounding_problem(p.shape)):
+        raise UserError(f"--stochastic-rounding with {p.name}: {why}", "drop --stochastic-rounding for this preset")
     state_dtypes = _with_fp8_where_it_runs(state_dtypes, gpu, given=spec.state_dtypes_given)
     cands = tuner.candidates(windows=windows, state_dtypes=state_dtypes, read_dtypes=read_dtypes, drafts=drafts, accept_rate=accept_rate,
                              roundings=spec.roundings)

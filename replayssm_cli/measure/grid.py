@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 from replayssm_cli.model.dtypes import EIGHT_BIT, IODtype, ReadDtype, Rounding, StateDtype, precision_problem
+from replayssm_cli.model import ops
 from replayssm_cli.errors import UserError
 
 
@@ -230,6 +231,10 @@ def plan(spec: ProfileSpec, presets: list[Any], left_out: list[dict[str, str]] |
         state_dtypes = spec.state_dtypes or (preset.state_dtype,)
         refuse_rounding(state_dtypes, spec.rounding)
         for sd, ro in dict.fromkeys((sd, rounding_for(sd, r)) for sd in state_dtypes for r in roundings(spec.rounding)):
+            if ro == Rounding.stochastic.value and (why := ops.of(preset.shape).rounding_problem(preset.shape)):
+                if left_out is not None:
+                    left_out.append({"what": f"{preset.name} {sd} stochastic rounding", "why": why})
+                continue
             common = dict(preset=preset.name, source_name=given, op=preset.kind, io_dtype=spec.io_dtype, tp=spec.tp,
                           layers_cap=spec.layers, rounding=ro)
             for b in spec.batches:

@@ -126,6 +126,14 @@ class Mamba2:
         """The heads a decode kernel's grid spans per sequence."""
         return s.H
 
+    def rounding_problem(self, s: Mamba2Shape) -> str | None:
+        """Why the kernels cannot round this shape's state stochastically (one sentence), or None: a store's
+        neighbours share a hash (`paired_bits`), so a state row (N) must have an even length."""
+        if s.N % 2:
+            return (f"stochastic rounding pairs a state row's neighbours: the rows of N = {s.N} have an odd length "
+                    "(the kernels take an even N)")
+        return None
+
     def head_width(self, s: Mamba2Shape) -> int:
         """Output features per head."""
         return s.P
@@ -276,6 +284,10 @@ class GDN:
 
     def state_heads(self, s: GDNShape) -> int:
         return s.HV
+
+    def rounding_problem(self, s: GDNShape) -> str | None:
+        """None: GDN's stores hash each element, so any shape rounds stochastically."""
+        return None
 
     def head_width(self, s: GDNShape) -> int:
         return s.V
