@@ -30,8 +30,9 @@ STALLS = ("long_scoreboard", "short_scoreboard", "wait", "math_pipe_throttle", "
           "mio_throttle", "not_selected", "selected", "no_instruction", "dispatch_stall", "drain",
           "branch_resolving", "imc_miss", "misc", "sleeping", "tex_throttle")
 PIPES = ("alu", "fma", "fmaheavy", "fp16", "lsu", "tensor_op_hmma")
-EXTRA = ([f"smsp__average_warps_issue_stalled_{s}_per_issue_active.ratio" for s in STALLS]
-         + [f"sm__inst_executed_pipe_{p}.avg.pct_of_peak_sustained_active" for p in PIPES])
+# the extra metrics ncu collects, each with its label in the table
+EXTRA = ({f"sm__inst_executed_pipe_{p}.avg.pct_of_peak_sustained_active": f"pipe {p} %" for p in PIPES}
+         | {f"smsp__average_warps_issue_stalled_{s}_per_issue_active.ratio": f"stall {s}" for s in STALLS})
 # (label, section, metric name) shown in the table
 SHOWN = (
     ("duration", "GPU Speed Of Light Throughput", "Duration"),
@@ -45,6 +46,8 @@ SHOWN = (
     ("cycles per issue", "Warp State Statistics", "Warp Cycles Per Issued Instruction"),
 )
 
+_SHOWN_BY = {(section, metric): label for label, section, metric in SHOWN}
+
 
 def plan(op: str, batch: int, window: int, dtypes: list[str], phase: str) -> list[tuple[str, dict]]:
     """(label, ncu case spec) for each state dtype, to nearest then stochastically, at `phase`."""
@@ -53,12 +56,11 @@ def plan(op: str, batch: int, window: int, dtypes: list[str], phase: str) -> lis
     from replayssm_cli.model import presets
 
     name = {"mamba2": "nemotron-3-super-120b-a12b", "gdn": "qwen3.5-122b-a10b"}[op]
-    config = {"conventional": "conventional", "flush": "flush", "nonflush": "nonflush"}[phase]
     out = []
     for dtype in dtypes:
         for rounding in ("nearest", "stochastic"):
             (entry,) = ncu_check.plan([(name, presets.resolve(name))], [batch], window, dtype, "bf16", 1, rounding,
-                                      (config,))
+                                      (phase,))
             out.append((f"{dtype}{' SR' if rounding == 'stochastic' else ''}", entry["spec"]))
     return out
 
@@ -73,7 +75,8 @@ def profile(label: str, spec: dict, out: Path, ncu: str, timeout: float) -> list
         warmup, _ = ncu_mod.profiled_steps(spec)
         job.write_text(json.dumps({"case": spec, "warmup": warmup, "steps": 1, "info": str(Path(tmp) / "info.json")},
                                   default=str))
-        cmd = ncu_mod.ncu_command(ncu, job, ncu_mod.kernel_regex(kinds), EXTRA, page="details", sections=SECTIONS)
+        cmd = ncu_mod.ncu_command(ncu, job, ncu_mod.kernel_regex(kinds), list(EXTRA), page="details",
+                                  sections=SECTIONS)
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     safe = label.replace(" ", "-")
     (out / f"{spec['op']}-{safe}.csv").write_text(done.stdout)
@@ -99,16 +102,11 @@ def summary(rows: list[dict]) -> dict[str, dict[str, str]]:
         if first.setdefault(name, r["ID"]) != r["ID"]:
             continue
         values = out.setdefault(name, {})
-        for label, section, metric in SHOWN:
-            if r["Section Name"] == section and r["Metric Name"] == metric:
-                values[label] = f"{r['Metric Value']} {r.get('Metric Unit') or ''}".strip()
         metric = r["Metric Name"]
-        for s in STALLS:
-            if metric == f"smsp__average_warps_issue_stalled_{s}_per_issue_active.ratio":
-                values[f"stall {s}"] = r["Metric Value"]
-        for p in PIPES:
-            if metric == f"sm__inst_executed_pipe_{p}.avg.pct_of_peak_sustained_active":
-                values[f"pipe {p} %"] = r["Metric Value"]
+        if (label := _SHOWN_BY.get((r["Section Name"], metric))) is not None:
+            values[label] = f"{r['Metric Value']} {r.get('Metric Unit') or ''}".strip()
+        elif metric in EXTRA:
+            values[EXTRA[metric]] = r["Metric Value"]
     return out
 
 
@@ -142,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"ncu_sections: {args.op} {args.phase} {label} at {args.batch}", file=sys.stderr, flush=True)
         found[label] = summary(profile(label, spec, args.out, ncu_mod.ncu_binary(), args.timeout))
     (args.out / f"{args.op}-{args.phase}-summary.json").write_text(json.dumps(found, indent=1) + "\n")
-    labels = [lab for lab, _, _ in SHOWN] + [f"pipe {p} %" for p in PIPES] + [f"stall {s}" for s in STALLS]
+    labels = [lab for lab, _, _ in SHOWN] + list(EXTRA.values())
     kernels = sorted({k for per in found.values() for k in per})
     for kernel in kernels:
         print(f"\n{args.op} {args.phase} B{args.batch}: {kernel}")

@@ -178,7 +178,7 @@ def run(case: dict, steps: int) -> None:
                 n = torch.randint(0, T + 1, (batch,), generator=gen).to(torch.int32).cuda()
                 m.accept_snapshot(state, snaps, n, slots=slots, check=False, config=accept)
         return
-    cache = _cache(op, nslots, case["state"], case["read"], T if kind == "verify" else 0, case.get("rounding"))
+    cache = _cache(op, nslots, case["state"], case["read"], T if kind == "verify" else 0, case["rounding"])
     cache.load(torch.randn(state_shape, generator=gen).cuda())
     _stagger(cache, slots)
     for _ in range(steps):

@@ -10,6 +10,7 @@ import typer
 
 from replayssm_cli import options
 from replayssm_cli.console import out, print_json
+from replayssm_cli.model import cost as cost_model
 from replayssm_cli.model.cost import cost_table
 from replayssm_cli.model.dtypes import IODtype, ReadDtype, Rounding, StateDtype, default_read_dtype
 from replayssm_cli.errors import UserError, cli_command
@@ -201,8 +202,10 @@ def _preset_rows(p: Any, st: str, read: str | None, io: Any, batch: int, window:
             "per model step). × conv: the conventional kernel's bytes over this row's (spec-replay: over "
             "spec-conventional's). mem/seq: one sequence's state or checkpoint, read copy, buffers, "
             "counters and snapshots in one layer."
-            + (" int ops: stochastic rounding's random bits (a Philox4x32-10 draw of 100 integer operations per "
-               "head, and per stored element 6 in Mamba-2 (a hash of 10 per pair) and 10 in GDN), counted apart from FLOPs."
+            + (" int ops: stochastic rounding's random bits (a Philox4x32-10 draw of "
+               f"{cost_model.PHILOX_INT_OPS} integer operations per head, and per stored element "
+               f"{cost_model.PAIR_INT_OPS // 2 + cost_model.HALF_INT_OPS} in Mamba-2 (a hash of "
+               f"{cost_model.PAIR_INT_OPS} per pair) and {cost_model.HASH_INT_OPS} in GDN), counted apart from FLOPs."
                if rounding == "stochastic" else "")
         )
         _print_table(title, caption, rows, int_ops=rounding == "stochastic")
